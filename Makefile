@@ -1,0 +1,44 @@
+# Builds everything: the CPU reference trainer, the GPU trainer (when nvcc is present),
+# the data tools and the tests. `make test` runs every test and prints 'N passed, N failed'.
+#
+#   make            build all
+#   make test       build and run the tests (see test/run_tests.py)
+#   make run        the main job: prepare the default corpus and train a small GPT on it
+#   make gpu-check  on a GPU machine: build for the local GPU and run every GPU check
+#
+# CPU code is built with -march=native: the binaries are meant for the machine that builds them.
+
+CXX      ?= g++
+CXXFLAGS ?= -O3 -march=native -std=c++17 -Wall -Wextra -Wno-unused-parameter -fopenmp
+CXXFLAGS += -I.
+LDLIBS   += -lm
+
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# Build for the local GPU when there is one, otherwise for Ampere (sm_80) and Hopper (sm_90).
+GPU_CC   := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
+ifeq ($(GPU_CC),)
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+else
+CUDA_ARCH ?= -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+endif
+NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math $(CUDA_ARCH) -Xcompiler -fopenmp -I.
+
+HOST_HEADERS := $(wildcard llmc/*.h)
+
+CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
+
+.PHONY: all test clean
+all: train_gpt_cpu $(CPU_TESTS)
+
+train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
+build/test_%: test/test_%.cpp $(HOST_HEADERS)
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
+test: all
+	/usr/bin/python3 test/run_tests.py
+
+clean:
+	rm -rf build train_gpt_cpu train_gpt

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The test runner: runs every test and prints 'N passed, N failed'.
+
+A test is a program: every `test/test_*.py`, `test/test_*.sh`, and every `build/test_*`
+binary that `make` built from `test/test_*.cpp` / `test/test_*.cu`. Each prints one line per
+check it makes:
+
+    PASS: <name>
+    FAIL: <name>: <why>
+    SKIP: <name> (<why>)          e.g. 'SKIP: gpu logits (no GPU)'
+
+and exits non-zero if any check failed. A program that exits non-zero without printing a
+FAIL line (a crash, an uncaught error) counts as one failure. The summary counts checks.
+
+    python3 test/run_tests.py [substring ...]   run only the tests whose name contains one
+"""
+import os, subprocess, sys, time, glob
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def discover():
+    tests = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "test", "test_*.py"))):
+        tests.append((os.path.basename(path), ["/usr/bin/python3", path]))
+    for path in sorted(glob.glob(os.path.join(ROOT, "test", "test_*.sh"))):
+        tests.append((os.path.basename(path), ["bash", path]))
+    for path in sorted(glob.glob(os.path.join(ROOT, "build", "test_*"))):
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            tests.append((os.path.basename(path), [path]))
+    return tests
+
+
+def main():
+    only = sys.argv[1:]
+    tests = [t for t in discover() if not only or any(s in t[0] for s in only)]
+    passed = failed = skipped = 0
+    failures = []
+    for name, cmd in tests:
+        print(f"== {name}", flush=True)
+        start = time.time()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        saw_fail = False
+        for line in proc.stdout:
+            sys.stdout.write("   " + line)
+            sys.stdout.flush()
+            if line.startswith("PASS:"):
+                passed += 1
+            elif line.startswith("FAIL:"):
+                failed += 1
+                saw_fail = True
+                failures.append(f"{name}: {line[5:].strip()}")
+            elif line.startswith("SKIP:"):
+                skipped += 1
+        code = proc.wait()
+        if code != 0 and not saw_fail:
+            failed += 1
+            failures.append(f"{name}: exited with code {code} without reporting a failure")
+        print(f"   ({time.time() - start:.1f} s)", flush=True)
+    if failures:
+        print("\nFailures:")
+        for f in failures:
+            print("  " + f)
+    if skipped:
+        print(f"{skipped} skipped")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

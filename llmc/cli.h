@@ -1,0 +1,292 @@
+// cli.h — the command line: one table of flags, shared by the CPU and the GPU trainer.
+//
+// Each flag is one row: name, value name, group, help, where its value goes, and which trainer
+// takes it. Parsing, `--help` (grouped, with the defaults) and the error for a mistyped flag are all
+// generated from the table, so the two trainers cannot drift apart and the help can never go stale.
+// Flags are `--name value` or `--name=value`; a few are switches that take no value.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+#include "llmc/utils.h"
+
+constexpr const char* LLMC_VERSION = "0.1.0";
+
+enum class Trainer { CPU, GPU };
+enum class Scope { Both, CPUOnly, GPUOnly };
+
+struct TrainOptions {
+    // data
+    std::string train_data = "data/moby-dick/moby-dick_train_*.bin";
+    std::string val_data = "data/moby-dick/moby-dick_val_*.bin";
+    std::string tokenizer_dir = "data/gpt2";
+    // model
+    std::string model = "d12";
+    // batch
+    int batch_size = 4;              // B: sequences per micro-batch, per rank
+    int seq_len = 0;                 // T: 0 = the model's max sequence length
+    int64_t total_batch_tokens = 0;  // tokens per optimizer step; 0 = B*T*ranks (no accumulation)
+    // optimisation
+    int steps = 0;                   // 0 = one pass over the training data
+    float lr = 6e-4f;
+    std::string lr_schedule = "cosine";
+    int warmup_steps = 0;
+    float final_lr_fraction = 0.0f;
+    float decay_fraction = 0.2f;
+    float weight_decay = 0.1f;
+    float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
+    float grad_clip = 1.0f;
+    uint64_t seed = 42;
+    // evaluation and sampling
+    int val_every = 100;
+    int val_batches = 20;
+    int sample_every = 0;
+    int sample_tokens = 64;
+    float temperature = 1.0f;
+    int top_k = 0;
+    // output
+    std::string out_dir = "out";
+    int checkpoint_every = 0;
+    std::string resume;              // "", "latest", or a checkpoint directory
+    std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
+    // machine
+    int threads = 0;                 // CPU: 0 = all cores
+    int recompute = 1;               // GPU: 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
+    int master_weights = 1;          // GPU: keep fp32 master weights
+    int zero_stage = 0;              // ZeRO stage for the optimizer state
+    // switches
+    bool estimate = false;
+    bool help = false;
+    bool version = false;
+};
+
+struct FlagSpec {
+    const char* name;
+    const char* value_name;   // nullptr for a switch
+    const char* group;
+    const char* help;
+    enum Kind { Int, Int64, UInt64, Float, String, Switch } kind;
+    void* target;
+    Scope scope;
+};
+
+inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
+    using K = FlagSpec;
+    return {
+        {"train-data", "GLOB", "Data", "training token shards", K::String, &o.train_data, Scope::Both},
+        {"val-data", "GLOB", "Data", "validation token shards ('none' to skip validation)", K::String, &o.val_data, Scope::Both},
+        {"tokenizer", "DIR", "Data", "folder with GPT-2's encoder.json and vocab.bpe, to print samples as text", K::String, &o.tokenizer_dir, Scope::Both},
+        {"model", "SPEC", "Model", "a model file to start from, or a new model: d12|d24|d36|d48 (GPT-2 124M..1.5B), dN, or L=2,C=64,H=4[,T=256][,V=50257]", K::String, &o.model, Scope::Both},
+        {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
+        {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
+        {"total-batch-tokens", "N", "Batch", "tokens per optimizer step; micro-batches are accumulated to reach it (0 = one micro-batch per rank)", K::Int64, &o.total_batch_tokens, Scope::Both},
+        {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
+        {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
+        {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
+        {"warmup-steps", "N", "Optimizer", "steps of linear warmup", K::Int, &o.warmup_steps, Scope::Both},
+        {"final-lr-fraction", "F", "Optimizer", "final learning rate as a fraction of the peak", K::Float, &o.final_lr_fraction, Scope::Both},
+        {"decay-fraction", "F", "Optimizer", "wsd: fraction of the steps spent decaying", K::Float, &o.decay_fraction, Scope::Both},
+        {"weight-decay", "WD", "Optimizer", "AdamW decoupled weight decay (2-D weights only)", K::Float, &o.weight_decay, Scope::Both},
+        {"beta1", "B1", "Optimizer", "AdamW first-moment decay", K::Float, &o.beta1, Scope::Both},
+        {"beta2", "B2", "Optimizer", "AdamW second-moment decay", K::Float, &o.beta2, Scope::Both},
+        {"adam-eps", "EPS", "Optimizer", "AdamW epsilon", K::Float, &o.adam_eps, Scope::Both},
+        {"grad-clip", "NORM", "Optimizer", "clip the global gradient norm to this (0 = no clipping)", K::Float, &o.grad_clip, Scope::Both},
+        {"seed", "S", "Optimizer", "seed for initialisation and sampling", K::UInt64, &o.seed, Scope::Both},
+        {"val-every", "N", "Evaluation", "validation loss every N steps and at the end (0 = never)", K::Int, &o.val_every, Scope::Both},
+        {"val-batches", "N", "Evaluation", "micro-batches per validation", K::Int, &o.val_batches, Scope::Both},
+        {"sample-every", "N", "Evaluation", "print a sample every N steps and at the end (0 = never)", K::Int, &o.sample_every, Scope::Both},
+        {"sample-tokens", "N", "Evaluation", "tokens per sample", K::Int, &o.sample_tokens, Scope::Both},
+        {"temperature", "TAU", "Evaluation", "sampling temperature (0 = greedy)", K::Float, &o.temperature, Scope::Both},
+        {"top-k", "K", "Evaluation", "sample among the K most likely tokens (0 = all)", K::Int, &o.top_k, Scope::Both},
+        {"out-dir", "DIR", "Output", "where checkpoints go", K::String, &o.out_dir, Scope::Both},
+        {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
+        {"resume", "CKPT", "Output", "continue from a checkpoint directory, or 'latest' in --out-dir", K::String, &o.resume, Scope::Both},
+        {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
+        {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
+        {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
+        {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
+        {"estimate", nullptr, "Info", "print the memory and compute estimate for this configuration and exit", K::Switch, &o.estimate, Scope::Both},
+        {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
+        {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
+    };
+}
+
+inline bool flag_applies(const FlagSpec& f, Trainer t) {
+    return f.scope == Scope::Both || (f.scope == Scope::CPUOnly && t == Trainer::CPU) ||
+           (f.scope == Scope::GPUOnly && t == Trainer::GPU);
+}
+
+inline std::string flag_value_string(const FlagSpec& f) {
+    switch (f.kind) {
+        case FlagSpec::Int: return std::to_string(*(int*)f.target);
+        case FlagSpec::Int64: return std::to_string(*(int64_t*)f.target);
+        case FlagSpec::UInt64: return std::to_string(*(uint64_t*)f.target);
+        case FlagSpec::Float: return strprintf("%g", *(float*)f.target);
+        case FlagSpec::String: return *(std::string*)f.target;
+        case FlagSpec::Switch: return *(bool*)f.target ? "on" : "off";
+    }
+    return "";
+}
+
+inline void print_help(const char* program, Trainer trainer) {
+    TrainOptions defaults;
+    std::vector<FlagSpec> table = flag_table(defaults);
+    printf("usage: %s [flags]\n\n%s\n", program,
+           trainer == Trainer::CPU ? "Trains a GPT-2 on the CPU in fp32: the readable reference for every GPU kernel."
+                                   : "Trains a GPT-2 on the GPU in bf16 mixed precision.");
+    std::string group;
+    for (const FlagSpec& f : table) {
+        if (!flag_applies(f, trainer)) continue;
+        if (group != f.group) {
+            group = f.group;
+            printf("\n%s:\n", group.c_str());
+        }
+        std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
+        std::string def = f.kind == FlagSpec::Switch ? "" : " [default: " + flag_value_string(f) + "]";
+        printf("%-28s %s%s\n", left.c_str(), f.help, def.c_str());
+    }
+}
+
+// Edit distance, to suggest the flag the user probably meant.
+inline int edit_distance(const std::string& a, const std::string& b) {
+    std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= a.size(); i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= b.size(); j++)
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+inline void parse_flag_value(const FlagSpec& f, const std::string& value) {
+    const char* s = value.c_str();
+    char* end = nullptr;
+    errno = 0;
+    switch (f.kind) {
+        case FlagSpec::Int: {
+            long v = strtol(s, &end, 10);
+            if (value.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX)
+                usage_fail("--%s expects an integer, got '%s' (see --help)", f.name, s);
+            *(int*)f.target = (int)v;
+            break;
+        }
+        case FlagSpec::Int64: {
+            long long v = strtoll(s, &end, 10);
+            if (value.empty() || *end || errno) usage_fail("--%s expects an integer, got '%s' (see --help)", f.name, s);
+            *(int64_t*)f.target = v;
+            break;
+        }
+        case FlagSpec::UInt64: {
+            unsigned long long v = strtoull(s, &end, 10);
+            if (value.empty() || *end || errno || value[0] == '-')
+                usage_fail("--%s expects a non-negative integer, got '%s' (see --help)", f.name, s);
+            *(uint64_t*)f.target = v;
+            break;
+        }
+        case FlagSpec::Float: {
+            float v = strtof(s, &end);
+            if (value.empty() || *end || errno || !std::isfinite(v))
+                usage_fail("--%s expects a number, got '%s' (see --help)", f.name, s);
+            *(float*)f.target = v;
+            break;
+        }
+        case FlagSpec::String:
+            *(std::string*)f.target = value;
+            break;
+        case FlagSpec::Switch:
+            break;
+    }
+}
+
+// Parses argv into `o`. A mistake (unknown flag, missing or malformed value, a flag of the other
+// trainer) gets one line naming it and exits with code 2.
+inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOptions* o) {
+    std::vector<FlagSpec> table = flag_table(*o);
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "-h") arg = "--help";
+        if (arg.rfind("--", 0) != 0) usage_fail("unexpected argument '%s': flags start with -- (see --help)", argv[i]);
+        std::string name = arg.substr(2), value;
+        bool has_inline_value = false;
+        size_t eq = name.find('=');
+        if (eq != std::string::npos) {
+            value = name.substr(eq + 1);
+            name = name.substr(0, eq);
+            has_inline_value = true;
+        }
+        const FlagSpec* spec = nullptr;
+        for (const FlagSpec& f : table)
+            if (name == f.name) spec = &f;
+        if (!spec) {
+            std::string best;
+            int best_distance = 4;
+            for (const FlagSpec& f : table) {
+                int d = edit_distance(name, f.name);
+                if (d < best_distance && flag_applies(f, trainer)) best_distance = d, best = f.name;
+            }
+            if (!best.empty()) usage_fail("unknown flag --%s; did you mean --%s? (see --help)", name.c_str(), best.c_str());
+            usage_fail("unknown flag --%s (see --help)", name.c_str());
+        }
+        if (!flag_applies(*spec, trainer)) {
+            usage_fail("--%s applies only to the %s trainer", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU");
+        }
+        if (spec->kind == FlagSpec::Switch) {
+            if (has_inline_value) usage_fail("--%s takes no value", spec->name);
+            *(bool*)spec->target = true;
+            continue;
+        }
+        if (!has_inline_value) {
+            if (i + 1 >= argc) usage_fail("--%s needs a value (%s)", spec->name, spec->value_name);
+            value = argv[++i];
+        }
+        parse_flag_value(*spec, value);
+    }
+    if (o->help) {
+        print_help(argv[0], trainer);
+        exit(0);
+    }
+    if (o->version) {
+        printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
+        exit(0);
+    }
+}
+
+// Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
+inline void validate_options(const TrainOptions& o) {
+    auto positive = [](const char* name, long long v) {
+        if (v <= 0) usage_fail("--%s must be positive, got %lld", name, v);
+    };
+    auto non_negative = [](const char* name, long long v) {
+        if (v < 0) usage_fail("--%s must be zero or positive, got %lld", name, v);
+    };
+    positive("batch-size", o.batch_size);
+    non_negative("seq-len", o.seq_len);
+    non_negative("total-batch-tokens", o.total_batch_tokens);
+    non_negative("steps", o.steps);
+    non_negative("warmup-steps", o.warmup_steps);
+    non_negative("val-every", o.val_every);
+    positive("val-batches", o.val_batches);
+    non_negative("sample-every", o.sample_every);
+    non_negative("sample-tokens", o.sample_tokens);
+    non_negative("top-k", o.top_k);
+    non_negative("checkpoint-every", o.checkpoint_every);
+    non_negative("threads", o.threads);
+    if (o.lr < 0) usage_fail("--lr must be zero or positive, got %g", o.lr);
+    if (o.final_lr_fraction < 0 || o.final_lr_fraction > 1) usage_fail("--final-lr-fraction must be in [0, 1], got %g", o.final_lr_fraction);
+    if (o.decay_fraction < 0 || o.decay_fraction > 1) usage_fail("--decay-fraction must be in [0, 1], got %g", o.decay_fraction);
+    if (o.beta1 < 0 || o.beta1 >= 1) usage_fail("--beta1 must be in [0, 1), got %g", o.beta1);
+    if (o.beta2 < 0 || o.beta2 >= 1) usage_fail("--beta2 must be in [0, 1), got %g", o.beta2);
+    if (o.adam_eps <= 0) usage_fail("--adam-eps must be positive, got %g", o.adam_eps);
+    if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
+    if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
+    if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
+    if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
+    if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
+    if (o.zero_stage < 0 || o.zero_stage > 1) usage_fail("--zero must be 0 or 1, got %d", o.zero_stage);
+}

@@ -1,0 +1,262 @@
+// formats.h — the files a trainer reads and writes, byte for byte (see docs/formats.md).
+//
+//   model file    llm.c's format: 256 x int32 header (magic 20240326, version 3 = fp32 or 5 = bf16,
+//                 maxT, V, L, NH, C, Vp), then every parameter in the order of model.h. So llm.c's
+//                 gpt2_124M.bin loads here and our checkpoints load in llm.c.
+//   token shard   llm.c's format: 256 x int32 header (magic 20240520, version 1, token count), then
+//                 the tokens as uint16. Any shard llm.c's data scripts wrote loads unchanged.
+//   train state   ours: what, beyond the weights, makes a resumed run continue bit-identically:
+//                 AdamW's m and v (and fp32 master weights when parameters are bf16), the step, the
+//                 sampler's RNG and the data loader's position. One file per rank: with ZeRO each
+//                 rank owns a slice [shard_begin, shard_begin + shard_count) of the optimizer state.
+//
+// Every reader validates before trusting: the magic number (and names the file it is if it is a
+// different one of ours), the version, and that the size matches what the header promises.
+// Every writer goes through AtomicFile: a crash mid-write leaves the previous file intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "llmc/model.h"
+#include "llmc/utils.h"
+
+constexpr int32_t MODEL_MAGIC = 20240326;
+constexpr int32_t MODEL_VERSION_FP32 = 3;
+constexpr int32_t MODEL_VERSION_BF16 = 5;
+constexpr int32_t SHARD_MAGIC = 20240520;
+constexpr int32_t SHARD_VERSION = 1;
+constexpr int32_t STATE_MAGIC = 20241121;
+constexpr int32_t STATE_VERSION = 1;
+constexpr size_t HEADER_INTS = 256;
+
+// If a file has the wrong magic number, say what it looks like instead.
+inline const char* describe_magic(int32_t magic) {
+    switch (magic) {
+        case MODEL_MAGIC: return "a model file";
+        case SHARD_MAGIC: return "a token shard";
+        case STATE_MAGIC: return "a training-state file";
+        default: return "not a file of this project";
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Model files
+
+struct ModelHeader {
+    GPT2Config config;
+    int version = MODEL_VERSION_FP32;
+};
+
+inline ModelHeader parse_model_header(const int32_t* h, const std::string& path) {
+    if (h[0] != MODEL_MAGIC) {
+        fail("'%s' is not a model file (magic %d, expected %d; it looks like %s). "
+             "Pass a model .bin written by this project or llm.c, or a descriptor such as d12",
+             path.c_str(), h[0], MODEL_MAGIC, describe_magic(h[0]));
+    }
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
+        fail("model file '%s' has version %d; this program reads version %d (fp32) and %d (bf16)",
+             path.c_str(), h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    ModelHeader mh;
+    mh.version = h[1];
+    mh.config.max_seq_len = h[2];
+    mh.config.vocab_size = h[3];
+    mh.config.num_layers = h[4];
+    mh.config.num_heads = h[5];
+    mh.config.channels = h[6];
+    mh.config.padded_vocab_size = h[7];
+    std::string why;
+    if (!config_is_valid(mh.config, &why)) {
+        fail("model file '%s' has an impossible shape (%s): %s", path.c_str(),
+             describe_config(mh.config).c_str(), why.c_str());
+    }
+    return mh;
+}
+
+inline ModelHeader read_model_header(const std::string& path) {
+    FILE* f = open_for_reading(path, "model file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "model file");
+    fclose(f);
+    return parse_model_header(h, path);
+}
+
+// Reads all parameters as fp32 (bf16 files are widened exactly).
+inline void read_model_file(const std::string& path, GPT2Config* config, std::vector<float>* params) {
+    FILE* f = open_for_reading(path, "model file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "model file");
+    ModelHeader mh = parse_model_header(h, path);
+    size_t n = param_layout(mh.config).total;
+    size_t bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
+    int64_t expected = (int64_t)sizeof(h) + (int64_t)(n * bytes_per);
+    int64_t actual = file_size(f);
+    if (actual != expected) {
+        fail("model file '%s' has %lld bytes but its header (%s, %s) implies %lld: the file is %s",
+             path.c_str(), (long long)actual, describe_config(mh.config).c_str(),
+             bytes_per == 2 ? "bf16" : "fp32", (long long)expected,
+             actual < expected ? "truncated" : "followed by unexpected bytes");
+    }
+    params->resize(n);
+    if (bytes_per == 4) {
+        read_exactly(f, params->data(), n * 4, path, "model file");
+    } else {
+        std::vector<uint16_t> half(n);
+        read_exactly(f, half.data(), n * 2, path, "model file");
+        for (size_t i = 0; i < n; i++) (*params)[i] = bf16_to_float(half[i]);
+    }
+    fclose(f);
+    *config = mh.config;
+}
+
+inline void fill_model_header(int32_t* h, const GPT2Config& c, int version) {
+    memset(h, 0, HEADER_INTS * sizeof(int32_t));
+    h[0] = MODEL_MAGIC;
+    h[1] = version;
+    h[2] = c.max_seq_len;
+    h[3] = c.vocab_size;
+    h[4] = c.num_layers;
+    h[5] = c.num_heads;
+    h[6] = c.channels;
+    h[7] = c.padded_vocab_size;
+}
+
+// Writes fp32 params as version 3, or rounded to nearest bf16 as version 5.
+inline void write_model_file(const std::string& path, const GPT2Config& c, const float* params, bool as_bf16) {
+    int32_t h[HEADER_INTS];
+    fill_model_header(h, c, as_bf16 ? MODEL_VERSION_BF16 : MODEL_VERSION_FP32);
+    size_t n = param_layout(c).total;
+    AtomicFile out(path, "model file");
+    out.write(h, sizeof(h));
+    if (!as_bf16) {
+        out.write(params, n * sizeof(float));
+    } else {
+        std::vector<uint16_t> chunk;
+        for (size_t i = 0; i < n; i += (1 << 20)) {
+            size_t m = std::min(n - i, (size_t)1 << 20);
+            chunk.resize(m);
+            for (size_t j = 0; j < m; j++) chunk[j] = float_to_bf16_round_nearest(params[i + j]);
+            out.write(chunk.data(), m * 2);
+        }
+    }
+    out.commit();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Token shards
+
+inline std::vector<uint16_t> read_token_shard(const std::string& path) {
+    FILE* f = open_for_reading(path, "token shard");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "token shard");
+    if (h[0] != SHARD_MAGIC) {
+        fail("'%s' is not a token shard (magic %d, expected %d; it looks like %s). "
+             "Make shards with ./prepare_data", path.c_str(), h[0], SHARD_MAGIC, describe_magic(h[0]));
+    }
+    if (h[1] != SHARD_VERSION) {
+        fail("token shard '%s' has version %d; this program reads version %d (uint16 tokens)",
+             path.c_str(), h[1], SHARD_VERSION);
+    }
+    int64_t count = h[2];
+    int64_t expected = (int64_t)sizeof(h) + count * 2;
+    int64_t actual = file_size(f);
+    if (count < 0 || actual != expected) {
+        fail("token shard '%s' has %lld bytes but its header promises %lld tokens (%lld bytes): the file is %s",
+             path.c_str(), (long long)actual, (long long)count, (long long)expected,
+             actual < expected ? "truncated; re-create it with ./prepare_data" : "followed by unexpected bytes");
+    }
+    std::vector<uint16_t> tokens((size_t)count);
+    read_exactly(f, tokens.data(), tokens.size() * 2, path, "token shard");
+    fclose(f);
+    return tokens;
+}
+
+inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+    if (tokens.size() > (size_t)INT32_MAX) fail("shard '%s' would hold %zu tokens, more than its header can count", path.c_str(), tokens.size());
+    int32_t h[HEADER_INTS] = {0};
+    h[0] = SHARD_MAGIC;
+    h[1] = SHARD_VERSION;
+    h[2] = (int32_t)tokens.size();
+    AtomicFile out(path, "token shard");
+    out.write(h, sizeof(h));
+    out.write(tokens.data(), tokens.size() * 2);
+    out.commit();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Training state
+
+// Where the data loader stands: enough to continue with exactly the next batch.
+struct LoaderPosition {
+    int64_t shard_index = 0;  // which file of the sorted shard list
+    int64_t position = 0;     // token offset of the next batch within that shard
+    int64_t epoch = 0;        // completed passes over all shards
+};
+
+// The fixed 1024-byte header of a training-state file (little-endian, no implicit padding).
+struct TrainStateHeader {
+    int32_t magic = STATE_MAGIC;
+    int32_t version = STATE_VERSION;
+    int64_t step = 0;                 // optimizer steps completed
+    int64_t num_params = 0;           // of the whole model
+    int64_t shard_begin = 0;          // this file's slice of the optimizer state
+    int64_t shard_count = 0;
+    int32_t rank = 0, world_size = 1; // who wrote it, out of how many
+    int32_t zero_stage = 0;
+    int32_t has_master_weights = 0;   // 1: fp32 master weights follow m and v
+    int32_t batch_size = 0, seq_len = 0;  // B and T of the run, to warn about changed data order
+    uint64_t sampler_rng = 0;         // state of the sampling RNG
+    LoaderPosition train_loader;
+    int64_t total_batch_tokens = 0;
+    int32_t reserved[256 - 26] = {0};  // room to grow without changing the version
+};
+static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
+
+struct TrainState {
+    TrainStateHeader header;
+    std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
+};
+
+inline void write_train_state(const std::string& path, const TrainState& s) {
+    size_t n = (size_t)s.header.shard_count;
+    if (s.m.size() != n || s.v.size() != n || (s.header.has_master_weights && s.master.size() != n)) {
+        fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
+    }
+    AtomicFile out(path, "training-state file");
+    out.write(&s.header, sizeof(s.header));
+    out.write(s.m.data(), n * 4);
+    out.write(s.v.data(), n * 4);
+    if (s.header.has_master_weights) out.write(s.master.data(), n * 4);
+    out.commit();
+}
+
+inline TrainState read_train_state(const std::string& path) {
+    FILE* f = open_for_reading(path, "training-state file");
+    TrainState s;
+    read_exactly(f, &s.header, sizeof(s.header), path, "training-state file");
+    const TrainStateHeader& h = s.header;
+    if (h.magic != STATE_MAGIC) {
+        fail("'%s' is not a training-state file (magic %d, expected %d; it looks like %s)",
+             path.c_str(), h.magic, STATE_MAGIC, describe_magic(h.magic));
+    }
+    if (h.version != STATE_VERSION) {
+        fail("training-state file '%s' has version %d; this program reads version %d", path.c_str(), h.version, STATE_VERSION);
+    }
+    size_t n = (size_t)h.shard_count;
+    int64_t expected = (int64_t)sizeof(h) + (int64_t)n * 4 * (h.has_master_weights ? 3 : 2);
+    if (h.shard_count < 0 || file_size(f) != expected) {
+        fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
+             path.c_str(), (long long)file_size(f), (long long)expected);
+    }
+    s.m.resize(n);
+    s.v.resize(n);
+    read_exactly(f, s.m.data(), n * 4, path, "training-state file");
+    read_exactly(f, s.v.data(), n * 4, path, "training-state file");
+    if (h.has_master_weights) {
+        s.master.resize(n);
+        read_exactly(f, s.master.data(), n * 4, path, "training-state file");
+    }
+    fclose(f);
+    return s;
+}

@@ -1,0 +1,228 @@
+// model.h — the shape of GPT-2, its parameters, and how they are initialised.
+//
+// GPT-2 is fully described by six numbers: layers L, channels C, heads NH, maximum sequence length
+// maxT, vocabulary V, and the vocabulary padded to a multiple of 128, Vp (50257 -> 50304), so the
+// LM-head matmul has friendly shapes. The padded rows of the token embedding are zero and their
+// logits never enter the loss.
+//
+// Parameters live in ONE flat array, as 16 tensors in a fixed order (llm.c's order, so its model
+// files load unchanged). Every per-layer tensor is stacked over the L layers:
+//
+//   tensor    shape        role
+//   wte       (Vp, C)      token embedding, also the LM head (tied)
+//   wpe       (maxT, C)    position embedding
+//   ln1w ln1b (L, C)       LayerNorm before attention
+//   qkvw      (L, 3C, C)   fused query/key/value projection     y = x W^T + b  (nn.Linear layout)
+//   qkvb      (L, 3C)
+//   attprojw  (L, C, C)    attention output projection (a "residual projection")
+//   attprojb  (L, C)
+//   ln2w ln2b (L, C)       LayerNorm before the MLP
+//   fcw       (L, 4C, C)   MLP up-projection
+//   fcb       (L, 4C)
+//   fcprojw   (L, C, 4C)   MLP down-projection (a "residual projection")
+//   fcprojb   (L, C)
+//   lnfw lnfb (C)          final LayerNorm
+//
+// N = Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C; for GPT-2 small (d12) N = 124,475,904.
+// This table is the one source of truth for sizes: the trainers allocate from it, checkpoints are
+// laid out by it, and --estimate counts bytes from it.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include "llmc/utils.h"
+
+struct GPT2Config {
+    int max_seq_len = 1024;   // maxT: rows of the position embedding
+    int vocab_size = 50257;   // V: real tokens
+    int padded_vocab_size = 50304;  // Vp: V rounded up to a multiple of 128
+    int num_layers = 12;      // L
+    int num_heads = 12;       // NH
+    int channels = 768;       // C
+};
+
+inline int pad_vocab(int vocab_size, int multiple = 128) {
+    return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+inline bool config_is_valid(const GPT2Config& c, std::string* why) {
+    auto bad = [&](const char* msg) { if (why) *why = msg; return false; };
+    if (c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 || c.max_seq_len <= 0 || c.vocab_size <= 0)
+        return bad("every dimension must be positive");
+    if (c.channels % c.num_heads != 0) return bad("channels must be divisible by the number of heads");
+    if (c.padded_vocab_size < c.vocab_size) return bad("the padded vocab is smaller than the vocab");
+    return true;
+}
+
+// Parses a model descriptor:
+//   "d12", "d24", "d36", "d48"     GPT-2 124M / 350M / 774M / 1.5B
+//   "dN" for other N               N layers, 64*N channels, N heads (the same width-per-depth rule)
+//   "L=2,C=64,H=4[,T=256][,V=512]" any shape; T defaults to 1024, V to 50257
+// Returns false if `spec` is not a descriptor (then it is taken as a model file path).
+inline bool parse_model_descriptor(const std::string& spec, GPT2Config* out) {
+    GPT2Config c;
+    if (spec.size() >= 2 && spec[0] == 'd' && spec.find_first_not_of("0123456789", 1) == std::string::npos) {
+        int depth = atoi(spec.c_str() + 1);
+        c.num_layers = depth;
+        switch (depth) {
+            case 12: c.channels = 768;  c.num_heads = 12; break;
+            case 24: c.channels = 1024; c.num_heads = 16; break;
+            case 36: c.channels = 1280; c.num_heads = 20; break;
+            case 48: c.channels = 1600; c.num_heads = 25; break;
+            default: c.channels = 64 * depth; c.num_heads = depth; break;
+        }
+    } else if (spec.find('=') != std::string::npos) {
+        size_t pos = 0;
+        while (pos < spec.size()) {
+            size_t comma = spec.find(',', pos);
+            if (comma == std::string::npos) comma = spec.size();
+            std::string item = spec.substr(pos, comma - pos);
+            size_t eq = item.find('=');
+            if (eq == std::string::npos || eq + 1 >= item.size()) return false;
+            std::string key = item.substr(0, eq);
+            char* end = nullptr;
+            long value = strtol(item.c_str() + eq + 1, &end, 10);
+            if (*end != '\0') return false;
+            if (key == "L") c.num_layers = (int)value;
+            else if (key == "C") c.channels = (int)value;
+            else if (key == "H") c.num_heads = (int)value;
+            else if (key == "T") c.max_seq_len = (int)value;
+            else if (key == "V") c.vocab_size = (int)value;
+            else return false;
+            pos = comma + 1;
+        }
+    } else {
+        return false;
+    }
+    c.padded_vocab_size = pad_vocab(c.vocab_size);
+    *out = c;
+    return true;
+}
+
+inline std::string describe_config(const GPT2Config& c) {
+    return strprintf("L=%d C=%d H=%d T=%d V=%d (padded %d)", c.num_layers, c.channels, c.num_heads,
+                     c.max_seq_len, c.vocab_size, c.padded_vocab_size);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The parameter table
+
+constexpr int NUM_PARAM_TENSORS = 16;
+enum ParamTensor {
+    WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,
+    LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB
+};
+
+inline const char* param_tensor_name(int t) {
+    static const char* names[NUM_PARAM_TENSORS] = {
+        "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+        "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    return names[t];
+}
+
+// Decoupled weight decay applies to the matrices (embeddings included), never to biases or
+// LayerNorm gains: shrinking those toward zero has no regularising meaning.
+inline bool param_tensor_decays(int t) {
+    return t == WTE || t == WPE || t == QKVW || t == ATTPROJW || t == FCW || t == FCPROJW;
+}
+
+struct ParamLayout {
+    std::array<size_t, NUM_PARAM_TENSORS> count{};   // elements in each tensor
+    std::array<size_t, NUM_PARAM_TENSORS> offset{};  // element offset of each tensor in the flat array
+    size_t total = 0;
+};
+
+inline ParamLayout param_layout(const GPT2Config& cfg) {
+    size_t Vp = cfg.padded_vocab_size, C = cfg.channels, L = cfg.num_layers, maxT = cfg.max_seq_len;
+    ParamLayout p;
+    p.count = {Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+               L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        p.offset[t] = p.total;
+        p.total += p.count[t];
+    }
+    return p;
+}
+
+// Pointers to each tensor inside a flat array (parameters, gradients, or optimizer moments).
+template <typename T>
+struct ParamTensors {
+    std::array<T*, NUM_PARAM_TENSORS> ptr{};
+    T* operator[](int t) const { return ptr[t]; }
+};
+
+template <typename T>
+inline ParamTensors<T> point_into(T* flat, const ParamLayout& layout) {
+    ParamTensors<T> p;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) p.ptr[t] = flat + layout.offset[t];
+    return p;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Initialisation
+//
+// GPT-2's recipe: weights ~ N(0, 0.02); the two residual projections (attprojw, fcprojw) ~
+// N(0, 0.02/sqrt(2L)) so the residual stream's variance does not grow with depth (each block adds
+// two contributions); biases 0; LayerNorm gains 1 and shifts 0; padded vocab rows 0.
+//
+// The random numbers come from a COUNTER-based generator: element i of the flat array gets
+// normal(hash(seed, i)). Nothing depends on the order of generation, so the result is identical
+// for any thread count, and a rank that owns a slice of the model (tensor or pipeline parallel,
+// ZeRO-3) can initialise exactly its slice. The GPU trainer calls this same function on the host.
+
+inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// A standard normal from one 64-bit hash: two 24-bit uniforms, then Box-Muller (in double, so the
+// value does not depend on the compiler's float contractions).
+inline float normal_from_counter(uint64_t seed, uint64_t counter) {
+    uint64_t h = splitmix64(splitmix64(seed) ^ counter);
+    double u1 = ((double)(h >> 40) + 0.5) / 16777216.0;           // (0, 1): never log(0)
+    double u2 = (double)((h >> 16) & 0xFFFFFF) / 16777216.0;      // [0, 1)
+    return (float)(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// Fills params[begin, end) of the flat parameter array (pass 0, layout.total for all of it).
+inline void init_gpt2_params(const GPT2Config& cfg, uint64_t seed, float* params, size_t begin, size_t end) {
+    ParamLayout layout = param_layout(cfg);
+    const float std_default = 0.02f;
+    const float std_residual = 0.02f / std::sqrt(2.0f * cfg.num_layers);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t lo = std::max(begin, layout.offset[t]);
+        size_t hi = std::min(end, layout.offset[t] + layout.count[t]);
+        if (lo >= hi) continue;
+        float* dst = params + (lo - begin);
+        bool is_matrix = param_tensor_decays(t);
+        bool is_gain = (t == LN1W || t == LN2W || t == LNFW);
+        float stddev = (t == ATTPROJW || t == FCPROJW) ? std_residual : std_default;
+        // rows of wte at or beyond the real vocab are padding: keep them zero
+        size_t wte_real = (size_t)cfg.vocab_size * cfg.channels;
+        #pragma omp parallel for schedule(static)
+        for (size_t i = lo; i < hi; i++) {
+            float value = 0.0f;
+            if (is_matrix) {
+                bool padding = (t == WTE) && (i - layout.offset[t]) >= wte_real;
+                value = padding ? 0.0f : stddev * normal_from_counter(seed, i);
+            } else if (is_gain) {
+                value = 1.0f;
+            }
+            dst[i - lo] = value;
+        }
+    }
+}
+
+// FLOPs of one training step per token, the convention used to report MFU (model FLOPs
+// utilisation): 6 per parameter (2 in the forward matmuls, 4 in the backward) plus attention's
+// 6*L*C*T for QK^T and AV (counted in full, although causal masking skips half). N is the whole
+// parameter count, padded vocab and position embedding included, as llm.c counts it, so MFUs
+// compare across the two projects.
+inline double flops_per_token(const GPT2Config& cfg, int seq_len) {
+    double n = (double)param_layout(cfg).total;
+    return 6.0 * n + 6.0 * cfg.num_layers * cfg.channels * (double)seq_len;
+}

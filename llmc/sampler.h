@@ -1,0 +1,56 @@
+// sampler.h — turning a model's next-token distribution into text.
+//
+// The model gives logits z over the vocabulary. Sampling with temperature tau draws from
+// softmax(z / tau): tau < 1 sharpens toward the most likely tokens, tau > 1 flattens. Top-k keeps
+// only the k most likely tokens before drawing, which cuts the long tail of unlikely tokens that
+// makes samples from small models wander. tau = 0 is greedy decoding (always the argmax).
+//
+// The random numbers come from xorshift64*: tiny state (one uint64, saved in checkpoints so a
+// resumed run samples the same text) and good enough statistics for sampling.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+inline uint64_t xorshift64star(uint64_t* state) {
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+// Uniform in [0, 1) with 24 bits of resolution.
+inline float random_unit_float(uint64_t* state) {
+    return (float)(xorshift64star(state) >> 40) / 16777216.0f;
+}
+
+// Draws a token from logits[0 .. vocab_size) (padded logits must not be passed in).
+inline int sample_token(const float* logits, int vocab_size, float temperature, int top_k, uint64_t* rng) {
+    if (temperature <= 0.0f) return (int)(std::max_element(logits, logits + vocab_size) - logits);
+    std::vector<int> candidates(vocab_size);
+    for (int i = 0; i < vocab_size; i++) candidates[i] = i;
+    int k = (top_k > 0 && top_k < vocab_size) ? top_k : vocab_size;
+    if (k < vocab_size) {
+        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(),
+                          [&](int a, int b) { return logits[a] > logits[b]; });
+        candidates.resize(k);
+    }
+    float max_logit = -INFINITY;
+    for (int i : candidates) max_logit = std::max(max_logit, logits[i]);
+    std::vector<double> weights(candidates.size());
+    double total = 0.0;
+    for (size_t j = 0; j < candidates.size(); j++) {
+        weights[j] = std::exp((double)(logits[candidates[j]] - max_logit) / temperature);
+        total += weights[j];
+    }
+    double r = random_unit_float(rng) * total;
+    for (size_t j = 0; j < candidates.size(); j++) {
+        r -= weights[j];
+        if (r <= 0.0) return candidates[j];
+    }
+    return candidates.back();
+}

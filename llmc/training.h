@@ -1,0 +1,185 @@
+// training.h — the bookkeeping of a training run, shared by the CPU and the GPU trainer.
+//
+// Everything about a run that is not arithmetic on tensors: where the model comes from (a
+// checkpoint, a file, or a fresh initialisation), the batch geometry (micro-batch, accumulation,
+// tokens per step), the learning-rate schedule, checkpoint directories and how they are published
+// atomically, the one-line step report, and the --dump-state file the tests read. The trainers
+// differ in how they compute a step; they must not differ in any of this.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+#include "llmc/cli.h"
+#include "llmc/formats.h"
+#include "llmc/model.h"
+#include "llmc/safetensors.h"
+#include "llmc/schedule.h"
+#include "llmc/utils.h"
+
+// ----------------------------------------------------------------------------------------------
+// The model to start from
+
+// Resolves --resume to a checkpoint directory ("" when not resuming).
+inline std::string latest_checkpoint(const std::string& out_dir);
+inline std::string resolve_resume_dir(const TrainOptions& o) {
+    if (o.resume.empty()) return "";
+    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir) : o.resume;
+    if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
+    if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
+    return dir;
+}
+
+// Loads the weights from the checkpoint (when resuming) or --model (a file or a descriptor), as fp32
+// on the host. Returns a description of where they came from, for the log.
+inline std::string load_initial_model(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg,
+                                      std::vector<float>* params) {
+    if (resume_dir.empty() && parse_model_descriptor(o.model, cfg)) {
+        std::string why;
+        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
+        params->assign(param_layout(*cfg).total, 0.0f);
+        init_gpt2_params(*cfg, o.seed, params->data(), 0, params->size());
+        return "new " + o.model + ", seed " + std::to_string(o.seed);
+    }
+    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
+    if (!file_exists(path)) {
+        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
+    }
+    read_model_file(path, cfg, params);
+    return path;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Batch geometry and schedule
+
+struct RunPlan {
+    int B = 0, T = 0;                   // micro-batch per rank
+    int world_size = 1;                 // data-parallel ranks
+    int64_t total_batch_tokens = 0;     // tokens per optimizer step, all ranks together
+    int accumulation_steps = 1;         // micro-batches per rank per step
+    int steps = 0;
+    ScheduleConfig schedule;
+};
+
+inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_size, int64_t train_tokens_per_epoch) {
+    RunPlan r;
+    r.B = o.batch_size;
+    r.T = o.seq_len > 0 ? o.seq_len : cfg.max_seq_len;
+    r.world_size = world_size;
+    if (r.T > cfg.max_seq_len) usage_fail("--seq-len %d exceeds the model's maximum sequence length %d", r.T, cfg.max_seq_len);
+    int64_t tokens_per_micro_step = (int64_t)r.B * r.T * world_size;
+    r.total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro_step;
+    if (r.total_batch_tokens % tokens_per_micro_step != 0) {
+        usage_fail("--total-batch-tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)r.total_batch_tokens,
+                   r.B, r.T, world_size, (long long)tokens_per_micro_step);
+    }
+    r.accumulation_steps = (int)(r.total_batch_tokens / tokens_per_micro_step);
+    r.steps = o.steps > 0 ? o.steps : (int)std::max<int64_t>(1, train_tokens_per_epoch / r.total_batch_tokens);
+    if (!parse_lr_schedule(o.lr_schedule, &r.schedule.kind)) {
+        usage_fail("--lr-schedule '%s' is not one of cosine, linear, constant, wsd", o.lr_schedule.c_str());
+    }
+    r.schedule.max_lr = o.lr;
+    r.schedule.warmup_steps = o.warmup_steps;
+    r.schedule.total_steps = r.steps;
+    r.schedule.final_lr_fraction = o.final_lr_fraction;
+    r.schedule.decay_fraction = o.decay_fraction;
+    return r;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Checkpoints: out_dir/ckpt_00001000/{model.bin, state.bin} (state_rank<r>.bin with several ranks)
+
+inline std::string checkpoint_dir(const std::string& out_dir, int step) {
+    return out_dir + strprintf("/ckpt_%08d", step);
+}
+
+// The newest complete checkpoint in out_dir, or "" (directories still named *.tmp are incomplete).
+inline std::string latest_checkpoint(const std::string& out_dir) {
+    std::string best;
+    for (const std::string& path : expand_glob(out_dir + "/ckpt_*")) {
+        std::string name = path.substr(path.rfind('/') + 1);
+        if (name.size() == 13 && dir_exists(path) && file_exists(path + "/model.bin")) best = path;  // sorted: last is newest
+    }
+    return best;
+}
+
+// A checkpoint is written into "<dir>.tmp" and then renamed to <dir>: the rename is atomic, so a
+// checkpoint directory either exists complete or not at all, and a crash mid-write loses nothing.
+inline std::string begin_checkpoint(const std::string& out_dir, int step) {
+    std::string tmp = checkpoint_dir(out_dir, step) + ".tmp";
+    if (dir_exists(tmp) && system(("rm -rf '" + tmp + "'").c_str()) != 0) fail("cannot clear '%s'", tmp.c_str());
+    make_dirs(tmp);
+    return tmp;
+}
+
+inline std::string publish_checkpoint(const std::string& out_dir, int step) {
+    std::string dir = checkpoint_dir(out_dir, step), tmp = dir + ".tmp", old = dir + ".old";
+    if (dir_exists(dir)) {  // a checkpoint of the same step from an earlier run: set it aside first
+        if (system(("rm -rf '" + old + "'").c_str()) != 0 || rename(dir.c_str(), old.c_str()) != 0)
+            fail("cannot replace the existing checkpoint '%s'", dir.c_str());
+    }
+    if (rename(tmp.c_str(), dir.c_str()) != 0) fail("cannot move checkpoint into place at '%s': %s", dir.c_str(), strerror(errno));
+    if (dir_exists(old) && system(("rm -rf '" + old + "'").c_str()) != 0) fprintf(stderr, "warning: could not remove '%s'\n", old.c_str());
+    return dir;
+}
+
+// Checks a training state against the run about to continue from it.
+inline void check_resume_state(const TrainStateHeader& h, const std::string& dir, size_t num_params, const RunPlan& plan) {
+    if ((size_t)h.num_params != num_params) {
+        fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
+             (long long)h.num_params, num_params);
+    }
+    if (h.world_size != plan.world_size) {
+        fail("checkpoint '%s' was written by %d rank%s, this run has %d: resume with the same number of ranks",
+             dir.c_str(), h.world_size, h.world_size == 1 ? "" : "s", plan.world_size);
+    }
+    if (h.batch_size != plan.B || h.seq_len != plan.T || h.total_batch_tokens != plan.total_batch_tokens) {
+        fprintf(stderr, "warning: resuming with a different batch geometry (B=%d T=%d total=%lld; the checkpoint has "
+                "B=%d T=%d total=%lld): the data order will differ from an uninterrupted run\n", plan.B, plan.T,
+                (long long)plan.total_batch_tokens, h.batch_size, h.seq_len, (long long)h.total_batch_tokens);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Reporting
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345 | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
+// (scripts parse "<number> ms" and "<number> tok/s" from this line).
+inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
+                            double mfu_percent, double eta_seconds) {
+    printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step, steps, loss, lr, norm,
+           seconds * 1e3, tokens / seconds);
+    if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
+    if (eta_seconds >= 0) {
+        int s = (int)eta_seconds;
+        if (s >= 3600) printf(" | ETA %dh%02dm", s / 3600, (s % 3600) / 60);
+        else printf(" | ETA %dm%02ds", s / 60, s % 60);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+// The --dump-state file (safetensors), identical for both trainers; test/test_vs_pytorch.py reads it:
+//   logits [B, T, V]  first micro-batch's logits, padding dropped     loss [1]  its mean loss
+//   grads  [P]        the first step's gradient, before clipping      losses [steps]  each step's loss
+//   params [P]        the weights after the last step
+struct DumpState {
+    std::vector<float> logits, grads, losses, params;
+    float loss = 0.0f;
+};
+
+inline void write_dump_state(const std::string& path, const DumpState& d, const GPT2Config& cfg, int B, int T,
+                             const char* trainer) {
+    std::vector<SafetensorsTensor> tensors = {
+        {"logits", "F32", {B, T, cfg.vocab_size}, d.logits.data(), d.logits.size() * 4},
+        {"loss", "F32", {1}, &d.loss, 4},
+        {"grads", "F32", {(int64_t)d.grads.size()}, d.grads.data(), d.grads.size() * 4},
+        {"losses", "F32", {(int64_t)d.losses.size()}, d.losses.data(), d.losses.size() * 4},
+        {"params", "F32", {(int64_t)d.params.size()}, d.params.data(), d.params.size() * 4},
+    };
+    write_safetensors(path, tensors, {{"trainer", trainer}, {"config", describe_config(cfg)}});
+}

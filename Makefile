@@ -33,7 +33,8 @@ all: train_gpt_cpu $(CPU_TESTS)
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
-build/test_%: test/test_%.cpp $(HOST_HEADERS)
+# (tests may include train_gpt_cpu.cpp to use its kernels as the reference)
+build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 

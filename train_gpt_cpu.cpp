@@ -763,7 +763,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(&model, &val, o.val_batches));
-        if (o.sample_every > 0 && step > first_step && step % o.sample_every == 0) print_sample(&model, o, &sampler_rng);
+        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) print_sample(&model, o, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
         std::fill(model.grads.begin(), model.grads.end(), 0.0f);

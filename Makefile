@@ -9,7 +9,7 @@
 # CPU code is built with -march=native: the binaries are meant for the machine that builds them.
 
 CXX      ?= g++
-CXXFLAGS ?= -O3 -march=native -ffp-contract=fast -std=c++17 -Wall -Wextra -Wno-unused-parameter -fopenmp
+CXXFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -fopenmp
 CXXFLAGS += -I.
 LDLIBS   += -lm
 

@@ -199,6 +199,18 @@ def main():
         report(code != 0 and "state_rank1.bin" in err and "error:" in err,
                "a checkpoint missing a rank's state file is refused, naming the file", f"exit {code}: {err[-300:]}")
 
+        # the launch scripts: one node, and a hostfile naming this machine
+        flags = ["--model", MODEL, "--train-data", os.path.join(work, "train_*.bin"), "--val-data", "none",
+                 "--seq-len", str(T), "--steps", "2", "--batch-size", "2"]
+        with open(os.path.join(work, "hosts"), "w") as f:
+            f.write("localhost slots=2\n")
+        for script, args in [("run_mpi_local.sh", ["2"]), ("run_mpi_hostfile.sh", [os.path.join(work, "hosts"), "2"])]:
+            p = subprocess.run(["timeout", "120", "bash", os.path.join(ROOT, "scripts", script)] + args + flags,
+                               cwd=work, capture_output=True, text=True, env=dict(os.environ, TRAINER=TRAINER))
+            report(p.returncode == 0 and p.stdout.startswith("+ mpirun") and "2 ranks" in p.stdout and "step     2/2" in p.stdout,
+                   f"scripts/{script} prints its mpirun command and trains on 2 ranks",
+                   f"exit {p.returncode}: {(p.stdout + p.stderr)[-400:]}")
+
         # (f) failures: every rank must stop, non-zero, well before the 60 s guard, saying why
         for kind, expect in [("hang", "did not complete within 2 s"), ("exit", "LLMC_TEST_FAULT: exit"),
                              ("error", "stopping all ranks")]:

@@ -82,7 +82,7 @@ inline Comm* g_comm = nullptr;
     fflush(stdout);
     fflush(stderr);
 #ifdef USE_MPI
-    int initialized = 0, finalized = 0;
+    int initialized = 0, finalized = 0;  // unchecked: we are already failing, and there is no one to tell
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (g_comm && g_comm->mpi && initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);

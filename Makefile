@@ -25,13 +25,25 @@ NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math $(CUDA_ARCH) -Xcompiler -fopenmp -I.
 
 HOST_HEADERS := $(wildcard llmc/*.h)
 
+# The CPU trainer runs on several ranks over MPI (mpirun -np N) when MPI is installed; without it,
+# it builds as a single-rank program. `make USE_MPI=0` forces the single-rank build.
+MPICXX  ?= $(shell command -v mpicxx 2>/dev/null)
+USE_MPI ?= $(if $(MPICXX),1,0)
+ifeq ($(USE_MPI),1)
+CPU_TRAINER_CXX   := $(MPICXX)
+CPU_TRAINER_FLAGS := -DUSE_MPI
+else
+CPU_TRAINER_CXX   := $(CXX)
+CPU_TRAINER_FLAGS :=
+endif
+
 CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 
 .PHONY: all test clean
 all: train_gpt_cpu $(CPU_TESTS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
-	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
 
 # (tests may include train_gpt_cpu.cpp to use its kernels as the reference)
 build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp

@@ -22,10 +22,12 @@
 #include <string>
 #include <vector>
 #include "llmc/cli.h"
+#include "llmc/comm.h"
 #include "llmc/dataloader.h"
 #include "llmc/formats.h"
 #include "llmc/model.h"
 #include "llmc/sampler.h"
+#include "llmc/sharding.h"
 #include "llmc/training.h"
 #include "llmc/utils.h"
 
@@ -636,9 +638,10 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 // ==============================================================================================
 // The optimizer step: global-norm clipping, then AdamW.
 
-// sqrt(sum of squares) over all gradients. Fixed-size chunks are summed in parallel and the chunk
-// sums added in order, so the norm does not depend on the number of threads.
-float global_grad_norm(const float* grads, size_t n) {
+// The sum of squares of n gradients. Fixed-size chunks are summed in parallel and the chunk sums
+// added in order, so the result does not depend on the number of threads. With several ranks each
+// sums its shard and the shards' sums are added in rank order (comm_sum).
+double sum_of_squares(const float* grads, size_t n) {
     const size_t chunk = 1 << 16;
     size_t chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks);
@@ -652,8 +655,11 @@ float global_grad_norm(const float* grads, size_t n) {
     }
     double total = 0.0;
     for (double s : partial) total += s;
-    return (float)std::sqrt(total);
+    return total;
 }
+
+// sqrt(sum of squares) over all gradients of one rank.
+float global_grad_norm(const float* grads, size_t n) { return (float)std::sqrt(sum_of_squares(grads, n)); }
 
 // The clip coefficient, as torch.nn.utils.clip_grad_norm_ computes it.
 float clip_coefficient(float norm, float max_norm) {
@@ -682,12 +688,17 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
     }
 }
 
-void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
-    for (int tensor = 0; tensor < NUM_PARAM_TENSORS; tensor++) {
-        size_t off = model->layout.offset[tensor], n = model->layout.count[tensor];
-        float wd = param_tensor_decays(tensor) ? o.weight_decay : 0.0f;
-        adamw_update(model->params.data() + off, model->grads.data() + off, model->adam_m.data() + off,
-                     model->adam_v.data() + off, n, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+// AdamW on the parameters [range.begin, range.end) of the flat array: all of them, or with ZeRO-1
+// this rank's shard. `grads`, model->adam_m and model->adam_v hold that range only (their element 0
+// is parameter range.begin). Weight decay differs per tensor, so the range is cut at tensor
+// boundaries; each element's update depends on nothing but its own values, which is why updating
+// the model shard by shard gives exactly the weights of updating it whole.
+void gpt2_update(GPT2* model, ShardRange range, const float* grads, float lr, const TrainOptions& o, int t, float grad_scale) {
+    for (const TensorPiece& piece : shard_pieces(model->layout, range)) {
+        size_t at = piece.begin - range.begin, n = piece.end - piece.begin;
+        float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+        adamw_update(model->params.data() + piece.begin, grads + at, model->adam_m.data() + at, model->adam_v.data() + at, n,
+                     lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
     }
 }
 
@@ -725,23 +736,115 @@ static void print_sample(GPT2* model, const TrainOptions& o, uint64_t* rng) {
     printf("\n");
 }
 
-static void save_checkpoint(GPT2* model, const TrainOptions& o, const RunPlan& plan, int step, const DataLoader& train,
-                            uint64_t sampler_rng) {
-    std::string tmp = begin_checkpoint(o.out_dir, step);
-    write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
-    TrainState s;
-    s.header.step = step;
-    s.header.num_params = (int64_t)model->layout.total;
-    s.header.shard_count = (int64_t)model->layout.total;
-    s.header.batch_size = plan.B;
-    s.header.seq_len = plan.T;
-    s.header.total_batch_tokens = plan.total_batch_tokens;
-    s.header.sampler_rng = sampler_rng;
-    s.header.train_loader = train.pos;
-    s.m = model->adam_m;
-    s.v = model->adam_v;
-    write_train_state(tmp + "/state.bin", s);
-    printf("checkpoint: %s\n", publish_checkpoint(o.out_dir, step).c_str());
+// ==============================================================================================
+// Data parallelism and ZeRO-1 (docs/parallelism.md tells the whole story; llmc/comm.h moves bytes)
+//
+// `mpirun -np N ./train_gpt_cpu` runs N copies ("ranks") of this program. They start from the same
+// weights; each reads its own slice of every step's batch (llmc/dataloader.h), so N ranks with
+// micro-batch B see exactly the tokens one rank would see in N accumulation steps. After the
+// backward pass they combine their gradients:
+//   1. each rank's gradient is already scaled by 1/(tokens of the whole step, all ranks together),
+//      so the step's gradient is the plain SUM over ranks: no division by N anywhere;
+//   2. reduce-scatter: rank r receives that sum for its shard r of the parameters (llmc/sharding.h);
+//   3. ZeRO-0: all-gather the summed shards, so every rank holds the whole gradient, and every rank
+//      runs AdamW on every parameter with its own full copy of m and v;
+//      ZeRO-1: each rank runs AdamW on its shard only, keeping m and v for that shard only (1/N of
+//      the memory), then all-gathers the updated parameters.
+// ZeRO-0's steps 2 and 3 are an all-reduce written out; ZeRO-1 gathers parameters where ZeRO-0
+// gathers gradients, so it moves exactly the same bytes. Both sum the gradients with the same
+// reduce-scatter and update each parameter with the same arithmetic, so they give bit-identical
+// weights. Every rank ends each step with bit-identical parameters (they are copies of one
+// result), which is what keeps N replicas from drifting apart.
+// Here the exchange runs after the whole backward pass; the GPU trainer overlaps it with the
+// backward pass, sending a layer's gradients while the layers below it are still computing.
+
+struct DataParallel {
+    Comm comm;
+    int zero_stage = 0;
+    ShardLayout shards;             // the flat parameter array, padded and cut into world_size equal shards
+    ShardRange shard;               // this rank's shard, padding included: what the collectives move
+    ShardRange updated;             // the parameters this rank's AdamW updates and keeps m, v for:
+                                    // all of them (ZeRO-0) or those of its shard (ZeRO-1)
+    std::vector<float> grad_shard;  // the summed gradient of this rank's shard
+};
+
+static void data_parallel_setup(DataParallel* dp, GPT2* model, int zero_stage) {
+    dp->zero_stage = zero_stage;
+    dp->shards = shard_layout(model->layout.total, dp->comm.world_size);
+    dp->shard = shard_range(dp->shards, dp->comm.rank);
+    dp->updated = zero_stage == 1 ? owned_range(dp->shards, dp->comm.rank) : ShardRange{0, model->layout.total};
+    dp->grad_shard.assign(dp->shards.shard_size, 0.0f);
+    // The collectives move equal shards, so params and grads get zero padding that no tensor uses.
+    model->params.resize(dp->shards.padded_total, 0.0f);
+    model->grads.resize(dp->shards.padded_total, 0.0f);
+    model->p = point_into(model->params.data(), model->layout);
+    model->g = point_into(model->grads.data(), model->layout);
+    // AdamW's moments for the updated range only: with ZeRO-1 this is where 1/N of the memory goes.
+    model->adam_m = std::vector<float>(dp->updated.size(), 0.0f);
+    model->adam_v = std::vector<float>(dp->updated.size(), 0.0f);
+}
+
+// Sums the ranks' gradients into this rank's shard and returns the global gradient norm (the norm
+// of the summed gradient, as one rank would compute it). With `gather_all`, every rank then also
+// holds the whole summed gradient in model->grads (ZeRO-0; or to dump it).
+static float reduce_gradients(GPT2* model, DataParallel* dp, bool gather_all) {
+    comm_reduce_scatter_sum(&dp->comm, model->grads.data(), dp->grad_shard.data(), dp->shards.shard_size,
+                            "reduce-scatter of the gradients");
+    double squares = sum_of_squares(dp->grad_shard.data(), dp->grad_shard.size());
+    float norm = (float)std::sqrt(comm_sum(&dp->comm, squares, "sum of the gradient norms"));
+    if (gather_all) {
+        memcpy(model->grads.data() + dp->shard.begin, dp->grad_shard.data(), dp->shard.size() * sizeof(float));
+        comm_all_gather(&dp->comm, model->grads.data(), dp->shard.size() * sizeof(float), "all-gather of the gradients");
+    }
+    return norm;
+}
+
+static void optimizer_step(GPT2* model, DataParallel* dp, float lr, const TrainOptions& o, int t, float grad_scale) {
+    if (dp->zero_stage == 0) {
+        gpt2_update(model, dp->updated, model->grads.data(), lr, o, t, grad_scale);
+        return;
+    }
+    if (dp->updated.size() > 0) {
+        gpt2_update(model, dp->updated, dp->grad_shard.data() + (dp->updated.begin - dp->shard.begin), lr, o, t, grad_scale);
+    }
+    comm_all_gather(&dp->comm, model->params.data(), dp->shard.size() * sizeof(float), "all-gather of the parameters");
+}
+
+// A checkpoint of N ranks: rank 0 makes the directory "<ckpt>.tmp" and writes model.bin; the
+// optimizer state goes to state.bin (ZeRO-0: rank 0 holds all of it) or to one state_rank<r>.bin per
+// rank (ZeRO-1: each its shard); when every rank has written (a barrier), rank 0 renames the
+// directory into place. A crash at any point leaves either no new checkpoint or a complete one.
+static void save_checkpoint(GPT2* model, DataParallel* dp, const TrainOptions& o, const RunPlan& plan, int step,
+                            const DataLoader& train, uint64_t sampler_rng) {
+    bool leader = dp->comm.rank == 0;
+    std::string tmp = checkpoint_dir(o.out_dir, step) + ".tmp";
+    if (leader) begin_checkpoint(o.out_dir, step);
+    comm_barrier(&dp->comm, "the barrier after creating the checkpoint directory");
+    if (!dir_exists(tmp)) {
+        fail("rank %d cannot see the checkpoint directory '%s' that rank 0 created: with several nodes, --out-dir "
+             "must be on a filesystem that every node shares", dp->comm.rank, tmp.c_str());
+    }
+    if (leader) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
+    if (leader || dp->zero_stage == 1) {
+        TrainState s;
+        s.header.step = step;
+        s.header.num_params = (int64_t)model->layout.total;
+        s.header.shard_begin = (int64_t)dp->updated.begin;
+        s.header.shard_count = (int64_t)dp->updated.size();
+        s.header.rank = dp->comm.rank;
+        s.header.world_size = dp->comm.world_size;
+        s.header.zero_stage = dp->zero_stage;
+        s.header.batch_size = plan.B;
+        s.header.seq_len = plan.T;
+        s.header.total_batch_tokens = plan.total_batch_tokens;
+        s.header.sampler_rng = sampler_rng;
+        s.header.train_loader = train.pos;
+        s.m = model->adam_m;
+        s.v = model->adam_v;
+        write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm.rank), s);
+    }
+    comm_barrier(&dp->comm, "the barrier after writing the checkpoint");
+    if (leader) printf("checkpoint: %s\n", publish_checkpoint(o.out_dir, step).c_str());
 }
 
 int main(int argc, char** argv) {
@@ -750,57 +853,78 @@ int main(int argc, char** argv) {
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (o.estimate) fail("--estimate is not available yet");
+    DataParallel dp;
+    comm_init(&dp.comm, o.comm_timeout);
+    comm_require_mpi(&dp.comm, "the CPU trainer's exchange of gradients");  // before any work, not at the first collective
+    const Comm& comm = dp.comm;
+    bool leader = comm.rank == 0;  // rank 0 alone prints, evaluates, samples and writes the model
 
-    // ---- the model: from a checkpoint, a model file, or a descriptor
+    // ---- the model: from a checkpoint, a model file, or a descriptor; then rank 0's copy for all,
+    // so every rank starts from bit-identical weights whatever its own filesystem holds
     std::string resume_dir = resolve_resume_dir(o);
     GPT2Config cfg;
     std::vector<float> params;
     std::string model_source = load_initial_model(o, resume_dir, &cfg, &params);
     GPT2 model;
     gpt2_build(&model, cfg, std::move(params));
+    data_parallel_setup(&dp, &model, o.zero_stage);
+    comm_broadcast(&dp.comm, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
 
-    // ---- data and the shape of the run
+    // ---- data and the shape of the run: each rank reads its own slice of every step
     DataLoader train, val;
     int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    dataloader_init(&train, o.train_data, o.batch_size, T_data, 0, 1, cfg.vocab_size, "training data", "--train-data");
-    RunPlan plan = plan_run(o, cfg, 1, train.tokens_per_epoch);
+    dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
+                    "training data", "--train-data");
+    RunPlan plan = plan_run(o, cfg, comm.world_size, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
-    bool have_val = o.val_data != "none" && o.val_every > 0;
+    bool have_val = leader && o.val_data != "none" && o.val_every > 0;
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
     gpt2_allocate_activations(&model, B, T);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     int first_step = 0;
+    TrainStateHeader resumed;
     if (!resume_dir.empty()) {
-        TrainState s = read_train_state(resume_dir + "/state.bin");
-        check_resume_state(s.header, resume_dir, model.layout.total, plan);
-        model.adam_m = std::move(s.m);
-        model.adam_v = std::move(s.v);
-        first_step = (int)s.header.step;
-        sampler_rng = s.header.sampler_rng;
-        dataloader_seek(&train, s.header.train_loader);
+        // each rank reads the optimizer state of the parameters it updates, from whichever files hold it
+        resumed = read_optimizer_state(resume_dir, model.layout.total, dp.updated, model.adam_m.data(), model.adam_v.data(), nullptr);
+        check_resume_state(resumed, resume_dir, model.layout.total, plan, true);
+        first_step = (int)resumed.step;
+        sampler_rng = resumed.sampler_rng;
+        dataloader_seek(&train, resumed.train_loader);
     }
 
-    printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), model.layout.total);
-    printf("batch: B=%d T=%d, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads\n", B, T,
-           plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens,
-           plan.steps, omp_get_max_threads());
-    printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
-           (long long)train.tokens_per_epoch);
-    if (have_val) printf(", %zu validation shard%s", val.files.size(), val.files.size() == 1 ? "" : "s");
-    printf("\n");
-    if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
+    if (leader) {
+        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), model.layout.total);
+        printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
+               B, T, comm.world_size, comm.world_size == 1 ? "" : "s", plan.accumulation_steps,
+               plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
+        if (comm.world_size > 1) {
+            printf("ranks: %d (%s, %d on this node), ZeRO-%d: each rank updates %zu of %zu parameters%s\n", comm.world_size,
+                   comm.launcher.c_str(), comm.local_size, dp.zero_stage, dp.updated.size(), model.layout.total,
+                   dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size, dp.shards.padded_total).c_str() : "");
+        }
+        printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
+               (long long)train.tokens_per_epoch);
+        if (have_val) printf(", %zu validation shard%s", val.files.size(), val.files.size() == 1 ? "" : "s");
+        printf("\n");
+        if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
+        if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage)) {
+            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d, this run has %d with ZeRO-%d\n",
+                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, comm.world_size, dp.zero_stage);
+        }
+    }
 
     bool dumping = !o.dump_state.empty();
     DumpState dump;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
+        comm_inject_fault(&comm, step + 1);
         if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(&model, &val, o.val_batches));
-        if (o.sample_every > 0 && step > 0 && step % o.sample_every == 0) print_sample(&model, o, &sampler_rng);
+        if (leader && o.sample_every > 0 && step > 0 && step % o.sample_every == 0) print_sample(&model, o, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
         std::fill(model.grads.begin(), model.grads.end(), 0.0f);
-        double step_loss = 0.0;
+        double step_loss = 0.0;  // this rank's mean loss over its micro-batches
         for (int micro = 0; micro < plan.accumulation_steps; micro++) {
             dataloader_next_batch(&train);
             float loss = gpt2_forward(&model, train.inputs.data(), train.targets.data(), B, T);
@@ -811,35 +935,42 @@ int main(int argc, char** argv) {
                     memcpy(&dump.logits[n * V], &model.acts.logits[n * Vp], V * sizeof(float));
                 dump.loss = loss;
             }
-            // the optimised loss is the mean over all tokens of the step: d/d(one token's loss) = 1/total
+            // the optimised loss is the mean over all tokens of the step, all ranks together:
+            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(&model, train.inputs.data(), train.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens);
             step_loss += loss / plan.accumulation_steps;
         }
+        // every rank saw as many tokens, so the step's mean loss is the mean of the ranks' means
+        step_loss = comm_sum(&dp.comm, step_loss, "sum of the losses") / comm.world_size;
         if (!std::isfinite(step_loss)) {
             fail("the loss became %f at step %d: training diverged. Lower --lr, raise --warmup-steps, or check --grad-clip",
                  step_loss, step + 1);
         }
-        if (dumping && step == first_step) dump.grads = model.grads;
-        float norm = global_grad_norm(model.grads.data(), model.grads.size());
+        bool dump_grads = dumping && step == first_step;
+        float norm = reduce_gradients(&model, &dp, dp.zero_stage == 0 || dump_grads);
+        if (dump_grads) dump.grads.assign(model.grads.begin(), model.grads.begin() + model.layout.total);
         float lr = learning_rate(plan.schedule, step);
-        gpt2_update(&model, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
+        optimizer_step(&model, &dp, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
         double seconds = seconds_since(start);
         if (dumping) dump.losses.push_back((float)step_loss);
-        print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
-                        seconds * (plan.steps - step - 1));
+        if (leader) {
+            print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
+                            seconds * (plan.steps - step - 1));
+        }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(&model, o, plan, step + 1, train, sampler_rng);
+            save_checkpoint(&model, &dp, o, plan, step + 1, train, sampler_rng);
         }
     }
     if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(&model, &val, o.val_batches));
-    if (o.sample_every > 0) print_sample(&model, o, &sampler_rng);
+    if (leader && o.sample_every > 0) print_sample(&model, o, &sampler_rng);
 
-    if (dumping) {
-        dump.params = model.params;
+    if (dumping && leader) {
+        dump.params.assign(model.params.begin(), model.params.begin() + model.layout.total);
         write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
         printf("dumped state to %s\n", o.dump_state.c_str());
     }
+    comm_finalize(&dp.comm);
     return 0;
 }
 #endif  // LLMC_CPU_NO_MAIN

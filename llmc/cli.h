@@ -58,6 +58,7 @@ struct TrainOptions {
     int recompute = 1;               // GPU: 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
     int master_weights = 1;          // GPU: keep fp32 master weights
     int zero_stage = 0;              // ZeRO stage for the optimizer state
+    float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
     // switches
     bool estimate = false;
     bool help = false;
@@ -109,6 +110,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
+        {"zero", "0|1", "Parallelism", "ZeRO stage: 0 every rank keeps all of AdamW's state, 1 each rank keeps and updates 1/N of it", K::Int, &o.zero_stage, Scope::Both},
+        {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"estimate", nullptr, "Info", "print the memory and compute estimate for this configuration and exit", K::Switch, &o.estimate, Scope::Both},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
@@ -289,4 +292,5 @@ inline void validate_options(const TrainOptions& o) {
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.zero_stage < 0 || o.zero_stage > 1) usage_fail("--zero must be 0 or 1, got %d", o.zero_stage);
+    if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
 }

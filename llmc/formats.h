@@ -231,11 +231,11 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     out.commit();
 }
 
-inline TrainState read_train_state(const std::string& path) {
-    FILE* f = open_for_reading(path, "training-state file");
-    TrainState s;
-    read_exactly(f, &s.header, sizeof(s.header), path, "training-state file");
-    const TrainStateHeader& h = s.header;
+// Reads and validates the header of an open training-state file (magic, version, and a size that
+// matches what the header promises).
+inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path) {
+    TrainStateHeader h;
+    read_exactly(f, &h, sizeof(h), path, "training-state file");
     if (h.magic != STATE_MAGIC) {
         fail("'%s' is not a training-state file (magic %d, expected %d; it looks like %s)",
              path.c_str(), h.magic, STATE_MAGIC, describe_magic(h.magic));
@@ -243,12 +243,20 @@ inline TrainState read_train_state(const std::string& path) {
     if (h.version != STATE_VERSION) {
         fail("training-state file '%s' has version %d; this program reads version %d", path.c_str(), h.version, STATE_VERSION);
     }
-    size_t n = (size_t)h.shard_count;
-    int64_t expected = (int64_t)sizeof(h) + (int64_t)n * 4 * (h.has_master_weights ? 3 : 2);
+    int64_t expected = (int64_t)sizeof(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
     if (h.shard_count < 0 || file_size(f) != expected) {
         fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
              path.c_str(), (long long)file_size(f), (long long)expected);
     }
+    return h;
+}
+
+inline TrainState read_train_state(const std::string& path) {
+    FILE* f = open_for_reading(path, "training-state file");
+    TrainState s;
+    s.header = read_train_state_header(f, path);
+    size_t n = (size_t)s.header.shard_count;
+    const TrainStateHeader& h = s.header;
     s.m.resize(n);
     s.v.resize(n);
     read_exactly(f, s.m.data(), n * 4, path, "training-state file");
@@ -259,4 +267,23 @@ inline TrainState read_train_state(const std::string& path) {
     }
     fclose(f);
     return s;
+}
+
+// Reads elements [first, first + count) of the file's slice (m, v, and the master weights when the
+// file has them and `master` is not null): what a rank needs when the checkpoint was cut into
+// shards differently from its own (another world size or ZeRO stage).
+inline TrainStateHeader read_train_state_part(const std::string& path, size_t first, size_t count, float* m, float* v,
+                                              float* master) {
+    FILE* f = open_for_reading(path, "training-state file");
+    TrainStateHeader h = read_train_state_header(f, path);
+    size_t n = (size_t)h.shard_count;
+    if (first + count > n) fail("internal: reading [%zu, %zu) of the %zu-element training state '%s'", first, first + count, n, path.c_str());
+    float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
+    for (int array = 0; array < 3; array++) {
+        if (!dst[array] || count == 0) continue;
+        if (fseek(f, (long)(sizeof(h) + (array * n + first) * 4), SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
+        read_exactly(f, dst[array], count * 4, path, "training-state file");
+    }
+    fclose(f);
+    return h;
 }

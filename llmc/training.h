@@ -15,6 +15,7 @@
 #include "llmc/model.h"
 #include "llmc/safetensors.h"
 #include "llmc/schedule.h"
+#include "llmc/sharding.h"
 #include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_
 }
 
 // ----------------------------------------------------------------------------------------------
-// Checkpoints: out_dir/ckpt_00001000/{model.bin, state.bin} (state_rank<r>.bin with several ranks)
+// Checkpoints: out_dir/ckpt_00001000/{model.bin, state.bin} (state_rank<r>.bin with ZeRO-1)
 
 inline std::string checkpoint_dir(const std::string& out_dir, int step) {
     return out_dir + strprintf("/ckpt_%08d", step);
@@ -123,13 +124,71 @@ inline std::string publish_checkpoint(const std::string& out_dir, int step) {
     return dir;
 }
 
-// Checks a training state against the run about to continue from it.
-inline void check_resume_state(const TrainStateHeader& h, const std::string& dir, size_t num_params, const RunPlan& plan) {
+// The optimizer state of a checkpoint is in one file, state.bin, when one rank held all of it
+// (ZeRO-0, any number of ranks), or in one file per rank, state_rank<r>.bin, each holding that
+// rank's shard (ZeRO-1). Every file's header says which slice [shard_begin, +shard_count) it holds.
+inline std::string state_file_name(int zero_stage, int rank) {
+    return zero_stage == 0 ? "state.bin" : strprintf("state_rank%d.bin", rank);
+}
+
+// Reads AdamW's m and v (and fp32 master weights, when the files have them and `master` is not null)
+// for the parameters [range.begin, range.end) from a checkpoint, however it was cut: the files
+// together must cover every parameter once, and this rank reads from each file the part that
+// overlaps its range. So a run may resume with another number of ranks or another ZeRO stage; with
+// the same ones each rank simply reads its own file whole. Returns the first file's header.
+inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_params, ShardRange range, float* m,
+                                             float* v, float* master) {
+    std::vector<std::string> files;
+    if (file_exists(dir + "/state.bin")) {
+        files.push_back(dir + "/state.bin");
+    } else if (file_exists(dir + "/state_rank0.bin")) {
+        FILE* f = open_for_reading(dir + "/state_rank0.bin", "training-state file");
+        TrainStateHeader h0 = read_train_state_header(f, dir + "/state_rank0.bin");
+        fclose(f);
+        for (int r = 0; r < h0.world_size; r++) files.push_back(dir + "/" + state_file_name(1, r));
+    } else {
+        fail("checkpoint '%s' has no training state (neither state.bin nor state_rank0.bin): it is incomplete; "
+             "resume from an earlier checkpoint", dir.c_str());
+    }
+    TrainStateHeader first;
+    size_t covered = 0;  // the files' slices must follow each other from 0 to num_params
+    for (size_t i = 0; i < files.size(); i++) {
+        FILE* f = open_for_reading(files[i], "training-state file");
+        TrainStateHeader h = read_train_state_header(f, files[i]);
+        fclose(f);
+        if (i == 0) first = h;
+        if (h.num_params != (int64_t)num_params) {
+            fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
+                 (long long)h.num_params, num_params);
+        }
+        if (h.step != first.step || h.world_size != first.world_size || h.shard_begin != (int64_t)covered) {
+            fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks, slice at %lld; "
+                 "expected step %lld of %d, slice at %zu): the checkpoint is mixed up", files[i].c_str(), dir.c_str(),
+                 (long long)h.step, h.world_size, (long long)h.shard_begin, (long long)first.step, first.world_size, covered);
+        }
+        ShardRange in_file{covered, covered + (size_t)h.shard_count};
+        ShardRange part = range_overlap(range, in_file);
+        if (part.size() > 0) {
+            size_t at = part.begin - range.begin;
+            read_train_state_part(files[i], part.begin - in_file.begin, part.size(), m + at, v + at, master ? master + at : nullptr);
+        }
+        covered = in_file.end;
+    }
+    if (covered != num_params) {
+        fail("the training state in '%s' covers %zu of %zu parameters: the checkpoint is incomplete", dir.c_str(), covered, num_params);
+    }
+    return first;
+}
+
+// Checks a training state against the run about to continue from it. A trainer that reads its
+// optimizer state with read_optimizer_state() (any world size, any ZeRO stage) passes can_reshard.
+inline void check_resume_state(const TrainStateHeader& h, const std::string& dir, size_t num_params, const RunPlan& plan,
+                               bool can_reshard = false) {
     if ((size_t)h.num_params != num_params) {
         fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
              (long long)h.num_params, num_params);
     }
-    if (h.world_size != plan.world_size) {
+    if (h.world_size != plan.world_size && !can_reshard) {
         fail("checkpoint '%s' was written by %d rank%s, this run has %d: resume with the same number of ranks",
              dir.c_str(), h.world_size, h.world_size == 1 ? "" : "s", plan.world_size);
     }

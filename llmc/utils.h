@@ -26,11 +26,16 @@
 constexpr int EXIT_BAD_INPUT = 1;
 constexpr int EXIT_BAD_USAGE = 2;
 
+// Set by llmc/comm.h in a run of several ranks: called after the message is printed, so that one
+// rank's error stops every rank instead of leaving the others waiting in a collective forever.
+inline void (*on_fail)(int code) = nullptr;
+
 [[noreturn]] inline void fail_with_code(int code, const char* fmt, va_list args) {
     fflush(stdout);
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, args);
     fprintf(stderr, "\n");
+    if (on_fail) on_fail(code);
     exit(code);
 }
 

@@ -1,0 +1,86 @@
+// gpu_comm_check.cu — on a GPU machine: do llmc/comm_nccl.cuh's collectives give the exact sums?
+//
+// Not a test_* program: it needs GPUs and mpirun, so `make test` only compiles it
+// (test/test_comm_nccl_compile.sh). On a GPU machine:
+//     nvcc -O2 -std=c++17 -I. -DUSE_MPI -ccbin mpicxx test/gpu_comm_check.cu -o build/gpu_comm_check -lnccl
+//     mpirun -np 2 build/gpu_comm_check       # one GPU: 2 ranks share it, so this is the host-staged path
+//     mpirun -np 8 build/gpu_comm_check       # 8 GPUs: NCCL
+// The inputs are small multiples of 1/4, so every sum is exact in fp32 and bf16 and the results
+// must equal the closed forms bit for bit, whatever order NCCL or MPI adds in.
+#include <cstdio>
+#include <vector>
+#include "llmc/comm_nccl.cuh"
+
+static int failures = 0;
+
+static void report(const Comm& c, bool ok_here, const char* name) {
+    // a check passes only if it passed on every rank
+    double bad = comm_sum((Comm*)&c, ok_here ? 0.0 : 1.0, "collecting the results");
+    if (c.rank != 0) return;
+    if (bad == 0) printf("PASS: %s\n", name);
+    else printf("FAIL: %s: wrong on %.0f rank(s)\n", name, bad);
+    if (bad != 0) failures++;
+}
+
+static float value(size_t i, int rank) { return (float)(i % 97) * 0.25f + (float)rank; }
+
+int main() {
+    Comm comm;
+    comm_init(&comm, 60);
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    GpuComm g;
+    gpu_comm_init(&g, &comm, stream);
+    int world = comm.world_size, rank = comm.rank;
+    if (rank == 0) printf("%d rank%s, %s\n", world, world == 1 ? "" : "s", g.host_staged ? "host-staged (ranks share a GPU)" : "NCCL");
+
+    const size_t shard = 1000, n = shard * world;
+    std::vector<float> host(n), out(n);
+    for (size_t i = 0; i < n; i++) host[i] = value(i, rank);
+    float *d_full, *d_shard;
+    cudaMalloc(&d_full, n * 4);
+    cudaMalloc(&d_shard, shard * 4);
+
+    // reduce-scatter fp32: shard j of rank r = sum over ranks q of value(r*shard + j, q)
+    cudaMemcpy(d_full, host.data(), n * 4, cudaMemcpyHostToDevice);
+    gpu_reduce_scatter_sum(&g, d_full, d_shard, shard, ncclFloat32, "reduce-scatter check");
+    gpu_comm_wait(&g, "reduce-scatter check");
+    cudaMemcpy(out.data(), d_shard, shard * 4, cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (size_t j = 0; j < shard; j++) {
+        float expect = world * ((float)((rank * shard + j) % 97) * 0.25f) + (float)(world * (world - 1) / 2);
+        ok = ok && out[j] == expect;
+    }
+    report(comm, ok, "reduce-scatter (fp32) gives each rank the exact sum of its shard");
+
+    // all-gather fp32, in place: afterwards element i == value(i, owner of i)
+    for (size_t i = 0; i < n; i++) host[i] = (i / shard == (size_t)rank) ? value(i, rank) : -1.0f;
+    cudaMemcpy(d_full, host.data(), n * 4, cudaMemcpyHostToDevice);
+    gpu_all_gather(&g, d_full, shard, ncclFloat32, "all-gather check");
+    gpu_comm_wait(&g, "all-gather check");
+    cudaMemcpy(out.data(), d_full, n * 4, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (size_t i = 0; i < n; i++) ok = ok && out[i] == value(i, (int)(i / shard));
+    report(comm, ok, "all-gather (fp32, in place) gives every rank every shard");
+
+    // all-reduce bf16: the values are exact in bf16 (8 bits of mantissa) and so are their sums
+    std::vector<uint16_t> half(n), half_out(n);
+    for (size_t i = 0; i < n; i++) half[i] = float_to_bf16_round_nearest((float)(i % 8) * 0.25f + (float)rank);
+    uint16_t* d_half;
+    cudaMalloc(&d_half, n * 2);
+    cudaMemcpy(d_half, half.data(), n * 2, cudaMemcpyHostToDevice);
+    gpu_all_reduce_sum(&g, d_half, n, ncclBfloat16, "all-reduce check");
+    gpu_comm_wait(&g, "all-reduce check");
+    cudaMemcpy(half_out.data(), d_half, n * 2, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (size_t i = 0; i < n; i++)
+        ok = ok && bf16_to_float(half_out[i]) == world * ((float)(i % 8) * 0.25f) + (float)(world * (world - 1) / 2);
+    report(comm, ok, "all-reduce (bf16) gives every rank the exact sum");
+
+    cudaFree(d_full);
+    cudaFree(d_shard);
+    cudaFree(d_half);
+    gpu_comm_finalize(&g);
+    comm_finalize(&comm);
+    return failures ? 1 : 0;
+}

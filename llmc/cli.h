@@ -57,6 +57,7 @@ struct TrainOptions {
     int threads = 0;                 // CPU: 0 = all cores
     int recompute = 1;               // GPU: 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
     int master_weights = 1;          // GPU: keep fp32 master weights
+    std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     int zero_stage = 0;              // ZeRO stage for the optimizer state
     // switches
     bool estimate = false;
@@ -109,6 +110,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
+        {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"estimate", nullptr, "Info", "print the memory and compute estimate for this configuration and exit", K::Switch, &o.estimate, Scope::Both},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
@@ -288,5 +290,6 @@ inline void validate_options(const TrainOptions& o) {
     if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
+    if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.zero_stage < 0 || o.zero_stage > 1) usage_fail("--zero must be 0 or 1, got %d", o.zero_stage);
 }

@@ -31,9 +31,11 @@ GPU_TARGETS := $(if $(NVCC),train_gpt train_gpt_fp32)
 HOST_HEADERS := $(wildcard llmc/*.h)
 
 CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
+# tests written in CUDA (built when nvcc is present; each prints SKIP for what needs a GPU it lacks)
+CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
 .PHONY: all test clean gpu-check
-all: train_gpt_cpu $(CPU_TESTS) $(GPU_TARGETS)
+all: train_gpt_cpu $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
@@ -53,6 +55,10 @@ gpu-check:
 build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
+build/test_%: test/test_%.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
 
 test: all
 	/usr/bin/python3 test/run_tests.py

@@ -106,21 +106,26 @@ template <class T> static T* B_(GPT2* m, GPUBuffer b) { return (T*)m->buf[b]; }
 static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return B_<floatX>(m, b) + (size_t)l * per_layer; }
 static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return B_<float>(m, b) + (size_t)l * per_layer; }
 
-// Allocates every buffer of the table, after checking the total fits.
-static void gpt2_allocate(GPT2* m) {
+// Fails, before anything is allocated, if the buffers of `shape` do not fit in the GPU's free
+// memory, saying which micro-batch would.
+static void fail_unless_fits(const GPURunShape& shape) {
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t need = gpu_buffer_total(m->table);
-    if (need + GPU_MEMORY_MARGIN_BYTES > free_bytes) {
-        int fits = largest_batch_that_fits(m->shape, free_bytes);
-        std::string advice = fits > 0 ? strprintf("the largest micro-batch that fits is --batch-size %d (use "
-                                                  "--total-batch-tokens to keep the tokens per step)", fits)
-                                      : std::string("not even --batch-size 1 fits");
-        if (m->shape.recompute < 2) advice += "; --recompute 2 needs less memory";
-        fail("B=%d, T=%d needs %s of GPU memory (+%s margin), but only %s of %s is free: %s",
-             m->B, m->T, format_bytes((double)need).c_str(), format_bytes((double)GPU_MEMORY_MARGIN_BYTES).c_str(),
-             format_bytes((double)free_bytes).c_str(), format_bytes((double)total_bytes).c_str(), advice.c_str());
-    }
+    size_t need = gpu_buffer_total(gpu_buffer_table(shape));
+    if (need + GPU_MEMORY_MARGIN_BYTES <= free_bytes) return;
+    int fits = largest_batch_that_fits(shape, free_bytes);
+    std::string advice = fits > 0 ? strprintf("the largest micro-batch that fits is --batch-size %d (use "
+                                              "--total-batch-tokens to keep the tokens per step)", fits)
+                                  : std::string("not even --batch-size 1 fits");
+    if (shape.recompute < 2) advice += "; --recompute 2 needs less memory";
+    fail("B=%d, T=%d needs %s of GPU memory (+%s margin), but only %s of %s is free: %s", shape.B, shape.T,
+         format_bytes((double)need).c_str(), format_bytes((double)GPU_MEMORY_MARGIN_BYTES).c_str(),
+         format_bytes((double)free_bytes).c_str(), format_bytes((double)total_bytes).c_str(), advice.c_str());
+}
+
+// Allocates every buffer of the table, after checking the total fits.
+static void gpt2_allocate(GPT2* m) {
+    fail_unless_fits(m->shape);
     for (int i = 0; i < GB_COUNT; i++) {
         size_t bytes = m->table[i].bytes();
         if (bytes == 0) continue;
@@ -485,6 +490,18 @@ int main(int argc, char** argv) {
     std::vector<float> host_params;
     std::string model_source = load_initial_model(o, resume_dir, &cfg, &host_params);
     check_gpu_shape(cfg);
+    {   // a batch that cannot fit stops here, before the data is read or anything allocated
+        GPURunShape early;
+        early.cfg = cfg;
+        early.B = o.batch_size;
+        early.T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+        early.recompute = o.recompute;
+        early.master_weights = master_weights;
+        early.simple_attention = simple_attention;
+        early.dtype_bytes = sizeof(floatX);
+        early.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, early.B, early.T);
+        fail_unless_fits(early);
+    }
 
     // ---- data and the shape of the run
     DataLoader train, val;

@@ -776,6 +776,8 @@ int main(int argc, char** argv) {
         check_resume_state(s.header, resume_dir, model.layout.total, plan);
         model.adam_m = std::move(s.m);
         model.adam_v = std::move(s.v);
+        // a GPU checkpoint's exact weights are its fp32 master copy; model.bin holds them rounded to bf16
+        if (s.header.has_master_weights) std::copy(s.master.begin(), s.master.end(), model.params.begin());
         first_step = (int)s.header.step;
         sampler_rng = s.header.sampler_rng;
         dataloader_seek(&train, s.header.train_loader);

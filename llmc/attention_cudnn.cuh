@@ -174,6 +174,7 @@ static cudnnBackendDescriptor_t cudnn_causal_mask(CudnnGraph* g, cudnnBackendDes
 // A finalised plan and what running it needs.
 struct CudnnPlan {
     cudnnBackendDescriptor_t plan = nullptr;
+    std::vector<cudnnBackendDescriptor_t> graph;  // the descriptors the plan was built from, kept alive with it
     int64_t workspace_bytes = 0;
     int B = 0, T = 0;
     bool backward = false;
@@ -300,6 +301,7 @@ static CudnnPlan cudnn_build_forward(cudnnHandle_t handle, int B, int T, int C, 
 
     CudnnPlan plan = cudnn_make_plan(handle, &g, why);
     plan.B = B, plan.T = T, plan.backward = false;
+    plan.graph.swap(g.owned);  // the plan may refer to its engine config and graph: destroy them with it
     return plan;
 }
 
@@ -363,6 +365,7 @@ static CudnnPlan cudnn_build_backward(cudnnHandle_t handle, int B, int T, int C,
 
     CudnnPlan plan = cudnn_make_plan(handle, &g, why);
     plan.B = B, plan.T = T, plan.backward = true;
+    plan.graph.swap(g.owned);  // the plan may refer to its engine config and graph: destroy them with it
     return plan;
 }
 
@@ -379,7 +382,10 @@ struct CudnnAttention {
 inline void cudnn_attention_init(CudnnAttention* a) { CUDNN_CHECK(cudnnCreate(&a->handle)); }
 
 inline void cudnn_attention_destroy(CudnnAttention* a) {
-    for (CudnnPlan& p : a->plans) cudnnBackendDestroyDescriptor(p.plan);
+    for (CudnnPlan& p : a->plans) {
+        cudnnBackendDestroyDescriptor(p.plan);
+        for (auto it = p.graph.rbegin(); it != p.graph.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+    }
     a->plans.clear();
     if (a->handle) cudnnDestroy(a->handle);
     a->handle = nullptr;

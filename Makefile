@@ -22,6 +22,11 @@ else
 CUDA_ARCH ?= -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
 endif
 NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math $(CUDA_ARCH) -Xcompiler -fopenmp -I.
+NVCCFLAGS += -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+GPU_LDLIBS := -lcublasLt -lcublas -lcudnn
+GPU_HEADERS := $(wildcard llmc/*.cuh)
+# CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
+GPU_TARGETS := $(if $(NVCC),train_gpt train_gpt_fp32)
 
 HOST_HEADERS := $(wildcard llmc/*.h)
 
@@ -38,20 +43,37 @@ CPU_TRAINER_FLAGS :=
 endif
 
 CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
+# tests written in CUDA (built when nvcc is present; each prints SKIP for what needs a GPU it lacks)
+CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
-.PHONY: all test clean
-all: train_gpt_cpu $(CPU_TESTS)
+.PHONY: all test clean gpu-check
+all: train_gpt_cpu $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
+
+# the GPU trainer (bf16), and the same code in fp32 for debugging against the CPU reference
+train_gpt: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
+
+train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) -DLLMC_FP32 $< -o $@ $(GPU_LDLIBS)
+
+# on a GPU machine: build for the local GPU, run every GPU test and a short training run
+gpu-check:
+	bash scripts/gpu_check.sh
 
 # (tests may include train_gpt_cpu.cpp to use its kernels as the reference)
 build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
+build/test_%: test/test_%.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
+
 test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32

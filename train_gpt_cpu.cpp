@@ -888,6 +888,13 @@ int main(int argc, char** argv) {
         // each rank reads the optimizer state of the parameters it updates, from whichever files hold it
         resumed = read_optimizer_state(resume_dir, model.layout.total, dp.updated, model.adam_m.data(), model.adam_v.data(), nullptr);
         check_resume_state(resumed, resume_dir, model.layout.total, plan, true);
+        if (resumed.has_master_weights) {
+            // a GPU checkpoint's exact weights are its fp32 master copy (model.bin holds them rounded to
+            // bf16); every rank needs all of them before its first forward pass
+            std::vector<float> m_unused(model.layout.total), v_unused(model.layout.total);
+            read_optimizer_state(resume_dir, model.layout.total, ShardRange{0, model.layout.total}, m_unused.data(),
+                                 v_unused.data(), model.params.data());
+        }
         first_step = (int)resumed.step;
         sampler_rng = resumed.sampler_rng;
         dataloader_seek(&train, resumed.train_loader);

@@ -57,6 +57,7 @@ struct TrainOptions {
     int threads = 0;                 // CPU: 0 = all cores
     int recompute = 1;               // GPU: 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
     int master_weights = 1;          // GPU: keep fp32 master weights
+    std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     int zero_stage = 0;              // ZeRO stage for the optimizer state
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
     // switches
@@ -112,6 +113,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"zero", "0|1", "Parallelism", "ZeRO stage: 0 every rank keeps all of AdamW's state, 1 each rank keeps and updates 1/N of it", K::Int, &o.zero_stage, Scope::Both},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
+        {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"estimate", nullptr, "Info", "print the memory and compute estimate for this configuration and exit", K::Switch, &o.estimate, Scope::Both},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
@@ -141,16 +143,20 @@ inline void print_help(const char* program, Trainer trainer) {
     printf("usage: %s [flags]\n\n%s\n", program,
            trainer == Trainer::CPU ? "Trains a GPT-2 on the CPU in fp32: the readable reference for every GPU kernel."
                                    : "Trains a GPT-2 on the GPU in bf16 mixed precision.");
-    std::string group;
-    for (const FlagSpec& f : table) {
-        if (!flag_applies(f, trainer)) continue;
-        if (group != f.group) {
-            group = f.group;
-            printf("\n%s:\n", group.c_str());
+    // groups in order of first appearance, each with all of its flags
+    std::vector<std::string> groups;
+    for (const FlagSpec& f : table)
+        if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) groups.push_back(f.group);
+    for (const std::string& group : groups) {
+        bool header_printed = false;
+        for (const FlagSpec& f : table) {
+            if (f.group != group || !flag_applies(f, trainer)) continue;
+            if (!header_printed) printf("\n%s:\n", group.c_str());
+            header_printed = true;
+            std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
+            std::string def = f.kind == FlagSpec::Switch ? "" : " [default: " + flag_value_string(f) + "]";
+            printf("%-28s %s%s\n", left.c_str(), f.help, def.c_str());
         }
-        std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
-        std::string def = f.kind == FlagSpec::Switch ? "" : " [default: " + flag_value_string(f) + "]";
-        printf("%-28s %s%s\n", left.c_str(), f.help, def.c_str());
     }
 }
 
@@ -291,6 +297,7 @@ inline void validate_options(const TrainOptions& o) {
     if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
+    if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.zero_stage < 0 || o.zero_stage > 1) usage_fail("--zero must be 0 or 1, got %d", o.zero_stage);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
 }

@@ -143,6 +143,16 @@ inline void write_model_file(const std::string& path, const GPT2Config& c, const
     out.commit();
 }
 
+// Writes bf16 parameters (raw bf16 bits, as the GPU trainer holds them) as version 5, unchanged.
+inline void write_model_file_bf16(const std::string& path, const GPT2Config& c, const uint16_t* params) {
+    int32_t h[HEADER_INTS];
+    fill_model_header(h, c, MODEL_VERSION_BF16);
+    AtomicFile out(path, "model file");
+    out.write(h, sizeof(h));
+    out.write(params, param_layout(c).total * 2);
+    out.commit();
+}
+
 // ----------------------------------------------------------------------------------------------
 // Token shards
 

@@ -222,6 +222,17 @@ inline void print_step_line(int step, int steps, double loss, float lr, float no
     fflush(stdout);
 }
 
+// Dense bf16 tensor-core peak of the GPUs we know, in TFLOP/s, by CUDA device name (0 = unknown):
+// the denominator of MFU. "H100 80GB HBM3" is the SXM part.
+inline double gpu_peak_bf16_tflops(const std::string& name) {
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("H200")) return 989.0;
+    if (has("H100") && has("PCIe")) return 756.0;
+    if (has("H100") && (has("SXM") || has("HBM3"))) return 989.0;
+    if (has("A100")) return 312.0;
+    return 0.0;
+}
+
 // The --dump-state file (safetensors), identical for both trainers; test/test_vs_pytorch.py reads it:
 //   logits [B, T, V]  first micro-batch's logits, padding dropped     loss [1]  its mean loss
 //   grads  [P]        the first step's gradient, before clipping      losses [steps]  each step's loss

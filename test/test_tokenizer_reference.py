@@ -182,6 +182,18 @@ def main():
             open(paths[-1], "w", encoding="utf-8", newline="").write("".join(pieces))
         compare_files("200 random strings of regex-boundary characters match js-tiktoken", paths)
 
+        # Any character at all: random code points assigned in both Unicode versions (letters,
+        # marks, numbers, symbols, spaces of every script and plane), mixed with ASCII glue.
+        candidates = [cp for cp in range(0x110000) if debian_assigned[cp] and not node_unassigned[cp]
+                      and not 0xD800 <= cp <= 0xDFFF]
+        paths = []
+        for i in range(100):
+            chars = [chr(rng.choice(candidates)) if rng.random() < 0.6 else rng.choice(" '\nsa1.")
+                     for _ in range(rng.randint(1, 80))]
+            paths.append(os.path.join(tmp, f"any_{i}.txt"))
+            open(paths[-1], "w", encoding="utf-8", newline="").write("".join(chars))
+        compare_files("100 random strings of any assigned characters match js-tiktoken", paths)
+
     corpora = [("moby-dick", os.path.join(ROOT, "data/downloads/moby-dick/moby-dick.txt"), "get_corpus.sh moby-dick"),
                ("sotu", os.path.join(ROOT, "data/downloads/sotu"), "get_corpus.sh sotu")]
     for name, path, fix in corpora:

@@ -28,7 +28,11 @@ GPU_HEADERS := $(wildcard llmc/*.cuh)
 # CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
 GPU_TARGETS := $(if $(NVCC),train_gpt train_gpt_fp32)
 
-HOST_HEADERS := $(wildcard llmc/*.h)
+# The tokenizer's Unicode class table is generated from Debian's unicode-data package
+# (data/gen_unicode_classes.cpp); every host header may include it, so it is built first.
+UNICODE_DATA ?= /usr/share/unicode
+UNICODE_TABLES := build/unicode_classes.h
+HOST_HEADERS := $(wildcard llmc/*.h) $(UNICODE_TABLES)
 
 # The CPU trainer runs on several ranks over MPI (mpirun -np N) when MPI is installed; without it,
 # it builds as a single-rank program. `make USE_MPI=0` forces the single-rank build.
@@ -47,7 +51,7 @@ CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
 .PHONY: all test clean gpu-check
-all: train_gpt_cpu $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS)
+all: train_gpt_cpu prepare_data tokenize_text $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
@@ -63,6 +67,19 @@ train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 gpu-check:
 	bash scripts/gpu_check.sh
 
+prepare_data: data/prepare_data.cpp $(HOST_HEADERS)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
+tokenize_text: data/tokenize_text.cpp $(HOST_HEADERS)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
+$(UNICODE_TABLES): data/gen_unicode_classes.cpp
+	@mkdir -p build
+	@test -f $(UNICODE_DATA)/UnicodeData.txt || { echo "error: $(UNICODE_DATA)/UnicodeData.txt is missing; the tokenizer's Unicode tables are built from it: apt-get install unicode-data" >&2; exit 1; }
+	$(CXX) -O2 -std=c++17 $< -o build/gen_unicode_classes
+	build/gen_unicode_classes $(UNICODE_DATA)/UnicodeData.txt $(UNICODE_DATA)/DerivedAge.txt > $@.tmp
+	mv $@.tmp $@
+
 # (tests may include train_gpt_cpu.cpp to use its kernels as the reference)
 build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
 	@mkdir -p build
@@ -76,4 +93,4 @@ test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text

@@ -378,13 +378,12 @@ static float evaluate(GPT2* m, DataLoader* val, int batches) {
 // Generates tokens after <|endoftext|>. The model runs on the full (B, T) it was sized for (one
 // cuDNN plan, no new shapes); the prefix sits at the start of row 0 and, attention being causal,
 // what follows it cannot change the logits we read.
-static void print_sample(GPT2* m, const TrainOptions& o, uint64_t* rng) {
+static void print_sample(GPT2* m, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
     const GPT2Config& c = m->config;
     int T = m->T;
     std::vector<int> tokens = {50256 < c.vocab_size ? 50256 : 0};
     std::vector<int> batch((size_t)m->B * T, 0);
     std::vector<float> logits(c.padded_vocab_size);
-    printf("sample: ");
     for (int i = 0; i < o.sample_tokens; i++) {
         int len = std::min((int)tokens.size(), T);
         std::copy(tokens.end() - len, tokens.end(), batch.begin());
@@ -393,9 +392,8 @@ static void print_sample(GPT2* m, const TrainOptions& o, uint64_t* rng) {
         logits = download_as_float(B_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * c.padded_vocab_size, c.padded_vocab_size);
         int next = sample_token(logits.data(), c.vocab_size, o.temperature, o.top_k, rng);
         tokens.push_back(next);
-        printf("%d ", next);
     }
-    printf("\n");
+    print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
 }
 
 static void save_checkpoint(GPT2* m, const RunPlan& plan, const TrainOptions& o, int step, const DataLoader& train,
@@ -608,13 +606,15 @@ int main(int argc, char** argv) {
     };
     track_memory();
 
+    SampleDecoder decoder;
+    sample_decoder_init(&decoder, o, cfg);
     bool dumping = !o.dump_state.empty();
     DumpState dump;
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(m, &val, o.val_batches));
-        if (o.sample_every > 0 && step > first_step && step % o.sample_every == 0) print_sample(m, o, &sampler_rng);
+        if (is_sample_step(o, step)) print_sample(m, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, P * sizeof(floatX), m->stream));
@@ -656,7 +656,7 @@ int main(int argc, char** argv) {
         }
     }
     if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(m, &val, o.val_batches));
-    if (o.sample_every > 0) print_sample(m, o, &sampler_rng);
+    if (o.sample_every > 0) print_sample(m, o, decoder, &sampler_rng);
     track_memory();
     printf("GPU memory: peak %s in use on the device (the buffer table: %s; %s was in use before allocation)\n",
            format_bytes((double)peak_used).c_str(), format_bytes((double)gpu_buffer_total(m->table)).c_str(),

@@ -719,11 +719,10 @@ static float evaluate(GPT2* model, DataLoader* val, int batches) {
 
 // Generates `count` tokens after <|endoftext|>, one forward pass per token over the whole prefix
 // (no key/value cache: simple, and cheap enough at these sizes).
-static void print_sample(GPT2* model, const TrainOptions& o, uint64_t* rng) {
+static void print_sample(GPT2* model, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
     const GPT2Config& cfg = model->config;
     int T = model->max_T;
     std::vector<int> tokens = {50256 < cfg.vocab_size ? 50256 : 0};
-    printf("sample: ");
     for (int i = 0; i < o.sample_tokens; i++) {
         int len = std::min((int)tokens.size(), T);
         const int* window = tokens.data() + tokens.size() - len;
@@ -731,9 +730,8 @@ static void print_sample(GPT2* model, const TrainOptions& o, uint64_t* rng) {
         const float* logits = model->acts.logits.data() + (size_t)(len - 1) * cfg.padded_vocab_size;
         int next = sample_token(logits, cfg.vocab_size, o.temperature, o.top_k, rng);
         tokens.push_back(next);
-        printf("%d ", next);
     }
-    printf("\n");
+    print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
 }
 
 // ==============================================================================================
@@ -921,13 +919,15 @@ int main(int argc, char** argv) {
         }
     }
 
+    SampleDecoder decoder;
+    if (leader) sample_decoder_init(&decoder, o, cfg);
     bool dumping = !o.dump_state.empty();
     DumpState dump;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
         if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(&model, &val, o.val_batches));
-        if (leader && o.sample_every > 0 && step > 0 && step % o.sample_every == 0) print_sample(&model, o, &sampler_rng);
+        if (leader && is_sample_step(o, step)) print_sample(&model, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
         std::fill(model.grads.begin(), model.grads.end(), 0.0f);
@@ -970,7 +970,7 @@ int main(int argc, char** argv) {
         }
     }
     if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(&model, &val, o.val_batches));
-    if (leader && o.sample_every > 0) print_sample(&model, o, &sampler_rng);
+    if (leader && o.sample_every > 0) print_sample(&model, o, decoder, &sampler_rng);
 
     if (dumping && leader) {
         dump.params.assign(model.params.begin(), model.params.begin() + model.layout.total);

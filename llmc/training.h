@@ -15,6 +15,7 @@
 #include "llmc/model.h"
 #include "llmc/safetensors.h"
 #include "llmc/schedule.h"
+#include "llmc/tokenizer.h"
 #include "llmc/sharding.h"
 #include "llmc/utils.h"
 
@@ -252,4 +253,45 @@ inline void write_dump_state(const std::string& path, const DumpState& d, const 
         {"params", "F32", {(int64_t)d.params.size()}, d.params.data(), d.params.size() * 4},
     };
     write_safetensors(path, tensors, {{"trainer", trainer}, {"config", describe_config(cfg)}});
+}
+
+// ----------------------------------------------------------------------------------------------
+// Samples: generated from <|endoftext|>, printed as text through GPT-2's tokenizer when its files are
+// in --tokenizer DIR (scripts/get_vocab.sh puts them in data/gpt2), else as token ids.
+
+// Samples are drawn every --sample-every steps after the first, and once more at the end. A resumed
+// run samples at the same steps as an uninterrupted one (its RNG state comes from the checkpoint).
+inline bool is_sample_step(const TrainOptions& o, int step) {
+    return o.sample_every > 0 && step > 0 && step % o.sample_every == 0;
+}
+
+struct SampleDecoder {
+    Tokenizer tokenizer;
+    bool loaded = false;
+};
+
+inline void sample_decoder_init(SampleDecoder* d, const TrainOptions& o, const GPT2Config& cfg) {
+    if (o.sample_every <= 0) return;
+    std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
+    if (cfg.vocab_size != 50257) {
+        printf("samples: the model's vocabulary (%d) is not GPT-2's; printing token ids\n", cfg.vocab_size);
+    } else if (!file_exists(encoder) || !file_exists(merges)) {
+        printf("samples: no GPT-2 tokenizer in '%s' (scripts/get_vocab.sh fetches it); printing token ids\n", o.tokenizer_dir.c_str());
+    } else {
+        std::string error;
+        d->loaded = d->tokenizer.load(encoder, merges, &error);
+        if (!d->loaded) printf("samples: could not load the tokenizer (%s); printing token ids\n", error.c_str());
+    }
+}
+
+inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& generated) {
+    if (d.loaded) {
+        printf("sample: %s\n", d.tokenizer.decode(generated).c_str());
+    } else {
+        printf("sample:");
+        for (int id : generated) printf(" %d", id);
+        printf("\n");
+    }
+    printf("--------\n");
+    fflush(stdout);
 }

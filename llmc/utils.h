@@ -30,9 +30,12 @@ constexpr int EXIT_BAD_USAGE = 2;
 // rank's error stops every rank instead of leaving the others waiting in a collective forever.
 inline void (*on_fail)(int code) = nullptr;
 
+// Set while a progress bar is drawn on stderr without its newline: an error then starts on a fresh line.
+inline bool stderr_line_open = false;
+
 [[noreturn]] inline void fail_with_code(int code, const char* fmt, va_list args) {
     fflush(stdout);
-    fprintf(stderr, "error: ");
+    fprintf(stderr, "%serror: ", stderr_line_open ? "\n" : "");
     vfprintf(stderr, fmt, args);
     fprintf(stderr, "\n");
     if (on_fail) on_fail(code);
@@ -45,6 +48,9 @@ inline void (*on_fail)(int code) = nullptr;
     va_start(args, fmt);
     fail_with_code(EXIT_BAD_INPUT, fmt, args);
 }
+
+// fail(std::string) for messages built by concatenation.
+[[noreturn]] inline void fail(const std::string& message) { fail("%s", message.c_str()); }
 
 // usage_fail(...) is for command-line mistakes: exit code 2.
 [[noreturn]] inline void usage_fail(const char* fmt, ...) {

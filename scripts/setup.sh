@@ -13,15 +13,27 @@ cd "$(dirname "$0")/.."
 want_tests=0
 [[ "${1:-}" == "--tests" ]] && want_tests=1
 
-packages=(g++ make libopenmpi-dev openmpi-bin nodejs npm unicode-data)
+# Each need is probed by what it provides (a command, a file, a Python module), not by package name,
+# so tools installed some other way (node from its own installer, say) count as present.
+need() {  # need <package> <probe command...>
+    local package=$1; shift
+    "$@" >/dev/null 2>&1 || missing+=("$package")
+}
+missing=()
+need g++            command -v g++
+need make           command -v make
+need libopenmpi-dev command -v mpicxx
+need openmpi-bin    command -v mpirun
+need nodejs         command -v node
+need npm            command -v npm
+need unicode-data   test -f /usr/share/unicode/UnicodeData.txt
 if (( want_tests )); then
-    packages+=(python3 python3-numpy python3-torch libopenblas0-pthread)
+    need python3              test -x /usr/bin/python3
+    need python3-numpy        /usr/bin/python3 -c "import numpy"
+    need python3-torch        /usr/bin/python3 -c "import torch"
+    need libopenblas0-pthread sh -c "ls /usr/lib/*/openblas-pthread/libopenblas.so.0"
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
 if (( ${#missing[@]} )); then
     echo "setup: installing ${missing[*]}"
     sudo=""

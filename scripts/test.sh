@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 give_up() { echo "$1"; echo "0 passed, 1 failed"; exit 1; }
 scripts/setup.sh --tests || give_up "set-up failed"
 make -j"$(nproc)" all || give_up "build failed"
-# The default corpus, which the tokenizer and training tests use (idempotent).
-if [[ -x scripts/get_corpus.sh ]]; then scripts/get_corpus.sh moby-dick || give_up "corpus preparation failed"; fi
+# The corpora the tokenizer and training tests use (idempotent: prepared once).
+for corpus in moby-dick sotu; do
+    scripts/get_corpus.sh "$corpus" || give_up "preparing the $corpus corpus failed"
+done
 exec /usr/bin/python3 test/run_tests.py "$@"

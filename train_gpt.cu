@@ -29,6 +29,7 @@
 #include <vector>
 #include "llmc/cli.h"
 #include "llmc/dataloader.h"
+#include "llmc/estimate.h"
 #include "llmc/formats.h"
 #include "llmc/gpu_buffers.h"
 #include "llmc/model.h"
@@ -84,7 +85,7 @@ struct GPT2 {
     GPT2Config config;
     ParamLayout layout;
     GPURunShape shape;                  // what the buffers were sized for
-    std::vector<GPUBufferSpec> table;   // ... and the sizes
+    std::vector<BufferSpec> table;   // ... and the sizes
     void* buf[GB_COUNT] = {};
     ParamTensors<floatX> p, g;          // each tensor inside params / grads
     int B = 0, T = 0;
@@ -426,16 +427,6 @@ static void save_checkpoint(GPT2* m, const RunPlan& plan, const TrainOptions& o,
     printf("checkpoint: %s\n", publish_checkpoint(o.out_dir, step).c_str());
 }
 
-// The model's shape without loading its weights (for --estimate).
-static GPT2Config config_for_estimate(const TrainOptions& o) {
-    GPT2Config cfg;
-    std::string resume_dir = resolve_resume_dir(o);
-    if (resume_dir.empty() && parse_model_descriptor(o.model, &cfg)) return cfg;
-    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
-    if (!file_exists(path)) fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
-    return read_model_header(path).config;
-}
-
 static void check_gpu_shape(const GPT2Config& cfg) {
     if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
         fail("the GPU trainer needs channels and head size divisible by 8 (16-byte vector loads); this model has "
@@ -454,21 +445,8 @@ int main(int argc, char** argv) {
     }
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
-    if (o.estimate) {  // no GPU needed: the table is arithmetic
-        GPURunShape shape;
-        shape.cfg = config_for_estimate(o);
-        shape.B = o.batch_size;
-        shape.T = o.seq_len > 0 ? o.seq_len : shape.cfg.max_seq_len;
-        shape.recompute = o.recompute;
-        shape.master_weights = master_weights;
-        shape.simple_attention = simple_attention;
-        shape.dtype_bytes = sizeof(floatX);
-        shape.cudnn_workspace_bytes = cudnn_workspace_estimate(shape.cfg, shape.B, shape.T);
-        printf("model: %s, %zu parameters; B=%d T=%d, recompute %d, master weights %s, attention %s\n",
-               describe_config(shape.cfg).c_str(), param_layout(shape.cfg).total, shape.B, shape.T, shape.recompute,
-               master_weights ? "on" : "off", simple_attention ? "simple" : "cudnn (workspace estimated)");
-        print_gpu_buffer_table(gpu_buffer_table(shape));
-        printf("%.3g FLOPs per token (6N + 6LCT)\n", flops_per_token(shape.cfg, shape.T));
+    if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/estimate.h)
+        print_estimate(estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention));
         return 0;
     }
 
@@ -489,16 +467,9 @@ int main(int argc, char** argv) {
     std::string model_source = load_initial_model(o, resume_dir, &cfg, &host_params);
     check_gpu_shape(cfg);
     {   // a batch that cannot fit stops here, before the data is read or anything allocated
-        GPURunShape early;
-        early.cfg = cfg;
-        early.B = o.batch_size;
-        early.T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-        early.recompute = o.recompute;
-        early.master_weights = master_weights;
-        early.simple_attention = simple_attention;
-        early.dtype_bytes = sizeof(floatX);
-        early.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, early.B, early.T);
-        fail_unless_fits(early);
+        int T_early = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+        fail_unless_fits(gpu_run_shape(cfg, o.batch_size, T_early, o.recompute, master_weights, simple_attention,
+                                       (int)sizeof(floatX)));
     }
 
     // ---- data and the shape of the run
@@ -520,13 +491,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     m->attention.use_cudnn = !simple_attention;
     GPURunShape& shape = m->shape;
-    shape.cfg = cfg;
-    shape.B = B;
-    shape.T = T;
-    shape.recompute = o.recompute;
-    shape.master_weights = master_weights;
-    shape.simple_attention = simple_attention;
-    shape.dtype_bytes = sizeof(floatX);
+    shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX));
     if (!simple_attention) {
         // cuDNN's workspace is known only once its plans exist: build them first (needs no buffers)
         cudnn_attention_init(&m->attention.cudnn);
@@ -661,6 +626,10 @@ int main(int argc, char** argv) {
     printf("GPU memory: peak %s in use on the device (the buffer table: %s; %s was in use before allocation)\n",
            format_bytes((double)peak_used).c_str(), format_bytes((double)gpu_buffer_total(m->table)).c_str(),
            format_bytes((double)(total_memory - free_before)).c_str());
+    // the same in bytes, for scripts/measure_memory.py: the prediction is the table (--estimate), the
+    // measurement what the device says was taken from before allocation to the peak
+    printf("GPU memory bytes: table %zu, in use before allocation %zu, peak in use %zu, peak minus before %zu\n",
+           gpu_buffer_total(m->table), total_memory - free_before, peak_used, peak_used - (total_memory - free_before));
 
     if (dumping) {
         dump.params = master_weights ? download_floats(B_<float>(m, GB_MASTER), count)

@@ -23,7 +23,9 @@
 #include <vector>
 #include "llmc/cli.h"
 #include "llmc/comm.h"
+#include "llmc/cpu_buffers.h"
 #include "llmc/dataloader.h"
+#include "llmc/estimate.h"
 #include "llmc/formats.h"
 #include "llmc/model.h"
 #include "llmc/sampler.h"
@@ -77,9 +79,7 @@ static inline float vexpf(float x) {
 //      whatever the original strides were, and transposes cost one copy instead of cache misses;
 //   3. blocking: K is processed KC = 256 at a time so the panels being reused stay in cache.
 // Each C tile belongs to one thread and k runs in a fixed order: results do not depend on the
-// number of threads.
-
-constexpr int MATMUL_MR = 8, MATMUL_NR = 32, MATMUL_KC = 256, MATMUL_NC = 4096;
+// number of threads. (MATMUL_MR, _NR, _KC, _NC live in llmc/cpu_buffers.h: they size the panels.)
 
 // 16 floats: one AVX-512 register (the compiler splits it into two on AVX2 machines).
 typedef float vec16 __attribute__((vector_size(64)));
@@ -113,18 +113,29 @@ static inline void matmul_micro_kernel(int kc, const float* __restrict Ap, const
     }
 }
 
+// The packed panels, kept between calls (the sizes repeat every step). The trainer sizes them once,
+// up front, from its table (llmc/cpu_buffers.h: the largest M it will see); a call that needs more
+// (a test's shapes) grows them. In vec16 units, which the allocator aligns to 64 bytes for the
+// micro-kernel's vector loads.
+struct MatmulScratch {
+    std::vector<vec16> a_pack, b_pack;
+};
+static MatmulScratch matmul_scratch;
+
+static void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
+    // a fresh vector of exactly the size asked: growing one in place may reserve more than that
+    if (matmul_scratch.a_pack.size() * 16 < a_floats) std::vector<vec16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack);
+    if (matmul_scratch.b_pack.size() * 16 < b_floats) std::vector<vec16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack);
+}
+
 // A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
 void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const float* B, size_t b_rs,
             size_t b_cs, float* C, size_t ldc, bool accumulate) {
     constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC;
     int m_panels = (M + MR - 1) / MR;
-    // Scratch for the packed panels, kept between calls (the sizes repeat every step).
-    static std::vector<vec16> a_pack, b_pack;
-    size_t a_floats = (size_t)m_panels * MR * KC, b_floats = (size_t)(NC / NR) * NR * KC;
-    if (a_pack.size() * 16 < a_floats) a_pack.resize(a_floats / 16 + 1);
-    if (b_pack.size() * 16 < b_floats) b_pack.resize(b_floats / 16 + 1);
-    float* Ap = (float*)a_pack.data();
-    float* Bp = (float*)b_pack.data();
+    matmul_scratch_reserve(matmul_pack_a_floats(M), MATMUL_PACK_B_FLOATS);  // no-op once the trainer sized them
+    float* Ap = (float*)matmul_scratch.a_pack.data();
+    float* Bp = (float*)matmul_scratch.b_pack.data();
     if (K == 0 && !accumulate) {
         for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
         return;
@@ -453,10 +464,11 @@ void crossentropy_softmax_backward(float* logits, const float* logsumexp, const 
 
 // ==============================================================================================
 // The model: parameters, their gradients and AdamW moments (flat arrays, see llmc/model.h), and
-// the activations of one micro-batch.
+// the activations of one micro-batch. Every one of them is a row of the size table in
+// llmc/cpu_buffers.h, which says how large it is; --estimate prints that same table.
 
 // Every activation the backward pass needs, for B x T tokens. Per-layer tensors are stacked over
-// layers so the backward pass can find layer l's inputs. The sizes here are what --estimate counts.
+// layers so the backward pass can find layer l's inputs.
 struct Activations {
     std::vector<float> encoded;                       // (B,T,C)   embeddings = residual stream in
     std::vector<float> ln1, ln1_mean, ln1_rstd;       // (L,B,T,C), (L,B,T), (L,B,T)
@@ -475,55 +487,66 @@ struct Activations {
     std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3C), (B,T,4C)
 };
 
-struct NamedBuffer {
-    const char* name;
-    std::vector<float>* buffer;
-    size_t count;
-};
-
-// The size table of the CPU trainer's activations: one place that both allocates and reports.
-inline std::vector<NamedBuffer> activation_table(Activations& a, const GPT2Config& cfg, int B, int T) {
-    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T;
-    return {
-        {"encoded", &a.encoded, BT * C},
-        {"ln1", &a.ln1, L * BT * C},           {"ln1_mean", &a.ln1_mean, L * BT}, {"ln1_rstd", &a.ln1_rstd, L * BT},
-        {"qkv", &a.qkv, L * BT * 3 * C},       {"att", &a.att, L * B * NH * T * T},
-        {"atty", &a.atty, L * BT * C},         {"residual2", &a.residual2, L * BT * C},
-        {"ln2", &a.ln2, L * BT * C},           {"ln2_mean", &a.ln2_mean, L * BT}, {"ln2_rstd", &a.ln2_rstd, L * BT},
-        {"fch", &a.fch, L * BT * 4 * C},       {"fch_gelu", &a.fch_gelu, L * BT * 4 * C},
-        {"residual3", &a.residual3, L * BT * C},
-        {"lnf", &a.lnf, BT * C},               {"lnf_mean", &a.lnf_mean, BT},     {"lnf_rstd", &a.lnf_rstd, BT},
-        {"logits", &a.logits, BT * Vp},        {"losses", &a.losses, BT},            {"logsumexp", &a.logsumexp, BT},
-        {"dresidual", &a.dresidual, BT * C},   {"dbuf_c", &a.dbuf_c, BT * C},
-        {"dbuf_3c", &a.dbuf_3c, BT * 3 * C},   {"dbuf_4c", &a.dbuf_4c, BT * 4 * C},
-    };
-}
-
 struct GPT2 {
     GPT2Config config;
     ParamLayout layout;
     std::vector<float> params, grads, adam_m, adam_v;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     Activations acts;
+    std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
 };
 
+// The vector that holds row `b` of the size table; null for the rows held elsewhere (the gradient
+// shard of data parallelism, the matmul's packed panels).
+static std::vector<float>* gpt2_buffer(GPT2* m, int b) {
+    Activations& a = m->acts;
+    switch (b) {
+        case CB_PARAMS: return &m->params;        case CB_GRADS: return &m->grads;
+        case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
+        case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
+        case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
+        case CB_QKV: return &a.qkv;               case CB_ATT: return &a.att;
+        case CB_ATTY: return &a.atty;             case CB_RESIDUAL2: return &a.residual2;
+        case CB_LN2: return &a.ln2;               case CB_LN2_MEAN: return &a.ln2_mean;
+        case CB_LN2_RSTD: return &a.ln2_rstd;     case CB_FCH: return &a.fch;
+        case CB_FCH_GELU: return &a.fch_gelu;     case CB_RESIDUAL3: return &a.residual3;
+        case CB_LNF: return &a.lnf;               case CB_LNF_MEAN: return &a.lnf_mean;
+        case CB_LNF_RSTD: return &a.lnf_rstd;     case CB_LOGITS: return &a.logits;
+        case CB_LOSSES: return &a.losses;         case CB_LOGSUMEXP: return &a.logsumexp;
+        case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &a.dbuf_c;
+        case CB_DBUF_3C: return &a.dbuf_3c;       case CB_DBUF_4C: return &a.dbuf_4c;
+        default: return nullptr;
+    }
+}
+
+// The model's weights, from a file or an initialisation (N values; gpt2_allocate pads them).
 void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params) {
     model->config = cfg;
     model->layout = param_layout(cfg);
     model->params = std::move(params);
-    model->grads.assign(model->layout.total, 0.0f);
-    model->adam_m.assign(model->layout.total, 0.0f);
-    model->adam_v.assign(model->layout.total, 0.0f);
     model->p = point_into(model->params.data(), model->layout);
-    model->g = point_into(model->grads.data(), model->layout);
 }
 
-void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    for (NamedBuffer& nb : activation_table(model->acts, model->config, B, T)) nb.buffer->assign(nb.count, 0.0f);
-    model->max_B = B;
-    model->max_T = T;
+// Allocates every buffer of the table for `shape`, each a vector of exactly the row's size: zeroed,
+// except the parameters, which keep their values (their padding is zero). A fresh vector each time,
+// because a vector that grows in place may reserve more than it was asked for.
+void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
+    model->table = cpu_buffer_table(shape);
+    for (int b = 0; b < CB_COUNT; b++) {
+        std::vector<float>* v = gpt2_buffer(model, b);
+        if (!v) continue;
+        size_t n = model->table[b].elements;
+        if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
+        std::vector<float> exact(n, 0.0f);
+        if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
+        v->swap(exact);
+    }
+    matmul_scratch_reserve(model->table[CB_MATMUL_PACK_A].elements, model->table[CB_MATMUL_PACK_B].elements);
+    model->p = point_into(model->params.data(), model->layout);
+    model->g = point_into(model->grads.data(), model->layout);
+    model->max_B = shape.B;
+    model->max_T = shape.T;
 }
 
 // One block's slice of a stacked per-layer tensor.
@@ -766,20 +789,62 @@ struct DataParallel {
     std::vector<float> grad_shard;  // the summed gradient of this rank's shard
 };
 
-static void data_parallel_setup(DataParallel* dp, GPT2* model, int zero_stage) {
+// Cuts the flat parameter array into this rank's shard and allocates every buffer of the run from the
+// size table (llmc/cpu_buffers.h): params and grads padded to the shard layout (the collectives move
+// equal shards; no tensor uses the padding), AdamW's moments for the parameters this rank updates
+// (all of them, or with ZeRO-1 its shard: this is where 1/N of the memory goes), the gradient shard.
+static void data_parallel_setup(DataParallel* dp, GPT2* model, int zero_stage, int B, int T) {
+    CPURunShape shape;
+    shape.cfg = model->config;
+    shape.B = B, shape.T = T;
+    shape.world_size = dp->comm.world_size, shape.rank = dp->comm.rank;
+    shape.zero_stage = zero_stage;
     dp->zero_stage = zero_stage;
     dp->shards = shard_layout(model->layout.total, dp->comm.world_size);
     dp->shard = shard_range(dp->shards, dp->comm.rank);
-    dp->updated = zero_stage == 1 ? owned_range(dp->shards, dp->comm.rank) : ShardRange{0, model->layout.total};
-    dp->grad_shard.assign(dp->shards.shard_size, 0.0f);
-    // The collectives move equal shards, so params and grads get zero padding that no tensor uses.
-    model->params.resize(dp->shards.padded_total, 0.0f);
-    model->grads.resize(dp->shards.padded_total, 0.0f);
-    model->p = point_into(model->params.data(), model->layout);
-    model->g = point_into(model->grads.data(), model->layout);
-    // AdamW's moments for the updated range only: with ZeRO-1 this is where 1/N of the memory goes.
-    model->adam_m = std::vector<float>(dp->updated.size(), 0.0f);
-    model->adam_v = std::vector<float>(dp->updated.size(), 0.0f);
+    dp->updated = cpu_updated_range(shape);
+    gpt2_allocate(model, shape);
+    std::vector<float>(model->table[CB_GRAD_SHARD].elements, 0.0f).swap(dp->grad_shard);
+}
+
+// What this rank really holds for each row of its table: the capacity of the vector the row sized,
+// that is what the allocator was asked for, whatever the table's arithmetic says. The trainer
+// reports it (--print-allocations: row by row, on every rank) and test/test_estimate.py compares it
+// with --estimate, to the byte.
+static std::vector<size_t> held_bytes(GPT2* model, const DataParallel& dp) {
+    std::vector<size_t> held(CB_COUNT, 0);
+    for (int b = 0; b < CB_COUNT; b++)
+        if (std::vector<float>* v = gpt2_buffer(model, b)) held[b] = v->capacity() * sizeof(float);
+    held[CB_GRAD_SHARD] = dp.grad_shard.capacity() * sizeof(float);
+    held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(vec16);
+    held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(vec16);
+    return held;
+}
+
+// "memory: rank 0 holds 1.23 GiB: params ..., grads ..., ..." (by kind, from held_bytes).
+static std::string held_summary(GPT2* model, const DataParallel& dp) {
+    std::vector<size_t> held = held_bytes(model, dp);
+    size_t by_kind[MEM_KINDS] = {}, total = 0;
+    for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
+    std::string out = strprintf("rank %d holds %s (%zu bytes):", dp.comm.rank, format_bytes((double)total).c_str(), total);
+    for (int k = 0; k < MEM_KINDS; k++)
+        if (by_kind[k]) out += strprintf(" %s %s,", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
+    out.back() = '\n';
+    return out;
+}
+
+// Every row, one line each, printed at once so that ranks' reports do not interleave.
+static void print_allocations(GPT2* model, const DataParallel& dp) {
+    std::vector<size_t> held = held_bytes(model, dp);
+    std::string out;
+    size_t total = 0;
+    for (int b = 0; b < CB_COUNT; b++) {
+        out += strprintf("allocation: rank %d %s %zu\n", dp.comm.rank, model->table[b].name, held[b]);
+        total += held[b];
+    }
+    out += strprintf("allocation: rank %d total %zu\n", dp.comm.rank, total);
+    fputs(out.c_str(), stdout);
+    fflush(stdout);
 }
 
 // Sums the ranks' gradients into this rank's shard and returns the global gradient norm (the norm
@@ -850,7 +915,12 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
-    if (o.estimate) fail("--estimate is not available yet");
+    if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/estimate.h)
+        Comm launched;
+        comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
+        if (launched.rank == 0) print_estimate(estimate_setup(o, Trainer::CPU, 4, false, false));
+        return 0;
+    }
     DataParallel dp;
     comm_init(&dp.comm, o.comm_timeout);
     comm_require_mpi(&dp.comm, "the CPU trainer's exchange of gradients");  // before any work, not at the first collective
@@ -865,8 +935,6 @@ int main(int argc, char** argv) {
     std::string model_source = load_initial_model(o, resume_dir, &cfg, &params);
     GPT2 model;
     gpt2_build(&model, cfg, std::move(params));
-    data_parallel_setup(&dp, &model, o.zero_stage);
-    comm_broadcast(&dp.comm, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
 
     // ---- data and the shape of the run: each rank reads its own slice of every step
     DataLoader train, val;
@@ -877,7 +945,10 @@ int main(int argc, char** argv) {
     int B = plan.B, T = plan.T;
     bool have_val = leader && o.val_data != "none" && o.val_every > 0;
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    gpt2_allocate_activations(&model, B, T);
+
+    // ---- every buffer, from the size table (what --estimate prints); then rank 0's weights for all
+    data_parallel_setup(&dp, &model, o.zero_stage, B, T);
+    comm_broadcast(&dp.comm, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     int first_step = 0;
@@ -912,6 +983,7 @@ int main(int argc, char** argv) {
                (long long)train.tokens_per_epoch);
         if (have_val) printf(", %zu validation shard%s", val.files.size(), val.files.size() == 1 ? "" : "s");
         printf("\n");
+        printf("memory: %s", held_summary(&model, dp).c_str());
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
         if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage)) {
             printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d, this run has %d with ZeRO-%d\n",
@@ -971,6 +1043,8 @@ int main(int argc, char** argv) {
     }
     if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(&model, &val, o.val_batches));
     if (leader && o.sample_every > 0) print_sample(&model, o, decoder, &sampler_rng);
+
+    if (o.print_allocations) print_allocations(&model, dp);  // after the run: nothing grew while it trained
 
     if (dumping && leader) {
         dump.params.assign(model.params.begin(), model.params.begin() + model.layout.total);

@@ -60,8 +60,14 @@ struct TrainOptions {
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     int zero_stage = 0;              // ZeRO stage for the optimizer state
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
+    // the estimate (--estimate): what it assumes
+    float estimate_memory_gib = 0;   // memory per rank to fit (0: 80 GiB on the GPU, this machine's RAM on the CPU)
+    float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
+    float estimate_peak_tflops = 0;  // peak per rank (0: H100 SXM dense bf16 on the GPU, none on the CPU)
+    int estimate_ranks = 1;          // data-parallel ranks for ZeRO and tokens per step
     // switches
     bool estimate = false;
+    bool print_allocations = false;
     bool help = false;
     bool version = false;
 };
@@ -114,7 +120,12 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"zero", "0|1", "Parallelism", "ZeRO stage: 0 every rank keeps all of AdamW's state, 1 each rank keeps and updates 1/N of it", K::Int, &o.zero_stage, Scope::Both},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
-        {"estimate", nullptr, "Info", "print the memory and compute estimate for this configuration and exit", K::Switch, &o.estimate, Scope::Both},
+        {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
+        {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
+        {"estimate-mfu", "F", "Estimate", "model FLOPs utilisation assumed for the predicted step time, in (0, 1]", K::Float, &o.estimate_mfu, Scope::Both},
+        {"estimate-peak-tflops", "TF", "Estimate", "peak TFLOP/s per rank (0 = an H100 SXM's dense bf16 for the GPU trainer; the CPU trainer then predicts no time)", K::Float, &o.estimate_peak_tflops, Scope::Both},
+        {"estimate-ranks", "N", "Estimate", "data-parallel ranks: ZeRO divides the optimizer state by them, tokens per step grow with them", K::Int, &o.estimate_ranks, Scope::Both},
+        {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
     };
@@ -299,5 +310,9 @@ inline void validate_options(const TrainOptions& o) {
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.zero_stage < 0 || o.zero_stage > 1) usage_fail("--zero must be 0 or 1, got %d", o.zero_stage);
+    if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
+    if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);
+    if (o.estimate_peak_tflops < 0) usage_fail("--estimate-peak-tflops must be zero or positive, got %g", o.estimate_peak_tflops);
+    positive("estimate-ranks", o.estimate_ranks);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
 }

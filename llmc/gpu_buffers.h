@@ -5,11 +5,13 @@
 // before a byte is allocated, a batch that does not fit fails up front with the largest one that
 // would, and the numbers in the docs are the numbers the trainer really uses.
 //
-// Where the memory goes, for GPT-2 small (d12) at B=16, T=1024 in bf16 (run --estimate for any shape):
-//   parameters + gradients (bf16)       2 x 2 bytes x N       ~0.5 GB
-//   AdamW m, v and fp32 master weights  3 x 4 bytes x N       ~1.5 GB
-//   activations kept for the backward   ~L x B x T x 14C x 2  ~4 GB  (recompute shrinks this)
-//   logits (B, T, Vp) in bf16, overwritten in place by their gradient                   ~1.6 GB
+// Where the memory goes, for GPT-2 small (d12) at B=16, T=1024 in bf16, recompute 1 (--estimate
+// prints this for any shape; docs/memory.md is the lesson):
+//   parameters + gradients (bf16)       2 x 2 bytes x N          0.46 GiB
+//   AdamW m, v and fp32 master weights  3 x 4 bytes x N          1.39 GiB
+//   activations kept for the backward   ~L x B x T x 12C x 2     3.4 GiB  (recompute shrinks this)
+//   logits (B, T, Vp) in bf16, overwritten in place by their gradient   1.54 GiB
+//   workspaces (one layer of scratch, cuBLASLt, cuDNN)                  0.78 GiB
 // The activations dominate as B*T grows: that is what --recompute trades compute for.
 //
 // Recompute levels (--recompute), all exact: the backward recomputes with the same kernels from the
@@ -28,6 +30,7 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#include "llmc/buffers.h"
 #include "llmc/model.h"
 #include "llmc/utils.h"
 
@@ -50,6 +53,23 @@ struct GPURunShape {
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
 };
 
+// The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
+// plan exists (the trainer replaces it by the plans' own figure before it allocates). The early
+// memory check, the allocation and --estimate all start from here.
+inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T);
+inline GPURunShape gpu_run_shape(const GPT2Config& cfg, int B, int T, int recompute, bool master_weights,
+                                 bool simple_attention, int dtype_bytes) {
+    GPURunShape s;
+    s.cfg = cfg;
+    s.B = B, s.T = T;
+    s.recompute = recompute;
+    s.master_weights = master_weights;
+    s.simple_attention = simple_attention;
+    s.dtype_bytes = dtype_bytes;
+    s.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, B, T);
+    return s;
+}
+
 // One buffer per row; the trainer indexes the table by this enum.
 enum GPUBuffer {
     // the model and its optimizer
@@ -67,15 +87,6 @@ enum GPUBuffer {
     // attention: cuDNN path
     GB_CUDNN_WORKSPACE, GB_ATT_SOFTMAX_SUM,
     GB_COUNT
-};
-
-struct GPUBufferSpec {
-    const char* name = "";
-    const char* group = "";
-    std::string shape;      // for the printed table
-    size_t elements = 0;
-    size_t element_bytes = 0;
-    size_t bytes() const { return elements * element_bytes; }
 };
 
 inline int held_layers(const GPURunShape& s) {
@@ -96,7 +107,7 @@ inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T) {
     return (size_t)B * cfg.num_heads * t64 * t64 * 2 + (64u << 20);
 }
 
-inline std::vector<GPUBufferSpec> gpu_buffer_table(const GPURunShape& s) {
+inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
     size_t X = (size_t)s.dtype_bytes, F = 4, I = 4;
     size_t nl = (size_t)held_layers(s), C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
@@ -108,62 +119,63 @@ inline std::vector<GPUBufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t ln_partials = (BT + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
     size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * 4 * C;
 
-    std::vector<GPUBufferSpec> t(GB_COUNT);
-    t[GB_PARAMS] = {"params", "model", sh("(%zu)", P), P, X};
-    t[GB_GRADS] = {"grads", "model", sh("(%zu)", P), P, X};
-    t[GB_MASTER] = {"master_weights", "optimizer", sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
-    t[GB_ADAM_M] = {"adam_m", "optimizer", sh("(%zu) fp32", opt), opt, F};
-    t[GB_ADAM_V] = {"adam_v", "optimizer", sh("(%zu) fp32", opt), opt, F};
+    std::vector<BufferSpec> t(GB_COUNT);
+    t[GB_PARAMS] = {"params", MEM_PARAMS, sh("(%zu)", P), P, X};
+    t[GB_GRADS] = {"grads", MEM_GRADS, sh("(%zu)", P), P, X};
+    t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
+    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
+    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
 
-    t[GB_RESIDUAL] = {"residual", "activations", sh("(%zu+1, B, T, C)", nl), (nl + 1) * BT * C, X};
-    t[GB_RESIDUAL2] = {"residual2", "activations", sh("(%zu, B, T, C)", nl), nl * BT * C, X};
-    t[GB_LN1] = {"ln1", "activations", sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
-    t[GB_LN1_MEAN] = {"ln1_mean", "activations", sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_LN1_RSTD] = {"ln1_rstd", "activations", sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_QKV] = {"qkv", "activations", sh("(%zu, B, T, 3C)", nl), nl * BT * 3 * C, X};
-    t[GB_ATTY] = {"atty", "activations", sh("(%zu, B, T, C)", nl), nl * BT * C, X};
-    if (simple) t[GB_ATT] = {"att", "activations", sh("(%zu, B, NH, T, T)", nl), nl * B * NH * T * T, X};
-    else t[GB_ATT] = {"att_stats", "activations", sh("(%zu, B, NH, T) fp32", nl), nl * B * NH * T, F};
-    t[GB_LN2] = {"ln2", "activations", sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
-    t[GB_LN2_MEAN] = {"ln2_mean", "activations", sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_LN2_RSTD] = {"ln2_rstd", "activations", sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_FCH] = {"fch", "activations", sh("(%zu, B, T, 4C)", nl), nl * BT * 4 * C, X};
-    t[GB_FCH_GELU] = {"fch_gelu", "activations", sh("(%zu, B, T, 4C)", nl), keep_gelu ? nl * BT * 4 * C : 0, X};
-    t[GB_LNF] = {"lnf", "activations", "(B, T, C)", BT * C, X};
-    t[GB_LNF_MEAN] = {"lnf_mean", "activations", "(B, T) fp32", BT, F};
-    t[GB_LNF_RSTD] = {"lnf_rstd", "activations", "(B, T) fp32", BT, F};
-    t[GB_LOGITS] = {"logits", "activations", "(B, T, Vp)", BT * Vp, X};
-    t[GB_LOSSES] = {"losses", "activations", "(B, T) fp32", BT, F};
+    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, B, T, C)", nl), (nl + 1) * BT * C, X};
+    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), nl * BT * C, X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
+    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
+    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
+    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C)", nl), nl * BT * 3 * C, X};
+    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), nl * BT * C, X};
+    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH, T, T)", nl), nl * B * NH * T * T, X};
+    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH, T) fp32", nl), nl * B * NH * T, F};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
+    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
+    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
+    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C)", nl), nl * BT * 4 * C, X};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C)", nl), keep_gelu ? nl * BT * 4 * C : 0, X};
+    t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(B, T, C)", BT * C, X};
+    t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
+    t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
+    t[GB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp)", BT * Vp, X};
+    t[GB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
 
-    t[GB_LN_RECOMPUTE] = {"ln_recompute", "scratch", "(B, T, C)", keep_ln ? 0 : BT * C, X};
-    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", "scratch", "(B, T, 4C)", keep_gelu ? 0 : BT * 4 * C, X};
-    t[GB_SCRATCH_C] = {"scratch_c", "scratch", "(B, T, C)", BT * C, X};
-    t[GB_DRESIDUAL] = {"dresidual", "scratch", "(B, T, C)", BT * C, X};
-    t[GB_SCRATCH_3C] = {"scratch_3c", "scratch", "(B, T, 3C)", BT * 3 * C, X};
-    t[GB_SCRATCH_4C] = {"scratch_4c", "scratch", "(B, T, 4C)", BT * 4 * C, X};
-    t[GB_REDUCE_PARTIALS] = {"reduce_partials", "scratch", "column sums per row block, fp32",
+    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(B, T, C)", keep_ln ? 0 : BT * C, X};
+    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C)", keep_gelu ? 0 : BT * 4 * C, X};
+    t[GB_SCRATCH_C] = {"scratch_c", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
+    t[GB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
+    t[GB_SCRATCH_3C] = {"scratch_3c", MEM_WORKSPACE, "(B, T, 3C)", BT * 3 * C, X};
+    t[GB_SCRATCH_4C] = {"scratch_4c", MEM_WORKSPACE, "(B, T, 4C)", BT * 4 * C, X};
+    t[GB_REDUCE_PARTIALS] = {"reduce_partials", MEM_WORKSPACE, "column sums per row block, fp32",
                              std::max(ln_partials, bias_partials), F};
-    t[GB_NORM_PARTIALS] = {"norm_partials", "scratch", sh("(%d+1) fp32", GLOBAL_NORM_BLOCKS), GLOBAL_NORM_BLOCKS + 1, F};
-    t[GB_INPUTS] = {"inputs", "scratch", "(B, T) int32", BT, I};
-    t[GB_TARGETS] = {"targets", "scratch", "(B, T) int32", BT, I};
-    t[GB_ENCODER_BUCKETS] = {"encoder_buckets", "scratch", "(3BT+1) int32", 3 * BT + 1, I};
-    t[GB_CUBLASLT_WORKSPACE] = {"cublaslt_workspace", "scratch", "bytes", CUBLASLT_WORKSPACE_BYTES, 1};
+    t[GB_NORM_PARTIALS] = {"norm_partials", MEM_WORKSPACE, sh("(%d+1) fp32", GLOBAL_NORM_BLOCKS), GLOBAL_NORM_BLOCKS + 1, F};
+    t[GB_INPUTS] = {"inputs", MEM_WORKSPACE, "(B, T) int32", BT, I};
+    t[GB_TARGETS] = {"targets", MEM_WORKSPACE, "(B, T) int32", BT, I};
+    t[GB_ENCODER_BUCKETS] = {"encoder_buckets", MEM_WORKSPACE, "(3BT+1) int32", 3 * BT + 1, I};
+    t[GB_CUBLASLT_WORKSPACE] = {"cublaslt_workspace", MEM_WORKSPACE, "bytes", CUBLASLT_WORKSPACE_BYTES, 1};
 
-    t[GB_ATT_QKV] = {"att_qkv", "attention", "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
-    t[GB_ATT_DQKV] = {"att_dqkv", "attention", "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
-    t[GB_ATT_O] = {"att_o", "attention", "(B, NH, T, hs)", simple ? BT * C : 0, X};
-    t[GB_ATT_SCORES] = {"att_scores", "attention", "(B, NH, T, T)", simple ? B * NH * T * T : 0, X};
-    t[GB_CUDNN_WORKSPACE] = {"cudnn_workspace", "attention", "bytes", simple ? 0 : s.cudnn_workspace_bytes, 1};
-    t[GB_ATT_SOFTMAX_SUM] = {"att_softmax_sum", "attention", "(B, NH, T) fp32", simple ? 0 : B * NH * T, F};
+    t[GB_ATT_QKV] = {"att_qkv", MEM_WORKSPACE, "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
+    t[GB_ATT_DQKV] = {"att_dqkv", MEM_WORKSPACE, "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
+    t[GB_ATT_O] = {"att_o", MEM_WORKSPACE, "(B, NH, T, hs)", simple ? BT * C : 0, X};
+    t[GB_ATT_SCORES] = {"att_scores", MEM_WORKSPACE, "(B, NH, T, T)", simple ? B * NH * T * T : 0, X};
+    t[GB_CUDNN_WORKSPACE] = {"cudnn_workspace", MEM_WORKSPACE, "bytes", simple ? 0 : s.cudnn_workspace_bytes, 1};
+    t[GB_ATT_SOFTMAX_SUM] = {"att_softmax_sum", MEM_WORKSPACE, "(B, NH, T) fp32", simple ? 0 : B * NH * T, F};
     return t;
 }
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.
-inline size_t gpu_buffer_allocated_bytes(const GPUBufferSpec& b) { return (b.bytes() + 255) / 256 * 256; }
+constexpr size_t GPU_ALLOCATION_GRANULE = 256;
+inline size_t gpu_buffer_allocated_bytes(const BufferSpec& b) { return allocated_bytes(b, GPU_ALLOCATION_GRANULE); }
 
-inline size_t gpu_buffer_total(const std::vector<GPUBufferSpec>& table) {
+inline size_t gpu_buffer_total(const std::vector<BufferSpec>& table) {
     size_t total = 0;
-    for (const GPUBufferSpec& b : table) total += gpu_buffer_allocated_bytes(b);
+    for (const BufferSpec& b : table) total += gpu_buffer_allocated_bytes(b);
     return total;
 }
 
@@ -171,29 +183,18 @@ inline size_t gpu_buffer_total(const std::vector<GPUBufferSpec>& table) {
 // read, cuBLAS/cuDNN handles and the kernels' images. A margin, not a measurement.
 constexpr size_t GPU_MEMORY_MARGIN_BYTES = 512u << 20;
 
-// The largest micro-batch B' <= B whose table fits in `free_bytes` (0 if not even B'=1 fits).
-inline int largest_batch_that_fits(GPURunShape s, size_t free_bytes) {
-    for (int b = s.B; b >= 1; b--) {
-        s.B = b;
-        if (!s.simple_attention) s.cudnn_workspace_bytes = cudnn_workspace_estimate(s.cfg, b, s.T);
-        if (gpu_buffer_total(gpu_buffer_table(s)) + GPU_MEMORY_MARGIN_BYTES <= free_bytes) return b;
-    }
-    return 0;
+// Whether the table of `s` with micro-batch B fits in `free_bytes`, margin included. Before the cuDNN
+// plans exist its workspace is the bound cudnn_workspace_estimate(), which grows with B like the rest.
+inline bool gpu_batch_fits(GPURunShape s, int B, size_t free_bytes) {
+    s.B = B;
+    if (!s.simple_attention) s.cudnn_workspace_bytes = cudnn_workspace_estimate(s.cfg, B, s.T);
+    return gpu_buffer_total(gpu_buffer_table(s)) + GPU_MEMORY_MARGIN_BYTES <= free_bytes;
 }
 
-inline std::string format_bytes(double bytes) {
-    if (bytes >= (1ull << 30)) return strprintf("%.2f GiB", bytes / (1ull << 30));
-    if (bytes >= (1ull << 20)) return strprintf("%.1f MiB", bytes / (1ull << 20));
-    if (bytes >= (1ull << 10)) return strprintf("%.1f KiB", bytes / (1ull << 10));
-    return strprintf("%.0f B", bytes);
+// The largest micro-batch B' <= s.B whose table fits in `free_bytes` (0 if not even B'=1 fits).
+inline int largest_batch_that_fits(const GPURunShape& s, size_t free_bytes) {
+    return largest_fitting_batch([&](int b) { return gpu_batch_fits(s, b, free_bytes); }, s.B);
 }
 
-// The printed table: every buffer that is allocated (the empty ones are left out), then the total.
-inline void print_gpu_buffer_table(const std::vector<GPUBufferSpec>& table) {
-    printf("%-20s %-12s %-32s %12s\n", "buffer", "group", "shape", "bytes");
-    for (const GPUBufferSpec& b : table) {
-        if (b.bytes() == 0) continue;
-        printf("%-20s %-12s %-32s %12s\n", b.name, b.group, b.shape.c_str(), format_bytes((double)b.bytes()).c_str());
-    }
-    printf("%-20s %-12s %-32s %12s\n", "total", "", "", format_bytes((double)gpu_buffer_total(table)).c_str());
-}
+// The table as the trainer prints it at start-up and --estimate prints it.
+inline void print_gpu_buffer_table(const std::vector<BufferSpec>& table) { print_buffer_table(table, GPU_ALLOCATION_GRANULE); }

@@ -63,7 +63,7 @@ int main() {
           "a rank's layer range and optimizer slice size its buffers", "");
 
     size_t sum = 0;
-    for (const GPUBufferSpec& b : t) {
+    for (const BufferSpec& b : t) {
         sum += gpu_buffer_allocated_bytes(b);
         if (b.bytes() % 256 != 0 && gpu_buffer_allocated_bytes(b) <= b.bytes()) sum = 0;
     }

@@ -48,7 +48,9 @@ int main() {
     GPT2 model;
     gpt2_build(&model, cfg, params);
     int B = 2, T = 16;
-    gpt2_allocate_activations(&model, B, T);
+    CPURunShape shape;
+    shape.cfg = cfg, shape.B = B, shape.T = T;
+    gpt2_allocate(&model, shape);
     std::vector<int> x(B * T), y(B * T);
     for (int i = 0; i < B * T; i++) {
         x[i] = (int)(splitmix64(i) % 96);

@@ -25,8 +25,17 @@ NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math $(CUDA_ARCH) -Xcompiler -fopenmp -I.
 NVCCFLAGS += -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 GPU_LDLIBS := -lcublasLt -lcublas -lcudnn
 GPU_HEADERS := $(wildcard llmc/*.cuh)
+# The GPU trainer talks to other GPUs with NCCL (llmc/comm_nccl.cuh), which ships with CUDA's devel
+# images (Debian: libnccl-dev). Without it there is no GPU trainer, and make says so.
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NCCL_H    := $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)
+ifneq ($(NVCC),)
+ifeq ($(NCCL_H),)
+$(warning NCCL not found (no nccl.h in $(CUDA_HOME)/include or /usr/include): not building train_gpt; install libnccl-dev)
+endif
+endif
 # CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
-GPU_TARGETS := $(if $(NVCC),train_gpt train_gpt_fp32)
+GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp32))
 
 # The tokenizer's Unicode class table is generated from Debian's unicode-data package
 # (data/gen_unicode_classes.cpp); every host header may include it, so it is built first.
@@ -34,16 +43,20 @@ UNICODE_DATA ?= /usr/share/unicode
 UNICODE_TABLES := build/unicode_classes.h
 HOST_HEADERS := $(wildcard llmc/*.h) $(UNICODE_TABLES)
 
-# The CPU trainer runs on several ranks over MPI (mpirun -np N) when MPI is installed; without it,
-# it builds as a single-rank program. `make USE_MPI=0` forces the single-rank build.
+# Both trainers run on several ranks over MPI (mpirun -np N) when MPI is installed; without it the
+# CPU trainer is a single-rank program, and the GPU trainer still runs many ranks under srun (NCCL
+# finds its peers through LLMC_RENDEZVOUS, see llmc/comm.h). `make USE_MPI=0` forces the MPI-less
+# build. nvcc compiles the GPU trainer's host code with mpicxx, which adds MPI's headers and libraries.
 MPICXX  ?= $(shell command -v mpicxx 2>/dev/null)
 USE_MPI ?= $(if $(MPICXX),1,0)
 ifeq ($(USE_MPI),1)
 CPU_TRAINER_CXX   := $(MPICXX)
 CPU_TRAINER_FLAGS := -DUSE_MPI
+GPU_TRAINER_FLAGS := -ccbin $(MPICXX) -DUSE_MPI
 else
 CPU_TRAINER_CXX   := $(CXX)
 CPU_TRAINER_FLAGS :=
+GPU_TRAINER_FLAGS :=
 endif
 
 CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
@@ -58,10 +71,15 @@ train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 
 # the GPU trainer (bf16), and the same code in fp32 for debugging against the CPU reference
 train_gpt: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
-	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ $(GPU_LDLIBS) -lnccl
 
 train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
-	$(NVCC) $(NVCCFLAGS) -DLLMC_FP32 $< -o $@ $(GPU_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) -DLLMC_FP32 $< -o $@ $(GPU_LDLIBS) -lnccl
+
+# the communication layer's own check on GPUs (not a test_*: it needs mpirun; gpu-check runs it)
+build/gpu_comm_check: test/gpu_comm_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
 
 # on a GPU machine: build for the local GPU, run every GPU test and a short training run
 gpu-check:

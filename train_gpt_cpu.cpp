@@ -880,34 +880,18 @@ static void optimizer_step(GPT2* model, DataParallel* dp, float lr, const TrainO
 static void save_checkpoint(GPT2* model, DataParallel* dp, const TrainOptions& o, const RunPlan& plan, int step,
                             const DataLoader& train, uint64_t sampler_rng) {
     bool leader = dp->comm.rank == 0;
-    std::string tmp = checkpoint_dir(o.out_dir, step) + ".tmp";
-    if (leader) begin_checkpoint(o.out_dir, step);
-    comm_barrier(&dp->comm, "the barrier after creating the checkpoint directory");
-    if (!dir_exists(tmp)) {
-        fail("rank %d cannot see the checkpoint directory '%s' that rank 0 created: with several nodes, --out-dir "
-             "must be on a filesystem that every node shares", dp->comm.rank, tmp.c_str());
-    }
+    auto barrier = [&](const char* what) { comm_barrier(&dp->comm, what); };
+    std::string tmp = open_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
     if (leader) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
     if (leader || dp->zero_stage == 1) {
         TrainState s;
-        s.header.step = step;
-        s.header.num_params = (int64_t)model->layout.total;
-        s.header.shard_begin = (int64_t)dp->updated.begin;
-        s.header.shard_count = (int64_t)dp->updated.size();
-        s.header.rank = dp->comm.rank;
-        s.header.world_size = dp->comm.world_size;
-        s.header.zero_stage = dp->zero_stage;
-        s.header.batch_size = plan.B;
-        s.header.seq_len = plan.T;
-        s.header.total_batch_tokens = plan.total_batch_tokens;
-        s.header.sampler_rng = sampler_rng;
-        s.header.train_loader = train.pos;
+        s.header = train_state_header(step, model->layout.total, dp->updated, dp->comm.rank, dp->comm.world_size,
+                                      dp->zero_stage, plan, sampler_rng, train.pos);
         s.m = model->adam_m;
         s.v = model->adam_v;
         write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm.rank), s);
     }
-    comm_barrier(&dp->comm, "the barrier after writing the checkpoint");
-    if (leader) printf("checkpoint: %s\n", publish_checkpoint(o.out_dir, step).c_str());
+    publish_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
 }
 
 int main(int argc, char** argv) {

@@ -17,6 +17,7 @@
 //                        (a ring sends 2 (N-1)/N * P*b bytes per rank)
 //        reduce-scatter  rank r ends with the sum of shard r only          ((N-1)/N * P*b)
 //        all-gather      everyone ends with every rank's shard, in order    ((N-1)/N * P*b)
+//        reduce          one rank (the root) ends with the sum              (P*b from each other rank)
 //        broadcast       everyone ends with rank 0's array
 //    An all-reduce IS a reduce-scatter followed by an all-gather; that is how ring all-reduce works
 //    inside, and it is why ZeRO-1 (reduce-scatter the gradients, update one shard, all-gather the
@@ -229,8 +230,21 @@ inline void comm_require_mpi(const Comm* c, const char* what) {
     }
 }
 
-// MPI counts are ints: larger arrays go in pieces of at most this many elements.
+// MPI counts are ints: larger arrays go in pieces of at most this many elements. comm_in_pieces
+// runs start(offset, count, &request) for each piece, a non-blocking collective, and waits for it
+// under the deadline.
 constexpr size_t COMM_MAX_COUNT = (size_t)1 << 30;
+
+#ifdef USE_MPI
+template <class Start>
+inline void comm_in_pieces(Comm* c, size_t n, const char* what, Start start) {
+    for (size_t off = 0; off < n; off += COMM_MAX_COUNT) {
+        MPI_Request r;
+        start(off, (int)std::min(COMM_MAX_COUNT, n - off), &r);
+        comm_wait(c, &r, what);
+    }
+}
+#endif
 
 inline void comm_barrier(Comm* c, const char* what) {
     if (c->world_size == 1) return;
@@ -246,12 +260,9 @@ inline void comm_broadcast(Comm* c, void* data, size_t bytes, int root, const ch
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
 #ifdef USE_MPI
-    for (size_t off = 0; off < bytes; off += COMM_MAX_COUNT) {
-        MPI_Request r;
-        int n = (int)std::min(COMM_MAX_COUNT, bytes - off);
-        MPI_CHECK(MPI_Ibcast((char*)data + off, n, MPI_BYTE, root, MPI_COMM_WORLD, &r), what);
-        comm_wait(c, &r, what);
-    }
+    comm_in_pieces(c, bytes, what, [&](size_t off, int n, MPI_Request* r) {
+        MPI_CHECK(MPI_Ibcast((char*)data + off, n, MPI_BYTE, root, MPI_COMM_WORLD, r), what);
+    });
 #endif
 }
 
@@ -260,12 +271,22 @@ inline void comm_allreduce_sum(Comm* c, float* data, size_t n, const char* what)
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
 #ifdef USE_MPI
-    for (size_t off = 0; off < n; off += COMM_MAX_COUNT) {
-        MPI_Request r;
-        int count = (int)std::min(COMM_MAX_COUNT, n - off);
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
-        comm_wait(c, &r, what);
-    }
+    comm_in_pieces(c, n, what, [&](size_t off, int count, MPI_Request* r) {
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r), what);
+    });
+#endif
+}
+
+// data[i] <- sum over ranks of data[i], on rank `root` only; the other ranks' arrays are only read.
+// (Reduce to one owner: ZeRO's gradient exchange when pieces are uneven, see llmc/sharding.h.)
+inline void comm_reduce_sum(Comm* c, float* data, size_t n, int root, const char* what) {
+    if (c->world_size == 1) return;
+    comm_require_mpi(c, what);
+#ifdef USE_MPI
+    comm_in_pieces(c, n, what, [&](size_t off, int count, MPI_Request* r) {
+        const void* send = c->rank == root ? MPI_IN_PLACE : (const void*)(data + off);
+        MPI_CHECK(MPI_Ireduce(send, data + off, count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD, r), what);
+    });
 #endif
 }
 

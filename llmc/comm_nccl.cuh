@@ -13,6 +13,13 @@
 //   (the comm stream waits on a cudaEvent recorded after each bucket's backward; the optimizer
 //    waits on the comm stream)
 //
+// The communication stream belongs to this file: gpu_comm_init creates it NON-BLOCKING, i.e. not
+// synchronised with CUDA's legacy default stream. A plain cudaMemcpy runs on that default stream and
+// waits for every blocking stream; if an NCCL kernel waiting for a dead peer sat on a blocking
+// stream, an innocent cudaMemcpy anywhere in the trainer would hang with no deadline to catch it.
+// For the same reason the trainer never makes its compute stream wait for this stream on the GPU:
+// where it needs a collective's result, the HOST waits, in gpu_comm_wait, against the deadline.
+//
 // Setup: every rank needs the same 128-byte ncclUniqueId, made by rank 0 (ncclGetUniqueId). With
 // MPI it is broadcast; without (plain srun) it goes through LLMC_RENDEZVOUS (comm.h). Then each rank
 // calls ncclCommInitRankConfig(world, id, rank) on its own GPU: local_rank % (GPUs on the node).
@@ -29,20 +36,32 @@
 // on one device. Then the communicator is replaced by HOST STAGING: copy to host memory, run comm.h's
 // MPI collective, copy back. Slow, but the same arithmetic contract, so a test can compare
 // 2 and 4 ranks on one GPU against one rank. LLMC_HOST_STAGED=1 forces it.
+//
+// Beyond comm.h's collectives there are two more here:
+//   - reduce to owners (gpu_reduce_to_owners): every piece of some ranges of a flat array summed
+//     onto the rank whose ZeRO shard holds it; one ncclReduce per piece, in one NCCL group. It is
+//     a reduce-scatter with pieces of any size, which is what a bucket of layers needs (sharding.h);
+//   - numbers (gpu_comm_sum, gpu_comm_barrier): the step's loss, the gradient norm's sum of squares,
+//     and checkpoint barriers, over the same transport as the tensors, so that a run launched by
+//     srun without MPI needs no MPI for anything but finding its peers (and not even that, with
+//     LLMC_RENDEZVOUS).
 #pragma once
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <vector>
 #include "llmc/comm.h"
+#include "llmc/sharding.h"
 
 struct GpuComm {
     Comm* host = nullptr;
     int device = 0;
-    bool host_staged = false;      // several ranks share this GPU: MPI through host memory, no NCCL
+    bool host_staged = false;       // several ranks share this GPU: MPI through host memory, no NCCL
     ncclComm_t nccl = nullptr;
-    cudaStream_t stream = nullptr;  // where the collectives run (the trainer's communication stream)
+    cudaStream_t stream = nullptr;  // where the collectives run: created here, non-blocking (see above)
     std::vector<float> staging;     // host copies for the host-staged mode
+    double* numbers = nullptr;      // NCCL mode: world_size doubles on the device, for gpu_comm_gather
+    double* host_numbers = nullptr; // ... and their pinned host copy
 };
 
 [[noreturn]] inline void gpu_comm_fail(GpuComm* g, const char* what, const char* why) {
@@ -100,21 +119,25 @@ inline void gpu_comm_wait(GpuComm* g, const char* what) {
     }
 }
 
-// Picks this rank's GPU and builds the communicator. `host` must have been set up by comm_init.
-inline void gpu_comm_init(GpuComm* g, Comm* host, cudaStream_t stream) {
+// Picks this rank's GPU (and makes it current), creates the communication stream on it, and builds
+// the communicator. `host` must have been set up by comm_init. Call before creating any other
+// stream or buffer: they belong to the device current when they are made.
+inline void gpu_comm_init(GpuComm* g, Comm* host) {
     g->host = host;
-    g->stream = stream;
     int devices = 0;
     GPU_COMM_CUDA(g, cudaGetDeviceCount(&devices), "finding the GPUs");
     if (devices == 0) fail("rank %d sees no GPU: the GPU trainer needs one per rank (or LLMC_HOST_STAGED=1 to share)", host->rank);
     g->device = host->local_rank % devices;
     GPU_COMM_CUDA(g, cudaSetDevice(g->device), "selecting this rank's GPU");
+    GPU_COMM_CUDA(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "creating the communication stream");
     const char* forced = getenv("LLMC_HOST_STAGED");
     g->host_staged = host->world_size > 1 && (host->local_size > devices || (forced && !strcmp(forced, "1")));
     if (host->world_size == 1 || g->host_staged) {
         if (g->host_staged) comm_require_mpi(host, "sharing one GPU between ranks (host-staged collectives)");
         return;
     }
+    GPU_COMM_CUDA(g, cudaMalloc(&g->numbers, host->world_size * sizeof(double)), "allocating the communication buffers");
+    GPU_COMM_CUDA(g, cudaMallocHost(&g->host_numbers, host->world_size * sizeof(double)), "allocating the communication buffers");
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (host->rank == 0) GPU_COMM_NCCL(g, ncclGetUniqueId(&id), "creating the NCCL unique id");
@@ -129,14 +152,20 @@ inline void gpu_comm_init(GpuComm* g, Comm* host, cudaStream_t stream) {
     GPU_COMM_NCCL(g, r, "creating the NCCL communicator");
 }
 
+// Every rank calls this at the end, before comm_finalize.
 inline void gpu_comm_finalize(GpuComm* g) {
     if (g->nccl) {
         gpu_comm_wait(g, "finishing communication");
         GPU_COMM_NCCL(g, ncclCommFinalize(g->nccl), "closing the NCCL communicator");
         gpu_comm_wait(g, "closing the NCCL communicator");
-        ncclCommDestroy(g->nccl);
+        GPU_COMM_NCCL(g, ncclCommDestroy(g->nccl), "destroying the NCCL communicator");
         g->nccl = nullptr;
     }
+    if (g->numbers) GPU_COMM_CUDA(g, cudaFree(g->numbers), "freeing the communication buffers");
+    if (g->host_numbers) GPU_COMM_CUDA(g, cudaFreeHost(g->host_numbers), "freeing the communication buffers");
+    g->numbers = g->host_numbers = nullptr;
+    if (g->stream) GPU_COMM_CUDA(g, cudaStreamDestroy(g->stream), "destroying the communication stream");
+    g->stream = nullptr;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -218,3 +247,77 @@ inline void gpu_all_reduce_sum(GpuComm* g, void* data, size_t n, ncclDataType_t 
     comm_allreduce_sum(g->host, g->staging.data(), n, what);
     gpu_stage_to_device(g, g->staging.data(), n, t, data, what);
 }
+
+// On rank `root` only: data[i] <- sum over ranks of data[i] (in place); the other ranks' data is
+// only read. Host staging sums in fp32 on the host, like gpu_reduce_scatter_sum.
+inline void gpu_reduce_sum(GpuComm* g, void* data, size_t n, ncclDataType_t t, int root, const char* what) {
+    if (g->host->world_size == 1 || n == 0) return;
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclReduce(data, data, n, t, ncclSum, root, g->nccl, g->stream), what);
+        return;
+    }
+    g->staging.resize(n);
+    gpu_stage_to_host(g, data, n, t, g->staging.data(), what);
+    comm_reduce_sum(g->host, g->staging.data(), n, root, what);
+    if (g->host->rank == root) gpu_stage_to_device(g, g->staging.data(), n, t, data, what);
+}
+
+// The collectives between gpu_group_begin and gpu_group_end are launched together, as one NCCL
+// kernel (NCCL's "aggregated operations"): a bucket's dozens of small reductions cost one launch.
+// Host staging runs each one as it comes, so the two are no-ops there.
+inline void gpu_group_begin(GpuComm* g, const char* what) {
+    if (g->nccl) GPU_COMM_NCCL(g, ncclGroupStart(), what);
+}
+inline void gpu_group_end(GpuComm* g, const char* what) {
+    if (g->nccl) GPU_COMM_NCCL(g, ncclGroupEnd(), what);
+}
+
+// Reduce to owners: for every range, each of its pieces (cut at the shards of `layout`) is summed
+// over ranks onto the rank that owns it, in place in `flat` (elements of type t). Afterwards each
+// rank holds, inside its own shard, the sum of every element of the ranges; elsewhere its own
+// values are left as they were. Bytes: each rank sends every piece it does not own once, so over a
+// whole array (N-1)/N of it, exactly what a reduce-scatter sends.
+inline void gpu_reduce_to_owners(GpuComm* g, void* flat, ncclDataType_t t, const ShardLayout& layout,
+                                 const std::vector<ShardRange>& ranges, const char* what) {
+    if (g->host->world_size == 1) return;
+    size_t bytes = gpu_dtype_bytes(t);
+    gpu_group_begin(g, what);
+    for (ShardRange range : ranges)
+        for (const OwnedPiece& piece : shard_owners(layout, range))
+            gpu_reduce_sum(g, (char*)flat + piece.begin * bytes, piece.end - piece.begin, t, piece.rank, what);
+    gpu_group_end(g, what);
+}
+
+// Every rank's value of x, in rank order, on every rank. Staged ranks use MPI (comm.h); NCCL ranks
+// gather the doubles on the GPU, so that they need no MPI. Waits for the result (and so for all
+// communication enqueued before it), under the deadline.
+inline std::vector<double> gpu_comm_gather(GpuComm* g, double x, const char* what) {
+    int world = g->host->world_size, rank = g->host->rank;
+    std::vector<double> all((size_t)world, 0.0);
+    all[(size_t)rank] = x;
+    if (world == 1) return all;
+    if (g->host_staged) {
+        comm_all_gather(g->host, all.data(), sizeof(double), what);
+        return all;
+    }
+    g->host_numbers[rank] = x;
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(g->numbers + rank, g->host_numbers + rank, sizeof(double), cudaMemcpyHostToDevice,
+                                     g->stream), what);
+    GPU_COMM_NCCL(g, ncclAllGather(g->numbers + rank, g->numbers, 1, ncclFloat64, g->nccl, g->stream), what);
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(g->host_numbers, g->numbers, world * sizeof(double), cudaMemcpyDeviceToHost,
+                                     g->stream), what);
+    gpu_comm_wait(g, what);
+    all.assign(g->host_numbers, g->host_numbers + world);
+    return all;
+}
+
+// The sum over ranks of one number, bit-identical on every rank (added in rank order: comm_sum).
+inline double gpu_comm_sum(GpuComm* g, double x, const char* what) {
+    double total = 0.0;
+    for (double v : gpu_comm_gather(g, x, what)) total += v;
+    return total;
+}
+
+// No rank leaves until every rank has arrived (for checkpoints: the directory exists, the files
+// are written).
+inline void gpu_comm_barrier(GpuComm* g, const char* what) { gpu_comm_gather(g, 0.0, what); }

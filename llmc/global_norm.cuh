@@ -34,11 +34,18 @@ __global__ void global_norm_finish_kernel(float* partials) {
     if (threadIdx.x == 0) partials[GLOBAL_NORM_BLOCKS] = sqrtf(sum);
 }
 
-// Writes the norm to partials[GLOBAL_NORM_BLOCKS] (partials holds GLOBAL_NORM_BLOCKS + 1 floats).
-// n must be a multiple of 8 (every tensor size is a multiple of C, and C % 8 == 0).
-inline void global_norm(float* partials, const floatX* grads, size_t n, cudaStream_t stream) {
+// The first pass alone: partials[0 .. GLOBAL_NORM_BLOCKS) <- each block's sum of squares. With data
+// parallelism each rank runs it on its shard of the summed gradient; the host adds the partials in
+// order, and the ranks' sums in rank order (train_gpt.cu), so every rank gets the same norm.
+// n must be a multiple of 8 (every tensor size is a multiple of C, and C % 8 == 0; shards of 64).
+inline void global_norm_partials(float* partials, const floatX* grads, size_t n, cudaStream_t stream) {
     global_norm_partials_kernel<<<GLOBAL_NORM_BLOCKS, GLOBAL_NORM_THREADS, 0, stream>>>(partials, grads, n);
     CUDA_CHECK_LAUNCH();
+}
+
+// Writes the norm to partials[GLOBAL_NORM_BLOCKS] (partials holds GLOBAL_NORM_BLOCKS + 1 floats).
+inline void global_norm(float* partials, const floatX* grads, size_t n, cudaStream_t stream) {
+    global_norm_partials(partials, grads, n, stream);
     global_norm_finish_kernel<<<1, GLOBAL_NORM_THREADS, 0, stream>>>(partials);
     CUDA_CHECK_LAUNCH();
 }

@@ -21,8 +21,10 @@
 //   2  also do not keep the LayerNorm outputs ln1, ln2: recompute them from the residual stream and
 //      the saved mean and 1/std (two floats per row)
 //
-// Parallelism later: a rank may hold only the blocks [layer_begin, layer_end) (pipeline parallel) and
-// only a slice [opt_begin, opt_begin + opt_count) of the optimizer state (ZeRO); every per-layer and
+// Parallelism: with data parallelism over world_size ranks, params and grads are padded with zeros
+// to world_size equal shards (llmc/sharding.h: the collectives move equal pieces); with ZeRO-1 a
+// rank holds only its shard [opt_begin, opt_begin + opt_count) of the optimizer state (master, m, v).
+// Later, pipeline parallelism holds only the blocks [layer_begin, layer_end). Every per-layer and
 // optimizer size below is computed from those ranges, not from "the whole model".
 #pragma once
 
@@ -32,6 +34,7 @@
 #include <vector>
 #include "llmc/buffers.h"
 #include "llmc/model.h"
+#include "llmc/sharding.h"
 #include "llmc/utils.h"
 
 // Kernel geometry that decides buffer sizes: the kernels use these very constants.
@@ -48,6 +51,7 @@ struct GPURunShape {
     bool master_weights = true;        // fp32 copy of the parameters
     bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
+    int world_size = 1;                // data-parallel ranks: params and grads padded to equal shards
     int layer_begin = 0, layer_end = -1;        // blocks held by this rank (-1: up to the last)
     size_t opt_begin = 0, opt_count = SIZE_MAX; // optimizer-state slice (SIZE_MAX: all of it)
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
@@ -113,6 +117,7 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t nl = (size_t)held_layers(s), C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
     size_t B = s.B, T = s.T, BT = B * T;
     size_t P = param_layout(c).total, opt = optimizer_count(s);
+    size_t padded = shard_layout(P, s.world_size).padded_total;  // P, rounded up to world_size equal shards
     bool keep_gelu = s.recompute < 1, keep_ln = s.recompute < 2;
     bool simple = s.simple_attention;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
@@ -120,8 +125,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * 4 * C;
 
     std::vector<BufferSpec> t(GB_COUNT);
-    t[GB_PARAMS] = {"params", MEM_PARAMS, sh("(%zu)", P), P, X};
-    t[GB_GRADS] = {"grads", MEM_GRADS, sh("(%zu)", P), P, X};
+    t[GB_PARAMS] = {"params", MEM_PARAMS, sh("(%zu)", padded), padded, X};
+    t[GB_GRADS] = {"grads", MEM_GRADS, sh("(%zu)", padded), padded, X};
     t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
     t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
     t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};

@@ -21,6 +21,21 @@
 // Tensors cross shard boundaries (a 38M-element wte does not care where shard 3 ends), so anything
 // that differs per tensor, such as weight decay (matrices only), is applied piece by piece:
 // shard_pieces() lists the parts of each tensor that fall inside a range.
+//
+// Buckets. A data-parallel GPU trainer does not wait for the whole backward pass before it starts
+// summing gradients across ranks: the backward runs from the last layer to the first, so layer
+// L-1's gradients are final long before layer 0's, and summing them can overlap the rest of the
+// backward. gradient_bucket() says which parameters each "bucket" holds, in the order they become
+// final: bucket b < L is layer L-1-b (its slice of the 12 stacked per-layer tensors: 12 ranges of
+// the flat array, since each tensor stacks its layers); bucket L is the rest, wte, wpe and the final
+// LayerNorm (wte is the LM head AND the token embedding, so its gradient is final only after the
+// encoder's backward, at the very end). Together the buckets cover every parameter exactly once.
+//
+// A bucket's ranges cut across shards in uneven pieces (layer 5's fcw slice may lie in shard 2,
+// its qkvw slice in shard 1), so a bucket cannot go through one reduce-scatter, which needs equal
+// pieces for every rank. shard_owners() cuts each range at shard boundaries instead, naming the rank
+// that owns each piece: summing every piece onto its owner ("reduce to owners") IS a reduce-scatter,
+// only with pieces of any size, and each rank sends the same (N-1)/N of the bytes.
 #pragma once
 
 #include <cstddef>
@@ -90,4 +105,42 @@ inline std::vector<TensorPiece> shard_pieces(const ParamLayout& layout, ShardRan
         if (part.size() > 0) pieces.push_back({t, part.begin, part.end});
     }
     return pieces;
+}
+
+// The part of [range) inside one rank's shard (padding included, so a range that runs into the
+// padding still has an owner).
+struct OwnedPiece {
+    int rank;
+    size_t begin, end;
+};
+
+// Cuts [range.begin, range.end) at shard boundaries: the pieces, in order, each with its owner.
+inline std::vector<OwnedPiece> shard_owners(const ShardLayout& s, ShardRange range) {
+    std::vector<OwnedPiece> pieces;
+    if (range.size() == 0) return pieces;
+    int first = (int)(range.begin / s.shard_size), last = (int)((range.end - 1) / s.shard_size);
+    for (int r = first; r <= last && r < s.world_size; r++) {
+        ShardRange part = range_overlap(range, shard_range(s, r));
+        if (part.size() > 0) pieces.push_back({r, part.begin, part.end});
+    }
+    return pieces;
+}
+
+// The ranges of the flat array in gradient bucket `bucket` (0 .. num_layers; see "Buckets" above):
+// bucket b < L holds layer L-1-b of every per-layer tensor, bucket L the embeddings and lnf.
+inline int gradient_bucket_count(int num_layers) { return num_layers + 1; }
+
+inline std::vector<ShardRange> gradient_bucket(const ParamLayout& layout, int num_layers, int bucket) {
+    std::vector<ShardRange> ranges;
+    if (bucket == num_layers) {
+        for (int t : {WTE, WPE, LNFW, LNFB}) ranges.push_back({layout.offset[t], layout.offset[t] + layout.count[t]});
+        return ranges;
+    }
+    size_t layer = (size_t)(num_layers - 1 - bucket);
+    for (int t = LN1W; t <= FCPROJB; t++) {  // the 12 stacked per-layer tensors
+        size_t per_layer = layout.count[t] / num_layers;
+        size_t begin = layout.offset[t] + layer * per_layer;
+        ranges.push_back({begin, begin + per_layer});
+    }
+    return ranges;
 }

@@ -125,6 +125,52 @@ inline std::string publish_checkpoint(const std::string& out_dir, int step) {
     return dir;
 }
 
+// A checkpoint of several ranks, in three steps (`barrier(what)` is the run's barrier: MPI on the
+// CPU, MPI or NCCL on GPUs):
+//   1. open_checkpoint_together: rank 0 creates "<ckpt>.tmp"; a barrier; every rank checks that it
+//      sees the directory (with several nodes --out-dir must be on a filesystem they all share);
+//   2. each rank writes its own files into it (the trainer);
+//   3. publish_checkpoint_together: a barrier, then rank 0 renames the directory into place.
+// A crash at any point leaves either no new checkpoint or a complete one.
+template <class Barrier>
+inline std::string open_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier) {
+    std::string tmp = checkpoint_dir(out_dir, step) + ".tmp";
+    if (rank == 0) begin_checkpoint(out_dir, step);
+    barrier("the barrier after creating the checkpoint directory");
+    if (!dir_exists(tmp)) {
+        fail("rank %d cannot see the checkpoint directory '%s' that rank 0 created: with several nodes, --out-dir "
+             "must be on a filesystem that every node shares", rank, tmp.c_str());
+    }
+    return tmp;
+}
+
+template <class Barrier>
+inline void publish_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier) {
+    barrier("the barrier after writing the checkpoint");
+    if (rank == 0) printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+}
+
+// The header of one rank's training-state file: the slice of the optimizer state it holds, who wrote
+// it, and where the run stands (has_master_weights is the caller's to set).
+inline TrainStateHeader train_state_header(int step, size_t num_params, ShardRange slice, int rank, int world_size,
+                                           int zero_stage, const RunPlan& plan, uint64_t sampler_rng,
+                                           const LoaderPosition& train_loader) {
+    TrainStateHeader h;
+    h.step = step;
+    h.num_params = (int64_t)num_params;
+    h.shard_begin = (int64_t)slice.begin;
+    h.shard_count = (int64_t)slice.size();
+    h.rank = rank;
+    h.world_size = world_size;
+    h.zero_stage = zero_stage;
+    h.batch_size = plan.B;
+    h.seq_len = plan.T;
+    h.total_batch_tokens = plan.total_batch_tokens;
+    h.sampler_rng = sampler_rng;
+    h.train_loader = train_loader;
+    return h;
+}
+
 // The optimizer state of a checkpoint is in one file, state.bin, when one rank held all of it
 // (ZeRO-0, any number of ranks), or in one file per rank, state_rank<r>.bin, each holding that
 // rank's shard (ZeRO-1). Every file's header says which slice [shard_begin, +shard_count) it holds.

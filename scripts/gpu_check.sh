@@ -2,10 +2,14 @@
 # gpu_check.sh — everything a GPU machine should confirm, in one command (`make gpu-check`):
 #   1. build the GPU trainer (bf16 and fp32) and the tests for THIS machine's GPU (sm_90 on H100/H200)
 #   2. run every GPU test (test/test_gpu*.{py,cpp,cu}: against the CPU reference, determinism,
-#      resume, recompute, attention paths, memory check)
-#   3. a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same on
-#      synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory
-#   4. a PASS/FAIL table
+#      resume, recompute, attention paths, memory check, and test_gpu_data_parallel.py: 2 and 4
+#      ranks sharing this GPU against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks)
+#   3. the communication layer's exact sums (build/gpu_comm_check under mpirun): 2 ranks host-staged
+#      and, on a machine with several GPUs, all of them over NCCL
+#   4. a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same on
+#      synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory; with several GPUs,
+#      also on all of them (mpirun, NCCL, ZeRO-1)
+#   5. a PASS/FAIL table
 # Logs go to out/gpu_check/ (or $GPU_CHECK_OUT). Exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,16 +40,41 @@ echo "== GPU tests"
 summary=$(tail -1 "$OUT/tests.log")
 if grep -q "^.* 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
 
-# 3. short training runs: ms/step etc. from the step lines ("... | 812.3 ms | 315 tok/s | MFU 48.1% ...")
+# 3. the communication layer: exact sums in every collective the trainer uses
+GPUS=$(nvidia-smi -L | grep -c '^GPU')
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+comm_check() {  # name, log, ranks, env assignments...
+    local name=$1 log=$2 np=$3
+    shift 3
+    echo "== $name"
+    if env "$@" "${MPIRUN[@]}" -np "$np" build/gpu_comm_check >"$log" 2>&1; then
+        row PASS "$name" "$(grep -c '^PASS' "$log") checks"
+    else
+        tail -20 "$log"
+        row FAIL "$name" "see $log"
+    fi
+}
+if ! command -v mpirun >/dev/null; then
+    row SKIP "communication checks" "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
+elif make build/gpu_comm_check >>"$OUT/build.log" 2>&1; then
+    comm_check "comm check: 2 ranks, host-staged" "$OUT/comm_check_staged.log" 2 LLMC_HOST_STAGED=1
+    if [ "$GPUS" -ge 2 ]; then comm_check "comm check: $GPUS ranks over NCCL" "$OUT/comm_check_nccl.log" "$GPUS"; fi
+else
+    row FAIL "build build/gpu_comm_check" "see $OUT/build.log"
+fi
+
+# 4. short training runs: ms/step etc. from the step lines ("... | 812.3 ms | 315 tok/s | MFU 48.1% ...")
 speed() {  # average over the steps after the first (which includes cuDNN/cuBLAS planning)
     awk '/^step +[0-9]+\/[0-9]+ \|/ { n++; if (n > 1) { for (i = 1; i <= NF; i++) { if ($(i+1) == "ms") ms += $i;
          if ($(i+1) == "tok/s") tok += $i; if ($i == "MFU") { m = $(i+1); sub("%", "", m); mfu += m } } k++ } loss = $5 }
          END { if (k > 0) printf "loss %.3f, %.1f ms/step, %.0f tok/s, MFU %.1f%% (mean of %d steps)", loss, ms/k, tok/k, mfu/k, k }' "$1"
 }
+LAUNCH=()       # what starts ./train_gpt: nothing (one process), or mpirun
 train_run() {  # name, log, flags...
     local name=$1 log=$2; shift 2
     echo "== $name"
-    if ./train_gpt "$@" >"$log" 2>&1; then
+    if "${LAUNCH[@]}" ./train_gpt "$@" >"$log" 2>&1; then
         row PASS "$name" "$(speed "$log"); $(grep -o 'peak [0-9.]* [GMK]iB' "$log")"
     else
         tail -20 "$log"
@@ -70,6 +99,13 @@ for attention in cudnn simple; do
         --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none \
         --attention "$attention"
 done
+
+if [ "$GPUS" -ge 2 ] && command -v mpirun >/dev/null; then  # data parallel over NCCL: tokens/s across all GPUs
+    LAUNCH=("${MPIRUN[@]}" -np "$GPUS")
+    train_run "speed d12 on $GPUS GPUs (NCCL, ZeRO-1)" "$OUT/train_synthetic_${GPUS}gpus.log" --model d12 \
+        --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none --zero 1
+    LAUNCH=()
+fi
 
 echo
 echo "== gpu-check: $(head -2 "$OUT/gpu.txt" | tail -1)"

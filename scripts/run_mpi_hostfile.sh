@@ -12,9 +12,11 @@
 #   - the same paths everywhere: the program, the data, and --out-dir on a filesystem every node
 #     shares (rank 0 creates each checkpoint directory, every rank writes its shard into it);
 #   - the same build of Open MPI on every node.
-# Environment: TRAINER (default ./train_gpt_cpu; ./train_gpt for GPUs), THREADS (CPU trainer:
-# OpenMP threads per rank, default 1), MPIRUN, and FORWARD: extra variables to pass to every rank
-# besides PATH and LD_LIBRARY_PATH (default: NCCL_DEBUG NCCL_SOCKET_IFNAME NCCL_IB_HCA, when set).
+# Environment: TRAINER (default: ./train_gpt when it is built and this machine has a GPU, else
+# ./train_gpt_cpu; GPU ranks take GPU <local rank> of their node, so give each node as many slots as
+# GPUs), THREADS (CPU trainer: OpenMP threads per rank, default 1), MPIRUN, and FORWARD: extra
+# variables to pass to every rank besides PATH and LD_LIBRARY_PATH (default: NCCL_DEBUG
+# NCCL_SOCKET_IFNAME NCCL_IB_HCA, when set).
 set -euo pipefail
 if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 HOSTFILE NP [trainer flags...]" >&2
@@ -23,7 +25,9 @@ fi
 HOSTFILE=$1
 NP=$2
 shift 2
-TRAINER=${TRAINER:-./train_gpt_cpu}
+if [ -z "${TRAINER:-}" ]; then
+    if [ -x ./train_gpt ] && nvidia-smi -L >/dev/null 2>&1; then TRAINER=./train_gpt; else TRAINER=./train_gpt_cpu; fi
+fi
 MPIRUN=${MPIRUN:-mpirun}
 if [ ! -f "$HOSTFILE" ]; then
     echo "error: hostfile '$HOSTFILE' not found: write one line per node, 'NAME slots=RANKS'" >&2

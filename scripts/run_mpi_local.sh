@@ -7,8 +7,10 @@
 #   scripts/run_mpi_local.sh 2 --model d12 --batch-size 4 --total-batch-tokens 32768 --zero 1
 #
 # Environment:
-#   TRAINER   the program to run (default ./train_gpt_cpu; ./train_gpt for GPUs: rank r of this
-#             machine uses GPU r)
+#   TRAINER   the program to run (default: ./train_gpt when it is built and nvidia-smi sees a GPU,
+#             else ./train_gpt_cpu). GPU trainer: rank r of this machine uses GPU r; with more ranks
+#             than GPUs, ranks share GPUs and exchange gradients through host memory and MPI (a test
+#             mode: 2 or 4 ranks on one GPU must train exactly like one rank; slow)
 #   THREADS   CPU trainer: OpenMP threads per rank (default: this machine's cores / NP, at least 1)
 #   MPIRUN    the mpirun to use (default: mpirun from PATH)
 #
@@ -21,7 +23,10 @@ if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
 fi
 NP=$1
 shift
-TRAINER=${TRAINER:-./train_gpt_cpu}
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "${TRAINER:-}" ]; then
+    if [ -x ./train_gpt ] && [ "$GPUS" -gt 0 ]; then TRAINER=./train_gpt; else TRAINER=./train_gpt_cpu; fi
+fi
 MPIRUN=${MPIRUN:-mpirun}
 if ! command -v "$MPIRUN" >/dev/null; then
     echo "error: $MPIRUN not found. Install Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev) and rebuild with make" >&2
@@ -40,6 +45,12 @@ args=(-np "$NP")
 # the ranks' OpenMP threads must not pile onto one core each, so no binding; OMP_NUM_THREADS splits the cores
 args+=(--bind-to none -x OMP_NUM_THREADS="$THREADS")
 
+case $(basename "$TRAINER") in
+    train_gpt | train_gpt_fp32)
+        if [ "$GPUS" -lt "$NP" ]; then
+            echo "note: $NP ranks on $GPUS GPU(s): ranks share GPUs, so gradients go through host memory and MPI (slow)" >&2
+        fi ;;
+esac
 cmd=("$MPIRUN" "${args[@]}" "$TRAINER" "$@")
 echo "+ ${cmd[*]}"
 exec "${cmd[@]}"

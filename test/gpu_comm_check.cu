@@ -1,8 +1,8 @@
 // gpu_comm_check.cu — on a GPU machine: do llmc/comm_nccl.cuh's collectives give the exact sums?
 //
 // Not a test_* program: it needs GPUs and mpirun, so `make test` only compiles it
-// (test/test_comm_nccl_compile.sh). On a GPU machine:
-//     nvcc -O2 -std=c++17 -I. -DUSE_MPI -ccbin mpicxx test/gpu_comm_check.cu -o build/gpu_comm_check -lnccl
+// (test/test_comm_builds.sh); `make gpu-check` runs it with 1 and 2 ranks. On a GPU machine:
+//     make build/gpu_comm_check
 //     mpirun -np 2 build/gpu_comm_check       # one GPU: 2 ranks share it, so this is the host-staged path
 //     mpirun -np 8 build/gpu_comm_check       # 8 GPUs: NCCL
 // The inputs are small multiples of 1/4, so every sum is exact in fp32 and bf16 and the results
@@ -27,10 +27,8 @@ static float value(size_t i, int rank) { return (float)(i % 97) * 0.25f + (float
 int main() {
     Comm comm;
     comm_init(&comm, 60);
-    cudaStream_t stream;
-    cudaStreamCreate(&stream);
     GpuComm g;
-    gpu_comm_init(&g, &comm, stream);
+    gpu_comm_init(&g, &comm);
     int world = comm.world_size, rank = comm.rank;
     if (rank == 0) printf("%d rank%s, %s\n", world, world == 1 ? "" : "s", g.host_staged ? "host-staged (ranks share a GPU)" : "NCCL");
 
@@ -76,6 +74,35 @@ int main() {
     for (size_t i = 0; i < n; i++)
         ok = ok && bf16_to_float(half_out[i]) == world * ((float)(i % 8) * 0.25f) + (float)(world * (world - 1) / 2);
     report(comm, ok, "all-reduce (bf16) gives every rank the exact sum");
+
+    // reduce to owners (bf16, the trainer's gradient exchange): ranges that cut across shards
+    // unevenly; inside its own shard a rank must find the exact sums, elsewhere its own values
+    ShardLayout layout = shard_layout(n - 5, world, 8);  // padding: the last 5 + elements
+    std::vector<ShardRange> ranges = {{3, 11}, {40, n / 2 + 7}, {n - 64, n - 5}};
+    std::vector<bool> in_range(n, false);
+    for (ShardRange r : ranges)
+        for (size_t i = r.begin; i < r.end; i++) in_range[i] = true;
+    cudaMemcpy(d_half, half.data(), n * 2, cudaMemcpyHostToDevice);
+    gpu_reduce_to_owners(&g, d_half, ncclBfloat16, layout, ranges, "reduce-to-owners check");
+    gpu_comm_wait(&g, "reduce-to-owners check");
+    cudaMemcpy(half_out.data(), d_half, n * 2, cudaMemcpyDeviceToHost);
+    ok = true;
+    ShardRange mine = shard_range(layout, rank);
+    for (size_t i = 0; i < n; i++) {
+        float own = (float)(i % 8) * 0.25f + (float)rank;
+        float sum = world * ((float)(i % 8) * 0.25f) + (float)(world * (world - 1) / 2);
+        bool summed = in_range[i] && i >= mine.begin && i < mine.end;
+        ok = ok && bf16_to_float(half_out[i]) == (summed ? sum : own);
+    }
+    report(comm, ok, "reduce to owners (bf16): exact sums inside each rank's shard, its own values elsewhere");
+
+    // numbers: every rank's value in rank order, and their sum, identical everywhere
+    std::vector<double> all = gpu_comm_gather(&g, 1.5 * rank, "gather check");
+    ok = (int)all.size() == world;
+    for (int r = 0; r < world && ok; r++) ok = all[r] == 1.5 * r;
+    ok = ok && gpu_comm_sum(&g, rank + 0.25, "sum check") == world * (world - 1) / 2.0 + 0.25 * world;
+    gpu_comm_barrier(&g, "barrier check");
+    report(comm, ok, "gpu_comm_gather / gpu_comm_sum / gpu_comm_barrier (numbers over the tensors' transport)");
 
     cudaFree(d_full);
     cudaFree(d_shard);

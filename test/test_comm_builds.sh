@@ -3,7 +3,9 @@
 # machine cannot run:
 #   - the CPU trainer without MPI (a user without Open MPI must still get a single-rank trainer);
 #   - llmc/comm_nccl.cuh (NCCL + CUDA) through test/gpu_comm_check.cu, with nvcc, without and with
-#     MPI, and linked against NCCL when its library is present (so every NCCL call it names exists).
+#     MPI, and linked against NCCL when its library is present (so every NCCL call it names exists);
+#   - the GPU trainer without MPI, linked (one GPU, or many under srun with NCCL alone; `make` builds
+#     it with MPI when mpicxx is installed, so that build is checked by make itself).
 # Running gpu_comm_check needs GPUs: see its header.
 cd "$(dirname "$0")/.." || exit 1
 tmp=$(mktemp -d)
@@ -37,6 +39,15 @@ if [ ! -f "$CUDA_HOME/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
 fi
 check "comm_nccl.cuh compiles with nvcc, without MPI (srun + rendezvous)" \
     "$NVCC" -std=c++17 -I. -Xcompiler -Wall -c test/gpu_comm_check.cu -o "$tmp/nompi.o"
+if [ -e "$CUDA_HOME/lib64/libnccl.so" ] || [ -e /usr/lib/x86_64-linux-gnu/libnccl.so ]; then
+    check "train_gpt compiles and links without MPI (sm_90 only)" \
+        "$NVCC" -std=c++17 -I. -Xcompiler -fopenmp -arch=sm_90 train_gpt.cu -o "$tmp/train_gpt_nompi" \
+        -L"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudnn -lnccl
+    if [ -x "$tmp/train_gpt_nompi" ] && ldd "$tmp/train_gpt_nompi" | grep -q libmpi; then
+        echo "FAIL: train_gpt without MPI does not link libmpi: it does"
+        failed=1
+    fi
+fi
 if command -v mpicxx >/dev/null; then
     if [ -e "$CUDA_HOME/lib64/libnccl.so" ] || [ -e /usr/lib/x86_64-linux-gnu/libnccl.so ]; then
         check "comm_nccl.cuh compiles with nvcc and MPI and links against NCCL" \

@@ -62,6 +62,17 @@ int main() {
           part[GB_MASTER].bytes() == 5000 * 4 && part[GB_PARAMS].bytes() == P * 2,
           "a rank's layer range and optimizer slice size its buffers", "");
 
+    // data parallelism: params and grads padded to world_size equal shards (134,912 on 3 ranks ->
+    // 134,976 = 3 x 44,992), the optimizer state only for the rank's ZeRO-1 shard
+    GPURunShape dp;
+    parse_model_descriptor("L=2,C=64,H=4,T=32,V=512", &dp.cfg);
+    dp.B = 1, dp.T = 32, dp.world_size = 3, dp.opt_begin = 44992, dp.opt_count = 44992;
+    auto three = gpu_buffer_table(dp);
+    check(three[GB_PARAMS].bytes() == 134976 * 2 && three[GB_GRADS].bytes() == 134976 * 2 &&
+              three[GB_ADAM_V].bytes() == 44992 * 4 && three[GB_MASTER].bytes() == 44992 * 4,
+          "3 ranks: params and grads padded to 3 equal shards, master/m/v for one shard (ZeRO-1)",
+          strprintf("params %zu, adam_v %zu", three[GB_PARAMS].bytes(), three[GB_ADAM_V].bytes()));
+
     size_t sum = 0;
     for (const BufferSpec& b : t) {
         sum += gpu_buffer_allocated_bytes(b);

@@ -164,5 +164,59 @@ int main() {
                 if (problem.empty()) problem = reshard_problem(total, w1, w2);
     check(problem.empty(), "resharding N -> M (1..8): every new shard is assembled from the old ones exactly once", problem);
 
+    // 7. reduce to owners: any range, cut at shard boundaries, tiles the range in order, each piece
+    // inside its owner's shard (every range of [0, padded) for small layouts)
+    problem.clear();
+    for (size_t total : {(size_t)1, (size_t)100, (size_t)1000})
+        for (int world = 1; world <= 6 && problem.empty(); world++) {
+            ShardLayout s = shard_layout(total, world, 16);
+            for (size_t b = 0; b <= s.padded_total && problem.empty(); b++)
+                for (size_t e = b; e <= s.padded_total && problem.empty(); e += 7) {
+                    size_t next = b;
+                    int last_rank = -1;
+                    for (const OwnedPiece& q : shard_owners(s, {b, e})) {
+                        ShardRange mine = shard_range(s, q.rank);
+                        if (q.begin != next || q.end <= q.begin || q.begin < mine.begin || q.end > mine.end || q.rank <= last_rank)
+                            problem = strprintf("P=%zu N=%d [%zu,%zu): bad piece [%zu,%zu) of rank %d", total, world, b, e, q.begin, q.end, q.rank);
+                        next = q.end;
+                        last_rank = q.rank;
+                    }
+                    if (problem.empty() && next != e) problem = strprintf("P=%zu N=%d [%zu,%zu): pieces end at %zu", total, world, b, e, next);
+                }
+        }
+    check(problem.empty(), "shard_owners cuts any range at shard boundaries into pieces that tile it, each in its owner's shard", problem);
+    ShardLayout three = shard_layout(1000, 3, 64);  // shards of 384
+    std::vector<OwnedPiece> owners = shard_owners(three, {300, 800});
+    check(owners.size() == 3 && owners[0].rank == 0 && owners[0].end == 384 && owners[1].rank == 1 && owners[1].begin == 384 &&
+              owners[1].end == 768 && owners[2].rank == 2 && owners[2].begin == 768 && owners[2].end == 800,
+          "[300, 800) over shards of 384: rank 0 [300,384), rank 1 [384,768), rank 2 [768,800)", strprintf("%zu pieces", owners.size()));
+
+    // 8. gradient buckets: every parameter in exactly one bucket; bucket 0 is the last layer, the last
+    // bucket the embeddings and the final LayerNorm
+    problem.clear();
+    for (const char* d : descriptors) {
+        GPT2Config cfg;
+        parse_model_descriptor(d, &cfg);
+        ParamLayout layout = param_layout(cfg);
+        int L = cfg.num_layers;
+        std::vector<int> seen(layout.total, 0);
+        for (int b = 0; b < gradient_bucket_count(L); b++)
+            for (ShardRange r : gradient_bucket(layout, L, b))
+                for (size_t i = r.begin; i < r.end; i++) seen[i]++;
+        for (size_t i = 0; i < layout.total && problem.empty(); i++)
+            if (seen[i] != 1) problem = strprintf("%s: parameter %zu is in %d buckets", d, i, seen[i]);
+    }
+    check(problem.empty(), "gradient buckets cover every parameter exactly once (3 model shapes)", problem);
+    GPT2Config c12;
+    parse_model_descriptor("d12", &c12);
+    ParamLayout l12 = param_layout(c12);
+    std::vector<ShardRange> first = gradient_bucket(l12, 12, 0), rest = gradient_bucket(l12, 12, 12);
+    size_t last_bytes = 0;
+    for (ShardRange r : rest) last_bytes += r.size();
+    check(first.size() == 12 && first[2].begin == l12.offset[QKVW] + 11 * 3 * 768 * 768 && first[2].size() == 3 * 768 * 768 &&
+              rest.size() == 4 && last_bytes == 50304 * 768 + 1024 * 768 + 2 * 768,
+          "d12: bucket 0 is layer 11 (its qkvw slice starts 11 x 3C^2 into qkvw), bucket 12 is wte + wpe + lnf",
+          strprintf("%zu ranges, qkvw at %zu, last bucket %zu elements", first.size(), first.size() > 2 ? first[2].begin : 0, last_bytes));
+
     return failures ? 1 : 0;
 }

@@ -85,6 +85,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -602,7 +603,8 @@ def main():
         parser.error(f"unknown config(s) {unknown}")
 
     os.makedirs(FIXTURES, exist_ok=True)
-    check_save_load_round_trip(FIXTURES)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        check_save_load_round_trip(tmp_dir)
     check_finite_differences()
     check_attention()
     check_fused_ops()
@@ -618,6 +620,7 @@ def main():
         if name != "tiny" and not (has_cpu or has_gpu):
             skip(f"fixture {name}", "no trainer built to compare")
             skip(f"cpu/{name}", "train_gpt_cpu not built")
+            skip(f"gpu/{name}", "train_gpt not built or no GPU")
             continue
         fixture_dir = ensure_fixture(name)
         if fixture_dir is None:

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Time GPT-2 training steps in PyTorch (eager, fp32, CPU) and, optionally, in ./train_gpt_cpu.
+
+What it teaches: how to compare two trainers fairly. Both get the same model shape, batch shape
+and thread count; a step means the same work in both (forward, backward, gradient-norm clip,
+AdamW update); the first steps are dropped (allocation, page faults, cache and thread-pool
+warm-up) and the median of the rest is reported, since the median ignores the odd step that
+the OS interrupts. Throughput is tokens per second = B*T / step time. One training step costs
+about 6 * N * B * T flops for N parameters (2 for the forward matmuls, 4 for the backward),
+plus the attention's T^2 terms, small at T = 64. speedup = pytorch ms / trainer ms: above 1,
+the trainer is faster.
+
+The PyTorch side is what a PyTorch user would run: torch's fused layer norm, GELU and
+cross-entropy kernels (--ops explicit uses the reference's formulas instead), SDPA attention when
+this torch has it, torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW.
+
+    python3 scripts/bench_cpu_vs_pytorch.py                         PyTorch only
+    python3 scripts/bench_cpu_vs_pytorch.py --trainer ./train_gpt_cpu   both, side by side
+    python3 scripts/bench_cpu_vs_pytorch.py --shapes tiny,small --steps 20 --warmup 3
+
+The trainer prints one line per step containing "<number> ms"; this script parses that.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import gpt2_reference as ref  # noqa: E402
+
+SHAPES = {
+    "tiny": dict(layers=2, channels=64, heads=4, max_seq_len=64, vocab=512, batch=4, seq_len=32),
+    "small": dict(layers=4, channels=256, heads=4, max_seq_len=256, vocab=50257, batch=4,
+                  seq_len=64),
+    "gpt2_124m": dict(layers=12, channels=768, heads=12, max_seq_len=1024, vocab=50257,
+                      batch=4, seq_len=64),
+}
+LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.1, 1.0
+STEP_TIME = re.compile(r"(\d+\.?\d*) ms")
+
+
+def config_of(shape):
+    return ref.GPT2Config(max_seq_len=shape["max_seq_len"], vocab_size=shape["vocab"],
+                          num_layers=shape["layers"], num_heads=shape["heads"],
+                          channels=shape["channels"])
+
+
+def time_pytorch(shape, warmup, steps, ops):
+    """Median ms per training step of the reference model in eager fp32."""
+    config = config_of(shape)
+    fused = ops == "fused"
+    model = ref.GPT2(config, use_sdpa=fused and hasattr(torch.nn.functional,
+                                                        "scaled_dot_product_attention"),
+                     use_fused_ops=fused)
+    ref.init_fixture_weights(model, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    B, T = shape["batch"], shape["seq_len"]
+    tokens = torch.randint(0, config.vocab_size, (B * T + 1,), generator=generator).numpy()
+    inputs, targets = ref.batch_from_tokens(tokens, B, T)
+    optimizer = ref.make_optimizer(model, LR, WEIGHT_DECAY)
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        _, loss = model(inputs, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        loss.item()                      # a real loop reads the loss; it also syncs
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times[warmup:])
+
+
+def time_trainer(trainer, shape, warmup, steps, threads, work_dir):
+    """Median of the trainer's own per-step 'N ms', on a random model of the same shape."""
+    config = config_of(shape)
+    model = ref.GPT2(config)
+    ref.init_fixture_weights(model, seed=1)
+    model_path = os.path.join(work_dir, "model.bin")
+    data_path = os.path.join(work_dir, "train.bin")
+    ref.save_model(model_path, model)
+    del model
+    B, T = shape["batch"], shape["seq_len"]
+    generator = torch.Generator().manual_seed(2)
+    total = warmup + steps
+    ref.write_token_shard(data_path, torch.randint(0, config.vocab_size, (total * B * T + 1,),
+                                                   generator=generator).numpy())
+    command = [trainer, "--model", model_path, "--train-data", data_path, "--val-data", "none",
+               "--batch-size", str(B), "--seq-len", str(T), "--total-batch-tokens", str(B * T),
+               "--steps", str(total), "--lr", repr(LR), "--lr-schedule", "constant",
+               "--warmup-steps", "0", "--weight-decay", repr(WEIGHT_DECAY),
+               "--grad-clip", repr(GRAD_CLIP), "--val-every", "0", "--sample-every", "0",
+               "--checkpoint-every", "0", "--out-dir", os.path.join(work_dir, "out")]
+    proc = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace")
+    times = []
+    for line in proc.stdout.splitlines():
+        match = STEP_TIME.search(line)
+        if line.lstrip().startswith("step") and match:
+            times.append(float(match.group(1)))
+    if proc.returncode != 0 or len(times) <= warmup:
+        tail = "\n".join(proc.stdout.strip().splitlines()[-10:])
+        raise RuntimeError(f"{' '.join(command)}\nexit code {proc.returncode}, "
+                           f"{len(times)} step times parsed:\n{tail}")
+    return statistics.median(times[warmup:])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="small,gpt2_124m",
+                        help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--ops", choices=("fused", "explicit"), default="fused",
+                        help="PyTorch's fused kernels or the reference's explicit formulas")
+    parser.add_argument("--trainer", help="also time this trainer, e.g. ./train_gpt_cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    print(f"torch {torch.__version__}, {args.threads} threads, fp32, {args.ops} ops, "
+          f"median of {args.steps} steps after {args.warmup} warm-up")
+    header = f"{'shape':10s} {'params':>11s} {'B x T':>7s} | {'pytorch ms':>10s} {'tok/s':>8s}"
+    if args.trainer:
+        header += f" | {'trainer ms':>10s} {'tok/s':>8s} | {'speedup':>7s}"
+    print(header)
+    for name in [n.strip() for n in args.shapes.split(",") if n.strip()]:
+        shape = SHAPES[name]
+        tokens = shape["batch"] * shape["seq_len"]
+        torch_ms = time_pytorch(shape, args.warmup, args.steps, args.ops)
+        line = (f"{name:10s} {ref.num_parameters(config_of(shape), padded=False):11d} "
+                f"{shape['batch']:>3d}x{shape['seq_len']:<3d} | {torch_ms:10.1f} "
+                f"{tokens / torch_ms * 1000:8.0f}")
+        if args.trainer:
+            with tempfile.TemporaryDirectory() as work_dir:
+                trainer_ms = time_trainer(args.trainer, shape, args.warmup, args.steps,
+                                          args.threads, work_dir)
+            line += (f" | {trainer_ms:10.1f} {tokens / trainer_ms * 1000:8.0f} | "
+                     f"{torch_ms / trainer_ms:6.2f}x")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

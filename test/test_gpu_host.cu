@@ -1,10 +1,11 @@
 // test_gpu_host.cu — the host-side parts of the GPU kernels' files, compiled by nvcc and run on the
 // CPU (no GPU needed): the encoder backward's token buckets, which make its gradient deterministic;
-// the GELU formula the kernels evaluate.
+// the GELU formula the kernels evaluate; cuDNN's version rules for the fused attention.
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
+#include "llmc/attention_cudnn.cuh"
 #include "llmc/encoder.cuh"
 #include "llmc/gelu.cuh"
 
@@ -57,5 +58,21 @@ int main() {
     printf(tails_ok ? "PASS: GELU far out: exp overflows to inf, no NaN\n" : "FAIL: GELU far out: exp overflows to inf, no NaN\n");
     failures += !tails_ok;
 
+    // cuDNN: the versions whose attention this graph must not use, and the mask value
+    bool versions_ok = cudnn_attention_version_problem(91900, 64).empty() &&
+                       cudnn_attention_version_problem(91600, 50).empty() &&
+                       cudnn_attention_version_problem(91500, 1024).empty() &&
+                       !cudnn_attention_version_problem(91500, 64).empty() &&
+                       !cudnn_attention_version_problem(91000, 1024).empty() &&
+                       !cudnn_attention_version_problem(91001, 1024).empty() &&
+                       !cudnn_attention_version_problem(8907, 1024).empty();
+    printf(versions_ok ? "PASS: cuDNN versions with known attention bugs are refused\n"
+                       : "FAIL: cuDNN versions with known attention bugs are refused\n");
+    failures += !versions_ok;
+    float mask = cudnn_mask_value();
+    bool mask_ok = cudnnGetVersion() >= 91000 ? std::isinf(mask) && mask < 0 : mask == -3.402823466e38f;
+    printf(mask_ok ? "PASS: the causal mask value follows the loaded cuDNN (%zu)\n"
+                   : "FAIL: the causal mask value follows the loaded cuDNN (%zu)\n", cudnnGetVersion());
+    failures += !mask_ok;
     return failures ? 1 : 0;
 }

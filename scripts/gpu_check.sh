@@ -13,7 +13,7 @@ OUT=${GPU_CHECK_OUT:-out/gpu_check}
 mkdir -p "$OUT"
 declare -a ROWS=()
 FAILED=0
-row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "$3")"); [ "$1" = FAIL ] && FAILED=1; }
+row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "${3:0:300}")"); if [ "$1" = FAIL ]; then FAILED=1; fi; }
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "error: no GPU here (nvidia-smi fails): gpu-check is for a machine with an NVIDIA GPU" >&2
@@ -30,11 +30,19 @@ else
     row FAIL "build for the local GPU" "see $OUT/build.log"
 fi
 
-# 2. every GPU test
+# 2. every GPU test; each of its checks gets a row of the table (the measured errors with it)
 echo "== GPU tests"
 /usr/bin/python3 test/run_tests.py test_gpu 2>&1 | tee "$OUT/tests.log"
 summary=$(tail -1 "$OUT/tests.log")
-if grep -q "^.* 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+if grep -q "^[0-9]* passed, 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+while IFS= read -r line; do
+    line=${line#   }
+    case "$line" in
+        PASS:*) row PASS "  ${line#PASS: }" "" ;;
+        SKIP:*) row SKIP "  ${line#SKIP: }" "" ;;
+        FAIL:*) line=${line#FAIL: }; row FAIL "  ${line:0:300}" "" ;;
+    esac
+done < <(grep -E "^   (PASS|FAIL|SKIP):" "$OUT/tests.log")
 
 # 3. short training runs: ms/step etc. from the step lines ("... | 812.3 ms | 315 tok/s | MFU 48.1% ...")
 speed() {  # average over the steps after the first (which includes cuDNN/cuBLAS planning)

@@ -76,7 +76,10 @@ def have_gpu():
 def run(cmd, expect_ok=True):
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if expect_ok and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        # the error first (tables cut long lines), then the command and its output
+        error = " | ".join(line for line in p.stderr.strip().splitlines()[-4:] if line.strip())
+        raise RuntimeError(f"{os.path.basename(cmd[0])} exited with {p.returncode}: {error}\ncommand: {' '.join(cmd)}\n"
+                           f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
 
 
@@ -208,11 +211,12 @@ def checks_without_gpu():
 
 
 # The GPU checks. Each model is a file written here (both trainers start from the same bf16-exact
-# weights) with a token shard of a small repeating "language", so the loss can fall.
+# weights) with a token shard of a small repeating "language", so the loss can fall. A run with the
+# same program, model and flags is made once and its dump shared by the checks that need it.
 class Setup:
     def __init__(self, tmp):
         self.tmp = tmp
-        self.models, self.data, self.refs = {}, {}, {}
+        self.models, self.data, self.dumps = {}, {}, {}
 
     def shape(self, name, L, C, H, T, V, seed):
         rng = np.random.default_rng(seed)
@@ -221,50 +225,53 @@ class Setup:
         write_shard(f"{self.tmp}/{name}_train_000000.bin", np.tile(base, 60))
         self.data[name] = ["--train-data", f"{self.tmp}/{name}_train_*.bin", "--val-data", "none", "--sample-every", "0"]
 
-    def dump(self, exe, name, out, extra):
-        """Runs a trainer on model `name` with --dump-state and returns the dump."""
-        path = f"{self.tmp}/{out}.st"
-        run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra)
-        return read_safetensors(path)
+    def dump_path(self, exe, name, extra, fresh=False):
+        """Runs a trainer on model `name` with --dump-state (once, unless `fresh`); returns the file."""
+        key = (exe, name, tuple(extra))
+        if fresh or key not in self.dumps:
+            path = f"{self.tmp}/dump{len(self.dumps)}{'_fresh' if fresh else ''}.st"
+            try:
+                run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra)
+            except RuntimeError as e:
+                path = e  # a failed run is not repeated: every check that needs it fails with its error
+            if fresh:
+                self.dumps[key + ("fresh",)] = path
+            else:
+                self.dumps[key] = path
+        result = self.dumps[key + ("fresh",)] if fresh else self.dumps[key]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    def ref(self, name, extra):
-        """The CPU trainer's dump for (name, flags), computed once."""
-        key = (name, tuple(extra))
-        if key not in self.refs:
-            self.refs[key] = self.dump(CPU, name, f"cpu_{name}_{len(self.refs)}", extra)
-        return self.refs[key]
+    def dump(self, exe, name, extra):
+        return read_safetensors(self.dump_path(exe, name, extra))
 
 
 def gpu_vs_cpu(S, tag, name, extra, gpu_flags=(), tol=BF16_TOL, exe=GPU):
     """`extra`: flags of both trainers; `gpu_flags`: the GPU trainer's own (the CPU refuses them)."""
-    got = S.dump(exe, name, "".join(ch if ch.isalnum() else "_" for ch in tag), extra + list(gpu_flags))
-    compare_dumps(tag, got, S.ref(name, extra), S.models[name], tol)
+    compare_dumps(tag, S.dump(exe, name, extra + list(gpu_flags)), S.dump(CPU, name, extra), S.models[name], tol)
 
 
 def determinism(S, steps):
-    a = f"{S.tmp}/det_a.st"
-    b = f"{S.tmp}/det_b.st"
-    S.dump(GPU, "tiny", "det_a", steps)
-    S.dump(GPU, "tiny", "det_b", steps)
-    report(same_bytes(a, b), "determinism: two runs are bit-identical", "the dumps differ")
+    again = S.dump_path(GPU, "tiny", steps, fresh=True)
+    report(same_bytes(S.dump_path(GPU, "tiny", steps), again), "determinism: two runs are bit-identical",
+           "the dumps differ")
 
 
 def recompute(S, steps):
-    for level in ("0", "1", "2"):
-        S.dump(GPU, "tiny", f"recompute{level}", steps + ["--recompute", level])
-    same = all(same_bytes(f"{S.tmp}/recompute1.st", f"{S.tmp}/recompute{lv}.st") for lv in ("0", "2"))
+    level1 = S.dump_path(GPU, "tiny", steps)  # the default level
+    same = all(same_bytes(level1, S.dump_path(GPU, "tiny", steps + ["--recompute", lv])) for lv in ("0", "2"))
     report(same, "recompute 0/1/2 give bit-identical results", "the dumps differ")
 
 
 def cudnn_vs_simple(S, steps):
-    a = S.dump(GPU, "tiny", "att_cudnn", steps)
-    b = S.dump(GPU, "tiny", "att_simple", steps + ["--attention", "simple"])
-    compare_dumps("attention cudnn vs simple", a, b, S.models["tiny"], BF16_TOL)
+    compare_dumps("attention cudnn vs simple", S.dump(GPU, "tiny", steps),
+                  S.dump(GPU, "tiny", steps + ["--attention", "simple"]), S.models["tiny"], BF16_TOL)
 
 
 def master_weights_off(S, steps):
-    nm = S.dump(GPU, "tiny", "nomaster", steps + ["--master-weights", "0"])
-    ref = S.ref("tiny", steps)
+    nm = S.dump(GPU, "tiny", steps + ["--master-weights", "0"])
+    ref = S.dump(CPU, "tiny", steps)
     d = np.max(np.abs(nm["losses"] - ref["losses"]))
     report(np.all(np.isfinite(nm["losses"])) and nm["losses"][-1] < nm["losses"][0] and d <= 0.1,
            "master weights off trains and tracks the reference", f"losses {nm['losses']}", f"max loss diff {d:.2e}")
@@ -275,11 +282,11 @@ def resume(S):
     # sampling on: the sampler's random state is part of the checkpoint and must continue identically
     long = ["--batch-size", "4", "--seq-len", "64", "--steps", "20", "--lr", "1e-3", "--checkpoint-every", "10",
             "--sample-every", "5", "--sample-tokens", "4"]
-    full = S.dump(GPU, "tiny", "full", long + ["--out-dir", f"{tmp}/run_a"])
+    full = S.dump(GPU, "tiny", long + ["--out-dir", f"{tmp}/run_a"])
     # run_b trains all 20 steps too; its step-20 checkpoint is then removed, and it resumes from step 10
     run([GPU, "--model", f"{tmp}/tiny.bin"] + data + long + ["--out-dir", f"{tmp}/run_b"])
     shutil.rmtree(f"{tmp}/run_b/ckpt_00000020")
-    resumed = S.dump(GPU, "tiny", "resumed", long + ["--out-dir", f"{tmp}/run_b", "--resume", "latest"])
+    resumed = S.dump(GPU, "tiny", long + ["--out-dir", f"{tmp}/run_b", "--resume", "latest"])
     same = {"weights": np.array_equal(full["params"], resumed["params"]),
             "losses": np.array_equal(full["losses"][10:], resumed["losses"]),
             "model.bin": same_bytes(f"{tmp}/run_a/ckpt_00000020/model.bin", f"{tmp}/run_b/ckpt_00000020/model.bin"),
@@ -299,7 +306,7 @@ def d12(S):
     write_shard(f"{tmp}/d12_000000.bin", np.random.default_rng(3).integers(0, 50257, 20000))
     S.data["d12"] = ["--train-data", f"{tmp}/d12_*.bin", "--val-data", "none", "--sample-every", "0"]
     s12 = ["--batch-size", "1", "--seq-len", "64", "--steps", "2", "--lr", "1e-4"]
-    ref = S.ref("d12", s12)
+    ref = S.dump(CPU, "d12", s12)
     p = run([GPU, "--model", f"{tmp}/d12.bin", "--dump-state", f"{tmp}/gpu12.st"] + S.data["d12"] + s12)
     compare_dumps("gpu vs cpu (d12)", read_safetensors(f"{tmp}/gpu12.st"), ref, S.models["d12"], BF16_TOL)
     report("tok/s" in p.stdout and ("MFU" in p.stdout or "unknown GPU" in p.stdout) and "total" in p.stdout

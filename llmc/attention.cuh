@@ -24,6 +24,8 @@ struct AttentionContext {
     CudnnAttention cudnn;
     // simple path
     cublasHandle_t cublas = nullptr;
+    void* cublas_workspace = nullptr;  // the trainer's cuBLASLt workspace, shared (same stream)
+    size_t cublas_workspace_bytes = 0;
     floatX* qkv_scratch = nullptr;   // (3, B, NH, T, hs)
     floatX* dqkv_scratch = nullptr;  // (3, B, NH, T, hs)
     floatX* o_scratch = nullptr;     // (B, NH, T, hs)
@@ -102,10 +104,18 @@ inline void attention_init(AttentionContext* ctx, bool use_cudnn, void* cublas_w
         cudnn_attention_init(&ctx->cudnn);
     } else {
         CUBLAS_CHECK(cublasCreate(&ctx->cublas));
-        // the GEMMs run on the trainer's stream, in order with the cuBLASLt calls: they can share
-        // the one workspace, and cuBLAS allocates nothing behind the buffer table's back
-        CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, cublas_workspace, cublas_workspace_bytes));
+        ctx->cublas_workspace = cublas_workspace;
+        ctx->cublas_workspace_bytes = cublas_workspace_bytes;
     }
+}
+
+// Points cuBLAS at our stream and our workspace. The GEMMs run on the trainer's stream, in order with
+// the cuBLASLt calls, so they can share the one workspace, and cuBLAS allocates nothing behind the
+// buffer table's back. The order matters: cublasSetStream() resets the workspace to cuBLAS's own
+// pool (which it would then allocate), so the workspace is set after the stream, every time.
+static void attention_cublas_bind(AttentionContext* ctx, cudaStream_t stream) {
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ctx->cublas_workspace, ctx->cublas_workspace_bytes));
 }
 
 inline void attention_destroy(AttentionContext* ctx) {
@@ -125,7 +135,7 @@ inline void attention_forward(AttentionContext* ctx, floatX* out, float* stats, 
     int hs = C / NH, heads = B * NH;
     long long head_size = (long long)T * hs, score_size = (long long)T * T;
     floatX *q = ctx->qkv_scratch, *k = q + (size_t)heads * head_size, *v = k + (size_t)heads * head_size;
-    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    attention_cublas_bind(ctx, stream);
     attention_permute(ctx->qkv_scratch, (floatX*)qkv, B, T, C, NH, 3, false, stream);
     // scores (T x T, row-major: [t][u]) = scale * Q K^T; column-major that is K Q^T
     batched_gemm(ctx->cublas, true, false, T, T, hs, 1.0f / sqrtf((float)hs), k, hs, head_size, q, hs, head_size,
@@ -154,7 +164,7 @@ inline void attention_backward(AttentionContext* ctx, floatX* dqkv, const floatX
     floatX *dq = ctx->dqkv_scratch, *dk = dq + part, *dv = dk + part;
     floatX* d_o = ctx->o_scratch;
     floatX* dscores = ctx->scores;
-    CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+    attention_cublas_bind(ctx, stream);
     attention_permute(ctx->qkv_scratch, (floatX*)qkv, B, T, C, NH, 3, false, stream);  // later layers overwrote it
     attention_permute(d_o, (floatX*)dout, B, T, C, NH, 1, false, stream);
     // dP (T x T) = dO V^T

@@ -22,6 +22,10 @@
 // The graph mirrors, operation for operation, the one cuDNN's own frontend library builds for SDPA
 // (the pattern the fused engine recognises). Q, K, V are read in place from the (B, T, 3C) qkv
 // buffer through strides, O written into (B, T, C): no permute kernels.
+// Why not one node: cuDNN 9.13+ also has single-operation SDPA descriptors
+// (CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR), but before cuDNN 9.21 they cannot express a
+// causal mask (that takes their subgraph attribute), and the frontend itself builds this composite
+// graph for causal attention on every cuDNN 9 up to there. So we build it too, node by node.
 //
 // Determinism: engines that declare CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC are skipped, and the
 // backward is built in the form that writes dQ directly (no fp32 dQ accumulated with atomics).
@@ -171,6 +175,25 @@ static cudnnBackendDescriptor_t cudnn_causal_mask(CudnnGraph* g, cudnnBackendDes
     return masked;
 }
 
+// The value the causal mask writes where u > t: what cuDNN's frontend passes, -inf from cuDNN 9.10
+// on and the lowest finite float before ("older cuDNN prefers lowest for the softmax mask"), decided
+// by the library actually loaded, not by the headers we were compiled with.
+inline float cudnn_mask_value() {
+    return cudnnGetVersion() < 91000 ? -3.402823466e38f : -INFINITY;
+}
+
+// Known-bad cuDNN versions for this graph, as cuDNN's frontend refuses them: "" if `version` (as
+// cudnnGetVersion() returns it, 91900 = 9.19.0) can run attention over T positions, else why not.
+inline std::string cudnn_attention_version_problem(size_t version, int T) {
+    if (version < 90000) return strprintf("cuDNN %zu is older than 9.0, the first with this fused attention", version);
+    if (version == 91000 || version == 91001) return "cuDNN 9.10.0 and 9.10.1 have known bugs in the attention backward";
+    // up to 9.15 the backward was wrong for sequence lengths that are not a multiple of 128 unless a
+    // padding mask was given (the frontend adds one as a workaround; we ask for T instead)
+    if (version <= 91500 && T % 128 != 0)
+        return strprintf("cuDNN %zu's attention backward needs T to be a multiple of 128 (T=%d); cuDNN 9.16 or later does not", version, T);
+    return "";
+}
+
 // A finalised plan and what running it needs.
 struct CudnnPlan {
     cudnnBackendDescriptor_t plan = nullptr;
@@ -244,7 +267,7 @@ struct SdpaLayout {
     Dims4 s_dims, s_strides;       // the (B, NH, T, T) scores (virtual)
     Dims4 st_dims, st_strides;     // the same, transposed (virtual)
     Dims4 row_dims, row_strides;   // (B, NH, T, 1)
-    Dims4 hd_dims, hd_strides;     // (B, NH, T, hs) contiguous (virtual)
+    Dims4 hd_dims, hd_strides;     // dO * O, (B, NH, T, hs) (virtual)
 };
 
 static SdpaLayout sdpa_layout(int B, int T, int C, int NH) {
@@ -262,8 +285,11 @@ static SdpaLayout sdpa_layout(int B, int T, int C, int NH) {
     l.st_strides = {{h * t * t, t * t, 1, t}};
     l.row_dims = {{b, h, t, 1}};
     l.row_strides = {{h * t, t, 1, 1}};
+    // A virtual tensor's strides address no memory, but they are part of the graph the engines'
+    // pattern matcher reads. The frontend (the graph cuDNN is tested with) gives dO * O these:
+    // the (B, T, NH, hs) interleaving of the tensors it comes from. We copy them, to be that graph.
     l.hd_dims = {{b, h, t, hs}};
-    l.hd_strides = {{h * t * hs, t * hs, hs, 1}};
+    l.hd_strides = {{h * t * hs, t * hs, h * hs, 1}};
     return l;
 }
 
@@ -395,7 +421,8 @@ inline void cudnn_attention_destroy(CudnnAttention* a) {
 inline const CudnnPlan& cudnn_attention_plan(CudnnAttention* a, bool backward, int B, int T, int C, int NH) {
     for (const CudnnPlan& p : a->plans)
         if (p.backward == backward && p.B == B && p.T == T) return p;
-    std::string why;
+    std::string why = cudnn_attention_version_problem(cudnnGetVersion(), T);
+    if (!why.empty()) fail("cuDNN attention: %s; use --attention simple (or another cuDNN)", why.c_str());
     CudnnPlan plan = backward ? cudnn_build_backward(a->handle, B, T, C, NH, &why)
                               : cudnn_build_forward(a->handle, B, T, C, NH, &why);
     if (!plan.plan) {
@@ -435,7 +462,7 @@ static void cudnn_execute(CudnnAttention* a, const CudnnPlan& plan, int n, const
 inline void cudnn_attention_forward(CudnnAttention* a, floatX* out, float* stats, const floatX* qkv, int B, int T, int C,
                                     int NH, cudaStream_t stream) {
     const CudnnPlan& plan = cudnn_attention_plan(a, false, B, T, C, NH);
-    float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = -INFINITY;
+    float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = cudnn_mask_value();
     int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
     void* ptrs[] = {(void*)qkv, (void*)(qkv + C), (void*)(qkv + 2 * C), out, stats, &scale, &neg_inf};
     cudnn_execute(a, plan, 7, uids, ptrs, stream);
@@ -446,7 +473,7 @@ inline void cudnn_attention_backward(CudnnAttention* a, floatX* dqkv, const floa
                                      const floatX* out, const float* stats, int B, int T, int C, int NH,
                                      cudaStream_t stream) {
     const CudnnPlan& plan = cudnn_attention_plan(a, true, B, T, C, NH);
-    float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = -INFINITY, one = 1.0f;
+    float scale = 1.0f / sqrtf((float)(C / NH)), neg_inf = cudnn_mask_value(), one = 1.0f;
     int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK, UID_DV, UID_SOFTMAX_SUM,
                       UID_SCALE, UID_NEG_INF, UID_ONE};
     void* ptrs[] = {(void*)qkv, (void*)(qkv + C), (void*)(qkv + 2 * C), (void*)out, (void*)dout, (void*)stats,

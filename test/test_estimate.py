@@ -12,7 +12,7 @@
   measure script     scripts/measure_memory.py parses a trainer's report and writes its table
                      (driven by a stand-in trainer: the real measurement needs a GPU)
 """
-import os, re, shutil, subprocess, sys, tempfile
+import glob, os, re, shutil, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "train_gpt_cpu")
@@ -135,8 +135,12 @@ def main():
             for zero in ["1", "0"]:
                 code, est, err = run([CPU] + shape + ["--zero", zero, "--estimate-ranks", "2", "--estimate"], cwd=tmp)
                 rows2, ranks2 = parse_estimate(est)
-                code, out2, err2 = run(["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                                        CPU] + shape + train + ["--zero", zero], timeout=150)
+                # each rank's output goes to its own file: mpirun forwards the ranks' streams in chunks that
+                # need not end at a newline, so two ranks reporting at once could split each other's lines
+                outputs = os.path.join(tmp, f"ranks_zero{zero}")
+                code, _, err2 = run(["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                     "--output-filename", outputs, CPU] + shape + train + ["--zero", zero], timeout=150)
+                out2 = "".join(open(path).read() for path in sorted(glob.glob(os.path.join(outputs, "*", "rank.*", "stdout"))))
                 held2 = parse_allocations(out2)
                 why = "; ".join(filter(None, [compare(rows2, ranks2, held2, r) for r in (0, 1)])) if code == 0 else err2[-400:]
                 report(code == 0 and not why, f"cpu, 2 ranks, ZeRO-{zero}: each rank allocates its estimate, to the byte "

@@ -1,14 +1,14 @@
 // cpu_reference.h — the CPU trainer's layer functions, the reference every kernel is checked against.
 //
 // They are train_gpt_cpu.cpp's own functions (fp32, OpenMP, checked against PyTorch by the tests),
-// compiled once into cpu_reference.o inside `namespace cpu` (see cpu_reference.cpp), so that
-// cpu::gelu_forward and llmc/gelu.cuh's gelu_forward can live in one program and a reader always
-// sees which is which. A declaration here that does not match the definition fails to link.
+// compiled once into cpu_reference.o (see cpu_reference.cpp) and declared here. A declaration that
+// does not match its definition fails to link. They are also named in namespace cpu, so that a
+// file reads cpu::gelu_forward(...) next to llmc/gelu.cuh's gelu_forward(...) and a reader always
+// sees which one runs (the two are overloads: different argument types).
 #pragma once
 
 #include <cstddef>
 
-namespace cpu {
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC);
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
@@ -28,4 +28,21 @@ float global_grad_norm(const float* grads, size_t n);
 float clip_coefficient(float norm, float max_norm);
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int t, float grad_scale);
+
+namespace cpu {
+using ::matmul_forward;
+using ::encoder_forward;
+using ::encoder_backward;
+using ::layernorm_forward;
+using ::layernorm_backward;
+using ::attention_forward;
+using ::attention_backward;
+using ::gelu_forward;
+using ::gelu_backward;
+using ::residual_forward;
+using ::crossentropy_forward;
+using ::crossentropy_softmax_backward;
+using ::global_grad_norm;
+using ::clip_coefficient;
+using ::adamw_update;
 }  // namespace cpu

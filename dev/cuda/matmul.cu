@@ -54,9 +54,6 @@ static const std::vector<Version> VERSIONS = {
     {"bias_backward", 3, "trainer: partials", "llmc/matmul.cuh: per-block partials summed in order (deterministic)", true},
 };
 
-__device__ __forceinline__ float gelu(float x) {
-    return 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
-}
 
 // ---- 1: one thread per output. Consecutive threads take consecutive output columns o.
 template <bool GELU>
@@ -67,7 +64,7 @@ __global__ void matmul_naive(floatX* out, const floatX* inp, const floatX* weigh
     const floatX* w = weight + (size_t)o * IC;
     float acc = __bfloat162float(bias[o]);
     for (int k = 0; k < IC; k++) acc += __bfloat162float(a[k]) * __bfloat162float(w[k]);
-    out[(size_t)n * OC + o] = __float2bfloat16(GELU ? gelu(acc) : acc);
+    out[(size_t)n * OC + o] = __float2bfloat16(GELU ? gelu_value(acc) : acc);  // llmc/gelu.cuh's formula
 }
 
 // ---- 2: 32x32 shared-memory tiles (N, OC, IC multiples of 32). Block (32, 32): threadIdx.x runs

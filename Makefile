@@ -5,6 +5,7 @@
 #   make test       build and run the tests (see test/run_tests.py)
 #   make run        the main job: prepare the default corpus and train a small GPT on it
 #   make gpu-check  on a GPU machine: build for the local GPU and run every GPU check
+#   make -C dev/cuda run   on a GPU machine: the kernel lab, every kernel from naive to fast, one table
 #
 # CPU code is built with -march=native: the binaries are meant for the machine that builds them.
 
@@ -36,6 +37,8 @@ endif
 endif
 # CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
 GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp32))
+# ... and the kernel lab: every program in dev/cuda/, into build/dev/ (for sm_90 alone without a GPU)
+DEV_TARGETS := $(if $(NVCC),dev)
 
 # The tokenizer's Unicode class table is generated from Debian's unicode-data package
 # (data/gen_unicode_classes.cpp); every host header may include it, so it is built first.
@@ -63,8 +66,8 @@ CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 # tests written in CUDA (built when nvcc is present; each prints SKIP for what needs a GPU it lacks)
 CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
-.PHONY: all test clean gpu-check
-all: train_gpt_cpu prepare_data tokenize_text $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS)
+.PHONY: all test clean gpu-check dev
+all: train_gpt_cpu prepare_data tokenize_text $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
@@ -80,6 +83,9 @@ train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 build/gpu_comm_check: test/gpu_comm_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
+
+dev: $(UNICODE_TABLES)
+	$(MAKE) -C dev/cuda NVCC="$(NVCC)"
 
 # on a GPU machine: build for the local GPU, run every GPU test and a short training run
 gpu-check:

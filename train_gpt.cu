@@ -36,6 +36,8 @@
 #include "llmc/estimate.h"
 #include "llmc/formats.h"
 #include "llmc/gpu_buffers.h"
+#include "llmc/hellaswag.h"
+#include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/sampler.h"
 #include "llmc/sharding.h"
@@ -659,11 +661,13 @@ int main(int argc, char** argv) {
     // ---- data and the shape of the run: each rank reads its own slice of every step
     DataLoader train, val;
     int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
-                    "training data", "--train-data");
+    if (!o.eval_only) {  // --eval-only needs no training data
+        dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
+                        "training data", "--train-data");
+    }
     RunPlan plan = plan_run(o, cfg, comm.world_size, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
-    bool have_val = leader && o.val_data != "none" && o.val_every > 0;
+    bool have_val = leader && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
 
     // ---- the buffers: sized from the table, checked against free memory, then allocated
@@ -727,8 +731,9 @@ int main(int argc, char** argv) {
         }
         first_step = (int)resumed.step;
         sampler_rng = resumed.sampler_rng;
-        dataloader_seek(&train, resumed.train_loader);
+        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
     }
+    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
     if (count > 0) {  // (with more ranks than shards of parameters, a ZeRO-1 rank may own none)
         CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), count * sizeof(float), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), count * sizeof(float), cudaMemcpyHostToDevice));
@@ -756,9 +761,9 @@ int main(int argc, char** argv) {
                    dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size,
                                                   dp.shards.padded_total).c_str() : "");
         }
-        printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
+        if (!o.eval_only) printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
                (long long)train.tokens_per_epoch);
-        if (have_val) printf(", %zu validation shard%s", val.files.size(), val.files.size() == 1 ? "" : "s");
+        if (have_val) printf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val.files.size(), val.files.size() == 1 ? "" : "s");
         printf("\n");
         print_gpu_buffer_table(m->table);
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
@@ -778,13 +783,28 @@ int main(int argc, char** argv) {
 
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
+    HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
+    MetricsLog mlog;
+    metrics_open(&mlog, o, leader, "gpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
+                 plan.steps, first_step, model_source);
+    auto run_hellaswag = [&](int step) {  // every rank scores its share at the model's one (B, T) shape; rank 0 reports
+        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, true, comm.rank, comm.world_size, [&](const int* in, const int* tg, int, int) {
+            gpt2_upload_batch(m, in, tg);
+            gpt2_forward(m);
+            gpt2_classifier(m, 0.0f, false);
+            return (const float*)m->host_losses;
+        });
+        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum}) *count = (int64_t)gpu_comm_sum(&dp.gpu, (double)*count, "sum of the hellaswag counts");
+        if (leader) report_hellaswag(&mlog, step, r);
+    };
     bool dumping = !o.dump_state.empty();
     DumpState dump;
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
-        if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(m, &val, o.val_batches));
+        if (have_val && step % o.val_every == 0) report_val_loss(&mlog, step, evaluate(m, &val, o.val_batches));
+        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (leader && is_sample_step(o, step)) print_sample(m, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
@@ -808,6 +828,7 @@ int main(int argc, char** argv) {
             bool last_micro = micro == plan.accumulation_steps - 1;
             gpt2_backward(m, last_micro ? &dp : nullptr);  // the last one also starts the reduction
             step_loss += loss / plan.accumulation_steps;
+            if (leader) print_micro_step(step + 1, micro, plan.accumulation_steps, loss, seconds_since(start));
         }
         // every rank saw as many tokens, so the step's mean loss is the mean of the ranks' means
         step_loss = gpu_comm_sum(&dp.gpu, step_loss, "sum of the losses") / comm.world_size;
@@ -827,13 +848,15 @@ int main(int argc, char** argv) {
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, mfu,
                             seconds * (plan.steps - step - 1));
+            metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, mfu, (double)peak_used);
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
             save_checkpoint(m, &dp, plan, o, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(m, &val, o.val_batches));
+    if (have_val) report_val_loss(&mlog, plan.steps, evaluate(m, &val, o.val_batches));
+    if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (leader && o.sample_every > 0) print_sample(m, o, decoder, &sampler_rng);
     track_memory();
     if (leader) {
@@ -853,6 +876,8 @@ int main(int argc, char** argv) {
             printf("dumped state to %s\n", o.dump_state.c_str());
         }
     }
+    if (leader) print_run_summary(mlog);
+    metrics_close(&mlog);
     gpt2_free(m);
     data_parallel_finish(&dp);
     return 0;

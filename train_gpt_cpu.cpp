@@ -27,6 +27,8 @@
 #include "llmc/dataloader.h"
 #include "llmc/estimate.h"
 #include "llmc/formats.h"
+#include "llmc/hellaswag.h"
+#include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/sampler.h"
 #include "llmc/sharding.h"
@@ -923,11 +925,13 @@ int main(int argc, char** argv) {
     // ---- data and the shape of the run: each rank reads its own slice of every step
     DataLoader train, val;
     int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
-                    "training data", "--train-data");
+    if (!o.eval_only) {  // --eval-only needs no training data
+        dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
+                        "training data", "--train-data");
+    }
     RunPlan plan = plan_run(o, cfg, comm.world_size, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
-    bool have_val = leader && o.val_data != "none" && o.val_every > 0;
+    bool have_val = leader && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
 
     // ---- every buffer, from the size table (what --estimate prints); then rank 0's weights for all
@@ -950,8 +954,9 @@ int main(int argc, char** argv) {
         }
         first_step = (int)resumed.step;
         sampler_rng = resumed.sampler_rng;
-        dataloader_seek(&train, resumed.train_loader);
+        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
     }
+    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
     if (leader) {
         printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), model.layout.total);
@@ -963,11 +968,12 @@ int main(int argc, char** argv) {
                    comm.launcher.c_str(), comm.local_size, dp.zero_stage, dp.updated.size(), model.layout.total,
                    dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size, dp.shards.padded_total).c_str() : "");
         }
-        printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
+        if (!o.eval_only) printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
                (long long)train.tokens_per_epoch);
-        if (have_val) printf(", %zu validation shard%s", val.files.size(), val.files.size() == 1 ? "" : "s");
+        if (have_val) printf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val.files.size(), val.files.size() == 1 ? "" : "s");
         printf("\n");
         printf("memory: %s", held_summary(&model, dp).c_str());
+        if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
         if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage)) {
             printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d, this run has %d with ZeRO-%d\n",
@@ -977,12 +983,23 @@ int main(int argc, char** argv) {
 
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
+    HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
+    MetricsLog mlog;
+    metrics_open(&mlog, o, leader, "cpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
+                 plan.steps, first_step, model_source);
+    auto run_hellaswag = [&](int step) {  // every rank scores its share of the examples; rank 0 reports the sum
+        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, false, comm.rank, comm.world_size,
+            [&](const int* in, const int* tg, int rows, int Tp) { gpt2_forward(&model, in, tg, rows, Tp); return (const float*)model.acts.losses.data(); });
+        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum}) *count = (int64_t)comm_sum(&dp.comm, (double)*count, "sum of the hellaswag counts");
+        if (leader) report_hellaswag(&mlog, step, r);
+    };
     bool dumping = !o.dump_state.empty();
     DumpState dump;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
-        if (have_val && step % o.val_every == 0) printf("step %5d | val loss %.4f\n", step, evaluate(&model, &val, o.val_batches));
+        if (have_val && step % o.val_every == 0) report_val_loss(&mlog, step, evaluate(&model, &val, o.val_batches));
+        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (leader && is_sample_step(o, step)) print_sample(&model, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
@@ -1002,6 +1019,7 @@ int main(int argc, char** argv) {
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(&model, train.inputs.data(), train.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens);
             step_loss += loss / plan.accumulation_steps;
+            if (leader) print_micro_step(step + 1, micro, plan.accumulation_steps, loss, seconds_since(start));
         }
         // every rank saw as many tokens, so the step's mean loss is the mean of the ranks' means
         step_loss = comm_sum(&dp.comm, step_loss, "sum of the losses") / comm.world_size;
@@ -1019,13 +1037,15 @@ int main(int argc, char** argv) {
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
                             seconds * (plan.steps - step - 1));
+            metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, -1, peak_rss_bytes());
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
             save_checkpoint(&model, &dp, o, plan, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) printf("step %5d | val loss %.4f\n", plan.steps, evaluate(&model, &val, o.val_batches));
+    if (have_val) report_val_loss(&mlog, plan.steps, evaluate(&model, &val, o.val_batches));
+    if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (leader && o.sample_every > 0) print_sample(&model, o, decoder, &sampler_rng);
 
     if (o.print_allocations) print_allocations(&model, dp);  // after the run: nothing grew while it trained
@@ -1035,6 +1055,8 @@ int main(int argc, char** argv) {
         write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
         printf("dumped state to %s\n", o.dump_state.c_str());
     }
+    if (leader) print_run_summary(mlog);
+    metrics_close(&mlog);
     comm_finalize(&dp.comm);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+#include <unistd.h>
 #include "llmc/utils.h"
 
 constexpr const char* LLMC_VERSION = "0.1.0";
@@ -48,10 +49,13 @@ struct TrainOptions {
     int sample_tokens = 64;
     float temperature = 1.0f;
     int top_k = 0;
+    std::string hellaswag;           // HellaSwag-format JSONL to evaluate ("" = none)
+    int hellaswag_every = 0;         // during training every N steps; 0 = only at the end
     // output
     std::string out_dir = "out";
     int checkpoint_every = 0;
-    std::string resume;              // "", "latest", or a checkpoint directory
+    std::string resume;              // "", "latest", "auto" (latest if any, else start), or a checkpoint directory
+    std::string metrics;             // the JSONL metrics log: "" = OUT_DIR/metrics.jsonl, "none" = no log
     std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
     // machine
     int threads = 0;                 // CPU: 0 = all cores
@@ -66,6 +70,9 @@ struct TrainOptions {
     float estimate_peak_tflops = 0;  // peak per rank (0: H100 SXM dense bf16 on the GPU, none on the CPU)
     int estimate_ranks = 1;          // data-parallel ranks for ZeRO and tokens per step
     // switches
+    bool eval_only = false;          // evaluate the model and exit: a run of zero steps
+    bool quiet = false;              // only errors and the final summary
+    bool verbose = false;            // also per-micro-step lines and buffer tables
     bool estimate = false;
     bool print_allocations = false;
     bool help = false;
@@ -110,9 +117,15 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"sample-tokens", "N", "Evaluation", "tokens per sample", K::Int, &o.sample_tokens, Scope::Both},
         {"temperature", "TAU", "Evaluation", "sampling temperature (0 = greedy)", K::Float, &o.temperature, Scope::Both},
         {"top-k", "K", "Evaluation", "sample among the K most likely tokens (0 = all)", K::Int, &o.top_k, Scope::Both},
-        {"out-dir", "DIR", "Output", "where checkpoints go", K::String, &o.out_dir, Scope::Both},
+        {"hellaswag", "FILE", "Evaluation", "HellaSwag-format JSONL (ctx, endings, label) to evaluate: each ending scored by its mean token loss; at the end of training, and with --hellaswag-every", K::String, &o.hellaswag, Scope::Both},
+        {"hellaswag-every", "N", "Evaluation", "also evaluate --hellaswag every N steps during training (0 = only at the end)", K::Int, &o.hellaswag_every, Scope::Both},
+        {"eval-only", nullptr, "Evaluation", "evaluate --model (or --resume's checkpoint) on --val-data and --hellaswag, then exit without training", K::Switch, &o.eval_only, Scope::Both},
+        {"out-dir", "DIR", "Output", "where checkpoints and metrics.jsonl go", K::String, &o.out_dir, Scope::Both},
         {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
-        {"resume", "CKPT", "Output", "continue from a checkpoint directory, or 'latest' in --out-dir", K::String, &o.resume, Scope::Both},
+        {"resume", "CKPT", "Output", "continue from a checkpoint directory; 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh", K::String, &o.resume, Scope::Both},
+        {"metrics", "FILE", "Output", "append one JSON line per step and evaluation here (default: OUT_DIR/metrics.jsonl; 'none' = no log)", K::String, &o.metrics, Scope::Both},
+        {"quiet", nullptr, "Output", "print only errors and the final summary", K::Switch, &o.quiet, Scope::Both},
+        {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
         {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
@@ -148,6 +161,37 @@ inline std::string flag_value_string(const FlagSpec& f) {
     return "";
 }
 
+// Help fits a 100-column terminal: the flag in a 28-column left margin, its help wrapped at word
+// boundaries into the remaining columns, and "[default: ...]" kept whole (never split over lines).
+constexpr int HELP_WIDTH = 100, HELP_INDENT = 29;
+
+inline void print_help_entry(const std::string& left, const std::string& help, const std::string& default_text) {
+    std::vector<std::string> words;
+    for (size_t i = 0; i < help.size();) {
+        size_t end = help.find(' ', i);
+        if (end == std::string::npos) end = help.size();
+        if (end > i) words.push_back(help.substr(i, end - i));
+        i = end + 1;
+    }
+    if (!default_text.empty()) words.push_back(default_text);
+    std::string line = left.size() < HELP_INDENT ? left + std::string(HELP_INDENT - left.size(), ' ') : left + "\n" + std::string(HELP_INDENT, ' ');
+    size_t column = HELP_INDENT;
+    bool line_has_words = false;
+    for (const std::string& w : words) {
+        if (line_has_words && column + 1 + w.size() > (size_t)HELP_WIDTH) {
+            printf("%s\n", line.c_str());
+            line = std::string(HELP_INDENT, ' ');
+            column = HELP_INDENT;
+            line_has_words = false;
+        }
+        if (line_has_words) line += ' ', column++;
+        line += w;
+        column += w.size();
+        line_has_words = true;
+    }
+    printf("%s\n", line.c_str());
+}
+
 inline void print_help(const char* program, Trainer trainer) {
     TrainOptions defaults;
     std::vector<FlagSpec> table = flag_table(defaults);
@@ -165,10 +209,12 @@ inline void print_help(const char* program, Trainer trainer) {
             if (!header_printed) printf("\n%s:\n", group.c_str());
             header_printed = true;
             std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
-            std::string def = f.kind == FlagSpec::Switch ? "" : " [default: " + flag_value_string(f) + "]";
-            printf("%-28s %s%s\n", left.c_str(), f.help, def.c_str());
+            std::string value = flag_value_string(f);
+            std::string def = f.kind == FlagSpec::Switch || value.empty() ? "" : "[default: " + value + "]";
+            print_help_entry(left, f.help, def);
         }
     }
+    printf("\nExit codes: 0 done, 1 bad input or failed operation, 2 bad command line.\n");
 }
 
 // Edit distance, to suggest the flag the user probably meant.
@@ -224,6 +270,26 @@ inline void parse_flag_value(const FlagSpec& f, const std::string& value) {
     }
 }
 
+// ----------------------------------------------------------------------------------------------
+// Quiet and verbose
+//
+// verbosity: 0 = quiet (errors and the final summary only), 1 = normal (one line per step),
+// 2 = verbose (also every micro-step and the buffer tables). Quiet is a property of the whole
+// program, so rather than guard every printf, stdout itself is pointed at /dev/null for the run;
+// the final summary goes to `summary_stream`, a duplicate of the original stdout taken first.
+// Errors and warnings go to stderr, which quiet never touches.
+inline int verbosity = 1;
+inline FILE* summary_stream = stdout;
+
+inline void set_verbosity(int level) {
+    verbosity = level;
+    if (level > 0) return;
+    fflush(stdout);
+    int original = dup(fileno(stdout));
+    FILE* saved = original >= 0 ? fdopen(original, "w") : nullptr;
+    if (saved && freopen("/dev/null", "w", stdout)) summary_stream = saved;
+}
+
 // Parses argv into `o`. A mistake (unknown flag, missing or malformed value, a flag of the other
 // trainer) gets one line naming it and exits with code 2.
 inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOptions* o) {
@@ -275,6 +341,8 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
     }
+    if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
+    set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
 
 // Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
@@ -296,6 +364,8 @@ inline void validate_options(const TrainOptions& o) {
     non_negative("sample-tokens", o.sample_tokens);
     non_negative("top-k", o.top_k);
     non_negative("checkpoint-every", o.checkpoint_every);
+    non_negative("hellaswag-every", o.hellaswag_every);
+    if (o.hellaswag_every > 0 && o.hellaswag.empty()) usage_fail("--hellaswag-every needs --hellaswag FILE, the examples to evaluate");
     non_negative("threads", o.threads);
     if (o.lr < 0) usage_fail("--lr must be zero or positive, got %g", o.lr);
     if (o.final_lr_fraction < 0 || o.final_lr_fraction > 1) usage_fail("--final-lr-fraction must be in [0, 1], got %g", o.final_lr_fraction);

@@ -22,10 +22,12 @@
 // ----------------------------------------------------------------------------------------------
 // The model to start from
 
-// Resolves --resume to a checkpoint directory ("" when not resuming).
+// Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
+// may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
 inline std::string latest_checkpoint(const std::string& out_dir);
 inline std::string resolve_resume_dir(const TrainOptions& o) {
     if (o.resume.empty()) return "";
+    if (o.resume == "auto") return latest_checkpoint(o.out_dir);
     std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir) : o.resume;
     if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
     if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());

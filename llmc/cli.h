@@ -366,6 +366,9 @@ inline void validate_options(const TrainOptions& o) {
     non_negative("checkpoint-every", o.checkpoint_every);
     non_negative("hellaswag-every", o.hellaswag_every);
     if (o.hellaswag_every > 0 && o.hellaswag.empty()) usage_fail("--hellaswag-every needs --hellaswag FILE, the examples to evaluate");
+    if (o.eval_only && o.hellaswag.empty() && o.val_data == "none") {
+        usage_fail("--eval-only has nothing to evaluate: give --val-data shards or a --hellaswag file");
+    }
     non_negative("threads", o.threads);
     if (o.lr < 0) usage_fail("--lr must be zero or positive, got %g", o.lr);
     if (o.final_lr_fraction < 0 || o.final_lr_fraction > 1) usage_fail("--final-lr-fraction must be in [0, 1], got %g", o.final_lr_fraction);

@@ -9,10 +9,12 @@
 #   sbatch ... scripts/gpt2.sh 1558M --slurm      inside a Slurm job (scripts/slurm.sbatch's srun)
 #   scripts/gpt2.sh 124M --dry-run                print the plan and the estimate, train nothing
 #
-# It prints the plan, runs the trainer's --estimate with the same flags (memory per GPU and FLOPs:
-# a configuration that cannot fit stops here), then trains with --resume auto: the first run starts
-# fresh, and running the same command again after an interruption continues from the newest
-# checkpoint in OUT_DIR. Flags after the options go to the trainer and override the plan's.
+# It prints the plan, runs the trainer's --estimate with the same flags and number of GPUs (memory
+# per GPU by buffer, the largest micro-batch that fits, FLOPs and the predicted step time; the
+# trainer itself refuses a micro-batch that cannot fit before it allocates anything), then trains
+# with --resume auto: the first run starts fresh, and running the same command again after an
+# interruption continues from the newest checkpoint in OUT_DIR. Flags after the options go to the
+# trainer and override the plan's.
 #
 # The recipe. GPT-2's paper (Radford et al., 2019) gives the shapes but little of the training; the
 # standard recipe is GPT-3's (Brown et al., 2020), whose Table 2.1 lists, per model size, the batch
@@ -133,8 +135,9 @@ if [ ! -x "$TRAINER" ]; then
     exit 1
 fi
 
-echo "+ $TRAINER ... --estimate"
-"$TRAINER" "${flags[@]}" --estimate || { echo "error: the estimate failed (above): fix the configuration before training" >&2; exit 1; }
+echo "+ $TRAINER ... --estimate --estimate-ranks $GPUS"
+"$TRAINER" "${flags[@]}" --estimate --estimate-ranks "$GPUS" ||
+    { echo "error: the estimate failed (above): fix the configuration before training" >&2; exit 1; }
 if [ "$DRY_RUN" = 1 ]; then
     echo "dry run: not training"
     exit 0

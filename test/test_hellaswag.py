@@ -180,6 +180,9 @@ def main():
     p = run(["--model", MODEL, "--hellaswag-every", "10", "--val-data", "none"])
     report(p.returncode == 2 and "--hellaswag-every needs --hellaswag" in p.stderr, "--hellaswag-every without --hellaswag -> exit 2",
            p.stderr)
+    p = run(["--eval-only", "--model", MODEL, "--val-data", "none"])
+    report(p.returncode == 2 and "--eval-only has nothing to evaluate" in p.stderr, "--eval-only with nothing to evaluate -> exit 2",
+           p.stderr)
     p = run(["--eval-only", "--model", MODEL, "--metrics", "none", "--tokenizer", os.path.join(tmp, "none")] + common[2:])
     report(p.returncode == 1 and "--hellaswag needs the tokenizer" in p.stderr, "--hellaswag without a tokenizer -> a clear error",
            p.stderr)

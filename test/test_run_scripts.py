@@ -5,7 +5,7 @@ A stand-in trainer (a shell script that records its arguments) shows what the sc
 
   plan        each size prints and passes the GPT-3 paper's numbers: model, tokens per step, peak
               LR, warmup of 375M tokens, steps for 10B tokens, cosine to 10%, AdamW settings
-  order       --estimate first, with the same flags; then training with --resume auto (so the same
+  order       --estimate first, with the same flags and ranks; then training with --resume auto (so the same
               command starts fresh or resumes); extra flags reach the trainer last (they win)
   many GPUs   --gpus N goes through scripts/run_mpi_local.sh (mpirun -np N) and the micro-batches
               are accumulated to the same tokens per step
@@ -96,9 +96,9 @@ printf '%s\\n' "$@" > {tmp}/mpirun_args
     # ---- several GPUs through run_mpi_local.sh
     p, rec = call(["350M", "--gpus", "4"], {"MPIRUN": fake_mpirun})
     margs = open(os.path.join(tmp, "mpirun_args")).read().split("\n") if os.path.exists(os.path.join(tmp, "mpirun_args")) else []
-    ok = (p.returncode == 0 and "-np" in margs and flag(margs, "-np") == "4" and fake in margs and margs[-3:-1] == ["--resume", "auto"]
+    ok = (p.returncode == 0 and len(rec) == 1 and flag(rec[0], "--estimate-ranks") == "4" and "-np" in margs and flag(margs, "-np") == "4" and fake in margs and margs[-3:-1] == ["--resume", "auto"]
           and flag(margs, "--batch-size") == "32" and "32 sequences x 1024 tokens x 4 GPU(s) x 4 accumulation" in p.stdout)
-    report(ok, "--gpus 4 launches 4 ranks through scripts/run_mpi_local.sh, 4 accumulation steps for 0.5M tokens",
+    report(ok, "--gpus 4: the estimate for 4 ranks, then 4 ranks through scripts/run_mpi_local.sh, 4 accumulation steps",
            p.stdout[-800:] + p.stderr + str(margs))
 
     # ---- refusals

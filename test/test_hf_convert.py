@@ -19,8 +19,9 @@ tied to wte), builds a random GPT-2 and writes it as model.safetensors + config.
               disagrees) exit 1 with one line naming the tensor or the problem; bad usage exits 2
 
 transformers itself is not a Debian package, so it is not used: the reference below is the
-independent implementation of its layout. (The reference branch's test/safetensors_io.py overlaps
-with the small reader/writer here, which also writes F16/BF16 and deliberately broken files.)
+independent implementation of its layout. (test/safetensors_io.py, the PyTorch reference's
+reader/writer, handles F32 and integer dtypes; this test needs F16, BF16 and deliberately broken
+files, so it writes its own few lines.)
 """
 import json, math, os, shutil, struct, subprocess, sys, tempfile
 import numpy as np

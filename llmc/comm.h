@@ -24,6 +24,11 @@
 //    parameters) moves no more bytes than plain data parallelism. Here they run over MPI, for the
 //    CPU trainer and for GPUs that must stage through host memory; comm_nccl.cuh runs them on GPUs.
 //
+//    Groups: a process grid (llmc/process_grid.h) runs these inside subsets of the ranks (the ranks
+//    of one tensor-, data- or pipeline-parallel group): each group is a Comm of its own (comm_split),
+//    with its own rank numbers and byte counters (CommCounters: what --estimate's predictions are
+//    checked against). Pipelines also send point to point (comm_send / comm_recv).
+//
 // 3. Rendezvous without MPI. NCCL builds its communicator from a 128-byte ncclUniqueId made by
 //    rank 0 and known to all. MPI broadcasts it; without MPI (plain srun) LLMC_RENDEZVOUS says how:
 //        file:PATH           rank 0 writes PATH on a shared filesystem, the others wait for it
@@ -59,13 +64,50 @@
 #include <mpi.h>
 #endif
 
+// What a rank sent, per kind of operation: the bytes the textbook algorithm sends from this rank.
+// With N ranks in the group and n bytes of data:
+//     all-reduce      2 (N-1)/N n     (a ring: reduce-scatter, then all-gather)
+//     reduce-scatter  (N-1)/N n       (n = the whole array; each rank keeps n/N)
+//     all-gather      (N-1)/N n       (n = the whole array; each rank contributes n/N)
+//     reduce          n from every rank but the root
+//     broadcast       (N-1) n on the root, 0 elsewhere
+//     send            n               (point to point, pipeline parallelism)
+// MPI may pick other algorithms inside; these counts are what a ring on a fast network moves, the
+// convention of the cost tables in docs/parallelism.md, so --estimate's predictions can be checked
+// against the collectives a run really made.
+enum CommOp { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_REDUCE, COMM_BROADCAST, COMM_SEND, COMM_NUM_OPS };
+inline const char* comm_op_name(int op) {
+    static const char* names[COMM_NUM_OPS] = {"all-reduce", "reduce-scatter", "all-gather", "reduce", "broadcast", "send"};
+    return names[op];
+}
+struct CommCounters {
+    uint64_t calls[COMM_NUM_OPS] = {};
+    uint64_t bytes[COMM_NUM_OPS] = {};
+    uint64_t total_bytes() const {
+        uint64_t t = 0;
+        for (uint64_t b : bytes) t += b;
+        return t;
+    }
+};
+
+// A group of ranks that communicate: the whole world, or (llmc/process_grid.h) the ranks of one
+// data-, tensor- or pipeline-parallel group. `rank` and `world_size` are within the group.
 struct Comm {
     int rank = 0, world_size = 1;
     int local_rank = 0, local_size = 1;    // on this node
     std::string launcher = "single process";
     bool mpi = false;                      // collectives go through MPI
     double timeout_s = 0;                  // a collective slower than this aborts every rank (0 = wait forever)
+    CommCounters counters;                 // what this rank sent through this group
+#ifdef USE_MPI
+    MPI_Comm handle = MPI_COMM_WORLD;      // the group's MPI communicator
+#endif
 };
+
+inline void comm_count(Comm* c, CommOp op, uint64_t bytes) {
+    c->counters.calls[op]++;
+    c->counters.bytes[op] += bytes;
+}
 
 // ----------------------------------------------------------------------------------------------
 // Failing together
@@ -251,7 +293,7 @@ inline void comm_barrier(Comm* c, const char* what) {
     comm_require_mpi(c, what);
 #ifdef USE_MPI
     MPI_Request r;
-    MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &r), what);
+    MPI_CHECK(MPI_Ibarrier(c->handle, &r), what);
     comm_wait(c, &r, what);
 #endif
 }
@@ -259,9 +301,10 @@ inline void comm_barrier(Comm* c, const char* what) {
 inline void comm_broadcast(Comm* c, void* data, size_t bytes, int root, const char* what) {
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
+    if (c->rank == root) comm_count(c, COMM_BROADCAST, (uint64_t)bytes * (c->world_size - 1));
 #ifdef USE_MPI
     comm_in_pieces(c, bytes, what, [&](size_t off, int n, MPI_Request* r) {
-        MPI_CHECK(MPI_Ibcast((char*)data + off, n, MPI_BYTE, root, MPI_COMM_WORLD, r), what);
+        MPI_CHECK(MPI_Ibcast((char*)data + off, n, MPI_BYTE, root, c->handle, r), what);
     });
 #endif
 }
@@ -270,9 +313,10 @@ inline void comm_broadcast(Comm* c, void* data, size_t bytes, int root, const ch
 inline void comm_allreduce_sum(Comm* c, float* data, size_t n, const char* what) {
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
+    comm_count(c, COMM_ALL_REDUCE, 2 * (uint64_t)(c->world_size - 1) * n * sizeof(float) / c->world_size);
 #ifdef USE_MPI
     comm_in_pieces(c, n, what, [&](size_t off, int count, MPI_Request* r) {
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r), what);
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, c->handle, r), what);
     });
 #endif
 }
@@ -282,10 +326,11 @@ inline void comm_allreduce_sum(Comm* c, float* data, size_t n, const char* what)
 inline void comm_reduce_sum(Comm* c, float* data, size_t n, int root, const char* what) {
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
+    if (c->rank != root) comm_count(c, COMM_REDUCE, (uint64_t)n * sizeof(float));
 #ifdef USE_MPI
     comm_in_pieces(c, n, what, [&](size_t off, int count, MPI_Request* r) {
         const void* send = c->rank == root ? MPI_IN_PLACE : (const void*)(data + off);
-        MPI_CHECK(MPI_Ireduce(send, data + off, count, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD, r), what);
+        MPI_CHECK(MPI_Ireduce(send, data + off, count, MPI_FLOAT, MPI_SUM, root, c->handle, r), what);
     });
 #endif
 }
@@ -298,10 +343,11 @@ inline void comm_reduce_scatter_sum(Comm* c, const float* full, float* shard, si
         return;
     }
     comm_require_mpi(c, what);
+    comm_count(c, COMM_REDUCE_SCATTER, (uint64_t)(c->world_size - 1) * shard_count * sizeof(float));
 #ifdef USE_MPI
     if (shard_count > (size_t)INT_MAX) fail("%s: a shard of %zu elements is more than MPI can count; use more ranks", what, shard_count);
     MPI_Request r;
-    MPI_CHECK(MPI_Ireduce_scatter_block(full, shard, (int)shard_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
+    MPI_CHECK(MPI_Ireduce_scatter_block(full, shard, (int)shard_count, MPI_FLOAT, MPI_SUM, c->handle, &r), what);
     comm_wait(c, &r, what);
 #endif
 }
@@ -311,10 +357,11 @@ inline void comm_reduce_scatter_sum(Comm* c, const float* full, float* shard, si
 inline void comm_all_gather(Comm* c, void* full, size_t shard_bytes, const char* what) {
     if (c->world_size == 1) return;
     comm_require_mpi(c, what);
+    comm_count(c, COMM_ALL_GATHER, (uint64_t)(c->world_size - 1) * shard_bytes);
 #ifdef USE_MPI
     if (shard_bytes > (size_t)INT_MAX) fail("%s: a shard of %zu bytes is more than MPI can count; use more ranks", what, shard_bytes);
     MPI_Request r;
-    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, (int)shard_bytes, MPI_BYTE, MPI_COMM_WORLD, &r), what);
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, (int)shard_bytes, MPI_BYTE, c->handle, &r), what);
     comm_wait(c, &r, what);
 #endif
 }
@@ -330,6 +377,110 @@ inline double comm_sum(Comm* c, double x, const char* what) {
     double total = 0.0;
     for (double v : all) total += v;
     return total;
+}
+
+// The elementwise maximum over ranks, on every rank. A maximum is exact in any order, so every rank
+// gets the same bits whatever algorithm MPI uses.
+inline void comm_allreduce_max(Comm* c, float* data, size_t n, const char* what) {
+    if (c->world_size == 1) return;
+    comm_require_mpi(c, what);
+    comm_count(c, COMM_ALL_REDUCE, 2 * (uint64_t)(c->world_size - 1) * n * sizeof(float) / c->world_size);
+#ifdef USE_MPI
+    for (size_t off = 0; off < n; off += COMM_MAX_COUNT) {
+        MPI_Request r;
+        int count = (int)std::min(COMM_MAX_COUNT, n - off);
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_MAX, c->handle, &r), what);
+        comm_wait(c, &r, what);
+    }
+#endif
+}
+
+// An all-reduce that gives every rank the same bits: a reduce-scatter (each element is summed once,
+// by one rank) and an all-gather of the sums. MPI_Allreduce promises the sum, not that every rank
+// adds in the same order; replicas that must stay identical (tensor-parallel ranks computing the
+// same LayerNorm from an all-reduced activation) use this one. `scratch` is reused between calls.
+// It is also exactly what a ring all-reduce does inside, so it costs the same bytes.
+inline void comm_allreduce_sum_identical(Comm* c, float* data, size_t n, std::vector<float>* scratch, const char* what) {
+    if (c->world_size == 1) return;
+    size_t N = (size_t)c->world_size, shard = (n + N - 1) / N;
+    scratch->resize(shard * N + shard);
+    float* full = scratch->data();
+    float* mine = full + shard * N;
+    memcpy(full, data, n * sizeof(float));
+    memset(full + n, 0, (shard * N - n) * sizeof(float));  // padding, so the shards are equal
+    comm_reduce_scatter_sum(c, full, mine, shard, what);
+    memcpy(full + shard * c->rank, mine, shard * sizeof(float));
+    comm_all_gather(c, full, shard * sizeof(float), what);
+    memcpy(data, full, n * sizeof(float));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Groups. A process grid (llmc/process_grid.h) cuts the world into groups: every rank with the same
+// `color` lands in one group, ordered by `key`. Each group is a Comm of its own, with its own ranks
+// and byte counters; its collectives involve only its members.
+inline void comm_split(Comm* parent, int color, int key, Comm* group, const char* what) {
+    group->local_rank = parent->local_rank;
+    group->local_size = parent->local_size;
+    group->launcher = parent->launcher;
+    group->mpi = parent->mpi;
+    group->timeout_s = parent->timeout_s;
+    group->rank = 0;
+    group->world_size = 1;
+    if (parent->world_size == 1) return;
+    comm_require_mpi(parent, what);
+#ifdef USE_MPI
+    MPI_CHECK(MPI_Comm_split(parent->handle, color, key, &group->handle), what);
+    MPI_CHECK(MPI_Comm_set_errhandler(group->handle, MPI_ERRORS_RETURN), what);
+    MPI_CHECK(MPI_Comm_rank(group->handle, &group->rank), what);
+    MPI_CHECK(MPI_Comm_size(group->handle, &group->world_size), what);
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// Point to point: one rank's buffer to one other rank of the group (pipeline parallelism).
+//
+// Sends are non-blocking and completed later, by comm_wait_sends: a rank that sends and then
+// receives never waits for its peer to take the data first, so two neighbours that both send
+// before they receive cannot wait for each other forever. The buffer must not change until its
+// send is complete. Receives wait (against the deadline) and return the seconds they waited: in a
+// pipeline that is the time the stage sat idle.
+struct CommSend {
+#ifdef USE_MPI
+    MPI_Request request;
+#endif
+    const char* what;
+};
+
+inline void comm_send(Comm* c, const float* data, size_t n, int dest, int tag, std::vector<CommSend>* pending,
+                      const char* what) {
+    comm_require_mpi(c, what);
+    comm_count(c, COMM_SEND, n * sizeof(float));
+#ifdef USE_MPI
+    if (n > (size_t)INT_MAX) fail("%s: %zu floats are more than one MPI message can count", what, n);
+    CommSend s;
+    s.what = what;
+    MPI_CHECK(MPI_Isend(data, (int)n, MPI_FLOAT, dest, tag, c->handle, &s.request), what);
+    pending->push_back(s);
+#endif
+}
+
+inline double comm_recv(Comm* c, float* data, size_t n, int source, int tag, const char* what) {
+    comm_require_mpi(c, what);
+    auto start = std::chrono::steady_clock::now();
+#ifdef USE_MPI
+    if (n > (size_t)INT_MAX) fail("%s: %zu floats are more than one MPI message can count", what, n);
+    MPI_Request r;
+    MPI_CHECK(MPI_Irecv(data, (int)n, MPI_FLOAT, source, tag, c->handle, &r), what);
+    comm_wait(c, &r, what);
+#endif
+    return comm_seconds_since(start);
+}
+
+inline void comm_wait_sends(Comm* c, std::vector<CommSend>* pending) {
+#ifdef USE_MPI
+    for (CommSend& s : *pending) comm_wait(c, &s.request, s.what);
+#endif
+    pending->clear();
 }
 
 // ----------------------------------------------------------------------------------------------

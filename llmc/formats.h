@@ -6,9 +6,11 @@
 //   token shard   llm.c's format: 256 x int32 header (magic 20240520, version 1, token count), then
 //                 the tokens as uint16. Any shard llm.c's data scripts wrote loads unchanged.
 //   train state   ours: what, beyond the weights, makes a resumed run continue bit-identically:
-//                 AdamW's m and v (and fp32 master weights when parameters are bf16), the step, the
-//                 sampler's RNG and the data loader's position. One file per rank: with ZeRO each
-//                 rank owns a slice [shard_begin, shard_begin + shard_count) of the optimizer state.
+//                 AdamW's m and v (and fp32 master weights when parameters are bf16, or when no
+//                 single rank holds all the weights), the step, the sampler's RNG and the data
+//                 loader's position. One file per rank: with ZeRO each rank owns a slice
+//                 [shard_begin, shard_begin + shard_count) of the optimizer state; with tensor or
+//                 pipeline parallelism a list of runs of the global parameter array (a run table).
 //
 // Every reader validates before trusting: the magic number (and names the file it is if it is a
 // different one of ours), the version, and that the size matches what the header promises.
@@ -27,7 +29,7 @@ constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 constexpr int32_t STATE_MAGIC = 20241121;
-constexpr int32_t STATE_VERSION = 1;
+constexpr int32_t STATE_VERSION = 2;  // 2 added the run table and the grid; version 1 files still read
 constexpr size_t HEADER_INTS = 256;
 
 // If a file has the wrong magic number, say what it looks like instead.
@@ -205,6 +207,9 @@ struct LoaderPosition {
 };
 
 // The fixed 1024-byte header of a training-state file (little-endian, no implicit padding).
+// After it: the run table when has_run_table (num_runs pairs of int64: global index, count), then
+// m, v and (has_master_weights) the weights, shard_count floats each, in the order of the runs.
+// Without a run table the file holds the one run [shard_begin, shard_begin + shard_count).
 struct TrainStateHeader {
     int32_t magic = STATE_MAGIC;
     int32_t version = STATE_VERSION;
@@ -219,22 +224,31 @@ struct TrainStateHeader {
     uint64_t sampler_rng = 0;         // state of the sampling RNG
     LoaderPosition train_loader;
     int64_t total_batch_tokens = 0;
-    int32_t reserved[256 - 26] = {0};  // room to grow without changing the version
+    int32_t has_run_table = 0;        // 1: a run table follows the header (version 2)
+    int32_t tensor_parallel = 0, pipeline_parallel = 0;  // the grid that wrote it (0 in version 1: both 1)
+    int32_t sequence_parallel = 0;
+    int64_t num_runs = 0;
+    int32_t reserved[256 - 32] = {0};  // room to grow without changing the version
 };
 static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
 
 struct TrainState {
     TrainStateHeader header;
+    std::vector<int64_t> runs;        // with a run table: (global index, count) pairs
     std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
 };
 
+inline int64_t state_table_bytes(const TrainStateHeader& h) { return h.has_run_table ? h.num_runs * 16 : 0; }
+
 inline void write_train_state(const std::string& path, const TrainState& s) {
     size_t n = (size_t)s.header.shard_count;
-    if (s.m.size() != n || s.v.size() != n || (s.header.has_master_weights && s.master.size() != n)) {
+    if (s.m.size() != n || s.v.size() != n || (s.header.has_master_weights && s.master.size() != n) ||
+        (s.header.has_run_table && s.runs.size() != 2 * (size_t)s.header.num_runs)) {
         fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
     }
     AtomicFile out(path, "training-state file");
     out.write(&s.header, sizeof(s.header));
+    if (s.header.has_run_table) out.write(s.runs.data(), s.runs.size() * sizeof(int64_t));
     out.write(s.m.data(), n * 4);
     out.write(s.v.data(), n * 4);
     if (s.header.has_master_weights) out.write(s.master.data(), n * 4);
@@ -250,11 +264,15 @@ inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path
         fail("'%s' is not a training-state file (magic %d, expected %d; it looks like %s)",
              path.c_str(), h.magic, STATE_MAGIC, describe_magic(h.magic));
     }
-    if (h.version != STATE_VERSION) {
-        fail("training-state file '%s' has version %d; this program reads version %d", path.c_str(), h.version, STATE_VERSION);
+    if (h.version != STATE_VERSION && h.version != 1) {
+        fail("training-state file '%s' has version %d; this program reads versions 1 and %d", path.c_str(), h.version, STATE_VERSION);
     }
-    int64_t expected = (int64_t)sizeof(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
-    if (h.shard_count < 0 || file_size(f) != expected) {
+    if (h.version == 1) {  // before the grid existed
+        h.has_run_table = 0;
+        h.tensor_parallel = h.pipeline_parallel = 1;
+    }
+    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
+    if (h.shard_count < 0 || h.num_runs < 0 || file_size(f) != expected) {
         fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
              path.c_str(), (long long)file_size(f), (long long)expected);
     }
@@ -267,6 +285,8 @@ inline TrainState read_train_state(const std::string& path) {
     s.header = read_train_state_header(f, path);
     size_t n = (size_t)s.header.shard_count;
     const TrainStateHeader& h = s.header;
+    s.runs.resize(h.has_run_table ? 2 * (size_t)h.num_runs : 0);
+    if (!s.runs.empty()) read_exactly(f, s.runs.data(), s.runs.size() * sizeof(int64_t), path, "training-state file");
     s.m.resize(n);
     s.v.resize(n);
     read_exactly(f, s.m.data(), n * 4, path, "training-state file");
@@ -291,7 +311,8 @@ inline TrainStateHeader read_train_state_part(const std::string& path, size_t fi
     float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
     for (int array = 0; array < 3; array++) {
         if (!dst[array] || count == 0) continue;
-        if (fseek(f, (long)(sizeof(h) + (array * n + first) * 4), SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
+        long at = (long)(sizeof(h) + state_table_bytes(h) + (array * n + first) * 4);
+        if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
         read_exactly(f, dst[array], count * 4, path, "training-state file");
     }
     fclose(f);

@@ -7,6 +7,7 @@
 // differ in how they compute a step; they must not differ in any of this.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -50,6 +51,24 @@ inline std::string load_initial_model(const TrainOptions& o, const std::string& 
         fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
     }
     read_model_file(path, cfg, params);
+    return path;
+}
+
+// The model's shape, from the checkpoint (when resuming), a model file, or a descriptor, without
+// reading any weights (a rank of a process grid reads only its slice of them). Sets *new_model when
+// the weights are to be initialised. Returns a description of the source, for the log.
+inline std::string load_model_config(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg, bool* new_model) {
+    *new_model = resume_dir.empty() && parse_model_descriptor(o.model, cfg);
+    if (*new_model) {
+        std::string why;
+        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
+        return "new " + o.model + ", seed " + std::to_string(o.seed);
+    }
+    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
+    if (!file_exists(path)) {
+        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
+    }
+    *cfg = read_model_header(path).config;
     return path;
 }
 
@@ -174,19 +193,15 @@ inline TrainStateHeader train_state_header(int step, size_t num_params, ShardRan
 }
 
 // The optimizer state of a checkpoint is in one file, state.bin, when one rank held all of it
-// (ZeRO-0, any number of ranks), or in one file per rank, state_rank<r>.bin, each holding that
-// rank's shard (ZeRO-1). Every file's header says which slice [shard_begin, +shard_count) it holds.
+// (ZeRO-0 data parallelism, any number of ranks), or in one file per rank, state_rank<r>.bin, each
+// holding what that rank owned: its ZeRO shard, or on a grid with tensor or pipeline parallelism a
+// list of runs of the global parameter array. Every file's header says which elements it holds.
 inline std::string state_file_name(int zero_stage, int rank) {
     return zero_stage == 0 ? "state.bin" : strprintf("state_rank%d.bin", rank);
 }
 
-// Reads AdamW's m and v (and fp32 master weights, when the files have them and `master` is not null)
-// for the parameters [range.begin, range.end) from a checkpoint, however it was cut: the files
-// together must cover every parameter once, and this rank reads from each file the part that
-// overlaps its range. So a run may resume with another number of ranks or another ZeRO stage; with
-// the same ones each rank simply reads its own file whole. Returns the first file's header.
-inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_params, ShardRange range, float* m,
-                                             float* v, float* master) {
+// The state files of a checkpoint directory, in rank order.
+inline std::vector<std::string> checkpoint_state_files(const std::string& dir) {
     std::vector<std::string> files;
     if (file_exists(dir + "/state.bin")) {
         files.push_back(dir + "/state.bin");
@@ -199,34 +214,155 @@ inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_
         fail("checkpoint '%s' has no training state (neither state.bin nor state_rank0.bin): it is incomplete; "
              "resume from an earlier checkpoint", dir.c_str());
     }
-    TrainStateHeader first;
-    size_t covered = 0;  // the files' slices must follow each other from 0 to num_params
+    return files;
+}
+
+// Global elements [global, global + count) of m, v and the weights go to index `dst` of the arrays
+// a rank passes (its own storage order).
+struct WantedRun {
+    size_t global, count, dst;
+};
+
+// Reads AdamW's m and v and the weights (`master`; only from files that hold them) for the wanted
+// elements from a checkpoint, however it was cut: the files' runs together must cover every
+// parameter exactly once, and this rank reads from each file the parts that overlap what it wants.
+// So a run may resume on another grid (world size, ZeRO stage, tensor or pipeline degree); on the
+// same grid each rank simply reads its own file whole. Null arrays are skipped. Returns the first
+// file's header (has_master_weights: whether the weights came from the state files).
+inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_params, std::vector<WantedRun> wanted, float* m,
+                                        float* v, float* master) {
+    struct FileRun { size_t global, count, at; int file; };
+    std::vector<std::string> files = checkpoint_state_files(dir);
+    std::vector<TrainStateHeader> headers;
+    std::vector<FileRun> runs;
     for (size_t i = 0; i < files.size(); i++) {
+        TrainState table;  // header and run table only
         FILE* f = open_for_reading(files[i], "training-state file");
-        TrainStateHeader h = read_train_state_header(f, files[i]);
+        table.header = read_train_state_header(f, files[i]);
+        const TrainStateHeader& h = table.header;
+        if (h.has_run_table) {
+            table.runs.resize(2 * (size_t)h.num_runs);
+            read_exactly(f, table.runs.data(), table.runs.size() * sizeof(int64_t), files[i], "training-state file");
+        } else {
+            table.runs = {h.shard_begin, h.shard_count};
+        }
         fclose(f);
-        if (i == 0) first = h;
         if (h.num_params != (int64_t)num_params) {
             fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
                  (long long)h.num_params, num_params);
         }
-        if (h.step != first.step || h.world_size != first.world_size || h.shard_begin != (int64_t)covered) {
-            fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks, slice at %lld; "
-                 "expected step %lld of %d, slice at %zu): the checkpoint is mixed up", files[i].c_str(), dir.c_str(),
-                 (long long)h.step, h.world_size, (long long)h.shard_begin, (long long)first.step, first.world_size, covered);
+        if (i > 0 && (h.step != headers[0].step || h.world_size != headers[0].world_size)) {
+            fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks; expected step %lld "
+                 "of %d): the checkpoint is mixed up", files[i].c_str(), dir.c_str(), (long long)h.step, h.world_size,
+                 (long long)headers[0].step, headers[0].world_size);
         }
-        ShardRange in_file{covered, covered + (size_t)h.shard_count};
-        ShardRange part = range_overlap(range, in_file);
-        if (part.size() > 0) {
-            size_t at = part.begin - range.begin;
-            read_train_state_part(files[i], part.begin - in_file.begin, part.size(), m + at, v + at, master ? master + at : nullptr);
+        size_t at = 0;
+        for (size_t k = 0; k < table.runs.size(); k += 2) {
+            size_t g = (size_t)table.runs[k], n = (size_t)table.runs[k + 1];
+            if (n > 0) runs.push_back({g, n, at, (int)i});
+            at += n;
         }
-        covered = in_file.end;
+        headers.push_back(h);
+    }
+    // the files must tile [0, num_params): no gap, no overlap
+    std::sort(runs.begin(), runs.end(), [](const FileRun& a, const FileRun& b) { return a.global < b.global; });
+    size_t covered = 0;
+    for (const FileRun& r : runs) {
+        if (r.global != covered) {
+            fail("the training state in '%s' %s at parameter %zu (%s): the checkpoint is incomplete or mixed up", dir.c_str(),
+                 r.global > covered ? "has a gap" : "holds some parameters twice", covered, files[(size_t)r.file].c_str());
+        }
+        covered += r.count;
     }
     if (covered != num_params) {
         fail("the training state in '%s' covers %zu of %zu parameters: the checkpoint is incomplete", dir.c_str(), covered, num_params);
     }
-    return first;
+    // read every overlap of a wanted run with a file's run
+    std::vector<FILE*> open(files.size(), nullptr);
+    std::sort(wanted.begin(), wanted.end(), [](const WantedRun& a, const WantedRun& b) { return a.global < b.global; });
+    for (const WantedRun& w : wanted) {
+        auto it = std::upper_bound(runs.begin(), runs.end(), w.global, [](size_t g, const FileRun& r) { return g < r.global; });
+        if (it != runs.begin()) --it;
+        for (; it != runs.end() && it->global < w.global + w.count; ++it) {
+            size_t lo = std::max(w.global, it->global), hi = std::min(w.global + w.count, it->global + it->count);
+            if (lo >= hi) continue;
+            const TrainStateHeader& h = headers[(size_t)it->file];
+            const std::string& path = files[(size_t)it->file];
+            FILE*& f = open[(size_t)it->file];
+            if (!f) f = open_for_reading(path, "training-state file");
+            float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
+            for (int array = 0; array < 3; array++) {
+                if (!dst[array]) continue;
+                long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) +
+                                 ((size_t)array * h.shard_count + it->at + (lo - it->global)) * 4);
+                if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
+                read_exactly(f, dst[array] + w.dst + (lo - w.global), (hi - lo) * 4, path, "training-state file");
+            }
+        }
+    }
+    for (FILE* f : open)
+        if (f) fclose(f);
+    return headers[0];
+}
+
+// The contiguous case: elements [range.begin, range.end) into m, v (and master) from index 0.
+inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_params, ShardRange range, float* m,
+                                             float* v, float* master) {
+    std::vector<WantedRun> wanted;
+    if (range.size() > 0) wanted.push_back({range.begin, range.size(), 0});
+    return read_state_runs(dir, num_params, wanted, m, v, master);
+}
+
+// Writes `dir`/model.bin from the weights in the checkpoint's state files (when no single rank held
+// them all: tensor or pipeline parallelism, ZeRO-3). One rank does it, one run at a time, in the
+// order of the file: it never holds more than one run of the model.
+inline void assemble_model_file(const std::string& dir, const GPT2Config& cfg) {
+    struct Run { size_t global, count, at; int file; };
+    std::vector<std::string> files = checkpoint_state_files(dir);
+    std::vector<TrainState> tables(files.size());
+    std::vector<Run> runs;
+    for (size_t i = 0; i < files.size(); i++) {
+        FILE* f = open_for_reading(files[i], "training-state file");
+        TrainStateHeader h = read_train_state_header(f, files[i]);
+        if (!h.has_master_weights) fail("internal: '%s' holds no weights to assemble model.bin from", files[i].c_str());
+        std::vector<int64_t> table = {h.shard_begin, h.shard_count};
+        if (h.has_run_table) {
+            table.resize(2 * (size_t)h.num_runs);
+            read_exactly(f, table.data(), table.size() * sizeof(int64_t), files[i], "training-state file");
+        }
+        fclose(f);
+        tables[i].header = h;
+        size_t at = 0;
+        for (size_t k = 0; k < table.size(); k += 2) {
+            if (table[k + 1] > 0) runs.push_back({(size_t)table[k], (size_t)table[k + 1], at, (int)i});
+            at += (size_t)table[k + 1];
+        }
+    }
+    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.global < b.global; });
+    int32_t header[HEADER_INTS];
+    fill_model_header(header, cfg, MODEL_VERSION_FP32);
+    AtomicFile out(dir + "/model.bin", "model file");
+    out.write(header, sizeof(header));
+    size_t written = 0;
+    std::vector<float> buffer;
+    std::vector<FILE*> open(files.size(), nullptr);
+    for (const Run& r : runs) {
+        if (r.global != written) fail("internal: the weights in '%s' do not tile the model at %zu", dir.c_str(), written);
+        const TrainStateHeader& h = tables[(size_t)r.file].header;
+        const std::string& path = files[(size_t)r.file];
+        FILE*& f = open[(size_t)r.file];
+        if (!f) f = open_for_reading(path, "training-state file");
+        long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) + (2 * (size_t)h.shard_count + r.at) * 4);
+        if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
+        buffer.resize(r.count);
+        read_exactly(f, buffer.data(), r.count * sizeof(float), path, "training-state file");
+        out.write(buffer.data(), r.count * sizeof(float));
+        written += r.count;
+    }
+    for (FILE* f : open)
+        if (f) fclose(f);
+    if (written != param_layout(cfg).total) fail("internal: the weights in '%s' cover %zu of the model's parameters", dir.c_str(), written);
+    out.commit();
 }
 
 // Checks a training state against the run about to continue from it. A trainer that reads its

@@ -2,8 +2,10 @@
 //
 // Read it top to bottom: the layers, each with its forward and backward pass written out by hand
 // (no autograd), then the model that strings them together, the optimizer, and the training loop.
-// Everything the GPU trainer shares with this one (shapes, files, flags, data, schedule, sampling)
-// lives in llmc/; what is here is the math, as plain loops parallelised with OpenMP.
+// Everything the GPU trainer shares with this one (shapes, files, flags, data, schedule, sampling,
+// the process grid of data, tensor and pipeline parallelism) lives in llmc/; what is here is the
+// math, as plain loops parallelised with OpenMP. Under mpirun each rank runs it on its slice of the
+// model, the few places where ranks talk marked by one-line hooks (see "The model" below).
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
 // Activations are row-major (B, T, X); weights are (out, in) as in nn.Linear, y = x W^T + b.
@@ -16,6 +18,7 @@
 // functions as their reference.
 #include <omp.h>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -31,8 +34,12 @@
 #include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/sampler.h"
+#include "llmc/pipeline_parallel.h"
+#include "llmc/process_grid.h"
 #include "llmc/sharding.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/training.h"
+#include "llmc/zero.h"
 #include "llmc/utils.h"
 
 // ==============================================================================================
@@ -212,31 +219,59 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 // ==============================================================================================
 // Embeddings: x[b,t,:] = wte[token[b,t],:] + wpe[t,:]
+//
+// With tensor parallelism each rank holds vocabulary rows [vocab_begin, vocab_begin + vocab_rows)
+// of wte only: it writes its rows' embeddings and zeros for the other tokens, the tensor group's
+// all-reduce adds them up, and the positions are added afterwards (wpe = null here, then
+// position_forward). On one rank the defaults cover every token.
 
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int vocab_begin = 0, int vocab_rows = INT_MAX) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
-        const float* tok = wte + (size_t)tokens[bt] * C;
-        const float* pos = wpe + (size_t)(bt % T) * C;
+        int row = tokens[bt] - vocab_begin;
+        bool mine = row >= 0 && row < vocab_rows;
+        const float* tok = wte + (size_t)(mine ? row : 0) * C;
         float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
+        for (int c = 0; c < C; c++) o[c] = mine ? tok[c] : 0.0f;
+        if (wpe) {
+            const float* pos = wpe + (size_t)(bt % T) * C;
+            for (int c = 0; c < C; c++) o[c] += pos[c];
+        }
     }
 }
 
-// The gradient of a lookup is a scatter-add: each position adds its gradient to the row it read.
-// Several positions may read the same token, so threads split the channels, not the positions:
-// no two threads ever add to the same element, and the order of additions is fixed.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+// out[n,:] += wpe[(first_row + n) % T, :] for the `rows` rows a rank holds.
+void position_forward(float* out, const float* wpe, size_t first_row, size_t rows, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < rows; n++) {
+        const float* pos = wpe + ((first_row + n) % T) * C;
+        float* o = out + n * C;
+        for (int c = 0; c < C; c++) o[c] += pos[c];
+    }
+}
+
+// The gradient of a lookup is a scatter-add: each position adds its gradient to the row it read
+// (a tensor rank only to the rows it holds). Several positions may read the same token, so threads
+// split the channels, not the positions: no two threads ever add to the same element, and the
+// order of additions is fixed.
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
     #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += 16) {
         int c1 = std::min(C, c0 + 16);
         for (int bt = 0; bt < B * T; bt++) {
             const float* d = dout + (size_t)bt * C;
-            float* tok = dwte + (size_t)tokens[bt] * C;
+            int row = tokens[bt] - vocab_begin;
             float* pos = dwpe + (size_t)(bt % T) * C;
-            for (int c = c0; c < c1; c++) {
-                tok[c] += d[c];
-                pos[c] += d[c];
+            if (row >= 0 && row < vocab_rows) {
+                float* tok = dwte + (size_t)row * C;
+                for (int c = c0; c < c1; c++) {
+                    tok[c] += d[c];
+                    pos[c] += d[c];
+                }
+            } else {
+                for (int c = c0; c < c1; c++) pos[c] += d[c];
             }
         }
     }
@@ -430,6 +465,14 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+// out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
+// ranks first (the bias must be added once, after the sum).
+void add_bias(float* out, const float* bias, int N, int OC) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
 // ==============================================================================================
 // The classifier: softmax + cross-entropy, fused.
 //   loss_bt = logsumexp(z) - z[target]      over the V real tokens (the padding never enters)
@@ -451,60 +494,126 @@ void crossentropy_forward(float* losses, float* logsumexp, const float* logits, 
     }
 }
 
-// logits (N x Vp) -> dlogits, in place. dloss is d(total loss)/d(loss of one position).
-void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp, float dloss) {
+// logits (N x Vp) -> dlogits, in place. dloss is d(total loss)/d(loss of one position). With
+// tensor parallelism the logits are this rank's vocabulary rows: columns [0, V) are real tokens
+// vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
+void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
+                                   float dloss, int vocab_begin = 0) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * Vp;
         float lse = logsumexp[n];
         #pragma omp simd
         for (int v = 0; v < V; v++) z[v] = vexpf(z[v] - lse) * dloss;
-        z[targets[n]] -= dloss;
+        int target = targets[n] - vocab_begin;
+        if (target >= 0 && target < V) z[target] -= dloss;
         for (int v = V; v < Vp; v++) z[v] = 0.0f;
+    }
+}
+
+// The classifier's forward pass when the vocabulary is split over the tensor group (llmc/tensor_parallel.h):
+// the row maximum, then the sum of exponentials and the target's logit, cross the group; the
+// logits never do. Columns [0, V) of each rank's (N x Vp) logits are real tokens vocab_begin + v.
+void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, float* logsumexp, const float* logits,
+                                         const int* targets, int N, int V, int Vp, int vocab_begin) {
+    std::vector<float> max_z((size_t)N), sums(2 * (size_t)N);
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* z = logits + (size_t)n * Vp;
+        float m = -INFINITY;
+        for (int v = 0; v < V; v++) m = std::max(m, z[v]);
+        max_z[n] = m;
+    }
+    tp_max(tp, max_z.data(), N, "all-reduce of the logits' maxima");
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* z = logits + (size_t)n * Vp;
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z[n]);
+        int target = targets[n] - vocab_begin;
+        sums[2 * n] = sum;
+        sums[2 * n + 1] = target >= 0 && target < V ? z[target] : 0.0f;   // one rank holds the target
+    }
+    tp_sum(tp, sums.data(), sums.size(), "all-reduce of the softmax sums and target logits");
+    for (int n = 0; n < N; n++) {
+        logsumexp[n] = max_z[n] + logf(sums[2 * n]);
+        losses[n] = logsumexp[n] - sums[2 * n + 1];
     }
 }
 
 // ==============================================================================================
 // The model: parameters, their gradients and AdamW moments (flat arrays, see llmc/model.h), and
-// the activations of one micro-batch. Every one of them is a row of the size table in
-// llmc/cpu_buffers.h, which says how large it is; --estimate prints that same table.
+// the activations of one micro-batch.
+//
+// On one rank the model is all of GPT-2. On a process grid (llmc/process_grid.h) a rank holds a
+// SLICE: its pipeline stage's layers, its tensor rank's share of heads, hidden units and
+// vocabulary. The code below is written for the slice, in local shapes:
+//     L   layers of the slice              Ca  attention channels: heads * head size (C / tp)
+//     C   channels of the residual stream  Cf  MLP hidden units (4C / tp)
+//     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
+//     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
+// which on one rank are simply the model's own. Three pairs of one-line hooks mark where ranks talk;
+// each does nothing on one rank:
+//     tp_all_rows / tp_sum_rows            tensor and sequence parallelism (llmc/tensor_parallel.h)
+//     unit_weights / release_unit_weights  ZeRO-3: all-gather a layer's weights, free them (llmc/zero.h)
+//     unit_grads / unit_grads_done         ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done
+// and pipeline stages (llmc/pipeline_parallel.h) skip the embedding or the head that is not theirs:
+// their input arrives in acts.encoded, their output gradient in acts.dresidual.
 
 // Every activation the backward pass needs, for B x T tokens. Per-layer tensors are stacked over
-// layers so the backward pass can find layer l's inputs.
+// layers so the backward pass can find layer l's inputs. A pipeline stage keeps one of these per
+// micro-batch in flight.
 struct Activations {
-    std::vector<float> encoded;                       // (B,T,C)   embeddings = residual stream in
-    std::vector<float> ln1, ln1_mean, ln1_rstd;       // (L,B,T,C), (L,B,T), (L,B,T)
-    std::vector<float> qkv;                           // (L,B,T,3C)
+    std::vector<float> encoded;                       // (R,C)     embeddings = residual stream in (pipelines: received)
+    std::vector<float> ln1, ln1_mean, ln1_rstd;       // (L,R,C), (L,R), (L,R)
+    std::vector<float> qkv;                           // (L,B,T,3Ca)
     std::vector<float> att;                           // (L,B,NH,T,T) attention probabilities
-    std::vector<float> atty;                          // (L,B,T,C)  attention output, before projection
-    std::vector<float> residual2;                     // (L,B,T,C)  residual after attention
-    std::vector<float> ln2, ln2_mean, ln2_rstd;       // (L,B,T,C), (L,B,T), (L,B,T)
-    std::vector<float> fch, fch_gelu;                 // (L,B,T,4C) MLP hidden, before and after GELU
-    std::vector<float> residual3;                     // (L,B,T,C)  residual after the MLP = block output
-    std::vector<float> lnf, lnf_mean, lnf_rstd;       // (B,T,C), (B,T), (B,T)
+    std::vector<float> atty;                          // (L,B,T,Ca) attention output, before projection
+    std::vector<float> residual2;                     // (L,R,C)   residual after attention
+    std::vector<float> ln2, ln2_mean, ln2_rstd;       // (L,R,C), (L,R), (L,R)
+    std::vector<float> fch, fch_gelu;                 // (L,B,T,Cf) MLP hidden, before and after GELU
+    std::vector<float> residual3;                     // (L,R,C)   residual after the MLP = block output
+    std::vector<float> lnf, lnf_mean, lnf_rstd;       // (R,C), (R), (R)          the last stage only
     std::vector<float> logits;                        // (B,T,Vp), overwritten by dlogits in backward
     std::vector<float> losses, logsumexp;             // (B,T), (B,T): per-position loss, softmax normaliser
-    // backward scratch, one layer's worth, reused by every layer
-    std::vector<float> dresidual;                     // (B,T,C) gradient of the residual stream
-    std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3C), (B,T,4C)
+    std::vector<float> dresidual;                     // (R,C) gradient of the residual stream (pipelines: received)
+    // pipelines: the micro-batch's tokens, kept until its backward pass; sends from these buffers
+    std::vector<int> inputs, targets;
+    std::vector<CommSend> sends;
+};
+
+// Backward scratch, one layer's worth, reused by every layer and every micro-batch.
+struct Workspace {
+    std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3Ca), (B,T,Cf)
+    std::vector<float> gathered;                      // (B,T,C) sequence parallelism: all ranks' rows, or partial sums
+    std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
 
 struct GPT2 {
     GPT2Config config;
-    ParamLayout layout;
+    ModelSlice slice;              // the part of the model this rank holds: all of it on one rank
+    ParamLayout layout;            // the slice's flat arrays (on one rank, the full model's layout)
     std::vector<float> params, grads, adam_m, adam_v;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
-    Activations acts;
+    std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
+    Workspace work;
     std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
+    TensorParallel tp;             // degree 1 on one rank: every tensor-parallel hook is a no-op
+    Zero zero;                     // stage 0 on one rank: weights and gradients are plain flat arrays
+    // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
+    std::vector<float> lent_wte, lent_wte_grad;
 };
 
-// The vector that holds row `b` of the size table; null for the rows held elsewhere (the gradient
-// shard of data parallelism, the matmul's packed panels).
-static std::vector<float>* gpt2_buffer(GPT2* m, int b) {
-    Activations& a = m->acts;
+// The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
+// micro-batch has its own of); null for the rows held elsewhere (the matmul's packed panels) or
+// not held at all (ZeRO's units, gathered and freed as the step goes).
+static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
+    Activations& a = m->acts[(size_t)slot];
     switch (b) {
-        case CB_PARAMS: return &m->params;        case CB_GRADS: return &m->grads;
+        case CB_PARAMS: return m->zero.stage == 3 ? &m->zero.param_shard : &m->params;
+        case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
         case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
@@ -516,33 +625,47 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b) {
         case CB_LNF: return &a.lnf;               case CB_LNF_MEAN: return &a.lnf_mean;
         case CB_LNF_RSTD: return &a.lnf_rstd;     case CB_LOGITS: return &a.logits;
         case CB_LOSSES: return &a.losses;         case CB_LOGSUMEXP: return &a.logsumexp;
-        case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &a.dbuf_c;
-        case CB_DBUF_3C: return &a.dbuf_3c;       case CB_DBUF_4C: return &a.dbuf_4c;
+        case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &m->work.dbuf_c;
+        case CB_DBUF_3C: return &m->work.dbuf_3c; case CB_DBUF_4C: return &m->work.dbuf_4c;
+        case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
+        case CB_LENT_WTE: return &m->lent_wte;    case CB_LENT_WTE_GRAD: return &m->lent_wte_grad;
         default: return nullptr;
     }
 }
 
-// The model's weights, from a file or an initialisation (N values; gpt2_allocate pads them).
-void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params) {
+// The weights of the model, or of this rank's slice of it (from a file or an initialisation, in
+// the slice's layout; gpt2_allocate pads them). Empty with ZeRO-3, where a rank never holds them
+// all: gpt2_allocate gives it its shards, and the trainer fills them.
+void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, const ModelSlice* slice = nullptr) {
     model->config = cfg;
-    model->layout = param_layout(cfg);
+    model->slice = slice ? *slice : full_model_slice(cfg);
+    model->layout = slice_layout(cfg, model->slice);
     model->params = std::move(params);
     model->p = point_into(model->params.data(), model->layout);
 }
 
 // Allocates every buffer of the table for `shape`, each a vector of exactly the row's size: zeroed,
 // except the parameters, which keep their values (their padding is zero). A fresh vector each time,
-// because a vector that grows in place may reserve more than it was asked for.
+// because a vector that grows in place may reserve more than it was asked for. Rows that every
+// micro-batch in flight has its own of are split evenly between them.
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
+    model->acts.resize((size_t)shape.micro_batches_in_flight);
     for (int b = 0; b < CB_COUNT; b++) {
-        std::vector<float>* v = gpt2_buffer(model, b);
-        if (!v) continue;
-        size_t n = model->table[b].elements;
-        if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
-        std::vector<float> exact(n, 0.0f);
-        if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
-        v->swap(exact);
+        bool per_micro = cpu_buffer_per_micro_batch(b);
+        for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
+            std::vector<float>* v = gpt2_buffer(model, b, slot);
+            if (!v) continue;
+            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
+            if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
+            std::vector<float> exact(n, 0.0f);
+            if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
+            v->swap(exact);
+        }
+    }
+    for (Activations& a : model->acts) {
+        a.inputs.assign((size_t)shape.B * shape.T, 0);
+        a.targets.assign((size_t)shape.B * shape.T, 0);
     }
     matmul_scratch_reserve(model->table[CB_MATMUL_PACK_A].elements, model->table[CB_MATMUL_PACK_B].elements);
     model->p = point_into(model->params.data(), model->layout);
@@ -554,110 +677,211 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 // One block's slice of a stacked per-layer tensor.
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
 
-// Forward pass over B x T tokens (B <= max_B, T <= max_T). With targets, fills acts.losses and
-// returns the mean loss; without, computes only the logits and returns 0.
-float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
+// The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
+// llmc/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
+// stacked tensor), or with ZeRO-3 into a buffer that all-gathered them from the data-parallel ranks
+// just now.
+static ParamTensors<float> flat_unit_view(GPT2* model, float* flat, int unit) {
+    ParamTensors<float> all = point_into(flat, model->layout), v;
+    int L = model->slice.num_layers;
+    bool ends = unit == ends_unit(L);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (!tensor_is_per_layer(t)) v.ptr[t] = ends ? all[t] : nullptr;
+        else if (!ends) v.ptr[t] = all[t] + (size_t)(L - 1 - unit) * (model->layout.count[t] / L);
+    }
+    return v;
+}
+static ParamTensors<float> unit_weights(GPT2* model, int unit) {
+    if (model->zero.stage == 3) return unit_view(model->zero.units[unit], zero_gather(&model->zero, unit, "all-gather of a layer's weights (ZeRO-3)"), true);
+    return flat_unit_view(model, model->params.data(), unit);
+}
+static void release_unit_weights(GPT2* model, int unit) {
+    if (model->zero.stage == 3) zero_release(&model->zero, unit);
+}
+// Where the backward pass adds a unit's gradients: the flat array, or with ZeRO-2/3 a bucket.
+static ParamTensors<float> unit_grads(GPT2* model, int unit) {
+    if (model->zero.stage >= 2) return unit_view(model->zero.units[unit], zero_open_bucket(&model->zero, unit), true);
+    return flat_unit_view(model, model->grads.data(), unit);
+}
+// A unit's gradient is complete for this micro-batch: with ZeRO-2/3, reduce-scatter its bucket now
+// (summing the sequence-parallel LayerNorm gradients over the tensor group first).
+static void unit_grads_done(GPT2* model, int unit) {
+    if (model->zero.stage < 2) return;
+    ParamTensors<float> g = unit_view(model->zero.units[unit], model->zero.buckets[unit].data(), true);
+    std::vector<std::pair<float*, size_t>> layernorms;
+    for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
+        if (g[t]) layernorms.push_back({g[t], (size_t)model->config.channels});
+    tp_sum_replicated_grads(&model->tp, layernorms);
+    zero_reduce_bucket(&model->zero, unit, "reduce-scatter of a layer's gradients (ZeRO-2/3)");
+}
+// The LM head is the tied wte: the ends unit's, or on the last stage of a pipeline its copy.
+static const float* lm_head_weights(GPT2* model, const ParamTensors<float>& ends) {
+    return model->slice.first_stage ? ends[WTE] : model->lent_wte.data();
+}
+static float* lm_head_grads(GPT2* model, const ParamTensors<float>& ends) {
+    return model->slice.first_stage ? ends[WTE] : model->lent_wte_grad.data();
+}
+
+// Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
+// `slot`. With targets, fills acts.losses and returns the mean loss; without, computes only the
+// logits and returns 0. A pipeline stage without the embedding finds its input in acts.encoded; one
+// without the head leaves its output in the last layer's residual3 and returns 0.
+float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, int slot = 0) {
     const GPT2Config& cfg = model->config;
-    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T;
+    const ModelSlice& s = model->slice;
+    TensorParallel* tp = &model->tp;
+    int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
+    size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
     // layer l's slices are laid out for the allocated (max_B, max_T), so a smaller forward still
     // finds every layer where the backward pass expects it
-    size_t BTmax = (size_t)model->max_B * model->max_T;
+    size_t BTmax = (size_t)model->max_B * model->max_T, Rmax = tp_local_rows(*tp, BTmax);
     size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
-    Activations& a = model->acts;
-    const ParamTensors<float>& p = model->p;
+    Activations& a = model->acts[(size_t)slot];
+    Workspace& work = model->work;
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
 
-    encoder_forward(a.encoded.data(), inputs, p[WTE], p[WPE], B, T, C);
-    for (int l = 0; l < L; l++) {
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, BTmax * C);
-        float* ln1 = layer_slice(a.ln1, l, BTmax * C);
-        float* qkv = layer_slice(a.qkv, l, BTmax * 3 * C);
-        float* att = layer_slice(a.att, l, att_per_layer);
-        float* atty = layer_slice(a.atty, l, BTmax * C);
-        float* residual2 = layer_slice(a.residual2, l, BTmax * C);
-        float* ln2 = layer_slice(a.ln2, l, BTmax * C);
-        float* fch = layer_slice(a.fch, l, BTmax * 4 * C);
-        float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * 4 * C);
-        float* residual3 = layer_slice(a.residual3, l, BTmax * C);
-
-        layernorm_forward(ln1, layer_slice(a.ln1_mean, l, BTmax), layer_slice(a.ln1_rstd, l, BTmax), residual,
-                          p[LN1W] + l * C, p[LN1B] + l * C, (int)BT, C);
-        matmul_forward(qkv, ln1, p[QKVW] + (size_t)l * 3 * C * C, p[QKVB] + l * 3 * C, (int)BT, C, 3 * C);
-        attention_forward(atty, att, qkv, B, T, C, NH);
-        matmul_forward(residual2, atty, p[ATTPROJW] + (size_t)l * C * C, p[ATTPROJB] + l * C, (int)BT, C, C);
-        residual_forward(residual2, residual2, residual, BT * C);
-        layernorm_forward(ln2, layer_slice(a.ln2_mean, l, BTmax), layer_slice(a.ln2_rstd, l, BTmax), residual2,
-                          p[LN2W] + l * C, p[LN2B] + l * C, (int)BT, C);
-        matmul_forward(fch, ln2, p[FCW] + (size_t)l * 4 * C * C, p[FCB] + l * 4 * C, (int)BT, C, 4 * C);
-        gelu_forward(fch_gelu, fch, BT * 4 * C);
-        matmul_forward(residual3, fch_gelu, p[FCPROJW] + (size_t)l * C * 4 * C, p[FCPROJB] + l * C, (int)BT, 4 * C, C);
-        residual_forward(residual3, residual3, residual2, BT * C);
+    if (s.first_stage) {
+        ParamTensors<float> w = unit_weights(model, ends);
+        float* x = tp_partial_buffer(*tp, a.encoded.data(), work.gathered.data());
+        encoder_forward(x, inputs, w[WTE], tp->degree == 1 ? w[WPE] : nullptr, B, T, C, s.vocab_begin, s.vocab_rows);
+        if (tp->degree > 1) {  // each rank looked up its vocabulary rows: sum the lookups, then add positions once
+            x = tp_sum_rows(tp, x, a.encoded.data(), BT, C, "all-reduce of the embeddings");
+            position_forward(x, w[WPE], tp_first_row(*tp, BT), R, T, C);
+        }
+        release_unit_weights(model, ends);
     }
-    const float* last = L > 0 ? layer_slice(a.residual3, L - 1, BTmax * C) : a.encoded.data();
-    layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last, p[LNFW], p[LNFB], (int)BT, C);
-    matmul_forward(a.logits.data(), a.lnf.data(), p[WTE], nullptr, (int)BT, C, Vp);  // tied LM head
+    for (int l = 0; l < L; l++) {
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
+        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
+        float* ln1 = layer_slice(a.ln1, l, Rmax * C);
+        float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
+        float* att = layer_slice(a.att, l, att_per_layer);
+        float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        float* residual2 = layer_slice(a.residual2, l, Rmax * C);
+        float* ln2 = layer_slice(a.ln2, l, Rmax * C);
+        float* fch = layer_slice(a.fch, l, BTmax * Cf);
+        float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * Cf);
+        float* residual3 = layer_slice(a.residual3, l, Rmax * C);
+
+        // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+        layernorm_forward(ln1, layer_slice(a.ln1_mean, l, Rmax), layer_slice(a.ln1_rstd, l, Rmax), residual,
+                          w[LN1W], w[LN1B], (int)R, C);
+        const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
+        matmul_forward(qkv, ln1_all, w[QKVW], w[QKVB], (int)BT, C, 3 * Ca);
+        attention_forward(atty, att, qkv, B, T, Ca, NH);
+        float* proj = tp_partial_buffer(*tp, residual2, work.gathered.data());
+        matmul_forward(proj, atty, w[ATTPROJW], nullptr, (int)BT, Ca, C);   // tensor parallel: a partial sum
+        tp_sum_rows(tp, proj, residual2, BT, C, "all-reduce after the attention projection");
+        add_bias(residual2, w[ATTPROJB], (int)R, C);
+        residual_forward(residual2, residual2, residual, R * C);
+        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+        layernorm_forward(ln2, layer_slice(a.ln2_mean, l, Rmax), layer_slice(a.ln2_rstd, l, Rmax), residual2,
+                          w[LN2W], w[LN2B], (int)R, C);
+        const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
+        matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
+        gelu_forward(fch_gelu, fch, BT * Cf);
+        proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
+        matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
+        tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
+        add_bias(residual3, w[FCPROJB], (int)R, C);
+        residual_forward(residual3, residual3, residual2, R * C);
+        release_unit_weights(model, unit_of_layer(L, l));
+    }
+    if (!s.last_stage) return 0.0f;  // the last layer's residual3 goes to the next stage
+
+    const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
+    ParamTensors<float> w = unit_weights(model, ends);
+    layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
+    const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+    matmul_forward(a.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
+    release_unit_weights(model, ends);
     if (!targets) return 0.0f;
-    crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, V, Vp);
+    if (tp->degree == 1) {
+        crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, s.vocab_real, Vp);
+    } else {
+        crossentropy_forward_vocab_parallel(tp, a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT,
+                                            s.vocab_real, Vp, s.vocab_begin);
+    }
     double total = 0.0;
     for (size_t i = 0; i < BT; i++) total += a.losses[i];
     return (float)(total / BT);
 }
 
-// Backward pass for the last forward (which must have had targets). Gradients are ADDED to
-// model->grads, so micro-batches accumulate; `loss_scale` is d(optimised loss)/d(this micro-batch's
-// summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole step.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale) {
+// Backward pass for the last forward of slot `slot` (which must have had targets). Gradients are
+// ADDED to model->grads, so micro-batches accumulate; `loss_scale` is d(optimised loss)/d(this
+// micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
+// step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
+// embedding leaves d(its input) there, for the previous stage.
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0) {
     const GPT2Config& cfg = model->config;
-    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T;
-    size_t BTmax = (size_t)model->max_B * model->max_T;
+    const ModelSlice& s = model->slice;
+    TensorParallel* tp = &model->tp;
+    int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
+    size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
+    size_t BTmax = (size_t)model->max_B * model->max_T, Rmax = tp_local_rows(*tp, BTmax);
     size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
-    Activations& a = model->acts;
-    const ParamTensors<float>& p = model->p;
-    const ParamTensors<float>& g = model->g;
+    Activations& a = model->acts[(size_t)slot];
+    Workspace& work = model->work;
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
     float* dresidual = a.dresidual.data();
 
-    // classifier and final LayerNorm
-    crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, V, Vp, loss_scale);
-    matmul_backward(a.dbuf_c.data(), g[WTE], nullptr, a.logits.data(), a.lnf.data(), p[WTE], (int)BT, C, Vp);
-    memset(dresidual, 0, BT * C * sizeof(float));
-    const float* last = L > 0 ? layer_slice(a.residual3, L - 1, BTmax * C) : a.encoded.data();
-    layernorm_backward(dresidual, g[LNFW], g[LNFB], a.dbuf_c.data(), last, p[LNFW], a.lnf_mean.data(),
-                       a.lnf_rstd.data(), (int)BT, C);
+    if (s.last_stage) {  // classifier and final LayerNorm
+        const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
+        ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
+        crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
+                                      s.vocab_begin);
+        const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
+                        (int)BT, C, Vp);
+        const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
+        memset(dresidual, 0, R * C * sizeof(float));
+        layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(), (int)R, C);
+        release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
+    }
 
     // blocks, top to bottom; dresidual carries d(loss)/d(block output) down the residual stream
     for (int l = L - 1; l >= 0; l--) {
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, BTmax * C);
-        const float* ln1 = layer_slice(a.ln1, l, BTmax * C);
-        const float* qkv = layer_slice(a.qkv, l, BTmax * 3 * C);
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
+        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
+        const float* ln1 = layer_slice(a.ln1, l, Rmax * C);
+        const float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
         const float* att = layer_slice(a.att, l, att_per_layer);
-        const float* atty = layer_slice(a.atty, l, BTmax * C);
-        const float* residual2 = layer_slice(a.residual2, l, BTmax * C);
-        const float* ln2 = layer_slice(a.ln2, l, BTmax * C);
-        const float* fch = layer_slice(a.fch, l, BTmax * 4 * C);
-        const float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * 4 * C);
-        float* dbuf_c = a.dbuf_c.data();
-        float* dbuf_3c = a.dbuf_3c.data();
-        float* dbuf_4c = a.dbuf_4c.data();
+        const float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
+        const float* ln2 = layer_slice(a.ln2, l, Rmax * C);
+        const float* fch = layer_slice(a.fch, l, BTmax * Cf);
+        const float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * Cf);
+        float* dbuf_c = work.dbuf_c.data();
+        float* dbuf_3c = work.dbuf_3c.data();
+        float* dbuf_4c = work.dbuf_4c.data();
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        matmul_backward(dbuf_4c, g[FCPROJW] + (size_t)l * C * 4 * C, g[FCPROJB] + l * C, dresidual, fch_gelu,
-                        p[FCPROJW] + (size_t)l * C * 4 * C, (int)BT, 4 * C, C);
-        gelu_backward(dbuf_4c, fch, dbuf_4c, BT * 4 * C);
-        matmul_backward(dbuf_c, g[FCW] + (size_t)l * 4 * C * C, g[FCB] + l * 4 * C, dbuf_4c, ln2,
-                        p[FCW] + (size_t)l * 4 * C * C, (int)BT, C, 4 * C);
-        layernorm_backward(dresidual, g[LN2W] + l * C, g[LN2B] + l * C, dbuf_c, residual2, p[LN2W] + l * C,
-                           layer_slice(a.ln2_mean, l, BTmax), layer_slice(a.ln2_rstd, l, BTmax), (int)BT, C);
+        const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
+        matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
+        gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
+        const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
+        matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
+        const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], layer_slice(a.ln2_mean, l, Rmax),
+                           layer_slice(a.ln2_rstd, l, Rmax), (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        matmul_backward(dbuf_c, g[ATTPROJW] + (size_t)l * C * C, g[ATTPROJB] + l * C, dresidual, atty,
-                        p[ATTPROJW] + (size_t)l * C * C, (int)BT, C, C);
-        attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, C, NH);
-        matmul_backward(dbuf_c, g[QKVW] + (size_t)l * 3 * C * C, g[QKVB] + l * 3 * C, dbuf_3c, ln1,
-                        p[QKVW] + (size_t)l * 3 * C * C, (int)BT, C, 3 * C);
-        layernorm_backward(dresidual, g[LN1W] + l * C, g[LN1B] + l * C, dbuf_c, residual, p[LN1W] + l * C,
-                           layer_slice(a.ln1_mean, l, BTmax), layer_slice(a.ln1_rstd, l, BTmax), (int)BT, C);
+        dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
+        matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
+        attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
+        const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
+        matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
+        const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], layer_slice(a.ln1_mean, l, Rmax),
+                           layer_slice(a.ln1_rstd, l, Rmax), (int)R, C);
+        unit_grads_done(model, unit_of_layer(L, l));
+        release_unit_weights(model, unit_of_layer(L, l));
     }
-    encoder_backward(g[WTE], g[WPE], dresidual, inputs, B, T, C);
+    if (!s.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
+
+    ParamTensors<float> g = unit_grads(model, ends);
+    const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the embeddings' gradient");
+    encoder_backward(g[WTE], g[WPE], dout, inputs, B, T, C, s.vocab_begin, s.vocab_rows);
+    unit_grads_done(model, ends);
 }
 
 // ==============================================================================================
@@ -713,123 +937,350 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
     }
 }
 
-// AdamW on the parameters [range.begin, range.end) of the flat array: all of them, or with ZeRO-1
-// this rank's shard. `grads`, model->adam_m and model->adam_v hold that range only (their element 0
-// is parameter range.begin). Weight decay differs per tensor, so the range is cut at tensor
-// boundaries; each element's update depends on nothing but its own values, which is why updating
-// the model shard by shard gives exactly the weights of updating it whole.
-void gpt2_update(GPT2* model, ShardRange range, const float* grads, float lr, const TrainOptions& o, int t, float grad_scale) {
-    for (const TensorPiece& piece : shard_pieces(model->layout, range)) {
-        size_t at = piece.begin - range.begin, n = piece.end - piece.begin;
+// AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
+// (llmc/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
+// gradients and moments are). Weight decay differs per tensor; each element's update depends on
+// nothing but its own values, which is why updating the model shard by shard gives exactly the
+// weights of updating it whole.
+void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    Zero& z = model->zero;
+    for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
-        adamw_update(model->params.data() + piece.begin, grads + at, model->adam_m.data() + at, model->adam_v.data() + at, n,
-                     lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+        adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
+                     model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
+                     o.beta2, o.adam_eps, wd, t, grad_scale);
     }
 }
 
 #ifndef LLMC_CPU_NO_MAIN
 // ==============================================================================================
-// The training loop
+// Parallelism (docs/parallelism.md tells the story; llmc/ holds one file per technique)
+//
+// `mpirun -np N ./train_gpt_cpu --tensor-parallel t --pipeline-parallel p --zero z` runs N copies
+// ("ranks") of this program on a grid of dp = N/(t p) data-parallel x t tensor-parallel x p
+// pipeline ranks (llmc/process_grid.h). One rank holds one slice of the model and runs the code
+// above on it. Around it, a training step is:
+//   1. forward and backward of the step's micro-batches, in the order of the pipeline schedule
+//      (llmc/pipeline_parallel.h; without a pipeline: F0 B0 F1 B1 ..., gradient accumulation),
+//      receiving activations from the previous stage and gradients from the next;
+//   2. the tied embedding's gradient joins the first stage's, the sequence-parallel LayerNorm
+//      gradients are summed over the tensor group (llmc/tensor_parallel.h), and the data-parallel
+//      ranks sum their gradients (llmc/zero.h: ZeRO-0/1 here, ZeRO-2/3 already during backward);
+//   3. the gradient norm: each rank adds the squares of what it owns, the world adds them up;
+//   4. AdamW on what this rank owns, then the data-parallel ranks share the result, and the first
+//      stage sends the updated tied embedding to the last.
+// Every rank starts from the weights one rank would have (the counter-based initialisation gives
+// every slice its values of the same full model), reads the data of its data-parallel rank, and
+// ends each step with the weights one rank would have, to rounding (tested, test_parallelism.py).
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning.
-static float evaluate(GPT2* model, DataLoader* val, int batches) {
+struct Parallel {
+    ProcessGrid grid;
+    GridComms comms;
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    double busy_seconds = 0, schedule_seconds = 0;   // pipelines: computing / running the schedule, all steps
+    double predicted_bubble = 0;                     // (p-1)/(m+p-1)
+    bool model_parallel = false;                     // the forward pass needs ranks other than this one
+};
+
+static const float* stage_output(GPT2* model, int slot) {
+    Activations& a = model->acts[(size_t)slot];
+    size_t Rmax = tp_local_rows(model->tp, (size_t)model->max_B * model->max_T);
+    return layer_slice(a.residual3, model->slice.num_layers - 1, Rmax * model->config.channels);
+}
+
+// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
+// schedule. Returns the mean loss over the micro-batches on the last stage (0 elsewhere); with
+// `first_logits`, keeps the first micro-batch's logits (real vocabulary columns of this rank).
+static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
+                               std::vector<float>* first_logits, float* first_loss) {
+    const ModelSlice& s = model->slice;
+    Comm* pp = &par->comms.pp;
+    int stage = par->grid.pp_rank, m = plan.accumulation_steps, B = plan.B, T = plan.T;
+    size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
+    double loss = 0.0;
+    auto start = std::chrono::steady_clock::now();
+    for (const PipeAction& act : pipeline_schedule(par->schedule, stage, par->grid.pp, m)) {
+        int slot = act.micro % (int)model->acts.size();
+        Activations& a = model->acts[(size_t)slot];
+        if (act.forward) {
+            comm_wait_sends(pp, &a.sends);  // the slot's last sends must be done before it is overwritten
+            dataloader_next_batch(train);   // every stage reads the micro-batches of its data-parallel rank
+            a.inputs = train->inputs;
+            a.targets = train->targets;
+            if (!s.first_stage) {
+                comm_recv(pp, a.encoded.data(), n, stage - 1, pipe_tag_activation(act.micro),
+                          "receiving activations from the previous pipeline stage");
+            }
+            auto busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(1);
+            float micro_loss = gpt2_forward(model, a.inputs.data(), a.targets.data(), B, T, slot);
+            par->busy_seconds += seconds_since(busy);
+            if (!s.last_stage) {
+                comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
+                          "sending activations to the next pipeline stage");
+            } else {
+                loss += micro_loss / m;
+                if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
+                if (first_logits && act.micro == 0) {
+                    size_t V = s.vocab_real, Vp = s.vocab_rows;
+                    first_logits->resize((size_t)B * T * V);
+                    for (size_t i = 0; i < (size_t)B * T; i++) memcpy(&(*first_logits)[i * V], &a.logits[i * Vp], V * sizeof(float));
+                    *first_loss = micro_loss;
+                }
+            }
+        } else {
+            if (!s.last_stage) {
+                comm_recv(pp, a.dresidual.data(), n, stage + 1, pipe_tag_gradient(act.micro),
+                          "receiving gradients from the next pipeline stage");
+            }
+            auto busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(2);
+            // the optimised loss is the mean over all tokens of the step, all ranks together:
+            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
+            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
+            par->busy_seconds += seconds_since(busy);
+            if (!s.first_stage) {
+                comm_send(pp, a.dresidual.data(), n, stage - 1, pipe_tag_gradient(act.micro), &a.sends,
+                          "sending gradients to the previous pipeline stage");
+            }
+        }
+    }
+    for (Activations& a : model->acts) comm_wait_sends(pp, &a.sends);
+    par->schedule_seconds += seconds_since(start);
+    return loss;
+}
+
+// The gradient of the step, summed over everything that shares it; returns the global norm.
+static float finish_gradients(GPT2* model, Parallel* par) {
+    GPT2& mo = *model;
+    // the tied embedding: the last stage's LM-head gradient joins the first stage's wte gradient
+    size_t wte_floats = (size_t)mo.slice.vocab_rows * mo.config.channels;
+    pipe_tied_gradient(&par->comms.pp, mo.slice.first_stage, mo.slice.last_stage, mo.g[WTE], mo.lent_wte_grad.data(), wte_floats);
+    // sequence parallelism: LayerNorm gradients are partial over each rank's rows (ZeRO-2/3 summed
+    // them unit by unit already, before reducing each bucket)
+    if (mo.zero.stage <= 1) {
+        std::vector<std::pair<float*, size_t>> layernorms;
+        for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
+            if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
+        tp_sum_replicated_grads(&mo.tp, layernorms);
+    }
+    zero_reduce_gradients(&mo.zero, &mo.grads);
+    double squares = 0.0;
+    for (auto& range : zero_norm_ranges(mo.zero)) squares += sum_of_squares(range.first, range.second);
+    return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
+}
+
+static void optimizer_step(GPT2* model, Parallel* par, float lr, const TrainOptions& o, int t, float grad_scale) {
+    gpt2_update(model, lr, o, t, grad_scale);
+    zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
+    pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
+                      model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
+}
+
+// ==============================================================================================
+// Evaluation and samples. On a grid whose forward pass spans several ranks (tensor or pipeline
+// parallelism, ZeRO-3) every rank takes part; otherwise rank 0 alone evaluates.
+
+// One forward pass of a whole batch through the pipeline, in activation slot 0. Returns the mean
+// loss on the last stage (0 elsewhere, and 0 without targets).
+static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, const int* targets, int B, int T) {
+    const ModelSlice& s = model->slice;
+    Comm* pp = &par->comms.pp;
+    size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;
+    Activations& a = model->acts[0];
+    comm_wait_sends(pp, &a.sends);
+    if (!s.first_stage) comm_recv(pp, a.encoded.data(), n, par->grid.pp_rank - 1, 0, "receiving activations (evaluation)");
+    float loss = gpt2_forward(model, inputs, targets, B, T, 0);
+    if (!s.last_stage) {
+        comm_send(pp, stage_output(model, 0), n, par->grid.pp_rank + 1, 0, &a.sends, "sending activations (evaluation)");
+        comm_wait_sends(pp, &a.sends);
+    }
+    return loss;
+}
+
+// Mean loss over `batches` micro-batches of the validation data, from its beginning, on rank 0.
+static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
     dataloader_reset(val);
     double total = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(val);
-        total += gpt2_forward(model, val->inputs.data(), val->targets.data(), val->B, val->T);
+        total += pipeline_forward(model, par, val->inputs.data(), val->targets.data(), val->B, val->T);
     }
-    return (float)(total / batches);
+    if (!par->model_parallel) return (float)(total / batches);
+    // the loss is on the last stage; one rank there reports it
+    const ProcessGrid& g = par->grid;
+    bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
+    return (float)(comm_sum(&par->comms.world, reporter ? total / batches : 0.0, "collecting the validation loss"));
 }
 
 // Generates `count` tokens after <|endoftext|>, one forward pass per token over the whole prefix
-// (no key/value cache: simple, and cheap enough at these sizes).
-static void print_sample(GPT2* model, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
+// (no key/value cache: simple, and cheap enough at these sizes). Rank 0 draws the tokens.
+static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
     const GPT2Config& cfg = model->config;
-    int T = model->max_T;
+    const ModelSlice& s = model->slice;
+    const TensorParallel& tp = model->tp;
+    // sequence parallelism splits the rows over the tensor ranks: the window is padded at its end
+    // to a multiple of the degree (a causal model's earlier positions never see the padding)
+    int multiple = tp.sequence_parallel ? tp.degree : 1;
+    int window = model->max_T / multiple * multiple;
     std::vector<int> tokens = {50256 < cfg.vocab_size ? 50256 : 0};
     for (int i = 0; i < o.sample_tokens; i++) {
-        int len = std::min((int)tokens.size(), T);
-        const int* window = tokens.data() + tokens.size() - len;
-        gpt2_forward(model, window, nullptr, 1, len);
-        const float* logits = model->acts.logits.data() + (size_t)(len - 1) * cfg.padded_vocab_size;
-        int next = sample_token(logits, cfg.vocab_size, o.temperature, o.top_k, rng);
+        int len = std::min((int)tokens.size(), window);
+        int padded = (len + multiple - 1) / multiple * multiple;
+        std::vector<int> input(tokens.end() - len, tokens.end());
+        input.resize((size_t)padded, 0);
+        pipeline_forward(model, par, input.data(), nullptr, 1, padded);
+        // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
+        std::vector<float> logits;
+        const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
+        if (par->model_parallel) {
+            std::vector<GlobalRun> runs;
+            std::vector<float> mine;
+            if (s.last_stage) {
+                runs.push_back({(size_t)s.vocab_begin, (size_t)s.vocab_real});
+                mine.assign(row, row + s.vocab_real);
+            }
+            gather_to_rank0(&par->comms.world, runs, mine, &logits, (size_t)cfg.vocab_size, "collecting the logits of a sample");
+            row = logits.data();
+        }
+        int next = 0;
+        if (par->grid.rank == 0) next = sample_token(row, cfg.vocab_size, o.temperature, o.top_k, rng);
+        if (par->model_parallel) comm_broadcast(&par->comms.world, &next, sizeof(int), 0, "broadcast of a sampled token");
         tokens.push_back(next);
     }
-    print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+    if (par->grid.rank == 0) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
 }
 
 // ==============================================================================================
-// Data parallelism and ZeRO-1 (docs/parallelism.md tells the whole story; llmc/comm.h moves bytes)
-//
-// `mpirun -np N ./train_gpt_cpu` runs N copies ("ranks") of this program. They start from the same
-// weights; each reads its own slice of every step's batch (llmc/dataloader.h), so N ranks with
-// micro-batch B see exactly the tokens one rank would see in N accumulation steps. After the
-// backward pass they combine their gradients:
-//   1. each rank's gradient is already scaled by 1/(tokens of the whole step, all ranks together),
-//      so the step's gradient is the plain SUM over ranks: no division by N anywhere;
-//   2. reduce-scatter: rank r receives that sum for its shard r of the parameters (llmc/sharding.h);
-//   3. ZeRO-0: all-gather the summed shards, so every rank holds the whole gradient, and every rank
-//      runs AdamW on every parameter with its own full copy of m and v;
-//      ZeRO-1: each rank runs AdamW on its shard only, keeping m and v for that shard only (1/N of
-//      the memory), then all-gathers the updated parameters.
-// ZeRO-0's steps 2 and 3 are an all-reduce written out; ZeRO-1 gathers parameters where ZeRO-0
-// gathers gradients, so it moves exactly the same bytes. Both sum the gradients with the same
-// reduce-scatter and update each parameter with the same arithmetic, so they give bit-identical
-// weights. Every rank ends each step with bit-identical parameters (they are copies of one
-// result), which is what keeps N replicas from drifting apart.
-// Here the exchange runs after the whole backward pass; the GPU trainer overlaps it with the
-// backward pass, sending a layer's gradients while the layers below it are still computing.
+// Weights in, weights out: every rank reads and writes its own elements, in global coordinates.
 
-struct DataParallel {
-    Comm comm;
-    int zero_stage = 0;
-    ShardLayout shards;             // the flat parameter array, padded and cut into world_size equal shards
-    ShardRange shard;               // this rank's shard, padding included: what the collectives move
-    ShardRange updated;             // the parameters this rank's AdamW updates and keeps m, v for:
-                                    // all of them (ZeRO-0) or those of its shard (ZeRO-1)
-    std::vector<float> grad_shard;  // the summed gradient of this rank's shard
-};
-
-// Cuts the flat parameter array into this rank's shard and allocates every buffer of the run from the
-// size table (llmc/cpu_buffers.h): params and grads padded to the shard layout (the collectives move
-// equal shards; no tensor uses the padding), AdamW's moments for the parameters this rank updates
-// (all of them, or with ZeRO-1 its shard: this is where 1/N of the memory goes), the gradient shard.
-static void data_parallel_setup(DataParallel* dp, GPT2* model, int zero_stage, int B, int T) {
-    CPURunShape shape;
-    shape.cfg = model->config;
-    shape.B = B, shape.T = T;
-    shape.world_size = dp->comm.world_size, shape.rank = dp->comm.rank;
-    shape.zero_stage = zero_stage;
-    dp->zero_stage = zero_stage;
-    dp->shards = shard_layout(model->layout.total, dp->comm.world_size);
-    dp->shard = shard_range(dp->shards, dp->comm.rank);
-    dp->updated = cpu_updated_range(shape);
-    gpt2_allocate(model, shape);
-    std::vector<float>(model->table[CB_GRAD_SHARD].elements, 0.0f).swap(dp->grad_shard);
+static float* weight_storage(GPT2* model) {
+    return model->zero.stage == 3 ? model->zero.param_shard.data() : model->params.data();
 }
 
-// What this rank really holds for each row of its table: the capacity of the vector the row sized,
-// that is what the allocator was asked for, whatever the table's arithmetic says. The trainer
+// Where read_state_runs() puts what it reads: at the runs' weight (or state) positions.
+static std::vector<WantedRun> wanted(const std::vector<StateRun>& runs, bool weights) {
+    std::vector<WantedRun> out;
+    for (const StateRun& r : runs) out.push_back({r.global, r.count, weights ? r.weight_at : r.state_at});
+    return out;
+}
+
+// Fills this rank's weights: from the counter-based initialisation (a new model), a model file, or
+// a checkpoint (the state files' weights when they have them, else its model.bin).
+static void load_weights(GPT2* model, const TrainOptions& o, const std::string& resume_dir, bool new_model) {
+    const GPT2Config& cfg = model->config;
+    std::vector<StateRun> runs = zero_weight_runs(model->zero, slice_runs(cfg, model->slice));
+    float* dst = weight_storage(model);
+    if (new_model) {
+        for (const StateRun& r : runs) init_gpt2_params(cfg, o.seed, dst + r.weight_at, r.global, r.global + r.count);
+        return;
+    }
+    if (!resume_dir.empty() && read_state_runs(resume_dir, param_layout(cfg).total, wanted(runs, true), nullptr, nullptr, dst)
+                                   .has_master_weights) {
+        return;
+    }
+    // a model file holds the full model: read it whole, keep this rank's runs
+    GPT2Config file_cfg;
+    std::vector<float> full;
+    read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full);
+    for (const StateRun& r : runs) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+}
+
+// A checkpoint of a grid (llmc/training.h's protocol: a .tmp directory, barriers, a rename; a crash
+// at any point leaves either no new checkpoint or a complete one). The files are in global
+// coordinates, so any grid can resume from them (read_state_runs):
+//   model.bin              the weights; written by rank 0 when it holds them all (data parallelism,
+//                          ZeRO 0-2), else assembled by rank 0 from the state files' weights
+//   state.bin              ZeRO-0 data parallelism: rank 0's m and v, for everything
+//   state_rank<r>.bin      otherwise: rank r's m and v (and weights, when rank 0 cannot write model.bin
+//                          alone) for the elements it writes (zero_state_runs), as runs of the model
+static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, const RunPlan& plan, int step,
+                            const DataLoader& train, uint64_t sampler_rng) {
+    const ProcessGrid& g = par->grid;
+    bool leader = g.rank == 0;
+    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
+    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
+    auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
+    std::string tmp = open_checkpoint_together(o.out_dir, step, g.rank, barrier);
+    if (leader && rank0_holds_weights) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
+    if (leader || !one_state_file) {
+        std::vector<StateRun> runs = zero_state_runs(model->zero, slice_runs(model->config, model->slice), true);
+        std::sort(runs.begin(), runs.end(), [](const StateRun& a, const StateRun& b) { return a.global < b.global; });
+        TrainState s;
+        s.header = train_state_header(step, param_layout(model->config).total, ShardRange{}, g.rank, g.world, g.zero_stage,
+                                      plan, sampler_rng, train.pos);
+        s.header.tensor_parallel = g.tp;
+        s.header.pipeline_parallel = g.pp;
+        s.header.sequence_parallel = g.sequence_parallel;
+        s.header.has_master_weights = !rank0_holds_weights;
+        const float* weights = weight_storage(model);
+        for (const StateRun& r : runs) {
+            s.runs.push_back((int64_t)r.global);
+            s.runs.push_back((int64_t)r.count);
+            s.m.insert(s.m.end(), model->adam_m.begin() + r.state_at, model->adam_m.begin() + r.state_at + r.count);
+            s.v.insert(s.v.end(), model->adam_v.begin() + r.state_at, model->adam_v.begin() + r.state_at + r.count);
+            if (s.header.has_master_weights) s.master.insert(s.master.end(), weights + r.weight_at, weights + r.weight_at + r.count);
+        }
+        s.header.shard_count = (int64_t)s.m.size();
+        if (runs.size() <= 1) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
+            s.header.shard_begin = runs.empty() ? 0 : (int64_t)runs[0].global;
+            s.runs.clear();
+        } else {
+            s.header.has_run_table = 1;
+            s.header.num_runs = (int64_t)runs.size();
+        }
+        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
+    }
+    if (!rank0_holds_weights) {
+        barrier("the barrier before assembling model.bin");
+        if (leader) assemble_model_file(tmp, model->config);
+    }
+    publish_checkpoint_together(o.out_dir, step, g.rank, barrier);
+}
+
+// ==============================================================================================
+// Memory and communication, predicted and measured. The prediction is llmc/estimate.h's: the size
+// table every buffer is allocated from (llmc/cpu_buffers.h) and the lessons' byte counts of each
+// technique; --estimate prints it without running. The measurement: the capacity of every vector a
+// rank holds (and the peak of ZeRO's gathered units and buckets), and the bytes its groups'
+// counters saw in the last training step.
+
+// The prediction's setup for this run (what --estimate would be given for it).
+static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule) {
+    EstimateSetup e;
+    e.trainer = Trainer::CPU;
+    e.cfg = cfg;
+    e.B = plan.B, e.T = plan.T;
+    e.ranks = g.dp, e.zero_stage = g.zero_stage;
+    e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
+    e.tokens_per_step = plan.total_batch_tokens;
+    e.dtype_bytes = 4;
+    return e;
+}
+
+// What this rank really holds for each row of its table: the capacity of the vectors the row sized
+// (every micro-batch's, for the rows that have one each), that is what the allocator was asked
+// for, whatever the table's arithmetic says; for ZeRO's units, the peak they reached. The trainer
 // reports it (--print-allocations: row by row, on every rank) and test/test_estimate.py compares it
 // with --estimate, to the byte.
-static std::vector<size_t> held_bytes(GPT2* model, const DataParallel& dp) {
+static std::vector<size_t> held_bytes(GPT2* model) {
     std::vector<size_t> held(CB_COUNT, 0);
     for (int b = 0; b < CB_COUNT; b++)
-        if (std::vector<float>* v = gpt2_buffer(model, b)) held[b] = v->capacity() * sizeof(float);
-    held[CB_GRAD_SHARD] = dp.grad_shard.capacity() * sizeof(float);
+        for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++)
+            if (std::vector<float>* v = gpt2_buffer(model, b, (int)slot)) held[b] += v->capacity() * sizeof(float);
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(vec16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(vec16);
+    held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
     return held;
 }
 
 // "memory: rank 0 holds 1.23 GiB (N bytes):" then, indented on a second line so that both fit 100
 // columns, "params ..., grads ..., ..." (by kind, from held_bytes).
-static std::string held_summary(GPT2* model, const DataParallel& dp) {
-    std::vector<size_t> held = held_bytes(model, dp);
+static std::string held_summary(GPT2* model, int rank) {
+    std::vector<size_t> held = held_bytes(model);
     size_t by_kind[MEM_KINDS] = {}, total = 0;
     for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
-    std::string out = strprintf("rank %d holds %s (%zu bytes):\n       ", dp.comm.rank, format_bytes((double)total).c_str(), total);
+    std::string out = strprintf("rank %d holds %s (%zu bytes):\n       ", rank, format_bytes((double)total).c_str(), total);
     for (int k = 0; k < MEM_KINDS; k++)
         if (by_kind[k]) out += strprintf(" %s %s,", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
     out.back() = '\n';
@@ -837,65 +1288,132 @@ static std::string held_summary(GPT2* model, const DataParallel& dp) {
 }
 
 // Every row, one line each, printed at once so that ranks' reports do not interleave.
-static void print_allocations(GPT2* model, const DataParallel& dp) {
-    std::vector<size_t> held = held_bytes(model, dp);
+static void print_allocations(GPT2* model, int rank) {
+    std::vector<size_t> held = held_bytes(model);
     std::string out;
     size_t total = 0;
     for (int b = 0; b < CB_COUNT; b++) {
-        out += strprintf("allocation: rank %d %s %zu\n", dp.comm.rank, model->table[b].name, held[b]);
+        out += strprintf("allocation: rank %d %s %zu\n", rank, model->table[b].name, held[b]);
         total += held[b];
     }
-    out += strprintf("allocation: rank %d total %zu\n", dp.comm.rank, total);
+    out += strprintf("allocation: rank %d total %zu\n", rank, total);
     fputs(out.c_str(), stdout);
     fflush(stdout);
 }
 
-// Sums the ranks' gradients into this rank's shard and returns the global gradient norm (the norm
-// of the summed gradient, as one rank would compute it). With `gather_all`, every rank then also
-// holds the whole summed gradient in model->grads (ZeRO-0; or to dump it).
-static float reduce_gradients(GPT2* model, DataParallel* dp, bool gather_all) {
-    comm_reduce_scatter_sum(&dp->comm, model->grads.data(), dp->grad_shard.data(), dp->shards.shard_size,
-                            "reduce-scatter of the gradients");
-    double squares = sum_of_squares(dp->grad_shard.data(), dp->grad_shard.size());
-    float norm = (float)std::sqrt(comm_sum(&dp->comm, squares, "sum of the gradient norms"));
-    if (gather_all) {
-        memcpy(model->grads.data() + dp->shard.begin, dp->grad_shard.data(), dp->shard.size() * sizeof(float));
-        comm_all_gather(&dp->comm, model->grads.data(), dp->shard.size() * sizeof(float), "all-gather of the gradients");
-    }
-    return norm;
+// A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why,
+// and every rank leaves with exit code 2 (a command-line problem).
+[[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
+    if (world->rank == 0) fprintf(stderr, "error: %s\n", why.c_str());
+    fflush(stderr);
+    comm_barrier(world, "stopping on a bad grid");
+    comm_finalize(world);
+    exit(EXIT_BAD_USAGE);
 }
 
-static void optimizer_step(GPT2* model, DataParallel* dp, float lr, const TrainOptions& o, int t, float grad_scale) {
-    if (dp->zero_stage == 0) {
-        gpt2_update(model, dp->updated, model->grads.data(), lr, o, t, grad_scale);
-        return;
+// Every rank's memory by kind and bytes sent in the last step, measured, and whether they are what
+// --estimate predicts; the pipeline's bubble, predicted and measured. Printed by rank 0.
+static void report_costs(GPT2* model, Parallel* par, const EstimateSetup& e, const CommCounters step[4], int steps) {
+    const ProcessGrid& g = par->grid;
+    const int K = MEM_KINDS + 1 + 4 + 2;  // measured kinds, predicted total, measured groups, comm prediction holds, busy
+    std::vector<double> all((size_t)g.world * K, 0.0);
+    double* mine = all.data() + (size_t)g.rank * K;
+    std::vector<size_t> held = held_bytes(model);
+    for (int b = 0; b < CB_COUNT; b++) mine[model->table[b].kind] += (double)held[b];
+    MemoryByKind predicted = memory_by_kind(estimate_table(e, e.B, g.rank), CPU_ALLOCATION_GRANULE);
+    mine[MEM_KINDS] = (double)predicted.total;
+    CommEstimate comm = estimate_comm(e, g.rank);
+    bool comm_same = true;
+    for (int i = 0; i < 4; i++) {
+        mine[MEM_KINDS + 1 + i] = (double)step[i].total_bytes();
+        comm_same = comm_same && step[i].total_bytes() == comm.bytes[i];
     }
-    if (dp->updated.size() > 0) {
-        gpt2_update(model, dp->updated, dp->grad_shard.data() + (dp->updated.begin - dp->shard.begin), lr, o, t, grad_scale);
+    mine[MEM_KINDS + 5] = comm_same ? 1.0 : 0.0;
+    mine[MEM_KINDS + 6] = par->busy_seconds;
+    comm_all_gather(&par->comms.world, all.data(), K * sizeof(double), "collecting the costs");
+    if (g.rank != 0) return;
+    printf("memory per rank (MiB, measured) and bytes sent in the last step, per group (measured):\n");
+    printf("  %-16s %8s %8s %9s %11s %9s %8s | %s\n", "rank (dp,tp,pp)", "params", "grads", "optimizer", "activations",
+           "workspace", "total", "data / tensor / pipeline / world");
+    auto mib = [](double bytes) { return strprintf("%.2f", bytes / 1048576.0); };
+    for (int r = 0; r < g.world; r++) {
+        const double* x = all.data() + (size_t)r * K;
+        ProcessGrid rg = estimate_grid(e, r);
+        double total = 0;
+        for (int k = 0; k < MEM_KINDS; k++) total += x[k];
+        std::string who = strprintf("%d (%d,%d,%d)", r, rg.dp_rank, rg.tp_rank, rg.pp_rank);
+        printf("  %-16s %8s %8s %9s %11s %9s %8s | %s / %s / %s / %s", who.c_str(), mib(x[MEM_PARAMS]).c_str(),
+               mib(x[MEM_GRADS]).c_str(), mib(x[MEM_OPTIMIZER]).c_str(), mib(x[MEM_ACTIVATIONS]).c_str(),
+               mib(x[MEM_WORKSPACE]).c_str(), mib(total).c_str(), format_bytes(x[MEM_KINDS + 1]).c_str(),
+               format_bytes(x[MEM_KINDS + 2]).c_str(), format_bytes(x[MEM_KINDS + 3]).c_str(), format_bytes(x[MEM_KINDS + 4]).c_str());
+        if (total == x[MEM_KINDS] && x[MEM_KINDS + 5] == 1.0) {
+            printf("  = --estimate\n");
+        } else {
+            CommEstimate c = estimate_comm(e, r);
+            printf("  != --estimate: %s MiB | %s / %s / %s / %s\n", mib(x[MEM_KINDS]).c_str(), format_bytes((double)c.bytes[0]).c_str(),
+                   format_bytes((double)c.bytes[1]).c_str(), format_bytes((double)c.bytes[2]).c_str(), format_bytes((double)c.bytes[3]).c_str());
+        }
     }
-    comm_all_gather(&dp->comm, model->params.data(), dp->shard.size() * sizeof(float), "all-gather of the parameters");
+    if (g.pp > 1) {
+        // the step's pipeline time: the first stage's schedule, which starts first and finishes last
+        printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
+               "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
+        for (int stage = 0; stage < g.pp; stage++) {
+            printf(" %.1f%%", 100.0 * (1.0 - all[(size_t)grid_rank(g, 0, 0, stage) * K + MEM_KINDS + 6] / par->schedule_seconds));
+        }
+        printf("\n");
+    }
 }
 
-// A checkpoint of N ranks: rank 0 makes the directory "<ckpt>.tmp" and writes model.bin; the
-// optimizer state goes to state.bin (ZeRO-0: rank 0 holds all of it) or to one state_rank<r>.bin per
-// rank (ZeRO-1: each its shard); when every rank has written (a barrier), rank 0 renames the
-// directory into place. A crash at any point leaves either no new checkpoint or a complete one.
-static void save_checkpoint(GPT2* model, DataParallel* dp, const TrainOptions& o, const RunPlan& plan, int step,
-                            const DataLoader& train, uint64_t sampler_rng) {
-    bool leader = dp->comm.rank == 0;
-    auto barrier = [&](const char* what) { comm_barrier(&dp->comm, what); };
-    std::string tmp = open_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
-    if (leader) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
-    if (leader || dp->zero_stage == 1) {
-        TrainState s;
-        s.header = train_state_header(step, model->layout.total, dp->updated, dp->comm.rank, dp->comm.world_size,
-                                      dp->zero_stage, plan, sampler_rng, train.pos);
-        s.m = model->adam_m;
-        s.v = model->adam_v;
-        write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm.rank), s);
+// ==============================================================================================
+// --dump-state on a grid: rank 0 collects every rank's elements in global coordinates (and checks
+// that every copy of an element, on every rank that holds one, is the same to the bit).
+
+static void gather_weights(GPT2* model, Parallel* par, std::vector<float>* out) {
+    std::vector<GlobalRun> runs;
+    std::vector<float> values;
+    const float* weights = weight_storage(model);
+    for (const StateRun& r : zero_weight_runs(model->zero, slice_runs(model->config, model->slice))) {
+        runs.push_back({r.global, r.count});
+        values.insert(values.end(), weights + r.weight_at, weights + r.weight_at + r.count);
     }
-    publish_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
+    if (!model->lent_wte.empty()) {  // the last stage's copy of wte must equal the first stage's
+        ModelSlice s = model->slice;
+        s.first_stage = true;  // where the first stage's wte lives in its slice: local [0, count[WTE])
+        for (const SliceRun& r : runs_in_local_range(slice_runs(model->config, s), 0, slice_layout(model->config, s).count[WTE])) {
+            runs.push_back({r.global, r.count});
+            values.insert(values.end(), model->lent_wte.begin() + r.local, model->lent_wte.begin() + r.local + r.count);
+        }
+    }
+    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the weights");
 }
+
+static void gather_gradients(GPT2* model, Parallel* par, std::vector<float>* out) {
+    std::vector<GlobalRun> runs;
+    std::vector<float> values;
+    // the summed gradient sits where the optimizer state does: in grad_shard (stage 0: in `grads`, whole)
+    const float* grad = model->zero.stage == 0 ? model->grads.data() : model->zero.grad_shard.data();
+    for (const StateRun& r : zero_state_runs(model->zero, slice_runs(model->config, model->slice), false)) {
+        runs.push_back({r.global, r.count});
+        values.insert(values.end(), grad + r.state_at, grad + r.state_at + r.count);
+    }
+    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the gradients");
+}
+
+// The first micro-batch's logits [B*T, V]: the last stage's tensor ranks of data-parallel rank 0
+// hold its columns.
+static void gather_logits(GPT2* model, Parallel* par, const std::vector<float>& mine, size_t rows, std::vector<float>* out) {
+    std::vector<GlobalRun> runs;
+    const ModelSlice& s = model->slice;
+    size_t V = model->config.vocab_size;
+    if (s.last_stage && par->grid.dp_rank == 0)
+        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + s.vocab_begin, (size_t)s.vocab_real});
+    gather_to_rank0(&par->comms.world, runs, s.last_stage && par->grid.dp_rank == 0 ? mine : std::vector<float>(), out,
+                    rows * V, "collecting the logits");
+}
+
+// ==============================================================================================
+// The training loop
 
 int main(int argc, char** argv) {
     TrainOptions o;
@@ -908,51 +1426,84 @@ int main(int argc, char** argv) {
         if (launched.rank == 0) print_estimate(estimate_setup(o, Trainer::CPU, 4, false, false));
         return 0;
     }
-    DataParallel dp;
-    comm_init(&dp.comm, o.comm_timeout);
-    comm_require_mpi(&dp.comm, "the CPU trainer's exchange of gradients");  // before any work, not at the first collective
-    const Comm& comm = dp.comm;
-    bool leader = comm.rank == 0;  // rank 0 alone prints, evaluates, samples and writes the model
+    Comm world;
+    comm_init(&world, o.comm_timeout);
+    comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
+    bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
 
-    // ---- the model: from a checkpoint, a model file, or a descriptor; then rank 0's copy for all,
-    // so every rank starts from bit-identical weights whatever its own filesystem holds
+    // ---- the grid: who works with whom (llmc/process_grid.h)
+    Parallel par;
+    std::string why = make_grid(world.world_size, world.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
+                                o.sequence_parallel, &par.grid);
+    if (!why.empty()) grid_usage_fail(&world, why);
+    const ProcessGrid& grid = par.grid;
+    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
+    par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3;
+
+    // ---- the model's shape, and whether this grid, batch and memory budget can train it
     std::string resume_dir = resolve_resume_dir(o);
     GPT2Config cfg;
-    std::vector<float> params;
-    std::string model_source = load_initial_model(o, resume_dir, &cfg, &params);
-    GPT2 model;
-    gpt2_build(&model, cfg, std::move(params));
+    bool new_model = false;
+    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
+    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
+    why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    if (!why.empty()) grid_usage_fail(&world, why);
+    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule);
+    if (o.max_memory_mib > 0) {
+        int busiest = 0;
+        size_t most = 0;
+        for (int r = 0; r < grid.world; r++) {
+            size_t need = memory_by_kind(estimate_table(predicted, shape.B, r), CPU_ALLOCATION_GRANULE).total;
+            if (need > most) most = need, busiest = r;
+        }
+        if ((double)most > o.max_memory_mib * 1048576.0) {
+            grid_usage_fail(&world, strprintf("this run needs %.2f MiB on rank %d of %s, more than --max-memory %g MiB: shard "
+                            "the model further (--zero 3, --tensor-parallel, --pipeline-parallel) or use a smaller "
+                            "micro-batch; --estimate shows every rank's buffers", most / 1048576.0, busiest,
+                            describe_grid(grid).c_str(), o.max_memory_mib));
+        }
+    }
+    grid_comms_init(&par.comms, world, grid);
 
-    // ---- data and the shape of the run: each rank reads its own slice of every step
+    // ---- this rank's slice, every buffer from the size table (what --estimate prints), then the
+    // weights: from the initialisation, a model file or a checkpoint; the data-parallel replicas
+    // take their group's rank 0's copy, so that they start bit-identical
+    ModelSlice slice = model_slice(cfg, grid);
+    GPT2 model;
+    gpt2_build(&model, cfg, {}, &slice);
+    tensor_parallel_init(&model.tp, &par.comms.tp, grid.sequence_parallel);
+    zero_setup(&model.zero, grid.zero_stage, &par.comms.dp, grid, slice, model.layout);
+    gpt2_allocate(&model, cpu_run_shape(cfg, shape.B, shape.T, grid, par.schedule, shape.accumulation_steps));
+    load_weights(&model, o, resume_dir, new_model);
+    if (grid.zero_stage < 3) {
+        comm_broadcast(&par.comms.dp, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
+    }
+    pipe_tied_weights(&par.comms.pp, slice.first_stage, slice.last_stage, model.p[WTE], model.lent_wte.data(),
+                      (size_t)slice.vocab_rows * cfg.channels);
+
+    // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
     int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
-                        "training data", "--train-data");
+        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size, "training data",
+                        "--train-data");
     }
-    RunPlan plan = plan_run(o, cfg, comm.world_size, train.tokens_per_epoch);
+    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
-    bool have_val = leader && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
+    bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
+    bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-
-    // ---- every buffer, from the size table (what --estimate prints); then rank 0's weights for all
-    data_parallel_setup(&dp, &model, o.zero_stage, B, T);
-    comm_broadcast(&dp.comm, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
+    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     int first_step = 0;
     TrainStateHeader resumed;
     if (!resume_dir.empty()) {
-        // each rank reads the optimizer state of the parameters it updates, from whichever files hold it
-        resumed = read_optimizer_state(resume_dir, model.layout.total, dp.updated, model.adam_m.data(), model.adam_v.data(), nullptr);
-        check_resume_state(resumed, resume_dir, model.layout.total, plan, true);
-        if (resumed.has_master_weights) {
-            // a GPU checkpoint's exact weights are its fp32 master copy (model.bin holds them rounded to
-            // bf16); every rank needs all of them before its first forward pass
-            std::vector<float> m_unused(model.layout.total), v_unused(model.layout.total);
-            read_optimizer_state(resume_dir, model.layout.total, ShardRange{0, model.layout.total}, m_unused.data(),
-                                 v_unused.data(), model.params.data());
-        }
+        // each rank reads the optimizer state of the elements it updates, from whichever files hold it
+        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted(zero_state_runs(model.zero, slice_runs(cfg, slice), false), false),
+                                  model.adam_m.data(), model.adam_v.data(), nullptr);
+        check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
         first_step = (int)resumed.step;
         sampler_rng = resumed.sampler_rng;
         if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
@@ -960,25 +1511,38 @@ int main(int argc, char** argv) {
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
     if (leader) {
-        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), model.layout.total);
+        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
         printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
-               B, T, comm.world_size, comm.world_size == 1 ? "" : "s", plan.accumulation_steps,
-               plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
-        if (comm.world_size > 1) {
-            printf("ranks: %d (%s, %d on this node), ZeRO-%d: each rank updates %zu of %zu parameters%s\n", comm.world_size,
-                   comm.launcher.c_str(), comm.local_size, dp.zero_stage, dp.updated.size(), model.layout.total,
-                   dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size, dp.shards.padded_total).c_str() : "");
+               B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
+               (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
+        if (grid.world > 1) {
+            printf("ranks: %d (%s, %d on this node), grid %s: rank 0 holds %zu of %zu parameters, updates %zu\n", grid.world,
+                   world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model.layout.total,
+                   param_layout(cfg).total, model.adam_m.size());
+        }
+        if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
+            printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);
+        }
+        if (grid.pp > 1) {
+            printf("pipeline: %s, %d stages of %s layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                   pipeline_schedule_name(par.schedule), grid.pp, strprintf("%d-%d", cfg.num_layers / grid.pp,
+                   (cfg.num_layers + grid.pp - 1) / grid.pp).c_str(), plan.accumulation_steps, grid.pp - 1,
+                   plan.accumulation_steps + grid.pp - 1, 100.0 * par.predicted_bubble);
         }
         if (!o.eval_only) printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
                (long long)train.tokens_per_epoch);
         if (have_val) printf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val.files.size(), val.files.size() == 1 ? "" : "s");
         printf("\n");
-        printf("memory: %s", held_summary(&model, dp).c_str());
+        printf("memory: %s", held_summary(&model, world.rank).c_str());
         if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage)) {
-            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d, this run has %d with ZeRO-%d\n",
-                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, comm.world_size, dp.zero_stage);
+        int old_tp = std::max(1, resumed.tensor_parallel), old_pp = std::max(1, resumed.pipeline_parallel);
+        if (first_step > 0 && (resumed.world_size != grid.world || resumed.zero_stage != grid.zero_stage ||
+                               old_tp != grid.tp || old_pp != grid.pp)) {
+            auto grid_of = [](int tp, int pp) { return tp > 1 || pp > 1 ? strprintf(" (tp %d x pp %d)", tp, pp) : std::string(); };
+            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
+                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, grid_of(old_tp, old_pp).c_str(),
+                   grid.world, grid.zero_stage, grid_of(grid.tp, grid.pp).c_str());
         }
     }
 
@@ -986,79 +1550,94 @@ int main(int argc, char** argv) {
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
     MetricsLog mlog;
-    metrics_open(&mlog, o, leader, "cpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
+    metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
-    auto run_hellaswag = [&](int step) {  // every rank scores its share of the examples; rank 0 reports the sum
-        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, false, comm.rank, comm.world_size,
-            [&](const int* in, const int* tg, int rows, int Tp) { gpt2_forward(&model, in, tg, rows, Tp); return (const float*)model.acts.losses.data(); });
-        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum}) *count = (int64_t)comm_sum(&dp.comm, (double)*count, "sum of the hellaswag counts");
+    // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a
+    // grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
+    // of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
+    // data-parallel rank 0 reports.
+    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
+    auto run_hellaswag = [&](int step) {
+        bool split = !par.model_parallel;
+        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par.model_parallel, split ? world.rank : 0, split ? world.world_size : 1,
+            [&](const int* in, const int* tg, int rows, int Tp) {
+                pipeline_forward(&model, &par, in, tg, rows, Tp);
+                return (const float*)(slice.last_stage ? model.acts[0].losses.data() : no_losses.data());
+            });
+        bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
+        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
+            *count = (int64_t)comm_sum(&par.comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
         if (leader) report_hellaswag(&mlog, step, r);
     };
     bool dumping = !o.dump_state.empty();
     DumpState dump;
+    std::vector<float> first_logits;
+    Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
+    CommCounters last_step[4];
     for (int step = first_step; step < plan.steps; step++) {
-        bool last_step = step == plan.steps - 1;
-        comm_inject_fault(&comm, step + 1);
-        if (have_val && step % o.val_every == 0) report_val_loss(&mlog, step, evaluate(&model, &val, o.val_batches));
-        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
-        if (leader && is_sample_step(o, step)) print_sample(&model, o, decoder, &sampler_rng);
-
-        auto start = std::chrono::steady_clock::now();
-        std::fill(model.grads.begin(), model.grads.end(), 0.0f);
-        double step_loss = 0.0;  // this rank's mean loss over its micro-batches
-        for (int micro = 0; micro < plan.accumulation_steps; micro++) {
-            dataloader_next_batch(&train);
-            float loss = gpt2_forward(&model, train.inputs.data(), train.targets.data(), B, T);
-            if (dumping && step == first_step && micro == 0) {
-                size_t V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-                dump.logits.resize((size_t)B * T * V);
-                for (size_t n = 0; n < (size_t)B * T; n++)
-                    memcpy(&dump.logits[n * V], &model.acts.logits[n * Vp], V * sizeof(float));
-                dump.loss = loss;
-            }
-            // the optimised loss is the mean over all tokens of the step, all ranks together:
-            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(&model, train.inputs.data(), train.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens);
-            step_loss += loss / plan.accumulation_steps;
-            if (leader) print_micro_step(step + 1, micro, plan.accumulation_steps, loss, seconds_since(start));
+        bool last = step == plan.steps - 1;
+        comm_inject_fault(&world, step + 1);
+        if (have_val && step % o.val_every == 0) {
+            float loss = evaluate(&model, &par, &val, o.val_batches);
+            if (leader) report_val_loss(&mlog, step, loss);
         }
-        // every rank saw as many tokens, so the step's mean loss is the mean of the ranks' means
-        step_loss = comm_sum(&dp.comm, step_loss, "sum of the losses") / comm.world_size;
+        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
+        if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
+
+        for (Comm* c : groups) c->counters = CommCounters{};
+        auto start = std::chrono::steady_clock::now();
+        if (model.zero.stage <= 1) std::fill(model.grads.begin(), model.grads.end(), 0.0f);
+        std::fill(model.zero.grad_shard.begin(), model.zero.grad_shard.end(), 0.0f);
+        std::fill(model.lent_wte_grad.begin(), model.lent_wte_grad.end(), 0.0f);
+        bool dump_now = dumping && step == first_step;
+        double loss = forward_backward(&model, &par, &train, plan, step + 1, dump_now ? &first_logits : nullptr, &dump.loss);
+        // the mean loss over every token of the step: the last stage's, one tensor rank of each
+        // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
+        bool reports = slice.last_stage && grid.tp_rank == 0;
+        double step_loss = comm_sum(&par.comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
         if (!std::isfinite(step_loss)) {
             fail("the loss became %f at step %d: training diverged. Lower --lr, raise --warmup-steps, or check --grad-clip",
                  step_loss, step + 1);
         }
-        bool dump_grads = dumping && step == first_step;
-        float norm = reduce_gradients(&model, &dp, dp.zero_stage == 0 || dump_grads);
-        if (dump_grads) dump.grads.assign(model.grads.begin(), model.grads.begin() + model.layout.total);
+        float norm = finish_gradients(&model, &par);
         float lr = learning_rate(plan.schedule, step);
-        optimizer_step(&model, &dp, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
+        optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
         double seconds = seconds_since(start);
+        for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
+        if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
+            gather_logits(&model, &par, first_logits, (size_t)B * T, &dump.logits);
+            dump.loss = (float)comm_sum(&par.comms.world, reports && grid.dp_rank == 0 ? dump.loss : 0.0, "the first loss");
+            gather_gradients(&model, &par, &dump.grads);
+        }
         if (dumping) dump.losses.push_back((float)step_loss);
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
                             seconds * (plan.steps - step - 1));
             metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, -1, peak_rss_bytes());
         }
-
-        if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(&model, &dp, o, plan, step + 1, train, sampler_rng);
+        if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+            save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) report_val_loss(&mlog, plan.steps, evaluate(&model, &val, o.val_batches));
+    if (have_val) {
+        float loss = evaluate(&model, &par, &val, o.val_batches);
+        if (leader) report_val_loss(&mlog, plan.steps, loss);
+    }
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
-    if (leader && o.sample_every > 0) print_sample(&model, o, decoder, &sampler_rng);
+    if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
+    if (grid.world > 1 && plan.steps > first_step) report_costs(&model, &par, predicted, last_step, plan.steps - first_step);
+    if (o.print_allocations) print_allocations(&model, world.rank);  // after the run: nothing grew while it trained
 
-    if (o.print_allocations) print_allocations(&model, dp);  // after the run: nothing grew while it trained
-
-    if (dumping && leader) {
-        dump.params.assign(model.params.begin(), model.params.begin() + model.layout.total);
-        write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
-        printf("dumped state to %s\n", o.dump_state.c_str());
+    if (dumping) {
+        gather_weights(&model, &par, &dump.params);
+        if (leader) {
+            write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
+            printf("dumped state to %s\n", o.dump_state.c_str());
+        }
     }
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
-    comm_finalize(&dp.comm);
+    comm_finalize(&world);
     return 0;
 }
 #endif  // LLMC_CPU_NO_MAIN

@@ -16,6 +16,13 @@
 //                       probabilities are materialised, (L, B, NH, T, T)
 //   workspace           one layer's backward scratch, reused by every layer, and the matmul's packed panels
 //
+// On a process grid (llmc/process_grid.h) every row is for this rank's slice: its pipeline stage's
+// layers (activations of as many micro-batches as its schedule keeps in flight, llmc/pipeline_parallel.h),
+// its tensor rank's heads, hidden units and vocabulary rows (B*T/t rows of the residual stream with
+// sequence parallelism, llmc/tensor_parallel.h), and its ZeRO share (llmc/zero.h: stage 2 keeps
+// only a gradient shard, stage 3 only a weight shard, plus the units gathered and the buckets open
+// at the peak). A pipeline's last stage also holds a copy of the tied embedding and its gradient.
+//
 // Not in the table: the data loader's tokens (the current shard, 2 bytes per token) and per-call
 // scratch that lives for one function call (a row of attention scores, the gradient-norm partials),
 // and the copies made while writing a checkpoint. None of it grows with the model or the batch for
@@ -26,7 +33,10 @@
 #include <vector>
 #include "llmc/buffers.h"
 #include "llmc/model.h"
+#include "llmc/pipeline_parallel.h"
+#include "llmc/process_grid.h"
 #include "llmc/sharding.h"
+#include "llmc/zero.h"
 #include "llmc/utils.h"
 
 // The CPU matmul's blocking (train_gpt_cpu.cpp explains it): an MR x NR register tile, K taken KC
@@ -43,8 +53,36 @@ struct CPURunShape {
     GPT2Config cfg;
     int B = 0, T = 0;                  // micro-batch
     int world_size = 1, rank = 0;      // data-parallel ranks, and which one this is
-    int zero_stage = 0;                // 0: every rank keeps all of m and v; 1: its shard only
+    int zero_stage = 0;                // 0: every rank keeps all of m and v; 1: its shard only; 2, 3: llmc/zero.h
+    // tensor and pipeline parallelism (llmc/process_grid.h): which slice of the model this rank holds
+    int tensor_parallel = 1, tensor_rank = 0;
+    int pipeline_parallel = 1, pipeline_rank = 0;
+    bool sequence_parallel = false;
+    int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
 };
+
+// The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
+// of them this rank's stage holds at once).
+inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m) {
+    CPURunShape s;
+    s.cfg = cfg;
+    s.B = B, s.T = T;
+    s.world_size = g.dp, s.rank = g.dp_rank;
+    s.zero_stage = g.zero_stage;
+    s.tensor_parallel = g.tp, s.tensor_rank = g.tp_rank;
+    s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
+    s.sequence_parallel = g.sequence_parallel;
+    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    return s;
+}
+
+inline ProcessGrid cpu_shape_grid(const CPURunShape& s) {
+    ProcessGrid g;
+    int world = s.world_size * s.tensor_parallel * s.pipeline_parallel;
+    make_grid(world, (s.pipeline_rank * s.world_size + s.rank) * s.tensor_parallel + s.tensor_rank, s.tensor_parallel,
+              s.pipeline_parallel, s.world_size, s.zero_stage, s.sequence_parallel, &g);
+    return g;
+}
 
 // One buffer per row; the trainer finds each row's vector by this enum.
 enum CPUBuffer {
@@ -56,8 +94,15 @@ enum CPUBuffer {
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B,
+    // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
+    // a pipeline's last stage: its copy of the tied embedding
+    CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
     CB_COUNT
 };
+
+// The rows that every micro-batch in flight has its own of (a pipeline stage keeps several): what the
+// forward keeps for the backward, and the residual gradient that travels between stages.
+inline bool cpu_buffer_per_micro_batch(int row) { return (row >= CB_ENCODED && row <= CB_LOGSUMEXP) || row == CB_DRESIDUAL; }
 
 // The parameters whose AdamW state this rank keeps: all of them, or (ZeRO-1) those of its shard.
 inline ShardRange cpu_updated_range(const CPURunShape& s) {
@@ -67,50 +112,63 @@ inline ShardRange cpu_updated_range(const CPURunShape& s) {
 
 inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     const GPT2Config& c = s.cfg;
-    size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t B = s.B, T = s.T, BT = B * T, F = 4;
-    ShardLayout shards = shard_layout(param_layout(c).total, s.world_size);
-    size_t padded = shards.padded_total, updated = cpu_updated_range(s).size();
+    ModelSlice slice = model_slice(c, cpu_shape_grid(s));
+    ParamLayout layout = slice_layout(c, slice);
+    ZeroMemory z = zero_memory(s.zero_stage, model_units(layout, slice.num_layers), layout.total, s.world_size, s.rank);
+    // local shapes: on one rank these are the model's own (see the model section of train_gpt_cpu.cpp)
+    size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
+    size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
+    size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
-    // (3C, C, 4C, Vp) in the weight gradient
-    size_t max_rows = std::max({BT, Vp, 4 * C});
+    // (3Ca, C, Cf, Vp) in the weight gradient
+    size_t max_rows = std::max({BT, Vp, Cf, 3 * Ca, C});
+    bool lent = s.pipeline_parallel > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
+    std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight
+    std::string rows = sp > 1 ? "R" : "B, T";                 // sequence parallelism: R = B*T/t rows
+    std::string tp = s.tensor_parallel > 1 ? "/t" : "";
 
     std::vector<BufferSpec> t(CB_COUNT);
-    t[CB_PARAMS] = {"params", MEM_PARAMS, sh("(%zu) padded", padded), padded, F};
-    t[CB_GRADS] = {"grads", MEM_GRADS, sh("(%zu) padded", padded), padded, F};
-    t[CB_GRAD_SHARD] = {"grad_shard", MEM_GRADS, sh("(%zu) this rank's shard", shards.shard_size), shards.shard_size, F};
-    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)", updated), updated, F};
-    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", updated), updated, F};
+    t[CB_PARAMS] = {"params", MEM_PARAMS, s.zero_stage == 3 ? sh("(%zu) shards", z.params) : sh("(%zu) padded", z.params), z.params, F};
+    t[CB_GRADS] = {"grads", MEM_GRADS, sh("(%zu) padded", z.grads), z.grads, F};
+    t[CB_GRAD_SHARD] = {"grad_shard", MEM_GRADS, sh("(%zu) this rank's shard", z.grad_shard), z.grad_shard, F};
+    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
+    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
 
-    t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(B, T, C)", BT * C, F};
-    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, B, T, C)", L * BT * C, F};
-    t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, B, T)", L * BT, F};
-    t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, B, T)", L * BT, F};
-    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C)", L * BT * 3 * C, F};
-    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH, T, T)", L * B * NH * T * T, F};
-    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C)", L * BT * C, F};
-    t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, B, T, C)", L * BT * C, F};
-    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, B, T, C)", L * BT * C, F};
-    t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, B, T)", L * BT, F};
-    t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, B, T)", L * BT, F};
-    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C)", L * BT * 4 * C, F};
-    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C)", L * BT * 4 * C, F};
-    t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, B, T, C)", L * BT * C, F};
-    t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(B, T, C)", BT * C, F};
-    t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(B, T)", BT, F};
-    t[CB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(B, T)", BT, F};
-    t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp)", BT * Vp, F};
-    t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)", BT, F};
-    t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)", BT, F};
+    t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
+    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
+    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
+    t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
+    t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
+    t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
+    t[CB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
+    t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, M * head * BT * Vp, F};
+    t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+    t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
 
-    t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(B, T, C)", BT * C, F};
+    t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_DBUF_C] = {"dbuf_c", MEM_WORKSPACE, "(B, T, C)", BT * C, F};
-    t[CB_DBUF_3C] = {"dbuf_3c", MEM_WORKSPACE, "(B, T, 3C)", BT * 3 * C, F};
-    t[CB_DBUF_4C] = {"dbuf_4c", MEM_WORKSPACE, "(B, T, 4C)", BT * 4 * C, F};
+    t[CB_DBUF_3C] = {"dbuf_3c", MEM_WORKSPACE, "(B, T, 3C" + tp + ")", BT * 3 * Ca, F};
+    t[CB_DBUF_4C] = {"dbuf_4c", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", BT * Cf, F};
     t[CB_MATMUL_PACK_A] = {"matmul_pack_a", MEM_WORKSPACE, sh("%zu rows x KC=%d", max_rows, MATMUL_KC),
                            matmul_pack_a_floats(max_rows), F};
     t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("NC=%d x KC=%d", MATMUL_NC, MATMUL_KC), MATMUL_PACK_B_FLOATS, F};
+
+    t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
+    t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};
+    t[CB_ZERO_UNITS] = {"zero_units", MEM_WORKSPACE, "gathered units + open buckets, peak", z.transient, F};
+    t[CB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, F};
+    t[CB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, F};
     return t;
 }
 

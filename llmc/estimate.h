@@ -17,8 +17,12 @@
 //        layers keep s b h L (34 + 5 a s / h) bytes (s sequence, b micro-batch, h width, a heads;
 //        16-bit values, 1-byte dropout masks), 34 s b h L with selective recompute (the attention
 //        core recomputed), 2 s b h L with full recompute (only each layer's input kept).
-// docs/memory.md is the lesson; this file is the arithmetic. Everything here is a prediction: it runs
-// no kernel and allocates nothing, and says so in what it prints.
+//   5. on a process grid (the CPU trainer: --tensor-parallel, --pipeline-parallel, --zero 2|3), every
+//      rank's memory and the bytes it sends per step to each of its groups, from the lessons'
+//      arithmetic (llmc/zero.h, llmc/tensor_parallel.h, llmc/pipeline_parallel.h), and the pipeline
+//      bubble; a run on that grid reports what it measured against exactly these numbers.
+// docs/memory.md and docs/parallelism.md are the lessons; this file is the arithmetic. Everything
+// here is a prediction: it runs no kernel and allocates nothing, and says so in what it prints.
 #pragma once
 
 #include <unistd.h>
@@ -33,8 +37,12 @@
 #include "llmc/formats.h"
 #include "llmc/gpu_buffers.h"
 #include "llmc/model.h"
+#include "llmc/pipeline_parallel.h"
+#include "llmc/process_grid.h"
 #include "llmc/sharding.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/training.h"
+#include "llmc/zero.h"
 
 // ==============================================================================================
 // What the estimate is a function of
@@ -44,6 +52,10 @@ struct EstimateSetup {
     GPT2Config cfg;
     int B = 1, T = 1024;                // micro-batch per rank
     int ranks = 1, zero_stage = 0;      // data parallelism
+    // model parallelism (the CPU trainer): the grid is ranks x tp x pp
+    int tp = 1, pp = 1;
+    bool sequence_parallel = false;
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
     // the GPU trainer's choices
     int recompute = 1;
@@ -70,16 +82,50 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     return s;
 }
 
+// The grid: `ranks` data-parallel ranks of tp x pp; rank r of it (r < estimate_world(e)).
+inline int estimate_world(const EstimateSetup& e) { return e.ranks * e.tp * e.pp; }
+inline ProcessGrid estimate_grid(const EstimateSetup& e, int rank) {
+    ProcessGrid g;
+    make_grid(estimate_world(e), rank, e.tp, e.pp, e.ranks, e.zero_stage, e.sequence_parallel, &g);
+    return g;
+}
+// Micro-batches per step of one data-parallel rank (a pipeline's m).
+inline int estimate_micro_batches(const EstimateSetup& e, int B) {
+    return (int)std::max<int64_t>(1, e.tokens_per_step / ((int64_t)B * e.T * e.ranks));
+}
+
 // The trainer's own size table for rank `rank` with micro-batch B. Rank 0 holds the most: ZeRO's
-// shards are equal but the last, which also carries the padding that belongs to no parameter.
+// shards are equal but the last, which also carries the padding that belongs to no parameter (and
+// rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
 inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
-    CPURunShape s;
-    s.cfg = e.cfg;
-    s.B = B, s.T = e.T;
-    s.world_size = e.ranks, s.rank = rank;
-    s.zero_stage = e.zero_stage;
-    return cpu_buffer_table(s);
+    return cpu_buffer_table(cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B)));
+}
+
+// Bytes rank `rank` sends per step to each of its groups: data, tensor, pipeline, and the world
+// (the step's loss and gradient norm), by llmc/comm.h's ring convention. What the CPU trainer
+// counts while it runs, and reports next to these.
+struct CommEstimate {
+    uint64_t bytes[4] = {0, 0, 0, 0};
+};
+inline const char* comm_group_name(int i) {
+    static const char* names[4] = {"data", "tensor", "pipeline", "world"};
+    return names[i];
+}
+
+inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
+    CommEstimate c;
+    ProcessGrid g = estimate_grid(e, rank);
+    ModelSlice s = model_slice(e.cfg, g);
+    ParamLayout layout = slice_layout(e.cfg, s);
+    int m = estimate_micro_batches(e, e.B);
+    size_t rows = (size_t)e.B * e.T, sp = g.sequence_parallel ? g.tp : 1;
+    c.bytes[0] = zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
+    c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
+                               g.zero_stage);
+    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
+    c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
+    return c;
 }
 
 inline size_t estimate_granule(const EstimateSetup& e) {
@@ -332,6 +378,18 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
     lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, cpu ? 4.0 * shards.shard_size : 0, ""};
     lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, ""};
     lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, 0, ""};
+    if (cpu && e.zero_stage >= 2) {
+        // ZeRO-2/3 (CPU): each unit (llmc/zero.h) is cut into equal shards; rank 0's shards are full,
+        // the padding falls on the last rank. The gradient (and at stage 3 the weights) is sharded too.
+        double R = e.ranks;
+        lines[0] = {"params", w * N / (e.zero_stage == 3 ? R : 1), ours.bytes[MEM_PARAMS], w * vocab_pad / (e.zero_stage == 3 ? R : 1), 0, 0, ""};
+        lines[1] = {"grads", w * N / R, ours.bytes[MEM_GRADS], w * vocab_pad / R, 0, 0, ""};
+        lines[3] = {"optimizer", 8 * N / R, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / R, 0, 0, ""};
+        for (int i : {0, 1, 3}) {
+            StateLine& l = lines[(size_t)i];
+            l.shard_padding = (double)l.ours - l.literature - l.vocab_padding;  // all of the rest: the units' shards
+        }
+    }
     for (StateLine& l : lines) {
         std::vector<std::string> parts;
         if (l.vocab_padding != 0) parts.push_back(strprintf("%s padded vocabulary ((Vp-V)*C = %s values)",
@@ -375,6 +433,12 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.cfg = estimate_config(o);
     e.ranks = o.estimate_ranks;
     e.zero_stage = o.zero_stage;
+    if (trainer == Trainer::CPU) {
+        e.tp = o.tensor_parallel;
+        e.pp = o.pipeline_parallel;
+        e.sequence_parallel = o.sequence_parallel;
+        parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
+    }
     RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
@@ -415,8 +479,10 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
                          e.recompute, e.simple_attention ? "simple" : "cuDNN");
     }
-    return strprintf("%s; B=%d T=%d; %d rank%s, ZeRO-%d", what.c_str(), e.B, e.T, e.ranks, e.ranks == 1 ? "" : "s",
-                     e.zero_stage);
+    std::string grid = e.tp > 1 || e.pp > 1 ? strprintf(" x tp %d x pp %d%s (%d ranks)", e.tp, e.pp,
+                                                         e.sequence_parallel ? " sequence parallel" : "", estimate_world(e)) : "";
+    return strprintf("%s; B=%d T=%d; %d data-parallel rank%s%s, ZeRO-%d", what.c_str(), e.B, e.T, e.ranks,
+                     e.ranks == 1 ? "" : "s", grid.c_str(), e.zero_stage);
 }
 
 inline void print_estimate(const EstimateSetup& e) {
@@ -457,20 +523,41 @@ inline void print_estimate(const EstimateSetup& e) {
     else printf("B=%d at T=%d (B=%d would need %s)\n", largest, e.T, largest + 1,
                 format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), granule).total + estimate_overhead(e))).c_str());
 
-    // every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller
-    printf("\nmemory per rank\n");
-    for (int r = 0; r < e.ranks;) {
+    // every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller; pipeline
+    // stages and tensor ranks hold different slices
+    bool grid = estimate_world(e) > e.ranks;
+    printf("\nmemory per rank%s\n", grid ? " (dp, tp, pp: the rank's place in the grid)" : "");
+    for (int r = 0; r < estimate_world(e);) {
         MemoryByKind here = memory_by_kind(estimate_table(e, e.B, r), granule);
         int last = r;
-        while (last + 1 < e.ranks) {
+        while (last + 1 < estimate_world(e)) {
             MemoryByKind next = memory_by_kind(estimate_table(e, e.B, last + 1), granule);
             if (memcmp(next.bytes, here.bytes, sizeof(here.bytes)) != 0) break;
             last++;
         }
         printf("  %s:", last == r ? strprintf("rank %d", r).c_str() : strprintf("ranks %d-%d", r, last).c_str());
         for (int k = 0; k < MEM_KINDS; k++) printf(" %s=%zu", memory_kind_name(k), here.bytes[k]);
-        printf(" total=%zu\n", here.total);
+        printf(" total=%zu", here.total);
+        if (grid) {
+            ProcessGrid g = estimate_grid(e, r);
+            printf("  (%d,%d,%d)%s", g.dp_rank, g.tp_rank, g.pp_rank, last > r ? "..." : "");
+        }
+        printf("\n");
         r = last + 1;
+    }
+    if (e.trainer == Trainer::CPU && estimate_world(e) > 1) {  // (the GPU trainer's bf16 traffic: docs/parallelism.md)
+        printf("\ncommunication per step, bytes each rank sends to its groups (ring algorithms, llmc/comm.h)\n");
+        for (int r = 0; r < estimate_world(e); r++) {
+            CommEstimate c = estimate_comm(e, r);
+            printf("  rank %d sends:", r);
+            for (int i = 0; i < 4; i++) printf(" %s=%llu", comm_group_name(i), (unsigned long long)c.bytes[i]);
+            printf("  (%s)\n", format_bytes((double)(c.bytes[0] + c.bytes[1] + c.bytes[2] + c.bytes[3])).c_str());
+        }
+        if (e.pp > 1) {
+            int m = estimate_micro_batches(e, e.B);
+            printf("  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
+                   pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1, 100.0 * pipeline_bubble_fraction(e.pp, m));
+        }
     }
 
     ComputeEstimate comp = estimate_compute(e);
@@ -499,7 +586,12 @@ inline void print_estimate(const EstimateSetup& e) {
            e.ranks, e.ranks == 1 ? "" : "s", format_bytes(zero_state_bytes(mixed, N, 0, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 1, e.ranks)).c_str(), format_bytes(zero_state_bytes(mixed, N, 2, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 3, e.ranks)).c_str());
-    printf("  (the trainers implement stages 0 and 1; stages 2 and 3 are the closed form only)\n");
+    printf("  (the CPU trainer implements all four stages, the GPU trainer stages 0 and 1)\n");
+    if (grid) {
+        printf("  (with tensor or pipeline parallelism a rank holds a slice, not a replica: the lines against the literature\n"
+               "   below are for one whole replica and are left out; the per-rank table above is the answer)\n");
+        return;
+    }
     printf("  ours against the literature for the same precision and ZeRO-%d, rank 0:\n", e.zero_stage);
     for (const StateLine& l : state_lines(e, table)) {
         printf("    %-10s literature %14s  ours %14s  %s\n", l.kind, with_commas(l.literature).c_str(),

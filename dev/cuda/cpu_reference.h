@@ -10,8 +10,11 @@
 #include <cstddef>
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC);
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+// (the vocabulary range is for tensor parallelism: a rank holding rows [vocab_begin, +vocab_rows))
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int vocab_begin = 0, int vocab_rows = 0x7fffffff);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                      int vocab_begin = 0, int vocab_rows = 0x7fffffff);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -23,7 +26,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp);
 void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
-                                   float dloss);
+                                   float dloss, int vocab_begin = 0);
 float global_grad_norm(const float* grads, size_t n);
 float clip_coefficient(float norm, float max_norm);
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1, float beta2,

@@ -81,12 +81,12 @@ static inline float vexpf(float x) {
 //   backward, weight dW  += dout^T * inp  (OC x IC) = (OC x BT)(BT x IC)
 // A and B are addressed through (row stride, column stride), so a transpose is just a swap of
 // strides. The speed comes from three ideas, the same ones every BLAS uses:
-//   1. a register tile: an MR x NR block of C is accumulated in vector registers (8 rows x 32
-//      columns = 16 AVX-512 registers) while k runs, so each loaded value feeds MR or NR FMAs;
+//   1. a register tile: an MR x NR block of C is accumulated in vector registers (6 rows x 64
+//      columns = 24 of the 32 AVX-512 registers) while k runs, so each loaded value feeds MR or NR FMAs;
 //   2. packing: the slices of A and B the tile loop needs are first copied into contiguous
 //      "panels" (MR rows or NR columns wide, k-major), so the inner loop reads memory in order
 //      whatever the original strides were, and transposes cost one copy instead of cache misses;
-//   3. blocking: K is processed KC = 256 at a time so the panels being reused stay in cache.
+//   3. blocking: K is processed KC = 384 at a time so the panels being reused stay in cache.
 // Each C tile belongs to one thread and k runs in a fixed order: results do not depend on the
 // number of threads. (MATMUL_MR, _NR, _KC, _NC live in llmc/cpu_buffers.h: they size the panels.)
 
@@ -97,23 +97,24 @@ typedef float vec16_unaligned __attribute__((vector_size(64), aligned(4)));
 // C[m_valid x n_valid] (+)= Ap (kc x MR panel)^T * Bp (kc x NR panel)
 static inline void matmul_micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
                                        size_t ldc, int m_valid, int n_valid, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR;
-    vec16 acc[MR][2] = {};
+    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, NV = NR / 16;  // NV vector registers per row of the tile
+    vec16 acc[MR][NV] = {};
     for (int k = 0; k < kc; k++) {
-        vec16 b0 = *(const vec16*)(Bp + k * NR);
-        vec16 b1 = *(const vec16*)(Bp + k * NR + 16);
+        vec16 b[NV];
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) b[v] = *(const vec16*)(Bp + k * NR + 16 * v);
         #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
-            float a = Ap[k * MR + i];  // broadcast one element of A against 32 of B
-            acc[i][0] += a * b0;
-            acc[i][1] += a * b1;
+            float a = Ap[k * MR + i];  // broadcast one element of A against NR of B
+            #pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[i][v] += a * b[v];
         }
     }
     float tile[MR][NR];
     #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
-        *(vec16_unaligned*)&tile[i][0] = acc[i][0];
-        *(vec16_unaligned*)&tile[i][16] = acc[i][1];
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) *(vec16_unaligned*)&tile[i][16 * v] = acc[i][v];
     }
     for (int i = 0; i < m_valid; i++) {
         float* c = C + i * ldc;
@@ -149,45 +150,45 @@ void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const
         for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
+    // One parallel region for the whole product; per block of K, the threads pack the panels, meet
+    // at one barrier, compute their tiles, and meet again before the panels are overwritten.
+    #pragma omp parallel
     for (int jc = 0; jc < N; jc += NC) {
         int nc = std::min(NC, N - jc);
         int n_panels = (nc + NR - 1) / NR;
         for (int pc = 0; pc < K; pc += KC) {
             int kc = std::min(KC, K - pc);
             bool add = accumulate || pc > 0;
-            #pragma omp parallel
-            {
-                #pragma omp for schedule(static)
-                for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc] in NR-wide panels
-                    float* dst = Bp + (size_t)jp * NR * kc;
-                    for (int k = 0; k < kc; k++) {
-                        const float* src = B + (size_t)(pc + k) * b_rs;
-                        for (int j = 0; j < NR; j++) {
-                            int col = jc + jp * NR + j;
-                            dst[k * NR + j] = col < N ? src[(size_t)col * b_cs] : 0.0f;
-                        }
-                    }
-                }
-                #pragma omp for schedule(static)
-                for (int ip = 0; ip < m_panels; ip++) {  // pack A[0:M, pc:pc+kc] in MR-tall panels
-                    float* dst = Ap + (size_t)ip * MR * kc;
-                    for (int k = 0; k < kc; k++) {
-                        for (int i = 0; i < MR; i++) {
-                            int row = ip * MR + i;
-                            dst[k * MR + i] = row < M ? A[(size_t)row * a_rs + (size_t)(pc + k) * a_cs] : 0.0f;
-                        }
-                    }
-                }
-                #pragma omp for schedule(static) collapse(2)
-                for (int jp = 0; jp < n_panels; jp++) {
-                    for (int ip = 0; ip < m_panels; ip++) {
-                        int row = ip * MR, col = jc + jp * NR;
-                        matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
-                                            C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
-                                            std::min(NR, N - col), add);
+            #pragma omp for schedule(static) nowait
+            for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc] in NR-wide panels
+                float* dst = Bp + (size_t)jp * NR * kc;
+                for (int k = 0; k < kc; k++) {
+                    const float* src = B + (size_t)(pc + k) * b_rs;
+                    for (int j = 0; j < NR; j++) {
+                        int col = jc + jp * NR + j;
+                        dst[k * NR + j] = col < N ? src[(size_t)col * b_cs] : 0.0f;
                     }
                 }
             }
+            #pragma omp for schedule(static)
+            for (int ip = 0; ip < m_panels; ip++) {  // pack A[0:M, pc:pc+kc] in MR-tall panels
+                float* dst = Ap + (size_t)ip * MR * kc;
+                for (int k = 0; k < kc; k++) {
+                    for (int i = 0; i < MR; i++) {
+                        int row = ip * MR + i;
+                        dst[k * MR + i] = row < M ? A[(size_t)row * a_rs + (size_t)(pc + k) * a_cs] : 0.0f;
+                    }
+                }
+            }  // (barrier: every panel is packed)
+            #pragma omp for schedule(static) collapse(2)
+            for (int jp = 0; jp < n_panels; jp++) {
+                for (int ip = 0; ip < m_panels; ip++) {
+                    int row = ip * MR, col = jc + jp * NR;
+                    matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
+                                        C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
+                                        std::min(NR, N - col), add);
+                }
+            }  // (barrier: every tile is done with these panels)
         }
     }
 }

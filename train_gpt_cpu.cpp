@@ -143,7 +143,7 @@ void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const
             size_t b_cs, float* C, size_t ldc, bool accumulate) {
     constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC;
     int m_panels = (M + MR - 1) / MR;
-    matmul_scratch_reserve(matmul_pack_a_floats(M), MATMUL_PACK_B_FLOATS);  // no-op once the trainer sized them
+    matmul_scratch_reserve(matmul_pack_a_floats(M), matmul_pack_b_floats(N));  // no-op once the trainer sized them
     float* Ap = (float*)matmul_scratch.a_pack.data();
     float* Bp = (float*)matmul_scratch.b_pack.data();
     if (K == 0 && !accumulate) {
@@ -1067,7 +1067,7 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     }
     zero_reduce_gradients(&mo.zero, &mo.grads);
     double squares = 0.0;
-    for (auto& range : zero_norm_ranges(mo.zero)) squares += sum_of_squares(range.first, range.second);
+    for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
 
@@ -1392,8 +1392,9 @@ static void gather_weights(GPT2* model, Parallel* par, std::vector<float>* out) 
 static void gather_gradients(GPT2* model, Parallel* par, std::vector<float>* out) {
     std::vector<GlobalRun> runs;
     std::vector<float> values;
-    // the summed gradient sits where the optimizer state does: in grad_shard (stage 0: in `grads`, whole)
-    const float* grad = model->zero.stage == 0 ? model->grads.data() : model->zero.grad_shard.data();
+    // the summed gradient sits where the optimizer state does: this rank's shard (stage 0: `grads`, whole)
+    const float* grad = model->zero.stage == 0 ? model->grads.data()
+                      : model->zero.stage == 1 ? zero_summed_shard(model->zero, model->grads) : model->zero.grad_shard.data();
     for (const StateRun& r : zero_state_runs(model->zero, slice_runs(model->config, model->slice), false)) {
         runs.push_back({r.global, r.count});
         values.insert(values.end(), grad + r.state_at, grad + r.state_at + r.count);

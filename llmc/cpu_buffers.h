@@ -45,8 +45,11 @@ constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
 
 // Floats in the packed panels of A for a matmul with M rows: ceil(M / MR) panels of MR x KC.
 inline size_t matmul_pack_a_floats(size_t M) { return (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR * MATMUL_KC; }
-// ... and of B, whatever the shapes: NC / NR panels of NR x KC.
-constexpr size_t MATMUL_PACK_B_FLOATS = (size_t)MATMUL_NC * MATMUL_KC;
+// ... and of B for a matmul with N columns: at most NC columns (NC / NR panels of NR x KC) at a time.
+inline size_t matmul_pack_b_floats(size_t N) {
+    size_t columns = std::min((size_t)MATMUL_NC, (N + MATMUL_NR - 1) / MATMUL_NR * MATMUL_NR);
+    return columns * MATMUL_KC;
+}
 
 // What decides the sizes.
 struct CPURunShape {
@@ -122,6 +125,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
     // (3Ca, C, Cf, Vp) in the weight gradient
     size_t max_rows = std::max({BT, Vp, Cf, 3 * Ca, C});
+    // ... and N, the columns, is an output width in the forward, an input width in the backward
+    size_t max_columns = std::max({Vp, Cf, 3 * Ca, C});
     bool lent = s.pipeline_parallel > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight
@@ -162,7 +167,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_DBUF_4C] = {"dbuf_4c", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", BT * Cf, F};
     t[CB_MATMUL_PACK_A] = {"matmul_pack_a", MEM_WORKSPACE, sh("%zu rows x KC=%d", max_rows, MATMUL_KC),
                            matmul_pack_a_floats(max_rows), F};
-    t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("NC=%d x KC=%d", MATMUL_NC, MATMUL_KC), MATMUL_PACK_B_FLOATS, F};
+    t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("min(NC=%d, %zu) columns x KC=%d", MATMUL_NC, max_columns, MATMUL_KC),
+                           matmul_pack_b_floats(max_columns), F};
 
     t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
     t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};

@@ -375,7 +375,9 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
 
     std::vector<StateLine> lines(4);
     lines[0] = {"params", w * N, ours.bytes[MEM_PARAMS], w * vocab_pad, w * flat_pad, 0, ""};
-    lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, cpu ? 4.0 * shards.shard_size : 0, ""};
+    // the CPU's grad_shard, the reduce-scatter's output (none with one rank: nothing to sum)
+    double grad_shard = cpu && e.ranks > 1 ? 4.0 * shards.shard_size : 0;
+    lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, grad_shard, ""};
     lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, ""};
     lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, 0, ""};
     if (cpu && e.zero_stage >= 2) {
@@ -395,7 +397,7 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         if (l.vocab_padding != 0) parts.push_back(strprintf("%s padded vocabulary ((Vp-V)*C = %s values)",
                                                               with_commas_signed(l.vocab_padding).c_str(), with_commas(vocab_pad).c_str()));
         if (l.shard_padding != 0) parts.push_back(strprintf("%s padding to equal shards", with_commas_signed(l.shard_padding).c_str()));
-        if (l.extra != 0) parts.push_back(strprintf("%s grad_shard, the reduce-scatter's output (the whole gradient with one rank)",
+        if (l.extra != 0) parts.push_back(strprintf("%s grad_shard, the reduce-scatter's output (this rank's shard of the sum)",
                                                     with_commas_signed(l.extra).c_str()));
         double rest = (double)l.ours - l.literature - l.vocab_padding - l.shard_padding - l.extra;
         if (std::fabs(rest) >= 0.5) parts.push_back(strprintf("%s other (allocator rounding)", with_commas_signed(rest).c_str()));

@@ -470,7 +470,8 @@ inline void sample_decoder_init(SampleDecoder* d, const TrainOptions& o, const G
 
 inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& generated) {
     if (d.loaded) {
-        printf("sample: %s\n", d.tokenizer.decode(generated).c_str());
+        // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
+        printf("sample: %s\n", utf8_replace_invalid(d.tokenizer.decode(generated)).c_str());
     } else {
         printf("sample:");
         for (int id : generated) printf(" %d", id);

@@ -143,6 +143,15 @@ inline size_t zero_shard_floats(const Zero& z) {
     return n;
 }
 
+// Stages 0-1 with a single data-parallel rank: there is nothing to sum, the gradient in `grads` already
+// is this rank's shard of the sum, so no separate grad_shard is kept (zero_memory sizes it 0).
+inline bool zero_sums_in_place(const Zero& z) { return z.stage <= 1 && z.dp->world_size == 1; }
+
+// Stages 0-1: where this rank's shard of the summed gradient is.
+inline float* zero_summed_shard(Zero& z, std::vector<float>& grads) {
+    return zero_sums_in_place(z) ? grads.data() + z.shard.begin : z.grad_shard.data();
+}
+
 // Sets up the rank's share: which shards it owns, of the flat array or of every unit. Allocates
 // nothing: the trainer allocates the buffers from its size table (llmc/cpu_buffers.h), whose rows
 // for the weights, gradients and AdamW state come from zero_memory() below, the same arithmetic.
@@ -216,6 +225,7 @@ inline void zero_reduce_bucket(Zero* z, int u, const char* what) {
 // holds the whole summed gradient in `grads` (stage 0's reduce-scatter + all-gather is an all-reduce).
 inline void zero_reduce_gradients(Zero* z, std::vector<float>* grads) {
     if (z->stage >= 2) return;   // already reduced, unit by unit, during the backward pass
+    if (zero_sums_in_place(*z)) return;
     comm_reduce_scatter_sum(z->dp, grads->data(), z->grad_shard.data(), z->shards.shard_size, "reduce-scatter of the gradients");
     if (z->stage == 0) {
         memcpy(grads->data() + z->shard.begin, z->grad_shard.data(), z->shard.size() * sizeof(float));
@@ -253,7 +263,7 @@ inline std::vector<ZeroPiece> zero_owned_pieces(const Zero& z) {
 // Where a piece's reduced gradient and current weights are.
 inline float* zero_grad_of(Zero& z, const ZeroPiece& p, std::vector<float>& grads) {
     if (z.stage == 0) return grads.data() + p.local;                      // all-gathered whole
-    if (z.stage == 1) return z.grad_shard.data() + (p.local - z.shard.begin);
+    if (z.stage == 1) return zero_summed_shard(z, grads) + (p.local - z.shard.begin);
     return z.grad_shard.data() + p.stored;
 }
 inline float* zero_param_of(Zero& z, const ZeroPiece& p, std::vector<float>& params) {
@@ -264,7 +274,7 @@ inline float* zero_param_of(Zero& z, const ZeroPiece& p, std::vector<float>& par
 // data-parallel sum, less the tensors another tensor rank counts (each element is counted once in
 // the whole world). Contiguous pieces are merged, so that without tensor parallelism the sum runs
 // over the shard in one piece, exactly as it always has.
-inline std::vector<std::pair<const float*, size_t>> zero_norm_ranges(const Zero& z) {
+inline std::vector<std::pair<const float*, size_t>> zero_norm_ranges(Zero& z, std::vector<float>& grads) {
     std::vector<std::pair<const float*, size_t>> out;
     auto add = [&](const float* p, size_t n) {
         if (n == 0) return;
@@ -273,7 +283,7 @@ inline std::vector<std::pair<const float*, size_t>> zero_norm_ranges(const Zero&
     };
     if (z.stage <= 1) {
         for (const TensorPiece& p : shard_pieces(z.layout, owned_range(z.shards, z.dp->rank)))
-            if (counts_once(z.grid, p.tensor)) add(z.grad_shard.data() + (p.begin - z.shard.begin), p.end - p.begin);
+            if (counts_once(z.grid, p.tensor)) add(zero_summed_shard(z, grads) + (p.begin - z.shard.begin), p.end - p.begin);
         return out;
     }
     for (const ZeroPiece& p : zero_owned_pieces(z))
@@ -313,7 +323,7 @@ inline ZeroMemory zero_memory(int stage, const std::vector<ZeroUnit>& units, siz
     if (stage <= 1) {
         ShardLayout s = shard_layout(total, N);
         z.params = z.grads = s.padded_total;          // padded so that the collectives move equal shards
-        z.grad_shard = s.shard_size;                  // the reduce-scatter's output
+        z.grad_shard = N == 1 ? 0 : s.shard_size;     // the reduce-scatter's output (none to sum with 1 rank)
         z.optimizer = 2 * (stage == 1 ? owned_range(s, r).size() : total);
         return z;
     }

@@ -6,12 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-make -j"$(nproc)" all
+# build what the job needs: the tools and the CPU trainer, and the GPU trainer only where there is a GPU
+targets=(prepare_data train_gpt_cpu)
+if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then targets+=(train_gpt); fi
+make -j"$(nproc)" "${targets[@]}"
 scripts/get_corpus.sh moby-dick
 data=(--train-data "data/moby-dick/moby-dick_train_*.bin" --val-data "data/moby-dick/moby-dick_val_*.bin")
 if [[ -x ./train_gpt ]] && nvidia-smi >/dev/null 2>&1; then
     echo "run: training GPT-2 small (d12) on the GPU"
-    exec ./train_gpt "${data[@]}" --model d12 --batch-size 16 --seq-len 1024 --total-batch-tokens 131072 \
+    # 300 steps of 16k tokens: about 17 passes over Moby Dick's 286k training tokens
+    exec ./train_gpt "${data[@]}" --model d12 --batch-size 16 --seq-len 1024 \
         --steps 300 --lr 6e-4 --warmup-steps 30 --val-every 50 --sample-every 100 --sample-tokens 128 --top-k 40 \
         --checkpoint-every 100 --out-dir out/moby-dick-d12 "$@"
 else

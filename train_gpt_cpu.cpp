@@ -682,19 +682,9 @@ static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer)
 // llmc/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
 // stacked tensor), or with ZeRO-3 into a buffer that all-gathered them from the data-parallel ranks
 // just now.
-static ParamTensors<float> flat_unit_view(GPT2* model, float* flat, int unit) {
-    ParamTensors<float> all = point_into(flat, model->layout), v;
-    int L = model->slice.num_layers;
-    bool ends = unit == ends_unit(L);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        if (!tensor_is_per_layer(t)) v.ptr[t] = ends ? all[t] : nullptr;
-        else if (!ends) v.ptr[t] = all[t] + (size_t)(L - 1 - unit) * (model->layout.count[t] / L);
-    }
-    return v;
-}
 static ParamTensors<float> unit_weights(GPT2* model, int unit) {
     if (model->zero.stage == 3) return unit_view(model->zero.units[unit], zero_gather(&model->zero, unit, "all-gather of a layer's weights (ZeRO-3)"), true);
-    return flat_unit_view(model, model->params.data(), unit);
+    return flat_unit_view(model->params.data(), model->layout, model->slice.num_layers, unit);
 }
 static void release_unit_weights(GPT2* model, int unit) {
     if (model->zero.stage == 3) zero_release(&model->zero, unit);
@@ -702,7 +692,7 @@ static void release_unit_weights(GPT2* model, int unit) {
 // Where the backward pass adds a unit's gradients: the flat array, or with ZeRO-2/3 a bucket.
 static ParamTensors<float> unit_grads(GPT2* model, int unit) {
     if (model->zero.stage >= 2) return unit_view(model->zero.units[unit], zero_open_bucket(&model->zero, unit), true);
-    return flat_unit_view(model, model->grads.data(), unit);
+    return flat_unit_view(model->grads.data(), model->layout, model->slice.num_layers, unit);
 }
 // A unit's gradient is complete for this micro-batch: with ZeRO-2/3, reduce-scatter its bucket now
 // (summing the sequence-parallel LayerNorm gradients over the tensor group first).
@@ -1205,31 +1195,12 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     std::string tmp = open_checkpoint_together(o.out_dir, step, g.rank, barrier);
     if (leader && rank0_holds_weights) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
     if (leader || !one_state_file) {
-        std::vector<StateRun> runs = zero_state_runs(model->zero, slice_runs(model->config, model->slice), true);
-        std::sort(runs.begin(), runs.end(), [](const StateRun& a, const StateRun& b) { return a.global < b.global; });
         TrainState s;
         s.header = train_state_header(step, param_layout(model->config).total, ShardRange{}, g.rank, g.world, g.zero_stage,
                                       plan, sampler_rng, train.pos);
-        s.header.tensor_parallel = g.tp;
-        s.header.pipeline_parallel = g.pp;
-        s.header.sequence_parallel = g.sequence_parallel;
         s.header.has_master_weights = !rank0_holds_weights;
-        const float* weights = weight_storage(model);
-        for (const StateRun& r : runs) {
-            s.runs.push_back((int64_t)r.global);
-            s.runs.push_back((int64_t)r.count);
-            s.m.insert(s.m.end(), model->adam_m.begin() + r.state_at, model->adam_m.begin() + r.state_at + r.count);
-            s.v.insert(s.v.end(), model->adam_v.begin() + r.state_at, model->adam_v.begin() + r.state_at + r.count);
-            if (s.header.has_master_weights) s.master.insert(s.master.end(), weights + r.weight_at, weights + r.weight_at + r.count);
-        }
-        s.header.shard_count = (int64_t)s.m.size();
-        if (runs.size() <= 1) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
-            s.header.shard_begin = runs.empty() ? 0 : (int64_t)runs[0].global;
-            s.runs.clear();
-        } else {
-            s.header.has_run_table = 1;
-            s.header.num_runs = (int64_t)runs.size();
-        }
+        zero_fill_state(&s, g, zero_state_runs(model->zero, slice_runs(model->config, model->slice), true), model->adam_m.data(),
+                        model->adam_v.data(), weight_storage(model), false);
         write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
     }
     if (!rank0_holds_weights) {

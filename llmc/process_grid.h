@@ -188,8 +188,11 @@ inline ModelSlice model_slice(const GPT2Config& cfg, const ProcessGrid& g) {
     s.fc_channels = 4 * cfg.channels / g.tp;
     s.fc_begin = g.tp_rank * s.fc_channels;
     // Vp is a multiple of 128, so tp = 2, 4, 8 divide it; any other tp gets a few rows of padding
-    // on its last rank: rows that exist in no file and whose logits are masked like the vocab padding
+    // on its last rank: rows that exist in no file and whose logits are masked like the vocab padding.
+    // Split, each rank's rows are a multiple of 8, so that every row of its logits starts on 16 bytes
+    // (the GPU's vector loads and cuBLAS want that): tp = 3 over Vp = 512 holds 176 rows each.
     s.vocab_rows = (cfg.padded_vocab_size + g.tp - 1) / g.tp;
+    if (g.tp > 1) s.vocab_rows = (s.vocab_rows + 7) / 8 * 8;
     s.vocab_begin = g.tp_rank * s.vocab_rows;
     s.vocab_stored = std::max(0, std::min(s.vocab_rows, cfg.padded_vocab_size - s.vocab_begin));
     s.vocab_real = std::max(0, std::min(s.vocab_rows, cfg.vocab_size - s.vocab_begin));

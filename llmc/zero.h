@@ -48,6 +48,7 @@
 #include <cstring>
 #include <vector>
 #include "llmc/comm.h"
+#include "llmc/formats.h"
 #include "llmc/model.h"
 #include "llmc/process_grid.h"
 #include "llmc/sharding.h"
@@ -86,8 +87,10 @@ inline std::vector<ZeroUnit> model_units(const ParamLayout& layout, int L) {
 
 // Pointers to a unit's tensors: inside the flat array (`packed` false), or inside a buffer that
 // holds the unit packed (a gathered unit or a gradient bucket). Tensors not in the unit are null.
-inline ParamTensors<float> unit_view(const ZeroUnit& u, float* base, bool packed) {
-    ParamTensors<float> v;
+// (T: float on the CPU, the GPU's bf16 element type there.)
+template <class T>
+inline ParamTensors<T> unit_view(const ZeroUnit& u, T* base, bool packed) {
+    ParamTensors<T> v;
     size_t at = 0;
     for (const ZeroUnitPiece& p : u.pieces) {
         v.ptr[p.tensor] = base + (packed ? at : p.local);
@@ -96,22 +99,43 @@ inline ParamTensors<float> unit_view(const ZeroUnit& u, float* base, bool packed
     return v;
 }
 
-// Copies between a packed unit range [packed_begin, packed_end) and the flat array.
-inline void unit_pack(const ZeroUnit& u, const float* flat, float* packed, size_t packed_begin, size_t packed_end) {
+// The same tensors inside the flat array of a slice with L layers: layer l's part of each stacked
+// tensor (unit_of_layer(L, l)), or wte, wpe and the final LayerNorm (ends_unit(L)). What the
+// forward and backward passes address when the unit is not gathered into a buffer of its own.
+template <class T>
+inline ParamTensors<T> flat_unit_view(T* flat, const ParamLayout& layout, int L, int unit) {
+    ParamTensors<T> all = point_into(flat, layout), v;
+    bool ends = unit == ends_unit(L);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (!tensor_is_per_layer(t)) v.ptr[t] = ends ? all[t] : nullptr;
+        else if (!ends) v.ptr[t] = all[t] + (size_t)(L - 1 - unit) * (layout.count[t] / L);
+    }
+    return v;
+}
+
+// The parts of a packed unit range [packed_begin, packed_end) that lie in each of its pieces:
+// copy(local, packed, count) for each, with `local` an index of the flat array and `packed` one of the
+// packed unit. The CPU copies with memcpy (below), the GPU with cudaMemcpyAsync (llmc/zero.cuh).
+template <class Copy>
+inline void unit_runs(const ZeroUnit& u, size_t packed_begin, size_t packed_end, Copy copy) {
     size_t at = 0;
     for (const ZeroUnitPiece& p : u.pieces) {
         size_t lo = std::max(packed_begin, at), hi = std::min(packed_end, at + p.count);
-        if (lo < hi) memcpy(packed + (lo - packed_begin), flat + p.local + (lo - at), (hi - lo) * sizeof(float));
+        if (lo < hi) copy(p.local + (lo - at), lo, hi - lo);
         at += p.count;
     }
 }
+
+// Copies between a packed unit range [packed_begin, packed_end) and the flat array.
+inline void unit_pack(const ZeroUnit& u, const float* flat, float* packed, size_t packed_begin, size_t packed_end) {
+    unit_runs(u, packed_begin, packed_end, [&](size_t local, size_t at, size_t n) {
+        memcpy(packed + (at - packed_begin), flat + local, n * sizeof(float));
+    });
+}
 inline void unit_unpack(const ZeroUnit& u, const float* packed, float* flat, size_t packed_begin, size_t packed_end) {
-    size_t at = 0;
-    for (const ZeroUnitPiece& p : u.pieces) {
-        size_t lo = std::max(packed_begin, at), hi = std::min(packed_end, at + p.count);
-        if (lo < hi) memcpy(flat + p.local + (lo - at), packed + (lo - packed_begin), (hi - lo) * sizeof(float));
-        at += p.count;
-    }
+    unit_runs(u, packed_begin, packed_end, [&](size_t local, size_t at, size_t n) {
+        memcpy(flat + local, packed + (at - packed_begin), n * sizeof(float));
+    });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -395,3 +419,33 @@ inline std::vector<StateRun> zero_weight_runs(const Zero& z, const std::vector<S
     for (const SliceRun& r : slice) out.push_back({r.global, r.count, 0, r.local});
     return out;
 }
+
+// A grid's training-state file (llmc/formats.h, version 2): the elements `runs` (this rank's share,
+// zero_state_runs(..., true)) in global order, with m and v read at each run's state position and,
+// when the header says it has them, the weights at its weight position, or with weights_at_state at
+// its state position (the GPU's fp32 master weights sit beside m and v). The header (from
+// train_state_header) gets the grid. One run or none is written as the plain slice of version 1.
+inline void zero_fill_state(TrainState* s, const ProcessGrid& g, std::vector<StateRun> runs, const float* m, const float* v,
+                            const float* weights, bool weights_at_state) {
+    std::sort(runs.begin(), runs.end(), [](const StateRun& a, const StateRun& b) { return a.global < b.global; });
+    s->header.tensor_parallel = g.tp;
+    s->header.pipeline_parallel = g.pp;
+    s->header.sequence_parallel = g.sequence_parallel;
+    for (const StateRun& r : runs) {
+        s->runs.push_back((int64_t)r.global);
+        s->runs.push_back((int64_t)r.count);
+        s->m.insert(s->m.end(), m + r.state_at, m + r.state_at + r.count);
+        s->v.insert(s->v.end(), v + r.state_at, v + r.state_at + r.count);
+        size_t at = weights_at_state ? r.state_at : r.weight_at;
+        if (s->header.has_master_weights) s->master.insert(s->master.end(), weights + at, weights + at + r.count);
+    }
+    s->header.shard_count = (int64_t)s->m.size();
+    if (runs.size() <= 1) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
+        s->header.shard_begin = runs.empty() ? 0 : (int64_t)runs[0].global;
+        s->runs.clear();
+    } else {
+        s->header.has_run_table = 1;
+        s->header.num_runs = (int64_t)runs.size();
+    }
+}
+

@@ -24,6 +24,14 @@
 // of layers are summed across ranks on a second CUDA stream while the backward pass goes on with the
 // layers below (docs/parallelism.md). Rank 0 alone prints, evaluates, samples and writes model.bin.
 // Buffers are sized from the optimizer slice this rank holds (ZeRO-1: 1/N of master, m and v).
+//
+// A process grid (--tensor-parallel, --pipeline-parallel, --zero 2|3; docs/parallelism.md, "Beyond
+// data parallelism"): a rank holds a SLICE of the model (llmc/process_grid.h) and runs the passes
+// below on it, in local shapes, with the CPU trainer's hooks where ranks meet (llmc/zero.cuh,
+// llmc/tensor_parallel.cuh); the Parallel section walks the pipeline schedule (llmc/
+// pipeline_parallel.cuh). On one rank, or with data parallelism alone and ZeRO-0/1, every hook does
+// nothing and every kernel is called as before the grid existed.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -39,10 +47,13 @@
 #include "llmc/hellaswag.h"
 #include "llmc/metrics.h"
 #include "llmc/model.h"
+#include "llmc/pipeline_parallel.h"
+#include "llmc/process_grid.h"
 #include "llmc/sampler.h"
 #include "llmc/sharding.h"
 #include "llmc/training.h"
 #include "llmc/utils.h"
+#include "llmc/zero.h"
 
 #include "llmc/cuda_common.cuh"
 #include "llmc/adamw.cuh"
@@ -53,6 +64,9 @@
 #include "llmc/global_norm.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/pipeline_parallel.cuh"
+#include "llmc/tensor_parallel.cuh"
+#include "llmc/zero.cuh"
 
 // ==============================================================================================
 // Host <-> device copies of parameter-like arrays (fp32 on the host, floatX on the device)
@@ -87,15 +101,32 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 
 // ==============================================================================================
 // The model on the GPU
+//
+// On a process grid the model is this rank's SLICE (llmc/process_grid.h), and the code below is
+// written for it, in local shapes, as the CPU trainer's model section is:
+//     L   layers of the slice              Ca  attention channels: heads * head size (C / tp)
+//     C   channels of the residual stream  Cf  MLP hidden units (4C / tp)
+//     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
+//     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
+// which on one rank are the model's own. Where ranks meet there are one-line hooks, each a no-op on
+// one rank (or with plain data parallelism, whose exchange is the bucketed reduction further down):
+//     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/tensor_parallel.cuh)
+//     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/zero.cuh)
+//     unit_grads / unit_grads_done         ZeRO-2/3: a unit's gradient bucket, reduce-scattered when done;
+//                                          ZeRO-0/1: its part of the flat gradient, summed on the last micro-batch
+// and a pipeline stage without the embedding or the head skips them: its input arrives in the
+// residual stream's layer 0, its output gradient in dresidual (llmc/pipeline_parallel.cuh).
 
 struct GPT2 {
     GPT2Config config;
-    ParamLayout layout;
+    ModelSlice slice;                   // the part of the model this rank holds: all of it on one rank
+    ParamLayout layout;                 // the slice's flat arrays (on one rank, the model's layout)
     GPURunShape shape;                  // what the buffers were sized for
     std::vector<BufferSpec> table;   // ... and the sizes
     void* buf[GB_COUNT] = {};
-    ParamTensors<floatX> p, g;          // each tensor inside params / grads
+    ParamTensors<floatX> p, g;          // each tensor inside params / grads (the flat arrays of ZeRO-0..2)
     int B = 0, T = 0;
+    int slot = 0, slots = 1;            // which micro-batch's activations the passes use, of how many (pipelines)
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
     AttentionContext attention;
@@ -105,14 +136,24 @@ struct GPT2 {
     int* host_buckets = nullptr;
     float* host_losses = nullptr;
     std::vector<int> bucket_count;
-    int buckets = 0;
+    std::vector<int> buckets;           // per slot: the number of the encoder backward's token buckets
+    TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
+    ZeroGpu zero;                       // stages 0-1: only its plan; 2-3: shards, buckets, gathered units
+    bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
 };
 
 template <class T> static T* B_(GPT2* m, GPUBuffer b) { return (T*)m->buf[b]; }
 
+// The current micro-batch's part of a row: the row itself, or in a pipeline (which keeps the
+// activations of several micro-batches) the slot's part of the rows that have one per micro-batch.
+template <class T> static T* A_(GPT2* m, GPUBuffer b) {
+    if (m->slot == 0 || !gpu_buffer_per_micro_batch(b)) return B_<T>(m, b);
+    return (T*)((char*)m->buf[b] + (size_t)m->slot * (m->table[b].bytes() / m->slots));
+}
+
 // The shape of one layer's slice of a stacked activation.
-static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return B_<floatX>(m, b) + (size_t)l * per_layer; }
-static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return B_<float>(m, b) + (size_t)l * per_layer; }
+static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<floatX>(m, b) + (size_t)l * per_layer; }
+static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<float>(m, b) + (size_t)l * per_layer; }
 
 // Fails, before anything is allocated, if the buffers of `shape` do not fit in the GPU's free
 // memory, saying which micro-batch would.
@@ -151,6 +192,8 @@ static void gpt2_allocate(GPT2* m) {
 static void gpt2_free(GPT2* m) {
     attention_destroy(&m->attention);
     matmul_destroy(&m->matmul);
+    tp_gpu_destroy(&m->tp);
+    zero_gpu_destroy(&m->zero);
     for (int i = 0; i < GB_COUNT; i++)
         if (m->buf[i]) CUDA_CHECK(cudaFree(m->buf[i]));
     CUDA_CHECK(cudaFreeHost(m->host_inputs));
@@ -160,187 +203,280 @@ static void gpt2_free(GPT2* m) {
     CUDA_CHECK(cudaStreamDestroy(m->stream));
 }
 
-// Copies a micro-batch to the GPU. targets may be null (sampling). Synchronous with respect to the
-// host buffers: the next call may overwrite them.
+// Copies a micro-batch to the GPU (into the current slot). targets may be null (sampling).
+// Synchronous with respect to the host buffers: the next call may overwrite them.
 static void gpt2_upload_batch(GPT2* m, const int* inputs, const int* targets) {
     size_t BT = (size_t)m->B * m->T;
     memcpy(m->host_inputs, inputs, BT * sizeof(int));
-    CUDA_CHECK(cudaMemcpyAsync(B_<int>(m, GB_INPUTS), m->host_inputs, BT * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(A_<int>(m, GB_INPUTS), m->host_inputs, BT * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     if (targets) {
         memcpy(m->host_targets, targets, BT * sizeof(int));
-        CUDA_CHECK(cudaMemcpyAsync(B_<int>(m, GB_TARGETS), m->host_targets, BT * sizeof(int), cudaMemcpyHostToDevice, m->stream));
-        // the encoder backward's buckets: positions grouped by token (see encoder.cuh)
-        m->buckets = encoder_buckets_build(inputs, (int)BT, m->config.vocab_size, &m->bucket_count, m->host_buckets);
-        CUDA_CHECK(cudaMemcpyAsync(B_<int>(m, GB_ENCODER_BUCKETS), m->host_buckets, (2 * BT + 1 + m->buckets) * sizeof(int),
+        CUDA_CHECK(cudaMemcpyAsync(A_<int>(m, GB_TARGETS), m->host_targets, BT * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    }
+    if (targets && m->slice.first_stage) {
+        // the encoder backward's buckets: positions grouped by token (see encoder.cuh), of this
+        // rank's vocabulary rows (all of them on one rank)
+        int& U = m->buckets[(size_t)m->slot];
+        U = encoder_buckets_build(inputs, (int)BT, m->slice.vocab_real, &m->bucket_count, m->host_buckets, m->slice.vocab_begin);
+        CUDA_CHECK(cudaMemcpyAsync(A_<int>(m, GB_ENCODER_BUCKETS), m->host_buckets, (2 * BT + 1 + U) * sizeof(int),
                                    cudaMemcpyHostToDevice, m->stream));
     }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
-// Forward pass of the uploaded micro-batch, up to the logits (B, T, Vp).
-static void gpt2_forward(GPT2* m) {
-    const GPT2Config& c = m->config;
-    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size, B = m->B, T = m->T;
-    int BT = B * T;
-    size_t btc = (size_t)BT * C;
-    bool keep_ln = m->shape.recompute < 2, keep_gelu = m->shape.recompute < 1;
-    bool simple = !m->attention.use_cudnn;
-    cudaStream_t s = m->stream;
-    const ParamTensors<floatX>& p = m->p;
-    floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
-
-    encoder_forward(layer_x(m, GB_RESIDUAL, 0, btc), B_<int>(m, GB_INPUTS), p[WTE], p[WPE], B, T, C, s);
-    for (int l = 0; l < L; l++) {
-        floatX* residual = layer_x(m, GB_RESIDUAL, l, btc);
-        floatX* ln1 = keep_ln ? layer_x(m, GB_LN1, l, btc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* qkv = layer_x(m, GB_QKV, l, btc * 3);
-        floatX* atty = layer_x(m, GB_ATTY, l, btc);
-        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, btc);
-        floatX* ln2 = keep_ln ? layer_x(m, GB_LN2, l, btc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* fch = layer_x(m, GB_FCH, l, btc * 4);
-        floatX* fch_gelu = keep_gelu ? layer_x(m, GB_FCH_GELU, l, btc * 4) : B_<floatX>(m, GB_GELU_RECOMPUTE);
-        float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
-        floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
-
-        // ln1: layer 0 normalises the embeddings; every later layer's ln1 was fused into the
-        // residual add that ended the previous layer (below)
-        if (l == 0) {
-            fused_residual_layernorm_forward(nullptr, ln1, layer_f(m, GB_LN1_MEAN, 0, BT), layer_f(m, GB_LN1_RSTD, 0, BT),
-                                             residual, nullptr, p[LN1W], p[LN1B], BT, C, s);
-        }
-        matmul_forward(&m->matmul, qkv, ln1, p[QKVW] + (size_t)l * 3 * C * C, p[QKVB] + (size_t)l * 3 * C, BT, C, 3 * C, s);
-        attention_forward(&m->attention, atty, stats, att, qkv, B, T, C, NH, s);
-        matmul_forward(&m->matmul, scratch, atty, p[ATTPROJW] + (size_t)l * C * C, p[ATTPROJB] + (size_t)l * C, BT, C, C, s);
-        fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, BT), layer_f(m, GB_LN2_RSTD, l, BT),
-                                         residual, scratch, p[LN2W] + (size_t)l * C, p[LN2B] + (size_t)l * C, BT, C, s);
-        matmul_forward(&m->matmul, fch, ln2, p[FCW] + (size_t)l * 4 * C * C, p[FCB] + (size_t)l * 4 * C, BT, C, 4 * C, s);
-        gelu_forward(fch_gelu, fch, btc * 4, s);
-        matmul_forward(&m->matmul, scratch, fch_gelu, p[FCPROJW] + (size_t)l * 4 * C * C, p[FCPROJB] + (size_t)l * C, BT,
-                       4 * C, C, s);
-        // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
-        floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, btc);
-        if (l + 1 < L) {
-            floatX* next_ln1 = keep_ln ? layer_x(m, GB_LN1, l + 1, btc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-            fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, BT),
-                                             layer_f(m, GB_LN1_RSTD, l + 1, BT), residual2, scratch,
-                                             p[LN1W] + (size_t)(l + 1) * C, p[LN1B] + (size_t)(l + 1) * C, BT, C, s);
-        } else {
-            fused_residual_layernorm_forward(next_residual, B_<floatX>(m, GB_LNF), B_<float>(m, GB_LNF_MEAN),
-                                             B_<float>(m, GB_LNF_RSTD), residual2, scratch, p[LNFW], p[LNFB], BT, C, s);
-        }
-    }
-    if (L == 0) {
-        fused_residual_layernorm_forward(nullptr, B_<floatX>(m, GB_LNF), B_<float>(m, GB_LNF_MEAN), B_<float>(m, GB_LNF_RSTD),
-                                         layer_x(m, GB_RESIDUAL, 0, btc), nullptr, p[LNFW], p[LNFB], BT, C, s);
-    }
-    matmul_forward(&m->matmul, B_<floatX>(m, GB_LOGITS), B_<floatX>(m, GB_LNF), p[WTE], nullptr, BT, C, Vp, s);  // tied
-}
-
-// Loss of the forward just run, per token into GB_LOSSES, and the mean returned (summed on the host in
-// double, as the CPU does). With write_grad, the logits become d(loss)/d(logits) * dloss, in place.
-static float gpt2_classifier(GPT2* m, float dloss, bool write_grad) {
-    const GPT2Config& c = m->config;
-    int BT = m->B * m->T;
-    fused_classifier(B_<floatX>(m, GB_LOGITS), B_<float>(m, GB_LOSSES), B_<int>(m, GB_TARGETS), dloss, BT, c.vocab_size,
-                     c.padded_vocab_size, write_grad, m->stream);
-    CUDA_CHECK(cudaMemcpyAsync(m->host_losses, B_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    double total = 0.0;
-    for (int i = 0; i < BT; i++) total += m->host_losses[i];
-    return (float)(total / BT);
-}
+// ---- the hooks where ranks meet (see above); without ZeRO-2/3 or tensor parallelism each is a view
+// into the flat arrays, or nothing at all
 
 // Data parallelism (defined below, with the rest of it): hands a bucket of finished gradients to the
 // communication stream.
 struct DataParallel;
 static void reduce_bucket_async(DataParallel* dp, GPT2* m, int bucket);
 
-// Backward pass of the last forward + classifier(write_grad). Gradients are ADDED to GB_GRADS. With
-// `dp` (the last micro-batch of a step, several ranks), each layer's gradients start their trip across
-// the ranks as soon as that layer is done: bucket 0 is the last layer, bucket L the embeddings.
-static void gpt2_backward(GPT2* m, DataParallel* dp) {
+// The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
+// llmc/zero.h) as the kernels address them; with ZeRO-3 all-gathered just now, the unit `next`
+// (or -1) already on its way.
+static ParamTensors<floatX> unit_weights(GPT2* m, int unit, int next) {
+    if (m->zero.plan.stage == 3) return zero_weights(&m->zero, unit, next);
+    return flat_unit_view(B_<floatX>(m, GB_PARAMS), m->layout, m->slice.num_layers, unit);
+}
+static void release_unit_weights(GPT2* m, int unit) {
+    if (m->zero.plan.stage == 3) zero_release(&m->zero, unit, m->stream);
+}
+// Where the backward pass adds a unit's gradients: the flat array, or with ZeRO-2/3 a bucket.
+static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
+    if (m->zero.plan.stage >= 2) return zero_open_bucket(&m->zero, unit, m->stream);
+    return flat_unit_view(B_<floatX>(m, GB_GRADS), m->layout, m->slice.num_layers, unit);
+}
+// A unit's gradient is complete for this micro-batch. ZeRO-2/3: reduce-scatter its bucket now.
+// ZeRO-0/1 with `dp` (the last micro-batch of the step): start summing it across the data-parallel
+// ranks. Either way the sequence-parallel LayerNorm gradients are first summed over the tensor group.
+static void unit_grads_done(GPT2* m, DataParallel* dp, int unit) {
+    if (m->zero.plan.stage >= 2) {
+        tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
+        zero_reduce_bucket(&m->zero, unit, m->stream);
+        return;
+    }
+    if (!dp) return;
+    tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
+    reduce_bucket_async(dp, m, unit);
+}
+// The LM head is the tied wte: the ends unit's, or on the last stage of a pipeline its copy.
+static const floatX* lm_head_weights(GPT2* m, const ParamTensors<floatX>& ends) {
+    return m->slice.first_stage ? ends[WTE] : B_<floatX>(m, GB_LENT_WTE);
+}
+static floatX* lm_head_grads(GPT2* m, const ParamTensors<floatX>& ends) {
+    return m->slice.first_stage ? ends[WTE] : B_<floatX>(m, GB_LENT_WTE_GRAD);
+}
+
+// Forward pass of the uploaded micro-batch, up to the logits (B, T, Vp). A pipeline stage without
+// the embedding finds its input in the residual stream's layer 0; one without the head leaves its
+// output in layer L.
+static void gpt2_forward(GPT2* m) {
     const GPT2Config& c = m->config;
-    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size, B = m->B, T = m->T;
-    int BT = B * T;
-    size_t btc = (size_t)BT * C;
+    const ModelSlice& sl = m->slice;
+    TensorParallelGpu* tp = &m->tp;
+    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, Cf = sl.fc_channels, NH = sl.heads, Vp = sl.vocab_rows;
+    int B = m->B, T = m->T;
+    int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
+    size_t rc = (size_t)R * C;  // the residual stream's values per layer
     bool keep_ln = m->shape.recompute < 2, keep_gelu = m->shape.recompute < 1;
     bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
-    const ParamTensors<floatX>& p = m->p;
-    const ParamTensors<floatX>& g = m->g;
-    floatX* dresidual = B_<floatX>(m, GB_DRESIDUAL);
+    floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
+    floatX* local = B_<floatX>(m, GB_TP_LOCAL);      // sequence parallelism: this rank's rows of it
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
+
+    if (sl.first_stage) {
+        ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));
+        floatX* encoded = layer_x(m, GB_RESIDUAL, 0, rc);
+        if (tp->host.degree == 1) encoder_forward(encoded, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], B, T, C, s);
+        else tp_embedding_forward(tp, encoded, scratch, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], sl, B, T, C, s);
+        release_unit_weights(m, ends);
+    }
+    for (int l = 0; l < L; l++) {
+        ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < L ? unit_of_layer(L, l + 1) : -1);
+        floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
+        floatX* ln1 = keep_ln ? layer_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
+        floatX* atty = layer_x(m, GB_ATTY, l, (size_t)BT * Ca);
+        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
+        floatX* ln2 = keep_ln ? layer_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
+        floatX* fch_gelu = keep_gelu ? layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
+        float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
+        floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
+
+        // ln1: layer 0 normalises the embeddings (or what the previous stage sent); every later
+        // layer's ln1 was fused into the residual add that ended the previous layer (below)
+        if (l == 0) {
+            fused_residual_layernorm_forward(nullptr, ln1, layer_f(m, GB_LN1_MEAN, 0, R), layer_f(m, GB_LN1_RSTD, 0, R),
+                                             residual, nullptr, w[LN1W], w[LN1B], R, C, s);
+        }
+        const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
+        matmul_forward(&m->matmul, qkv, ln1_all, w[QKVW], w[QKVB], BT, C, 3 * Ca, s);
+        attention_forward(&m->attention, atty, stats, att, qkv, B, T, Ca, NH, s);
+        matmul_forward(&m->matmul, scratch, atty, w[ATTPROJW], tp_bias(tp, w[ATTPROJB]), BT, Ca, C, s);  // tp: partial
+        floatX* proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the attention projection");
+        fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
+                                         residual, proj, w[LN2W], w[LN2B], R, C, s);
+        const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
+        matmul_forward(&m->matmul, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
+        gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
+        matmul_forward(&m->matmul, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
+        proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
+        // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
+        floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
+        if (l + 1 < L) {
+            ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
+            floatX* next_ln1 = keep_ln ? layer_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+            fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, R),
+                                             layer_f(m, GB_LN1_RSTD, l + 1, R), residual2, proj, next[LN1W], next[LN1B],
+                                             R, C, s);
+        } else if (sl.last_stage) {
+            ParamTensors<floatX> e = unit_weights(m, ends, -1);
+            fused_residual_layernorm_forward(next_residual, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN),
+                                             A_<float>(m, GB_LNF_RSTD), residual2, proj, e[LNFW], e[LNFB], R, C, s);
+        } else {
+            residual_forward(next_residual, residual2, proj, rc, s);  // the next stage normalises it
+        }
+        release_unit_weights(m, unit_of_layer(L, l));
+    }
+    if (!sl.last_stage) return;  // the last layer's output goes to the next stage
+
+    ParamTensors<floatX> e = unit_weights(m, ends, -1);
+    if (L == 0) {
+        fused_residual_layernorm_forward(nullptr, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD),
+                                         layer_x(m, GB_RESIDUAL, 0, rc), nullptr, e[LNFW], e[LNFB], R, C, s);
+    }
+    const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
+    matmul_forward(&m->matmul, A_<floatX>(m, GB_LOGITS), lnf_all, lm_head_weights(m, e), nullptr, BT, C, Vp, s);  // tied
+    release_unit_weights(m, ends);
+}
+
+// Loss of the forward just run, per token into GB_LOSSES, and the mean returned (summed on the host in
+// double, as the CPU does). With write_grad, the logits become d(loss)/d(logits) * dloss, in place.
+// With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
+static float gpt2_classifier(GPT2* m, float dloss, bool write_grad) {
+    const GPT2Config& c = m->config;
+    int BT = m->B * m->T;
+    if (m->tp.host.degree == 1) {
+        fused_classifier(A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, c.vocab_size,
+                         c.padded_vocab_size, write_grad, m->stream);
+    } else {
+        tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, m->slice,
+                      write_grad, m->stream);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(m->host_losses, A_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double total = 0.0;
+    for (int i = 0; i < BT; i++) total += m->host_losses[i];
+    return (float)(total / BT);
+}
+
+// Backward pass of the last forward + classifier(write_grad). Gradients are ADDED to GB_GRADS (or
+// ZeRO-2/3's buckets). With `dp` (the last micro-batch of a step, several ranks), each layer's
+// gradients start their trip across the ranks as soon as that layer is done: bucket 0 is the last
+// layer, bucket L the embeddings. A pipeline stage without the head finds d(its output) in
+// dresidual; one without the embedding leaves d(its input) there, for the previous stage.
+static void gpt2_backward(GPT2* m, DataParallel* dp) {
+    const GPT2Config& c = m->config;
+    const ModelSlice& sl = m->slice;
+    TensorParallelGpu* tp = &m->tp;
+    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, Cf = sl.fc_channels, NH = sl.heads, Vp = sl.vocab_rows;
+    int B = m->B, T = m->T;
+    int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
+    size_t rc = (size_t)R * C;
+    bool keep_ln = m->shape.recompute < 2, keep_gelu = m->shape.recompute < 1;
+    bool simple = !m->attention.use_cudnn;
+    cudaStream_t s = m->stream;
+    floatX* dresidual = A_<floatX>(m, GB_DRESIDUAL);
     floatX* dbuf_c = B_<floatX>(m, GB_SCRATCH_C);
     floatX* dbuf_3c = B_<floatX>(m, GB_SCRATCH_3C);
     floatX* dbuf_4c = B_<floatX>(m, GB_SCRATCH_4C);
+    floatX* local = B_<floatX>(m, GB_TP_LOCAL);
     float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
-    floatX* dlogits = B_<floatX>(m, GB_LOGITS);
+    floatX* dlogits = A_<floatX>(m, GB_LOGITS);
+    int ends = ends_unit(L);
 
     // classifier (the tied LM head) and final LayerNorm
-    matmul_backward_data(&m->matmul, dbuf_c, dlogits, p[WTE], BT, C, Vp, s);
-    matmul_backward_weight(&m->matmul, g[WTE], dlogits, B_<floatX>(m, GB_LNF), BT, C, Vp, s);
-    CUDA_CHECK(cudaMemsetAsync(dresidual, 0, btc * sizeof(floatX), s));
-    layernorm_backward(dresidual, g[LNFW], g[LNFB], partials, dbuf_c, layer_x(m, GB_RESIDUAL, L, btc), p[LNFW],
-                       B_<float>(m, GB_LNF_MEAN), B_<float>(m, GB_LNF_RSTD), BT, C, s);
+    if (sl.last_stage) {
+        ParamTensors<floatX> e = unit_weights(m, ends, L > 0 ? unit_of_layer(L, L - 1) : -1), ge = unit_grads(m, ends);
+        matmul_backward_data(&m->matmul, dbuf_c, dlogits, lm_head_weights(m, e), BT, C, Vp, s);
+        const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
+        matmul_backward_weight(&m->matmul, lm_head_grads(m, ge), dlogits, lnf_all, BT, C, Vp, s);
+        floatX* dlnf = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the LM head's input gradient");
+        CUDA_CHECK(cudaMemsetAsync(dresidual, 0, rc * sizeof(floatX), s));
+        layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, L, rc), e[LNFW],
+                           A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD), R, C, s);
+        release_unit_weights(m, ends);  // (its gradient bucket stays open until the embedding's backward)
+    }
 
     for (int l = L - 1; l >= 0; l--) {
-        floatX* residual = layer_x(m, GB_RESIDUAL, l, btc);
-        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, btc);
-        floatX* qkv = layer_x(m, GB_QKV, l, btc * 3);
-        floatX* atty = layer_x(m, GB_ATTY, l, btc);
-        floatX* fch = layer_x(m, GB_FCH, l, btc * 4);
-        float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, BT), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, BT);
-        float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, BT), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, BT);
-        const floatX* ln1w = p[LN1W] + (size_t)l * C, *ln1b = p[LN1B] + (size_t)l * C;
-        const floatX* ln2w = p[LN2W] + (size_t)l * C, *ln2b = p[LN2B] + (size_t)l * C;
-        const floatX* qkvw = p[QKVW] + (size_t)l * 3 * C * C;
-        const floatX* attprojw = p[ATTPROJW] + (size_t)l * C * C;
-        const floatX* fcw = p[FCW] + (size_t)l * 4 * C * C;
-        const floatX* fcprojw = p[FCPROJW] + (size_t)l * 4 * C * C;
+        int unit = unit_of_layer(L, l);
+        ParamTensors<floatX> w = unit_weights(m, unit, l > 0 ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
+        floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
+        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
+        floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
+        floatX* atty = layer_x(m, GB_ATTY, l, (size_t)BT * Ca);
+        floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
+        float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, R), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
+        float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, R), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
 
         // recompute what was not kept, with the forward's own kernels (so, bit-identically)
-        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, btc * 4);
+        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
         if (!keep_gelu) {
             fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
-            gelu_forward(fch_gelu, fch, btc * 4, s);
+            gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
         }
-        floatX* ln2 = layer_x(m, GB_LN2, l, btc);
+        floatX* ln2 = layer_x(m, GB_LN2, l, rc);
         if (!keep_ln) {
             ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, ln2w, ln2b, BT, C, s);
+            layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], R, C, s);
         }
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        matmul_backward_data(&m->matmul, dbuf_4c, dresidual, fcprojw, BT, 4 * C, C, s);
-        matmul_backward_weight(&m->matmul, g[FCPROJW] + (size_t)l * 4 * C * C, dresidual, fch_gelu, BT, 4 * C, C, s);
-        bias_backward(g[FCPROJB] + (size_t)l * C, partials, dresidual, BT, C, s);
-        gelu_backward_inplace(dbuf_4c, fch, btc * 4, s);
-        matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, fcw, BT, C, 4 * C, s);
-        matmul_backward_weight(&m->matmul, g[FCW] + (size_t)l * 4 * C * C, dbuf_4c, ln2, BT, C, 4 * C, s);
-        bias_backward(g[FCB] + (size_t)l * 4 * C, partials, dbuf_4c, BT, 4 * C, s);
-        layernorm_backward(dresidual, g[LN2W] + (size_t)l * C, g[LN2B] + (size_t)l * C, partials, dbuf_c, residual2,
-                           ln2w, ln2_mean, ln2_rstd, BT, C, s);
+        const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
+        matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
+        matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+        bias_backward(g[FCPROJB], partials, dout, BT, C, s);
+        gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
+        const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
+        matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
+        matmul_backward_weight(&m->matmul, g[FCW], dbuf_4c, ln2_all, BT, C, Cf, s);
+        bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
+        floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        matmul_backward_data(&m->matmul, dbuf_c, dresidual, attprojw, BT, C, C, s);
-        matmul_backward_weight(&m->matmul, g[ATTPROJW] + (size_t)l * C * C, dresidual, atty, BT, C, C, s);
-        bias_backward(g[ATTPROJB] + (size_t)l * C, partials, dresidual, BT, C, s);
+        dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the attention's output gradient");
+        matmul_backward_data(&m->matmul, dbuf_c, dout, w[ATTPROJW], BT, Ca, C, s);
+        matmul_backward_weight(&m->matmul, g[ATTPROJW], dout, atty, BT, Ca, C, s);
+        bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
-        attention_backward(&m->attention, dbuf_3c, dbuf_c, qkv, atty, stats, att, B, T, C, NH, s);
-        floatX* ln1 = layer_x(m, GB_LN1, l, btc);
+        attention_backward(&m->attention, dbuf_3c, dbuf_c, qkv, atty, stats, att, B, T, Ca, NH, s);
+        floatX* ln1 = layer_x(m, GB_LN1, l, rc);
         if (!keep_ln) {
             ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, ln1w, ln1b, BT, C, s);
+            layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
         }
-        matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, qkvw, BT, C, 3 * C, s);
-        matmul_backward_weight(&m->matmul, g[QKVW] + (size_t)l * 3 * C * C, dbuf_3c, ln1, BT, C, 3 * C, s);
-        bias_backward(g[QKVB] + (size_t)l * 3 * C, partials, dbuf_3c, BT, 3 * C, s);
-        layernorm_backward(dresidual, g[LN1W] + (size_t)l * C, g[LN1B] + (size_t)l * C, partials, dbuf_c, residual,
-                           ln1w, ln1_mean, ln1_rstd, BT, C, s);
-        if (dp) reduce_bucket_async(dp, m, L - 1 - l);  // layer l's gradients are final
+        const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
+        matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, w[QKVW], BT, C, 3 * Ca, s);
+        matmul_backward_weight(&m->matmul, g[QKVW], dbuf_3c, ln1_all, BT, C, 3 * Ca, s);
+        bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
+        floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
+        unit_grads_done(m, dp, unit);  // layer l's gradients are final
+        release_unit_weights(m, unit);
     }
-    encoder_backward(g[WTE], g[WPE], dresidual, B_<int>(m, GB_ENCODER_BUCKETS), m->buckets, B, T, C, s);
-    if (dp) reduce_bucket_async(dp, m, L);  // wte (LM head + embedding), wpe, lnf
+    if (!sl.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
+
+    ParamTensors<floatX> ge = unit_grads(m, ends);
+    const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the embeddings' gradient");
+    encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), m->buckets[(size_t)m->slot], B, T, C, s);
+    // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
+    // joined wte's (the step does it, below)
+    if (!m->pipelined) unit_grads_done(m, dp, ends);
 }
 
 // ==============================================================================================
@@ -374,12 +510,15 @@ static void gpt2_backward(GPT2* m, DataParallel* dp) {
 // The gradients are summed in bf16 (NCCL adds in fp32 and rounds each partial sum to bf16): 2 bytes
 // per parameter instead of 4. One GPU accumulating N micro-batches also rounds its bf16 gradient
 // once per micro-batch, so N ranks add no more rounding than N accumulation steps already do.
-
-constexpr ncclDataType_t NCCL_FLOATX = FLOATX_IS_FP32 ? ncclFloat32 : ncclBfloat16;
+//
+// On a process grid the data-parallel ranks are a group (llmc/process_grid.h), each holding the same
+// slice: the same design over the slice's flat array, and ZeRO-2/3 reduce unit by unit instead
+// (llmc/zero.cuh). The step's numbers (loss, norm) and barriers then span the whole world.
 
 struct DataParallel {
-    Comm comm;
-    GpuComm gpu;                    // NCCL (or host staging) and the communication stream
+    Comm* comm = nullptr;           // the data-parallel group (the world, without tensor or pipeline parallelism)
+    GpuComm* gpu = nullptr;         // ... on the GPU: NCCL (or host staging) and its communication stream
+    GpuComm* world = nullptr;       // every rank: the step's loss and gradient norm, checkpoint barriers
     int zero_stage = 0;
     ShardLayout shards;             // the flat parameter array, padded and cut into world_size equal shards
     ShardRange shard;               // this rank's shard, padding included: what the collectives move
@@ -389,15 +528,15 @@ struct DataParallel {
     cudaEvent_t update_done = nullptr;             // after AdamW: ZeRO-1's all-gather waits for it
 };
 
-// After comm_init and gpu_comm_init (the events belong to this rank's GPU).
-static void data_parallel_setup(DataParallel* dp, const GPT2Config& cfg, int zero_stage) {
-    ParamLayout layout = param_layout(cfg);
+// After comm_init and gpu_comm_init (the events belong to this rank's GPU). `layout` is this rank's
+// flat array (its slice's, on a grid) with L layers.
+static void data_parallel_setup(DataParallel* dp, const ParamLayout& layout, int L, int zero_stage) {
     dp->zero_stage = zero_stage;
-    dp->shards = shard_layout(layout.total, dp->comm.world_size);
-    dp->shard = shard_range(dp->shards, dp->comm.rank);
-    dp->updated = zero_stage == 1 ? owned_range(dp->shards, dp->comm.rank) : ShardRange{0, layout.total};
-    for (int b = 0; b < gradient_bucket_count(cfg.num_layers); b++) {
-        dp->buckets.push_back(gradient_bucket(layout, cfg.num_layers, b));
+    dp->shards = shard_layout(layout.total, dp->comm->world_size);
+    dp->shard = shard_range(dp->shards, dp->comm->rank);
+    dp->updated = zero_stage == 1 ? owned_range(dp->shards, dp->comm->rank) : ShardRange{0, layout.total};
+    for (int b = 0; b < gradient_bucket_count(L); b++) {
+        dp->buckets.push_back(gradient_bucket(layout, L, b));
         cudaEvent_t done;
         CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
         dp->bucket_done.push_back(done);
@@ -408,32 +547,23 @@ static void data_parallel_setup(DataParallel* dp, const GPT2Config& cfg, int zer
 static void data_parallel_finish(DataParallel* dp) {
     for (cudaEvent_t e : dp->bucket_done) CUDA_CHECK(cudaEventDestroy(e));
     CUDA_CHECK(cudaEventDestroy(dp->update_done));
-    gpu_comm_finalize(&dp->gpu);
-    comm_finalize(&dp->comm);
-}
-
-// What this rank's buffers hold: params and grads padded to equal shards, its slice of the optimizer.
-static void shape_for_rank(GPURunShape* s, const DataParallel& dp) {
-    s->world_size = dp.comm.world_size;
-    s->opt_begin = dp.updated.begin;
-    s->opt_count = dp.updated.size();
 }
 
 // Starts summing bucket `bucket` across ranks as soon as the compute stream has written it, and
 // returns at once: the host goes on enqueueing the backward of the layers below.
 static void reduce_bucket_async(DataParallel* dp, GPT2* m, int bucket) {
-    if (dp->comm.world_size == 1) return;
+    if (dp->comm->world_size == 1) return;
     CUDA_CHECK(cudaEventRecord(dp->bucket_done[bucket], m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(dp->gpu.stream, dp->bucket_done[bucket], 0));
-    gpu_reduce_to_owners(&dp->gpu, m->buf[GB_GRADS], NCCL_FLOATX, dp->shards, dp->buckets[bucket],
+    CUDA_CHECK(cudaStreamWaitEvent(dp->gpu->stream, dp->bucket_done[bucket], 0));
+    gpu_reduce_to_owners(dp->gpu, m->buf[GB_GRADS], NCCL_FLOATX, dp->shards, dp->buckets[bucket],
                          "reduction of the gradients");
 }
 
-// The sum of squares of grads[range]: GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
+// The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
 // fixed order), added here in block order, in fp64.
-static double gradient_sum_of_squares(GPT2* m, ShardRange range) {
+static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
     float* partials = B_<float>(m, GB_NORM_PARTIALS);
-    global_norm_partials(partials, B_<floatX>(m, GB_GRADS) + range.begin, range.size(), m->stream);
+    global_norm_partials(partials, grads, n, m->stream);
     std::vector<float> host(GLOBAL_NORM_BLOCKS);
     CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, GLOBAL_NORM_BLOCKS * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -445,21 +575,31 @@ static double gradient_sum_of_squares(GPT2* m, ShardRange range) {
 // Waits for the buckets' sums, then returns the global gradient norm (of the summed gradient, as one
 // rank would compute it): each rank's shard's sum of squares, added over ranks in rank order, so every
 // rank gets the same bits. With `gather_all`, every rank then also holds the whole summed gradient
-// (ZeRO-0; or to dump it).
+// (ZeRO-0; or to dump it). On a grid each element is counted by one rank of the world: tensor rank 0
+// counts the replicated tensors (llmc/process_grid.h's counts_once), ZeRO-2/3 count their shards.
 static float reduce_gradients(GPT2* m, DataParallel* dp, bool gather_all) {
-    gpu_comm_wait(&dp->gpu, "reduction of the gradients");
-    double squares = gradient_sum_of_squares(m, dp->shard);
-    float norm = (float)std::sqrt(gpu_comm_sum(&dp->gpu, squares, "sum of the gradient norms"));
-    if (gather_all) {
-        gpu_all_gather(&dp->gpu, m->buf[GB_GRADS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the gradients");
-        gpu_comm_wait(&dp->gpu, "all-gather of the gradients");
+    gpu_comm_wait(dp->gpu, "reduction of the gradients");
+    double squares = 0.0;
+    const floatX* grads = B_<floatX>(m, GB_GRADS);
+    if (m->zero.plan.stage >= 2) {
+        for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    } else if (m->tp.host.degree == 1) {
+        squares = gradient_sum_of_squares(m, grads + dp->shard.begin, dp->shard.size());
+    } else {
+        for (const TensorPiece& p : shard_pieces(m->layout, owned_range(dp->shards, dp->comm->rank)))
+            if (counts_once(m->zero.plan.grid, p.tensor)) squares += gradient_sum_of_squares(m, grads + p.begin, p.end - p.begin);
+    }
+    float norm = (float)std::sqrt(gpu_comm_sum(dp->world, squares, "sum of the gradient norms"));
+    if (gather_all && m->zero.plan.stage <= 1) {
+        gpu_all_gather(dp->gpu, m->buf[GB_GRADS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the gradients");
+        gpu_comm_wait(dp->gpu, "all-gather of the gradients");
     }
     return norm;
 }
 
 // Clipping and AdamW over the parameters this rank updates (all of them, or its ZeRO-1 shard), in one
-// launch (llmc/adamw.cuh); ZeRO-1 then all-gathers the updated bf16 parameters. Returns when the new
-// parameters are in place on every rank.
+// launch (llmc/adamw.cuh); ZeRO-1 then all-gathers the updated bf16 parameters. ZeRO-2/3 update their
+// shards piece by piece (llmc/zero.cuh). Returns when the new parameters are in place on every rank.
 static void optimizer_step(GPT2* m, DataParallel* dp, const TrainOptions& o, float lr, int step, float norm) {
     float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
     CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
@@ -479,16 +619,20 @@ static void optimizer_step(GPT2* m, DataParallel* dp, const TrainOptions& o, flo
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
-    if (dp->updated.size() > 0) {  // with more ranks than shards of parameters, a rank may own none
-        adamw_update(B_<floatX>(m, GB_PARAMS), m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr,
-                     B_<floatX>(m, GB_GRADS), B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), dp->updated.begin,
-                     dp->updated.size(), norm_on_gpu, a, m->stream);
+    float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
+    if (m->zero.plan.stage >= 2) {
+        zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu,
+                   a, m->stream);
+        zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
+    } else if (dp->updated.size() > 0) {  // with more ranks than shards of parameters, a rank may own none
+        adamw_update(B_<floatX>(m, GB_PARAMS), master, B_<floatX>(m, GB_GRADS), B_<float>(m, GB_ADAM_M),
+                     B_<float>(m, GB_ADAM_V), dp->updated.begin, dp->updated.size(), norm_on_gpu, a, m->stream);
     }
-    if (dp->zero_stage == 1 && dp->comm.world_size > 1) {
+    if (dp->zero_stage == 1 && dp->comm->world_size > 1) {
         CUDA_CHECK(cudaEventRecord(dp->update_done, m->stream));
-        CUDA_CHECK(cudaStreamWaitEvent(dp->gpu.stream, dp->update_done, 0));
-        gpu_all_gather(&dp->gpu, m->buf[GB_PARAMS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the parameters");
-        gpu_comm_wait(&dp->gpu, "all-gather of the parameters");
+        CUDA_CHECK(cudaStreamWaitEvent(dp->gpu->stream, dp->update_done, 0));
+        gpu_all_gather(dp->gpu, m->buf[GB_PARAMS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the parameters");
+        gpu_comm_wait(dp->gpu, "all-gather of the parameters");
     }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
@@ -501,15 +645,15 @@ static std::vector<float> full_master_weights(GPT2* m, DataParallel* dp) {
     if (!m->shape.master_weights) return download_as_float(B_<floatX>(m, GB_PARAMS), P);
     if (dp->updated.begin == 0 && dp->updated.size() == P) return download_floats(B_<float>(m, GB_MASTER), P);
     float* all = nullptr;
-    cudaStream_t s = dp->gpu.stream;  // the copies and the all-gather in one stream: in order
+    cudaStream_t s = dp->gpu->stream;  // the copies and the all-gather in one stream: in order
     CUDA_CHECK(cudaMalloc(&all, dp->shards.padded_total * sizeof(float)));
     CUDA_CHECK(cudaMemsetAsync(all, 0, dp->shards.padded_total * sizeof(float), s));
     if (dp->updated.size() > 0) {
         CUDA_CHECK(cudaMemcpyAsync(all + dp->updated.begin, m->buf[GB_MASTER], dp->updated.size() * sizeof(float),
                                    cudaMemcpyDeviceToDevice, s));
     }
-    gpu_all_gather(&dp->gpu, all, dp->shards.shard_size, ncclFloat32, "all-gather of the master weights");
-    gpu_comm_wait(&dp->gpu, "all-gather of the master weights");
+    gpu_all_gather(dp->gpu, all, dp->shards.shard_size, ncclFloat32, "all-gather of the master weights");
+    gpu_comm_wait(dp->gpu, "all-gather of the master weights");
     std::vector<float> out = download_floats(all, P);
     CUDA_CHECK(cudaFree(all));
     return out;
@@ -520,12 +664,12 @@ static std::vector<float> full_master_weights(GPT2* m, DataParallel* dp) {
 // broadcast, which needs MPI) the ranks compare a 53-bit hash of them: different files behind the
 // same path on different nodes fail here, not as replicas that silently drift apart.
 static void check_same_weights(DataParallel* dp, const std::vector<float>& params) {
-    if (dp->comm.world_size == 1) return;
+    if (dp->comm->world_size == 1) return;
     uint64_t h = 0xcbf29ce484222325ull;
     const uint32_t* words = (const uint32_t*)params.data();
     for (size_t i = 0; i < params.size(); i++) h = (h ^ words[i]) * 0x100000001b3ull;
-    std::vector<double> all = gpu_comm_gather(&dp->gpu, (double)(h >> 11), "comparing the initial weights");
-    for (int r = 0; r < dp->comm.world_size; r++) {
+    std::vector<double> all = gpu_comm_gather(dp->gpu, (double)(h >> 11), "comparing the initial weights");
+    for (int r = 0; r < dp->comm->world_size; r++) {
         if (all[r] != all[0]) {
             fail("rank %d loaded different initial weights from rank 0's (the model file or checkpoint differs between "
                  "nodes?): every rank must see the same --model and --out-dir", r);
@@ -534,39 +678,232 @@ static void check_same_weights(DataParallel* dp, const std::vector<float>& param
 }
 
 // ==============================================================================================
-// The training loop
+// Parallelism on a grid (docs/parallelism.md; llmc/ holds one file per technique)
+//
+// `mpirun -np N ./train_gpt --tensor-parallel t --pipeline-parallel p --zero z` runs N ranks on a grid
+// of dp = N/(t p) data-parallel x t tensor-parallel x p pipeline ranks, as the CPU trainer does. A
+// step, on every rank:
+//   1. forward and backward of the step's micro-batches, in the order of the pipeline schedule
+//      (without a pipeline: F0 B0 F1 B1 ..., gradient accumulation), receiving activations from the
+//      previous stage and gradients from the next; tensor-parallel collectives inside each pass;
+//      ZeRO-2/3 reduce-scatter unit by unit, ZeRO-0/1 start on the last micro-batch's buckets;
+//   2. in a pipeline, the tied embedding's gradient joins the first stage's, then the ends' bucket;
+//   3. the gradient norm: each rank adds the squares of what it owns, the world adds them up;
+//   4. AdamW on what this rank owns, the data-parallel ranks share the result, and the first stage
+//      sends the updated tied embedding to the last.
+// Grids beyond data parallelism need MPI (the groups are MPI communicators; checkpoints and dumps
+// collect every rank's elements on rank 0).
 
-static float evaluate(GPT2* m, DataLoader* val, int batches) {
+struct Parallel {
+    ProcessGrid grid;
+    Comm world;                                // every rank
+    GridComms comms;                           // the host groups, when the grid has more than data parallelism
+    GpuComm world_gpu;                         // every rank, on the GPU: the step's numbers, barriers
+    GpuComm data_gpu, tensor_gpu, pipe_gpu;    // each group on the GPU (beyond data parallelism)
+    DataParallel dp;                           // the data group's ZeRO-0/1 reduction
+    PipelineGpu pipe;                          // the pipeline group's sends and receives
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    bool groups = false;                       // tensor or pipeline parallelism: groups of their own
+    bool model_parallel = false;               // a forward pass needs other ranks (tp, pp or ZeRO-3)
+    bool flat_state = true;                    // data parallelism, ZeRO-0/1: one contiguous optimizer slice
+    double predicted_bubble = 0;               // (p-1)/(m+p-1)
+};
+
+// A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why, and
+// every rank leaves with exit code 2 (a command-line problem).
+[[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
+    if (world->rank == 0) fprintf(stderr, "error: %s\n", why.c_str());
+    fflush(stderr);
+    if (world->mpi) comm_barrier(world, "stopping on a bad grid");
+    comm_finalize(world);
+    exit(EXIT_BAD_USAGE);
+}
+
+// What is on the host's side of the last stage's first logits (--dump-state): this rank's columns.
+struct FirstLogits {
+    std::vector<float> values;   // (B*T, vocab_real)
+    float loss = 0.0f;
+};
+
+// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
+// schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
+// elsewhere). The last backward hands the data group its buckets (ZeRO-0/1). With `first`, the
+// first micro-batch's logits are kept (--dump-state).
+static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step, FirstLogits* first) {
+    const ModelSlice& sl = m->slice;
+    PipelineGpu* pipe = &par->pipe;
+    int stage = par->grid.pp_rank, mb = plan.accumulation_steps;
+    size_t n = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels;  // values crossing a stage boundary
+    size_t bytes = n * sizeof(floatX);
+    std::vector<PipeAction> order = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
+    double loss = 0.0;  // this rank's mean loss over its micro-batches
+    auto start = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < order.size(); k++) {
+        const PipeAction& act = order[k];
+        m->slot = act.micro % m->slots;
+        auto busy = std::chrono::steady_clock::now();
+        if (act.forward) {
+            dataloader_next_batch(train);  // every stage reads the micro-batches of its data-parallel rank
+            gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+            if (!sl.first_stage) {
+                pipe_recv(pipe, layer_x(m, GB_RESIDUAL, 0, n), bytes, stage - 1, pipe_tag_activation(act.micro), m->stream);
+            }
+            pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
+            busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
+            gpt2_forward(m);
+            if (sl.last_stage) {
+                if (first && act.micro == 0 && par->grid.dp_rank == 0) {
+                    size_t BT = (size_t)m->B * m->T, V = sl.vocab_real, Vp = sl.vocab_rows;
+                    std::vector<float> logits = download_as_float(A_<floatX>(m, GB_LOGITS), BT * Vp);
+                    first->values.resize(BT * V);
+                    for (size_t i = 0; i < BT; i++) memcpy(&first->values[i * V], &logits[i * Vp], V * sizeof(float));
+                }
+                // the optimised loss is the mean over all tokens of the step, all ranks together:
+                // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
+                float micro_loss = gpt2_classifier(m, 1.0f / (float)plan.total_batch_tokens, true);
+                if (first && act.micro == 0) first->loss = micro_loss;
+                loss += micro_loss / mb;
+                if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
+            } else {
+                pipe_send(pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, n), bytes, stage + 1, pipe_tag_activation(act.micro),
+                          m->slot, m->stream);
+            }
+        } else {
+            if (!sl.last_stage) {
+                pipe_recv(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, stage + 1, pipe_tag_gradient(act.micro), m->stream);
+            }
+            pipe_wait_slot(pipe, m->slot);
+            busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(2);
+            gpt2_backward(m, act.micro == mb - 1 ? &par->dp : nullptr);  // the last one also starts the reduction
+            if (!sl.first_stage) {
+                pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, stage - 1, pipe_tag_gradient(act.micro), m->slot,
+                          m->stream);
+            }
+        }
+        if (par->grid.pp > 1) {
+            // the stage's compute time, for the bubble (the compute stream never waits on another stream)
+            CUDA_CHECK(cudaStreamSynchronize(m->stream));
+            pipe->busy_seconds += seconds_since(busy);
+            // a send goes with the next action's receive, if it has one (llmc/pipeline_parallel.cuh)
+            if (!pipe_next_action_receives(order, k, sl.first_stage, sl.last_stage)) pipe_flush(pipe, m->stream);
+        }
+    }
+    if (par->grid.pp > 1) {
+        pipe_finish(pipe, m->stream);
+        pipe->schedule_seconds += seconds_since(start);
+    }
+    return loss;
+}
+
+// A pipeline, after the schedule: the last stage's LM-head gradient joins the first stage's wte
+// gradient, and then every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is
+// reduced over the data-parallel ranks, as the other buckets were during the last backward.
+static void finish_pipeline_gradients(GPT2* m, Parallel* par) {
+    const ModelSlice& sl = m->slice;
+    size_t n = (size_t)sl.vocab_rows * m->config.channels;
+    pipe_tied_gradient(&par->pipe, sl.first_stage, sl.last_stage, m->g[WTE], B_<floatX>(m, GB_LENT_WTE_GRAD),
+                       B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
+    unit_grads_done(m, &par->dp, ends_unit(sl.num_layers));
+}
+
+// A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
+static void share_tied_weights(GPT2* m, Parallel* par) {
+    const ModelSlice& sl = m->slice;
+    pipe_tied_weights(&par->pipe, sl.first_stage, sl.last_stage, m->p[WTE], B_<floatX>(m, GB_LENT_WTE),
+                      (size_t)sl.vocab_rows * m->config.channels, m->stream);
+}
+
+// ==============================================================================================
+// Evaluation and samples. On a grid whose forward pass spans several ranks (tensor or pipeline
+// parallelism, ZeRO-3) every rank takes part; otherwise rank 0 alone evaluates.
+
+// One forward pass of the full (B, T) through the pipeline, in slot 0. Returns the mean loss on the
+// last stage with targets (0 elsewhere, and without targets: sampling reads the logits).
+static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const int* targets) {
+    const ModelSlice& sl = m->slice;
+    int stage = par->grid.pp_rank;
+    size_t bytes = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels * sizeof(floatX);
+    m->slot = 0;
+    gpt2_upload_batch(m, inputs, targets);
+    if (!sl.first_stage) pipe_recv(&par->pipe, layer_x(m, GB_RESIDUAL, 0, 0), bytes, stage - 1, 0, m->stream);
+    pipe_wait_slot(&par->pipe, 0);
+    gpt2_forward(m);
+    if (!sl.last_stage) {
+        pipe_send(&par->pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, bytes / sizeof(floatX)), bytes, stage + 1, 0, 0, m->stream);
+        pipe_finish(&par->pipe, m->stream);
+        return 0.0f;
+    }
+    return targets ? gpt2_classifier(m, 0.0f, false) : 0.0f;
+}
+
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (on rank 0, or
+// on a model-parallel grid reported by the last stage and summed over the world).
+static float evaluate(GPT2* m, Parallel* par, DataLoader* val, int batches) {
     dataloader_reset(val);
     double total = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(val);
-        gpt2_upload_batch(m, val->inputs.data(), val->targets.data());
-        gpt2_forward(m);
-        total += gpt2_classifier(m, 0.0f, false);
+        total += pipeline_forward(m, par, val->inputs.data(), val->targets.data());
     }
-    return (float)(total / batches);
+    if (!par->model_parallel) return (float)(total / batches);
+    const ProcessGrid& g = par->grid;
+    bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
+    return (float)gpu_comm_sum(&par->world_gpu, reporter ? total / batches : 0.0, "collecting the validation loss");
 }
 
 // Generates tokens after <|endoftext|>. The model runs on the full (B, T) it was sized for (one
 // cuDNN plan, no new shapes); the prefix sits at the start of row 0 and, attention being causal,
-// what follows it cannot change the logits we read.
-static void print_sample(GPT2* m, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
+// what follows it cannot change the logits we read. On a model-parallel grid every rank runs the
+// forward pass, the last stage's tensor ranks send their vocabulary rows of the logits to rank 0,
+// which draws the token and tells the others.
+static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
     const GPT2Config& c = m->config;
+    const ModelSlice& sl = m->slice;
     int T = m->T;
+    bool leader = par->grid.rank == 0;
     std::vector<int> tokens = {50256 < c.vocab_size ? 50256 : 0};
     std::vector<int> batch((size_t)m->B * T, 0);
     std::vector<float> logits(c.padded_vocab_size);
     for (int i = 0; i < o.sample_tokens; i++) {
         int len = std::min((int)tokens.size(), T);
         std::copy(tokens.end() - len, tokens.end(), batch.begin());
-        gpt2_upload_batch(m, batch.data(), nullptr);
-        gpt2_forward(m);
-        logits = download_as_float(B_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * c.padded_vocab_size, c.padded_vocab_size);
-        int next = sample_token(logits.data(), c.vocab_size, o.temperature, o.top_k, rng);
+        pipeline_forward(m, par, batch.data(), nullptr);
+        bool holds = sl.last_stage && par->grid.dp_rank == 0;  // this rank has some of the logits we want
+        if (holds) logits = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * sl.vocab_rows, sl.vocab_rows);
+        if (par->model_parallel) {
+            std::vector<GlobalRun> runs;
+            std::vector<float> mine;
+            if (holds) {
+                runs.push_back({(size_t)sl.vocab_begin, (size_t)sl.vocab_real});
+                mine.assign(logits.begin(), logits.begin() + sl.vocab_real);
+            }
+            gather_to_rank0(&par->world, runs, mine, &logits, (size_t)c.vocab_size, "collecting the logits of a sample");
+        }
+        int next = 0;
+        if (leader) next = sample_token(logits.data(), c.vocab_size, o.temperature, o.top_k, rng);
+        if (par->model_parallel) comm_broadcast(&par->world, &next, sizeof(int), 0, "broadcast of a sampled token");
         tokens.push_back(next);
     }
-    print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+    if (leader) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+}
+
+// ==============================================================================================
+// Checkpoints
+
+// model.bin from this rank's weights, when it holds them all: the bf16 weights bit for bit (fp32 in
+// the fp32 build).
+static void write_params_file(GPT2* m, const std::string& path) {
+    size_t P = m->layout.total;
+    if constexpr (FLOATX_IS_FP32) {
+        std::vector<float> params = download_floats((const float*)m->buf[GB_PARAMS], P);
+        write_model_file(path, m->config, params.data(), false);
+    } else {
+        std::vector<uint16_t> params(P);
+        CUDA_CHECK(cudaMemcpy(params.data(), m->buf[GB_PARAMS], P * 2, cudaMemcpyDeviceToHost));
+        write_model_file_bf16(path, m->config, params.data());
+    }
 }
 
 // A checkpoint of N ranks, as the CPU trainer writes it: rank 0 makes "<ckpt>.tmp" and writes
@@ -576,32 +913,201 @@ static void print_sample(GPT2* m, const TrainOptions& o, const SampleDecoder& de
 // the directory into place.
 static void save_checkpoint(GPT2* m, DataParallel* dp, const RunPlan& plan, const TrainOptions& o, int step,
                             const DataLoader& train, uint64_t sampler_rng) {
-    bool leader = dp->comm.rank == 0;
-    auto barrier = [&](const char* what) { gpu_comm_barrier(&dp->gpu, what); };
-    std::string tmp = open_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
+    bool leader = dp->comm->rank == 0;
+    auto barrier = [&](const char* what) { gpu_comm_barrier(dp->gpu, what); };
+    std::string tmp = open_checkpoint_together(o.out_dir, step, dp->comm->rank, barrier);
     size_t P = m->layout.total, count = dp->updated.size();
-    if (leader) {
-        if constexpr (FLOATX_IS_FP32) {
-            std::vector<float> params = download_floats((const float*)m->buf[GB_PARAMS], P);
-            write_model_file(tmp + "/model.bin", m->config, params.data(), false);
-        } else {
-            std::vector<uint16_t> params(P);
-            CUDA_CHECK(cudaMemcpy(params.data(), m->buf[GB_PARAMS], P * 2, cudaMemcpyDeviceToHost));
-            write_model_file_bf16(tmp + "/model.bin", m->config, params.data());
-        }
-    }
+    if (leader) write_params_file(m, tmp + "/model.bin");
     if (leader || dp->zero_stage == 1) {
         TrainState s;
-        s.header = train_state_header(step, P, dp->updated, dp->comm.rank, dp->comm.world_size, dp->zero_stage, plan,
+        s.header = train_state_header(step, P, dp->updated, dp->comm->rank, dp->comm->world_size, dp->zero_stage, plan,
                                       sampler_rng, train.pos);
         s.header.has_master_weights = m->shape.master_weights ? 1 : 0;
         s.m = download_floats(B_<float>(m, GB_ADAM_M), count);
         s.v = download_floats(B_<float>(m, GB_ADAM_V), count);
         if (m->shape.master_weights) s.master = download_floats(B_<float>(m, GB_MASTER), count);
-        write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm.rank), s);
+        write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm->rank), s);
     }
-    publish_checkpoint_together(o.out_dir, step, dp->comm.rank, barrier);
+    publish_checkpoint_together(o.out_dir, step, dp->comm->rank, barrier);
 }
+
+// The bf16 weights this rank holds, widened, as runs of the model in global coordinates (its slice,
+// or at ZeRO-3 its shards; in a pipeline's last stage also its copy of wte): what model.bin and the
+// dumps collect, and what lets rank 0 check that every copy of an element is the same.
+static void held_weights(GPT2* m, bool with_lent_copy, std::vector<GlobalRun>* runs, std::vector<float>* values) {
+    std::vector<float> weights = download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
+    for (const StateRun& r : zero_weight_runs(m->zero.plan, slice_runs(m->config, m->slice))) {
+        runs->push_back({r.global, r.count});
+        values->insert(values->end(), weights.begin() + r.weight_at, weights.begin() + r.weight_at + r.count);
+    }
+    if (with_lent_copy && m->buf[GB_LENT_WTE]) {  // the last stage's copy of wte must equal the first stage's
+        std::vector<float> lent = download_as_float(B_<floatX>(m, GB_LENT_WTE), m->table[GB_LENT_WTE].elements);
+        ModelSlice s = m->slice;
+        s.first_stage = true;  // where the first stage's wte lives in its slice: local [0, count[WTE])
+        for (const SliceRun& r : runs_in_local_range(slice_runs(m->config, s), 0, slice_layout(m->config, s).count[WTE])) {
+            runs->push_back({r.global, r.count});
+            values->insert(values->end(), lent.begin() + r.local, lent.begin() + r.local + r.count);
+        }
+    }
+}
+
+// The whole model's bf16 weights on rank 0 (widened; exact), collected from every rank's runs.
+static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_lent_copy) {
+    std::vector<GlobalRun> runs;
+    std::vector<float> values, all;
+    held_weights(m, with_lent_copy, &runs, &values);
+    gather_to_rank0(&par->world, runs, values, &all, param_layout(m->config).total, "collecting the weights");
+    return all;
+}
+
+// A checkpoint of a grid (the CPU trainer's protocol and files, in global coordinates, so any grid
+// reads it, the CPU trainer's too):
+//   state_rank<r>.bin   rank r's m, v and fp32 master weights (the bf16 weights widened, without
+//                       master weights) for the elements it writes (zero_state_runs), as runs
+//   model.bin           the bf16 weights, bit for bit: written by rank 0 when it holds them all
+//                       (data parallelism, ZeRO-2), else collected from every rank
+// On the same grid a resumed run reads back exactly these: bit-exact.
+static void save_grid_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const TrainOptions& o, int step,
+                                 const DataLoader& train, uint64_t sampler_rng) {
+    const ProcessGrid& g = par->grid;
+    bool leader = g.rank == 0;
+    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
+    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
+    auto barrier = [&](const char* what) { gpu_comm_barrier(&par->world_gpu, what); };
+    std::string tmp = open_checkpoint_together(o.out_dir, step, g.rank, barrier);
+    size_t P = param_layout(m->config).total;
+    if (leader && rank0_holds_weights) write_params_file(m, tmp + "/model.bin");
+    if (leader || !one_state_file) {
+        TrainState s;
+        s.header = train_state_header(step, P, ShardRange{}, g.rank, g.world, g.zero_stage, plan, sampler_rng, train.pos);
+        s.header.has_master_weights = m->shape.master_weights || !rank0_holds_weights;
+        size_t opt = m->table[GB_ADAM_M].elements;
+        std::vector<float> adam_m = download_floats(B_<float>(m, GB_ADAM_M), opt), adam_v = download_floats(B_<float>(m, GB_ADAM_V), opt);
+        // the fp32 master weights (beside m and v), or without them the bf16 weights widened
+        std::vector<float> weights = m->shape.master_weights ? download_floats(B_<float>(m, GB_MASTER), opt)
+                                                             : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
+        zero_fill_state(&s, g, zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), true), adam_m.data(),
+                        adam_v.data(), weights.data(), m->shape.master_weights);
+        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
+    }
+    if (!rank0_holds_weights) {
+        std::vector<float> all = gather_bf16_weights(m, par, false);
+        if (leader) {
+            if constexpr (FLOATX_IS_FP32) {
+                write_model_file(tmp + "/model.bin", m->config, all.data(), false);
+            } else {
+                std::vector<uint16_t> half(P);
+                for (size_t i = 0; i < P; i++) half[i] = float_to_bf16_round_nearest(all[i]);  // exact: they were bf16
+                write_model_file_bf16(tmp + "/model.bin", m->config, half.data());
+            }
+        }
+    }
+    publish_checkpoint_together(o.out_dir, step, g.rank, barrier);
+}
+
+// Where read_state_runs() puts what it reads: at the runs' state positions.
+static std::vector<WantedRun> wanted_state(const std::vector<StateRun>& runs) {
+    std::vector<WantedRun> out;
+    for (const StateRun& r : runs) out.push_back({r.global, r.count, r.state_at});
+    return out;
+}
+
+// On a grid: this rank's weights, master weights and AdamW state, each element at its place
+// (zero_weight_runs, zero_state_runs), from the counter-based initialisation (every grid starts from
+// the one-rank weights), a model file, or a checkpoint (model.bin's bf16 weights, the state files'
+// master weights and moments). Returns the checkpoint's header (step 0 when not resuming).
+static TrainStateHeader load_grid_state(GPT2* m, const TrainOptions& o, const std::string& resume_dir, bool new_model) {
+    const GPT2Config& cfg = m->config;
+    std::vector<SliceRun> slice = slice_runs(cfg, m->slice);
+    std::vector<float> weights(m->table[GB_PARAMS].elements, 0.0f);  // in GB_PARAMS's order; padding stays zero
+    std::vector<StateRun> weight_runs = zero_weight_runs(m->zero.plan, slice);
+    if (new_model) {
+        for (const StateRun& r : weight_runs) init_gpt2_params(cfg, o.seed, weights.data() + r.weight_at, r.global, r.global + r.count);
+    } else {  // a model file holds the full model: read it whole, keep this rank's runs
+        GPT2Config file_cfg;
+        std::vector<float> full;
+        read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full);
+        for (const StateRun& r : weight_runs) memcpy(weights.data() + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+    }
+    upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
+
+    size_t opt = m->table[GB_ADAM_M].elements;
+    std::vector<float> adam_m(opt, 0.0f), adam_v(opt, 0.0f), master(opt, 0.0f);
+    std::vector<StateRun> state_runs = zero_state_runs(m->zero.plan, slice, false);
+    for (const StateRun& r : state_runs)  // the master weights start as the fp32 values loaded
+        memcpy(master.data() + r.state_at, weights.data() + r.weight_at, r.count * sizeof(float));
+    TrainStateHeader resumed;
+    resumed.step = 0;
+    if (!resume_dir.empty()) {
+        bool master_weights = m->shape.master_weights;
+        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted_state(state_runs), adam_m.data(), adam_v.data(),
+                                  master_weights ? master.data() : nullptr);
+        if (master_weights && !resumed.has_master_weights && m->slice.first_stage && m->zero.plan.grid.rank == 0) {
+            printf("note: the checkpoint has no fp32 master weights; starting them from model.bin's weights\n");
+        }
+    }
+    if (opt > 0) {
+        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
+        if (m->shape.master_weights) CUDA_CHECK(cudaMemcpy(m->buf[GB_MASTER], master.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    return resumed;
+}
+
+// ==============================================================================================
+// --dump-state on a grid: rank 0 collects every rank's elements in global coordinates (and checks
+// that every copy of an element, on every rank that holds one, is the same to the bit).
+
+// The weights after the last step: the fp32 master weights (every element from the ranks that keep
+// its state; tensor ranks keep replicas of the LayerNorms, which must agree), or without master
+// weights the bf16 weights; and in either case the bf16 weights of every rank, with a pipeline's
+// copy of wte, checked for identical copies.
+static std::vector<float> gather_final_weights(GPT2* m, Parallel* par) {
+    std::vector<float> bf16 = gather_bf16_weights(m, par, true);
+    if (!m->shape.master_weights) return bf16;
+    std::vector<GlobalRun> runs;
+    std::vector<float> values, all;
+    std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
+    for (const StateRun& r : zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), false)) {
+        runs.push_back({r.global, r.count});
+        values.insert(values.end(), master.begin() + r.state_at, master.begin() + r.state_at + r.count);
+    }
+    gather_to_rank0(&par->world, runs, values, &all, param_layout(m->config).total, "collecting the master weights");
+    return all;
+}
+
+// The summed (unclipped) gradient of the first step: where each rank's AdamW reads it (ZeRO-0: the
+// whole flat array; ZeRO-1: its shard of it; ZeRO-2/3: its gradient shards).
+static std::vector<float> gather_gradients(GPT2* m, Parallel* par) {
+    std::vector<GlobalRun> runs;
+    std::vector<float> values, all;
+    std::vector<float> grads = download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements);
+    bool shards = m->zero.plan.stage >= 2;
+    for (const StateRun& r : zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), false)) {
+        size_t at = shards ? r.state_at : r.weight_at;
+        runs.push_back({r.global, r.count});
+        values.insert(values.end(), grads.begin() + at, grads.begin() + at + r.count);
+    }
+    gather_to_rank0(&par->world, runs, values, &all, param_layout(m->config).total, "collecting the gradients");
+    return all;
+}
+
+// The first micro-batch's logits [B*T, V]: the last stage's tensor ranks of data-parallel rank 0 hold
+// its columns.
+static std::vector<float> gather_logits(GPT2* m, Parallel* par, const std::vector<float>& mine) {
+    std::vector<GlobalRun> runs;
+    std::vector<float> all;
+    const ModelSlice& s = m->slice;
+    size_t V = m->config.vocab_size, rows = (size_t)m->B * m->T;
+    bool holds = s.last_stage && par->grid.dp_rank == 0;
+    if (holds)
+        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + s.vocab_begin, (size_t)s.vocab_real});
+    gather_to_rank0(&par->world, runs, holds ? mine : std::vector<float>(), &all, rows * V, "collecting the logits");
+    return all;
+}
+
+// ==============================================================================================
+// The training loop
 
 static void check_gpu_shape(const GPT2Config& cfg) {
     if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
@@ -626,66 +1132,113 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // ---- the ranks: who am I, which GPU is mine, and how the ranks talk (NCCL, or host staging when
-    // several share one GPU). With one process all of this is a no-op.
-    DataParallel dp;
-    comm_init(&dp.comm, o.comm_timeout);
-    const Comm& comm = dp.comm;
+    // ---- the ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/process_grid.h).
+    // A grid this model or batch cannot use stops here, on every rank, before any GPU is touched.
+    Parallel par;
+    comm_init(&par.world, o.comm_timeout);
+    const Comm& comm = par.world;
     bool leader = comm.rank == 0;  // rank 0 alone prints, evaluates, samples and writes the model
+    std::string why = make_grid(comm.world_size, comm.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
+                                o.sequence_parallel, &par.grid);
+    if (!why.empty()) grid_usage_fail(&par.world, why);
+    const ProcessGrid& grid = par.grid;
+    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
+    par.groups = grid.tp > 1 || grid.pp > 1;
+    par.model_parallel = par.groups || grid.zero_stage == 3;
+    par.flat_state = !par.groups && grid.zero_stage <= 1;
+    std::string resume_dir = resolve_resume_dir(o);
+    GPT2Config cfg;
+    bool new_model = false;
+    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
+    {
+        RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+        // (--eval-only runs no pipeline schedule: one micro-batch is fine)
+        why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+        if (!why.empty()) grid_usage_fail(&par.world, why);
+    }
+    if (par.model_parallel) comm_require_mpi(&par.world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
+
+    // ---- which GPU is mine, and how the ranks talk (NCCL, or host staging when several share one
+    // GPU). With one process all of this is a no-op.
     int devices = 0;
     cudaError_t probe = cudaGetDeviceCount(&devices);
     if (probe != cudaSuccess || devices == 0) {
         fail("no CUDA GPU is available (%s). Use ./train_gpt_cpu, which takes the same flags",
              probe != cudaSuccess ? cudaGetErrorString(probe) : "cudaGetDeviceCount found none");
     }
-    gpu_comm_init(&dp.gpu, &dp.comm);  // also makes this rank's GPU the current device
+    gpu_comm_init(&par.world_gpu, &par.world);  // also makes this rank's GPU the current device
+    DataParallel& dp = par.dp;
+    if (par.groups) {  // each group: an MPI communicator and its NCCL (or host-staged) twin
+        grid_comms_init(&par.comms, par.world, grid);
+        gpu_comm_init_group(&par.data_gpu, &par.world_gpu, &par.comms.dp, grid_group_color(grid, DATA_GROUP), grid.dp_rank,
+                            "creating the data-parallel groups on the GPU");
+        gpu_comm_init_group(&par.tensor_gpu, &par.world_gpu, &par.comms.tp, grid_group_color(grid, TENSOR_GROUP), grid.tp_rank,
+                            "creating the tensor-parallel groups on the GPU");
+        gpu_comm_init_group(&par.pipe_gpu, &par.world_gpu, &par.comms.pp, grid_group_color(grid, PIPELINE_GROUP),
+                            grid.pp_rank, "creating the pipeline groups on the GPU");
+        dp.comm = &par.comms.dp;
+        dp.gpu = &par.data_gpu;
+    } else {  // data parallelism alone: the data group is the world (and the tensor group par.comms.tp one rank)
+        dp.comm = &par.world;
+        dp.gpu = &par.world_gpu;
+    }
+    dp.world = &par.world_gpu;
     cudaDeviceProp props;
-    CUDA_CHECK(cudaGetDeviceProperties(&props, dp.gpu.device));
+    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
 
-    // ---- the model: from a checkpoint, a model file, or a descriptor (fp32 on the host)
-    std::string resume_dir = resolve_resume_dir(o);
-    GPT2Config cfg;
-    std::vector<float> host_params;
-    std::string model_source = load_initial_model(o, resume_dir, &cfg, &host_params);
+    // ---- the model: this rank's slice of it, from a checkpoint, a model file, or a descriptor
+    ModelSlice slice = model_slice(cfg, grid);
+    std::vector<float> host_params;  // data parallelism: the whole model, fp32, on every rank
+    if (par.flat_state) {
+        model_source = load_initial_model(o, resume_dir, &cfg, &host_params);
+        check_same_weights(&dp, host_params);
+    }
     check_gpu_shape(cfg);
-    check_same_weights(&dp, host_params);
-    data_parallel_setup(&dp, cfg, o.zero_stage);
+    ParamLayout layout = slice_layout(cfg, slice);
+    data_parallel_setup(&dp, layout, slice.num_layers, o.zero_stage);
+    int in_flight = 1;  // micro-batches whose activations this rank keeps at once (pipelines: more)
     {   // a batch that cannot fit stops here, before the data is read or anything allocated
         int T_early = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+        RunPlan shape = plan_run(o, cfg, grid.dp, 0);
+        in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
         GPURunShape early = gpu_run_shape(cfg, o.batch_size, T_early, o.recompute, master_weights, simple_attention,
-                                          (int)sizeof(floatX));
-        shape_for_rank(&early, dp);
+                                          (int)sizeof(floatX), grid, in_flight);
         fail_unless_fits(early);
     }
 
-    // ---- data and the shape of the run: each rank reads its own slice of every step
+    // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
     int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, comm.rank, comm.world_size, cfg.vocab_size,
+        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size,
                         "training data", "--train-data");
     }
-    RunPlan plan = plan_run(o, cfg, comm.world_size, train.tokens_per_epoch);
+    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
-    bool have_val = leader && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
+    bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
+    bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
+    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
     // ---- the buffers: sized from the table, checked against free memory, then allocated
     GPT2 model;
     GPT2* m = &model;
     m->config = cfg;
-    m->layout = param_layout(cfg);
+    m->slice = slice;
+    m->layout = layout;
     m->B = B;
     m->T = T;
+    m->slots = in_flight;
+    m->buckets.assign((size_t)in_flight, 0);
+    m->pipelined = grid.pp > 1;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     m->attention.use_cudnn = !simple_attention;
     GPURunShape& shape = m->shape;
-    shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX));
-    shape_for_rank(&shape, dp);
+    shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
     if (!simple_attention) {
         // cuDNN's workspace is known only once its plans exist: build them first (needs no buffers)
         cudnn_attention_init(&m->attention.cudnn);
-        shape.cudnn_workspace_bytes = cudnn_attention_workspace(&m->attention.cudnn, B, T, cfg.channels, cfg.num_heads);
+        shape.cudnn_workspace_bytes = cudnn_attention_workspace(&m->attention.cudnn, B, T, slice.attn_channels, slice.heads);
     }
     m->table = gpu_buffer_table(shape);
     size_t free_before = 0, total_memory = 0;
@@ -708,39 +1261,58 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMallocHost(&m->host_targets, BT * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * sizeof(float)));
+    // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
+    tp_gpu_init(&m->tp, &par.comms.tp, par.groups ? &par.tensor_gpu : nullptr, grid.sequence_parallel,
+                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
+    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
+    zero_gpu_init(&m->zero, grid.zero_stage, dp.comm, dp.gpu, grid, slice, layout, B_<floatX>(m, GB_PARAMS),
+                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
+                  B_<floatX>(m, GB_ZERO_REDUCED));
+    if (grid.pp > 1) pipe_gpu_init(&par.pipe, &par.pipe_gpu, grid.pp_rank, grid.pp, par.schedule, in_flight);
 
     // ---- the state: bf16 parameters (rounded from fp32; the padding past the last tensor stays zero),
     // and for the parameters this rank updates, fp32 master weights and AdamW's moments
     size_t P = m->layout.total, count = dp.updated.size();
-    CUDA_CHECK(cudaMemset(m->buf[GB_PARAMS], 0, m->table[GB_PARAMS].bytes()));
-    upload_rounded(B_<floatX>(m, GB_PARAMS), host_params.data(), P);
-    std::vector<float> adam_m(count, 0.0f), adam_v(count, 0.0f);
-    // the master weights start as the fp32 values loaded (a v3 file's or a fresh init's full precision)
-    std::vector<float> master(host_params.begin() + dp.updated.begin, host_params.begin() + dp.updated.end);
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     int first_step = 0;
     TrainStateHeader resumed;
-    if (!resume_dir.empty()) {
-        // each rank reads the state of the parameters it updates, from whichever files hold it (any
-        // world size, any ZeRO stage: resharding), master weights included when the checkpoint has them
-        resumed = read_optimizer_state(resume_dir, P, dp.updated, adam_m.data(), adam_v.data(),
-                                       master_weights ? master.data() : nullptr);
-        check_resume_state(resumed, resume_dir, P, plan, true);
-        if (master_weights && !resumed.has_master_weights && leader) {
-            printf("note: the checkpoint has no fp32 master weights; starting them from model.bin's weights\n");
+    if (par.flat_state) {
+        CUDA_CHECK(cudaMemset(m->buf[GB_PARAMS], 0, m->table[GB_PARAMS].bytes()));
+        upload_rounded(B_<floatX>(m, GB_PARAMS), host_params.data(), P);
+        std::vector<float> adam_m(count, 0.0f), adam_v(count, 0.0f);
+        // the master weights start as the fp32 values loaded (a v3 file's or a fresh init's full precision)
+        std::vector<float> master(host_params.begin() + dp.updated.begin, host_params.begin() + dp.updated.end);
+        if (!resume_dir.empty()) {
+            // each rank reads the state of the parameters it updates, from whichever files hold it (any
+            // world size, any ZeRO stage: resharding), master weights included when the checkpoint has them
+            resumed = read_optimizer_state(resume_dir, P, dp.updated, adam_m.data(), adam_v.data(),
+                                           master_weights ? master.data() : nullptr);
+            check_resume_state(resumed, resume_dir, P, plan, true);
+            if (master_weights && !resumed.has_master_weights && leader) {
+                printf("note: the checkpoint has no fp32 master weights; starting them from model.bin's weights\n");
+            }
+            first_step = (int)resumed.step;
+            sampler_rng = resumed.sampler_rng;
+            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
         }
-        first_step = (int)resumed.step;
-        sampler_rng = resumed.sampler_rng;
-        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
+        if (count > 0) {  // (with more ranks than shards of parameters, a ZeRO-1 rank may own none)
+            CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+            if (master_weights) CUDA_CHECK(cudaMemcpy(m->buf[GB_MASTER], master.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+        }
+        host_params = std::vector<float>();
+    } else {  // a grid: every rank its own elements, in global coordinates
+        resumed = load_grid_state(m, o, resume_dir, new_model);
+        if (!resume_dir.empty()) {
+            check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
+            first_step = (int)resumed.step;
+            sampler_rng = resumed.sampler_rng;
+            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
+        }
+        if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
+        P = param_layout(cfg).total;
     }
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
-    if (count > 0) {  // (with more ranks than shards of parameters, a ZeRO-1 rank may own none)
-        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-        if (master_weights) CUDA_CHECK(cudaMemcpy(m->buf[GB_MASTER], master.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    host_params = std::vector<float>();
-    adam_m = adam_v = master = std::vector<float>();
 
     double peak_tflops = gpu_peak_bf16_tflops(props.name);
     if (leader) {
@@ -751,15 +1323,26 @@ int main(int argc, char** argv) {
         printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_IS_FP32 ? "fp32" : "bf16",
                master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
         printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps\n", B, T,
-               comm.world_size, comm.world_size == 1 ? "" : "s", plan.accumulation_steps,
+               grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps,
                plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps);
-        if (comm.world_size > 1) {
+        if (comm.world_size > 1 && !par.groups && grid.zero_stage <= 1) {
             printf("ranks: %d (%s, %d on this node; %s), ZeRO-%d: each rank updates %zu of %zu parameters%s\n",
                    comm.world_size, comm.launcher.c_str(), comm.local_size,
-                   dp.gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
+                   par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
                    dp.zero_stage, dp.updated.size(), P,
                    dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size,
                                                   dp.shards.padded_total).c_str() : "");
+        } else if (comm.world_size > 1) {
+            printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0 holds %zu of %zu parameters, updates %zu\n",
+                   comm.world_size, comm.launcher.c_str(), comm.local_size,
+                   par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
+                   describe_grid(grid).c_str(), m->layout.total, P, m->table[GB_ADAM_M].elements);
+        }
+        if (grid.pp > 1) {
+            printf("pipeline: %s, %d stages of %s layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                   pipeline_schedule_name(par.schedule), grid.pp, strprintf("%d-%d", cfg.num_layers / grid.pp,
+                   (cfg.num_layers + grid.pp - 1) / grid.pp).c_str(), plan.accumulation_steps, grid.pp - 1,
+                   plan.accumulation_steps + grid.pp - 1, 100.0 * par.predicted_bubble);
         }
         if (!o.eval_only) printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
                (long long)train.tokens_per_epoch);
@@ -767,9 +1350,13 @@ int main(int argc, char** argv) {
         printf("\n");
         print_gpu_buffer_table(m->table);
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage)) {
-            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d, this run has %d with ZeRO-%d\n",
-                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, comm.world_size, dp.zero_stage);
+        int old_tp = std::max(1, resumed.tensor_parallel), old_pp = std::max(1, resumed.pipeline_parallel);
+        if (first_step > 0 && (resumed.world_size != comm.world_size || resumed.zero_stage != dp.zero_stage ||
+                               old_tp != grid.tp || old_pp != grid.pp)) {
+            auto grid_of = [](int tp, int pp) { return tp > 1 || pp > 1 ? strprintf(" (tp %d x pp %d)", tp, pp) : std::string(); };
+            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
+                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, grid_of(old_tp, old_pp).c_str(),
+                   comm.world_size, dp.zero_stage, grid_of(grid.tp, grid.pp).c_str());
         }
     }
 
@@ -787,60 +1374,69 @@ int main(int argc, char** argv) {
     MetricsLog mlog;
     metrics_open(&mlog, o, leader, "gpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
-    auto run_hellaswag = [&](int step) {  // every rank scores its share at the model's one (B, T) shape; rank 0 reports
-        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, true, comm.rank, comm.world_size, [&](const int* in, const int* tg, int, int) {
-            gpt2_upload_batch(m, in, tg);
-            gpt2_forward(m);
-            gpt2_classifier(m, 0.0f, false);
-            return (const float*)m->host_losses;
-        });
-        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum}) *count = (int64_t)gpu_comm_sum(&dp.gpu, (double)*count, "sum of the hellaswag counts");
+    // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a grid
+    // whose forward pass spans ranks, every rank takes part in every forward pass and the last
+    // stage's tensor rank 0 of data-parallel rank 0 reports.
+    std::vector<float> no_losses(BT, 0.0f);  // what a stage without the head scores with (unused)
+    auto run_hellaswag = [&](int step) {
+        bool split = !par.model_parallel;
+        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, true, split ? comm.rank : 0, split ? comm.world_size : 1,
+            [&](const int* in, const int* tg, int, int) {
+                pipeline_forward(m, &par, in, tg);
+                return (const float*)(slice.last_stage ? m->host_losses : no_losses.data());
+            });
+        bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
+        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
+            *count = (int64_t)gpu_comm_sum(&par.world_gpu, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
         if (leader) report_hellaswag(&mlog, step, r);
     };
     bool dumping = !o.dump_state.empty();
     DumpState dump;
+    FirstLogits first_logits;
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
-        if (have_val && step % o.val_every == 0) report_val_loss(&mlog, step, evaluate(m, &val, o.val_batches));
+        if (have_val && step % o.val_every == 0) {
+            float loss = evaluate(m, &par, &val, o.val_batches);
+            if (leader) report_val_loss(&mlog, step, loss);
+        }
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
-        if (leader && is_sample_step(o, step)) print_sample(m, o, decoder, &sampler_rng);
+        if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
-        double step_loss = 0.0;  // this rank's mean loss over its micro-batches
-        for (int micro = 0; micro < plan.accumulation_steps; micro++) {
-            dataloader_next_batch(&train);
-            gpt2_upload_batch(m, train.inputs.data(), train.targets.data());
-            gpt2_forward(m);
-            bool dump_now = dumping && leader && step == first_step && micro == 0;
-            if (dump_now) {
-                size_t V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-                std::vector<float> logits = download_as_float(B_<floatX>(m, GB_LOGITS), BT * Vp);
-                dump.logits.resize(BT * V);
-                for (size_t n = 0; n < BT; n++) memcpy(&dump.logits[n * V], &logits[n * Vp], V * sizeof(float));
-            }
-            // the optimised loss is the mean over all tokens of the step, all ranks together:
-            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            float loss = gpt2_classifier(m, 1.0f / (float)plan.total_batch_tokens, true);
-            if (dump_now) dump.loss = loss;
-            bool last_micro = micro == plan.accumulation_steps - 1;
-            gpt2_backward(m, last_micro ? &dp : nullptr);  // the last one also starts the reduction
-            step_loss += loss / plan.accumulation_steps;
-            if (leader) print_micro_step(step + 1, micro, plan.accumulation_steps, loss, seconds_since(start));
-        }
-        // every rank saw as many tokens, so the step's mean loss is the mean of the ranks' means
-        step_loss = gpu_comm_sum(&dp.gpu, step_loss, "sum of the losses") / comm.world_size;
+        if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
+        bool dump_now = dumping && step == first_step;
+        double step_loss = forward_backward(m, &par, &train, plan, step + 1, dump_now ? &first_logits : nullptr);
+        if (grid.pp > 1) finish_pipeline_gradients(m, &par);
+        // every rank saw as many tokens, so the step's mean loss is the mean of the data-parallel
+        // ranks' means (the last stage's, one tensor rank of each)
+        bool reports = slice.last_stage && grid.tp_rank == 0;
+        step_loss = gpu_comm_sum(&par.world_gpu, reports ? step_loss : 0.0, "sum of the losses") / grid.dp;
         if (!std::isfinite(step_loss)) {
             fail("the loss became %f at step %d: training diverged. Lower --lr, raise --warmup-steps, or check --grad-clip",
                  step_loss, step + 1);
         }
         bool dump_grads = dumping && step == first_step;
-        float norm = reduce_gradients(m, &dp, dp.zero_stage == 0 || dump_grads);
-        if (dump_grads && leader) dump.grads = download_as_float(B_<floatX>(m, GB_GRADS), P);
+        float norm = reduce_gradients(m, &dp, dp.zero_stage == 0 || (dump_grads && par.flat_state));
+        if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
+            if (par.flat_state) {
+                if (leader) {
+                    dump.logits = first_logits.values;
+                    dump.loss = first_logits.loss;
+                    dump.grads = download_as_float(B_<floatX>(m, GB_GRADS), P);
+                }
+            } else {
+                dump.logits = gather_logits(m, &par, first_logits.values);
+                dump.loss = (float)gpu_comm_sum(&par.world_gpu, reports && grid.dp_rank == 0 ? first_logits.loss : 0.0,
+                                                "the first loss");
+                dump.grads = gather_gradients(m, &par);
+            }
+        }
         float lr = learning_rate(plan.schedule, step);
         optimizer_step(m, &dp, o, lr, step + 1, norm);
+        if (grid.pp > 1) share_tied_weights(m, &par);
         double seconds = seconds_since(start);
         if (step == first_step) track_memory();  // after the first step every library has what it wants
         if (dumping) dump.losses.push_back((float)step_loss);
@@ -852,13 +1448,29 @@ int main(int argc, char** argv) {
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(m, &dp, plan, o, step + 1, train, sampler_rng);
+            if (par.flat_state) save_checkpoint(m, &dp, plan, o, step + 1, train, sampler_rng);
+            else save_grid_checkpoint(m, &par, plan, o, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) report_val_loss(&mlog, plan.steps, evaluate(m, &val, o.val_batches));
+    if (have_val) {
+        float loss = evaluate(m, &par, &val, o.val_batches);
+        if (leader) report_val_loss(&mlog, plan.steps, loss);
+    }
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
-    if (leader && o.sample_every > 0) print_sample(m, o, decoder, &sampler_rng);
+    if (evaluator && o.sample_every > 0) print_sample(m, &par, o, decoder, &sampler_rng);
     track_memory();
+    if (grid.pp > 1 && plan.steps > first_step) {
+        // the step's pipeline time: the first stage's schedule, which starts first and finishes last
+        std::vector<double> busy = gpu_comm_gather(&par.world_gpu, par.pipe.busy_seconds, "collecting the busy times");
+        std::vector<double> span = gpu_comm_gather(&par.world_gpu, par.pipe.schedule_seconds, "collecting the schedule times");
+        if (leader) {
+            printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
+                   "schedule in which each stage was not computing:", 100.0 * par.predicted_bubble, plan.steps - first_step);
+            for (int stage = 0; stage < grid.pp; stage++)
+                printf(" %.1f%%", 100.0 * (1.0 - busy[(size_t)grid_rank(grid, 0, 0, stage)] / span[0]));
+            printf("\n");
+        }
+    }
     if (leader) {
         printf("GPU memory: peak %s in use on the device (the buffer table: %s; %s was in use before allocation)\n",
                format_bytes((double)peak_used).c_str(), format_bytes((double)gpu_buffer_total(m->table)).c_str(),
@@ -870,7 +1482,8 @@ int main(int argc, char** argv) {
     }
 
     if (dumping) {
-        dump.params = full_master_weights(m, &dp);  // every rank takes part in the gather; rank 0 writes
+        // every rank takes part in the gather; rank 0 writes
+        dump.params = par.flat_state ? full_master_weights(m, &dp) : gather_final_weights(m, &par);
         if (leader) {
             write_dump_state(o.dump_state, dump, cfg, B, T, "gpu");
             printf("dumped state to %s\n", o.dump_state.c_str());
@@ -880,5 +1493,11 @@ int main(int argc, char** argv) {
     metrics_close(&mlog);
     gpt2_free(m);
     data_parallel_finish(&dp);
+    if (grid.pp > 1) pipe_gpu_destroy(&par.pipe);
+    if (par.groups) {
+        for (GpuComm* g : {&par.pipe_gpu, &par.tensor_gpu, &par.data_gpu}) gpu_comm_finalize(g);
+    }
+    gpu_comm_finalize(&par.world_gpu);
+    comm_finalize(&par.world);
     return 0;
 }

@@ -70,10 +70,10 @@ struct TrainOptions {
     float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
     float estimate_peak_tflops = 0;  // peak per rank (0: H100 SXM dense bf16 on the GPU, none on the CPU)
     int estimate_ranks = 1;          // data-parallel ranks for ZeRO and tokens per step
-    int tensor_parallel = 1;         // CPU: ranks that split each layer (Megatron)
-    int sequence_parallel = 0;       // CPU: tensor ranks also split the LayerNorm/residual rows
-    int pipeline_parallel = 1;       // CPU: stages the layers are split into
-    std::string pipeline_schedule = "1f1b";  // CPU: gpipe | 1f1b
+    int tensor_parallel = 1;         // ranks that split each layer (Megatron)
+    int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
+    int pipeline_parallel = 1;       // stages the layers are split into
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
     float max_memory_mib = 0;        // CPU: refuse to start if a rank would need more (0 = no limit)
     // switches
     bool eval_only = false;          // evaluate the model and exit: a run of zero steps
@@ -136,11 +136,11 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
-        {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights (2 and 3: the CPU trainer)", K::Int, &o.zero_stage, Scope::Both},
-        {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::CPUOnly},
-        {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::CPUOnly},
-        {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::CPUOnly},
-        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward)", K::String, &o.pipeline_schedule, Scope::CPUOnly},
+        {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
+        {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
+        {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
+        {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
+        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward)", K::String, &o.pipeline_schedule, Scope::Both},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
@@ -148,7 +148,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
         {"estimate-mfu", "F", "Estimate", "model FLOPs utilisation assumed for the predicted step time, in (0, 1]", K::Float, &o.estimate_mfu, Scope::Both},
         {"estimate-peak-tflops", "TF", "Estimate", "peak TFLOP/s per rank (0 = an H100 SXM's dense bf16 for the GPU trainer; the CPU trainer then predicts no time)", K::Float, &o.estimate_peak_tflops, Scope::Both},
-        {"estimate-ranks", "N", "Estimate", "data-parallel ranks: ZeRO divides the optimizer state by them, tokens per step grow with them (the CPU trainer's grid: these x --tensor-parallel x --pipeline-parallel)", K::Int, &o.estimate_ranks, Scope::Both},
+        {"estimate-ranks", "N", "Estimate", "data-parallel ranks: ZeRO divides the optimizer state by them, tokens per step grow with them (the grid: these x --tensor-parallel x --pipeline-parallel)", K::Int, &o.estimate_ranks, Scope::Both},
         {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
@@ -351,10 +351,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
     if (o->version) {
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
-    }
-    if (trainer == Trainer::GPU && o->zero_stage > 1) {
-        usage_fail("--zero %d: the GPU trainer has ZeRO stages 0 and 1 so far; stages 2 and 3 run on the CPU trainer "
-                   "(docs/parallelism.md lists what the GPU still needs)", o->zero_stage);
     }
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);

@@ -37,6 +37,12 @@
 // MPI collective, copy back. Slow, but the same arithmetic contract, so a test can compare
 // 2 and 4 ranks on one GPU against one rank. LLMC_HOST_STAGED=1 forces it.
 //
+// On a process grid (llmc/process_grid.h) every group (tensor, data, pipeline) gets a GpuComm of its
+// own: its host Comm (comm_split), its own communication stream, and an NCCL communicator split from
+// the world's (gpu_comm_init_group). Three more operations serve the grid: an all-reduce that gives
+// every rank the same bits (tensor parallelism's replicas), an all-reduce of maxima (the vocabulary-
+// parallel loss), and point-to-point sends and receives (pipelines).
+//
 // Beyond comm.h's collectives there are two more here:
 //   - reduce to owners (gpu_reduce_to_owners): every piece of some ranges of a flat array summed
 //     onto the rank whose ZeRO shard holds it; one ncclReduce per piece, in one NCCL group. It is
@@ -51,7 +57,11 @@
 #include <nccl.h>
 #include <vector>
 #include "llmc/comm.h"
+#include "llmc/cuda_common.cuh"
 #include "llmc/sharding.h"
+
+// The trainer's element type (bf16, or fp32 in the debugging build), as NCCL names it.
+constexpr ncclDataType_t NCCL_FLOATX = FLOATX_IS_FP32 ? ncclFloat32 : ncclBfloat16;
 
 struct GpuComm {
     Comm* host = nullptr;
@@ -60,6 +70,7 @@ struct GpuComm {
     ncclComm_t nccl = nullptr;
     cudaStream_t stream = nullptr;  // where the collectives run: created here, non-blocking (see above)
     std::vector<float> staging;     // host copies for the host-staged mode
+    std::vector<float> staging_scratch;  // ... and comm_allreduce_sum_identical's
     double* numbers = nullptr;      // NCCL mode: world_size doubles on the device, for gpu_comm_gather
     double* host_numbers = nullptr; // ... and their pinned host copy
 };
@@ -98,13 +109,13 @@ inline void gpu_nccl_check(GpuComm* g, ncclResult_t result, const char* call, co
 }
 #define GPU_COMM_NCCL(g, call, what) gpu_nccl_check(g, (call), #call, what)
 
-// Waits until everything enqueued on the communication stream has finished: call it where the
-// host needs the result (before the optimizer reads the gradient norm, before a checkpoint), not
-// after every collective, or the overlap with the backward pass is lost.
-inline void gpu_comm_wait(GpuComm* g, const char* what) {
+// Polls `done` (a cudaStreamQuery or cudaEventQuery) until it answers cudaSuccess, checking NCCL's
+// asynchronous error and the deadline on the way: a peer that died turns into an error here.
+template <class Query>
+inline void gpu_comm_poll(GpuComm* g, const char* what, Query done_query) {
     auto start = std::chrono::steady_clock::now();
     for (long polls = 0;; polls++) {
-        cudaError_t done = cudaStreamQuery(g->stream);
+        cudaError_t done = done_query();
         if (done == cudaSuccess) return;
         if (done != cudaErrorNotReady) gpu_cuda_check(g, done, "cudaStreamQuery", what);
         if (g->nccl) {
@@ -117,6 +128,19 @@ inline void gpu_comm_wait(GpuComm* g, const char* what) {
         gpu_deadline_check(g, start, what);
         if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+}
+
+// Waits until everything enqueued on the communication stream has finished: call it where the
+// host needs the result (before the optimizer reads the gradient norm, before a checkpoint), not
+// after every collective, or the overlap with the backward pass is lost.
+inline void gpu_comm_wait(GpuComm* g, const char* what) {
+    gpu_comm_poll(g, what, [&] { return cudaStreamQuery(g->stream); });
+}
+
+// Waits for one operation only: `event`, recorded on the communication stream right after it. The
+// operations queued behind it go on (ZeRO-3's prefetch of the next layer, say).
+inline void gpu_comm_wait_event(GpuComm* g, cudaEvent_t event, const char* what) {
+    gpu_comm_poll(g, what, [&] { return cudaEventQuery(event); });
 }
 
 // Picks this rank's GPU (and makes it current), creates the communication stream on it, and builds
@@ -152,7 +176,26 @@ inline void gpu_comm_init(GpuComm* g, Comm* host) {
     GPU_COMM_NCCL(g, r, "creating the NCCL communicator");
 }
 
-// Every rank calls this at the end, before comm_finalize.
+// A group of a process grid (llmc/process_grid.h): `group` is its host Comm (from comm_split with
+// this `color` and `key`), `world` the world's GpuComm, already set up. The group gets its own
+// communication stream and an NCCL communicator split from the world's: ncclCommSplit is collective
+// over the world, so every rank calls this for every kind of group, in the same order (a kind whose
+// groups are single ranks is skipped by every rank alike).
+inline void gpu_comm_init_group(GpuComm* g, GpuComm* world, Comm* group, int color, int key, const char* what) {
+    g->host = group;
+    g->device = world->device;
+    g->host_staged = world->host_staged;
+    GPU_COMM_CUDA(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), what);
+    if (world->nccl == nullptr || group->world_size == 1) return;
+    GPU_COMM_CUDA(g, cudaMalloc(&g->numbers, group->world_size * sizeof(double)), what);
+    GPU_COMM_CUDA(g, cudaMallocHost(&g->host_numbers, group->world_size * sizeof(double)), what);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommSplit(world->nccl, color, key, &g->nccl, &config);
+    GPU_COMM_NCCL(g, r, what);
+}
+
+// Every rank calls this at the end, before comm_finalize (a grid's groups before the world).
 inline void gpu_comm_finalize(GpuComm* g) {
     if (g->nccl) {
         gpu_comm_wait(g, "finishing communication");
@@ -286,6 +329,92 @@ inline void gpu_reduce_to_owners(GpuComm* g, void* flat, ncclDataType_t t, const
         for (const OwnedPiece& piece : shard_owners(layout, range))
             gpu_reduce_sum(g, (char*)flat + piece.begin * bytes, piece.end - piece.begin, t, piece.rank, what);
     gpu_group_end(g, what);
+}
+
+// In place: every rank ends with the sum over ranks, the SAME bits on every rank (tensor-parallel
+// replicas compute the same LayerNorm from it and must not drift apart). A reduce-scatter, in which
+// each element's sum is computed once, by one rank, then an all-gather of the sums: what a ring
+// all-reduce does inside, so it moves the same bytes, but a promise NCCL's all-reduce does not make
+// for every algorithm it may choose. n must be a multiple of the group size.
+inline void gpu_all_reduce_identical(GpuComm* g, void* data, size_t n, ncclDataType_t t, const char* what) {
+    int world = g->host->world_size, rank = g->host->rank;
+    if (world == 1 || n == 0) return;
+    if (n % (size_t)world != 0) fail("internal: %s: %zu elements do not split over %d ranks", what, n, world);
+    size_t shard = n / (size_t)world;
+    char* mine = (char*)data + (size_t)rank * shard * gpu_dtype_bytes(t);
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclReduceScatter(data, mine, shard, t, ncclSum, g->nccl, g->stream), what);
+        GPU_COMM_NCCL(g, ncclAllGather(mine, data, shard, t, g->nccl, g->stream), what);
+        return;
+    }
+    g->staging.resize(n);
+    gpu_stage_to_host(g, data, n, t, g->staging.data(), what);
+    comm_allreduce_sum_identical(g->host, g->staging.data(), n, &g->staging_scratch, what);
+    gpu_stage_to_device(g, g->staging.data(), n, t, data, what);
+}
+
+// In place: data[i] <- the maximum over ranks (fp32). A maximum is exact in any order.
+inline void gpu_all_reduce_max(GpuComm* g, float* data, size_t n, const char* what) {
+    if (g->host->world_size == 1 || n == 0) return;
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclAllReduce(data, data, n, ncclFloat32, ncclMax, g->nccl, g->stream), what);
+        return;
+    }
+    g->staging.resize(n);
+    gpu_stage_to_host(g, data, n, ncclFloat32, g->staging.data(), what);
+    comm_allreduce_max(g->host, g->staging.data(), n, what);
+    gpu_stage_to_device(g, g->staging.data(), n, ncclFloat32, data, what);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Point to point (pipelines): `bytes` of one rank's device array to rank `peer` of the group.
+//
+// NCCL matches the sends and receives between two ranks in the order they were issued (it has no
+// tags); each runs on the stream, and a send completes only once its peer receives. So a send
+// followed by a receive on the same stream waits for the peer: two neighbours that both send
+// first would wait for each other forever. llmc/pipeline_parallel.cuh therefore issues a send
+// together with the receive that follows it, in one group (gpu_group_begin/end), as Megatron does.
+// Host staging copies through host memory and uses MPI's non-blocking send (comm_send), which never
+// waits for the receiver: the device array is free again as soon as gpu_send returns, and
+// gpu_wait_sends completes the MPI requests (their host copies live in `staged` until then).
+struct GpuStagedSend {
+    std::vector<float> data;         // the host copy being sent (bytes, not necessarily floats)
+    std::vector<CommSend> requests;
+};
+
+inline void gpu_send(GpuComm* g, const void* data, size_t bytes, int peer, int tag, std::vector<GpuStagedSend>* staged,
+                     const char* what) {
+    if (bytes % 4 != 0) fail("internal: %s: %zu bytes are not whole 4-byte words", what, bytes);
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclSend(data, bytes, ncclUint8, peer, g->nccl, g->stream), what);
+        return;
+    }
+    staged->emplace_back();
+    GpuStagedSend& s = staged->back();
+    s.data.resize(bytes / 4);
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(s.data.data(), data, bytes, cudaMemcpyDeviceToHost, g->stream), what);
+    gpu_comm_wait(g, what);
+    comm_send(g->host, s.data.data(), s.data.size(), peer, tag, &s.requests, what);  // the bytes as they are
+}
+
+// NCCL: enqueued on the stream; the caller waits (gpu_comm_wait) where it needs the data. Host
+// staging: received and copied to the device before it returns.
+inline void gpu_recv(GpuComm* g, void* data, size_t bytes, int peer, int tag, const char* what) {
+    if (bytes % 4 != 0) fail("internal: %s: %zu bytes are not whole 4-byte words", what, bytes);
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclRecv(data, bytes, ncclUint8, peer, g->nccl, g->stream), what);
+        return;
+    }
+    g->staging.resize(bytes / 4);
+    comm_recv(g->host, g->staging.data(), bytes / 4, peer, tag, what);
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(data, g->staging.data(), bytes, cudaMemcpyHostToDevice, g->stream), what);
+    gpu_comm_wait(g, what);  // the host buffer must outlive the copy
+}
+
+// Host staging: waits until every staged send has been received (and frees its host copy).
+inline void gpu_wait_sends(GpuComm* g, std::vector<GpuStagedSend>* staged) {
+    for (GpuStagedSend& s : *staged) comm_wait_sends(g->host, &s.requests);
+    staged->clear();
 }
 
 // Every rank's value of x, in rank order, on every rank. Staged ranks use MPI (comm.h); NCCL ranks

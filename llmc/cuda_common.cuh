@@ -165,3 +165,21 @@ inline void add_column_partials(floatX* out, const float* partials, int parts, s
     add_column_partials_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, partials, parts, stride, n);
     CUDA_CHECK_LAUNCH();
 }
+
+// ----------------------------------------------------------------------------------------------
+// dst[i] += src[i], rounded once: a gradient that arrived from elsewhere joins the one accumulated
+// here (a pipeline's tied embedding, ZeRO-2/3's reduced shard of each micro-batch). n % 8 == 0.
+
+__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) return;
+    x128 d8 = load128(dst + i), s8 = load128cs(src + i);
+    for (int k = 0; k < x128::size; k++) d8[k] = from_float<floatX>(to_float(d8[k]) + to_float(s8[k]));
+    store128(dst + i, d8);
+}
+
+inline void add_into(floatX* dst, const floatX* src, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    add_into_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}

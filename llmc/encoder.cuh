@@ -77,10 +77,18 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
 
 // Host side: counting sort of the positions by token. Returns the number of buckets U; `out` gets
 // the 3*BT+1 ints described above (only the first 2BT+1+U are meaningful).
-inline int encoder_buckets_build(const int* tokens, int BT, int vocab, std::vector<int>* count_scratch, int* out) {
+//
+// With tensor parallelism a rank holds only the rows [first_row, first_row + vocab) of wte
+// (llmc/tensor_parallel.cuh): its buckets are those of its rows' tokens, numbered from its first row,
+// and the other positions are in no bucket (their gradient flows into another rank's rows). On one
+// rank first_row = 0 and vocab is the whole vocabulary: every position is in a bucket.
+inline int encoder_buckets_build(const int* tokens, int BT, int vocab, std::vector<int>* count_scratch, int* out,
+                                 int first_row = 0) {
     std::vector<int>& count = *count_scratch;
     count.assign((size_t)vocab + 1, 0);
-    for (int i = 0; i < BT; i++) count[tokens[i] + 1]++;
+    auto row_of = [&](int i) { return tokens[i] - first_row; };  // outside [0, vocab): another rank's row
+    for (int i = 0; i < BT; i++)
+        if (row_of(i) >= 0 && row_of(i) < vocab) count[row_of(i) + 1]++;
     for (int v = 0; v < vocab; v++) count[v + 1] += count[v];  // count[v] = first slot of token v
     int* positions = out;
     int* start = out + BT;
@@ -93,8 +101,9 @@ inline int encoder_buckets_build(const int* tokens, int BT, int vocab, std::vect
             U++;
         }
     }
-    start[U] = BT;
-    for (int i = 0; i < BT; i++) positions[count[tokens[i]]++] = i;  // ascending i: stable within a token
+    start[U] = count[vocab];  // BT on one rank
+    for (int i = 0; i < BT; i++)  // ascending i: stable within a token
+        if (row_of(i) >= 0 && row_of(i) < vocab) positions[count[row_of(i)]++] = i;
     return U;
 }
 

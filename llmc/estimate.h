@@ -17,10 +17,11 @@
 //        layers keep s b h L (34 + 5 a s / h) bytes (s sequence, b micro-batch, h width, a heads;
 //        16-bit values, 1-byte dropout masks), 34 s b h L with selective recompute (the attention
 //        core recomputed), 2 s b h L with full recompute (only each layer's input kept).
-//   5. on a process grid (the CPU trainer: --tensor-parallel, --pipeline-parallel, --zero 2|3), every
-//      rank's memory and the bytes it sends per step to each of its groups, from the lessons'
-//      arithmetic (llmc/zero.h, llmc/tensor_parallel.h, llmc/pipeline_parallel.h), and the pipeline
-//      bubble; a run on that grid reports what it measured against exactly these numbers.
+//   5. on a process grid (--tensor-parallel, --pipeline-parallel, --zero 2|3), every rank's memory
+//      from its own slice's table, and the pipeline bubble; for the CPU trainer also the bytes each
+//      rank sends per step to each of its groups, from the lessons' arithmetic (llmc/zero.h,
+//      llmc/tensor_parallel.h, llmc/pipeline_parallel.h): a CPU run on that grid reports what it
+//      measured against exactly these numbers.
 // docs/memory.md and docs/parallelism.md are the lessons; this file is the arithmetic. Everything
 // here is a prediction: it runs no kernel and allocates nothing, and says so in what it prints.
 #pragma once
@@ -52,7 +53,7 @@ struct EstimateSetup {
     GPT2Config cfg;
     int B = 1, T = 1024;                // micro-batch per rank
     int ranks = 1, zero_stage = 0;      // data parallelism
-    // model parallelism (the CPU trainer): the grid is ranks x tp x pp
+    // model parallelism: the grid is ranks x tp x pp
     int tp = 1, pp = 1;
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
@@ -70,18 +71,6 @@ struct EstimateSetup {
     std::string peak_source;
 };
 
-// The GPU trainer's shape for rank `rank` with micro-batch B: with ZeRO-1 the rank keeps the
-// optimizer state (master, m, v) of its shard only (llmc/sharding.h cuts the shards).
-inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
-    GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes);
-    if (e.zero_stage == 1) {
-        ShardRange r = owned_range(shard_layout(param_layout(e.cfg).total, e.ranks), rank);
-        s.opt_begin = r.begin;
-        s.opt_count = r.size();
-    }
-    return s;
-}
-
 // The grid: `ranks` data-parallel ranks of tp x pp; rank r of it (r < estimate_world(e)).
 inline int estimate_world(const EstimateSetup& e) { return e.ranks * e.tp * e.pp; }
 inline ProcessGrid estimate_grid(const EstimateSetup& e, int rank) {
@@ -92,6 +81,14 @@ inline ProcessGrid estimate_grid(const EstimateSetup& e, int rank) {
 // Micro-batches per step of one data-parallel rank (a pipeline's m).
 inline int estimate_micro_batches(const EstimateSetup& e, int B) {
     return (int)std::max<int64_t>(1, e.tokens_per_step / ((int64_t)B * e.T * e.ranks));
+}
+
+// The GPU trainer's shape for rank `rank` of the grid with micro-batch B: its slice, its ZeRO share
+// (ZeRO-1: master, m, v of its shard only) and, in a pipeline, the micro-batches its stage keeps.
+inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
+    ProcessGrid g = estimate_grid(e, rank);
+    int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
+    return gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
 }
 
 // The trainer's own size table for rank `rank` with micro-batch B. Rank 0 holds the most: ZeRO's
@@ -363,8 +360,8 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
     double P = (double)param_layout(c).total;  // = N + vocab_pad
     double vocab_pad = (double)(c.padded_vocab_size - c.vocab_size) * c.channels;
     ShardLayout shards = shard_layout(param_layout(c).total, e.ranks);
-    // params and grads: the CPU pads them to equal shards, the GPU does not (yet)
-    double flat_pad = cpu ? (double)(shards.padded_total - shards.total) : 0;
+    // params and grads: padded to equal shards (llmc/sharding.h)
+    double flat_pad = (double)(shards.padded_total - shards.total);
     // optimizer state: all P values, or (ZeRO-1) rank 0's shard, against the literature's N / ranks
     double Nd = e.zero_stage == 1 ? e.ranks : 1;
     double opt_values = e.zero_stage == 1 ? (double)owned_range(shards, 0).size() : P;
@@ -380,14 +377,15 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
     lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, grad_shard, ""};
     lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, ""};
     lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, 0, ""};
-    if (cpu && e.zero_stage >= 2) {
-        // ZeRO-2/3 (CPU): each unit (llmc/zero.h) is cut into equal shards; rank 0's shards are full,
-        // the padding falls on the last rank. The gradient (and at stage 3 the weights) is sharded too.
+    if (e.zero_stage >= 2) {
+        // ZeRO-2/3: each unit (llmc/zero.h) is cut into equal shards; rank 0's shards are full, the
+        // padding falls on the last rank. The gradient (and at stage 3 the weights) is sharded too.
         double R = e.ranks;
         lines[0] = {"params", w * N / (e.zero_stage == 3 ? R : 1), ours.bytes[MEM_PARAMS], w * vocab_pad / (e.zero_stage == 3 ? R : 1), 0, 0, ""};
         lines[1] = {"grads", w * N / R, ours.bytes[MEM_GRADS], w * vocab_pad / R, 0, 0, ""};
+        lines[2] = {"master", master * N / R, ours.bytes[MEM_MASTER], master * vocab_pad / R, 0, 0, ""};
         lines[3] = {"optimizer", 8 * N / R, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / R, 0, 0, ""};
-        for (int i : {0, 1, 3}) {
+        for (int i : {0, 1, 2, 3}) {
             StateLine& l = lines[(size_t)i];
             l.shard_padding = (double)l.ours - l.literature - l.vocab_padding;  // all of the rest: the units' shards
         }
@@ -435,12 +433,10 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.cfg = estimate_config(o);
     e.ranks = o.estimate_ranks;
     e.zero_stage = o.zero_stage;
-    if (trainer == Trainer::CPU) {
-        e.tp = o.tensor_parallel;
-        e.pp = o.pipeline_parallel;
-        e.sequence_parallel = o.sequence_parallel;
-        parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
-    }
+    e.tp = o.tensor_parallel;
+    e.pp = o.pipeline_parallel;
+    e.sequence_parallel = o.sequence_parallel;
+    parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
     RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
@@ -555,11 +551,12 @@ inline void print_estimate(const EstimateSetup& e) {
             for (int i = 0; i < 4; i++) printf(" %s=%llu", comm_group_name(i), (unsigned long long)c.bytes[i]);
             printf("  (%s)\n", format_bytes((double)(c.bytes[0] + c.bytes[1] + c.bytes[2] + c.bytes[3])).c_str());
         }
-        if (e.pp > 1) {
-            int m = estimate_micro_batches(e, e.B);
-            printf("  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
-                   pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1, 100.0 * pipeline_bubble_fraction(e.pp, m));
-        }
+    }
+    if (e.pp > 1) {
+        int m = estimate_micro_batches(e, e.B);
+        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
+               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1,
+               100.0 * pipeline_bubble_fraction(e.pp, m));
     }
 
     ComputeEstimate comp = estimate_compute(e);
@@ -588,7 +585,7 @@ inline void print_estimate(const EstimateSetup& e) {
            e.ranks, e.ranks == 1 ? "" : "s", format_bytes(zero_state_bytes(mixed, N, 0, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 1, e.ranks)).c_str(), format_bytes(zero_state_bytes(mixed, N, 2, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 3, e.ranks)).c_str());
-    printf("  (the CPU trainer implements all four stages, the GPU trainer stages 0 and 1)\n");
+    printf("  (both trainers implement all four stages)\n");
     if (grid) {
         printf("  (with tensor or pipeline parallelism a rank holds a slice, not a replica: the lines against the literature\n"
                "   below are for one whole replica and are left out; the per-rank table above is the answer)\n");

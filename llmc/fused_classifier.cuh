@@ -16,6 +16,24 @@
 
 constexpr int CLASSIFIER_THREADS = 512;
 
+// One row's dloss * (softmax - onehot), in place over its logits z: the V real columns from the row's
+// maximum and 1 / (its sum of exp(z - max)); the padding's gradient is zero. The block's threads
+// share the row, 8 columns at a time. (The vocabulary-parallel classifier, llmc/tensor_parallel.cuh,
+// calls it with its rank's columns and the target as numbered there.)
+__device__ __forceinline__ void classifier_row_grad(floatX* z, int V, int Vp, float row_max, float inv_sum, int target,
+                                                    float dloss) {
+    for (int c = threadIdx.x * x128::size; c < Vp; c += blockDim.x * x128::size) {
+        x128 z8 = load128(z + c), d8;
+        for (int k = 0; k < x128::size; k++) {
+            int v = c + k;
+            float p = v < V ? expf(to_float(z8[k]) - row_max) * inv_sum : 0.0f;
+            float d = (v < V) ? (p - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+            d8[k] = from_float<floatX>(d);
+        }
+        store128(z + c, d8);
+    }
+}
+
 // logits (N, Vp) -> losses (N); if write_grad, logits are replaced by dloss * d(loss)/d(logits).
 __global__ void __launch_bounds__(CLASSIFIER_THREADS) fused_classifier_kernel(floatX* logits, float* losses,
                                                                               const int* targets, float dloss, int V,
@@ -44,17 +62,7 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) fused_classifier_kernel(fl
     if (!write_grad) return;
     __syncthreads();  // thread 0 read z[target] above; it is about to be overwritten
     // pass 2: the gradient, in place
-    float inv_sum = 1.0f / row_sum;
-    for (int c = threadIdx.x * x128::size; c < Vp; c += blockDim.x * x128::size) {
-        x128 z8 = load128(z + c), d8;
-        for (int k = 0; k < x128::size; k++) {
-            int v = c + k;
-            float p = v < V ? expf(to_float(z8[k]) - row_max) * inv_sum : 0.0f;
-            float d = (v < V) ? (p - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
-            d8[k] = from_float<floatX>(d);
-        }
-        store128(z + c, d8);
-    }
+    classifier_row_grad(z, V, Vp, row_max, 1.0f / row_sum, target, dloss);
 }
 
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,

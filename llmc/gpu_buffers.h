@@ -21,11 +21,16 @@
 //   2  also do not keep the LayerNorm outputs ln1, ln2: recompute them from the residual stream and
 //      the saved mean and 1/std (two floats per row)
 //
-// Parallelism: with data parallelism over world_size ranks, params and grads are padded with zeros
-// to world_size equal shards (llmc/sharding.h: the collectives move equal pieces); with ZeRO-1 a
-// rank holds only its shard [opt_begin, opt_begin + opt_count) of the optimizer state (master, m, v).
-// Later, pipeline parallelism holds only the blocks [layer_begin, layer_end). Every per-layer and
-// optimizer size below is computed from those ranges, not from "the whole model".
+// Parallelism: every row is for this rank's SLICE of the model (llmc/process_grid.h), exactly as in
+// llmc/cpu_buffers.h: its pipeline stage's layers, its tensor rank's heads (C/t attention channels),
+// MLP units (4C/t) and vocabulary rows, B*T/t rows of the residual stream with sequence parallelism,
+// and the activations of as many micro-batches as its pipeline schedule keeps in flight. ZeRO
+// (llmc/zero.h) decides the model states: stages 0-1 pad params and grads to dp equal shards (the
+// collectives move equal pieces) and stage 1 keeps master, m, v of the rank's shard only; stage 2
+// keeps only the gradient shard of every unit, stage 3 also only the weight shard, plus fixed slots
+// for the units gathered and the buckets being reduced (one for the ends of the model, two for
+// layers: one in use while the other is gathered or reduced on the communication stream). On one
+// rank the slice is the whole model and every parallel row is empty.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +39,10 @@
 #include <vector>
 #include "llmc/buffers.h"
 #include "llmc/model.h"
+#include "llmc/process_grid.h"
 #include "llmc/sharding.h"
 #include "llmc/utils.h"
+#include "llmc/zero.h"
 
 // Kernel geometry that decides buffer sizes: the kernels use these very constants.
 constexpr int LN_BACKWARD_ROWS_PER_BLOCK = 64;     // rows of one LayerNorm-backward block -> one partial
@@ -51,18 +58,18 @@ struct GPURunShape {
     bool master_weights = true;        // fp32 copy of the parameters
     bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
-    int world_size = 1;                // data-parallel ranks: params and grads padded to equal shards
-    int layer_begin = 0, layer_end = -1;        // blocks held by this rank (-1: up to the last)
-    size_t opt_begin = 0, opt_count = SIZE_MAX; // optimizer-state slice (SIZE_MAX: all of it)
+    ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
+    int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
 // plan exists (the trainer replaces it by the plans' own figure before it allocates). The early
 // memory check, the allocation and --estimate all start from here.
-inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T);
+inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T, int tp = 1);
 inline GPURunShape gpu_run_shape(const GPT2Config& cfg, int B, int T, int recompute, bool master_weights,
-                                 bool simple_attention, int dtype_bytes) {
+                                 bool simple_attention, int dtype_bytes, const ProcessGrid& grid = ProcessGrid{},
+                                 int micro_batches_in_flight = 1) {
     GPURunShape s;
     s.cfg = cfg;
     s.B = B, s.T = T;
@@ -70,7 +77,9 @@ inline GPURunShape gpu_run_shape(const GPT2Config& cfg, int B, int T, int recomp
     s.master_weights = master_weights;
     s.simple_attention = simple_attention;
     s.dtype_bytes = dtype_bytes;
-    s.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, B, T);
+    s.grid = grid;
+    s.micro_batches_in_flight = micro_batches_in_flight;
+    s.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, B, T, grid.tp);
     return s;
 }
 
@@ -90,87 +99,134 @@ enum GPUBuffer {
     GB_ATT_QKV, GB_ATT_DQKV, GB_ATT_O, GB_ATT_SCORES,
     // attention: cuDNN path
     GB_CUDNN_WORKSPACE, GB_ATT_SOFTMAX_SUM,
+    // parallelism: sequence-parallel rows, the vocabulary-parallel loss's exchange, ZeRO-2/3's unit
+    // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
+    GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
+    GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
     GB_COUNT
 };
 
-inline int held_layers(const GPURunShape& s) {
-    int end = s.layer_end < 0 ? s.cfg.num_layers : s.layer_end;
-    return end - s.layer_begin;
-}
-
-inline size_t optimizer_count(const GPURunShape& s) {
-    size_t total = param_layout(s.cfg).total;
-    return s.opt_count == SIZE_MAX ? total - s.opt_begin : s.opt_count;
+// The rows that every micro-batch in flight has its own of (a pipeline stage keeps several): what the
+// forward keeps for the backward, the tokens, and the residual gradient that travels between stages.
+inline bool gpu_buffer_per_micro_batch(int row) {
+    return (row >= GB_RESIDUAL && row <= GB_LOSSES) || row == GB_DRESIDUAL || row == GB_INPUTS || row == GB_TARGETS ||
+           row == GB_ENCODER_BUCKETS;
 }
 
 // A bound on cuDNN's attention workspace, used before any plan exists (--estimate, and when looking
-// for the largest batch that fits): the backward may keep dP, (B, NH, T, T) rounded up to tiles of
+// for the largest batch that fits): the backward may keep dP, (B, NH/t, T, T) rounded up to tiles of
 // 64, in bf16, plus room for the engines' own scratch. The trainer replaces it by the true size.
-inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T) {
+inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T, int tp) {
     size_t t64 = ((size_t)T + 63) / 64 * 64;
-    return (size_t)B * cfg.num_heads * t64 * t64 * 2 + (64u << 20);
+    return (size_t)B * (cfg.num_heads / tp) * t64 * t64 * 2 + (64u << 20);
+}
+
+// ZeRO-2/3's slots (llmc/zero.cuh): the ends' unit (wte, wpe, lnf) has one of its own, the layers
+// two. Sizes are the units' padded totals (dp equal shards), in elements.
+struct ZeroSlots {
+    size_t ends = 0, layer = 0;   // padded elements of the ends' unit, of the largest layer's
+    size_t largest_shard = 0;     // one rank's shard of the largest unit: a reduce-scatter's output
+};
+inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
+    ZeroSlots z;
+    for (size_t u = 0; u < units.size(); u++) {
+        ShardLayout s = shard_layout(units[u].size, dp);
+        if (u + 1 == units.size()) z.ends = s.padded_total;
+        else z.layer = std::max(z.layer, s.padded_total);
+        z.largest_shard = std::max(z.largest_shard, s.shard_size);
+    }
+    return z;
 }
 
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
+    const ProcessGrid& g = s.grid;
+    ModelSlice slice = model_slice(c, g);
+    ParamLayout layout = slice_layout(c, slice);
+    std::vector<ZeroUnit> units = model_units(layout, slice.num_layers);
+    ZeroMemory z = zero_memory(g.zero_stage, units, layout.total, g.dp, g.dp_rank);
+    ZeroSlots slots = zero_slots(units, g.dp);
     size_t X = (size_t)s.dtype_bytes, F = 4, I = 4;
-    size_t nl = (size_t)held_layers(s), C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t B = s.B, T = s.T, BT = B * T;
-    size_t P = param_layout(c).total, opt = optimizer_count(s);
-    size_t padded = shard_layout(P, s.world_size).padded_total;  // P, rounded up to world_size equal shards
+    // local shapes (on one rank, the model's own): Ca attention channels, Cf MLP units, Vp vocabulary rows
+    size_t nl = slice.num_layers, C = c.channels, NH = slice.heads, Ca = slice.attn_channels, Cf = slice.fc_channels;
+    size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, M = s.micro_batches_in_flight;
+    size_t B = s.B, T = s.T, BT = B * T, R = g.sequence_parallel ? BT / g.tp : BT;  // R: rows of the residual stream
+    size_t opt = z.optimizer / 2;  // master, m, v: of everything, of the ZeRO-1 shard, or of every unit's shard
     bool keep_gelu = s.recompute < 1, keep_ln = s.recompute < 2;
-    bool simple = s.simple_attention;
+    bool simple = s.simple_attention, sp = g.sequence_parallel, lent = g.pp > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
-    size_t ln_partials = (BT + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
-    size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * 4 * C;
+    std::string x = M > 1 ? sh(" x %zu", M) : std::string();  // per micro-batch in flight
+    std::string rows = sp ? "R" : "B, T";                     // sequence parallelism: R = B*T/t rows
+    std::string tp = g.tp > 1 ? "/t" : "";
+    size_t ln_partials = (R + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
+    size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * std::max({C, 3 * Ca, Cf});
+    size_t exchange = BT + (2 * BT + g.tp - 1) / g.tp * g.tp;
+    // rows every micro-batch in flight has its own of: M copies, each from a 128-byte boundary
+    auto per = [&](size_t n) { return M > 1 ? M * ((n + 63) / 64 * 64) : n; };
+  // row maxima; (sum, target logit) pairs, padded to t shards
 
     std::vector<BufferSpec> t(GB_COUNT);
-    t[GB_PARAMS] = {"params", MEM_PARAMS, sh("(%zu)", padded), padded, X};
-    t[GB_GRADS] = {"grads", MEM_GRADS, sh("(%zu)", padded), padded, X};
+    size_t grads = g.zero_stage >= 2 ? z.grad_shard : z.grads;  // ZeRO-2/3: only this rank's shard of every unit
+    t[GB_PARAMS] = {"params", MEM_PARAMS, sh(g.zero_stage == 3 ? "(%zu) shards" : "(%zu)", z.params), z.params, X};
+    t[GB_GRADS] = {"grads", MEM_GRADS, sh(g.zero_stage >= 2 ? "(%zu) shards" : "(%zu)", grads), grads, X};
     t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
     t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
     t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
 
-    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, B, T, C)", nl), (nl + 1) * BT * C, X};
-    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), nl * BT * C, X};
-    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
-    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C)", nl), nl * BT * 3 * C, X};
-    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), nl * BT * C, X};
-    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH, T, T)", nl), nl * B * NH * T * T, X};
-    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH, T) fp32", nl), nl * B * NH * T, F};
-    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, B, T, C)", nl), keep_ln ? nl * BT * C : 0, X};
-    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, B, T) fp32", nl), nl * BT, F};
-    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C)", nl), nl * BT * 4 * C, X};
-    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C)", nl), keep_gelu ? nl * BT * 4 * C : 0, X};
-    t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(B, T, C)", BT * C, X};
-    t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
-    t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
-    t[GB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp)", BT * Vp, X};
-    t[GB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T) fp32", BT, F};
+    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", nl) + rows + ", C)" + x, per((nl + 1) * R * C), X};
+    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, per(nl * R * C), X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep_ln ? per(nl * R * C) : 0, X};
+    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", nl) + tp + ")" + x, per(nl * BT * 3 * Ca), X};
+    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", nl) + tp + ")" + x, per(nl * BT * Ca), X};
+    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T, T)" + x, per(nl * B * NH * T * T), X};
+    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T) fp32" + x, per(nl * B * NH * T), F};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep_ln ? per(nl * R * C) : 0, X};
+    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, per(nl * BT * Cf), X};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, keep_gelu ? per(nl * BT * Cf) : 0, X};
+    t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, per(head * R * C), X};
+    t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
+    t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
+    t[GB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, per(head * BT * Vp), X};
+    t[GB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T) fp32" + x, per(head * BT), F};
 
-    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(B, T, C)", keep_ln ? 0 : BT * C, X};
-    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C)", keep_gelu ? 0 : BT * 4 * C, X};
+    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C)", keep_ln ? 0 : R * C, X};
+    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep_gelu ? 0 : BT * Cf, X};
     t[GB_SCRATCH_C] = {"scratch_c", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
-    t[GB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
-    t[GB_SCRATCH_3C] = {"scratch_3c", MEM_WORKSPACE, "(B, T, 3C)", BT * 3 * C, X};
-    t[GB_SCRATCH_4C] = {"scratch_4c", MEM_WORKSPACE, "(B, T, 4C)", BT * 4 * C, X};
+    t[GB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, per(R * C), X};
+    t[GB_SCRATCH_3C] = {"scratch_3c", MEM_WORKSPACE, "(B, T, 3C" + tp + ")", BT * 3 * Ca, X};
+    t[GB_SCRATCH_4C] = {"scratch_4c", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", BT * Cf, X};
     t[GB_REDUCE_PARTIALS] = {"reduce_partials", MEM_WORKSPACE, "column sums per row block, fp32",
                              std::max(ln_partials, bias_partials), F};
     t[GB_NORM_PARTIALS] = {"norm_partials", MEM_WORKSPACE, sh("(%d+1) fp32", GLOBAL_NORM_BLOCKS), GLOBAL_NORM_BLOCKS + 1, F};
-    t[GB_INPUTS] = {"inputs", MEM_WORKSPACE, "(B, T) int32", BT, I};
-    t[GB_TARGETS] = {"targets", MEM_WORKSPACE, "(B, T) int32", BT, I};
-    t[GB_ENCODER_BUCKETS] = {"encoder_buckets", MEM_WORKSPACE, "(3BT+1) int32", 3 * BT + 1, I};
+    t[GB_INPUTS] = {"inputs", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
+    t[GB_TARGETS] = {"targets", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
+    t[GB_ENCODER_BUCKETS] = {"encoder_buckets", MEM_WORKSPACE, "(3BT+1) int32" + x, per((3 * BT + 1)), I};
     t[GB_CUBLASLT_WORKSPACE] = {"cublaslt_workspace", MEM_WORKSPACE, "bytes", CUBLASLT_WORKSPACE_BYTES, 1};
 
-    t[GB_ATT_QKV] = {"att_qkv", MEM_WORKSPACE, "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
-    t[GB_ATT_DQKV] = {"att_dqkv", MEM_WORKSPACE, "(3, B, NH, T, hs)", simple ? 3 * BT * C : 0, X};
-    t[GB_ATT_O] = {"att_o", MEM_WORKSPACE, "(B, NH, T, hs)", simple ? BT * C : 0, X};
-    t[GB_ATT_SCORES] = {"att_scores", MEM_WORKSPACE, "(B, NH, T, T)", simple ? B * NH * T * T : 0, X};
+    t[GB_ATT_QKV] = {"att_qkv", MEM_WORKSPACE, "(3, B, NH" + tp + ", T, hs)", simple ? 3 * BT * Ca : 0, X};
+    t[GB_ATT_DQKV] = {"att_dqkv", MEM_WORKSPACE, "(3, B, NH" + tp + ", T, hs)", simple ? 3 * BT * Ca : 0, X};
+    t[GB_ATT_O] = {"att_o", MEM_WORKSPACE, "(B, NH" + tp + ", T, hs)", simple ? BT * Ca : 0, X};
+    t[GB_ATT_SCORES] = {"att_scores", MEM_WORKSPACE, "(B, NH" + tp + ", T, T)", simple ? B * NH * T * T : 0, X};
     t[GB_CUDNN_WORKSPACE] = {"cudnn_workspace", MEM_WORKSPACE, "bytes", simple ? 0 : s.cudnn_workspace_bytes, 1};
-    t[GB_ATT_SOFTMAX_SUM] = {"att_softmax_sum", MEM_WORKSPACE, "(B, NH, T) fp32", simple ? 0 : B * NH * T, F};
+    t[GB_ATT_SOFTMAX_SUM] = {"att_softmax_sum", MEM_WORKSPACE, "(B, NH" + tp + ", T) fp32", simple ? 0 : B * NH * T, F};
+
+    t[GB_TP_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp ? BT * C : 0, X};
+    t[GB_TP_LOCAL] = {"sp_local", MEM_WORKSPACE, "(R, C) reduce-scattered", sp ? R * C : 0, X};
+    t[GB_TP_LOSS_EXCHANGE] = {"vocab_loss_exchange", MEM_WORKSPACE, "(B, T) maxima, (B, T, 2) sums, fp32",
+                              g.tp > 1 && head ? exchange : 0, F};
+    t[GB_ZERO_GATHERED] = {"zero_gathered", MEM_WORKSPACE, sh("ends %zu + 2 layers x %zu", slots.ends, slots.layer),
+                           g.zero_stage == 3 ? slots.ends + 2 * slots.layer : 0, X};
+    t[GB_ZERO_BUCKETS] = {"zero_buckets", MEM_WORKSPACE, sh("ends %zu + 2 layers x %zu", slots.ends, slots.layer),
+                          g.zero_stage >= 2 ? slots.ends + 2 * slots.layer : 0, X};
+    t[GB_ZERO_REDUCED] = {"zero_reduced", MEM_WORKSPACE, sh("(%zu) a unit's shard", slots.largest_shard),
+                          g.zero_stage >= 2 ? slots.largest_shard : 0, X};
+    t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
+    t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
+    t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
     return t;
 }
 
@@ -192,7 +248,7 @@ constexpr size_t GPU_MEMORY_MARGIN_BYTES = 512u << 20;
 // plans exist its workspace is the bound cudnn_workspace_estimate(), which grows with B like the rest.
 inline bool gpu_batch_fits(GPURunShape s, int B, size_t free_bytes) {
     s.B = B;
-    if (!s.simple_attention) s.cudnn_workspace_bytes = cudnn_workspace_estimate(s.cfg, B, s.T);
+    if (!s.simple_attention) s.cudnn_workspace_bytes = cudnn_workspace_estimate(s.cfg, B, s.T, s.grid.tp);
     return gpu_buffer_total(gpu_buffer_table(s)) + GPU_MEMORY_MARGIN_BYTES <= free_bytes;
 }
 

@@ -86,6 +86,22 @@ inline void fused_residual_layernorm_forward(floatX* residual_out, floatX* ln_ou
     CUDA_CHECK_LAUNCH();
 }
 
+// residual_out = a + b alone, without the LayerNorm that usually follows: the last layer of a
+// pipeline stage other than the last, whose next LayerNorm belongs to the next stage (which computes
+// it from these very bf16 values, as the fused kernel would have). One thread per 8 values.
+__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= n) return;
+    x128 a8 = load128cs(a + i), b8 = load128cs(b + i), o8;
+    for (int k = 0; k < x128::size; k++) o8[k] = from_float<floatX>(to_float(a8[k]) + to_float(b8[k]));
+    store128(out + i, o8);
+}
+
+inline void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
+    residual_forward_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
 // y = ln_apply(x) from the saved statistics: one thread per 8 channels.
 __global__ void layernorm_recompute_kernel(floatX* ln_out, const floatX* inp, const float* mean, const float* rstd,
                                            const floatX* weight, const floatX* bias, int N, int C) {

@@ -1,0 +1,209 @@
+// zero.cuh — ZeRO-2 and ZeRO-3 on GPUs: gradient buckets reduce-scattered into a shard while the
+// backward pass goes on, and (ZeRO-3) each unit's weights all-gathered just before they are used,
+// the next unit's on the way while this one computes.
+//
+// Read llmc/zero.h first: the stages, the UNITS (each layer, and the ends of the model: wte, wpe,
+// the final LayerNorm), each cut into dp equal shards by sharding.h's shard_layout, rank r owning
+// shard r of every unit, and the order of a unit's life in a step. All of that arithmetic is used
+// here as it is (the host struct Zero; its vectors stay empty: the buffers are on the GPU). What a
+// GPU adds is buffers that do not move and two streams:
+//
+//   Slots. cudaMalloc in the middle of a step is slow and fragments memory, so the units gathered
+//   and the buckets being reduced live in fixed SLOTS of the buffer table (llmc/gpu_buffers.h):
+//   slot 0 for the ends' unit, slots 1 and 2 for layers, a layer unit u in slot 1 + u % 2.
+//   Consecutive layers alternate, so one slot is in use on the compute stream while the other is
+//   gathered (ZeRO-3's prefetch) or reduce-scattered on the data group's stream.
+//
+//   ZeRO-3, forward and backward: unit_weights(u, next) makes sure u is gathered (the host waits for
+//   its event), then starts gathering `next`, the unit the pass needs after u, into the other slot:
+//   its all-gather runs on the communication stream while u's kernels run. A slot remembers which
+//   unit it holds; a unit still there is not gathered again (the last layer's weights between the
+//   forward and the backward pass, the ends' weights all step long: they have a slot of their own)
+//   until the optimizer step changes the weights. A slot is overwritten only after the compute
+//   stream has passed the event recorded when its unit was released.
+//
+//   ZeRO-2/3, backward: unit_grads(u) opens a zeroed bucket for u in its slot (once the slot's
+//   previous reduce-scatter has finished), the backward adds u's gradient into it, and
+//   unit_grads_done(u) hands it to the communication stream: a reduce-scatter into `reduced`, then
+//   this rank's shard is added into its gradient shard (rounded once per micro-batch, like one rank
+//   accumulating micro-batches). The ends' bucket stays open from the LM head to the embedding.
+//
+//   The step: AdamW on the owned pieces (zero_owned_pieces: per tensor, for weight decay), each
+//   with the same per-element update and stochastic rounding as the flat path (adamw.cuh). ZeRO-2
+//   then all-gathers every unit's updated weights back into the flat array; ZeRO-3 keeps only its
+//   shard and marks the slots stale.
+//
+// Cost per step, m micro-batches, dp ranks, P values of this rank's slice in bf16: m reduce-
+// scatters, (dp-1)/dp * 2P bytes each; ZeRO-2 one all-gather of the same size after the step;
+// ZeRO-3 at most two all-gathers per layer per micro-batch (forward and backward, fewer when a
+// slot still holds the unit) and one of the ends per step. Memory: the shards, 1/dp of everything,
+// plus the slots: two layers and the ends, gathered (ZeRO-3) and as buckets.
+#pragma once
+
+#include <vector>
+#include "llmc/adamw.cuh"
+#include "llmc/comm_nccl.cuh"
+#include "llmc/cuda_common.cuh"
+#include "llmc/gpu_buffers.h"
+#include "llmc/zero.h"
+
+struct ZeroGpu {
+    Zero plan;                        // llmc/zero.h: stage, units, shards, owned pieces (host arithmetic only)
+    GpuComm* comm = nullptr;          // the data-parallel group on the GPU
+    floatX* weights = nullptr;        // stage 3: this rank's shard of every unit's weights (GB_PARAMS)
+    floatX* grads = nullptr;          // stages 2-3: this rank's shard of every unit's gradient (GB_GRADS)
+    floatX* gathered[3] = {};         // stage 3: the slots of gathered units (GB_ZERO_GATHERED)
+    floatX* buckets[3] = {};          // stages 2-3: the slots of gradient buckets (GB_ZERO_BUCKETS)
+    floatX* reduced = nullptr;        // a reduce-scatter's output (GB_ZERO_REDUCED)
+    int holds[3] = {-1, -1, -1};      // stage 3: the unit each gather slot holds (-1: none, or stale)
+    bool open[3] = {};                // stages 2-3: a bucket is open in the slot
+    cudaEvent_t gathered_ev[3] = {}, released_ev[3] = {}, reduced_ev[3] = {}, ready = nullptr;
+};
+
+inline int zero_slot(const ZeroGpu& z, int unit) {
+    return unit == ends_unit((int)z.plan.units.size() - 1) ? 0 : 1 + unit % 2;
+}
+
+// Sets up the plan (llmc/zero.h) and points the slots into the buffers the trainer allocated from
+// its table. Stages 0-1 use only the plan (its shards, for the norm and the checkpoints).
+inline void zero_gpu_init(ZeroGpu* z, int stage, Comm* dp, GpuComm* comm, const ProcessGrid& grid, const ModelSlice& slice,
+                          const ParamLayout& layout, floatX* params, floatX* grads, floatX* gathered, floatX* buckets,
+                          floatX* reduced) {
+    zero_setup(&z->plan, stage, dp, grid, slice, layout);
+    z->comm = comm;
+    if (stage < 2) return;
+    ZeroSlots sizes = zero_slots(z->plan.units, dp->world_size);
+    size_t offset[3] = {0, sizes.ends, sizes.ends + sizes.layer};
+    for (int i = 0; i < 3; i++) {
+        if (stage == 3) z->gathered[i] = gathered + offset[i];
+        z->buckets[i] = buckets + offset[i];
+        CUDA_CHECK(cudaEventCreateWithFlags(&z->gathered_ev[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&z->released_ev[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&z->reduced_ev[i], cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&z->ready, cudaEventDisableTiming));
+    z->weights = stage == 3 ? params : nullptr;
+    z->grads = grads;
+    z->reduced = reduced;
+}
+
+inline void zero_gpu_destroy(ZeroGpu* z) {
+    for (cudaEvent_t* e : {z->gathered_ev, z->released_ev, z->reduced_ev})
+        for (int i = 0; i < 3; i++)
+            if (e[i]) CUDA_CHECK(cudaEventDestroy(e[i]));
+    if (z->ready) CUDA_CHECK(cudaEventDestroy(z->ready));
+}
+
+inline void zero_follow(ZeroGpu* z, cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(z->ready, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(z->comm->stream, z->ready, 0));
+}
+
+// ZeRO-3: starts gathering unit u into its slot on the communication stream (after the compute
+// stream has released the slot's previous unit).
+inline void zero_start_gather(ZeroGpu* z, int u) {
+    const ZeroUnit& unit = z->plan.units[(size_t)u];
+    int slot = zero_slot(*z, u);
+    size_t shard = unit.shards.shard_size;
+    cudaStream_t s = z->comm->stream;
+    CUDA_CHECK(cudaStreamWaitEvent(s, z->released_ev[slot], 0));  // (an event never recorded is no wait)
+    CUDA_CHECK(cudaMemcpyAsync(z->gathered[slot] + (size_t)z->plan.dp->rank * shard, z->weights + unit.stored_at,
+                               shard * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+    gpu_all_gather(z->comm, z->gathered[slot], shard, NCCL_FLOATX, "all-gather of a unit's weights (ZeRO-3)");
+    CUDA_CHECK(cudaEventRecord(z->gathered_ev[slot], s));
+    z->holds[slot] = u;
+}
+
+// ZeRO-3: unit u's weights, gathered; `next` (or -1) is the unit the pass needs after u: its
+// gather starts now, behind u's.
+inline ParamTensors<floatX> zero_weights(ZeroGpu* z, int u, int next) {
+    int slot = zero_slot(*z, u);
+    if (z->holds[slot] != u) zero_start_gather(z, u);
+    if (next >= 0 && zero_slot(*z, next) != slot && z->holds[zero_slot(*z, next)] != next) zero_start_gather(z, next);
+    gpu_comm_wait_event(z->comm, z->gathered_ev[slot], "all-gather of a unit's weights (ZeRO-3)");
+    return unit_view(z->plan.units[(size_t)u], z->gathered[slot], true);
+}
+
+// ZeRO-3: the compute stream is done with unit u's weights once it passes this point.
+inline void zero_release(ZeroGpu* z, int u, cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(z->released_ev[zero_slot(*z, u)], compute));
+}
+
+// ZeRO-2/3: unit u's gradient bucket for this micro-batch, zeroed when it opens (once the slot's
+// previous bucket has been reduce-scattered). The ends' bucket is opened by the LM head and found
+// open again by the embedding.
+inline ParamTensors<floatX> zero_open_bucket(ZeroGpu* z, int u, cudaStream_t compute) {
+    int slot = zero_slot(*z, u);
+    const ZeroUnit& unit = z->plan.units[(size_t)u];
+    if (!z->open[slot]) {
+        gpu_comm_wait_event(z->comm, z->reduced_ev[slot], "reduce-scatter of a gradient bucket (ZeRO-2/3)");
+        CUDA_CHECK(cudaMemsetAsync(z->buckets[slot], 0, unit.shards.padded_total * sizeof(floatX), compute));
+        z->open[slot] = true;
+    }
+    return unit_view(unit, z->buckets[slot], true);
+}
+
+// ZeRO-2/3: unit u's gradient is complete for this micro-batch: reduce-scatter the bucket on the
+// communication stream and add this rank's shard of the sum into its gradient shard.
+inline void zero_reduce_bucket(ZeroGpu* z, int u, cudaStream_t compute) {
+    int slot = zero_slot(*z, u);
+    const ZeroUnit& unit = z->plan.units[(size_t)u];
+    size_t shard = unit.shards.shard_size;
+    zero_follow(z, compute);
+    gpu_reduce_scatter_sum(z->comm, z->buckets[slot], z->reduced, shard, NCCL_FLOATX,
+                           "reduce-scatter of a gradient bucket (ZeRO-2/3)");
+    add_into(z->grads + unit.stored_at, z->reduced, shard, z->comm->stream);
+    CUDA_CHECK(cudaEventRecord(z->reduced_ev[slot], z->comm->stream));
+    z->open[slot] = false;
+}
+
+// ZeRO-2/3: the parts of the gradient shard this rank adds to the squared norm (llmc/zero.h's rule:
+// every element counted once in the world; contiguous pieces merged).
+inline std::vector<std::pair<const floatX*, size_t>> zero_norm_pieces(const ZeroGpu& z) {
+    std::vector<std::pair<const floatX*, size_t>> out;
+    for (const ZeroPiece& p : zero_owned_pieces(z.plan)) {
+        if (!counts_once(z.plan.grid, p.tensor)) continue;
+        const floatX* at = z.grads + p.stored;
+        if (!out.empty() && out.back().first + out.back().second == at) out.back().second += p.count;
+        else out.push_back({at, p.count});
+    }
+    return out;
+}
+
+// ZeRO-2/3: AdamW on every owned piece. The weights are in the flat array (`params`, stage 2) or in
+// the weight shard (stage 3); gradients, master, m and v in the shards. Each piece's stochastic
+// rounding is seeded by its index in the flat array, as adamw_update would seed it.
+inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, float* v, const float* grad_norm,
+                       const AdamWParams& a, cudaStream_t compute) {
+    for (const ZeroPiece& p : zero_owned_pieces(z->plan)) {
+        floatX* w = z->plan.stage == 3 ? z->weights + p.stored : params + p.local;
+        adamw_update_piece(w, master ? master + p.stored : nullptr, z->grads + p.stored, m + p.stored, v + p.stored, p.count,
+                           p.local, param_tensor_decays(p.tensor), grad_norm, a, compute);
+    }
+}
+
+// After AdamW. ZeRO-2: every unit's updated shards are all-gathered back into the flat array
+// (packed into a bucket slot, gathered, unpacked). ZeRO-3: the slots' units are stale.
+inline void zero_after_update(ZeroGpu* z, floatX* params, cudaStream_t compute) {
+    if (z->plan.stage == 3) {
+        for (int& h : z->holds) h = -1;
+        return;
+    }
+    if (z->plan.stage != 2) return;
+    const char* what = "all-gather of the updated weights (ZeRO-2)";
+    cudaStream_t s = z->comm->stream;
+    zero_follow(z, compute);
+    for (size_t u = 0; u < z->plan.units.size(); u++) {
+        const ZeroUnit& unit = z->plan.units[u];
+        floatX* packed = z->buckets[zero_slot(*z, (int)u)];
+        ShardRange mine = shard_range(unit.shards, z->plan.dp->rank);
+        unit_runs(unit, mine.begin, mine.end, [&](size_t local, size_t at, size_t n) {
+            CUDA_CHECK(cudaMemcpyAsync(packed + at, params + local, n * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+        });
+        gpu_all_gather(z->comm, packed, unit.shards.shard_size, NCCL_FLOATX, what);
+        unit_runs(unit, 0, unit.size, [&](size_t local, size_t at, size_t n) {
+            CUDA_CHECK(cudaMemcpyAsync(params + local, packed + at, n * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+        });
+    }
+    gpu_comm_wait(z->comm, what);
+}

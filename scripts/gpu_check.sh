@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # gpu_check.sh — everything a GPU machine should confirm, in one command (`make gpu-check`):
 #   1. build the GPU trainer (bf16 and fp32) and the tests for THIS machine's GPU (sm_90 on H100/H200)
-#   2. run every GPU test (test/test_gpu*.{py,cpp,cu}: against the CPU reference, determinism,
-#      resume, recompute, attention paths, memory check, and test_gpu_data_parallel.py: 2 and 4
-#      ranks sharing this GPU against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks)
-#   3. the communication layer's exact sums (build/gpu_comm_check under mpirun): 2 ranks host-staged
-#      and, on a machine with several GPUs, all of them over NCCL
-#   4. a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same on
-#      synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory; with several GPUs,
+#   2. "tests": the GPU tests of one rank (test_gpu.py: against the CPU reference, determinism,
+#      resume, recompute, attention paths, memory check; test_gpu_buffers; test_gpu_host)
+#   3. "parallel": several ranks sharing this GPU (host-staged): test_gpu_data_parallel.py (2 and 4
+#      ranks against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks) and test_gpu_parallelism.py
+#      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
+#      bit-exact resume on a grid, the bubble); and the communication layer's exact sums
+#      (build/gpu_comm_check under mpirun): 2 ranks host-staged and, on a machine with several GPUs,
+#      all of them over NCCL
+#   4. "train": a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same
+#      on synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory; with several GPUs,
 #      also on all of them (mpirun, NCCL, ZeRO-1)
 #   5. a PASS/FAIL table
 # Logs go to out/gpu_check/ (or $GPU_CHECK_OUT). Exits non-zero if anything failed.
-# GPU_CHECK_PARTS picks parts (default "build tests train"), e.g. to run them as separate commands
-# where one command's time is limited: GPU_CHECK_PARTS=build make gpu-check, then =tests, then =train.
+# GPU_CHECK_PARTS picks parts (default "build tests parallel train"), e.g. to run them as separate
+# commands where one command's time is limited: GPU_CHECK_PARTS="build parallel" make gpu-check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-out/gpu_check}
 mkdir -p "$OUT"
 declare -a ROWS=()
 FAILED=0
-PARTS=" ${GPU_CHECK_PARTS:-build tests train} "
+PARTS=" ${GPU_CHECK_PARTS:-build tests parallel train} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 JOBS=$(nproc 2>/dev/null || echo 4)
 row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "${3:0:300}")"); if [ "$1" = FAIL ]; then FAILED=1; fi; }
@@ -41,12 +44,14 @@ if part build; then
     fi
 fi
 
-# 2. every GPU test; each of its checks gets a row of the table (the measured errors with it)
-if part tests; then
-    echo "== GPU tests"
-    /usr/bin/python3 test/run_tests.py test_gpu 2>&1 | tee "$OUT/tests.log"
-    summary=$(tail -1 "$OUT/tests.log")
-    if grep -q "^[0-9]* passed, 0 failed$" <<<"$summary"; then row PASS "GPU tests" "$summary"; else row FAIL "GPU tests" "$summary (see $OUT/tests.log)"; fi
+# 2. and 3. GPU tests; each of their checks gets a row of the table (the measured errors with it)
+gpu_tests() {  # name, log, test name substrings...
+    local name=$1 log=$2
+    shift 2
+    echo "== $name"
+    /usr/bin/python3 test/run_tests.py "$@" 2>&1 | tee "$log"
+    summary=$(tail -1 "$log")
+    if grep -q "^[0-9]* passed, 0 failed$" <<<"$summary"; then row PASS "$name" "$summary"; else row FAIL "$name" "$summary (see $log)"; fi
     while IFS= read -r line; do
         line=${line#   }
         case "$line" in
@@ -54,7 +59,11 @@ if part tests; then
             SKIP:*) row SKIP "  ${line#SKIP: }" "" ;;
             FAIL:*) line=${line#FAIL: }; row FAIL "  ${line:0:300}" "" ;;
         esac
-    done < <(grep -E "^   (PASS|FAIL|SKIP):" "$OUT/tests.log")
+    done < <(grep -E "^   (PASS|FAIL|SKIP):" "$log")
+}
+if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host; fi
+if part parallel; then
+    gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism
 fi
 
 # 3. the communication layer: exact sums in every collective the trainer uses
@@ -72,7 +81,9 @@ comm_check() {  # name, log, ranks, env assignments...
         row FAIL "$name" "see $log"
     fi
 }
-if ! command -v mpirun >/dev/null; then
+if ! part parallel; then
+    :
+elif ! command -v mpirun >/dev/null; then
     row SKIP "communication checks" "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
 elif make build/gpu_comm_check >>"$OUT/build.log" 2>&1; then
     comm_check "comm check: 2 ranks, host-staged" "$OUT/comm_check_staged.log" 2 LLMC_HOST_STAGED=1

@@ -96,6 +96,67 @@ int main() {
     }
     report(comm, ok, "reduce to owners (bf16): exact sums inside each rank's shard, its own values elsewhere");
 
+    // the process grid's operations: the identical all-reduce (bf16), the all-reduce of maxima (fp32),
+    // point-to-point around a ring (a send grouped with the receive that follows it), and a group
+    // split off the world (the even and the odd ranks)
+    cudaMemcpy(d_half, half.data(), n * 2, cudaMemcpyHostToDevice);
+    gpu_all_reduce_identical(&g, d_half, n, ncclBfloat16, "identical all-reduce check");
+    gpu_comm_wait(&g, "identical all-reduce check");
+    cudaMemcpy(half_out.data(), d_half, n * 2, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (size_t i = 0; i < n; i++)
+        ok = ok && bf16_to_float(half_out[i]) == world * ((float)(i % 8) * 0.25f) + (float)(world * (world - 1) / 2);
+    report(comm, ok, "identical all-reduce (bf16: reduce-scatter + all-gather) gives every rank the exact sum");
+
+    for (size_t i = 0; i < n; i++) host[i] = value(i, (int)((i + (size_t)rank) % (size_t)world));
+    cudaMemcpy(d_full, host.data(), n * 4, cudaMemcpyHostToDevice);
+    gpu_all_reduce_max(&g, d_full, n, "maximum check");
+    gpu_comm_wait(&g, "maximum check");
+    cudaMemcpy(out.data(), d_full, n * 4, cudaMemcpyDeviceToHost);
+    ok = true;
+    for (size_t i = 0; i < n; i++) ok = ok && out[i] == value(i, world - 1);
+    report(comm, ok, "all-reduce of maxima (fp32)");
+
+    {
+        std::vector<GpuStagedSend> staged;
+        int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+        for (size_t i = 0; i < shard; i++) host[i] = value(i, rank);
+        cudaMemcpy(d_shard, host.data(), shard * 4, cudaMemcpyHostToDevice);
+        if (world > 1) {
+            gpu_group_begin(&g, "point-to-point check");
+            gpu_send(&g, d_shard, shard * 4, next, 7, &staged, "point-to-point check");
+            gpu_recv(&g, d_full, shard * 4, prev, 7, "point-to-point check");
+            gpu_group_end(&g, "point-to-point check");
+            gpu_comm_wait(&g, "point-to-point check");
+            gpu_wait_sends(&g, &staged);
+            cudaMemcpy(out.data(), d_full, shard * 4, cudaMemcpyDeviceToHost);
+        }
+        ok = true;
+        for (size_t i = 0; world > 1 && i < shard; i++) ok = ok && out[i] == value(i, prev);
+        report(comm, ok, "send and receive around a ring (grouped): each rank gets its predecessor's array");
+    }
+
+    {
+        Comm half_world;
+        comm_split(&comm, rank % 2, rank / 2, &half_world, "the group check's split");
+        GpuComm group;
+        gpu_comm_init_group(&group, &g, &half_world, rank % 2, rank / 2, "the group check's communicator");
+        std::vector<float> one(8, (float)rank);
+        float* d_one;
+        cudaMalloc(&d_one, 8 * 4);
+        cudaMemcpy(d_one, one.data(), 8 * 4, cudaMemcpyHostToDevice);
+        gpu_all_reduce_identical(&group, d_one, 8, ncclFloat32, "group check");
+        gpu_comm_wait(&group, "group check");
+        cudaMemcpy(one.data(), d_one, 8 * 4, cudaMemcpyDeviceToHost);
+        float expect = 0;
+        for (int r = rank % 2; r < world; r += 2) expect += (float)r;
+        ok = half_world.world_size == (world - rank % 2 + 1) / 2;
+        for (float x : one) ok = ok && x == expect;
+        cudaFree(d_one);
+        gpu_comm_finalize(&group);
+        report(comm, ok, "a group split off the world (even and odd ranks) sums within itself");
+    }
+
     // numbers: every rank's value in rank order, and their sum, identical everywhere
     std::vector<double> all = gpu_comm_gather(&g, 1.5 * rank, "gather check");
     ok = (int)all.size() == world;

@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""test_gpu_parallelism.py — ZeRO-2/3, tensor, sequence and pipeline parallelism on the GPU trainer,
+against one rank: test_parallelism.py's grids, with several ranks sharing one GPU.
+
+Ranks that share a GPU cannot use NCCL (it refuses two ranks on one device), so they exchange
+everything through host memory and MPI (llmc/comm_nccl.cuh's host staging): the same buckets,
+shards, tensor-parallel sums, pipeline sends and checkpoints, only slower. What this proves on one
+GPU is the trainer's logic on a grid; NCCL's own collectives are build/gpu_comm_check's business.
+
+The model is test_parallelism.py's with the GPU's shapes (channels and head size multiples of 8):
+L=4 C=128 H=4 T=32 V=501 (hs 32; V odd, so no tensor degree divides it), 128 tokens a step, 10 steps,
+lr 1e-3. One rank accumulates 4 micro-batches of B=1; a grid runs them as dp ranks x m micro-batches
+of a pipeline. The grids:
+
+  dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, pp2 GPipe, pp2 1F1B, pp4 1F1B,
+  dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
+  tp3 on L=2 C=192 H=6: Vp=512 rows over 3 ranks, 176 each, the last with 16 rows of padding.
+
+Tolerances (grid vs one rank, both bf16). The arithmetic is the same; what a grid changes is where
+some sums are ROUNDED to bf16: a row-parallel matmul's t partial sums are each rounded, then summed
+and rounded; so is the gradient flowing into a column-parallel matmul's input; data-parallel ranks
+(ZeRO-2/3) round their own micro-batches' accumulated gradient before the sum; a pipeline adds the
+tied embedding's two gradients in another order. test/bf16_grid_error_model.py simulates exactly
+these roundings on this model (PyTorch, fp32 with bf16 rounding where the trainer stores bf16) and
+measures, against one rank:
+                         step-1 grads rel L2  cosine     first logits  step losses  weight change
+    tp 2, tp 4           7.8e-3 .. 8.0e-3     0.99997    7.9e-3        <= 1.0e-3    2.8e-2
+    dp 2, dp 4           2.8e-3 .. 3.1e-3     0.999995   0 (same)      5.4e-4       1.7e-2
+    dp 2 x tp 2          7.9e-3               0.99997    7.9e-3        1.1e-3       2.7e-2
+    control (half batch) 0.74                 0.80       0 (same)      0.19         0.62
+What the model leaves out (cuBLASLt's and cuDNN's accumulation orders, which change with the local
+shapes) adds fp32-level noise that bf16 rounding turns into the odd flipped last bit; so the limits
+are 3-4 times the simulated errors, and still an order of magnitude from the control:
+    step-1 gradient   relative L2 <= 3e-2 and cosine >= 0.9995         (control: 0.74, 0.80)
+    first logits      relative L2 <= 3e-2
+    losses            |loss_grid - loss_one| <= 0.01 every step         (control: 0.19)
+    weight change     ||dW_grid - dW_one|| / ||dW_one|| <= 0.10 after 10 steps   (control: 0.62)
+Where the arithmetic IS the same the test demands the same bits: ZeRO-3 == ZeRO-2 (the same reduce-
+scatters, the same AdamW on the same shards, the same stochastic rounding), pp2 1F1B == pp2 GPipe
+(schedules change when a layer computes, not what), a resumed run == the straight run on the same
+grid. Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
+data-parallel replicas, the last stage's copy of wte) is identical on every rank, in the bf16 weights
+and in the master weights: the trainer refuses to write the dump otherwise.
+
+Also: the bubble (p-1)/(m+p-1) printed and measured (LLMC_TEST_PIPE_DELAY_MS makes the compute
+sleeps), checkpoints (files, bit-exact resume on the same grid, resumed by one rank on another), and,
+without a GPU too, one clear error (exit 2) for each impossible grid and --estimate on a grid.
+"""
+import os, re, shutil, subprocess, sys, tempfile, time
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_gpu import cosine, have_gpu, read_safetensors, rel  # noqa: E402
+from test_data_parallel import write_shard  # noqa: E402
+from test_parallelism import IMPOSSIBLE_GRIDS, bubble  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU = os.path.join(ROOT, "train_gpt")
+MODEL = "L=4,C=128,H=4,T=32,V=501"
+MODEL3 = "L=2,C=192,H=6,T=32,V=501"
+T, LR = 32, 1e-3
+TOL_GRAD, TOL_COS, TOL_LOGITS, TOL_LOSS, TOL_UPDATE = 3e-2, 0.9995, 3e-2, 0.01, 0.10
+CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 bit for bit", "tp2 == one rank",
+          "tp4 + sequence parallel == one rank", "tp3 (vocabulary padding) == one rank", "pp2 GPipe == one rank",
+          "pp2 1F1B == pp2 GPipe bit for bit", "pp4 1F1B == one rank", "dp2 x tp2 == one rank", "dp2 x pp2 == one rank",
+          "tp2 x pp2 + sequence parallel == one rank", "tp2 x pp2 checkpoint files", "tp2 x pp2 resume bit-exact",
+          "tp2 x pp2 checkpoint resumed by one rank", "dp2 x tp2 ZeRO-3 == one rank", "dp2 x tp2 ZeRO-3 resume bit-exact",
+          "negative control", "the bubble printed and measured"]
+failures = 0
+
+
+def report(ok, name, why=""):
+    global failures
+    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
+    failures += 0 if ok else 1
+
+
+class Runner:
+    def __init__(self, work):
+        self.work = work
+        self.mpirun = shutil.which("mpirun")
+        self.seconds = 0.0
+
+    def run(self, ranks, *flags, model=MODEL, steps=10, env=None, guard=300):
+        common = ["--model", model, "--train-data", os.path.join(self.work, "train_*.bin"), "--val-data", "none",
+                  "--sample-every", "0", "--seq-len", str(T), "--steps", str(steps), "--lr", str(LR), "--batch-size", "1",
+                  "--total-batch-tokens", str(4 * T if model == MODEL else 3 * T), "--out-dir", os.path.join(self.work, "out")]
+        cmd = ["timeout", str(guard), self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+               str(ranks), GPU] + common + [str(f) for f in flags]
+        start = time.time()
+        p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True,
+                           env=dict(os.environ, LLMC_HOST_STAGED="1", **(env or {})))
+        self.seconds += time.time() - start
+        return p.returncode, p.stdout, p.stderr
+
+    def dump(self, name, ranks, *flags, **kw):
+        path = os.path.join(self.work, name + ".st")
+        code, out, err = self.run(ranks, *flags, "--dump-state", path, **kw)
+        if code != 0 or not os.path.exists(path):
+            report(False, f"{name} runs", f"the trainer exited with {code}:\n{(out + err)[-3000:]}")
+            return None, out
+        return read_safetensors(path), out
+
+
+def differences(a, b, init):
+    """(step-1 gradient rel L2, its cosine, first logits rel L2, max loss difference, weight change rel L2)."""
+    return (rel(a["grads"], b["grads"]), cosine(a["grads"], b["grads"]), rel(a["logits"], b["logits"]),
+            float(np.max(np.abs(a["losses"].astype(np.float64) - b["losses"]))), rel(a["params"] - init, b["params"] - init))
+
+
+def check_close(name, a, b, init):
+    if a is None or b is None or init is None:
+        return
+    grad, cos, logits, loss, update = differences(a, b, init)
+    ok = grad <= TOL_GRAD and cos >= TOL_COS and logits <= TOL_LOGITS and loss <= TOL_LOSS and update <= TOL_UPDATE
+    report(ok, f"{name} (step-1 grads rel {grad:.1e} cos {cos:.6f}, logits {logits:.1e}, losses {loss:.1e}, "
+               f"weight change rel {update:.1e})",
+           f"beyond tolerance (grads {TOL_GRAD}, cosine {TOL_COS}, logits {TOL_LOGITS}, losses {TOL_LOSS}, "
+           f"weight change {TOL_UPDATE})")
+
+
+def check_bitwise(name, a, b, keys=("losses", "params", "grads", "logits")):
+    if a is None or b is None:
+        return
+    bad = [k for k in keys if a[k].shape != b[k].shape or not np.array_equal(a[k], b[k])]
+    report(not bad, name, "not bit-identical: " + ", ".join(bad))
+
+
+def checks_without_gpu(work):
+    """Impossible grids stop before any GPU is touched; --estimate needs none."""
+    mpirun = shutil.which("mpirun")
+    for ranks, flags, expect in IMPOSSIBLE_GRIDS:
+        cmd = ["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), GPU, "--model", MODEL,
+               "--train-data", os.path.join(work, "train_*.bin"), "--val-data", "none", "--seq-len", str(T), "--steps", "1",
+               "--batch-size", "1", "--total-batch-tokens", str(4 * T)] + flags
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+        report(p.returncode == 2 and p.stderr.count("error:") == 1 and expect in p.stderr,
+               f"train_gpt on {ranks} rank{'s' if ranks > 1 else ''} {' '.join(flags)}: exit 2, one line: '{expect}'",
+               f"exit {p.returncode}: {p.stderr[-500:]}")
+    est = subprocess.run([GPU, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+                          "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
+                         capture_output=True, text=True, cwd=work)
+    totals = {int(r): int(t) for r, t in re.findall(r"^  ranks? (\d)[-\d]*:.* total=(\d+)", est.stdout, re.M)}
+    report(est.returncode == 0 and "memory per rank (dp, tp, pp" in est.stdout and "x tp 2 x pp 2 sequence parallel" in est.stdout
+           and "bubble (p-1)/(m+p-1) = 1/5 = 20.0%" in est.stdout and len(totals) >= 2 and totals.get(0) != totals.get(2),
+           "train_gpt --estimate on tp2 x pp2 + sequence parallel: each stage's memory from its own slice, the bubble, "
+           "without a GPU", est.stdout[-1500:] + est.stderr)
+
+
+def main():
+    if not os.path.exists(GPU):
+        print("SKIP: GPU parallelism (train_gpt is not built: no nvcc or no NCCL)")
+        return 0
+    if not shutil.which("mpirun") or "libmpi" not in subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout:
+        print("SKIP: GPU parallelism (no mpirun, or train_gpt was built without MPI)")
+        return 0
+    work = tempfile.mkdtemp(prefix="llmc_gpu_par_")
+    try:
+        rng = np.random.default_rng(0)
+        pattern = rng.integers(0, 501, size=97)
+        tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
+        write_shard(os.path.join(work, "train_000.bin"), tokens)
+        checks_without_gpu(work)
+        if not have_gpu():
+            for name in CHECKS:
+                print(f"SKIP: {name} (no GPU)")
+            return 1 if failures else 0
+        r = Runner(work)
+
+        start, _ = r.dump("init", 1, "--lr", "0", steps=1)   # lr 0: the weights stay the initial ones
+        init = start["params"] if start is not None else None
+        one, _ = r.dump("one", 1)
+        half, _ = r.dump("half", 1, "--total-batch-tokens", 2 * T)  # negative control: half of each step's batch
+        if half is not None and one is not None and init is not None:
+            grad, cos, _, loss, update = differences(half, one, init)
+            report(grad > TOL_GRAD and update > TOL_UPDATE and loss > TOL_LOSS,
+                   f"negative control: half the batch differs far beyond tolerance (grads {grad:.1e}, cos {cos:.4f}, "
+                   f"losses {loss:.1e}, weight change {update:.1e})", "the tolerances cannot tell a missing micro-batch from rounding")
+
+        # ---- ZeRO-2 and ZeRO-3
+        z2, out = r.dump("zero2", 2, "--zero", 2)
+        report("host-staged" in out and "ZeRO-2" in out, "dp2 ZeRO-2 runs on 2 host-staged ranks", out[:1200])
+        check_close("dp2 ZeRO-2 == one rank", z2, one, init)
+        z3, _ = r.dump("zero3", 2, "--zero", 3)
+        check_close("dp2 ZeRO-3 == one rank", z3, one, init)
+        check_bitwise("ZeRO-3 == ZeRO-2 bit for bit (same reduce-scatters, same AdamW on the same shards)", z3, z2)
+
+        # ---- tensor and sequence parallelism (V = 501: no tensor degree divides the vocabulary)
+        tp2, _ = r.dump("tp2", 2, "--tensor-parallel", 2)
+        check_close("tp2 == one rank (vocabulary 501 over 2 ranks)", tp2, one, init)
+        tp4, _ = r.dump("tp4sp", 4, "--tensor-parallel", 4, "--sequence-parallel", 1)
+        check_close("tp4 + sequence parallel == one rank", tp4, one, init)
+        start3, _ = r.dump("init3", 1, "--lr", "0", model=MODEL3, steps=1)
+        one3, _ = r.dump("one3", 1, model=MODEL3)
+        tp3, _ = r.dump("tp3", 3, "--tensor-parallel", 3, model=MODEL3)
+        check_close("tp3 == one rank (Vp=512 over 3 ranks: 176 rows each, 16 of padding)", tp3, one3,
+                    start3["params"] if start3 is not None else None)
+
+        # ---- pipelines
+        ppg, out = r.dump("pp2_gpipe", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "gpipe")
+        check_close("pp2 GPipe == one rank", ppg, one, init)
+        pp1, _ = r.dump("pp2_1f1b", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "1f1b")
+        check_bitwise("pp2 1F1B == pp2 GPipe bit for bit (schedules change when a layer computes, not what)", pp1, ppg)
+        pp4, _ = r.dump("pp4_1f1b", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "1f1b")
+        check_close("pp4 1F1B == one rank", pp4, one, init)
+
+        # ---- combinations
+        dptp, _ = r.dump("dp2tp2", 4, "--tensor-parallel", 2, "--zero", 1)
+        check_close("dp2 x tp2 (ZeRO-1) == one rank", dptp, one, init)
+        dppp, _ = r.dump("dp2pp2", 4, "--pipeline-parallel", 2, "--zero", 1)
+        check_close("dp2 x pp2 (ZeRO-1) == one rank", dppp, one, init)
+        # tp2 x pp2 with sequence parallelism: checkpoints at 5 and 10, then resumed from 5
+        tppp, _ = r.dump("tp2pp2", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel", 1,
+                         "--checkpoint-every", 5)
+        check_close("tp2 x pp2 + sequence parallel == one rank", tppp, one, init)
+        ckpt = os.path.join(work, "out", "ckpt_00000005")
+        files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+        report(files == ["model.bin"] + [f"state_rank{i}.bin" for i in range(4)],
+               "a tp2 x pp2 checkpoint: model.bin (bf16, collected by rank 0) and one state file per rank", str(files))
+        resumed, out = r.dump("tp2pp2_resumed", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel",
+                              1, "--resume", ckpt)
+        if resumed is not None and tppp is not None:
+            report("resumed from" in out and "resharded" not in out and np.array_equal(resumed["params"], tppp["params"]) and
+                   np.array_equal(resumed["losses"], tppp["losses"][5:]),
+                   "tp2 x pp2: 5 steps + checkpoint + resume + 5 steps == 10 straight, bit for bit", out[-800:])
+        one_r, out = r.dump("tp2pp2_to_one", 1, "--resume", ckpt)
+        if one_r is not None and tppp is not None and init is not None:
+            update = rel(one_r["params"] - init, tppp["params"] - init)
+            loss = float(np.max(np.abs(one_r["losses"] - tppp["losses"][5:])))
+            report("resharded: the checkpoint was written by 4 ranks with ZeRO-0 (tp 2 x pp 2)" in out and
+                   update <= TOL_UPDATE and loss <= TOL_LOSS,
+                   f"the tp2 x pp2 checkpoint resumed by one rank continues like the grid (weight change rel {update:.1e}, "
+                   f"losses {loss:.1e})", out[-600:])
+        # dp2 x tp2 with ZeRO-3: the weights live only as shards; resume bit for bit
+        dz3, _ = r.dump("dp2tp2_zero3", 4, "--tensor-parallel", 2, "--zero", 3, "--checkpoint-every", 5)
+        check_close("dp2 x tp2 ZeRO-3 == one rank", dz3, one, init)
+        dz3r, out = r.dump("dp2tp2_zero3_resumed", 4, "--tensor-parallel", 2, "--zero", 3, "--resume", ckpt)
+        if dz3 is not None and dz3r is not None:
+            report(np.array_equal(dz3r["params"], dz3["params"]) and np.array_equal(dz3r["losses"], dz3["losses"][5:]),
+                   "dp2 x tp2 ZeRO-3: resume on the same grid == straight, bit for bit", out[-600:])
+
+        # ---- the bubble, with compute made of sleeps (20 ms forward, 40 ms backward per micro-batch)
+        delay = {"LLMC_TEST_PIPE_DELAY_MS": "20"}
+        for schedule in ("gpipe", "1f1b"):
+            code, out, err = r.run(2, "--pipeline-parallel", 2, "--pipeline-schedule", schedule, steps=3, env=delay)
+            predicted, measured = bubble(out)
+            report(code == 0 and predicted == 20.0 and "bubble (p-1)/(m+p-1) = 1/5 = 20.0%" in out and len(measured) == 2 and
+                   all(abs(x - 20.0) <= 8.0 for x in measured),
+                   f"{schedule}, p=2, m=4: the bubble printed is 20.0%, measured {measured} (20 +- 8 points)",
+                   out[-600:] + err[-300:])
+        print(f"({r.seconds:.0f} s in the trainer)", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1333,10 +1333,11 @@ int main(int argc, char** argv) {
                    dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size,
                                                   dp.shards.padded_total).c_str() : "");
         } else if (comm.world_size > 1) {
-            printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0 holds %zu of %zu parameters, updates %zu\n",
+            printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
                    comm.world_size, comm.launcher.c_str(), comm.local_size,
                    par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
-                   describe_grid(grid).c_str(), m->layout.total, P, m->table[GB_ADAM_M].elements);
+                   describe_grid(grid).c_str(), m->layout.total, P, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "",
+                   m->table[GB_ADAM_M].elements);
         }
         if (grid.pp > 1) {
             printf("pipeline: %s, %d stages of %s layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",

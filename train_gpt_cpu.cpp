@@ -1246,17 +1246,22 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     return held;
 }
 
-// "memory: rank 0 holds 1.23 GiB (N bytes):" then, indented on a second line so that both fit 100
-// columns, "params ..., grads ..., ..." (by kind, from held_bytes).
+// "memory: rank 0 holds 1.23 GiB (N bytes):" then, on indented lines wrapped at 100 columns,
+// "params ..., grads ..., ..." (by kind, from held_bytes).
 static std::string held_summary(GPT2* model, int rank) {
     std::vector<size_t> held = held_bytes(model);
     size_t by_kind[MEM_KINDS] = {}, total = 0;
     for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
-    std::string out = strprintf("rank %d holds %s (%zu bytes):\n       ", rank, format_bytes((double)total).c_str(), total);
-    for (int k = 0; k < MEM_KINDS; k++)
-        if (by_kind[k]) out += strprintf(" %s %s,", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
-    out.back() = '\n';
-    return out;
+    std::string out = strprintf("rank %d holds %s (%zu bytes):", rank, format_bytes((double)total).c_str(), total);
+    const char* indent = "\n        ";
+    std::string line;
+    for (int k = 0; k < MEM_KINDS; k++) {
+        if (!by_kind[k]) continue;
+        std::string item = strprintf("%s %s", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
+        if (!line.empty() && 8 + line.size() + 2 + item.size() + 1 > 100) out += indent + line + ",", line.clear();
+        line += (line.empty() ? "" : ", ") + item;
+    }
+    return out + indent + line + "\n";
 }
 
 // Every row, one line each, printed at once so that ranks' reports do not interleave.
@@ -1489,9 +1494,9 @@ int main(int argc, char** argv) {
                B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
                (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
         if (grid.world > 1) {
-            printf("ranks: %d (%s, %d on this node), grid %s: rank 0 holds %zu of %zu parameters, updates %zu\n", grid.world,
-                   world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model.layout.total,
-                   param_layout(cfg).total, model.adam_m.size());
+            printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
+                   grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model.layout.total,
+                   param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model.adam_m.size());
         }
         if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
             printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);

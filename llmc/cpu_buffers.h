@@ -123,10 +123,11 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
-    // (3Ca, C, Cf, Vp) in the weight gradient
-    size_t max_rows = std::max({BT, Vp, Cf, 3 * Ca, C});
+    // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
+    size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
+    size_t max_rows = std::max({BT, head_rows, Cf, 3 * Ca, C});
     // ... and N, the columns, is an output width in the forward, an input width in the backward
-    size_t max_columns = std::max({Vp, Cf, 3 * Ca, C});
+    size_t max_columns = std::max({head_rows, Cf, 3 * Ca, C});
     bool lent = s.pipeline_parallel > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight

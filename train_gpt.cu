@@ -1473,7 +1473,7 @@ int main(int argc, char** argv) {
         }
     }
     if (leader) {
-        printf("GPU memory: peak %s in use on the device (the buffer table: %s; %s was in use before allocation)\n",
+        printf("GPU memory: peak %s in use (buffer table %s; %s in use before allocation)\n",
                format_bytes((double)peak_used).c_str(), format_bytes((double)gpu_buffer_total(m->table)).c_str(),
                format_bytes((double)(total_memory - free_before)).c_str());
         // the same in bytes, for scripts/measure_memory.py: the prediction is the table (--estimate), the

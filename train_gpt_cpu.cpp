@@ -282,6 +282,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
 // LayerNorm: y = (x - mean) * rstd * w + b, with rstd = 1/sqrt(var + 1e-5), per row of C.
 // mean and rstd are kept for the backward pass (2 floats per row instead of recomputing).
 
+// One row's output from its statistics: the forward's last step, and all that --recompute 2 redoes.
+static inline void layernorm_row(float* y, const float* x, float m, float s, const float* weight, const float* bias, int C) {
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
     const float eps = 1e-5f;
@@ -295,11 +300,18 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
         for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
         v /= C;
         float s = 1.0f / sqrtf(v + eps);
-        float* y = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        layernorm_row(out + (size_t)n * C, x, m, s, weight, bias, C);
         mean[n] = m;
         rstd[n] = s;
     }
+}
+
+// --recompute 2: the forward's output again, from the same input and the mean and rstd it saved,
+// by the same layernorm_row: the same floats, without the two passes over the row for the statistics.
+void layernorm_recompute(float* out, const float* inp, const float* mean, const float* rstd, const float* weight,
+                         const float* bias, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) layernorm_row(out + (size_t)n * C, inp + (size_t)n * C, mean[n], rstd[n], weight, bias, C);
 }
 
 // With xhat = (x - mean) * rstd and g = dy * w:
@@ -567,13 +579,13 @@ void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, floa
 // micro-batch in flight.
 struct Activations {
     std::vector<float> encoded;                       // (R,C)     embeddings = residual stream in (pipelines: received)
-    std::vector<float> ln1, ln1_mean, ln1_rstd;       // (L,R,C), (L,R), (L,R)
+    std::vector<float> ln1, ln1_mean, ln1_rstd;       // (L,R,C), (L,R), (L,R)    ln1, ln2: empty at --recompute 2
     std::vector<float> qkv;                           // (L,B,T,3Ca)
     std::vector<float> att;                           // (L,B,NH,T,T) attention probabilities
     std::vector<float> atty;                          // (L,B,T,Ca) attention output, before projection
     std::vector<float> residual2;                     // (L,R,C)   residual after attention
     std::vector<float> ln2, ln2_mean, ln2_rstd;       // (L,R,C), (L,R), (L,R)
-    std::vector<float> fch, fch_gelu;                 // (L,B,T,Cf) MLP hidden, before and after GELU
+    std::vector<float> fch, fch_gelu;                 // (L,B,T,Cf) MLP hidden, before and after GELU (empty at --recompute 1+)
     std::vector<float> residual3;                     // (L,R,C)   residual after the MLP = block output
     std::vector<float> lnf, lnf_mean, lnf_rstd;       // (R,C), (R), (R)          the last stage only
     std::vector<float> logits;                        // (B,T,Vp), overwritten by dlogits in backward
@@ -587,6 +599,10 @@ struct Activations {
 // Backward scratch, one layer's worth, reused by every layer and every micro-batch.
 struct Workspace {
     std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3Ca), (B,T,Cf)
+    // --recompute (llmc/cpu_buffers.h): the one layer of what is not kept per layer. The forward
+    // writes and reads it within a layer; the backward refills it right before each use.
+    std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
+    std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
     std::vector<float> gathered;                      // (B,T,C) sequence parallelism: all ranks' rows, or partial sums
     std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
@@ -601,6 +617,7 @@ struct GPT2 {
     Workspace work;
     std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
+    int recompute = 0;             // --recompute: 1 keeps no fch_gelu per layer, 2 also no ln1, ln2
     TensorParallel tp;             // degree 1 on one rank: every tensor-parallel hook is a no-op
     Zero zero;                     // stage 0 on one rank: weights and gradients are plain flat arrays
     // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
@@ -629,6 +646,7 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &m->work.dbuf_c;
         case CB_DBUF_3C: return &m->work.dbuf_3c; case CB_DBUF_4C: return &m->work.dbuf_4c;
         case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
+        case CB_LN_RECOMPUTE: return &m->work.ln_recompute; case CB_GELU_RECOMPUTE: return &m->work.gelu_recompute;
         case CB_LENT_WTE: return &m->lent_wte;    case CB_LENT_WTE_GRAD: return &m->lent_wte_grad;
         default: return nullptr;
     }
@@ -673,6 +691,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->g = point_into(model->grads.data(), model->layout);
     model->max_B = shape.B;
     model->max_T = shape.T;
+    model->recompute = shape.recompute;
 }
 
 // One block's slice of a stacked per-layer tensor.
@@ -730,6 +749,8 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
+    // --recompute: what is not kept per layer goes to one layer of scratch, dead by the layer's end
+    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
 
     if (s.first_stage) {
         ParamTensors<float> w = unit_weights(model, ends);
@@ -744,14 +765,14 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = 0; l < L; l++) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = layer_slice(a.ln1, l, Rmax * C);
+        float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
         float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
         float* att = layer_slice(a.att, l, att_per_layer);
         float* atty = layer_slice(a.atty, l, BTmax * Ca);
         float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = layer_slice(a.ln2, l, Rmax * C);
+        float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
         float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * Cf);
+        float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
         float* residual3 = layer_slice(a.residual3, l, Rmax * C);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -815,6 +836,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
     float* dresidual = a.dresidual.data();
+    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
 
     if (s.last_stage) {  // classifier and final LayerNorm
         const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
@@ -834,36 +856,48 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = L - 1; l >= 0; l--) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        const float* ln1 = layer_slice(a.ln1, l, Rmax * C);
         const float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
         const float* att = layer_slice(a.att, l, att_per_layer);
         const float* atty = layer_slice(a.atty, l, BTmax * Ca);
         const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        const float* ln2 = layer_slice(a.ln2, l, Rmax * C);
         const float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        const float* fch_gelu = layer_slice(a.fch_gelu, l, BTmax * Cf);
+        const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
+        const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
         float* dbuf_c = work.dbuf_c.data();
         float* dbuf_3c = work.dbuf_3c.data();
         float* dbuf_4c = work.dbuf_4c.data();
+        // What --recompute did not keep, the backward rebuilds in the layer's scratch right before
+        // its one use below, with the forward's own function on the forward's own inputs: the same
+        // floats. Whatever the scratch held before (another layer, or in a pipeline another
+        // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
+        float* ln_scratch = work.ln_recompute.data();
+        float* gelu_scratch = work.gelu_recompute.data();
+        const float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
+        const float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
+        const float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
+        if (!keep_gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
         matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
         gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
+        // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
+        // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
+        if (!keep_ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
         const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
         matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], layer_slice(a.ln2_mean, l, Rmax),
-                           layer_slice(a.ln2_rstd, l, Rmax), (int)R, C);
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
         matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
+        // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
+        if (!keep_ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], layer_slice(a.ln1_mean, l, Rmax),
-                           layer_slice(a.ln1_rstd, l, Rmax), (int)R, C);
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C);
         unit_grads_done(model, unit_of_layer(L, l));
         release_unit_weights(model, unit_of_layer(L, l));
     }
@@ -1218,7 +1252,8 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 // counters saw in the last training step.
 
 // The prediction's setup for this run (what --estimate would be given for it).
-static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule) {
+static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
+                                  int recompute) {
     EstimateSetup e;
     e.trainer = Trainer::CPU;
     e.cfg = cfg;
@@ -1227,6 +1262,7 @@ static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, co
     e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = 4;
+    e.recompute = recompute;
     return e;
 }
 
@@ -1427,7 +1463,7 @@ int main(int argc, char** argv) {
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
-    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule);
+    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute);
     if (o.max_memory_mib > 0) {
         int busiest = 0;
         size_t most = 0;
@@ -1452,7 +1488,7 @@ int main(int argc, char** argv) {
     gpt2_build(&model, cfg, {}, &slice);
     tensor_parallel_init(&model.tp, &par.comms.tp, grid.sequence_parallel);
     zero_setup(&model.zero, grid.zero_stage, &par.comms.dp, grid, slice, model.layout);
-    gpt2_allocate(&model, cpu_run_shape(cfg, shape.B, shape.T, grid, par.schedule, shape.accumulation_steps));
+    gpt2_allocate(&model, cpu_run_shape(cfg, shape.B, shape.T, grid, par.schedule, shape.accumulation_steps, o.recompute));
     load_weights(&model, o, resume_dir, new_model);
     if (grid.zero_stage < 3) {
         comm_broadcast(&par.comms.dp, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
@@ -1512,6 +1548,10 @@ int main(int argc, char** argv) {
         if (have_val) printf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val.files.size(), val.files.size() == 1 ? "" : "s");
         printf("\n");
         printf("memory: %s", held_summary(&model, world.rank).c_str());
+        if (o.recompute > 0) {
+            printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
+                   o.recompute == 1 ? "GELU(fch)" : "GELU(fch), ln1 and ln2");
+        }
         if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
         int old_tp = std::max(1, resumed.tensor_parallel), old_pp = std::max(1, resumed.pipeline_parallel);

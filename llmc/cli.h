@@ -59,7 +59,8 @@ struct TrainOptions {
     std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
     // machine
     int threads = 0;                 // CPU: 0 = all cores
-    int recompute = 1;               // GPU: 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
+    int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
+                                     // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     // parallelism (llmc/process_grid.h): world = data x tensor x pipeline ranks
@@ -94,6 +95,17 @@ struct FlagSpec {
     void* target;
     Scope scope;
 };
+
+// The defaults, which differ between the trainers in one place: --recompute. A GPU's memory is what
+// limits the micro-batch, and recomputing GELU there costs memory traffic, not matmul FLOPs, so the
+// GPU trainer recomputes it by default (1). The CPU trainer is the readable reference and its RAM is
+// rarely the limit, so it keeps everything (0) unless asked. parse_command_line starts from these,
+// and --help prints them.
+inline TrainOptions default_options(Trainer trainer) {
+    TrainOptions o;
+    o.recompute = trainer == Trainer::GPU ? 1 : 0;
+    return o;
+}
 
 inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
     using K = FlagSpec;
@@ -134,7 +146,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
         {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
-        {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm", K::Int, &o.recompute, Scope::GPUOnly},
+        {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
@@ -204,7 +216,7 @@ inline void print_help_entry(const std::string& left, const std::string& help, c
 }
 
 inline void print_help(const char* program, Trainer trainer) {
-    TrainOptions defaults;
+    TrainOptions defaults = default_options(trainer);
     std::vector<FlagSpec> table = flag_table(defaults);
     printf("usage: %s [flags]\n\n%s\n", program,
            trainer == Trainer::CPU ? "Trains a GPT-2 on the CPU in fp32: the readable reference for every GPU kernel."
@@ -301,9 +313,11 @@ inline void set_verbosity(int level) {
     if (saved && freopen("/dev/null", "w", stdout)) summary_stream = saved;
 }
 
-// Parses argv into `o`. A mistake (unknown flag, missing or malformed value, a flag of the other
-// trainer) gets one line naming it and exits with code 2.
+// Parses argv into `o`, which starts from the trainer's defaults (default_options). A mistake
+// (unknown flag, missing or malformed value, a flag of the other trainer) gets one line naming it
+// and exits with code 2.
 inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOptions* o) {
+    *o = default_options(trainer);
     std::vector<FlagSpec> table = flag_table(*o);
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];

@@ -16,6 +16,19 @@
 //                       probabilities are materialised, (L, B, NH, T, T)
 //   workspace           one layer's backward scratch, reused by every layer, and the matmul's packed panels
 //
+// Recompute (--recompute, as in gpu_buffers.h) trades memory for a little compute, exactly: a level
+// stops keeping a per-layer activation and keeps ONE layer of scratch instead, which the forward
+// writes and reads within a layer and the backward fills again, with the forward's own function on
+// the forward's own inputs, right before each use. So the floats, and every result, are the same.
+//   0  keep everything
+//   1  no per-layer fch_gelu (4C values per token per layer, as many as fch):
+//      gelu_recompute (B, T, 4C), GELU(fch) evaluated again in the backward, one layer at a time
+//   2  also no per-layer ln1, ln2: ln_recompute (R, C), one buffer for both (a layer's ln1 is dead
+//      once its qkv matmul has read it, ln2 once the MLP's first matmul has), recomputed from the
+//      LayerNorm's input, the residual stream, and its saved mean and 1/std (two floats per row)
+// The scratch rows are not per micro-batch: a pipeline's 1F1B runs another micro-batch's forward
+// between two backwards, which overwrites them, but each backward refills them before every use.
+//
 // On a process grid (llmc/process_grid.h) every row is for this rank's slice: its pipeline stage's
 // layers (activations of as many micro-batches as its schedule keeps in flight, llmc/pipeline_parallel.h),
 // its tensor rank's heads, hidden units and vocabulary rows (B*T/t rows of the residual stream with
@@ -62,11 +75,13 @@ struct CPURunShape {
     int pipeline_parallel = 1, pipeline_rank = 0;
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int recompute = 0;                 // 0, 1, 2 (see above)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
-// of them this rank's stage holds at once).
-inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m) {
+// of them this rank's stage holds at once) at a recompute level.
+inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m,
+                                 int recompute) {
     CPURunShape s;
     s.cfg = cfg;
     s.B = B, s.T = T;
@@ -76,6 +91,7 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
     s.sequence_parallel = g.sequence_parallel;
     s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.recompute = recompute;
     return s;
 }
 
@@ -97,6 +113,8 @@ enum CPUBuffer {
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B,
+    // recompute: one layer of what the levels above 0 do not keep per layer
+    CB_LN_RECOMPUTE, CB_GELU_RECOMPUTE,
     // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
     // a pipeline's last stage: its copy of the tied embedding
     CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
@@ -122,6 +140,7 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
+    bool keep_gelu = s.recompute < 1, keep_ln = s.recompute < 2;
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
     // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
     size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
@@ -142,18 +161,18 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
-    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep_ln ? M * L * R * C : 0, F};
     t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
     t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
     t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
     t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
-    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep_ln ? M * L * R * C : 0, F};
     t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
-    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep_gelu ? M * L * BT * Cf : 0, F};
     t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
     t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
     t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
@@ -170,6 +189,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                            matmul_pack_a_floats(max_rows), F};
     t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("min(NC=%d, %zu) columns x KC=%d", MATMUL_NC, max_columns, MATMUL_KC),
                            matmul_pack_b_floats(max_columns), F};
+    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep_ln ? 0 : R * C, F};
+    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep_gelu ? 0 : BT * Cf, F};
 
     t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
     t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};

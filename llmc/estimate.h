@@ -58,8 +58,8 @@ struct EstimateSetup {
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
+    int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     // the GPU trainer's choices
-    int recompute = 1;
     bool master_weights = true;
     bool simple_attention = false;
     // what to predict
@@ -96,7 +96,8 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
 // rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
 inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
-    return cpu_buffer_table(cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B)));
+    return cpu_buffer_table(cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B),
+                                          e.recompute));
 }
 
 // Bytes rank `rank` sends per step to each of its groups: data, tensor, pipeline, and the world
@@ -318,7 +319,7 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     }
     // the reasons, in the order of the lines
     bool cudnn = e.trainer == Trainer::GPU && !e.simple_attention;
-    bool keep_ln = e.trainer == Trainer::CPU || e.recompute < 2, keep_gelu = e.trainer == Trainer::CPU || e.recompute < 1;
+    bool keep_ln = e.recompute < 2, keep_gelu = e.recompute < 1;
     std::string values = e.dtype_bytes == 2 ? "the same (bf16: 2 bytes per value)" : "fp32: 4 bytes per value, the paper's 2";
     lines[0].why = "L+1 slices: the last block's output is kept too, as the final LayerNorm's input; " + values;
     lines[1].why = keep_ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
@@ -441,7 +442,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = dtype_bytes;
-    e.recompute = trainer == Trainer::GPU ? o.recompute : 0;
+    e.recompute = o.recompute;
     e.master_weights = master_weights;
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
@@ -471,7 +472,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
 inline std::string estimate_run_description(const EstimateSetup& e) {
     std::string what;
     if (e.trainer == Trainer::CPU) {
-        what = "CPU trainer, fp32";
+        what = e.recompute ? strprintf("CPU trainer, fp32, recompute %d", e.recompute) : "CPU trainer, fp32";
     } else {
         what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? "bf16" : "fp32",
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
@@ -609,20 +610,18 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("  full recompute       2 sbhL           = %s (%s)\n",
            with_commas(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Full)).c_str(),
            format_bytes(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Full)).c_str());
-    if (e.trainer == Trainer::GPU) {
-        printf("  ours, by --recompute level:");
-        for (int level = 0; level <= 2; level++) {
-            EstimateSetup other = e;
-            other.recompute = level;
-            MemoryByKind m = memory_by_kind(estimate_table(other, e.B, 0), granule);
-            printf(" %d: %s activations + %s workspace%s", level, format_bytes((double)m.bytes[MEM_ACTIVATIONS]).c_str(),
-                   format_bytes((double)m.bytes[MEM_WORKSPACE]).c_str(), level < 2 ? ";" : "\n");
-        }
-        double values = (double)L * b * s * h;
-        printf("  what recompute costs per micro-batch: level 1 evaluates GELU again on 4LBTC = %s values, level 2 also "
-               "LayerNorm on 2LBTC = %s (elementwise: no matmul FLOPs, only memory traffic)\n",
-               with_commas(4 * values).c_str(), with_commas(2 * values).c_str());
+    printf("  ours, by --recompute level:");
+    for (int level = 0; level <= 2; level++) {
+        EstimateSetup other = e;
+        other.recompute = level;
+        MemoryByKind m = memory_by_kind(estimate_table(other, e.B, 0), granule);
+        printf(" %d: %s activations + %s workspace%s", level, format_bytes((double)m.bytes[MEM_ACTIVATIONS]).c_str(),
+               format_bytes((double)m.bytes[MEM_WORKSPACE]).c_str(), level < 2 ? ";" : "\n");
     }
+    double values = (double)L * b * s * h;
+    printf("  what recompute costs per micro-batch: level 1 evaluates GELU again on 4LBTC = %s values, level 2 also "
+           "LayerNorm on 2LBTC = %s (elementwise: no matmul FLOPs)\n",
+           with_commas(4 * values).c_str(), with_commas(2 * values).c_str());
     printf("  line by line, ours (rank 0) against the paper:\n");
     printf("    %-48s %14s %14s  %s\n", "term", "paper", "ours", "why they differ");
     double paper_sum = 0;

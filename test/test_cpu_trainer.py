@@ -123,7 +123,8 @@ def main():
                          (["--batch-sise", "4"], "did you mean --batch-size"),
                          (["--batch-size", "four"], "--batch-size expects an integer"),
                          (["--lr", "-1"], "--lr must be zero or positive"),
-                         (["--recompute", "1"], "--recompute applies only to the GPU trainer"),
+                         (["--recompute", "3"], "--recompute must be 0, 1 or 2, got 3"),
+                         (["--attention", "simple"], "--attention applies only to the GPU trainer"),
                          (["--seq-len"], "--seq-len needs a value"),
                          (base + ["--seq-len", "128"], "exceeds the model's maximum sequence length 64"),
                          (base + ["--total-batch-tokens", "100"], "not a multiple of B*T"),
@@ -139,6 +140,11 @@ def main():
                    if line.strip().startswith('{"') and "Scope::GPUOnly" not in line]
     report(sorted(flags) == sorted(table_flags) and "[default: 6e-04]" not in helptext and "[default: 0.0006]" in helptext,
            "--help lists every CPU flag of the table with its default", f"{sorted(set(flags) ^ set(table_flags))}")
+    # --recompute applies to both trainers with different defaults: the CPU trainer keeps everything (0)
+    entry = helptext[helptext.find("  --recompute"):]
+    entry = entry[:entry.find("\n  --")]
+    report("[default: 0]" in entry and max(len(l) for l in helptext.splitlines()) <= 100,
+           "--help: --recompute's CPU default is 0, and every line fits 100 columns", entry)
 
     # ---- bad inputs: exit 1 with a message naming the problem
     truncated = os.path.join(tmp, "truncated.bin")

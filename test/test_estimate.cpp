@@ -98,6 +98,11 @@ static void line_by_line() {
     setups.push_back({"cpu tiny", cpu_setup("L=2,C=64,H=4,T=32,V=512", 4, 32, 1, 0)});
     setups.push_back({"cpu tiny ZeRO-1 on 3 ranks", cpu_setup("L=2,C=64,H=4,T=32,V=500", 4, 32, 3, 1)});
     setups.push_back({"cpu d12 ZeRO-1 on 2 ranks", cpu_setup("d12", 1, 64, 2, 1)});
+    for (int r = 1; r <= 2; r++) {
+        EstimateSetup c = cpu_setup("L=2,C=64,H=4,T=32,V=512", 4, 32, 1, 0);
+        c.recompute = r;
+        setups.push_back({strprintf("cpu tiny recompute %d", r), c});
+    }
 
     for (auto& [name, e] : setups) {
         std::vector<BufferSpec> table = estimate_table(e, e.B, 0);
@@ -239,6 +244,22 @@ static void tables() {
               r0[CB_ADAM_M].elements == 41408 && r1[CB_ADAM_M].elements == 41344 && r1[CB_ADAM_V].elements == 41344,
           "CPU ZeRO-1 on 2 ranks: params, grads padded to 82,816; m, v = each rank's owned 41,408 / 41,344",
           strprintf("%zu %zu %zu", r0[CB_PARAMS].elements, r0[CB_ADAM_M].elements, r1[CB_ADAM_M].elements));
+    // CPU recompute in a 1F1B pipeline: tp2 with sequence parallelism x pp2, L=4, B=1, T=32, 4 micro-batches, so
+    // stage 0 keeps 2 in flight (M=2). Level 2 keeps no ln1, ln2, fch_gelu; its scratch is ONE layer, not M:
+    //   ln_recompute (R, C) = 16 x 64 = 1,024 values; gelu_recompute (B, T, 4C/t) = 32 x 128 = 4,096
+    EstimateSetup p = cpu_setup("L=4,C=64,H=4,T=32,V=501", 1, 32, 1, 0);
+    p.tp = 2, p.pp = 2, p.sequence_parallel = true, p.tokens_per_step = 4 * 32;
+    std::vector<BufferSpec> k0 = estimate_table(p, 1, 0);
+    p.recompute = 2;
+    std::vector<BufferSpec> k2 = estimate_table(p, 1, 0);
+    check(k0[CB_LN1].elements == 2 * 2 * 16 * 64 && k0[CB_FCH_GELU].elements == 2 * 2 * 32 * 128 &&
+              k0[CB_LN_RECOMPUTE].elements == 0 && k0[CB_GELU_RECOMPUTE].elements == 0 && k2[CB_LN1].elements == 0 &&
+              k2[CB_LN2].elements == 0 && k2[CB_FCH_GELU].elements == 0 && k2[CB_LN_RECOMPUTE].elements == 1024 &&
+              k2[CB_GELU_RECOMPUTE].elements == 4096 && k2[CB_QKV].elements == k0[CB_QKV].elements,
+          "CPU recompute 2 on a tp2+SP x pp2 1F1B stage (2 micro-batches in flight): no per-layer ln1, ln2, fch_gelu; "
+          "one layer of scratch, not one per micro-batch",
+          strprintf("%zu %zu %zu %zu", k0[CB_LN1].elements, k0[CB_FCH_GELU].elements, k2[CB_LN_RECOMPUTE].elements,
+                    k2[CB_GELU_RECOMPUTE].elements));
 }
 
 int main() {

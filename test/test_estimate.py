@@ -8,6 +8,10 @@
                      m and v shrink to each rank's shard (rank 1's is smaller: it owns less of a
                      model whose size is not a multiple of 2 * 64)
   control            the comparison can fail: a run with another micro-batch does not match
+  recompute          --recompute 1 and 2 on one rank: every buffer allocated = its estimate, the
+                     activations smaller by exactly L x fch_gelu (and L x ln1, ln2) for one layer of
+                     scratch, and the losses, step-1 gradients, logits and final weights bit-identical
+                     to level 0 (recompute redoes the forward's functions on the forward's inputs)
   no data, no GPU    --estimate reads no data and needs no GPU (train_gpt, when built, says so too)
   measure script     scripts/measure_memory.py parses a trainer's report and writes its table
                      (driven by a stand-in trainer: the real measurement needs a GPU)
@@ -15,6 +19,8 @@
 import glob, os, re, shutil, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+from safetensors_io import read_safetensors  # noqa: E402
 CPU = os.path.join(ROOT, "train_gpt_cpu")
 GPU = os.path.join(ROOT, "train_gpt")
 # N = 82,752 parameters: not a multiple of 2 * 64, so two ZeRO-1 shards differ (41,408 and 41,344)
@@ -124,6 +130,49 @@ def main():
         why = compare(rows, ranks, parse_allocations(other), 0)
         report(code == 0 and "activations" in why and not any(k + ":" in why for k in ["params", "grads", "optimizer"]),
                "control: B=2's allocations differ from B=4's estimate (activations only)", why or err[-300:])
+
+        # ---- --recompute on one rank: exactly the bytes the levels promise, and exactly the same results.
+        # Level 1 drops fch_gelu (L, B, T, 4C) for one layer of scratch (B, T, 4C); level 2 also ln1 and
+        # ln2 (L, B, T, C) each for one shared (B, T, C). fp32: 4 bytes a value. L=2, C=48, B*T=128.
+        L, C, BT = 2, 48, 4 * 32
+        saved = {0: (0, 0), 1: (4 * L * BT * 4 * C, 4 * BT * 4 * C),
+                 2: (4 * L * BT * 4 * C + 4 * 2 * L * BT * C, 4 * BT * 4 * C + 4 * BT * C)}  # (activations, workspace)
+        measured, dumps = {}, {}
+        for level in (0, 1, 2):
+            flags = ["--recompute", str(level)]
+            code, est, err = run([CPU] + shape + flags + ["--estimate"], cwd=tmp)
+            rows_l, ranks_l = parse_estimate(est)
+            dump = os.path.join(tmp, f"recompute{level}.st")
+            code2, out, err2 = run([CPU] + shape + train + flags + ["--steps", "4", "--dump-state", dump])
+            held_l = parse_allocations(out)
+            why = compare(rows_l, ranks_l, held_l, 0) if code == 0 and code2 == 0 else (err + err2)[-400:]
+            kinds = {k: 0 for k in KINDS}
+            for name, got in held_l.get(0, {}).items():
+                if name != "total":
+                    kinds[rows_l.get(name, ("workspace", 0))[0]] += got
+            measured[level] = kinds
+            dumps[level] = read_safetensors(dump)[0] if os.path.exists(dump) else None
+            if level > 0:
+                act = measured[0]["activations"] - kinds["activations"]
+                ws = kinds["workspace"] - measured[0]["workspace"]
+                report(not why and (act, ws) == saved[level] and f"recompute {level}" in est,
+                       f"cpu --recompute {level}: every buffer allocated = its estimate; activations "
+                       f"{act:,} bytes fewer, workspace {ws:,} more, as predicted {saved[level]}", why or f"{act} {ws}")
+                a, b = dumps[level], dumps[0]
+                bad = [k for k in ("losses", "grads", "logits", "params")
+                       if a is None or b is None or not (a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes())]
+                report(not bad, f"cpu --recompute {level}: losses, step-1 gradients, logits and final weights "
+                       "bit-identical to --recompute 0", "differ: " + ", ".join(bad))
+        # the bitwise comparison can fail: a run from another seed does not pass it
+        if dumps[0] is not None:
+            code, _, err = run([CPU] + shape + train + ["--steps", "4", "--seed", "43", "--dump-state",
+                                                        os.path.join(tmp, "seed43.st")])
+            other = read_safetensors(os.path.join(tmp, "seed43.st"))[0] if code == 0 else None
+            report(other is not None and other["params"].tobytes() != dumps[0]["params"].tobytes(),
+                   "control: another seed's weights are not bit-identical (the comparison can fail)", err[-300:])
+        code, _, err = run([CPU] + shape + ["--recompute", "3", "--estimate"], cwd=tmp)
+        report(code == 2 and err.strip() == "error: --recompute must be 0, 1 or 2, got 3",
+               "cpu --recompute 3: exit 2, one line", f"exit {code}: {err!r}")
 
         # ---- two ranks under mpirun: ZeRO-1 (m, v shrink to each rank's shard) and ZeRO-0
         mpirun = shutil.which("mpirun")

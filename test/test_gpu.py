@@ -203,6 +203,9 @@ def checks_without_gpu():
     p = run([GPU, "--help"])
     report("--attention" in p.stdout and "--recompute" in p.stdout and "--threads" not in p.stdout,
            "train_gpt --help lists the GPU flags only", p.stdout[-500:])
+    entry = p.stdout[p.stdout.find("  --recompute"):]
+    entry = entry[:entry.find("\n  --")]
+    report("[default: 1]" in entry, "train_gpt --help: --recompute's GPU default is 1 (the CPU trainer's is 0)", entry)
     p = run([GPU, "--attention", "flash"], expect_ok=False)
     report(p.returncode == 2 and "--attention" in p.stderr, "a bad --attention is a usage error", p.stderr)
     p = run([GPU, "--model", "d12", "--batch-size", "4", "--seq-len", "1024", "--estimate"], expect_ok=False)

@@ -29,6 +29,11 @@ resumed run == the straight run. Every dump also proves that every copy of every
 ranks' replicated LayerNorms, data-parallel replicas, the last stage's copy of wte) is identical
 on every rank to the bit: the trainer refuses to write the dump otherwise.
 
+--recompute 2 (ln1, ln2 and GELU recomputed in the backward) must give the same bits as level 0
+on a grid too: tp2 with sequence parallelism (the recomputed rows are all-gathered, as at level 0)
+and a pp2 1F1B pipeline (another micro-batch's forward runs between two backwards through the same
+one-layer scratch), each with every rank's memory and traffic as --estimate predicts.
+
 Also: the bubble (p-1)/(m+p-1) printed and measured (with LLMC_TEST_PIPE_DELAY_MS making compute
 time independent of this machine's load), 1F1B holding fewer activations than GPipe, every rank's
 memory and traffic equal to what --estimate predicts, checkpoints resumed on the same grid bit for
@@ -193,6 +198,13 @@ def main():
         tp4, out = r.dump("tp4sp", 4, "--tensor-parallel", 4, "--sequence-parallel", 1)
         check_close("tp4 + sequence parallel", tp4, one)
         check_predictions("tp4 + sequence parallel", out, 4)
+        # --recompute 2 with sequence parallelism: each rank recomputes its rows of ln1/ln2, and the backward's
+        # all-gather (done at every level) assembles them: the same bits as level 0, no extra traffic
+        tp2sp, out = r.dump("tp2sp", 2, "--tensor-parallel", 2, "--sequence-parallel", 1)
+        check_close("tp2 + sequence parallel", tp2sp, one)
+        tp2sp_rc, out = r.dump("tp2sp_recompute2", 2, "--tensor-parallel", 2, "--sequence-parallel", 1, "--recompute", 2)
+        check_bitwise("tp2 + sequence parallel, --recompute 2 == --recompute 0 bit for bit", tp2sp_rc, tp2sp)
+        check_predictions("tp2 + sequence parallel, --recompute 2", out, 2)
         one3, _ = r.dump("one3", 1, model=MODEL3)
         tp3, out = r.dump("tp3", 3, "--tensor-parallel", 3, model=MODEL3)
         check_close("tp3 (Vp=512 over 3 ranks: 176 rows each, 16 of padding)", tp3, one3)
@@ -204,6 +216,12 @@ def main():
         pp4, out = r.dump("pp4_1f1b", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "1f1b")
         check_close("pp4 1F1B", pp4, one)
         check_bitwise("pp4 1F1B == pp2 GPipe bit for bit (schedules change when a layer computes, not what)", pp4, ppg)
+        # --recompute 2 in 1F1B: stage 0 runs F0 F1 B0 F2 B1 ..., so micro-batch 2's forward overwrites the
+        # one-layer scratch between micro-batch 0's and 1's backwards; each backward refills it before use
+        pprc, out = r.dump("pp2_1f1b_recompute2", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "1f1b", "--recompute", 2)
+        check_close("pp2 1F1B --recompute 2", pprc, one)
+        check_bitwise("pp2 1F1B --recompute 2 == pp2 GPipe --recompute 0 bit for bit", pprc, ppg)
+        check_predictions("pp2 1F1B --recompute 2", out, 2)
 
         # ---- combinations
         dptp, out = r.dump("dp2tp2", 4, "--tensor-parallel", 2, "--zero", 1)

@@ -259,8 +259,9 @@ def main():
             report(np.array_equal(dz3r["params"], dz3["params"]) and np.array_equal(dz3r["losses"], dz3["losses"][5:]),
                    "dp2 x tp2 ZeRO-3: resume on the same grid == straight, bit for bit", out[-600:])
 
-        # ---- the bubble, with compute made of sleeps (20 ms forward, 40 ms backward per micro-batch)
-        delay = {"LLMC_TEST_PIPE_DELAY_MS": "20"}
+        # ---- the bubble, with compute made of sleeps (50 ms forward, 100 ms backward per micro-batch:
+        # long enough that the tiny model's real compute and a loaded machine's jitter stay small beside them)
+        delay = {"LLMC_TEST_PIPE_DELAY_MS": "50"}
         _, out_g, err = r.run(2, "--pipeline-parallel", 2, "--pipeline-schedule", "gpipe", steps=3, env=delay)
         _, out_1, err = r.run(2, "--pipeline-parallel", 2, "--pipeline-schedule", "1f1b", steps=3, env=delay)
         for name, out in [("GPipe", out_g), ("1F1B", out_1)]:

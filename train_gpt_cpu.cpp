@@ -1538,15 +1538,9 @@ int main(int argc, char** argv) {
             printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);
         }
         if (grid.pp > 1) {
-            printf("pipeline: %s, %d stages of %s layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
-                   pipeline_schedule_name(par.schedule), grid.pp, strprintf("%d-%d", cfg.num_layers / grid.pp,
-                   (cfg.num_layers + grid.pp - 1) / grid.pp).c_str(), plan.accumulation_steps, grid.pp - 1,
-                   plan.accumulation_steps + grid.pp - 1, 100.0 * par.predicted_bubble);
+            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
         }
-        if (!o.eval_only) printf("data: %zu training shard%s (%lld tokens)", train.files.size(), train.files.size() == 1 ? "" : "s",
-               (long long)train.tokens_per_epoch);
-        if (have_val) printf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val.files.size(), val.files.size() == 1 ? "" : "s");
-        printf("\n");
+        printf("%s", describe_data(train, have_val ? &val : nullptr, o.eval_only).c_str());
         printf("memory: %s", held_summary(&model, world.rank).c_str());
         if (o.recompute > 0) {
             printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
@@ -1554,14 +1548,7 @@ int main(int argc, char** argv) {
         }
         if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        int old_tp = std::max(1, resumed.tensor_parallel), old_pp = std::max(1, resumed.pipeline_parallel);
-        if (first_step > 0 && (resumed.world_size != grid.world || resumed.zero_stage != grid.zero_stage ||
-                               old_tp != grid.tp || old_pp != grid.pp)) {
-            auto grid_of = [](int tp, int pp) { return tp > 1 || pp > 1 ? strprintf(" (tp %d x pp %d)", tp, pp) : std::string(); };
-            printf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
-                   resumed.world_size, resumed.world_size == 1 ? "" : "s", resumed.zero_stage, grid_of(old_tp, old_pp).c_str(),
-                   grid.world, grid.zero_stage, grid_of(grid.tp, grid.pp).c_str());
-        }
+        if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
     }
 
     SampleDecoder decoder;

@@ -65,6 +65,14 @@ inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out)
 
 inline const char* pipeline_schedule_name(PipelineSchedule s) { return s == PipelineSchedule::GPipe ? "GPipe" : "1F1B"; }
 
+// The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
+// bubble (p-1)/(m+p-1) it predicts.
+inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches, double bubble) {
+    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                     pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
+                     stages - 1, micro_batches + stages - 1, 100.0 * bubble);
+}
+
 struct PipeAction {
     bool forward;
     int micro;     // which micro-batch of the step

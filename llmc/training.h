@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 #include "llmc/cli.h"
+#include "llmc/dataloader.h"
 #include "llmc/formats.h"
 #include "llmc/model.h"
 #include "llmc/safetensors.h"
@@ -111,6 +112,25 @@ inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_
 
 // ----------------------------------------------------------------------------------------------
 // Checkpoints: out_dir/ckpt_00001000/{model.bin, state.bin} (state_rank<r>.bin with ZeRO-1)
+
+// The start-up lines both trainers print about their data and, after a resume on another grid,
+// about the resharding. `val` is null without validation data; `train` is unused with --eval-only.
+inline std::string describe_data(const DataLoader& train, const DataLoader* val, bool eval_only) {
+    std::string out;
+    if (!eval_only) out = strprintf("data: %zu training shard%s (%lld tokens)", train.files.size(),
+                                    train.files.size() == 1 ? "" : "s", (long long)train.tokens_per_epoch);
+    if (val) out += strprintf("%s%zu validation shard%s", eval_only ? "data: " : ", ", val->files.size(), val->files.size() == 1 ? "" : "s");
+    return out + "\n";
+}
+// Empty when the checkpoint was written by the grid (ranks, ZeRO stage, tensor x pipeline) of this run.
+inline std::string describe_reshard(const TrainStateHeader& written, int world, int zero_stage, int tp, int pp) {
+    int old_tp = std::max(1, (int)written.tensor_parallel), old_pp = std::max(1, (int)written.pipeline_parallel);
+    if (written.world_size == world && written.zero_stage == zero_stage && old_tp == tp && old_pp == pp) return "";
+    auto grid_of = [](int t, int p) { return t > 1 || p > 1 ? strprintf(" (tp %d x pp %d)", t, p) : std::string(); };
+    return strprintf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
+                     (int)written.world_size, written.world_size == 1 ? "" : "s", (int)written.zero_stage,
+                     grid_of(old_tp, old_pp).c_str(), world, zero_stage, grid_of(tp, pp).c_str());
+}
 
 inline std::string checkpoint_dir(const std::string& out_dir, int step) {
     return out_dir + strprintf("/ckpt_%08d", step);

@@ -15,6 +15,8 @@ shards, and compares what it wrote (--dump-state: losses and final weights) or w
 """
 import json, math, os, shutil, struct, subprocess, sys, tempfile
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "train_gpt_cpu")
@@ -27,13 +29,6 @@ def report(ok, name, why=""):
     print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
     failures += not ok
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def read_dump(path):

@@ -21,6 +21,8 @@ Tolerances, for the one-rank comparisons (a tiny model, 10 steps, lr 1e-3):
 """
 import json, os, shutil, struct, subprocess, sys, tempfile, time
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
@@ -54,13 +56,6 @@ def load_dump(path):
         out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
     return out
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 class Runner:

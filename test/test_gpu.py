@@ -37,8 +37,11 @@ each gradient tensor <= 5% and cosine >= 0.999, the loss within 0.02, each step'
 the weight change within 15%. fp32 build vs CPU: the same formulas in another order of summation
 and --use_fast_math's exp and reciprocal (~2 ulp): 1e-4 (logits) and 1e-3 (gradients).
 """
-import json, os, shutil, struct, subprocess, sys, tempfile
+import os, shutil, subprocess, sys, tempfile
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import read_safetensors  # noqa: E402
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU, GPU32, CPU = [os.path.join(ROOT, x) for x in ("train_gpt", "train_gpt_fp32", "train_gpt_cpu")]
@@ -121,28 +124,6 @@ def write_model(path, L, C, H, T, V, seed):
         f.write(header.tobytes())
         f.write(params.tobytes())
     return params, names, off
-
-
-def write_shard(path, tokens):
-    header = np.zeros(256, np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, np.uint16).tobytes())
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        out[k] = np.frombuffer(data[a:b], np.float32).reshape(v["shape"])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +228,7 @@ class Setup:
         return result
 
     def dump(self, exe, name, extra):
-        return read_safetensors(self.dump_path(exe, name, extra))
+        return read_safetensors(self.dump_path(exe, name, extra))[0]
 
 
 def gpu_vs_cpu(S, tag, name, extra, gpu_flags=(), tol=BF16_TOL, exe=GPU):
@@ -311,7 +292,7 @@ def d12(S):
     s12 = ["--batch-size", "1", "--seq-len", "64", "--steps", "2", "--lr", "1e-4"]
     ref = S.dump(CPU, "d12", s12)
     p = run([GPU, "--model", f"{tmp}/d12.bin", "--dump-state", f"{tmp}/gpu12.st"] + S.data["d12"] + s12)
-    compare_dumps("gpu vs cpu (d12)", read_safetensors(f"{tmp}/gpu12.st"), ref, S.models["d12"], BF16_TOL)
+    compare_dumps("gpu vs cpu (d12)", read_safetensors(f"{tmp}/gpu12.st")[0], ref, S.models["d12"], BF16_TOL)
     report("tok/s" in p.stdout and ("MFU" in p.stdout or "unknown GPU" in p.stdout) and "total" in p.stdout
            and "GPU memory: peak" in p.stdout, "the run prints the buffer table, MFU and peak memory", p.stdout[-1500:])
 

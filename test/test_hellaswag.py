@@ -16,7 +16,8 @@ sentence, the right ending its continuation, the wrong endings continuations of 
                   context: exit 1 with one line naming the file and the line
 """
 import json, os, shutil, subprocess, sys, tempfile
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
@@ -56,12 +57,6 @@ def write_vocab(d):
     json.dump(encoder, open(os.path.join(d, "encoder.json"), "w"))
     open(os.path.join(d, "vocab.bpe"), "w").write("#version: 0.2\nq z\n")
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def examples():

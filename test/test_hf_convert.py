@@ -26,6 +26,8 @@ files, so it writes its own few lines.)
 import json, math, os, shutil, struct, subprocess, sys, tempfile
 import numpy as np
 import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERT = os.path.join(ROOT, "hf_convert")
@@ -194,12 +196,6 @@ def write_hf(dirname, sd, dtype="F32", prefix=True, buffers=False, lm_head=False
 def run(args, **kw):
     return subprocess.run(args, capture_output=True, text=True, **kw)
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def trainer_logits(model, shard, tmp, B=2, T=16):

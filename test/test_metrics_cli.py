@@ -15,6 +15,8 @@
 """
 import json, os, pty, shutil, subprocess, sys, tempfile
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
@@ -27,12 +29,6 @@ def report(ok, name, why=""):
     print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
     failures += not ok
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def run(args, **kw):

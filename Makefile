@@ -6,6 +6,7 @@
 #   make run        the main job: prepare the default corpus and train a small GPT on it
 #   make gpu-check  on a GPU machine: build for the local GPU and run every GPU check
 #   make -C dev/cuda run   on a GPU machine: the kernel lab, every kernel from naive to fast, one table
+#   make emu        the GPU code built for the CPU emulation of CUDA (build/emu/), which the tests run
 #
 # CPU code is built with -march=native: the binaries are meant for the machine that builds them.
 
@@ -66,8 +67,11 @@ CPU_TESTS := $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 # tests written in CUDA (built when nvcc is present; each prints SKIP for what needs a GPU it lacks)
 CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.cu)))
 
+# The GPU code compiled for a CPU emulation of CUDA (test/emu/), so its tests run without a GPU.
+include test/emu/emu.mk
+
 .PHONY: all test clean gpu-check dev
-all: train_gpt_cpu prepare_data tokenize_text hf_convert $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS)
+all: train_gpt_cpu prepare_data tokenize_text hf_convert $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS) $(EMU_TARGETS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)

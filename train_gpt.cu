@@ -1232,21 +1232,26 @@ int main(int argc, char** argv) {
     m->buckets.assign((size_t)in_flight, 0);
     m->pipelined = grid.pp > 1;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
+    // cuDNN's workspace is known only once its plans exist: build them first (needs no buffers). A
+    // cuDNN that is missing or has no engine for this GPU or shape costs speed, not the run.
+    size_t cudnn_workspace_bytes = 0;
+    std::string cudnn_refused;
+    if (!simple_attention && !cudnn_attention_setup(&m->attention.cudnn, B, T, slice.attn_channels, slice.heads,
+                                                    &cudnn_workspace_bytes, &cudnn_refused)) {
+        if (leader) printf("cuDNN attention unavailable (%s): using --attention simple\n", cudnn_refused.c_str());
+        simple_attention = true;
+    }
     m->attention.use_cudnn = !simple_attention;
     GPURunShape& shape = m->shape;
     shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
-    if (!simple_attention) {
-        // cuDNN's workspace is known only once its plans exist: build them first (needs no buffers)
-        cudnn_attention_init(&m->attention.cudnn);
-        shape.cudnn_workspace_bytes = cudnn_attention_workspace(&m->attention.cudnn, B, T, slice.attn_channels, slice.heads);
-    }
+    shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
     m->table = gpu_buffer_table(shape);
     size_t free_before = 0, total_memory = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_before, &total_memory));
     gpt2_allocate(m);
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
     if (simple_attention) {
-        attention_init(&m->attention, false, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
+        attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
         m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
         m->attention.dqkv_scratch = B_<floatX>(m, GB_ATT_DQKV);
         m->attention.o_scratch = B_<floatX>(m, GB_ATT_O);

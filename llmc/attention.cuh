@@ -98,15 +98,12 @@ static void batched_gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k
                                             c, CUDA_FLOATX, ldc, stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
-inline void attention_init(AttentionContext* ctx, bool use_cudnn, void* cublas_workspace, size_t cublas_workspace_bytes) {
-    ctx->use_cudnn = use_cudnn;
-    if (use_cudnn) {
-        cudnn_attention_init(&ctx->cudnn);
-    } else {
-        CUBLAS_CHECK(cublasCreate(&ctx->cublas));
-        ctx->cublas_workspace = cublas_workspace;
-        ctx->cublas_workspace_bytes = cublas_workspace_bytes;
-    }
+// The simple path's cuBLAS handle (the cuDNN path's is made by cudnn_attention_setup).
+inline void attention_init(AttentionContext* ctx, void* cublas_workspace, size_t cublas_workspace_bytes) {
+    ctx->use_cudnn = false;
+    CUBLAS_CHECK(cublasCreate(&ctx->cublas));
+    ctx->cublas_workspace = cublas_workspace;
+    ctx->cublas_workspace_bytes = cublas_workspace_bytes;
 }
 
 // Points cuBLAS at our stream and our workspace. The GEMMs run on the trainer's stream, in order with

@@ -38,14 +38,18 @@
 #include "llmc/cuda_common.cuh"
 #include "llmc/utils.h"
 
+// A cuDNN call that fails is cuDNN refusing the graph (no engine for this GPU, shape or version) or
+// failing to run it. It is thrown, not fatal at once: at start-up the trainer catches it and falls
+// back to the simple attention (see cudnn_attention_setup); later, the catch turns it into a failure.
+struct CudnnRefusal {
+    std::string why;
+};
 inline void cudnn_check(cudnnStatus_t status, const char* call, const char* file, int line) {
     if (status == CUDNN_STATUS_SUCCESS) return;
     char detail[1024];
     cudnnGetLastErrorString(detail, sizeof(detail));
-    fflush(stdout);
-    fprintf(stderr, "error: cuDNN call failed at %s:%d\n  %s\n  %s%s%s\n  The cuDNN attention path failed; "
-            "try --attention simple\n", file, line, call, cudnnGetErrorString(status), detail[0] ? ": " : "", detail);
-    exit(EXIT_FAILURE);
+    throw CudnnRefusal{strprintf("%s at %s:%d: %s%s%s", call, file, line, cudnnGetErrorString(status),
+                                 detail[0] ? ": " : "", detail)};
 }
 #define CUDNN_CHECK(call) cudnn_check((call), #call, __FILE__, __LINE__)
 
@@ -405,8 +409,6 @@ struct CudnnAttention {
     float* softmax_sum = nullptr;  // (B, NH, T) floats
 };
 
-inline void cudnn_attention_init(CudnnAttention* a) { CUDNN_CHECK(cudnnCreate(&a->handle)); }
-
 inline void cudnn_attention_destroy(CudnnAttention* a) {
     for (CudnnPlan& p : a->plans) {
         cudnnBackendDestroyDescriptor(p.plan);
@@ -417,28 +419,55 @@ inline void cudnn_attention_destroy(CudnnAttention* a) {
     a->handle = nullptr;
 }
 
-// Builds (once) and returns the plan for this shape. Fails with advice if cuDNN has no engine.
-inline const CudnnPlan& cudnn_attention_plan(CudnnAttention* a, bool backward, int B, int T, int C, int NH) {
+// Builds (once) the plan for this shape; nullptr, with the reason, if cuDNN cannot run it.
+inline const CudnnPlan* cudnn_attention_try_plan(CudnnAttention* a, bool backward, int B, int T, int C, int NH,
+                                                 std::string* why) {
     for (const CudnnPlan& p : a->plans)
-        if (p.backward == backward && p.B == B && p.T == T) return p;
-    std::string why = cudnn_attention_version_problem(cudnnGetVersion(), T);
-    if (!why.empty()) fail("cuDNN attention: %s; use --attention simple (or another cuDNN)", why.c_str());
-    CudnnPlan plan = backward ? cudnn_build_backward(a->handle, B, T, C, NH, &why)
-                              : cudnn_build_forward(a->handle, B, T, C, NH, &why);
+        if (p.backward == backward && p.B == B && p.T == T) return &p;
+    *why = cudnn_attention_version_problem(cudnnGetVersion(), T);
+    if (!why->empty()) return nullptr;
+    CudnnPlan plan;
+    try {
+        plan = backward ? cudnn_build_backward(a->handle, B, T, C, NH, why) : cudnn_build_forward(a->handle, B, T, C, NH, why);
+    } catch (const CudnnRefusal& r) {
+        *why = r.why;
+    }
     if (!plan.plan) {
-        fail("cuDNN cannot run the attention %s for B=%d T=%d C=%d heads=%d (head size %d): %s. cuDNN's fused "
-             "attention needs a bf16 build, head size a multiple of 8 (at most 128) and a recent GPU (sm_80+); "
-             "try --attention simple", backward ? "backward" : "forward", B, T, C, NH, C / NH, why.c_str());
+        *why = strprintf("no engine for the attention %s at B=%d T=%d C=%d heads=%d (head size %d): %s. It needs a bf16 "
+                         "build, head size a multiple of 8 (at most 128) and a recent GPU (sm_80+)",
+                         backward ? "backward" : "forward", B, T, C, NH, C / NH, why->c_str());
+        return nullptr;
     }
     a->plans.push_back(plan);
-    return a->plans.back();
+    return &a->plans.back();
 }
 
-// The workspace the plans for (B, T) need: the trainer asks before it allocates (see gpu_buffers.h).
-inline size_t cudnn_attention_workspace(CudnnAttention* a, int B, int T, int C, int NH) {
-    int64_t fwd = cudnn_attention_plan(a, false, B, T, C, NH).workspace_bytes;
-    int64_t bwd = cudnn_attention_plan(a, true, B, T, C, NH).workspace_bytes;
-    return (size_t)std::max(fwd, bwd);
+inline const CudnnPlan& cudnn_attention_plan(CudnnAttention* a, bool backward, int B, int T, int C, int NH) {
+    std::string why;
+    const CudnnPlan* plan = cudnn_attention_try_plan(a, backward, B, T, C, NH, &why);
+    if (!plan) fail("cuDNN attention: %s; try --attention simple", why.c_str());
+    return *plan;
+}
+
+// Start-up: the handle and both plans for (B, T), and the workspace they need (the trainer asks
+// before it allocates, see gpu_buffers.h). False, with the reason and nothing left behind, if cuDNN
+// is missing or refuses: the trainer then uses the simple attention.
+inline bool cudnn_attention_setup(CudnnAttention* a, int B, int T, int C, int NH, size_t* workspace_bytes,
+                                  std::string* why) {
+    cudnnStatus_t status = cudnnCreate(&a->handle);
+    if (status != CUDNN_STATUS_SUCCESS) {
+        *why = strprintf("cudnnCreate: %s", cudnnGetErrorString(status));
+        a->handle = nullptr;
+        return false;
+    }
+    const CudnnPlan* fwd = cudnn_attention_try_plan(a, false, B, T, C, NH, why);
+    const CudnnPlan* bwd = fwd ? cudnn_attention_try_plan(a, true, B, T, C, NH, why) : nullptr;
+    if (!bwd) {
+        cudnn_attention_destroy(a);
+        return false;
+    }
+    *workspace_bytes = (size_t)std::max(a->plans[0].workspace_bytes, a->plans[1].workspace_bytes);
+    return true;
 }
 
 static void cudnn_execute(CudnnAttention* a, const CudnnPlan& plan, int n, const int64_t* uids, void* const* pointers,
@@ -447,15 +476,19 @@ static void cudnn_execute(CudnnAttention* a, const CudnnPlan& plan, int n, const
         fail("cuDNN's attention plan needs %lld bytes of workspace, %zu were allocated; try --attention simple",
              (long long)plan.workspace_bytes, a->workspace_bytes);
     }
-    CUDNN_CHECK(cudnnSetStream(a->handle, stream));
-    cudnnBackendDescriptor_t pack;
-    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, pointers);
-    set_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &a->workspace);
-    CUDNN_CHECK(cudnnBackendFinalize(pack));
-    CUDNN_CHECK(cudnnBackendExecute(a->handle, plan.plan, pack));
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+    try {
+        CUDNN_CHECK(cudnnSetStream(a->handle, stream));
+        cudnnBackendDescriptor_t pack;
+        CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
+        set_attr(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+        set_attr(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, pointers);
+        set_attr(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &a->workspace);
+        CUDNN_CHECK(cudnnBackendFinalize(pack));
+        CUDNN_CHECK(cudnnBackendExecute(a->handle, plan.plan, pack));
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+    } catch (const CudnnRefusal& r) {
+        fail("cuDNN attention failed: %s; try --attention simple", r.why.c_str());
+    }
 }
 
 // out (B, T, C) and stats (B, NH, T) from qkv (B, T, 3C)

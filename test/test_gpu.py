@@ -20,6 +20,13 @@ no GPU (flags, --estimate, the no-GPU error) run everywhere. With one:
   attention        --attention cudnn vs simple agree within bf16 tolerance
   memory           a batch that cannot fit fails before training, naming the largest that would
 
+Without a GPU, the same checks run on the CPU emulation of CUDA (test/emu/: build/emu/train_gpt,
+every kernel executed thread by thread, cuBLAS and NCCL stood in for) with three differences:
+cuDNN is not emulated, so every run uses --attention simple and the cuDNN checks are SKIP (one
+check instead: a cuDNN that refuses the graph costs a line and the simple path, not the run); the
+determinism check's second run uses another schedule (threads and blocks in reverse), so a race
+between threads shows up as a difference; and the recompute levels run under random schedules.
+
 Every check runs on its own: a trainer that crashes fails the checks that needed its output and
 the others still run, so one GPU session sees everything that is wrong at once. PASS lines carry
 the measured errors, to judge the margins.
@@ -44,7 +51,8 @@ from safetensors_io import read_safetensors  # noqa: E402
 from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GPU, GPU32, CPU = [os.path.join(ROOT, x) for x in ("train_gpt", "train_gpt_fp32", "train_gpt_cpu")]
+CPU = os.path.join(ROOT, "train_gpt_cpu")
+NATIVE_GPU = os.path.join(ROOT, "train_gpt")  # built by nvcc: runs on a real GPU
 failures = 0
 
 
@@ -76,8 +84,27 @@ def have_gpu():
     return out.returncode == 0 and "GPU" in out.stdout
 
 
-def run(cmd, expect_ok=True):
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+def gpu_target():
+    """Where the GPU checks run: ('gpu', ./train_gpt, ./train_gpt_fp32) on a real GPU, ('emulated',
+    build/emu/train_gpt, ...) on the CPU emulation of CUDA, or (None, why, None) on neither."""
+    if have_gpu():
+        return "gpu", NATIVE_GPU, os.path.join(ROOT, "train_gpt_fp32")
+    emu = os.path.join(ROOT, "build", "emu", "train_gpt")
+    if os.path.exists(emu):
+        return "emulated", emu, os.path.join(ROOT, "build", "emu", "train_gpt_fp32")
+    return None, "no GPU, and the CUDA emulation is not built (it needs CUDA's headers and MPI)", None
+
+
+MODE, GPU, GPU32 = gpu_target()
+EMULATED = MODE == "emulated"
+# cuDNN is not emulated: emulated runs use the simple attention wherever a real GPU would use cuDNN
+DEFAULT_ATTENTION = ["--attention", "simple"] if EMULATED else []
+# another schedule of the emulated threads and blocks (set for the second run of a comparison)
+REVERSED = {"CUDA_EMU_THREADS": "reverse", "CUDA_EMU_BLOCKS": "reverse"}
+
+
+def run(cmd, expect_ok=True, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, **(env or {})))
     if expect_ok and p.returncode != 0:
         # the error first (tables cut long lines), then the command and its output
         error = " | ".join(line for line in p.stderr.strip().splitlines()[-4:] if line.strip())
@@ -178,9 +205,10 @@ def same_bytes(a, b):
 # ---------------------------------------------------------------------------------------------
 
 def checks_without_gpu():
-    if not os.path.exists(GPU):
+    if not os.path.exists(NATIVE_GPU):
         skip("train_gpt flags", "train_gpt not built: no nvcc")
         return
+    GPU = NATIVE_GPU  # noqa: N806 - the nvcc build, which needs no GPU for these
     p = run([GPU, "--help"])
     report("--attention" in p.stdout and "--recompute" in p.stdout and "--threads" not in p.stdout,
            "train_gpt --help lists the GPU flags only", p.stdout[-500:])
@@ -209,13 +237,13 @@ class Setup:
         write_shard(f"{self.tmp}/{name}_train_000000.bin", np.tile(base, 60))
         self.data[name] = ["--train-data", f"{self.tmp}/{name}_train_*.bin", "--val-data", "none", "--sample-every", "0"]
 
-    def dump_path(self, exe, name, extra, fresh=False):
+    def dump_path(self, exe, name, extra, fresh=False, env=None):
         """Runs a trainer on model `name` with --dump-state (once, unless `fresh`); returns the file."""
         key = (exe, name, tuple(extra))
         if fresh or key not in self.dumps:
             path = f"{self.tmp}/dump{len(self.dumps)}{'_fresh' if fresh else ''}.st"
             try:
-                run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra)
+                run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra, env=env)
             except RuntimeError as e:
                 path = e  # a failed run is not repeated: every check that needs it fails with its error
             if fresh:
@@ -237,15 +265,31 @@ def gpu_vs_cpu(S, tag, name, extra, gpu_flags=(), tol=BF16_TOL, exe=GPU):
 
 
 def determinism(S, steps):
-    again = S.dump_path(GPU, "tiny", steps, fresh=True)
-    report(same_bytes(S.dump_path(GPU, "tiny", steps), again), "determinism: two runs are bit-identical",
-           "the dumps differ")
+    steps = steps + DEFAULT_ATTENTION
+    # emulated: the second run takes the threads of every block, and the blocks, in reverse order
+    again = S.dump_path(GPU, "tiny", steps, fresh=True, env=REVERSED if EMULATED else None)
+    name = "determinism: a run with threads and blocks in reverse order is bit-identical" if EMULATED else \
+        "determinism: two runs are bit-identical"
+    report(same_bytes(S.dump_path(GPU, "tiny", steps), again), name, "the dumps differ")
 
 
 def recompute(S, steps):
+    steps = steps + DEFAULT_ATTENTION
     level1 = S.dump_path(GPU, "tiny", steps)  # the default level
-    same = all(same_bytes(level1, S.dump_path(GPU, "tiny", steps + ["--recompute", lv])) for lv in ("0", "2"))
-    report(same, "recompute 0/1/2 give bit-identical results", "the dumps differ")
+    same = all(same_bytes(level1, S.dump_path(GPU, "tiny", steps + ["--recompute", lv], env=(
+        {"CUDA_EMU_THREADS": f"random:{lv}", "CUDA_EMU_BLOCKS": f"random:{lv}"} if EMULATED else None)))
+        for lv in ("0", "2"))
+    report(same, "recompute 0/1/2 give bit-identical results" + (" (random schedules)" if EMULATED else ""),
+           "the dumps differ")
+
+
+def cudnn_refused(S, steps):
+    """Emulated: cuDNN is there but refuses every graph; the run goes on with the simple attention."""
+    p = run([GPU, "--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + steps[:4] + ["--steps", "1"])
+    lines = [line for line in p.stdout.splitlines() if "cuDNN attention unavailable" in line]
+    report(len(lines) == 1 and "using --attention simple" in lines[0] and "attention: simple" in p.stdout
+           and "step     1/1" in p.stdout, "a cuDNN that refuses the attention graph: one line, then the simple path",
+           p.stdout[-1500:] + p.stderr[-500:])
 
 
 def cudnn_vs_simple(S, steps):
@@ -254,7 +298,7 @@ def cudnn_vs_simple(S, steps):
 
 
 def master_weights_off(S, steps):
-    nm = S.dump(GPU, "tiny", steps + ["--master-weights", "0"])
+    nm = S.dump(GPU, "tiny", steps + DEFAULT_ATTENTION + ["--master-weights", "0"])
     ref = S.dump(CPU, "tiny", steps)
     d = np.max(np.abs(nm["losses"] - ref["losses"]))
     report(np.all(np.isfinite(nm["losses"])) and nm["losses"][-1] < nm["losses"][0] and d <= 0.1,
@@ -266,11 +310,12 @@ def resume(S):
     # sampling on: the sampler's random state is part of the checkpoint and must continue identically
     long = ["--batch-size", "4", "--seq-len", "64", "--steps", "20", "--lr", "1e-3", "--checkpoint-every", "10",
             "--sample-every", "5", "--sample-tokens", "4"]
-    full = S.dump(GPU, "tiny", long + ["--out-dir", f"{tmp}/run_a"])
+    gpu_only = DEFAULT_ATTENTION
+    full = S.dump(GPU, "tiny", long + gpu_only + ["--out-dir", f"{tmp}/run_a"])
     # run_b trains all 20 steps too; its step-20 checkpoint is then removed, and it resumes from step 10
-    run([GPU, "--model", f"{tmp}/tiny.bin"] + data + long + ["--out-dir", f"{tmp}/run_b"])
+    run([GPU, "--model", f"{tmp}/tiny.bin"] + data + long + gpu_only + ["--out-dir", f"{tmp}/run_b"])
     shutil.rmtree(f"{tmp}/run_b/ckpt_00000020")
-    resumed = S.dump(GPU, "tiny", long + ["--out-dir", f"{tmp}/run_b", "--resume", "latest"])
+    resumed = S.dump(GPU, "tiny", long + gpu_only + ["--out-dir", f"{tmp}/run_b", "--resume", "latest"])
     same = {"weights": np.array_equal(full["params"], resumed["params"]),
             "losses": np.array_equal(full["losses"][10:], resumed["losses"]),
             "model.bin": same_bytes(f"{tmp}/run_a/ckpt_00000020/model.bin", f"{tmp}/run_b/ckpt_00000020/model.bin"),
@@ -291,7 +336,7 @@ def d12(S):
     S.data["d12"] = ["--train-data", f"{tmp}/d12_*.bin", "--val-data", "none", "--sample-every", "0"]
     s12 = ["--batch-size", "1", "--seq-len", "64", "--steps", "2", "--lr", "1e-4"]
     ref = S.dump(CPU, "d12", s12)
-    p = run([GPU, "--model", f"{tmp}/d12.bin", "--dump-state", f"{tmp}/gpu12.st"] + S.data["d12"] + s12)
+    p = run([GPU, "--model", f"{tmp}/d12.bin", "--dump-state", f"{tmp}/gpu12.st"] + S.data["d12"] + s12 + DEFAULT_ATTENTION)
     compare_dumps("gpu vs cpu (d12)", read_safetensors(f"{tmp}/gpu12.st")[0], ref, S.models["d12"], BF16_TOL)
     report("tok/s" in p.stdout and ("MFU" in p.stdout or "unknown GPU" in p.stdout) and "total" in p.stdout
            and "GPU memory: peak" in p.stdout, "the run prints the buffer table, MFU and peak memory", p.stdout[-1500:])
@@ -305,12 +350,13 @@ def memory_check(S):
 
 def main():
     checks_without_gpu()
-    if not have_gpu():
-        if os.path.exists(GPU):
-            p = run([GPU, "--model", "L=2,C=64,H=4,T=64"], expect_ok=False)
-            report(p.returncode == 1 and "no CUDA GPU" in p.stderr, "without a GPU train_gpt says so", p.stderr)
-        skip("every GPU check", "no GPU")
+    if MODE != "gpu" and os.path.exists(NATIVE_GPU):
+        p = run([NATIVE_GPU, "--model", "L=2,C=64,H=4,T=64"], expect_ok=False)
+        report(p.returncode == 1 and "no CUDA GPU" in p.stderr, "without a GPU train_gpt says so", p.stderr)
+    if MODE is None:
+        skip("every GPU check", GPU)
         sys.exit(1 if failures else 0)
+    print(f"running the GPU checks on {'the CPU emulation of CUDA: ' + GPU if EMULATED else 'the GPU'}", flush=True)
     for exe in (GPU, CPU):
         if not os.path.exists(exe):
             report(False, "binaries", f"{exe} is missing: run make")
@@ -327,20 +373,31 @@ def main():
         wide = ["--batch-size", "2", "--seq-len", "32", "--steps", "3", "--lr", "1e-3", "--warmup-steps", "2"]
         # the simple attention first: it checks every other kernel even if cuDNN's attention fails
         simple = ["--attention", "simple"]
+        no_cudnn = "cuDNN is not emulated: the simple attention's checks stand in"
         check("gpu vs cpu (tiny, simple attention)", gpu_vs_cpu, S, "gpu vs cpu (tiny, simple attention)", "tiny",
               steps, simple)
-        check("gpu vs cpu (tiny)", gpu_vs_cpu, S, "gpu vs cpu (tiny)", "tiny", steps)
+        if EMULATED:
+            skip("gpu vs cpu (tiny)", no_cudnn)
+            check("cuDNN refusal", cudnn_refused, S, steps)
+        else:
+            check("gpu vs cpu (tiny)", gpu_vs_cpu, S, "gpu vs cpu (tiny)", "tiny", steps)
         if os.path.exists(GPU32):
             check("fp32 vs cpu", gpu_vs_cpu, S, "fp32 vs cpu", "tiny", steps, (), FP32_TOL, GPU32)
         else:
             skip("fp32 vs cpu", "train_gpt_fp32 not built")
         check("gpu vs cpu (odd, simple attention)", gpu_vs_cpu, S, "gpu vs cpu (odd, simple attention)", "odd", odd,
               simple)
-        check("gpu vs cpu (odd)", gpu_vs_cpu, S, "gpu vs cpu (odd)", "odd", odd)
-        check("gpu vs cpu (wide)", gpu_vs_cpu, S, "gpu vs cpu (wide)", "wide", wide)
+        if EMULATED:
+            skip("gpu vs cpu (odd)", no_cudnn)
+        else:
+            check("gpu vs cpu (odd)", gpu_vs_cpu, S, "gpu vs cpu (odd)", "odd", odd)
+        check("gpu vs cpu (wide)", gpu_vs_cpu, S, "gpu vs cpu (wide)", "wide", wide, DEFAULT_ATTENTION)
         check("determinism", determinism, S, steps)
         check("recompute 0/1/2", recompute, S, steps)
-        check("attention cudnn vs simple", cudnn_vs_simple, S, steps)
+        if EMULATED:
+            skip("attention cudnn vs simple", no_cudnn)
+        else:
+            check("attention cudnn vs simple", cudnn_vs_simple, S, steps)
         check("master weights off", master_weights_off, S, steps)
         check("resume", resume, S)
         check("gpu vs cpu (d12)", d12, S)

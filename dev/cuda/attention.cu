@@ -381,16 +381,18 @@ int main(int argc, char** argv) {
     // ---- the paths' state: the simple path's scratch and cuBLAS handle; cuDNN only if asked for
     void* workspace = device_alloc<char>(CUBLASLT_WORKSPACE_BYTES);
     AttentionContext simple;
-    attention_init(&simple, false, workspace, CUBLASLT_WORKSPACE_BYTES);
+    attention_init(&simple, workspace, CUBLASLT_WORKSPACE_BYTES);
     simple.qkv_scratch = device_alloc<floatX>(3 * btc);
     simple.dqkv_scratch = device_alloc<floatX>(3 * btc);
     simple.o_scratch = device_alloc<floatX>(btc);
     simple.scores = device_alloc<floatX>(scores);
     CudnnAttention cudnn;
     bool want_cudnn = lab_selected(lab.args, "attention_forward", 4) || lab_selected(lab.args, "attention_backward", 4);
-    if (want_cudnn) {  // building the plans exits with advice if cuDNN has no engine for this GPU
-        cudnn_attention_init(&cudnn);
-        cudnn.workspace_bytes = cudnn_attention_workspace(&cudnn, B, T, C, NH);
+    std::string cudnn_refused;
+    if (want_cudnn && !cudnn_attention_setup(&cudnn, B, T, C, NH, &cudnn.workspace_bytes, &cudnn_refused)) {
+        fail("cuDNN attention unavailable: %s (choose the other versions by number)", cudnn_refused.c_str());
+    }
+    if (want_cudnn) {
         cudnn.workspace = device_alloc<char>(cudnn.workspace_bytes);
         cudnn.softmax_sum = device_alloc<float>(rows);
     }

@@ -1,0 +1,761 @@
+// cuda_emu_runtime.cpp — the host side of the CUDA emulator: the CUDA runtime calls our code makes
+// (memory, copies, streams, events, properties, launch checks) and the scheduler that runs a grid's
+// threads as fibers. Linked instead of libcudart into the emulated builds (see README.md here).
+//
+// Device memory: each cudaMalloc is its own mapping, placed so that the allocation ends (rounded
+// up to 256 bytes, so that it starts 256-byte aligned as a real one does) right at a page the
+// emulator keeps unreadable: a kernel that reads or writes past the end faults there, and the fault handler names the kernel, block,
+// thread and the allocation. New allocations are filled with 0xff bytes: NaN as float and bf16,
+// so reading memory nobody wrote shows up in the results. cudaFree unmaps, so a use after free
+// faults too. cudaMemGetInfo reports CUDA_EMU_DEVICE_MEMORY (default 80 GiB, an H100).
+//
+// Streams and events: every operation runs when it is issued, in issue order. That is one legal
+// order of a real GPU's work, so results are right, but a missing cudaStreamWaitEvent between
+// two streams cannot show up here: only a real GPU can test concurrency.
+//
+// Schedules: CUDA_EMU_THREADS = forward | reverse | random:SEED orders the threads of a block;
+// CUDA_EMU_BLOCKS the same for the blocks of a grid. A kernel whose output depends on either is
+// racy; the tests run each check under two schedules and compare.
+#include "test/emu/cuda_emu.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <csignal>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace emu {
+
+Thread* current = nullptr;
+uint3 block_idx;
+dim3 block_dim, grid_dim;
+
+// ---------------------------------------------------------------------------------------------
+// Failures. An emulated run stops at the first error it finds, with one message saying where:
+// a real GPU would report most of these later as a sticky "unspecified launch failure".
+
+static const char* running_kernel = nullptr;  // name, file, line of the launch being run
+static const char* running_file = nullptr;
+static int running_line = 0;
+
+static void where(char* out, size_t n) {
+    if (!running_kernel) {
+        snprintf(out, n, "host code");
+        return;
+    }
+    if (current)
+        snprintf(out, n, "kernel %s (launched at %s:%d), block (%u,%u,%u), thread (%u,%u,%u)", running_kernel,
+                 running_file, running_line, block_idx.x, block_idx.y, block_idx.z, current->idx.x, current->idx.y,
+                 current->idx.z);
+    else
+        snprintf(out, n, "kernel %s (launched at %s:%d)", running_kernel, running_file, running_line);
+}
+
+void fail(const char* fmt, ...) {
+    char msg[1024], at[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    where(at, sizeof(at));
+    fflush(stdout);
+    fprintf(stderr, "CUDA emulator: %s\n  in %s\n", msg, at);
+    _exit(1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fibers: a context switch is saving the callee-saved registers and the stack pointer of one
+// stack and restoring those of another (System V x86-64). Much cheaper than swapcontext, which
+// makes a system call for the signal mask on every switch.
+
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+extern "C" void emu_fiber_start();
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch,.-emu_switch
+.globl emu_fiber_start
+.type emu_fiber_start,@function
+emu_fiber_start:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+.size emu_fiber_start,.-emu_fiber_start
+)");
+
+static void* scheduler_sp = nullptr;
+static constexpr size_t FIBER_STACK_BYTES = 256 * 1024;
+static std::vector<char*> fiber_stacks;  // one per thread slot, a guard page below each
+
+static char* fiber_stack(int i) {
+    while ((int)fiber_stacks.size() <= i) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        char* base = (char*)mmap(nullptr, FIBER_STACK_BYTES + page, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) fail("cannot map a fiber stack");
+        mprotect(base, page, PROT_NONE);
+        fiber_stacks.push_back(base + page);
+    }
+    return fiber_stacks[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The block being run
+
+enum { RUNNABLE, AT_BARRIER, AT_WARP, EXITED };
+
+struct Warp {
+    unsigned live = 0;       // lanes that have not exited
+    unsigned arrived = 0;    // lanes waiting in the current collective
+    unsigned mask = 0;       // the mask the current collective was called with
+    unsigned generation = 0; // collectives completed
+    const char* what = nullptr;
+    const char* file = nullptr;
+    int line = 0;
+    uint64_t values[2][32];  // double-buffered by generation parity
+};
+
+static std::vector<Thread> threads;
+static std::vector<Warp> warps;
+static int block_threads = 0, live_threads = 0, at_barrier = 0;
+static ThreadEntry thread_entry;
+static void* thread_closure;
+static std::vector<char> dynamic_smem;
+static std::vector<void*> touched_shared;  // static __shared__ arrays poisoned for this block
+static std::vector<void*> launch_shared;   // ... and those this launch has used (for its size)
+static size_t static_smem_bytes = 0;       // of this launch's kernel, as first touched
+static size_t launch_dynamic_smem = 0;
+
+static void yield_to_scheduler() { emu_switch(&current->sp, scheduler_sp); }
+
+static void fiber_main(void*) {
+    thread_entry(thread_closure);
+    Thread* t = current;
+    t->state = EXITED;
+    live_threads--;
+    warps[t->linear / 32].live &= ~(1u << (t->linear % 32));
+    emu_switch(&t->sp, scheduler_sp);
+    __builtin_unreachable();
+}
+
+static void start_fiber(Thread* t) {
+    // The first switch into a fiber "returns" into emu_fiber_start with r12 = argument, r13 = function.
+    char* top = fiber_stack(t->linear) + FIBER_STACK_BYTES;
+    void** sp = (void**)(top - 24);  // emu_fiber_start runs with rsp 16-byte aligned
+    *sp = (void*)&emu_fiber_start;
+    sp -= 6;
+    sp[0] = nullptr;              // r15
+    sp[1] = nullptr;              // r14
+    sp[2] = (void*)&fiber_main;   // r13
+    sp[3] = nullptr;              // r12
+    sp[4] = nullptr;              // rbx
+    sp[5] = nullptr;              // rbp
+    t->sp = sp;
+}
+
+void syncthreads(const char* file, int line) {
+    Thread* t = current;
+    t->state = AT_BARRIER;
+    t->site_file = file;
+    t->site_line = line;
+    at_barrier++;
+    yield_to_scheduler();
+}
+
+// Every lane of `mask` deposits a value; when the last one arrives the collective completes and
+// each reads the value of its source lane. Lanes of one warp call the same collective, with the
+// same mask, and every lane named must be alive: anything else is undefined on a GPU and an
+// error here.
+static Warp* warp_arrive(unsigned mask, uint64_t value, const char* what, const char* file, int line) {
+    Thread* t = current;
+    int lane = t->linear % 32;
+    Warp* w = &warps[t->linear / 32];
+    if (!(mask & (1u << lane))) fail("%s at %s:%d: the mask 0x%08x does not include the calling lane %d", what, file, line, mask, lane);
+    unsigned exists = block_threads - (t->linear / 32) * 32 >= 32 ? 0xffffffffu
+                                                                  : (1u << (block_threads - (t->linear / 32) * 32)) - 1;
+    if (mask & ~exists)
+        fail("%s at %s:%d: the mask 0x%08x names lanes that do not exist (the block has %d threads)", what, file, line,
+             mask, block_threads);
+    if (mask & ~w->live)
+        fail("%s at %s:%d: the mask 0x%08x names lanes that have exited (live lanes 0x%08x)", what, file, line, mask,
+             w->live);
+    if (w->arrived == 0) {
+        w->mask = mask;
+        w->what = what;
+        w->file = file;
+        w->line = line;
+    } else if (w->mask != mask || w->what != what || w->line != line || strcmp(w->file, file) != 0) {
+        fail("lanes of one warp in different collectives: %s at %s:%d (mask 0x%08x) and %s at %s:%d (mask 0x%08x)",
+             w->what, w->file, w->line, w->mask, what, file, line, mask);
+    }
+    w->values[w->generation & 1][lane] = value;
+    w->arrived |= 1u << lane;
+    t->ticket = w->generation;
+    if (w->arrived == mask) {  // the last one: complete it
+        w->arrived = 0;
+        w->generation++;
+    } else {
+        t->state = AT_WARP;
+        yield_to_scheduler();
+    }
+    return w;
+}
+
+uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane, const char* what, const char* file, int line) {
+    Warp* w = warp_arrive(mask, value, what, file, line);
+    unsigned parity = current->ticket & 1;
+    if (!(mask & (1u << source_lane)))
+        fail("%s at %s:%d: lane %d reads lane %d, which the mask 0x%08x leaves out", what, file, line,
+             current->linear % 32, source_lane, mask);
+    return w->values[parity][source_lane];
+}
+
+unsigned warp_ballot(unsigned mask, bool predicate, const char* file, int line) {
+    Warp* w = warp_arrive(mask, predicate, "__ballot_sync", file, line);
+    unsigned parity = current->ticket & 1, bits = 0;
+    for (int l = 0; l < 32; l++)
+        if ((mask & (1u << l)) && w->values[parity][l]) bits |= 1u << l;
+    return bits;
+}
+
+void syncwarp(unsigned mask, const char* file, int line) { warp_arrive(mask, 0, "__syncwarp", file, line); }
+
+void check_launch_bounds(int max_threads, const char* file, int line) {
+    if (block_threads > max_threads)
+        fail("too many resources requested for launch: %d threads per block, over the kernel's __launch_bounds__(%d) "
+             "at %s:%d", block_threads, max_threads, file, line);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory
+
+void shared_first_touch(void* p, size_t bytes, const char* file, int line) {
+    if (std::find(touched_shared.begin(), touched_shared.end(), p) != touched_shared.end()) return;
+    touched_shared.push_back(p);
+    memset(p, 0xff, bytes);
+    if (std::find(launch_shared.begin(), launch_shared.end(), p) != launch_shared.end()) return;
+    launch_shared.push_back(p);
+    static_smem_bytes += bytes;
+    if (static_smem_bytes + launch_dynamic_smem > 48 * 1024)
+        fail("%zu bytes of static and %zu of dynamic shared memory: static shared memory is limited to 48 KiB",
+             static_smem_bytes, launch_dynamic_smem);
+}
+
+void* dynamic_shared_memory() {
+    if (launch_dynamic_smem == 0) fail("the kernel uses extern __shared__ memory but was launched with 0 bytes of it");
+    return dynamic_smem.data();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules
+
+struct Order {
+    int kind = 0;  // 0 forward, 1 reverse, 2 random
+    std::mt19937_64 rng;
+};
+static Order thread_order, block_order;
+static bool orders_read = false;
+
+static void read_order(const char* var, Order* o) {
+    const char* s = getenv(var);
+    if (!s || !*s || !strcmp(s, "forward")) return;
+    if (!strcmp(s, "reverse")) {
+        o->kind = 1;
+        return;
+    }
+    if (!strncmp(s, "random", 6)) {
+        o->kind = 2;
+        o->rng.seed(s[6] == ':' ? strtoull(s + 7, nullptr, 10) : 1);
+        return;
+    }
+    fprintf(stderr, "CUDA emulator: %s=%s: expected forward, reverse or random:SEED\n", var, s);
+    exit(2);
+}
+
+static void arrange(Order* o, std::vector<int>* v) {
+    for (int i = 0; i < (int)v->size(); i++) (*v)[i] = i;
+    if (o->kind == 1) std::reverse(v->begin(), v->end());
+    if (o->kind == 2) std::shuffle(v->begin(), v->end(), o->rng);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+
+static cudaError_t last_error = cudaSuccess;  // what cudaGetLastError returns (and clears)
+static std::map<const void*, int> max_dynamic_smem;  // cudaFuncSetAttribute's opt-ins
+static constexpr size_t SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN_MAX = 227 * 1024;
+
+static void run_block(std::vector<int>& order) {
+    for (int i = 0; i < block_threads; i++) {
+        Thread& t = threads[i];
+        t.state = RUNNABLE;
+        start_fiber(&t);
+    }
+    for (int w = 0; w < (int)warps.size(); w++) {
+        int lanes = std::min(32, block_threads - w * 32);
+        warps[w].live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+        warps[w].arrived = 0;
+    }
+    live_threads = block_threads;
+    at_barrier = 0;
+    touched_shared.clear();
+    if (launch_dynamic_smem) memset(dynamic_smem.data(), 0xff, launch_dynamic_smem);
+    while (live_threads > 0) {
+        bool progress = false;
+        if (thread_order.kind == 2) arrange(&thread_order, &order);
+        for (int i : order) {
+            Thread* t = &threads[i];
+            if (t->state == AT_WARP && warps[t->linear / 32].generation != t->ticket) t->state = RUNNABLE;
+            if (t->state != RUNNABLE) continue;
+            current = t;
+            emu_switch(&scheduler_sp, t->sp);
+            current = nullptr;
+            progress = true;
+        }
+        if (live_threads > 0 && at_barrier == live_threads) {  // every live thread waits: open the barrier
+            const Thread* first = nullptr;
+            for (Thread& t : threads) {
+                if (t.state != AT_BARRIER) continue;
+                if (!first) first = &t;
+                else if (t.site_line != first->site_line || strcmp(t.site_file, first->site_file) != 0)
+                    fail("threads wait at different __syncthreads: thread %d at %s:%d, thread %d at %s:%d", first->linear,
+                         first->site_file, first->site_line, t.linear, t.site_file, t.site_line);
+                t.state = RUNNABLE;
+            }
+            at_barrier = 0;
+            progress = true;
+        }
+        if (!progress) {
+            for (Thread& t : threads)
+                if (t.state == AT_WARP)
+                    fail("deadlock: thread %d waits in %s at %s:%d for lanes that never arrive", t.linear,
+                         warps[t.linear / 32].what, warps[t.linear / 32].file, warps[t.linear / 32].line);
+            for (Thread& t : threads)
+                if (t.state == AT_BARRIER)
+                    fail("deadlock: thread %d waits at __syncthreads (%s:%d) while others wait in a warp collective",
+                         t.linear, t.site_file, t.site_line);
+            fail("deadlock");
+        }
+    }
+}
+
+void launch_grid(const void* kernel, const char* name, const char* file, int line, ThreadEntry entry, void* closure,
+                 dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream) {
+    if (!orders_read) {
+        read_order("CUDA_EMU_THREADS", &thread_order);
+        read_order("CUDA_EMU_BLOCKS", &block_order);
+        orders_read = true;
+    }
+    if (current) fail("a kernel launch from device code (%s): dynamic parallelism is not used here", name);
+    // The launch checks the real runtime makes; it reports them through cudaGetLastError.
+    unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
+    if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x > 1024 ||
+        block.y > 1024 || block.z > 64 || nthreads > 1024 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+        fprintf(stderr, "CUDA emulator: %s at %s:%d: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)\n", name, file,
+                line, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    size_t allowed = SMEM_DEFAULT;
+    auto it = max_dynamic_smem.find(kernel);
+    if (it != max_dynamic_smem.end()) allowed = (size_t)it->second;
+    if (dynamic_smem_bytes > allowed) {
+        fprintf(stderr,
+                "CUDA emulator: %s at %s:%d: %zu bytes of dynamic shared memory, over the %zu allowed (above 48 KiB "
+                "needs cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes))\n",
+                name, file, line, dynamic_smem_bytes, allowed);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    running_kernel = name;
+    running_file = file;
+    running_line = line;
+    thread_entry = entry;
+    thread_closure = closure;
+    block_threads = (int)nthreads;
+    block_dim = block;
+    grid_dim = grid;
+    threads.assign(block_threads, Thread());
+    warps.assign((block_threads + 31) / 32, Warp());
+    for (int i = 0; i < block_threads; i++) {
+        threads[i].linear = i;
+        threads[i].idx = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+    }
+    launch_dynamic_smem = dynamic_smem_bytes;
+    static_smem_bytes = 0;
+    launch_shared.clear();
+    dynamic_smem.assign(dynamic_smem_bytes, 0);
+    std::vector<int> order(block_threads);
+    arrange(&thread_order, &order);
+    size_t nblocks = (size_t)grid.x * grid.y * grid.z;
+    std::vector<int> blocks_in_order;
+    if (block_order.kind != 0) {  // a permutation of the grid (grids here are small enough to list)
+        blocks_in_order.resize(nblocks);
+        arrange(&block_order, &blocks_in_order);
+    }
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t id = block_order.kind != 0 ? (size_t)blocks_in_order[b] : b;
+        block_idx = make_uint3(id % grid.x, (id / grid.x) % grid.y, id / ((size_t)grid.x * grid.y));
+        run_block(order);
+    }
+    running_kernel = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device memory
+
+struct Allocation {
+    char* map;          // the mapping (with its guard page at the end)
+    size_t map_bytes;
+    size_t bytes;       // what was asked for
+    bool device;
+};
+static std::map<uintptr_t, Allocation> allocations;  // by user pointer
+static size_t device_used = 0, device_total = 0;
+static int device_count = 1, device_current = 0;
+
+static size_t parse_bytes(const char* s) {
+    char* end;
+    double v = strtod(s, &end);
+    switch (*end) {
+        case 'K': case 'k': v *= 1024.0; break;
+        case 'M': case 'm': v *= 1024.0 * 1024; break;
+        case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+        default: break;
+    }
+    return (size_t)v;
+}
+
+static void segv_handler(int sig, siginfo_t* info, void*);
+
+static void init_device() {
+    if (device_total) return;
+    const char* mem = getenv("CUDA_EMU_DEVICE_MEMORY");
+    device_total = mem && *mem ? parse_bytes(mem) : (size_t)80 << 30;
+    const char* n = getenv("CUDA_EMU_DEVICES");
+    if (n && *n) device_count = atoi(n);
+    // The fault handler runs on its own stack: a fiber stack that overflowed has no room left.
+    static char alt_stack[64 * 1024];
+    stack_t ss{};
+    ss.ss_sp = alt_stack;
+    ss.ss_size = sizeof(alt_stack);
+    sigaltstack(&ss, nullptr);
+    struct sigaction sa{};
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+}
+
+static const Allocation* find_allocation(const void* p, uintptr_t* base) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocations.upper_bound(a);
+    if (it == allocations.begin()) return nullptr;
+    --it;
+    if (a >= (uintptr_t)it->second.map + it->second.map_bytes) return nullptr;
+    *base = it->first;
+    return &it->second;
+}
+
+static void segv_handler(int sig, siginfo_t* info, void*) {
+    char at[512], msg[1024];
+    where(at, sizeof(at));
+    uintptr_t base = 0;
+    const Allocation* a = find_allocation(info->si_addr, &base);
+    if (a)
+        snprintf(msg, sizeof(msg), "an access at %p, %lld bytes past the start of a %zu-byte %s allocation", info->si_addr,
+                 (long long)((uintptr_t)info->si_addr - base), a->bytes, a->device ? "cudaMalloc" : "host");
+    else
+        snprintf(msg, sizeof(msg), "an invalid memory access at %p (not in any live allocation: freed, or never one)",
+                 info->si_addr);
+    // async-signal-safe enough: we exit right after
+    fprintf(stderr, "CUDA emulator: %s\n  in %s\n", msg, at);
+    _exit(1);
+}
+
+static cudaError_t allocate(void** out, size_t bytes, bool device) {
+    init_device();
+    if (!out) return cudaErrorInvalidValue;
+    if (device && device_used + bytes > device_total) {
+        *out = nullptr;
+        return last_error = cudaErrorMemoryAllocation;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;  // cudaMalloc's alignment
+    size_t data_pages = (rounded + page - 1) / page * page;
+    size_t map_bytes = data_pages + page;
+    char* map = (char*)mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        *out = nullptr;
+        return last_error = cudaErrorMemoryAllocation;
+    }
+    mprotect(map + data_pages, page, PROT_NONE);
+    char* user = map + data_pages - rounded;
+    memset(user, 0xff, bytes);
+    allocations[(uintptr_t)user] = Allocation{map, map_bytes, bytes, device};
+    if (device) device_used += bytes;
+    *out = user;
+    return cudaSuccess;
+}
+
+static cudaError_t release(void* p, bool device) {
+    if (!p) return cudaSuccess;
+    auto it = allocations.find((uintptr_t)p);
+    if (it == allocations.end() || it->second.device != device) {
+        fprintf(stderr, "CUDA emulator: %s(%p): not a pointer %s returned\n", device ? "cudaFree" : "cudaFreeHost", p,
+                device ? "cudaMalloc" : "cudaMallocHost");
+        return cudaErrorInvalidValue;
+    }
+    if (device) device_used -= it->second.bytes;
+    munmap(it->second.map, it->second.map_bytes);
+    allocations.erase(it);
+    return cudaSuccess;
+}
+
+// Device ranges must lie inside one live cudaMalloc; host ranges must not touch device memory.
+static bool check_range(const void* p, size_t bytes, bool device, const char* call, const char* which) {
+    uintptr_t base = 0;
+    const Allocation* a = find_allocation(p, &base);
+    bool is_device = a && a->device && (uintptr_t)p >= base;
+    if (device) {
+        if (!is_device) {
+            fprintf(stderr, "CUDA emulator: %s: the %s %p is not device memory\n", call, which, p);
+            return false;
+        }
+        if ((uintptr_t)p + bytes > base + a->bytes) {
+            fprintf(stderr, "CUDA emulator: %s: %zu bytes at offset %zu overrun the %zu-byte allocation (%s)\n", call,
+                    bytes, (size_t)((uintptr_t)p - base), a->bytes, which);
+            return false;
+        }
+    } else if (is_device) {
+        fprintf(stderr, "CUDA emulator: %s: the %s %p is device memory, but the copy's kind says host\n", call, which, p);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA runtime API, as far as our code calls it
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, true); }
+cudaError_t cudaFree(void* p) { return release(p, true); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, false); }
+cudaError_t cudaFreeHost(void* p) { return release(p, false); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return allocate(p, bytes, false); }
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (bytes == 0) return cudaSuccess;
+    bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault) {
+        uintptr_t b;
+        const Allocation* d = find_allocation(dst, &b);
+        const Allocation* s = find_allocation(src, &b);
+        dst_device = d && d->device;
+        src_device = s && s->device;
+    } else if (kind == cudaMemcpyHostToHost) {
+        dst_device = src_device = false;
+    }
+    if (!check_range(dst, bytes, dst_device, "cudaMemcpy", "destination") ||
+        !check_range(src, bytes, src_device, "cudaMemcpy", "source"))
+        return last_error = cudaErrorInvalidValue;
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+    if (bytes == 0) return cudaSuccess;
+    if (!check_range(p, bytes, true, "cudaMemset", "pointer")) return last_error = cudaErrorInvalidValue;
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    init_device();
+    *free_bytes = device_total - device_used;
+    *total_bytes = device_total;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    init_device();
+    *count = device_count;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+    init_device();
+    if (device < 0 || device >= device_count) return last_error = cudaErrorInvalidDevice;
+    device_current = device;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+    *device = device_current;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceReset() { return cudaSuccess; }
+
+// An H100 SXM's properties, the ones our code reads.
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+    init_device();
+    if (device < 0 || device >= device_count) return cudaErrorInvalidDevice;
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "NVIDIA H100 80GB HBM3 (CPU emulation)");
+    p->major = 9;
+    p->minor = 0;
+    p->totalGlobalMem = device_total;
+    p->multiProcessorCount = 132;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024;
+    p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647;
+    p->maxGridSize[1] = 65535;
+    p->maxGridSize[2] = 65535;
+    p->sharedMemPerBlock = SMEM_DEFAULT;
+    p->sharedMemPerBlockOptin = SMEM_OPTIN_MAX;
+    p->sharedMemPerMultiprocessor = 228 * 1024;
+    p->regsPerBlock = 65536;
+    p->l2CacheSize = 50 * 1024 * 1024;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->memoryBusWidth = 5120;
+    p->unifiedAddressing = 1;
+    p->pciBusID = device;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, device);
+    switch (attr) {
+        case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; return cudaSuccess;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor: *value = p.major; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *value = p.minor; return cudaSuccess;
+        case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; return cudaSuccess;
+        default:
+            fprintf(stderr, "CUDA emulator: cudaDeviceGetAttribute(%d) is not emulated\n", (int)attr);
+            return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        fprintf(stderr, "CUDA emulator: cudaFuncSetAttribute(%d) is not emulated\n", (int)attr);
+        return cudaErrorInvalidValue;
+    }
+    if (value < 0 || (size_t)value > SMEM_OPTIN_MAX) return last_error = cudaErrorInvalidValue;
+    max_dynamic_smem[func] = value;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        default: return "cudaError (emulated)";
+    }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorNotReady: return "device not ready";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        default: return "emulated error";
+    }
+}
+
+// Streams and events: handles with nothing behind them but a time stamp.
+struct CUevent_st { std::chrono::steady_clock::time_point when; bool recorded; };
+struct CUstream_st { int unused; };
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+    *s = (cudaStream_t) new CUstream_st();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete (CUstream_st*)s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+    *e = (cudaEvent_t) new CUevent_st{std::chrono::steady_clock::now(), false};
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete (CUevent_st*)e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    ((CUevent_st*)e)->when = std::chrono::steady_clock::now();
+    ((CUevent_st*)e)->recorded = true;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    auto* x = (CUevent_st*)a;
+    auto* y = (CUevent_st*)b;
+    if (!x->recorded || !y->recorded) return cudaErrorInvalidResourceHandle;
+    *ms = std::chrono::duration<float, std::milli>(y->when - x->when).count();
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int* v) { *v = 13000; return cudaSuccess; }
+
+}  // extern "C"

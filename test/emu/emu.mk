@@ -1,0 +1,43 @@
+# emu.mk — the emulated GPU builds, included by the top-level Makefile (see test/emu/README.md).
+#
+# Every .cu/.cuh/.h the GPU code includes is rewritten by cu2cpp.py into build/emu/src/ (same
+# relative paths, `#line` back to the originals), compiled by g++ with the emulator's header forced
+# in, and linked with its runtime and the library stand-ins instead of CUDA's libraries. It needs
+# CUDA's headers (for the types and the libraries' declarations) and MPI (the NCCL stand-in), but
+# no GPU, no driver and no nvcc. `make emu` builds it all; `make` does too where the headers are.
+EMU_DIR      := build/emu
+EMU_SRC      := $(EMU_DIR)/src
+EMU_CUDA_INC := $(firstword $(wildcard /usr/local/cuda/include/cuda_runtime.h) $(wildcard $(CUDA_HOME)/include/cuda_runtime.h))
+EMU_CUDA_INC := $(patsubst %/cuda_runtime.h,%,$(EMU_CUDA_INC))
+EMU_CXX      := $(MPICXX)
+# -O1: a third of -O2's build time, and the run time goes to the scheduling, not to the kernels' code.
+EMU_FLAGS    := -std=c++17 -O1 -g0 -fno-strict-aliasing -Wno-attributes -I$(EMU_SRC) -I. -I$(EMU_CUDA_INC)
+EMU_KERNEL   := -x c++ -include test/emu/cuda_emu.h -DUSE_MPI
+EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu $(wildcard llmc/*.cuh llmc/*.h dev/cuda/*.cu dev/cuda/*.h)
+EMU_STAMP    := $(EMU_SRC)/.rewritten
+EMU_LIBS     := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o $(EMU_DIR)/cudnn_standin.o \
+                $(EMU_DIR)/nccl_standin.o
+EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/gpu_comm_check
+# Emulated builds need CUDA's headers and MPI; without either, the emulated tests say why and skip.
+EMU_TARGETS  := $(if $(and $(EMU_CUDA_INC),$(MPICXX)),$(EMU_PROGRAMS))
+
+.PHONY: emu
+emu: $(EMU_PROGRAMS)
+
+$(EMU_STAMP): $(EMU_SOURCES) test/emu/cu2cpp.py $(UNICODE_TABLES)
+	@mkdir -p $(EMU_SRC)
+	python3 test/emu/cu2cpp.py . $(EMU_SRC) $(EMU_SOURCES)
+	@touch $@
+
+$(EMU_DIR)/%.o: test/emu/%.cpp test/emu/cuda_emu.h
+	@mkdir -p $(EMU_DIR)
+	$(EMU_CXX) -std=c++17 -O2 -ffp-contract=off -I. -I$(EMU_CUDA_INC) -c $< -o $@
+
+$(EMU_DIR)/train_gpt: $(EMU_STAMP) $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/train_gpt.cu -x none $(EMU_LIBS) -o $@
+
+$(EMU_DIR)/train_gpt_fp32: $(EMU_STAMP) $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) -DLLMC_FP32 $(EMU_SRC)/train_gpt.cu -x none $(EMU_LIBS) -o $@
+
+$(EMU_DIR)/gpu_comm_check: $(EMU_STAMP) $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/test/gpu_comm_check.cu -x none $(EMU_LIBS) -o $@

@@ -136,13 +136,13 @@ class Mat:
     """A column-major "device" matrix (or strided batch): `data` holds the elements (float32 or bf16
     bits), `logical` the float64 values as the stand-in must read them, shape (batch, rows, cols)."""
 
-    def __init__(self, rows, cols, kind, rng, ld=None, batch=1, stride=None, scale=1.0, fill=None, offset=0):
+    def __init__(self, rows, cols, kind, rng, ld=None, batch=1, stride=None, scale=1.0, offset=0):
         self.rows, self.cols, self.kind, self.batch = rows, cols, kind, batch
         self.ld = ld or rows
         self.stride = stride if stride is not None else self.ld * cols
         n = self.stride * (batch - 1) + self.ld * cols
         self.data = aligned(n, np.float32 if kind == "f32" else np.uint16, offset=offset)
-        pad = np.float32(fill if fill is not None else 1234.5)  # what sits between columns: must survive
+        pad = np.float32(1234.5)  # what sits between columns: must survive every call
         self.data[:] = pad if kind == "f32" else bf16_bits(np.full(n, pad))
         vals = rng.standard_normal((batch, rows, cols)).astype(np.float32) * np.float32(scale)
         self.set(vals)
@@ -179,7 +179,7 @@ def op(x, trans):
     return np.swapaxes(x, 1, 2) if trans else x
 
 
-def check_values(name, got_mat, ref, tol, control=False):
+def check_values(got_mat, ref, tol):
     """got_mat: the stand-in's output; ref, tol: float64 value and absolute error bound per element.
     fp32 output: |got - ref| <= tol. bf16 output: exact where [ref - tol, ref + tol] rounds to one bf16
     value (then the fp32 result, inside it, must round there too), within 1 ulp elsewhere.
@@ -436,7 +436,7 @@ def main():
                 report(False, name, f"status {s}")
                 continue
             ref, tol = linear(a, b, None, ta, tb, 0.75, 0.0)
-            ok, why, _ = check_values(name, d, ref, tol)
+            ok, why, _ = check_values(d, ref, tol)
             pad_ok = np.array_equal(d.padding(), pad)
             report(ok and pad_ok, name, why or "the padding between columns changed")
 
@@ -448,14 +448,14 @@ def main():
             a = Mat(k if ta else m, m if ta else k, "bf16", rng, ld=(k if ta else m) + 1)
             b = Mat(n if tb else k, k if tb else n, "bf16", rng, ld=(n if tb else k) + 7)
             d = Mat(m, n, "bf16", rng, ld=m + 3)
-            c0 = d.logical.copy()
+            c0, pad = d.logical.copy(), d.padding()
             s = api.lt_matmul(a, b, d, d, ta, tb, alpha=1.0, beta=1.0)
             name = f"emu cublas bf16 transa={'NT'[ta]} transb={'NT'[tb]} m={m} n={n} k={k}, beta=1 accumulates in place"
             if s:
                 report(False, name, f"status {s}")
                 continue
             ref, tol = linear(a, b, c0, ta, tb, 1.0, 1.0)
-            ok, why, undecided = check_values(name, d, ref, tol)
+            ok, why, undecided = check_values(d, ref, tol)
             undecided_total += undecided
             # PyTorch: bf16 inputs upcast, fp32 matmul, + C, rounded to bf16
             At = torch.from_numpy(op(a.logical, ta)[0]).float()
@@ -464,9 +464,23 @@ def main():
             dist = ulp_distance(d.bits()[0], tref)
             exact_torch += int((dist == 0).sum())
             total += dist.size
-            report(ok and dist.max() <= 1, name, why or f"{int((dist > 1).sum())} elements over 1 ulp from torch")
+            pad_ok = np.array_equal(d.padding(), pad)
+            report(ok and dist.max() <= 1 and pad_ok, name,
+                   why or (f"{int((dist > 1).sum())} elements over 1 ulp from torch" if pad_ok else "the padding changed"))
     print(f"  bf16: {exact_torch} of {total} outputs bit-equal to torch's fp32 matmul rounded to bf16, the rest 1 ulp; "
           f"{undecided_total} within the fp32 bound of a bf16 rounding boundary (allowed 1 ulp)", flush=True)
+
+    # ---- exact ties: D[i] = +-(1 + i 2^-7) + +-2^-8 is exact in fp32 and halfway between two bf16
+    # values; nearest-even rounds half of them down, half up (random data almost never ties)
+    m, n = 64, 3
+    a, b, d = Mat(m, 2, "bf16", rng), Mat(2, n, "bf16", rng), Mat(m, n, "bf16", rng)
+    sign = np.where(np.arange(m) % 4 < 2, 1.0, -1.0)
+    a.set(np.stack([sign * (1 + np.arange(m) * 2.0 ** -7), sign * 2.0 ** -8], axis=1)[None].astype(np.float32))
+    b.set(np.ones((1, 2, n), np.float32))
+    api.ok(api.lt_matmul(a, b, d, d, False, False))
+    ref = a.logical @ b.logical
+    ok, why, _ = check_values(d, ref, np.zeros_like(ref))  # bound 0: every element decided
+    report(ok, "emu cublas bf16 output: exact ties round to nearest even", why)
 
     # ---- the trainer's forward: transa=T, transb=N, BIAS epilogue, bf16 and fp32
     for kind, compute in (("bf16", "CUBLAS_COMPUTE_32F"), ("f32", "CUBLAS_COMPUTE_32F_PEDANTIC")):
@@ -483,53 +497,47 @@ def main():
         ref, tol = linear(w, x, None, True, False, 1.0, 0.0)
         ref = ref + bias.logical
         tol = tol + 2 * U32 * np.abs(ref)
-        ok, why, _ = check_values(name, out, ref, tol)
+        ok, why, _ = check_values(out, ref, tol)
         report(ok, name, why)
 
-    # ---- GELU_BIAS, as dev/cuda/matmul.cu asks it: bf16, tanh-approximated GELU after the bias
-    OC, N, IC = 48, 33, 72
-    w, x, bias = Mat(IC, OC, "bf16", rng, scale=0.5), Mat(IC, N, "bf16", rng), Mat(OC, 1, "bf16", rng)
-    out = Mat(OC, N, "bf16", rng)
-    s = api.lt_matmul(w, x, out, out, True, False, epilogue="CUBLASLT_EPILOGUE_GELU_BIAS", bias=bias)
-    v, tv = linear(w, x, None, True, False, 1.0, 0.0)
-    v = v + bias.logical
-    tv = tv + 2 * U32 * np.abs(v)
-    g = gelu(v)
-    ok, why, _ = check_values("gelu", out, g, 1.2 * tv + 2 * U32 * np.abs(g)) if not s else (False, f"status {s}", 0)
-    torch_g = torch.nn.functional.gelu(torch.from_numpy(v), approximate="tanh").numpy()
-    report(ok and np.allclose(torch_g, g, rtol=1e-12, atol=1e-12), "emu cublas GELU_BIAS epilogue bf16 (tanh GELU, as torch's)", why)
+    # ---- GELU_BIAS (as dev/cuda/matmul.cu asks it) and GELU_AUX_BIAS (aux = the GELU input, ld > rows),
+    # then DGELU / DGELU_BGRAD reading that aux; bf16, and fp32 where erf-GELU vs tanh-GELU would show
+    for kind in ("bf16", "f32"):
+        compute = "CUBLAS_COMPUTE_32F" if kind == "bf16" else "CUBLAS_COMPUTE_32F_PEDANTIC"
+        OC, N, IC = 40, 27, 50
+        for epi in ("CUBLASLT_EPILOGUE_GELU_BIAS", "CUBLASLT_EPILOGUE_GELU_AUX_BIAS"):
+            w, x, bias = Mat(IC, OC, kind, rng, scale=0.5), Mat(IC, N, kind, rng), Mat(OC, 1, kind, rng)
+            out = Mat(OC, N, kind, rng)
+            aux = Mat(OC, N, kind, rng, ld=48) if "AUX" in epi else None
+            s = api.lt_matmul(w, x, out, out, True, False, compute=compute, epilogue=epi, bias=bias, aux=aux)
+            v, tv = linear(w, x, None, True, False, 1.0, 0.0)
+            v = v + bias.logical
+            tv = tv + 2 * U32 * np.abs(v)
+            g = gelu(v)
+            ok, why, _ = check_values(out, g, 1.2 * tv + 2 * U32 * np.abs(g)) if not s else (False, f"status {s}", 0)
+            if aux is not None and ok:
+                ok, why, _ = check_values(aux, v, tv)
+            torch_g = torch.nn.functional.gelu(torch.from_numpy(v), approximate="tanh").numpy()
+            ok = ok and np.allclose(torch_g, g, rtol=1e-12, atol=1e-12)
+            report(ok, f"emu cublas {epi[len('CUBLASLT_EPILOGUE_'):]} epilogue {kind} (tanh GELU as torch's"
+                   f"{'; aux = GELU input, aux ld 48 > 40 rows' if aux is not None else ''})", why)
 
-    # ---- GELU_AUX_BIAS (aux = pre-GELU value, ld > rows), then DGELU / DGELU_BGRAD with that aux
-    OC, N, IC = 40, 27, 50
-    w, x, bias = Mat(IC, OC, "bf16", rng, scale=0.5), Mat(IC, N, "bf16", rng), Mat(OC, 1, "bf16", rng)
-    out, aux = Mat(OC, N, "bf16", rng), Mat(OC, N, "bf16", rng, ld=48)
-    s = api.lt_matmul(w, x, out, out, True, False, epilogue="CUBLASLT_EPILOGUE_GELU_AUX_BIAS", bias=bias, aux=aux)
-    v, tv = linear(w, x, None, True, False, 1.0, 0.0)
-    v = v + bias.logical
-    tv = tv + 2 * U32 * np.abs(v)
-    g = gelu(v)
-    ok1, why1, _ = check_values("out", out, g, 1.2 * tv + 2 * U32 * np.abs(g)) if not s else (False, f"status {s}", 0)
-    ok2, why2, _ = check_values("aux", aux, v, tv) if not s else (False, "", 0)
-    report(ok1 and ok2, "emu cublas GELU_AUX_BIAS epilogue bf16 (aux = GELU input, aux ld 48 > 40 rows)", why1 or why2)
-
-    for epi in ("CUBLASLT_EPILOGUE_DGELU", "CUBLASLT_EPILOGUE_DGELU_BGRAD"):
-        # dpre (OC x N col-major) = W (IC x OC)... as the backward of a GELU'd layer: D = (op(A) op(B)) * gelu'(aux)
-        M_, N_, K_ = OC, N, 31
-        a, b = Mat(K_, M_, "bf16", rng), Mat(K_, N_, "bf16", rng)
-        d = Mat(M_, N_, "bf16", rng)
-        bgrad = Mat(M_, 1, "bf16", rng) if epi.endswith("BGRAD") else None
-        s = api.lt_matmul(a, b, d, d, True, False, epilogue=epi, aux=aux, bias=bgrad)
-        p, tp = product(a, b, True, False)
-        gp = gelu_grad(aux.read())  # what GELU_AUX_BIAS wrote
-        ref = p * gp
-        tol = 1.2 * tp + 3 * U32 * np.abs(ref) + 1e-30
-        ok, why, _ = check_values(epi, d, ref, tol) if not s else (False, f"status {s}", 0)
-        if bgrad is not None and ok:
-            bref = ref.sum(axis=2, keepdims=True)
-            btol = tol.sum(axis=2, keepdims=True) + (N_ + 1) * U32 * np.abs(ref).sum(axis=2, keepdims=True)
-            ok, why, _ = check_values("bgrad", bgrad, bref, btol)
-        report(ok, f"emu cublas {epi[len('CUBLASLT_EPILOGUE_'):]} epilogue bf16 (D = AB * gelu'(aux)"
-               f"{', bias = row sums of D' if bgrad is not None else ''})", why)
+        for epi in ("CUBLASLT_EPILOGUE_DGELU", "CUBLASLT_EPILOGUE_DGELU_BGRAD"):
+            # the backward of a GELU'd layer: D = op(A) op(B) * gelu'(aux), aux from GELU_AUX_BIAS above
+            K_ = 31
+            a, b, d = Mat(K_, OC, kind, rng), Mat(K_, N, kind, rng), Mat(OC, N, kind, rng)
+            bgrad = Mat(OC, 1, kind, rng) if epi.endswith("BGRAD") else None
+            s = api.lt_matmul(a, b, d, d, True, False, compute=compute, epilogue=epi, aux=aux, bias=bgrad)
+            p, tp = product(a, b, True, False)
+            ref = p * gelu_grad(aux.read())
+            tol = 1.2 * tp + 3 * U32 * np.abs(ref) + 1e-30
+            ok, why, _ = check_values(d, ref, tol) if not s else (False, f"status {s}", 0)
+            if bgrad is not None and ok:
+                bref = ref.sum(axis=2, keepdims=True)
+                btol = tol.sum(axis=2, keepdims=True) + (N + 1) * U32 * np.abs(ref).sum(axis=2, keepdims=True)
+                ok, why, _ = check_values(bgrad, bref, btol)
+            report(ok, f"emu cublas {epi[len('CUBLASLT_EPILOGUE_'):]} epilogue {kind} (D = AB * gelu'(aux)"
+                   f"{', bias = row sums of D' if bgrad is not None else ''})", why)
 
     for epi, trans in (("CUBLASLT_EPILOGUE_BGRADA", (True, False)), ("CUBLASLT_EPILOGUE_BGRADB", (False, True))):
         m, n, k = 21, 26, 35
@@ -541,11 +549,11 @@ def main():
         bg = Mat(g_len, 1, "f32", rng)
         s = api.lt_matmul(a, b, d, d, ta, tb, compute="CUBLAS_COMPUTE_32F_PEDANTIC", epilogue=epi, bias=bg)
         ref, tol = linear(a, b, None, ta, tb, 1.0, 0.0)
-        ok, why, _ = check_values(epi, d, ref, tol) if not s else (False, f"status {s}", 0)
+        ok, why, _ = check_values(d, ref, tol) if not s else (False, f"status {s}", 0)
         src = op(a.logical, ta) if epi.endswith("A") else np.swapaxes(op(b.logical, tb), 1, 2)  # (1, len, k)
         gref = src.sum(axis=2, keepdims=True)
         gtol = (k + 1) * U32 * np.abs(src).sum(axis=2, keepdims=True) + 1e-30
-        ok2, why2, _ = check_values("bgrad", bg, gref, gtol) if ok else (False, "", 0)
+        ok2, why2, _ = check_values(bg, gref, gtol) if ok else (False, "", 0)
         report(ok and ok2, f"emu cublas {epi[len('CUBLASLT_EPILOGUE_'):]} epilogue fp32 (bias gradient = sums of op("
                f"{epi[-1]})'s {'rows' if epi.endswith('A') else 'columns'} over k)", why or why2)
 
@@ -556,14 +564,14 @@ def main():
     d = Mat(m, n, "bf16", rng, batch=nb, stride=m * n + 3)
     s = api.lt_matmul(a, b, d, d, True, False, alpha=0.5, align=2)
     ref, tol = linear(a, b, None, True, False, 0.5, 0.0)
-    ok, why, _ = check_values("lt batch", d, ref, tol) if not s else (False, f"status {s}", 0)
+    ok, why, _ = check_values(d, ref, tol) if not s else (False, f"status {s}", 0)
     report(ok, f"emu cublas cuBLASLt strided batch of {nb} (BATCH_COUNT, STRIDED_BATCH_OFFSET, odd strides)", why)
 
     n_ = 40  # dev/cuda/common.h's GEMM ceiling call: square, N N, bf16, COMPUTE_32F
     a, b, d = Mat(n_, n_, "bf16", rng), Mat(n_, n_, "bf16", rng), Mat(n_, n_, "bf16", rng)
     s = api.gemm(a, b, d, False, False, 1.0, 0.0, batched=False)
     ref, tol = linear(a, b, None, False, False, 1.0, 0.0)
-    ok, why, _ = check_values("gemmex", d, ref, tol) if not s else (False, f"status {s}", 0)
+    ok, why, _ = check_values(d, ref, tol) if not s else (False, f"status {s}", 0)
     report(ok, "emu cublas cublasGemmEx bf16 N N", why)
 
     # attention: scores (T x T) = scale K^T Q per head; dV^T = dO^T P (N T), batch strides = head sizes
@@ -576,7 +584,7 @@ def main():
             d.data[:] = np.nan if kind == "f32" else 0x7FC0  # beta = 0: C must not be read
             s = api.gemm(a, b, d, ta, tb, 0.35, 0.0, batched=True, compute=compute)
             ref, tol = linear(a, b, None, ta, tb, 0.35, 0.0)
-            ok, why, _ = check_values("batched", d, ref, tol) if not s else (False, f"status {s}", 0)
+            ok, why, _ = check_values(d, ref, tol) if not s else (False, f"status {s}", 0)
             report(ok, f"emu cublas cublasGemmStridedBatchedEx {kind} transa={'NT'[ta]} transb={'NT'[tb]} "
                    f"m={mm} n={nn} k={kk} x {heads} heads", why)
 
@@ -635,16 +643,16 @@ def main():
     a, b, d = Mat(k, m, "f32", rng), Mat(k, n, "f32", rng), Mat(m, n, "f32", rng)
     api.ok(api.lt_matmul(a, b, d, d, False, False, compute="CUBLAS_COMPUTE_32F_PEDANTIC"))  # should be transa=T
     ref, tol = linear(a, b, None, True, False, 1.0, 0.0)
-    ok, why, _ = check_values("control", d, ref, tol)
+    ok, why, _ = check_values(d, ref, tol)
     report(not ok, "emu cublas control: a wrong transpose (N for T) fails the fp32 check", "it passed")
     a, b, d = Mat(k, m, "bf16", rng), Mat(k, n, "bf16", rng), Mat(m, n, "bf16", rng)
     api.ok(api.lt_matmul(a, b, d, d, True, False))
     ref, tol = linear(a, b, None, True, False, 1.0, 0.0)
-    ok_before, _, _ = check_values("control", d, ref, tol)
+    ok_before, _, _ = check_values(d, ref, tol)
     decided = bf16_bits(ref - tol) == bf16_bits(ref + tol)
     i = tuple(np.argwhere(decided)[0])
     d.view(i[0])[i[1], i[2]] ^= 1  # one output one ulp off (the low mantissa bit flipped)
-    ok_after, _, _ = check_values("control", d, ref, tol)
+    ok_after, _, _ = check_values(d, ref, tol)
     report(ok_before and not ok_after, "emu cublas control: one bf16 output 1 ulp off fails the exact check",
            f"before {ok_before}, after {ok_after}")
 

@@ -14,9 +14,9 @@ headers (a small program compiled here prints them), not from this file.
   bf16          bf16 in and out, fp32 accumulation, beta = 1 accumulating in place: bit-equal to the
                 float64 product rounded to bf16 wherever the fp32 summation bound cannot straddle a bf16
                 rounding boundary, within 1 ulp elsewhere; and within 1 ulp of PyTorch's fp32 matmul
-                rounded to bf16 (the exact-match count is printed)
-  epilogues     BIAS (bf16, fp32), GELU_BIAS (dev/cuda/matmul.cu), GELU_AUX_BIAS, DGELU, DGELU_BGRAD,
-                BGRADA, BGRADB against float64 formulas (GELU's tanh approximation, as torch's)
+                rounded to bf16 (the exact-match count is printed); exact ties round to even
+  epilogues     BIAS, GELU_BIAS (dev/cuda/matmul.cu), GELU_AUX_BIAS, DGELU, DGELU_BGRAD in bf16 and fp32,
+                BGRADA, BGRADB, against float64 formulas (GELU's tanh approximation, as torch's)
   batched       cuBLASLt strided batch (layout attributes), cublasGemmEx (dev/cuda/common.h's call),
                 cublasGemmStridedBatchedEx with the attention's transposes and batch strides
   refusals      an unimplemented epilogue, data type, compute type, order, a misaligned pointer, an

@@ -121,13 +121,6 @@ build/test_%: test/test_%.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
 
-# The CPU emulator's stand-in for cuBLASLt and cuBLAS (test/emu/): linked in place of -lcublasLt -lcublas.
-# Compiled against CUDA's own headers; -ffp-contract=off keeps its fixed k-sum order bit-reproducible.
-CUDA_INCLUDE ?= $(if $(CUDA_HOME),$(CUDA_HOME)/include,/usr/local/cuda/include)
-build/emu/cublas_standin.o: test/emu/cublas_standin.cpp
-	@mkdir -p build/emu
-	$(CXX) -std=c++17 -O2 -ffp-contract=off -Wall -Wextra -I$(CUDA_INCLUDE) -c $< -o $@
-
 test: all
 	/usr/bin/python3 test/run_tests.py
 

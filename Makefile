@@ -88,11 +88,6 @@ build/gpu_comm_check: test/gpu_comm_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
 
-# NCCL's calls over MPI, for the CPU emulation of CUDA under test/emu/ (test/test_emu_nccl.py)
-build/emu/nccl_standin.o: test/emu/nccl_standin.cpp llmc/utils.h
-	@mkdir -p $(@D)
-	$(MPICXX) -std=c++17 -O2 -Wall -I$(dir $(firstword $(NCCL_H))) -I. -c $< -o $@
-
 dev: $(UNICODE_TABLES)
 	$(MAKE) -C dev/cuda NVCC="$(NVCC)"
 

@@ -179,20 +179,24 @@ inline void gpu_comm_init(GpuComm* g, Comm* host) {
 // A group of a process grid (llmc/process_grid.h): `group` is its host Comm (from comm_split with
 // this `color` and `key`), `world` the world's GpuComm, already set up. The group gets its own
 // communication stream and an NCCL communicator split from the world's: ncclCommSplit is collective
-// over the world, so every rank calls this for every kind of group, in the same order (a kind whose
-// groups are single ranks is skipped by every rank alike).
+// over the world, so every rank calls this for every kind of group, in the same order, and a rank
+// alone in its group takes part too, with NCCL_SPLIT_NOCOLOR (skipping the call there would leave
+// the other ranks waiting in theirs: groups of different sizes, e.g. 3 ranks split in 2 + 1).
 inline void gpu_comm_init_group(GpuComm* g, GpuComm* world, Comm* group, int color, int key, const char* what) {
     g->host = group;
     g->device = world->device;
     g->host_staged = world->host_staged;
     GPU_COMM_CUDA(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), what);
-    if (world->nccl == nullptr || group->world_size == 1) return;
-    GPU_COMM_CUDA(g, cudaMalloc(&g->numbers, group->world_size * sizeof(double)), what);
-    GPU_COMM_CUDA(g, cudaMallocHost(&g->host_numbers, group->world_size * sizeof(double)), what);
+    if (world->nccl == nullptr) return;
+    bool alone = group->world_size == 1;
+    if (!alone) {
+        GPU_COMM_CUDA(g, cudaMalloc(&g->numbers, group->world_size * sizeof(double)), what);
+        GPU_COMM_CUDA(g, cudaMallocHost(&g->host_numbers, group->world_size * sizeof(double)), what);
+    }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = ncclCommSplit(world->nccl, color, key, &g->nccl, &config);
-    GPU_COMM_NCCL(g, r, what);
+    ncclResult_t r = ncclCommSplit(world->nccl, alone ? NCCL_SPLIT_NOCOLOR : color, key, &g->nccl, &config);
+    GPU_COMM_NCCL(alone ? world : g, r, what);  // a rank left out has no new communicator: poll the world's
 }
 
 // Every rank calls this at the end, before comm_finalize (a grid's groups before the world).

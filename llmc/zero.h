@@ -102,11 +102,14 @@ inline ParamTensors<T> unit_view(const ZeroUnit& u, T* base, bool packed) {
 // The same tensors inside the flat array of a slice with L layers: layer l's part of each stacked
 // tensor (unit_of_layer(L, l)), or wte, wpe and the final LayerNorm (ends_unit(L)). What the
 // forward and backward passes address when the unit is not gathered into a buffer of its own.
+// A tensor the slice does not hold (a pipeline stage's absent ends) is nullptr, as in unit_view:
+// pointing it at the array's end would invite a read of C elements past it.
 template <class T>
 inline ParamTensors<T> flat_unit_view(T* flat, const ParamLayout& layout, int L, int unit) {
     ParamTensors<T> all = point_into(flat, layout), v;
     bool ends = unit == ends_unit(L);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (layout.count[t] == 0) continue;
         if (!tensor_is_per_layer(t)) v.ptr[t] = ends ? all[t] : nullptr;
         else if (!ends) v.ptr[t] = all[t] + (size_t)(L - 1 - unit) * (layout.count[t] / L);
     }

@@ -19,6 +19,11 @@ ranks without a GPU all stop with a message) run everywhere. With one:
                    within the --comm-timeout
   launcher         scripts/run_mpi_local.sh 2 with TRAINER=./train_gpt
 
+Without a GPU these checks run on the CPU emulation of CUDA (test/emu/, see test_gpu.py): each rank
+a process with its own emulated GPU, the simple attention instead of cuDNN's. The emulation also
+runs the NCCL path, which a one-GPU machine cannot: with CUDA_EMU_DEVICES=4 every rank has a GPU of
+its own and the ranks talk through NCCL (the stand-in over MPI, test/emu/nccl_standin.cpp).
+
 Tolerances (N ranks vs one rank, both bf16). Every micro-batch's forward and backward are the same
 kernels on the same tokens, so they are bit-identical; only the SUM differs. One rank adds micro-
 batch k's gradient into its bf16 gradient buffer inside each kernel, rounding to bf16 after every
@@ -44,10 +49,11 @@ import os, shutil, subprocess, sys, tempfile, time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import cosine, have_gpu, read_safetensors, rel, write_model, write_shard  # noqa: E402
+from test_gpu import (DEFAULT_ATTENTION, EMULATED, GPU, MODE, NATIVE_GPU, cosine, read_safetensors, rel,  # noqa: E402
+                      write_model, write_shard)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GPU, CPU = os.path.join(ROOT, "train_gpt"), os.path.join(ROOT, "train_gpt_cpu")
+CPU = os.path.join(ROOT, "train_gpt_cpu")
 T, V = 64, 512
 STEPS, LR = 10, 1e-3
 TOL_GRAD, TOL_COS, TOL_UPDATE, TOL_LOSS = 1e-2, 0.9999, 0.10, 0.01
@@ -58,6 +64,8 @@ CHECKS = ["2 ranks == 1 rank x 2 accumulation steps", "4 ranks == 1 rank x 4 acc
           "rank 1 hangs at step 3: all ranks stop", "rank 1 exits at step 3: all ranks stop",
           "rank 1 errors at step 3: all ranks stop",
           "scripts/run_mpi_local.sh runs train_gpt"]
+NCCL_CHECKS = ["2 ranks over NCCL == 1 rank x 2 accumulation steps", "ZeRO-1 over NCCL == ZeRO-0 bit for bit (3 ranks)"]
+EMULATED_NCCL = {"CUDA_EMU_DEVICES": "4"}  # a GPU per rank: the NCCL path instead of host staging
 failures = 0
 
 
@@ -77,19 +85,20 @@ class Runner:
 
     def run(self, ranks, *flags, exe=GPU, env=None, guard=300):
         """mpirun even for one rank, so that both paths are the real ones."""
+        own = DEFAULT_ATTENTION if exe == GPU else []
         cmd = ["timeout", str(guard), self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                "-np", str(ranks), exe, "--model", os.path.join(self.work, "tiny.bin")] + self.data + self.schedule + \
-              ["--out-dir", os.path.join(self.work, "out")] + [str(f) for f in flags]
+              ["--out-dir", os.path.join(self.work, "out")] + own + [str(f) for f in flags]
         start = time.time()
         p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
         return p.returncode, p.stdout, p.stderr, time.time() - start
 
-    def dump(self, name, ranks, *flags, exe=GPU):
+    def dump(self, name, ranks, *flags, exe=GPU, env=None):
         path = os.path.join(self.work, name + ".st")
-        code, out, err, _ = self.run(ranks, *flags, "--dump-state", path, exe=exe)
+        code, out, err, _ = self.run(ranks, *flags, "--dump-state", path, exe=exe, env=env)
         if code != 0:
             raise RuntimeError(f"{name}: the trainer exited with {code}:\n{out[-1500:]}\n{err[-2000:]}")
-        return read_safetensors(path), out
+        return read_safetensors(path)[0], out
 
 
 def differences(a, b, init):
@@ -106,10 +115,11 @@ def check_close(name, a, b, init):
 
 
 def checks_without_gpu():
-    if not os.path.exists(GPU):
+    """Checks of the nvcc build; returns whether it (or the emulated one) can run several ranks."""
+    if not os.path.exists(NATIVE_GPU):
         print("SKIP: train_gpt links MPI and NCCL (train_gpt is not built: no nvcc or no NCCL)")
-        return False
-    libs = subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout
+        return EMULATED and shutil.which("mpirun") is not None
+    libs = subprocess.run(["ldd", NATIVE_GPU], capture_output=True, text=True).stdout
     if not shutil.which("mpicxx"):
         print("SKIP: train_gpt is built with MPI (mpicxx is not installed: apt-get install libopenmpi-dev)")
         return False
@@ -120,17 +130,18 @@ def checks_without_gpu():
 
 def main():
     multi = checks_without_gpu()
-    if not have_gpu():
-        if multi:  # every rank must stop, with the reason, instead of waiting for the others
-            start = time.time()
-            p = subprocess.run(["timeout", "60", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", GPU,
-                                "--model", "L=2,C=64,H=4,T=64"], capture_output=True, text=True)
-            seconds = time.time() - start
-            report(p.returncode not in (0, 124) and p.stderr.count("no CUDA GPU") >= 2 and seconds < 30,
-                   f"2 ranks without a GPU: both stop with the reason ({seconds:.1f} s)",
-                   f"exit {p.returncode} after {seconds:.1f} s: {p.stderr[-500:]}")
+    if MODE != "gpu" and multi and os.path.exists(NATIVE_GPU):
+        # every rank must stop, with the reason, instead of waiting for the others
+        start = time.time()
+        p = subprocess.run(["timeout", "60", "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", NATIVE_GPU,
+                            "--model", "L=2,C=64,H=4,T=64"], capture_output=True, text=True)
+        seconds = time.time() - start
+        report(p.returncode not in (0, 124) and p.stderr.count("no CUDA GPU") >= 2 and seconds < 30,
+               f"2 ranks without a GPU: both stop with the reason ({seconds:.1f} s)",
+               f"exit {p.returncode} after {seconds:.1f} s: {p.stderr[-500:]}")
+    if MODE is None:
         for name in CHECKS:
-            print(f"SKIP: {name} (no GPU)")
+            print(f"SKIP: {name} ({GPU})")
         return 0 if failures == 0 else 1
     if not multi:
         for name in CHECKS:
@@ -215,6 +226,18 @@ def main():
             report(code not in (0, 124) and seconds < 60 and expect in err,
                    f"rank 1 {kind}s at step 3: all ranks stop with a message (exit {code}, {seconds:.1f} s)",
                    f"exit {code} after {seconds:.1f} s (124 = hung until the guard); stderr: {err[-600:]}")
+
+        # (h) emulated: the same data parallelism over NCCL (a GPU per rank), which one real GPU cannot run
+        if EMULATED:
+            nccl_two, out = r.dump("nccl_two", 2, "--batch-size", 2, env=EMULATED_NCCL)
+            report("2 ranks" in out and "host-staged" not in out, "with a GPU per rank the 2 ranks use NCCL, not host "
+                   "staging", out[:600])
+            check_close(NCCL_CHECKS[0], nccl_two, one_a, init)
+            nz0, _ = r.dump("nccl_zero0", 3, "--batch-size", 1, env=EMULATED_NCCL)
+            nz1, _ = r.dump("nccl_zero1", 3, "--batch-size", 1, "--zero", 1, env=EMULATED_NCCL)
+            differ = [k for k in ("losses", "grads", "params") if not np.array_equal(nz1[k], nz0[k])]
+            report(not differ, NCCL_CHECKS[1] + " (losses, step-1 gradient, final weights)",
+                   "not bit-identical: " + ", ".join(differ))
 
         # (g) the one-node launcher, with the GPU trainer
         p = subprocess.run(["timeout", "300", "bash", os.path.join(ROOT, "scripts", "run_mpi_local.sh"), "2", "--model",

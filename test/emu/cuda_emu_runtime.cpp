@@ -4,10 +4,13 @@
 //
 // Device memory: each cudaMalloc is its own mapping, placed so that the allocation ends (rounded
 // up to 256 bytes, so that it starts 256-byte aligned as a real one does) right at a page the
-// emulator keeps unreadable: a kernel that reads or writes past the end faults there, and the fault handler names the kernel, block,
-// thread and the allocation. New allocations are filled with 0xff bytes: NaN as float and bf16,
-// so reading memory nobody wrote shows up in the results. cudaFree unmaps, so a use after free
-// faults too. cudaMemGetInfo reports CUDA_EMU_DEVICE_MEMORY (default 80 GiB, an H100).
+// emulator keeps unreadable: a kernel that reads or writes past the end faults there, and the fault
+// handler names the kernel, block, thread and the allocation. New allocations are filled with 0xff
+// bytes: NaN as float and bf16, so reading memory nobody wrote shows up in the results. The padding
+// between the requested size and the 256-byte rounding is filled too, and checked after every
+// launch (check_padding): an access just past the end that stops short of the guard page shows up
+// as a NaN read or a named write. cudaFree unmaps, so a use after free faults too. cudaMemGetInfo
+// reports CUDA_EMU_DEVICE_MEMORY (default 80 GiB, an H100).
 //
 // Streams and events: every operation runs when it is issued, in issue order. That is one legal
 // order of a real GPU's work, so results are right, but a missing cudaStreamWaitEvent between
@@ -167,7 +170,15 @@ static void fiber_main(void*) {
     Thread* t = current;
     t->state = EXITED;
     live_threads--;
-    warps[t->linear / 32].live &= ~(1u << (t->linear % 32));
+    Warp& w = warps[t->linear / 32];
+    unsigned bit = 1u << (t->linear % 32);
+    w.live &= ~bit;
+    // Lanes already waiting in a collective whose mask names this lane would wait forever (on a GPU:
+    // undefined behaviour, a hang or garbage). Say so at the exit, naming the collective, rather than
+    // as a "deadlock" later (a lane that exits BEFORE the others call it is caught in warp_arrive).
+    if (w.arrived && (w.mask & bit))
+        fail("a lane exited while lanes 0x%08x of its warp wait for it in %s at %s:%d: the mask 0x%08x names "
+             "lanes that exit", w.arrived, w.what, w.file, w.line, w.mask);
     emu_switch(&t->sp, scheduler_sp);
     __builtin_unreachable();
 }
@@ -374,6 +385,8 @@ static void run_block(std::vector<int>& order) {
     }
 }
 
+static void check_padding(const char* found);  // (Device memory, below)
+
 void launch_grid(const void* kernel, const char* name, const char* file, int line, ThreadEntry entry, void* closure,
                  dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream) {
     if (!orders_read) {
@@ -402,6 +415,9 @@ void launch_grid(const void* kernel, const char* name, const char* file, int lin
         last_error = cudaErrorInvalidValue;
         return;
     }
+    char before[256];  // a library stand-in or host code wrote it, not this kernel: say so
+    snprintf(before, sizeof(before), "before %s was launched (by host code or a library call)", name);
+    check_padding(before);
     running_kernel = name;
     running_file = file;
     running_line = line;
@@ -434,6 +450,7 @@ void launch_grid(const void* kernel, const char* name, const char* file, int lin
         run_block(order);
     }
     check_stack_canaries(block_threads);
+    check_padding("when the kernel had run");
     running_kernel = nullptr;
 }
 
@@ -527,7 +544,7 @@ static cudaError_t allocate(void** out, size_t bytes, bool device) {
     }
     mprotect(map + data_pages, page, PROT_NONE);
     char* user = map + data_pages - rounded;
-    memset(user, 0xff, bytes);
+    memset(user, 0xff, rounded);  // the padding up to 256 bytes too: see check_padding
     allocations[(uintptr_t)user] = Allocation{map, map_bytes, bytes, device};
     if (device) device_used += bytes;
     *out = user;
@@ -546,6 +563,22 @@ static cudaError_t release(void* p, bool device) {
     munmap(it->second.map, it->second.map_bytes);
     allocations.erase(it);
     return cudaSuccess;
+}
+
+// The guard page sits after the allocation's rounding to 256 bytes, so an access just past the
+// requested size (an off-by-one on a buffer whose size is not a multiple of 256 bytes) lands in the
+// padding, where nothing faults. The padding is filled with NaN bytes like the allocation, so such
+// a read shows up as NaN; and after every launch it must still hold them, so such a write is named.
+static void check_padding(const char* found) {
+    for (const auto& [user, a] : allocations) {
+        if (!a.device) continue;
+        const unsigned char* p = (const unsigned char*)user;
+        size_t rounded = (std::max<size_t>(a.bytes, 1) + 255) / 256 * 256;
+        for (size_t i = a.bytes; i < rounded; i++)
+            if (p[i] != 0xff)
+                fail("a write at byte %zu of a %zu-byte cudaMalloc allocation: past its end, inside its padding to "
+                     "256 bytes, where the guard page cannot see it; found %s", i, a.bytes, found);
+    }
 }
 
 // Device ranges must lie inside one live cudaMalloc; host ranges must not touch device memory.

@@ -101,6 +101,7 @@ EMULATED = MODE == "emulated"
 DEFAULT_ATTENTION = ["--attention", "simple"] if EMULATED else []
 # another schedule of the emulated threads and blocks (set for the second run of a comparison)
 REVERSED = {"CUDA_EMU_THREADS": "reverse", "CUDA_EMU_BLOCKS": "reverse"}
+RANDOM = {"CUDA_EMU_THREADS": "random:11", "CUDA_EMU_BLOCKS": "random:12"}
 
 
 def run(cmd, expect_ok=True, env=None):

@@ -10,7 +10,8 @@ check it makes:
     SKIP: <name> (<why>)          e.g. 'SKIP: gpu logits (no GPU)'
 
 and exits non-zero if any check failed. A program that exits non-zero without printing a
-FAIL line (a crash, an uncaught error) counts as one failure. The summary counts checks.
+FAIL line (a crash, an uncaught error) counts as one failure. The summary counts checks, and says
+how many of them checked the GPU code (test_gpu*, test_emu*: on the CUDA emulation without a GPU).
 
     python3 test/run_tests.py [substring ...]   run only the tests whose name contains one
 """
@@ -31,11 +32,23 @@ def discover():
     return tests
 
 
+def is_gpu_test(name):
+    return name.startswith("test_gpu") or name.startswith("test_emu")
+
+
+def have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def main():
     only = sys.argv[1:]
     tests = [t for t in discover() if not only or any(s in t[0] for s in only)]
     passed = failed = skipped = 0
     failures = []
+    gpu_passed, gpu_seconds = 0, 0.0  # the GPU code's checks (test_gpu*, test_emu*), emulated without a GPU
     for name, cmd in tests:
         print(f"== {name}", flush=True)
         start = time.time()
@@ -47,6 +60,7 @@ def main():
             sys.stdout.flush()
             if line.startswith("PASS:"):
                 passed += 1
+                gpu_passed += is_gpu_test(name)
             elif line.startswith("FAIL:"):
                 failed += 1
                 saw_fail = True
@@ -57,11 +71,16 @@ def main():
         if code != 0 and not saw_fail:
             failed += 1
             failures.append(f"{name}: exited with code {code} without reporting a failure")
-        print(f"   ({time.time() - start:.1f} s)", flush=True)
+        seconds = time.time() - start
+        gpu_seconds += seconds if is_gpu_test(name) else 0.0
+        print(f"   ({seconds:.1f} s)", flush=True)
     if failures:
         print("\nFailures:")
         for f in failures:
             print("  " + f)
+    if gpu_passed:
+        where = "on the GPU" if have_gpu() else "on the CPU emulation of CUDA (test/emu/)"
+        print(f"GPU code: {gpu_passed} checks passed {where}, in {gpu_seconds / 60:.1f} min")
     if skipped:
         print(f"{skipped} skipped")
     print(f"{passed} passed, {failed} failed")

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 #include "llmc/cli.h"
@@ -260,12 +261,7 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
         FILE* f = open_for_reading(files[i], "training-state file");
         table.header = read_train_state_header(f, files[i]);
         const TrainStateHeader& h = table.header;
-        if (h.has_run_table) {
-            table.runs.resize(2 * (size_t)h.num_runs);
-            read_exactly(f, table.runs.data(), table.runs.size() * sizeof(int64_t), files[i], "training-state file");
-        } else {
-            table.runs = {h.shard_begin, h.shard_count};
-        }
+        table.runs = read_state_run_table(f, h, files[i]);
         fclose(f);
         if (h.num_params != (int64_t)num_params) {
             fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
@@ -345,11 +341,7 @@ inline void assemble_model_file(const std::string& dir, const GPT2Config& cfg) {
         FILE* f = open_for_reading(files[i], "training-state file");
         TrainStateHeader h = read_train_state_header(f, files[i]);
         if (!h.has_master_weights) fail("internal: '%s' holds no weights to assemble model.bin from", files[i].c_str());
-        std::vector<int64_t> table = {h.shard_begin, h.shard_count};
-        if (h.has_run_table) {
-            table.resize(2 * (size_t)h.num_runs);
-            read_exactly(f, table.data(), table.size() * sizeof(int64_t), files[i], "training-state file");
-        }
+        std::vector<int64_t> table = read_state_run_table(f, h, files[i]);
         fclose(f);
         tables[i].header = h;
         size_t at = 0;
@@ -402,6 +394,40 @@ inline void check_resume_state(const TrainStateHeader& h, const std::string& dir
                 "B=%d T=%d total=%lld): the data order will differ from an uninterrupted run\n", plan.B, plan.T,
                 (long long)plan.total_batch_tokens, h.batch_size, h.seq_len, (long long)h.total_batch_tokens);
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// A step that went wrong
+
+// A loss or gradient norm that is not finite (an overflow in one micro-batch, a learning rate far too
+// high) would write NaN into every weight the update touches, and the next checkpoint would save
+// them: a run that cannot be resumed. So such a step's update is skipped: the weights and AdamW's
+// state stay those of the last sound step, and the step counts as done (the schedule and the data
+// move on, as they would have). One bad batch is survived; --max-bad-steps in a row (default 3) mean
+// the run has diverged, and it stops, naming the step, before a checkpoint could be written from bad
+// weights. Every rank sees the same all-reduced loss and norm, so every rank decides the same.
+struct BadSteps {
+    int in_a_row = 0;
+};
+
+// Whether to apply this step's update (`step` counts from 1); prints a line when skipping (`leader`),
+// fails when the run has diverged.
+inline bool step_is_sound(BadSteps* b, int step, double loss, float norm, int max_bad_steps, bool leader) {
+    if (std::isfinite(loss) && std::isfinite(norm)) {
+        b->in_a_row = 0;
+        return true;
+    }
+    b->in_a_row++;
+    if (b->in_a_row >= max_bad_steps) {
+        fail("step %d: the loss is %g and the gradient norm %g, %d step%s in a row (--max-bad-steps %d): training diverged; "
+             "stopped before any update or checkpoint from non-finite values. Lower --lr, raise --warmup-steps, or check "
+             "--grad-clip", step, loss, (double)norm, b->in_a_row, b->in_a_row == 1 ? "" : "s", max_bad_steps);
+    }
+    if (leader) {
+        printf("step %d: the loss is %g and the gradient norm %g: update skipped, the weights are kept (%d of --max-bad-steps %d "
+               "in a row)\n", step, loss, (double)norm, b->in_a_row, max_bad_steps);
+    }
+    return false;
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -1146,7 +1146,7 @@ int main(int argc, char** argv) {
     par.groups = grid.tp > 1 || grid.pp > 1;
     par.model_parallel = par.groups || grid.zero_stage == 3;
     par.flat_state = !par.groups && grid.zero_stage <= 1;
-    std::string resume_dir = resolve_resume_dir(o);
+    std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);

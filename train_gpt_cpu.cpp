@@ -1469,7 +1469,7 @@ int main(int argc, char** argv) {
     par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3;
 
     // ---- the model's shape, and whether this grid, batch and memory budget can train it
-    std::string resume_dir = resolve_resume_dir(o);
+    std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);

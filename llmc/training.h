@@ -27,11 +27,12 @@
 
 // Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
 // may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
-inline std::string latest_checkpoint(const std::string& out_dir);
-inline std::string resolve_resume_dir(const TrainOptions& o) {
+// `announce`: the rank that prints says which newer checkpoints it skipped, and why.
+inline std::string latest_checkpoint(const std::string& out_dir, bool announce = false);
+inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = false) {
     if (o.resume.empty()) return "";
-    if (o.resume == "auto") return latest_checkpoint(o.out_dir);
-    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir) : o.resume;
+    if (o.resume == "auto") return latest_checkpoint(o.out_dir, announce);
+    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
     if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
     if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
     return dir;
@@ -137,14 +138,37 @@ inline std::string checkpoint_dir(const std::string& out_dir, int step) {
     return out_dir + strprintf("/ckpt_%08d", step);
 }
 
+// What a checkpoint directory lacks to be resumed from ("" when nothing): the weights (model.bin) or
+// the training state (state.bin, or state_rank0.bin and the other ranks' files it names). The rename
+// protocol below never publishes a partial checkpoint, but a disk that filled up, a copy interrupted
+// by hand or a deleted file can leave one; model.bin and the state are missing alike.
+inline std::string checkpoint_missing(const std::string& dir) {
+    if (!file_exists(dir + "/model.bin")) return "no model.bin";
+    if (file_exists(dir + "/state.bin")) return "";
+    if (!file_exists(dir + "/state_rank0.bin")) return "no state.bin or state_rank0.bin";
+    FILE* f = fopen((dir + "/state_rank0.bin").c_str(), "rb");
+    TrainStateHeader h;
+    bool read = f && fread(&h, sizeof(h), 1, f) == 1;
+    if (f) fclose(f);
+    if (!read || h.magic != STATE_MAGIC || h.world_size < 1 || h.world_size > (1 << 20)) return "a damaged state_rank0.bin";
+    for (int r = 1; r < h.world_size; r++)
+        if (!file_exists(dir + strprintf("/state_rank%d.bin", r))) return strprintf("no state_rank%d.bin", r);
+    return "";
+}
+
 // The newest complete checkpoint in out_dir, or "" (directories still named *.tmp are incomplete).
-inline std::string latest_checkpoint(const std::string& out_dir) {
-    std::string best;
+inline std::string latest_checkpoint(const std::string& out_dir, bool announce) {
+    std::vector<std::string> found;
     for (const std::string& path : expand_glob(out_dir + "/ckpt_*")) {
         std::string name = path.substr(path.rfind('/') + 1);
-        if (name.size() == 13 && dir_exists(path) && file_exists(path + "/model.bin")) best = path;  // sorted: last is newest
+        if (name.size() == 13 && dir_exists(path)) found.push_back(path);
     }
-    return best;
+    for (size_t i = found.size(); i-- > 0;) {  // sorted: the last is the newest
+        std::string missing = checkpoint_missing(found[i]);
+        if (missing.empty()) return found[i];
+        if (announce) printf("resume: skipping %s: %s (incomplete)\n", found[i].c_str(), missing.c_str());
+    }
+    return "";
 }
 
 // A checkpoint is written into "<dir>.tmp" and then renamed to <dir>: the rename is atomic, so a

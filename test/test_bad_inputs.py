@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "train_gpt_cpu")
+BIN = os.environ.get("LLMC_CPU_TRAINER", os.path.join(ROOT, "train_gpt_cpu"))  # or a sanitizer build
 MODEL = "L=2,C=64,H=4,T=64,V=512"
 failures = 0
 

@@ -23,6 +23,84 @@
 #include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------------------------
+// Checkpoint checksums
+
+// Checksums: a checkpoint's files can still be damaged after they were written whole (a bad disk, a
+// copy between machines cut short, a byte flipped). So before publishing, rank 0 reads every file of
+// the directory back (from the page cache, as a rule) and writes checksums.txt, a line per file:
+// "<hash, 16 hex digits> <bytes> <name>". Loading verifies it; a checkpoint without it (written
+// before it existed) loads unverified. The hash is FNV-1a over 64-bit little-endian words (then
+// the tail bytes): not cryptographic, one multiply per 8 bytes, and any flipped bit changes it.
+inline uint64_t checksum_update(uint64_t h, const unsigned char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// The file's checksum and size (a read of 1 MiB at a time), or false when it cannot be read.
+inline bool file_checksum(const std::string& path, uint64_t* hash, int64_t* bytes) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    std::vector<unsigned char> buffer(1 << 20);
+    uint64_t h = 0xcbf29ce484222325ull;
+    int64_t total = 0;
+    size_t n;
+    // (8-byte words of each chunk: the chunk size is a multiple of 8, so the words are the file's)
+    while ((n = fread(buffer.data(), 1, buffer.size(), f)) > 0) h = checksum_update(h, buffer.data(), n), total += (int64_t)n;
+    bool ok = !ferror(f);
+    fclose(f);
+    *hash = h, *bytes = total;
+    return ok;
+}
+
+constexpr const char* CHECKSUM_FILE = "checksums.txt";
+
+inline void write_checkpoint_checksums(const std::string& dir) {
+    std::string lines;
+    for (const std::string& path : expand_glob(dir + "/*")) {
+        std::string name = path.substr(path.rfind('/') + 1);
+        if (name == CHECKSUM_FILE || !file_exists(path)) continue;
+        uint64_t h;
+        int64_t n;
+        if (!file_checksum(path, &h, &n)) fail("cannot read back '%s' to checksum it", path.c_str());
+        lines += strprintf("%016llx %lld %s\n", (unsigned long long)h, (long long)n, name.c_str());
+    }
+    AtomicFile out(dir + "/" + CHECKSUM_FILE, "checksum file");
+    out.write(lines.data(), lines.size());
+    out.commit();
+}
+
+// "" when every file listed in dir/checksums.txt has its size and hash (or there is no list), else
+// what is wrong, naming the file.
+inline std::string checkpoint_checksum_problem(const std::string& dir) {
+    FILE* f = fopen((dir + "/" + CHECKSUM_FILE).c_str(), "r");
+    if (!f) return "";
+    char line[1024];
+    std::string problem;
+    while (problem.empty() && fgets(line, sizeof(line), f)) {
+        unsigned long long want_hash;
+        long long want_bytes;
+        char name[512];
+        if (sscanf(line, "%16llx %lld %511s", &want_hash, &want_bytes, name) != 3) {
+            problem = strprintf("%s has a line it cannot read", CHECKSUM_FILE);
+            break;
+        }
+        uint64_t h;
+        int64_t n;
+        if (!file_checksum(dir + "/" + name, &h, &n)) problem = strprintf("%s is missing", name);
+        else if (n != want_bytes) problem = strprintf("%s has %lld bytes, %s says %lld", name, (long long)n, CHECKSUM_FILE, want_bytes);
+        else if (h != want_hash) problem = strprintf("%s does not match its checksum (damaged bytes)", name);
+    }
+    fclose(f);
+    return problem;
+}
+
+// ----------------------------------------------------------------------------------------------
 // The model to start from
 
 // Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
@@ -35,6 +113,8 @@ inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = fal
     std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
     if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
     if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
+    std::string problem = o.resume == "latest" ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
+    if (!problem.empty()) fail("--resume '%s': %s; resume from another checkpoint", dir.c_str(), problem.c_str());
     return dir;
 }
 
@@ -156,6 +236,13 @@ inline std::string checkpoint_missing(const std::string& dir) {
     return "";
 }
 
+// Why a checkpoint directory cannot be resumed from ("" when it can): a file missing, or one that
+// does not match its checksum.
+inline std::string checkpoint_problem(const std::string& dir) {
+    std::string missing = checkpoint_missing(dir);
+    return missing.empty() ? checkpoint_checksum_problem(dir) : missing + " (incomplete)";
+}
+
 // The newest complete checkpoint in out_dir, or "" (directories still named *.tmp are incomplete).
 inline std::string latest_checkpoint(const std::string& out_dir, bool announce) {
     std::vector<std::string> found;
@@ -164,9 +251,9 @@ inline std::string latest_checkpoint(const std::string& out_dir, bool announce) 
         if (name.size() == 13 && dir_exists(path)) found.push_back(path);
     }
     for (size_t i = found.size(); i-- > 0;) {  // sorted: the last is the newest
-        std::string missing = checkpoint_missing(found[i]);
-        if (missing.empty()) return found[i];
-        if (announce) printf("resume: skipping %s: %s (incomplete)\n", found[i].c_str(), missing.c_str());
+        std::string problem = checkpoint_problem(found[i]);
+        if (problem.empty()) return found[i];
+        if (announce) printf("resume: skipping %s: %s\n", found[i].c_str(), problem.c_str());
     }
     return "";
 }
@@ -213,7 +300,10 @@ inline std::string open_checkpoint_together(const std::string& out_dir, int step
 template <class Barrier>
 inline void publish_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier) {
     barrier("the barrier after writing the checkpoint");
-    if (rank == 0) printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+    if (rank == 0) {
+        write_checkpoint_checksums(checkpoint_dir(out_dir, step) + ".tmp");
+        printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+    }
 }
 
 // The header of one rank's training-state file: the slice of the optimizer state it holds, who wrote

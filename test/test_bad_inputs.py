@@ -18,8 +18,10 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    gradient norm are skipped, the run stops at the 3rd in a row naming the step, and
                    the latest checkpoint holds finite weights and resumes (was: a NaN checkpoint as
                    "latest"). Negative control: the finiteness check flags a planted NaN model.bin.
-  latest           --resume latest skips a newer checkpoint without state.bin, as one without
-                   model.bin, saying which and why
+  checksums        a byte flipped in state.bin: --resume DIR refuses it; --resume latest skips a
+                   checkpoint with a flipped byte, one without state.bin and one without model.bin,
+                   saying which and why. (Header pokes remove checksums.txt, as in a checkpoint
+                   written before checksums: the header's own checks must catch those.)
 """
 import os, shutil, struct, subprocess, sys, tempfile, time
 import numpy as np
@@ -68,11 +70,21 @@ def write_model_header(path, maxT, V, L, NH, C, Vp, total_bytes):
 
 
 def poke_state(src_dir, dst_dir, offset, value):
-    """A copy of checkpoint src_dir with one int64 of state.bin's header replaced."""
+    """A copy of checkpoint src_dir with one int64 of state.bin's header replaced, and no checksums.txt
+    (as a checkpoint written before checksums existed): the header's own checks must catch it."""
     shutil.copytree(src_dir, dst_dir)
+    os.remove(os.path.join(dst_dir, "checksums.txt"))
     with open(os.path.join(dst_dir, "state.bin"), "r+b") as f:
         f.seek(offset)
         f.write(struct.pack("<q", value))
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ 0x10]))
 
 
 def model_is_finite(path):
@@ -141,6 +153,12 @@ def main():
         poke_state(ckpt, bad, offset, value)
         one_line_error(f"state.bin with {name}", ["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "7",
                                                   "--resume", bad, "--out-dir", os.path.join(tmp, "poked")] + base, 1, *needles)
+    flipped = os.path.join(tmp, "flipped")
+    shutil.copytree(ckpt, flipped)
+    flip_byte(os.path.join(flipped, "state.bin"), 1024 + 4 * 100)  # one bit of AdamW's m
+    one_line_error("a byte flipped inside state.bin (checksums.txt)", ["--model", MODEL, "--batch-size", "4", "--seq-len", "32",
+                   "--steps", "7", "--resume", flipped, "--out-dir", os.path.join(tmp, "poked")] + base, 1,
+                   "state.bin does not match its checksum")
 
     # ---- a learning rate that sends the gradient norm to NaN: no poisoned checkpoint
     nan_dir = os.path.join(tmp, "nan")
@@ -168,17 +186,19 @@ def main():
 
     # ---- --resume latest: a newer checkpoint without state.bin is skipped like one without model.bin
     latest_dir = os.path.join(tmp, "latest")
-    rc, out, err, _ = run(["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "3", "--checkpoint-every", "1",
+    rc, out, err, _ = run(["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "4", "--checkpoint-every", "1",
                            "--out-dir", latest_dir] + base)
+    flip_byte(os.path.join(latest_dir, "ckpt_00000004", "model.bin"), 1024 + 4 * 5000)
     os.remove(os.path.join(latest_dir, "ckpt_00000003", "state.bin"))
     os.remove(os.path.join(latest_dir, "ckpt_00000002", "model.bin"))
-    rc, out, err, _ = run(["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "4", "--resume", "latest",
+    rc, out, err, _ = run(["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "5", "--resume", "latest",
                            "--out-dir", latest_dir] + base)
-    report(rc == 0 and "skipping " + os.path.join(latest_dir, "ckpt_00000003") + ": no state.bin" in out and
-           "skipping " + os.path.join(latest_dir, "ckpt_00000002") + ": no model.bin" in out and
-           "resumed from " + os.path.join(latest_dir, "ckpt_00000001") in out,
-           "--resume latest skips a checkpoint without state.bin and one without model.bin, saying so",
-           f"exit {rc}: {out[:600]} {err[-300:]}")
+    ckpt_n = lambda n: os.path.join(latest_dir, f"ckpt_{n:08d}")
+    report(rc == 0 and f"skipping {ckpt_n(4)}: model.bin does not match its checksum" in out and
+           f"skipping {ckpt_n(3)}: no state.bin" in out and f"skipping {ckpt_n(2)}: no model.bin" in out and
+           f"resumed from {ckpt_n(1)}" in out,
+           "--resume latest skips a checkpoint with a flipped byte, one without state.bin and one without model.bin, saying so",
+           f"exit {rc}: {out[:700]} {err[-300:]}")
     shutil.rmtree(tmp)
     return 1 if failures else 0
 

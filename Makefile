@@ -121,6 +121,26 @@ build/test_%: test/test_%.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $< -o $@ $(GPU_LDLIBS)
 
+# Sanitizer and fuzzing builds, in build/sanitize/ (not build/test_*: they are not tests by themselves).
+# test/test_sanitizers.sh builds and runs them; `all` does not, so a plain build stays lean.
+SANITIZE := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+build/sanitize/train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
+	@mkdir -p build/sanitize
+	$(CXX) $(SANITIZE) -std=c++17 -fopenmp -I. $< -o $@ $(LDLIBS)
+
+build/sanitize/test_formats: test/test_formats.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
+	@mkdir -p build/sanitize
+	$(CXX) $(SANITIZE) -std=c++17 -fopenmp -I. $< -o $@ $(LDLIBS)
+
+# libFuzzer needs clang; FUZZ_PLANTED_BUG builds the negative control
+build/sanitize/fuzz_readers: test/fuzz_readers.cpp $(HOST_HEADERS)
+	@mkdir -p build/sanitize
+	clang++ $(SANITIZE) -fsanitize=fuzzer -std=c++17 -I. $< -o $@
+
+build/sanitize/fuzz_readers_planted: test/fuzz_readers.cpp $(HOST_HEADERS)
+	@mkdir -p build/sanitize
+	clang++ $(SANITIZE) -fsanitize=fuzzer -DFUZZ_PLANTED_BUG -std=c++17 -I. $< -o $@
+
 test: all
 	/usr/bin/python3 test/run_tests.py
 

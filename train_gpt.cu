@@ -1146,7 +1146,7 @@ int main(int argc, char** argv) {
     par.groups = grid.tp > 1 || grid.pp > 1;
     par.model_parallel = par.groups || grid.zero_stage == 3;
     par.flat_state = !par.groups && grid.zero_stage <= 1;
-    std::string resume_dir = resolve_resume_dir(o);
+    std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
@@ -1298,7 +1298,7 @@ int main(int argc, char** argv) {
             }
             first_step = (int)resumed.step;
             sampler_rng = resumed.sampler_rng;
-            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
+            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
         }
         if (count > 0) {  // (with more ranks than shards of parameters, a ZeRO-1 rank may own none)
             CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), count * sizeof(float), cudaMemcpyHostToDevice));
@@ -1312,7 +1312,7 @@ int main(int argc, char** argv) {
             check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
             first_step = (int)resumed.step;
             sampler_rng = resumed.sampler_rng;
-            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
+            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
         }
         if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
         P = param_layout(cfg).total;
@@ -1387,6 +1387,7 @@ int main(int argc, char** argv) {
     DumpState dump;
     FirstLogits first_logits;
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
+    BadSteps bad_steps;
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
@@ -1407,10 +1408,6 @@ int main(int argc, char** argv) {
         // ranks' means (the last stage's, one tensor rank of each)
         bool reports = slice.last_stage && grid.tp_rank == 0;
         step_loss = gpu_comm_sum(&par.world_gpu, reports ? step_loss : 0.0, "sum of the losses") / grid.dp;
-        if (!std::isfinite(step_loss)) {
-            fail("the loss became %f at step %d: training diverged. Lower --lr, raise --warmup-steps, or check --grad-clip",
-                 step_loss, step + 1);
-        }
         bool dump_grads = dumping && step == first_step;
         float norm = reduce_gradients(m, &dp, dp.zero_stage == 0 || (dump_grads && par.flat_state));
         if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
@@ -1428,8 +1425,10 @@ int main(int argc, char** argv) {
             }
         }
         float lr = learning_rate(plan.schedule, step);
-        optimizer_step(m, &dp, o, lr, step + 1, norm);
-        if (grid.pp > 1) share_tied_weights(m, &par);
+        if (step_is_sound(&bad_steps, step + 1, step_loss, norm, o.max_bad_steps, leader)) {
+            optimizer_step(m, &dp, o, lr, step + 1, norm);
+            if (grid.pp > 1) share_tied_weights(m, &par);
+        }
         double seconds = seconds_since(start);
         if (step == first_step) track_memory();  // after the first step every library has what it wants
         if (dumping) dump.losses.push_back((float)step_loss);

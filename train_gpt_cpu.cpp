@@ -1211,6 +1211,20 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
     for (const StateRun& r : runs) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
 }
 
+// A sound loss and gradient norm can still carry a weight past FLT_MAX (an enormous learning rate):
+// such weights must never be saved, or the checkpoint that "latest" points at cannot be resumed. One
+// pass over the weights, every rank its own, before each checkpoint.
+static void fail_unless_weights_finite(GPT2* model, Parallel* par, int step) {
+    const float* w = weight_storage(model);
+    size_t n = model->zero.stage == 3 ? model->zero.param_shard.size() : model->params.size(), bad = 0;
+    for (size_t i = 0; i < n; i++) bad += !std::isfinite(w[i]);
+    double total = comm_sum(&par->comms.world, (double)bad, "count of non-finite weights");
+    if (total > 0) {
+        fail("step %d: %.0f weights are not finite after the update: training diverged; no checkpoint written for this "
+             "step. Lower --lr, raise --warmup-steps, or check --grad-clip", step, total);
+    }
+}
+
 // A checkpoint of a grid (llmc/training.h's protocol: a .tmp directory, barriers, a rename; a crash
 // at any point leaves either no new checkpoint or a complete one). The files are in global
 // coordinates, so any grid can resume from them (read_state_runs):
@@ -1455,7 +1469,7 @@ int main(int argc, char** argv) {
     par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3;
 
     // ---- the model's shape, and whether this grid, batch and memory budget can train it
-    std::string resume_dir = resolve_resume_dir(o);
+    std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
@@ -1464,19 +1478,25 @@ int main(int argc, char** argv) {
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute);
-    if (o.max_memory_mib > 0) {
-        int busiest = 0;
-        size_t most = 0;
-        for (int r = 0; r < grid.world; r++) {
-            size_t need = memory_by_kind(estimate_table(predicted, shape.B, r), CPU_ALLOCATION_GRANULE).total;
-            if (need > most) most = need, busiest = r;
-        }
-        if ((double)most > o.max_memory_mib * 1048576.0) {
-            grid_usage_fail(&world, strprintf("this run needs %.2f MiB on rank %d of %s, more than --max-memory %g MiB: shard "
-                            "the model further (--zero 3, --tensor-parallel, --pipeline-parallel) or use a smaller "
-                            "micro-batch; --estimate shows every rank's buffers", most / 1048576.0, busiest,
-                            describe_grid(grid).c_str(), o.max_memory_mib));
-        }
+    // before the first large allocation: every rank's table against --max-memory, or this node's
+    // MemAvailable shared by its ranks (a run that cannot fit is refused now, not killed later)
+    double limit = o.max_memory_mib * 1048576.0;
+    std::string limit_source = strprintf("--max-memory %g MiB", o.max_memory_mib);
+    if (limit <= 0) {
+        limit = host_memory_available_bytes() / world.local_size;
+        limit_source = strprintf("%s, this node's available memory (%s) over its %d rank%s (--max-memory sets a limit)",
+                                 format_bytes(limit).c_str(), format_bytes(limit * world.local_size).c_str(), world.local_size,
+                                 world.local_size == 1 ? "" : "s");
+    }
+    why = memory_refusal(predicted, limit, limit_source);
+    if (!why.empty()) grid_usage_fail(&world, why);
+    // the training data, checked before the model is allocated (a shard shorter than one step is refused
+    // now): each data-parallel rank reads its own slice of every step
+    DataLoader train, val;
+    int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+    if (!o.eval_only) {  // --eval-only needs no training data
+        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size, "training data",
+                        "--train-data");
     }
     grid_comms_init(&par.comms, world, grid);
 
@@ -1496,13 +1516,7 @@ int main(int argc, char** argv) {
     pipe_tied_weights(&par.comms.pp, slice.first_stage, slice.last_stage, model.p[WTE], model.lent_wte.data(),
                       (size_t)slice.vocab_rows * cfg.channels);
 
-    // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
-    DataLoader train, val;
-    int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size, "training data",
-                        "--train-data");
-    }
+    // ---- the shape of the run
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
@@ -1520,7 +1534,7 @@ int main(int argc, char** argv) {
         check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
         first_step = (int)resumed.step;
         sampler_rng = resumed.sampler_rng;
-        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader);
+        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
     }
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
@@ -1579,6 +1593,7 @@ int main(int argc, char** argv) {
     std::vector<float> first_logits;
     Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
     CommCounters last_step[4];
+    BadSteps bad_steps;
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
@@ -1600,13 +1615,11 @@ int main(int argc, char** argv) {
         // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
         bool reports = slice.last_stage && grid.tp_rank == 0;
         double step_loss = comm_sum(&par.comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
-        if (!std::isfinite(step_loss)) {
-            fail("the loss became %f at step %d: training diverged. Lower --lr, raise --warmup-steps, or check --grad-clip",
-                 step_loss, step + 1);
-        }
         float norm = finish_gradients(&model, &par);
         float lr = learning_rate(plan.schedule, step);
-        optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
+        if (step_is_sound(&bad_steps, step + 1, step_loss, norm, o.max_bad_steps, leader)) {
+            optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
+        }
         double seconds = seconds_since(start);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
         if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
@@ -1621,6 +1634,7 @@ int main(int argc, char** argv) {
             metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, -1, peak_rss_bytes());
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+            fail_unless_weights_finite(&model, &par, step + 1);
             save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
         }
     }

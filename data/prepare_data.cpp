@@ -304,7 +304,7 @@ static Options parse_options(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
         auto value = [&]() -> std::string {
-            if (i + 1 >= argc) fail(arg + " needs a value\n" + USAGE);
+            if (i + 1 >= argc) usage_fail(arg + " needs a value (see --help)");
             return argv[++i];
         };
         auto number = [&](double low, double high) {
@@ -312,7 +312,7 @@ static Options parse_options(int argc, char** argv) {
             char* end;
             double x = strtod(v.c_str(), &end);
             if (end == v.c_str() || *end || !(x >= low && x <= high))
-                fail(arg + " " + v + ": expected a number from " + std::to_string(low) + " to " + std::to_string(high));
+                usage_fail(arg + " " + v + ": expected a number from " + std::to_string(low) + " to " + std::to_string(high));
             return x;
         };
         if (arg == "--out-dir") o.out_dir = value();
@@ -320,7 +320,7 @@ static Options parse_options(int argc, char** argv) {
         else if (arg == "--text-field") o.text_field = value();
         else if (arg == "--val-fraction") {
             o.val_fraction = number(0, 1);
-            if (o.val_fraction >= 1) fail("--val-fraction must be below 1 (some data must be left to train on)");
+            if (o.val_fraction >= 1) usage_fail("--val-fraction must be below 1 (some data must be left to train on)");
         }
         else if (arg == "--shard-tokens") o.shard_tokens = (long long)number(1, 2e9);
         else if (arg == "--threads") o.threads = (int)number(1, 4096);
@@ -331,14 +331,14 @@ static Options parse_options(int argc, char** argv) {
         else if (arg == "--encoder") o.encoder_path = value();
         else if (arg == "--vocab") o.vocab_path = value();
         else if (arg == "-h" || arg == "--help") { fputs(USAGE, stdout); exit(0); }
-        else if (arg.size() > 1 && arg[0] == '-') fail("unknown option " + arg + "\n" + USAGE);
+        else if (arg.size() > 1 && arg[0] == '-') usage_fail("unknown option " + arg + " (see --help)");
         else if (o.input.empty()) o.input = arg;
-        else fail("more than one INPUT given (" + o.input + ", " + arg + "); put the files in one folder instead");
+        else usage_fail("more than one INPUT given (" + o.input + ", " + arg + "); put the files in one folder instead");
     }
-    if (o.input.empty()) fail(std::string("no INPUT given\n") + USAGE);
+    if (o.input.empty()) usage_fail("no INPUT given (see --help)");
     while (o.input.size() > 1 && o.input.back() == '/') o.input.pop_back();
     if (o.name.empty()) o.name = fs::path(o.input).stem().string();
-    if (o.name.empty() || o.name.find('/') != std::string::npos) fail("bad --name '" + o.name + "'");
+    if (o.name.empty() || o.name.find('/') != std::string::npos) usage_fail("bad --name '" + o.name + "'");
     if (o.out_dir.empty()) o.out_dir = "data/" + o.name;
     return o;
 }

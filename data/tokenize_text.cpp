@@ -19,10 +19,12 @@
 
 #include "llmc/tokenizer.h"
 
-static void fail(const std::string& message) {
+// Exit codes as in every tool of the project: 1 for bad input, 2 for a bad command line.
+[[noreturn]] static void fail(const std::string& message, int code = 1) {
     fprintf(stderr, "error: %s\n", message.c_str());
-    exit(1);
+    exit(code);
 }
+[[noreturn]] static void usage_fail(const std::string& message) { fail(message, 2); }
 
 static const char* USAGE =
     "usage: ./tokenize_text [options] [FILE...]   (FILE '-' or absent: standard input)\n"
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
         auto value = [&]() -> std::string {
-            if (i + 1 >= argc) fail(arg + " needs a value\n" + USAGE);
+            if (i + 1 >= argc) usage_fail(arg + " needs a value (see --help)");
             return argv[++i];
         };
         if (arg == "--decode") decode = true;
@@ -84,13 +86,13 @@ int main(int argc, char** argv) {
         else if (arg == "--encoder") encoder_path = value();
         else if (arg == "--vocab") vocab_path = value();
         else if (arg == "-h" || arg == "--help") { fputs(USAGE, stdout); return 0; }
-        else if (arg.size() > 1 && arg[0] == '-') fail("unknown option " + arg + "\n" + USAGE);
+        else if (arg.size() > 1 && arg[0] == '-') usage_fail("unknown option " + arg + " (see --help)");
         else inputs.push_back(arg);
     }
-    if (threads < 1) fail("--threads must be at least 1");
-    if (repeat < 1) fail("--repeat must be at least 1");
+    if (threads < 1) usage_fail("--threads must be at least 1");
+    if (repeat < 1) usage_fail("--repeat must be at least 1");
     if (inputs.empty()) inputs.push_back("-");
-    if ((decode || bench) && inputs.size() > 1) fail("--decode and --bench take one FILE");
+    if ((decode || bench) && inputs.size() > 1) usage_fail("--decode and --bench take one FILE");
 
     if (char_classes) {
         // One line per maximal run of equal class: "first last class" in hex, class 0-3.

@@ -41,6 +41,7 @@ struct TrainOptions {
     float weight_decay = 0.1f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
     float grad_clip = 1.0f;
+    int max_bad_steps = 3;           // steps in a row whose loss or gradient norm is not finite before stopping
     uint64_t seed = 42;
     // evaluation and sampling
     int val_every = 100;
@@ -128,6 +129,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"beta2", "B2", "Optimizer", "AdamW second-moment decay", K::Float, &o.beta2, Scope::Both},
         {"adam-eps", "EPS", "Optimizer", "AdamW epsilon", K::Float, &o.adam_eps, Scope::Both},
         {"grad-clip", "NORM", "Optimizer", "clip the global gradient norm to this (0 = no clipping)", K::Float, &o.grad_clip, Scope::Both},
+        {"max-bad-steps", "N", "Optimizer", "skip the update of a step whose loss or gradient norm is not finite; stop at the N-th such step in a row", K::Int, &o.max_bad_steps, Scope::Both},
         {"seed", "S", "Optimizer", "seed for initialisation and sampling", K::UInt64, &o.seed, Scope::Both},
         {"val-every", "N", "Evaluation", "validation loss every N steps and at the end (0 = never)", K::Int, &o.val_every, Scope::Both},
         {"val-batches", "N", "Evaluation", "micro-batches per validation", K::Int, &o.val_batches, Scope::Both},
@@ -403,6 +405,7 @@ inline void validate_options(const TrainOptions& o) {
     if (o.adam_eps <= 0) usage_fail("--adam-eps must be positive, got %g", o.adam_eps);
     if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
+    if (o.max_bad_steps < 1) usage_fail("--max-bad-steps must be at least 1 (1: stop at the first bad step), got %d", o.max_bad_steps);
     if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);

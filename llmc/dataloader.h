@@ -63,24 +63,22 @@ inline void dataloader_init(DataLoader* dl, const std::string& pattern, int B, i
     dl->world_size = world_size;
     dl->vocab_size = vocab_size;
     dl->role = role;
-    dl->inputs.assign((size_t)B * T, 0);
-    dl->targets.assign((size_t)B * T, 0);
     // Check every shard's header and size up front: a bad shard should stop the run now, not in a day.
     int64_t needed = (int64_t)world_size * B * T + 1;
     dl->tokens_per_epoch = 0;
     for (const std::string& path : dl->files) {
         FILE* f = open_for_reading(path, "token shard");
-        int32_t h[HEADER_INTS];
-        read_exactly(f, h, sizeof(h), path, "token shard");
+        int64_t count = read_token_shard_header(f, path);
         fclose(f);
-        if (h[0] != SHARD_MAGIC) read_token_shard(path);  // reports the bad magic properly
-        if (h[2] < needed) {
-            fail("%s shard '%s' has %d tokens, fewer than one step needs (%d ranks x B=%d x T=%d + 1 = %lld). "
+        if (count < needed) {
+            fail("%s shard '%s' has %lld tokens, fewer than one step needs (%d ranks x B=%d x T=%d + 1 = %lld). "
                  "Use a smaller --batch-size or --seq-len, or larger shards",
-                 role, path.c_str(), h[2], world_size, B, T, (long long)needed);
+                 role, path.c_str(), (long long)count, world_size, B, T, (long long)needed);
         }
-        dl->tokens_per_epoch += h[2];
+        dl->tokens_per_epoch += count;
     }
+    dl->inputs.assign((size_t)B * T, 0);
+    dl->targets.assign((size_t)B * T, 0);
     dl->pos = LoaderPosition{};
     dl->loaded_shard = -1;
     dataloader_load_shard(dl, 0);
@@ -91,13 +89,34 @@ inline void dataloader_reset(DataLoader* dl) {
     dataloader_load_shard(dl, 0);
 }
 
-inline void dataloader_seek(DataLoader* dl, const LoaderPosition& pos) {
-    if (pos.shard_index < 0 || pos.shard_index >= (int64_t)dl->files.size()) {
-        fail("the checkpoint's data position (shard %lld) does not exist in the %zu shards of %s; "
-             "resume with the same data", (long long)pos.shard_index, dl->files.size(), dl->role.c_str());
+// Continues from a checkpoint's position. The position was valid for the run that wrote it; this run
+// may read other shards, or take another B, T or rank count from the same token. A position outside
+// the shard is refused: it cannot have come from a run over this data. A position inside the shard without room for one more step of THIS geometry moves to the
+// next shard, as dataloader_next_batch would have: the run continues, never reading past the tokens,
+// and (when `announce`: the rank that prints) says so.
+inline void dataloader_seek(DataLoader* dl, const LoaderPosition& pos, bool announce) {
+    if (pos.shard_index < 0 || pos.shard_index >= (int64_t)dl->files.size() || pos.epoch < 0) {
+        fail("the checkpoint's data position (shard %lld, epoch %lld) does not exist in the %zu shard%s of %s; "
+             "resume with the same data", (long long)pos.shard_index, (long long)pos.epoch, dl->files.size(),
+             dl->files.size() == 1 ? "" : "s", dl->role.c_str());
+    }
+    dataloader_load_shard(dl, pos.shard_index);
+    int64_t size = (int64_t)dl->tokens.size(), step_tokens = (int64_t)dl->world_size * dl->B * dl->T;
+    if (pos.position < 0 || pos.position >= size) {
+        fail("the checkpoint's data position (token %lld of shard %lld) is outside that shard of %s, '%s', which has %lld "
+             "tokens: the data changed since the checkpoint; resume with the same data",
+             (long long)pos.position, (long long)pos.shard_index, dl->role.c_str(),
+             dl->files[(size_t)pos.shard_index].c_str(), (long long)size);
     }
     dl->pos = pos;
-    dataloader_load_shard(dl, pos.shard_index);
+    if (pos.position + step_tokens + 1 <= size) return;
+    dl->pos.position = 0;
+    dl->pos.shard_index++;
+    if (dl->pos.shard_index == (int64_t)dl->files.size()) dl->pos.shard_index = 0, dl->pos.epoch++;
+    dataloader_load_shard(dl, dl->pos.shard_index);
+    if (announce) printf("data: the checkpoint's position (token %lld of shard %lld) leaves no room for a step of %lld tokens "
+                     "there; continuing at the start of shard %lld\n", (long long)pos.position, (long long)pos.shard_index,
+                     (long long)step_tokens + 1, (long long)dl->pos.shard_index);
 }
 
 // Fills dl->inputs and dl->targets with this rank's next micro-batch and advances the position.

@@ -164,6 +164,52 @@ inline int estimate_largest_batch(const EstimateSetup& e, double budget) {
 }
 
 // ==============================================================================================
+// Will this run fit? The check both trainers make before their first large allocation, from the
+// same tables: a run that cannot fit must be refused in one line, not die in std::bad_alloc or be
+// killed by the kernel's OOM killer minutes later with no message.
+
+// The most bytes any rank of the grid needs with micro-batch B (and which rank): every rank's table
+// (the stages of a pipeline and the last ZeRO shard differ).
+inline size_t estimate_busiest_rank(const EstimateSetup& e, int B, int* busiest) {
+    size_t most = 0;
+    for (int r = 0; r < estimate_world(e); r++) {
+        size_t need = memory_by_kind(estimate_table(e, B, r), estimate_granule(e)).total + estimate_overhead(e);
+        if (need > most) most = need, *busiest = r;
+    }
+    return most;
+}
+
+// The host's MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim without
+// swapping), in bytes; 0 where it cannot be read (then no limit is applied).
+inline double host_memory_available_bytes() {
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024.0;
+}
+
+// "" when every rank's table fits in `limit_bytes`, else the one line that refuses the run: the
+// need, the limit (`limit_source` names it, with its size), and the largest micro-batch that fits.
+inline std::string memory_refusal(const EstimateSetup& e, double limit_bytes, const std::string& limit_source) {
+    int busiest = 0;
+    size_t need = estimate_busiest_rank(e, e.B, &busiest);
+    if (limit_bytes <= 0 || (double)need <= limit_bytes) return "";
+    int ignored = 0;
+    int fits = largest_fitting_batch([&](int b) { return (double)estimate_busiest_rank(e, b, &ignored) <= limit_bytes; }, e.B);
+    std::string advice = fits > 0 ? strprintf("the largest micro-batch that fits is --batch-size %d (--total-batch-tokens keeps "
+                                              "the tokens per step)", fits)
+                                  : std::string("not even --batch-size 1 fits: use a smaller model or shard it "
+                                                "(--zero 3, --tensor-parallel, --pipeline-parallel)");
+    std::string where = estimate_world(e) > 1 ? strprintf(" on rank %d", busiest) : std::string();
+    return strprintf("this run (B=%d, T=%d) needs %s%s, more than %s: %s; --estimate shows every buffer", e.B, e.T,
+                     format_bytes((double)need).c_str(), where.c_str(), limit_source.c_str(), advice.c_str());
+}
+
+// ==============================================================================================
 // Compute: FLOPs and the time they take at a given MFU
 
 struct ComputeEstimate {

@@ -76,12 +76,44 @@ inline ModelHeader parse_model_header(const int32_t* h, const std::string& path)
     return mh;
 }
 
+// The bytes a model file with this header must have: the header, then every parameter. A header is
+// 8 int32 anyone can write, so its products are counted first in double: a shape whose file would
+// pass 2^62 bytes (V = 2^31-1 with C = 2^31-1, or L = 2^30) is reported as such instead of
+// overflowing size_t into a small, plausible number. Returns -1 for such a shape.
+inline int64_t model_file_bytes(const ModelHeader& mh) {
+    const GPT2Config& c = mh.config;
+    double C = c.channels, bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
+    double n = ((double)c.padded_vocab_size + c.max_seq_len) * C + (double)c.num_layers * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    if (n * bytes_per > 4.0e18) return -1;
+    return (int64_t)(HEADER_INTS * sizeof(int32_t)) + (int64_t)(param_layout(c).total * (size_t)bytes_per);
+}
+
+// A model file's length must be what its header promises, checked before anything is allocated from
+// the header: a damaged header must not make a trainer ask for terabytes (std::bad_alloc) or spend
+// minutes allocating before it finds the file too short.
+inline void check_model_file_size(FILE* f, const ModelHeader& mh, const std::string& path) {
+    int64_t expected = model_file_bytes(mh), actual = file_size(f);
+    if (expected < 0) {
+        fail("model file '%s' has a header (%s) whose parameters would need more than 2^62 bytes: the header is "
+             "damaged; re-create or re-download the file", path.c_str(), describe_config(mh.config).c_str());
+    }
+    if (actual != expected) {
+        fail("model file '%s' has %lld bytes but its header (%s, %s) implies %lld: the file is %s",
+             path.c_str(), (long long)actual, describe_config(mh.config).c_str(),
+             mh.version == MODEL_VERSION_BF16 ? "bf16" : "fp32", (long long)expected,
+             actual < expected ? "truncated or its header is damaged" : "followed by unexpected bytes");
+    }
+}
+
+// The header of a model file whose length has been checked against it.
 inline ModelHeader read_model_header(const std::string& path) {
     FILE* f = open_for_reading(path, "model file");
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "model file");
+    ModelHeader mh = parse_model_header(h, path);
+    check_model_file_size(f, mh, path);
     fclose(f);
-    return parse_model_header(h, path);
+    return mh;
 }
 
 // Reads all parameters as fp32 (bf16 files are widened exactly).
@@ -90,16 +122,9 @@ inline void read_model_file(const std::string& path, GPT2Config* config, std::ve
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "model file");
     ModelHeader mh = parse_model_header(h, path);
+    check_model_file_size(f, mh, path);
     size_t n = param_layout(mh.config).total;
     size_t bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
-    int64_t expected = (int64_t)sizeof(h) + (int64_t)(n * bytes_per);
-    int64_t actual = file_size(f);
-    if (actual != expected) {
-        fail("model file '%s' has %lld bytes but its header (%s, %s) implies %lld: the file is %s",
-             path.c_str(), (long long)actual, describe_config(mh.config).c_str(),
-             bytes_per == 2 ? "bf16" : "fp32", (long long)expected,
-             actual < expected ? "truncated" : "followed by unexpected bytes");
-    }
     params->resize(n);
     if (bytes_per == 4) {
         read_exactly(f, params->data(), n * 4, path, "model file");
@@ -158,8 +183,9 @@ inline void write_model_file_bf16(const std::string& path, const GPT2Config& c, 
 // ----------------------------------------------------------------------------------------------
 // Token shards
 
-inline std::vector<uint16_t> read_token_shard(const std::string& path) {
-    FILE* f = open_for_reading(path, "token shard");
+// Validates an open shard's header (magic, version, a token count its length agrees with) and returns
+// the count; nothing is allocated from the header before this.
+inline int64_t read_token_shard_header(FILE* f, const std::string& path) {
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "token shard");
     if (h[0] != SHARD_MAGIC) {
@@ -178,6 +204,12 @@ inline std::vector<uint16_t> read_token_shard(const std::string& path) {
              path.c_str(), (long long)actual, (long long)count, (long long)expected,
              actual < expected ? "truncated; re-create it with ./prepare_data" : "followed by unexpected bytes");
     }
+    return count;
+}
+
+inline std::vector<uint16_t> read_token_shard(const std::string& path) {
+    FILE* f = open_for_reading(path, "token shard");
+    int64_t count = read_token_shard_header(f, path);
     std::vector<uint16_t> tokens((size_t)count);
     read_exactly(f, tokens.data(), tokens.size() * 2, path, "token shard");
     fclose(f);
@@ -255,6 +287,27 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     out.commit();
 }
 
+// What is impossible in a training-state header ("" when nothing is): the fields a resume trusts to
+// index arrays and files. A step below 0 would train at "step -4" with a learning rate of -inf; a
+// data position outside a shard would read past the token buffer; a world size of 2^31 would make a
+// reader list two billion file names.
+inline std::string train_state_header_problem(const TrainStateHeader& h) {
+    const LoaderPosition& p = h.train_loader;
+    if (h.step < 0 || h.step > INT32_MAX) return strprintf("step %lld is not a step count", (long long)h.step);
+    if (h.num_params <= 0) return strprintf("it counts %lld parameters", (long long)h.num_params);
+    if (h.shard_begin < 0 || h.shard_begin > h.num_params - h.shard_count)
+        return strprintf("its slice [%lld, +%lld) is outside the %lld parameters", (long long)h.shard_begin,
+                         (long long)h.shard_count, (long long)h.num_params);
+    if (h.world_size < 1 || h.world_size > (1 << 20) || h.rank < 0 || h.rank >= h.world_size)
+        return strprintf("rank %d of %d ranks", h.rank, h.world_size);
+    if (h.zero_stage < 0 || h.zero_stage > 3) return strprintf("ZeRO stage %d", h.zero_stage);
+    if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
+    if (p.shard_index < 0 || p.position < 0 || p.epoch < 0)
+        return strprintf("the data position (shard %lld, token %lld, epoch %lld) is negative", (long long)p.shard_index,
+                         (long long)p.position, (long long)p.epoch);
+    return "";
+}
+
 // Reads and validates the header of an open training-state file (magic, version, and a size that
 // matches what the header promises).
 inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path) {
@@ -271,12 +324,42 @@ inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path
         h.has_run_table = 0;
         h.tensor_parallel = h.pipeline_parallel = 1;
     }
-    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
-    if (h.shard_count < 0 || h.num_runs < 0 || file_size(f) != expected) {
-        fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
-             path.c_str(), (long long)file_size(f), (long long)expected);
+    // every count is bounded by the file's length before it enters a product, so nothing overflows
+    int64_t actual = file_size(f);
+    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / 8 || h.num_runs > actual / 16) {
+        fail("training-state file '%s' claims %lld elements in %lld runs, impossible in %lld bytes: it is damaged",
+             path.c_str(), (long long)h.shard_count, (long long)h.num_runs, (long long)actual);
     }
+    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
+    if (actual != expected) {
+        fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
+             path.c_str(), (long long)actual, (long long)expected);
+    }
+    std::string why = train_state_header_problem(h);
+    if (!why.empty()) fail("training-state file '%s' is damaged: %s", path.c_str(), why.c_str());
     return h;
+}
+
+// The file's runs as (global index, count) pairs, read after its header: the run table, or the one
+// run [shard_begin, shard_begin + shard_count) of a file without one. Each run must lie inside the
+// model and together they must hold the file's shard_count elements: a reader seeks by them.
+inline std::vector<int64_t> read_state_run_table(FILE* f, const TrainStateHeader& h, const std::string& path) {
+    if (!h.has_run_table) return {h.shard_begin, h.shard_count};
+    std::vector<int64_t> runs(2 * (size_t)h.num_runs);
+    read_exactly(f, runs.data(), runs.size() * sizeof(int64_t), path, "training-state file");
+    int64_t total = 0;
+    for (size_t k = 0; k < runs.size(); k += 2) {
+        if (runs[k] < 0 || runs[k + 1] < 0 || runs[k] > h.num_params - runs[k + 1] || (total += runs[k + 1]) > h.shard_count) {
+            fail("training-state file '%s' is damaged: run %zu of its run table, [%lld, +%lld), is outside the %lld parameters or "
+                 "past the %lld elements the file holds", path.c_str(), k / 2, (long long)runs[k], (long long)runs[k + 1],
+                 (long long)h.num_params, (long long)h.shard_count);
+        }
+    }
+    if (total != h.shard_count) {
+        fail("training-state file '%s' is damaged: its run table covers %lld elements, its header says %lld", path.c_str(),
+             (long long)total, (long long)h.shard_count);
+    }
+    return runs;
 }
 
 inline TrainState read_train_state(const std::string& path) {
@@ -285,8 +368,7 @@ inline TrainState read_train_state(const std::string& path) {
     s.header = read_train_state_header(f, path);
     size_t n = (size_t)s.header.shard_count;
     const TrainStateHeader& h = s.header;
-    s.runs.resize(h.has_run_table ? 2 * (size_t)h.num_runs : 0);
-    if (!s.runs.empty()) read_exactly(f, s.runs.data(), s.runs.size() * sizeof(int64_t), path, "training-state file");
+    if (h.has_run_table) s.runs = read_state_run_table(f, h, path);
     s.m.resize(n);
     s.v.resize(n);
     read_exactly(f, s.m.data(), n * 4, path, "training-state file");

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 #include "llmc/cli.h"
@@ -22,17 +23,98 @@
 #include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------------------------
+// Checkpoint checksums
+
+// Checksums: a checkpoint's files can still be damaged after they were written whole (a bad disk, a
+// copy between machines cut short, a byte flipped). So before publishing, rank 0 reads every file of
+// the directory back (from the page cache, as a rule) and writes checksums.txt, a line per file:
+// "<hash, 16 hex digits> <bytes> <name>". Loading verifies it; a checkpoint without it (written
+// before it existed) loads unverified. The hash is FNV-1a over 64-bit little-endian words (then
+// the tail bytes): not cryptographic, one multiply per 8 bytes, and any flipped bit changes it.
+inline uint64_t checksum_update(uint64_t h, const unsigned char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// The file's checksum and size (a read of 1 MiB at a time), or false when it cannot be read.
+inline bool file_checksum(const std::string& path, uint64_t* hash, int64_t* bytes) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    std::vector<unsigned char> buffer(1 << 20);
+    uint64_t h = 0xcbf29ce484222325ull;
+    int64_t total = 0;
+    size_t n;
+    // (8-byte words of each chunk: the chunk size is a multiple of 8, so the words are the file's)
+    while ((n = fread(buffer.data(), 1, buffer.size(), f)) > 0) h = checksum_update(h, buffer.data(), n), total += (int64_t)n;
+    bool ok = !ferror(f);
+    fclose(f);
+    *hash = h, *bytes = total;
+    return ok;
+}
+
+constexpr const char* CHECKSUM_FILE = "checksums.txt";
+
+inline void write_checkpoint_checksums(const std::string& dir) {
+    std::string lines;
+    for (const std::string& path : expand_glob(dir + "/*")) {
+        std::string name = path.substr(path.rfind('/') + 1);
+        if (name == CHECKSUM_FILE || !file_exists(path)) continue;
+        uint64_t h;
+        int64_t n;
+        if (!file_checksum(path, &h, &n)) fail("cannot read back '%s' to checksum it", path.c_str());
+        lines += strprintf("%016llx %lld %s\n", (unsigned long long)h, (long long)n, name.c_str());
+    }
+    AtomicFile out(dir + "/" + CHECKSUM_FILE, "checksum file");
+    out.write(lines.data(), lines.size());
+    out.commit();
+}
+
+// "" when every file listed in dir/checksums.txt has its size and hash (or there is no list), else
+// what is wrong, naming the file.
+inline std::string checkpoint_checksum_problem(const std::string& dir) {
+    FILE* f = fopen((dir + "/" + CHECKSUM_FILE).c_str(), "r");
+    if (!f) return "";
+    char line[1024];
+    std::string problem;
+    while (problem.empty() && fgets(line, sizeof(line), f)) {
+        unsigned long long want_hash;
+        long long want_bytes;
+        char name[512];
+        if (sscanf(line, "%16llx %lld %511s", &want_hash, &want_bytes, name) != 3) {
+            problem = strprintf("%s has a line it cannot read", CHECKSUM_FILE);
+            break;
+        }
+        uint64_t h;
+        int64_t n;
+        if (!file_checksum(dir + "/" + name, &h, &n)) problem = strprintf("%s is missing", name);
+        else if (n != want_bytes) problem = strprintf("%s has %lld bytes, %s says %lld", name, (long long)n, CHECKSUM_FILE, want_bytes);
+        else if (h != want_hash) problem = strprintf("%s does not match its checksum (damaged bytes)", name);
+    }
+    fclose(f);
+    return problem;
+}
+
+// ----------------------------------------------------------------------------------------------
 // The model to start from
 
 // Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
 // may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
-inline std::string latest_checkpoint(const std::string& out_dir);
-inline std::string resolve_resume_dir(const TrainOptions& o) {
+// `announce`: the rank that prints says which newer checkpoints it skipped, and why.
+inline std::string latest_checkpoint(const std::string& out_dir, bool announce = false);
+inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = false) {
     if (o.resume.empty()) return "";
-    if (o.resume == "auto") return latest_checkpoint(o.out_dir);
-    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir) : o.resume;
+    if (o.resume == "auto") return latest_checkpoint(o.out_dir, announce);
+    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
     if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
     if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
+    std::string problem = o.resume == "latest" ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
+    if (!problem.empty()) fail("--resume '%s': %s; resume from another checkpoint", dir.c_str(), problem.c_str());
     return dir;
 }
 
@@ -136,14 +218,44 @@ inline std::string checkpoint_dir(const std::string& out_dir, int step) {
     return out_dir + strprintf("/ckpt_%08d", step);
 }
 
+// What a checkpoint directory lacks to be resumed from ("" when nothing): the weights (model.bin) or
+// the training state (state.bin, or state_rank0.bin and the other ranks' files it names). The rename
+// protocol below never publishes a partial checkpoint, but a disk that filled up, a copy interrupted
+// by hand or a deleted file can leave one; model.bin and the state are missing alike.
+inline std::string checkpoint_missing(const std::string& dir) {
+    if (!file_exists(dir + "/model.bin")) return "no model.bin";
+    if (file_exists(dir + "/state.bin")) return "";
+    if (!file_exists(dir + "/state_rank0.bin")) return "no state.bin or state_rank0.bin";
+    FILE* f = fopen((dir + "/state_rank0.bin").c_str(), "rb");
+    TrainStateHeader h;
+    bool read = f && fread(&h, sizeof(h), 1, f) == 1;
+    if (f) fclose(f);
+    if (!read || h.magic != STATE_MAGIC || h.world_size < 1 || h.world_size > (1 << 20)) return "a damaged state_rank0.bin";
+    for (int r = 1; r < h.world_size; r++)
+        if (!file_exists(dir + strprintf("/state_rank%d.bin", r))) return strprintf("no state_rank%d.bin", r);
+    return "";
+}
+
+// Why a checkpoint directory cannot be resumed from ("" when it can): a file missing, or one that
+// does not match its checksum.
+inline std::string checkpoint_problem(const std::string& dir) {
+    std::string missing = checkpoint_missing(dir);
+    return missing.empty() ? checkpoint_checksum_problem(dir) : missing + " (incomplete)";
+}
+
 // The newest complete checkpoint in out_dir, or "" (directories still named *.tmp are incomplete).
-inline std::string latest_checkpoint(const std::string& out_dir) {
-    std::string best;
+inline std::string latest_checkpoint(const std::string& out_dir, bool announce) {
+    std::vector<std::string> found;
     for (const std::string& path : expand_glob(out_dir + "/ckpt_*")) {
         std::string name = path.substr(path.rfind('/') + 1);
-        if (name.size() == 13 && dir_exists(path) && file_exists(path + "/model.bin")) best = path;  // sorted: last is newest
+        if (name.size() == 13 && dir_exists(path)) found.push_back(path);
     }
-    return best;
+    for (size_t i = found.size(); i-- > 0;) {  // sorted: the last is the newest
+        std::string problem = checkpoint_problem(found[i]);
+        if (problem.empty()) return found[i];
+        if (announce) printf("resume: skipping %s: %s\n", found[i].c_str(), problem.c_str());
+    }
+    return "";
 }
 
 // A checkpoint is written into "<dir>.tmp" and then renamed to <dir>: the rename is atomic, so a
@@ -188,7 +300,10 @@ inline std::string open_checkpoint_together(const std::string& out_dir, int step
 template <class Barrier>
 inline void publish_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier) {
     barrier("the barrier after writing the checkpoint");
-    if (rank == 0) printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+    if (rank == 0) {
+        write_checkpoint_checksums(checkpoint_dir(out_dir, step) + ".tmp");
+        printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+    }
 }
 
 // The header of one rank's training-state file: the slice of the optimizer state it holds, who wrote
@@ -260,12 +375,7 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
         FILE* f = open_for_reading(files[i], "training-state file");
         table.header = read_train_state_header(f, files[i]);
         const TrainStateHeader& h = table.header;
-        if (h.has_run_table) {
-            table.runs.resize(2 * (size_t)h.num_runs);
-            read_exactly(f, table.runs.data(), table.runs.size() * sizeof(int64_t), files[i], "training-state file");
-        } else {
-            table.runs = {h.shard_begin, h.shard_count};
-        }
+        table.runs = read_state_run_table(f, h, files[i]);
         fclose(f);
         if (h.num_params != (int64_t)num_params) {
             fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
@@ -345,11 +455,7 @@ inline void assemble_model_file(const std::string& dir, const GPT2Config& cfg) {
         FILE* f = open_for_reading(files[i], "training-state file");
         TrainStateHeader h = read_train_state_header(f, files[i]);
         if (!h.has_master_weights) fail("internal: '%s' holds no weights to assemble model.bin from", files[i].c_str());
-        std::vector<int64_t> table = {h.shard_begin, h.shard_count};
-        if (h.has_run_table) {
-            table.resize(2 * (size_t)h.num_runs);
-            read_exactly(f, table.data(), table.size() * sizeof(int64_t), files[i], "training-state file");
-        }
+        std::vector<int64_t> table = read_state_run_table(f, h, files[i]);
         fclose(f);
         tables[i].header = h;
         size_t at = 0;
@@ -402,6 +508,40 @@ inline void check_resume_state(const TrainStateHeader& h, const std::string& dir
                 "B=%d T=%d total=%lld): the data order will differ from an uninterrupted run\n", plan.B, plan.T,
                 (long long)plan.total_batch_tokens, h.batch_size, h.seq_len, (long long)h.total_batch_tokens);
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// A step that went wrong
+
+// A loss or gradient norm that is not finite (an overflow in one micro-batch, a learning rate far too
+// high) would write NaN into every weight the update touches, and the next checkpoint would save
+// them: a run that cannot be resumed. So such a step's update is skipped: the weights and AdamW's
+// state stay those of the last sound step, and the step counts as done (the schedule and the data
+// move on, as they would have). One bad batch is survived; --max-bad-steps in a row (default 3) mean
+// the run has diverged, and it stops, naming the step, before a checkpoint could be written from bad
+// weights. Every rank sees the same all-reduced loss and norm, so every rank decides the same.
+struct BadSteps {
+    int in_a_row = 0;
+};
+
+// Whether to apply this step's update (`step` counts from 1); prints a line when skipping (`leader`),
+// fails when the run has diverged.
+inline bool step_is_sound(BadSteps* b, int step, double loss, float norm, int max_bad_steps, bool leader) {
+    if (std::isfinite(loss) && std::isfinite(norm)) {
+        b->in_a_row = 0;
+        return true;
+    }
+    b->in_a_row++;
+    if (b->in_a_row >= max_bad_steps) {
+        fail("step %d: the loss is %g and the gradient norm %g, %d step%s in a row (--max-bad-steps %d): training diverged; "
+             "stopped before any update or checkpoint from non-finite values. Lower --lr, raise --warmup-steps, or check "
+             "--grad-clip", step, loss, (double)norm, b->in_a_row, b->in_a_row == 1 ? "" : "s", max_bad_steps);
+    }
+    if (leader) {
+        printf("step %d: the loss is %g and the gradient norm %g: update skipped, the weights are kept (%d of --max-bad-steps %d "
+               "in a row)\n", step, loss, (double)norm, b->in_a_row, max_bad_steps);
+    }
+    return false;
 }
 
 // ----------------------------------------------------------------------------------------------

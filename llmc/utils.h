@@ -59,6 +59,9 @@ inline bool stderr_line_open = false;
     fail_with_code(EXIT_BAD_USAGE, fmt, args);
 }
 
+// usage_fail(std::string) for messages built by concatenation.
+[[noreturn]] inline void usage_fail(const std::string& message) { usage_fail("%s", message.c_str()); }
+
 // ----------------------------------------------------------------------------------------------
 // Reading files
 

@@ -10,7 +10,10 @@ shards, and compares what it wrote (--dump-state: losses and final weights) or w
   determinism     two runs agree bitwise, also with 1 thread vs 2 (every reduction has a fixed order)
   accumulation    B=4 in one micro-batch == B=2 with 2 accumulation steps (same tokens per step), to
                   fp32 rounding (1e-5 relative on weights: only the order of summation differs)
-  learning        on a periodic token stream the loss falls well below log(V)
+  learning        on a periodic token stream of 16 distinct tokens the loss falls from log(V) = 6.24
+                  to below 1.5: under log(16) = 2.77, the floor of a model that learned only which
+                  tokens occur, so it uses the context. Measured 0.91: a margin of 0.6 nats that no
+                  CPU's rounding (vector width, FMA, thread count) comes near
   errors          bad flags exit 2 with one line; bad files and a diverging run exit 1 with a clear message
 """
 import json, math, os, shutil, struct, subprocess, sys, tempfile
@@ -110,7 +113,8 @@ def main():
     learn = run(["--model", MODEL, "--train-data", periodic, "--val-data", "none", "--batch-size", "4",
                  "--seq-len", "32", "--steps", "40", "--lr", "3e-3", "--dump-state", os.path.join(tmp, "learn.st")])
     losses = read_dump(os.path.join(tmp, "learn.st"))["losses"]
-    report(losses[0] > 0.9 * math.log(512) and losses[-1] < 1.0, "the loss on a periodic stream falls from ~log(V) to < 1",
+    report(losses[0] > 0.9 * math.log(512) and losses[-1] < 1.5,
+           "the loss on a periodic stream falls from ~log(V) to < 1.5 (below log(16), the unigram floor)",
            f"first {losses[0]:.3f}, last {losses[-1]:.3f}")
 
     # ---- command-line errors: exit code 2, one line naming the flag

@@ -155,7 +155,7 @@ def main():
         straight, _ = r.dump("straight", 2, "--batch-size", 2, "--zero", 1, "--checkpoint-every", 5)
         ckpt = os.path.join(work, "out", "ckpt_00000005")
         files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-        report(files == ["model.bin", "state_rank0.bin", "state_rank1.bin"] and
+        report(files == ["checksums.txt", "model.bin", "state_rank0.bin", "state_rank1.bin"] and
                not any(n.endswith(".tmp") for n in os.listdir(os.path.join(work, "out"))),
                "a ZeRO-1 checkpoint holds model.bin and one state file per rank, nothing half-written", str(files))
         resumed, out = r.dump("resumed", 2, "--batch-size", 2, "--zero", 1, "--resume", ckpt)
@@ -185,7 +185,7 @@ def main():
                "2-rank ZeRO-1 checkpoint resumed as 2-rank ZeRO-0: bit-identical to the straight run",
                "m and v were not reassembled exactly")
         ckpt0 = os.path.join(work, "out", "ckpt_00000010")
-        report(sorted(os.listdir(ckpt0)) == ["model.bin", "state.bin"],
+        report(sorted(os.listdir(ckpt0)) == ["checksums.txt", "model.bin", "state.bin"],
                "a ZeRO-0 checkpoint of 2 ranks holds one state.bin (rank 0's full m and v)", str(os.listdir(ckpt0)))
         broken = os.path.join(work, "broken_ckpt")
         shutil.copytree(ckpt, broken)

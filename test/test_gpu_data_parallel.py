@@ -195,7 +195,7 @@ def main():
         straight, _ = r.dump("straight", 2, "--batch-size", 2, "--zero", 1, "--checkpoint-every", 5)
         ckpt = os.path.join(work, "out", "ckpt_00000005")
         files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-        report(files == ["model.bin", "state_rank0.bin", "state_rank1.bin"],
+        report(files == ["checksums.txt", "model.bin", "state_rank0.bin", "state_rank1.bin"],
                "a 2-rank ZeRO-1 checkpoint holds model.bin and one state file per rank", str(files))
         size = os.path.getsize(os.path.join(ckpt, "state_rank1.bin")) if files else 0
         report(size == 1024 + 3 * 4 * 235264, "each rank's state file holds m, v AND the fp32 master weights of its "

@@ -3,25 +3,45 @@
 
 A tiny byte-level vocabulary (GPT-2's encoder.json/vocab.bpe format: the 256 byte tokens and
 <|endoftext|>) keeps the model small. A 2-layer model is trained on a repeated text of three
-sentences while evaluating HellaSwag every 50 steps; each example's context is the start of one
-sentence, the right ending its continuation, the wrong endings continuations of the others. Then:
+sentences while evaluating HellaSwag every 100 steps; each example's context is the start of one
+sentence, the right ending its continuation, the wrong endings continuations of the others.
 
-  trained         the trained model picks the right ending of every example: 100%
-  not trivial     the same examples with the labels moved to a wrong ending score 0%, and the
-                  untrained model does not score 100% (the score depends on the model, not on the
-                  file); several ranks (mpirun -np 2) score exactly what one rank scores
+The trainer's scores are checked against an independent reference: the PyTorch GPT-2
+(gpt2_reference.py, float64) reads the checkpoint and computes every ending's mean token loss. An
+example's margin is (the best wrong ending's loss) - (the right ending's loss). The trainer (fp32)
+and the reference differ by ~1e-6 per loss, so every example whose |margin| > TIE (1e-3) has one
+right answer, and the trainer's count must lie in [examples with margin > TIE, examples with
+margin > -TIE]: an exact count wherever the answer is clear, and no dependence on the last bits of
+one CPU's rounding where it is not. Then:
+
+  trained         the reference finds the right ending ahead on every example by >= MIN_MARGIN
+                  (0.1 nats per token): a learned result with a margin no vector width, FMA
+                  contraction or thread count can cross. Measured on an AMD EPYC (Zen 4): 0.480
+                  built with -march=native (AVX-512), 0.483 with -march=x86-64-v3 (AVX2). (After 150
+                  steps one example's margin was -0.03 on an AMD EPYC Zen 4, which scored 9/10
+                  where the development machine scored 10/10: the old "100%" depended on the CPU.)
+  agreement       the trainer's count (training, --eval-only on the checkpoint, --resume, 2 ranks)
+                  is the reference's
+  not trivial     the same examples with the labels moved to a wrong ending: the reference's
+                  count for those labels (0); the checker rejects that count against the right
+                  labels (a planted wrong evaluator, the negative control); an untrained model does
+                  not score 100%
   during training --hellaswag-every N logs a "hellaswag" record at steps 0, N, ... and at the end
   format          "ctx" or "ctx_a" + "ctx_b", a label given as a string, extra fields ignored
   errors          a bad JSON line, three endings, a label out of range, a missing label, no
                   context: exit 1 with one line naming the file and the line
 """
-import json, os, shutil, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
+import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
+from gpt2_reference import load_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=64,V=258"
+TIE = 1e-3          # |margin| below this: fp32 rounding may pick either ending
+MIN_MARGIN = 0.1    # the trained model's right endings must lead by this much (nats per token)
 failures = 0
 
 SENTENCES = ["the cat sat on the mat.", "the dog ran to the park.", "a bird flew over the sea."]
@@ -87,6 +107,44 @@ def write_jsonl(path, rows):
             f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
 
 
+def context_of(row):
+    return row.get("ctx") or row["ctx_a"] + " " + row["ctx_b"]
+
+
+def reference_losses(model_path, rows):
+    """Each example's four mean token losses, by the PyTorch reference in float64. Byte-level
+    vocabulary: a text's tokens are its bytes; the ending is read after the context with a leading
+    space, as llmc/hellaswag.h encodes it."""
+    model = load_model(model_path).double()
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            context = list(context_of(r).encode())
+            losses = []
+            for ending in r["endings"]:
+                tokens = context + list((" " + ending).encode())
+                logits, _ = model(torch.tensor([tokens[:-1]]))
+                logp = torch.log_softmax(logits[0], dim=-1)
+                n = len(tokens) - len(context)
+                losses.append(-sum(logp[len(context) - 1 + i, t].item() for i, t in enumerate(tokens[len(context):])) / n)
+            out.append(losses)
+    return out
+
+
+def margins(losses, labels):
+    return [min(l for i, l in enumerate(ls) if i != lab) - ls[lab] for ls, lab in zip(losses, labels)]
+
+
+def count_range(losses, labels):
+    """The counts of right answers an evaluator with fp32 rounding may report."""
+    m = margins(losses, labels)
+    return sum(x > TIE for x in m), sum(x > -TIE for x in m)
+
+
+def in_range(count, bounds):
+    return count is not None and bounds[0] <= count <= bounds[1]
+
+
 def run(args, mpi=0):
     cmd = [TRAINER] + args
     if mpi:
@@ -97,6 +155,12 @@ def run(args, mpi=0):
 def accuracy(stdout):
     lines = [l for l in stdout.splitlines() if "| hellaswag " in l]
     return float(lines[-1].split("hellaswag ")[1].split("%")[0]) if lines else None
+
+
+def correct(stdout, n):
+    """The count of right answers in the last '(k/n, by mean token loss' line, or None."""
+    found = re.findall(r"\((\d+)/" + str(n) + r", by mean token loss", stdout)
+    return int(found[-1]) if found else None
 
 
 def main():
@@ -111,48 +175,67 @@ def main():
     write_shard(shard, list(text.encode()))
     rows = examples()
     # check the construction itself: the labelled ending is the sentence's real continuation
-    assert all((r.get("ctx") or r["ctx_a"] + " " + r["ctx_b"]) + " " + r["endings"][int(r["label"])] in text for r in rows)
+    assert all(context_of(r) + " " + r["endings"][int(r["label"])] in text for r in rows)
     hs = os.path.join(tmp, "hellaswag.jsonl")
     write_jsonl(hs, rows)
     common = ["--tokenizer", vocab, "--hellaswag", hs, "--val-data", "none", "--batch-size", "4", "--seq-len", "64",
               "--threads", "2"]
 
-    # ---- train while evaluating every 50 steps
+    # ---- train while evaluating every 100 steps
     out = os.path.join(tmp, "run")
-    p = run(["--model", MODEL, "--train-data", shard, "--steps", "150", "--lr", "1e-2", "--warmup-steps", "10",
-             "--hellaswag-every", "50", "--checkpoint-every", "150", "--out-dir", out] + common)
+    p = run(["--model", MODEL, "--train-data", shard, "--steps", "300", "--lr", "1e-2", "--warmup-steps", "10",
+             "--hellaswag-every", "100", "--checkpoint-every", "300", "--out-dir", out] + common)
     if p.returncode != 0:
         report(False, "training with --hellaswag-every", p.stderr[-2000:])
         return 1
     log = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     steps = [r["step"] for r in log if r["type"] == "hellaswag"]
     losses = [r["loss"] for r in log if r["type"] == "step"]
-    report(steps == [0, 50, 100, 150], "--hellaswag-every 50 evaluates at steps 0, 50, 100 and at the end (150)", f"{steps}")
+    report(steps == [0, 100, 200, 300], "--hellaswag-every 100 evaluates at steps 0, 100, 200 and at the end (300)", f"{steps}")
+
+    # ---- the reference's losses for the checkpoint: the learned result, with its margin
+    n = len(rows)
+    model = os.path.join(out, "ckpt_00000300", "model.bin")
+    ref = reference_losses(model, rows)
+    labels = [int(r["label"]) for r in rows]
+    right = count_range(ref, labels)
+    smallest = min(margins(ref, labels))
+    report(smallest >= MIN_MARGIN, f"trained (loss {losses[-1]:.3f}): the reference puts the right ending ahead on all {n} "
+           f"examples by >= {MIN_MARGIN} nats/token (smallest margin {smallest:.3f})",
+           f"margins {[round(x, 3) for x in margins(ref, labels)]}")
     final = [r for r in log if r["type"] == "hellaswag"][-1]
-    report(final["acc"] == 1.0 and final["examples"] == len(rows) and accuracy(p.stdout) == 100.0,
-           f"the trained model picks the right ending of all {len(rows)} examples (loss {losses[-1]:.3f})",
-           f"{final}, last loss {losses[-1]:.3f}")
+    report(in_range(final["correct"], right) and final["examples"] == n and in_range(correct(p.stdout, n), right),
+           f"during training the trainer counts what the reference counts ({final['correct']}/{n}; reference {right})",
+           f"{final}")
 
     # ---- standalone: --eval-only on the checkpoint, and on an untrained model
-    model = os.path.join(out, "ckpt_00000150", "model.bin")
     p = run(["--eval-only", "--model", model, "--metrics", "none"] + common)
-    report(p.returncode == 0 and accuracy(p.stdout) == 100.0 and "step     1/" not in p.stdout,
-           "--eval-only --model CKPT evaluates without training: 100%", p.stdout[-800:] + p.stderr[-800:])
-    p = run(["--eval-only", "--resume", os.path.join(out, "ckpt_00000150"), "--metrics", "none"] + common)
-    report(p.returncode == 0 and accuracy(p.stdout) == 100.0, "--eval-only --resume CKPT_DIR: 100%", p.stderr[-500:])
-    wrong = os.path.join(tmp, "wrong.jsonl")
-    write_jsonl(wrong, [dict(r, label=(int(r["label"]) + 1) % 4) for r in rows])
-    p = run(["--eval-only", "--model", model, "--metrics", "none"] + common[:3] + [wrong] + common[4:])
-    report(p.returncode == 0 and accuracy(p.stdout) == 0.0, "with every label moved to a wrong ending the same model scores 0%",
+    report(p.returncode == 0 and in_range(correct(p.stdout, n), right) and "step     1/" not in p.stdout,
+           f"--eval-only --model CKPT evaluates without training: {correct(p.stdout, n)}/{n}, the reference's count",
+           p.stdout[-800:] + p.stderr[-800:])
+    p = run(["--eval-only", "--resume", os.path.dirname(model), "--metrics", "none"] + common)
+    report(p.returncode == 0 and in_range(correct(p.stdout, n), right), "--eval-only --resume CKPT_DIR: the reference's count",
            p.stdout[-500:] + p.stderr[-500:])
+    wrong = os.path.join(tmp, "wrong.jsonl")
+    moved = [(lab + 1) % 4 for lab in labels]
+    write_jsonl(wrong, [dict(r, label=m) for r, m in zip(rows, moved)])
+    p = run(["--eval-only", "--model", model, "--metrics", "none"] + common[:3] + [wrong] + common[4:])
+    moved_count = correct(p.stdout, n)
+    report(p.returncode == 0 and in_range(moved_count, count_range(ref, moved)) and count_range(ref, moved) == (0, 0),
+           f"with every label moved to a wrong ending the same model scores {moved_count}/{n}, the reference's 0",
+           p.stdout[-500:] + p.stderr[-500:])
+    report(not in_range(moved_count, right),
+           f"negative control: the checker rejects that count ({moved_count}) against the right labels {right}")
     p = run(["--eval-only", "--model", MODEL, "--metrics", "none"] + common)
     untrained = accuracy(p.stdout)
+    # 10 examples at chance (25%) reach 75% with probability 4e-4: a margin, not a coin flip
     report(p.returncode == 0 and untrained is not None and untrained < 75.0,
            f"an untrained model scores near chance ({untrained}%), not 100%", p.stdout[-500:] + p.stderr[-500:])
     if shutil.which("mpirun"):
         p = run(["--eval-only", "--model", model, "--metrics", "none"] + common[:-2] + ["--threads", "1"], mpi=2)
-        report(p.returncode == 0 and accuracy(p.stdout) == 100.0 and f"({len(rows)}/{len(rows)}," in p.stdout,
-               "2 ranks split the examples and report the same 100% over all of them", p.stdout[-500:] + p.stderr[-800:])
+        report(p.returncode == 0 and in_range(correct(p.stdout, n), right),
+               f"2 ranks split the examples and report the reference's count over all {n} of them",
+               p.stdout[-500:] + p.stderr[-800:])
     else:
         print("SKIP: hellaswag on 2 ranks (mpirun is not installed)")
 

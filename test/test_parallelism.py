@@ -236,7 +236,7 @@ def main():
         check_predictions("tp2 x pp2 + sequence parallel", out, 4)
         ckpt = os.path.join(work, "out", "ckpt_00000005")
         files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
-        report(files == ["model.bin"] + [f"state_rank{i}.bin" for i in range(4)],
+        report(files == ["checksums.txt", "model.bin"] + [f"state_rank{i}.bin" for i in range(4)],
                "a tp2 x pp2 checkpoint: model.bin (assembled by rank 0) and one state file per rank", str(files))
         resumed, out = r.dump("tp2pp2_resumed", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel", 1,
                               "--resume", ckpt)

@@ -54,11 +54,12 @@ def tokens_of(paths):
     return [[int(x) for x in line.split()] for line in out.split("\n")[: len(paths)]]
 
 
-def expect_error(name, args, *needles):
-    """Bad input: non-zero exit, and exactly one 'error:' line that says what and how to fix it."""
+def expect_error(name, args, *needles, code=1):
+    """Bad input: exit 1 (a bad command line: exit 2), and exactly one line on stderr, 'error: ...', that
+    says what and how to fix it."""
     result = run(*args)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    ok = result.returncode != 0 and len(errors) == 1 and all(n in errors[0] for n in needles)
+    errors = result.stderr.strip().splitlines()
+    ok = result.returncode == code and len(errors) == 1 and errors[0].startswith("error:") and all(n in errors[0] for n in needles)
     report(ok, f"bad input: {name}", f"exit {result.returncode}, stderr: {result.stderr.strip()!r}")
 
 
@@ -203,9 +204,15 @@ def main():
                      "invalid UTF-8 at byte offset 25", "line 2")
         expect_error("missing vocabulary", [book, "--out-dir", bad_dir, "--encoder", os.path.join(tmp, "none.json")],
                      "none.json", "get_vocab.sh")
-        expect_error("--val-fraction out of range", [book, "--out-dir", bad_dir, "--val-fraction", "1.5"],
-                     "--val-fraction")
-        expect_error("unknown option", [book, "--frobnicate"], "unknown option --frobnicate")
+        expect_error("--val-fraction out of range -> exit 2", [book, "--out-dir", bad_dir, "--val-fraction", "1.5"],
+                     "--val-fraction", code=2)
+        expect_error("unknown option -> exit 2", [book, "--frobnicate"], "unknown option --frobnicate", code=2)
+        expect_error("no INPUT -> exit 2", [], "no INPUT given", code=2)
+        for tool, args, line in [(PREPARE, [book, "--out-dir"], "error: --out-dir needs a value (see --help)"),
+                                 (TOKENIZE, ["--frobnicate"], "error: unknown option --frobnicate (see --help)")]:
+            p = subprocess.run([tool] + args, capture_output=True, text=True)
+            report(p.returncode == 2 and p.stderr.strip() == line, f"{os.path.basename(tool)} {' '.join(args[-1:])} -> exit 2, one line",
+                   f"exit {p.returncode}, stderr {p.stderr!r}")
 
         # A vocabulary with ids beyond uint16: 256 byte tokens, one merge with id 70000.
         printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]

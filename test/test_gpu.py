@@ -343,6 +343,27 @@ def d12(S):
            and "GPU memory: peak" in p.stdout, "the run prints the buffer table, MFU and peak memory", p.stdout[-1500:])
 
 
+def no_poisoned_checkpoint(S):
+    """An LR that sends the gradient norm to NaN: the GPU trainer skips those updates, stops at the 3rd in a
+    row, and every checkpoint it left holds finite weights (as the CPU trainer, test_bad_inputs.py)."""
+    out_dir = f"{S.tmp}/nan"
+    p = run([GPU, "--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + DEFAULT_ATTENTION +
+            ["--batch-size", "4", "--seq-len", "64", "--steps", "8", "--lr", "1e6", "--lr-schedule", "constant",
+             "--checkpoint-every", "1", "--out-dir", out_dir], expect_ok=False)
+    ckpts = sorted(d for d in os.listdir(out_dir) if d.startswith("ckpt_")) if os.path.isdir(out_dir) else []
+
+    def finite(path):  # version 3: fp32 parameters, 5: bf16 (the upper half of fp32)
+        version = int(np.fromfile(path, dtype="<i4", count=2)[1])
+        raw = np.fromfile(path, dtype="<u2" if version == 5 else "<f4", offset=1024)
+        values = (raw.astype(np.uint32) << 16).view(np.float32) if version == 5 else raw
+        return raw.size > 0 and bool(np.all(np.isfinite(values)))
+
+    report(p.returncode == 1 and "training diverged" in p.stderr and "update skipped" in p.stdout and ckpts and
+           all(finite(f"{out_dir}/{d}/model.bin") for d in ckpts),
+           f"--lr 1e6: non-finite steps skipped, the run stops, its {len(ckpts)} checkpoints hold finite weights",
+           f"exit {p.returncode}, checkpoints {ckpts}: {p.stdout[-600:]} {p.stderr[-400:]}")
+
+
 def memory_check(S):
     p = run([GPU, "--model", "d12", "--batch-size", "100000", "--seq-len", "1024"] + S.data["tiny"], expect_ok=False)
     report(p.returncode == 1 and "largest micro-batch that fits" in p.stderr and "step" not in p.stdout,
@@ -402,6 +423,7 @@ def main():
         check("master weights off", master_weights_off, S, steps)
         check("resume", resume, S)
         check("gpu vs cpu (d12)", d12, S)
+        check("no poisoned checkpoint", no_poisoned_checkpoint, S)
         check("memory check", memory_check, S)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

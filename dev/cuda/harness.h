@@ -234,6 +234,8 @@ struct Version {
 
 struct LabArgs {
     bool small = false;          // --small: B=2, T=256 (quick checks)
+    bool tiny = false;           // --tiny: B=2, T=64, C=1600, V=1001 (for the CPU emulation of CUDA)
+    bool check_only = false;     // --check-only: the correctness checks, no ceilings, no timing
     bool list = false;           // --list: print the versions and exit (no GPU needed)
     int batch = 0;               // --batch B (0: 8, or 2 with --small)
     uint64_t seed = 0;           // --seed S (0: a fresh one each run)
@@ -259,6 +261,8 @@ inline bool parse_lab_args(int argc, char** argv, LabArgs* a, std::string* err) 
             return argv[++i];
         };
         if (arg == "--small") a->small = true;
+        else if (arg == "--tiny") a->tiny = true;
+        else if (arg == "--check-only") a->check_only = true;
         else if (arg == "--list") a->list = true;
         else if (arg == "--batch" || arg == "--seed" || arg == "--repeats" || arg == "--version") {
             const char* s = value("a number");
@@ -278,10 +282,14 @@ inline bool parse_lab_args(int argc, char** argv, LabArgs* a, std::string* err) 
         } else if (number(arg.c_str(), &v) && v >= 1) {
             a->versions.push_back((int)v);
         } else {
-            *err = strprintf("unknown argument '%s' (usage: [--small] [--batch B] [--seed S] [--repeats N] "
+            *err = strprintf("unknown argument '%s' (usage: [--small | --tiny] [--check-only] [--batch B] [--seed S] [--repeats N] "
                              "[--kernel NAME] [--version N | N ...] [--list])", arg.c_str());
             return false;
         }
+    }
+    if (a->small && a->tiny) {
+        *err = "--small and --tiny are two sizes: choose one";
+        return false;
     }
     return true;
 }

@@ -341,9 +341,10 @@ inline void lab_case(Lab* lab, const Case& c) {
         std::vector<unsigned char> raw(bytes);
         CUDA_CHECK(cudaMemcpy(raw.data(), k.device, bytes, cudaMemcpyDeviceToHost));
         ErrorStats s = compare_output(raw.data(), k.dtype, k.ref->data(), n);
-        printf("   check %-10s %s x %zu: rel err %.2e (bound %.0e), max abs %.2e (max|ref| %.2e) -> %s%s%s\n", k.name,
-               dtype_name(k.dtype), n, s.rel_l2, s.bound, s.max_abs, s.ref_max_abs, s.pass ? "PASS" : "FAIL",
-               s.pass ? "" : ": ", s.why.c_str());
+        printf("   check %-10s %s x %zu: rel err %.2e (bound %.0e), max abs %.2e (max|ref| %.2e), bits %016llx -> %s%s%s\n",
+               k.name, dtype_name(k.dtype), n, s.rel_l2, s.bound, s.max_abs, s.ref_max_abs,
+               (unsigned long long)bits_digest(raw.data(), bytes), s.pass ? "PASS" : "FAIL", s.pass ? "" : ": ",
+               s.why.c_str());
         pass &= s.pass;
         double ratio = s.pass ? s.rel_l2 / s.bound : INFINITY;
         if (ratio > worst_ratio) {

@@ -130,6 +130,16 @@ inline ErrorStats compare_output(const void* out_raw, Dtype dt, const float* ref
     return s;
 }
 
+// A digest of an output's bits (64-bit FNV-1a), printed with each check: a kernel without atomics
+// must give the same bits whatever the order of its threads and blocks, so two runs on the same
+// seed that print different digests for it have found a race (test/test_emu_kernel_lab.py compares
+// them across the CPU emulation's schedules).
+inline uint64_t bits_digest(const void* p, size_t bytes) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const unsigned char*)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
 // ----------------------------------------------------------------------------------------------
 // Times
 

@@ -51,5 +51,14 @@ $(EMU_DIR)/dev/cpu_reference.o: dev/cuda/cpu_reference.cpp dev/cuda/cpu_referenc
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
+EMU_DEV_LINK = $(EMU_CXX) $(EMU_FLAGS) -x c++ -include test/emu/cuda_emu.h $(1) -x none $(EMU_DEV_LIBS) -fopenmp -o $(2)
 $(EMU_DIR)/dev/%: $(EMU_STAMP) $(EMU_DEV_LIBS)
-	$(EMU_CXX) $(EMU_FLAGS) -x c++ -include test/emu/cuda_emu.h $(EMU_SRC)/dev/cuda/$*.cu -x none $(EMU_DEV_LIBS) -fopenmp -o $@
+	$(call EMU_DEV_LINK,$(EMU_SRC)/dev/cuda/$*.cu,$@)
+
+# A mutated copy of a lab program, built as the real one is (test/test_emu_kernel_lab.py plants a
+# bug and expects the lab's own check to catch it):
+#   make emu-lab-variant VARIANT_ROOT=DIR VARIANT=dev/cuda/NAME.cu VARIANT_OUT=PROGRAM  (DIR/dev/cuda/NAME.cu)
+.PHONY: emu-lab-variant
+emu-lab-variant: $(EMU_STAMP) $(EMU_DEV_LIBS)
+	python3 test/emu/cu2cpp.py $(VARIANT_ROOT) $(VARIANT_ROOT)/emu $(VARIANT)
+	$(call EMU_DEV_LINK,$(VARIANT_ROOT)/emu/$(VARIANT),$(VARIANT_OUT))

@@ -138,6 +138,23 @@ int main() {
     check(!parse_lab_args(3, (char**)argv3, &b, &err), "--batch 0 is refused", err);
     const char* argv4[] = {"prog", "--fast"};
     check(!parse_lab_args(2, (char**)argv4, &b, &err) && err.find("--fast") != std::string::npos, "an unknown flag fails", err);
+    const char* argv5[] = {"prog", "--tiny", "--check-only"};
+    LabArgs t;
+    check(parse_lab_args(3, (char**)argv5, &t, &err) && t.tiny && t.check_only && !t.small, "--tiny and --check-only parse", err);
+    const char* argv6[] = {"prog", "--tiny", "--small"};
+    check(!parse_lab_args(3, (char**)argv6, &b, &err) && err.find("choose one") != std::string::npos,
+          "--tiny with --small is refused", err);
+
+    // --- the digest of an output's bits: one flipped bit anywhere changes it
+    std::vector<float> copy = ref;
+    uint64_t digest = bits_digest(ref.data(), ref.size() * 4);
+    bool all_change = true;
+    for (size_t i : {(size_t)0, ref.size() / 2, ref.size() - 1}) {
+        copy[i] = std::nextafter(ref[i], INFINITY);
+        all_change &= bits_digest(copy.data(), copy.size() * 4) != digest;
+        copy[i] = ref[i];
+    }
+    check(all_change && bits_digest(copy.data(), copy.size() * 4) == digest, "the bits digest sees one changed ulp");
 
     // --- random inputs
     std::vector<float> again = random_normal(n, 42, 0.0f, 1.0f), other = random_normal(n, 43, 0.0f, 1.0f);

@@ -65,8 +65,7 @@ __global__ void adamw_all_scalar(floatX* params, float* master, const floatX* gr
 int main(int argc, char** argv) {
     Lab lab;
     lab_begin(&lab, argc, argv, "adamw", VERSIONS);
-    GPT2Config cfg;  // d12
-    if (lab.args.small) cfg.num_layers = 1;
+    GPT2Config cfg = lab_model(lab);
     ParamLayout layout = param_layout(cfg);
     size_t n = layout.total;
     printf("%zu parameters (%s)\n", n, describe_config(cfg).c_str());

@@ -16,7 +16,13 @@
 // the tables.
 //
 // Shapes: GPT-2 small (d12) training, B=8 (--batch) x T=1024, C=768, 12 heads, vocab 50257 padded
-// to 50304; --small: B=2, T=256, for a quick check.
+// to 50304; --small: B=2, T=256, for a quick check; --tiny, for the CPU emulation of CUDA
+// (test/emu/): B=2, T=64, d48's width C=1600 (25 heads of 64: not a multiple of 256 or of a warp's
+// 16-byte loads) and a vocabulary of 1001 padded to 1024 (as odd as GPT-2's). T and B*T stay
+// multiples of 64 and 128, which the flash attention and the tiled matmuls need, so every version
+// runs and is checked.
+// --check-only: the checks without the ceilings and the timing. Under the emulator it is always on:
+// an emulated time says nothing about a GPU (and its 8192^3 GEMM ceiling would take an hour).
 #pragma once
 
 #ifdef LLMC_FP32
@@ -128,7 +134,25 @@ struct Lab {
 inline uint64_t next_seed(Lab* lab) { return splitmix64(lab->seed + 0x1000 * (uint64_t)++lab->seeds_used); }
 
 inline int lab_slots(const Lab& lab, double bytes_per_slot) {
+    if (lab.args.check_only) return 1;  // nothing is timed: one copy of the inputs is enough
     return rotation_slots(bytes_per_slot, (double)lab.prop.l2CacheSize);
+}
+
+// The model whose parameters adamw.cu and global_norm.cu stream through: GPT-2 small (d12); one
+// layer of it with --small; with --tiny, 2 layers of C=160 over the tiny vocabulary (0.8M
+// parameters: a thread per parameter stays affordable under emulation).
+inline GPT2Config lab_model(const Lab& lab) {
+    GPT2Config cfg;
+    if (lab.args.small) cfg.num_layers = 1;
+    if (lab.args.tiny) {
+        cfg.num_layers = 2;
+        cfg.channels = 160;
+        cfg.num_heads = 2;
+        cfg.max_seq_len = lab.T;
+        cfg.vocab_size = lab.V;
+        cfg.padded_vocab_size = lab.Vp;
+    }
+    return cfg;
 }
 
 // Random bf16 in [-1, 1) from a hash of the index (the ceilings' operands: a GEMM on zeros would
@@ -208,6 +232,14 @@ inline Ceilings measure_ceilings(cudaStream_t stream) {
     return c;
 }
 
+inline const char* lab_untimed_why() {
+#ifdef CUDA_EMU
+    return "the CPU emulation of CUDA: its times say nothing about a GPU";
+#else
+    return "--check-only";
+#endif
+}
+
 // Parses the command line, prints the versions and exits for --list (no GPU needed), otherwise
 // picks the shapes and the seed, opens the GPU and measures the ceilings.
 inline void lab_begin(Lab* lab, int argc, char** argv, const char* program, const std::vector<Version>& versions) {
@@ -224,8 +256,17 @@ inline void lab_begin(Lab* lab, int argc, char** argv, const char* program, cons
             printf("%s %d\t%s\t%s%s\n", v.kernel, v.id, v.name, v.what, v.trainers ? " [the trainer's]" : "");
         exit(0);
     }
-    lab->B = lab->args.batch ? lab->args.batch : (lab->args.small ? 2 : 8);
-    lab->T = lab->args.small ? 256 : 1024;
+    lab->B = lab->args.batch ? lab->args.batch : (lab->args.small || lab->args.tiny ? 2 : 8);
+    lab->T = lab->args.tiny ? 64 : lab->args.small ? 256 : 1024;
+    if (lab->args.tiny) {  // odd where every version allows it (T: the flash kernels' 64-row blocks)
+        lab->C = 1600;
+        lab->NH = 25;
+        lab->V = 1001;
+        lab->Vp = pad_vocab(lab->V);
+    }
+#ifdef CUDA_EMU
+    lab->args.check_only = true;
+#endif
     lab->seed = lab->args.seed ? lab->args.seed : fresh_seed();
     int devices = 0;
     cudaError_t e = cudaGetDeviceCount(&devices);
@@ -240,6 +281,10 @@ inline void lab_begin(Lab* lab, int argc, char** argv, const char* program, cons
            lab->prop.minor, lab->prop.multiProcessorCount, lab->prop.l2CacheSize / 1e6, lab->prop.totalGlobalMem / 1e9);
     printf("shapes: B=%d T=%d C=%d NH=%d V=%d (padded %d); seed %llu (replay: --seed %llu)\n", lab->B, lab->T, lab->C,
            lab->NH, lab->V, lab->Vp, (unsigned long long)lab->seed, (unsigned long long)lab->seed);
+    if (lab->args.check_only) {
+        printf("timing: not measured (%s)\n", lab_untimed_why());
+        return;
+    }
     lab->ceilings = measure_ceilings(lab->stream);
     printf("ceilings: copy %.0f GB/s (read + write), bf16 GEMM %.1f TFLOP/s\n", lab->ceilings.copy_gbs,
            lab->ceilings.gemm_tflops);
@@ -296,9 +341,10 @@ inline void lab_case(Lab* lab, const Case& c) {
         std::vector<unsigned char> raw(bytes);
         CUDA_CHECK(cudaMemcpy(raw.data(), k.device, bytes, cudaMemcpyDeviceToHost));
         ErrorStats s = compare_output(raw.data(), k.dtype, k.ref->data(), n);
-        printf("   check %-10s %s x %zu: rel err %.2e (bound %.0e), max abs %.2e (max|ref| %.2e) -> %s%s%s\n", k.name,
-               dtype_name(k.dtype), n, s.rel_l2, s.bound, s.max_abs, s.ref_max_abs, s.pass ? "PASS" : "FAIL",
-               s.pass ? "" : ": ", s.why.c_str());
+        printf("   check %-10s %s x %zu: rel err %.2e (bound %.0e), max abs %.2e (max|ref| %.2e), bits %016llx -> %s%s%s\n",
+               k.name, dtype_name(k.dtype), n, s.rel_l2, s.bound, s.max_abs, s.ref_max_abs,
+               (unsigned long long)bits_digest(raw.data(), bytes), s.pass ? "PASS" : "FAIL", s.pass ? "" : ": ",
+               s.why.c_str());
         pass &= s.pass;
         double ratio = s.pass ? s.rel_l2 / s.bound : INFINITY;
         if (ratio > worst_ratio) {
@@ -310,6 +356,13 @@ inline void lab_case(Lab* lab, const Case& c) {
     if (c.checks.empty()) {
         printf("   no output checked: FAIL\n");
         pass = false;
+    }
+    row.status = pass ? "PASS" : "FAIL";
+    lab->failed |= !pass;
+    if (lab->args.check_only) {
+        printf("row: %s", table_row(row).c_str());
+        lab->rows.push_back(row);
+        return;
     }
 
     // 2. timing: warm-up round(s), then enough rounds over the slots for the repeats asked for
@@ -343,8 +396,6 @@ inline void lab_case(Lab* lab, const Case& c) {
         CUDA_CHECK(cudaEventDestroy(stop[s]));
     }
     row.ms = median(times);
-    row.status = pass ? "PASS" : "FAIL";
-    lab->failed |= !pass;
     printf("   time: median %s of %zu launches (min %s, max %s; %d slot%s); %s, %s of the roofline floor\n",
            format_time(row.ms).c_str(), times.size(), format_time(*std::min_element(times.begin(), times.end())).c_str(),
            format_time(*std::max_element(times.begin(), times.end())).c_str(), slots, slots == 1 ? "" : "s",
@@ -357,8 +408,11 @@ inline void lab_case(Lab* lab, const Case& c) {
 inline int lab_end(Lab* lab) {
     printf("\n%s", table_header().c_str());
     for (const Row& r : lab->rows) printf("%s", table_row(r).c_str());
-    printf("\nceilings: copy %.0f GB/s, bf16 GEMM %.1f TFLOP/s (%s, %s)\n", lab->ceilings.copy_gbs,
-           lab->ceilings.gemm_tflops, lab->prop.name, lab->program);
+    if (lab->args.check_only)
+        printf("\ntiming: not measured (%s; %s, %s)\n", lab_untimed_why(), lab->prop.name, lab->program);
+    else
+        printf("\nceilings: copy %.0f GB/s, bf16 GEMM %.1f TFLOP/s (%s, %s)\n", lab->ceilings.copy_gbs,
+               lab->ceilings.gemm_tflops, lab->prop.name, lab->program);
     CUDA_CHECK(cudaDeviceSynchronize());
     for (void* p : lab_allocations()) CUDA_CHECK(cudaFree(p));
     lab_allocations().clear();

@@ -50,8 +50,7 @@ __global__ void norm_finish(float* norm, const double* sum) { *norm = (float)sqr
 int main(int argc, char** argv) {
     Lab lab;
     lab_begin(&lab, argc, argv, "global_norm", VERSIONS);
-    GPT2Config cfg;  // d12
-    if (lab.args.small) cfg.num_layers = 1;
+    GPT2Config cfg = lab_model(lab);
     size_t n = param_layout(cfg).total;
     printf("%zu gradients (%s)\n", n, describe_config(cfg).c_str());
 

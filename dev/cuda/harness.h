@@ -130,6 +130,16 @@ inline ErrorStats compare_output(const void* out_raw, Dtype dt, const float* ref
     return s;
 }
 
+// A digest of an output's bits (64-bit FNV-1a), printed with each check: a kernel without atomics
+// must give the same bits whatever the order of its threads and blocks, so two runs on the same
+// seed that print different digests for it have found a race (test/test_emu_kernel_lab.py compares
+// them across the CPU emulation's schedules).
+inline uint64_t bits_digest(const void* p, size_t bytes) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const unsigned char*)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
 // ----------------------------------------------------------------------------------------------
 // Times
 
@@ -234,6 +244,8 @@ struct Version {
 
 struct LabArgs {
     bool small = false;          // --small: B=2, T=256 (quick checks)
+    bool tiny = false;           // --tiny: B=2, T=64, C=1600, V=1001 (for the CPU emulation of CUDA)
+    bool check_only = false;     // --check-only: the correctness checks, no ceilings, no timing
     bool list = false;           // --list: print the versions and exit (no GPU needed)
     int batch = 0;               // --batch B (0: 8, or 2 with --small)
     uint64_t seed = 0;           // --seed S (0: a fresh one each run)
@@ -259,6 +271,8 @@ inline bool parse_lab_args(int argc, char** argv, LabArgs* a, std::string* err) 
             return argv[++i];
         };
         if (arg == "--small") a->small = true;
+        else if (arg == "--tiny") a->tiny = true;
+        else if (arg == "--check-only") a->check_only = true;
         else if (arg == "--list") a->list = true;
         else if (arg == "--batch" || arg == "--seed" || arg == "--repeats" || arg == "--version") {
             const char* s = value("a number");
@@ -278,10 +292,14 @@ inline bool parse_lab_args(int argc, char** argv, LabArgs* a, std::string* err) 
         } else if (number(arg.c_str(), &v) && v >= 1) {
             a->versions.push_back((int)v);
         } else {
-            *err = strprintf("unknown argument '%s' (usage: [--small] [--batch B] [--seed S] [--repeats N] "
+            *err = strprintf("unknown argument '%s' (usage: [--small | --tiny] [--check-only] [--batch B] [--seed S] [--repeats N] "
                              "[--kernel NAME] [--version N | N ...] [--list])", arg.c_str());
             return false;
         }
+    }
+    if (a->small && a->tiny) {
+        *err = "--small and --tiny are two sizes: choose one";
+        return false;
     }
     return true;
 }

@@ -14,6 +14,9 @@
 // Nothing here is linked into a shipped binary: it is test infrastructure.
 #pragma once
 
+// Code that must know it runs emulated tests this (the kernel lab: no timing, see dev/cuda/common.h).
+#define CUDA_EMU 1
+
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cmath>
@@ -215,3 +218,138 @@ template <class T> inline T __ldlu(const T* p) { return *p; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }
 template <class T> inline void __stcg(T* p, T v) { *p = v; }
 template <class T> inline void __stwt(T* p, T v) { *p = v; }
+
+// ---------------------------------------------------------------------------------------------
+// WMMA (nvcuda::wmma, CUDA's <mma.h>, empty in host mode): the subset dev/cuda/matmul.cu uses, as
+// CUDA documents it. Fragments are opaque on a GPU (each lane holds some elements, in a mapping
+// nobody may rely on); here each lane holds the whole tile, row-major. load_matrix_sync,
+// store_matrix_sync and mma_sync are warp collectives: all 32 lanes must call them, with the same
+// pointer, stride and layout (checked: a lane that has exited, is in another collective or passes
+// another pointer stops the run, which on a GPU is undefined behaviour). mptr must be 256-bit
+// aligned and ldm a multiple of 16 bytes. mma_sync computes D = A B + C once per warp (fp32
+// products and sums, k in order) and checks that every lane holds the same A, B and C. A store
+// writes each element from one lane only (lane = element index % 32), so a lane that reads the
+// stored tile before a __syncwarp sees what the other lanes have not written yet.
+namespace emu {
+// A per-warp buffer for the result of the collective that just completed; returns true for the
+// one lane that must compute it (the first to run on), false for the others, which reuse it.
+bool warp_result(size_t bytes, void** buffer);
+}  // namespace emu
+
+namespace nvcuda {
+namespace wmma {
+struct row_major;
+struct col_major;
+struct matrix_a;
+struct matrix_b;
+struct accumulator;
+enum layout_t { mem_row_major, mem_col_major };
+
+// rows x cols of the tile a fragment holds: A is M x K, B is K x N, C and D are M x N
+template <class Use, int M, int N, int K> struct emu_tile;
+template <int M, int N, int K> struct emu_tile<matrix_a, M, N, K> { enum { rows = M, cols = K }; };
+template <int M, int N, int K> struct emu_tile<matrix_b, M, N, K> { enum { rows = K, cols = N }; };
+template <int M, int N, int K> struct emu_tile<accumulator, M, N, K> { enum { rows = M, cols = N }; };
+
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static_assert((M == 16 && N == 16 && K == 16) || (M == 32 && N == 8 && K == 16) || (M == 8 && N == 32 && K == 16),
+                  "the emulated WMMA has the 16-bit shapes only: m16n16k16, m32n8k16, m8n32k16");
+    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value
+                                                        : std::is_same<T, __nv_bfloat16>::value ||
+                                                              std::is_same<T, __half>::value,
+                  "the emulated WMMA multiplies bf16 or half A and B into a float accumulator");
+    static_assert(std::is_same<Use, accumulator>::value || !std::is_same<Layout, void>::value,
+                  "a matrix_a or matrix_b fragment needs a row_major or col_major layout");
+    enum { rows = emu_tile<Use, M, N, K>::rows, cols = emu_tile<Use, M, N, K>::cols, num_elements = rows * cols };
+    T x[num_elements];
+};
+
+inline float emu_float(float v) { return v; }
+inline float emu_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+inline float emu_float(__half v) { return __half2float(v); }
+
+// The collective every load, store and mma starts with: all 32 lanes arrive (or the run stops),
+// then each compares what it was given with lane 0's.
+inline void emu_collective(const char* what, const void* p, unsigned ldm, int layout, size_t element_bytes,
+                           const char* file, int line) {
+    if (p && ((uintptr_t)p % 32 != 0 || ldm * element_bytes % 16 != 0))
+        emu::fail("%s at %s:%d: the pointer %p must be 32-byte aligned and ldm (%u elements of %zu bytes) a multiple of "
+                  "16 bytes", what, file, line, p, ldm, element_bytes);
+    uint64_t key = (uint64_t)(uintptr_t)p ^ ((uint64_t)ldm << 48) ^ ((uint64_t)layout << 62);
+    if (emu::warp_exchange(0xffffffffu, key, 0, what, file, line) != key)
+        emu::fail("%s at %s:%d: lane %d passes another pointer, stride or layout than lane 0 (all must be the same)", what,
+                  file, line, emu::lane_id());
+}
+
+template <class Use, int M, int N, int K, class T, class L>
+inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, T v) {  // not a collective: each lane fills its own
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = v;
+}
+template <class Use, int M, int N, int K, class T, class L, class V>
+inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, V v) {
+    fill_fragment(f, (T)v);
+}
+
+template <class F, class T> inline void emu_load(F& f, const T* p, unsigned ldm, bool row_major_memory) {
+    for (int r = 0; r < F::rows; r++)
+        for (int c = 0; c < F::cols; c++) f.x[r * F::cols + c] = row_major_memory ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+template <class Use, int M, int N, int K, class T, class L>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm, const char* file = __builtin_FILE(),
+                             int line = __builtin_LINE()) {
+    static_assert(!std::is_same<Use, accumulator>::value, "loading an accumulator needs a layout_t");
+    bool rows = std::is_same<L, row_major>::value;
+    emu_collective("wmma::load_matrix_sync", p, ldm, rows ? 0 : 1, sizeof(T), file, line);
+    emu_load(f, p, ldm, rows);
+}
+template <int M, int N, int K, class T>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout,
+                             const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    emu_collective("wmma::load_matrix_sync", p, ldm, layout, sizeof(T), file, line);
+    emu_load(f, p, ldm, layout == mem_row_major);
+}
+
+template <int M, int N, int K, class T>
+inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout,
+                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    using F = fragment<accumulator, M, N, K, T>;
+    emu_collective("wmma::store_matrix_sync", p, ldm, layout, sizeof(T), file, line);
+    for (int i = emu::lane_id(); i < F::num_elements; i += 32) {  // this lane's share of the elements
+        int r = i / F::cols, c = i % F::cols;
+        p[layout == mem_row_major ? (size_t)r * ldm + c : (size_t)c * ldm + r] = f.x[i];
+    }
+}
+
+template <int M, int N, int K, class TA, class LA, class LB, class TC>
+inline void mma_sync(fragment<accumulator, M, N, K, TC>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+                     const fragment<matrix_b, M, N, K, TA, LB>& b, const fragment<accumulator, M, N, K, TC>& c,
+                     const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    using A = fragment<matrix_a, M, N, K, TA, LA>;
+    using B = fragment<matrix_b, M, N, K, TA, LB>;
+    using C = fragment<accumulator, M, N, K, TC>;
+    struct Shared { A a; B b; C c, d; };  // the inputs of the lane that computed, and D
+    emu_collective("wmma::mma_sync", nullptr, 0, 0, 1, file, line);
+    void* buffer;
+    Shared* s;
+    if (emu::warp_result(sizeof(Shared), &buffer)) {
+        s = (Shared*)buffer;
+        s->a = a;
+        s->b = b;
+        s->c = c;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float acc = s->c.x[i * N + j];
+                for (int k = 0; k < K; k++) acc += emu_float(s->a.x[i * K + k]) * emu_float(s->b.x[k * N + j]);
+                s->d.x[i * N + j] = acc;
+            }
+    } else {
+        s = (Shared*)buffer;
+        if (memcmp(&s->a, &a, sizeof(A)) || memcmp(&s->b, &b, sizeof(B)) || memcmp(&s->c, &c, sizeof(C)))
+            emu::fail("wmma::mma_sync at %s:%d: lane %d holds other A, B or C fragments than its warp's other lanes "
+                      "(fragments are loaded, filled and computed by the whole warp alike)", file, line, emu::lane_id());
+    }
+    d = s->d;
+}
+
+}  // namespace wmma
+}  // namespace nvcuda

@@ -150,6 +150,8 @@ struct Warp {
     const char* file = nullptr;
     int line = 0;
     uint64_t values[2][32];  // double-buffered by generation parity
+    unsigned result_of = 0;  // 1 + the generation whose result `result` holds (warp_result)
+    std::vector<char> result;
 };
 
 static std::vector<Thread> threads;
@@ -265,6 +267,19 @@ unsigned warp_ballot(unsigned mask, bool predicate, const char* file, int line) 
 }
 
 void syncwarp(unsigned mask, const char* file, int line) { warp_arrive(mask, 0, "__syncwarp", file, line); }
+
+// Generations count on through the blocks of a launch and the Warps are new at each launch, so
+// `result_of` can only match the collective the calling lane has just completed.
+bool warp_result(size_t bytes, void** buffer) {
+    Warp* w = &warps[current->linear / 32];
+    bool first = w->result_of != current->ticket + 1;
+    if (first) {
+        w->result.resize(bytes);
+        w->result_of = current->ticket + 1;
+    }
+    *buffer = w->result.data();
+    return first;
+}
 
 void check_launch_bounds(int max_threads, const char* file, int line) {
     if (block_threads > max_threads)

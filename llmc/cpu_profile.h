@@ -8,10 +8,10 @@
 //     time (ms), share of the step, calls, and the achieved rate: GFLOP/s for matmuls and attention
 //     (2 flops per multiply-add, causal attention counted over the T(T+1)/2 scores it computes),
 //     GB/s for the memory-bound rest (bytes read + written once, what a perfect cache would move)
-// next to a ceiling measured in the same run, right before the first step: our own matmul on a large
-// square product (the best the register tile, packing and blocking reach here), since a machine
-// shared with other jobs changes speed from minute to minute and a ceiling from another run would
-// flatter or insult the step. At the end the median of each row over the steps after the first.
+// next to a ceiling measured right before each step: our own matmul on a large square product (the
+// best the register tile, packing and blocking reach here, best of 3), since a machine shared with
+// other jobs changes speed from second to second and a ceiling from another moment would flatter or
+// insult the step. At the end the median of each row over the steps after the first.
 //
 // Timing needs nothing from the kernels but that they are called from the serial part of the
 // program (each opens its own parallel region), which is how the trainer is written.
@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,7 +33,9 @@ struct ProfileRow {
 struct Profiler {
     bool on = false;
     int vocab_rows = 0;                               // a matmul with this many outputs is the LM head
-    double ceiling_gflops = 0;                        // our matmul on a large square product, this run
+    double ceiling_gflops = 0;                        // our matmul on a large square product, before this step
+    std::vector<double> ceilings;                     // ... before every step
+    std::function<double()> measure_ceiling;
     std::map<std::string, ProfileRow> step;           // this step's rows, by name
     std::map<std::string, std::vector<ProfileRow>> history;  // every step's row of each name
     std::vector<double> step_seconds;
@@ -68,30 +71,31 @@ struct ProfileScope {
     }
 };
 
-// Before the first step: switch on, and measure the ceiling with `matmul` (the trainer's, passed in
-// so this file needs nothing from it): C = A B at n^3, the median of a few runs after a warm-up.
+// Before the first step: switch on, with `matmul` (the trainer's, passed in so this file needs nothing
+// from it) as the ceiling's yardstick: C = A B at n^3, the best of 3 (a loaded machine only slows it).
 template <typename Matmul>
 void profile_start(bool on, int vocab_rows, Matmul matmul, int n = 1536) {
     if (!on) return;
-    std::vector<float> a((size_t)n * n), b((size_t)n * n), c((size_t)n * n);
-    for (size_t i = 0; i < a.size(); i++) a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
-    std::vector<double> rates;
-    for (int rep = 0; rep < 6; rep++) {
-        auto t0 = std::chrono::steady_clock::now();
-        matmul(n, n, n, a.data(), (size_t)n, (size_t)1, b.data(), (size_t)n, (size_t)1, c.data(), (size_t)n, false);
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (rep > 0) rates.push_back(2.0 * n * n * n / s / 1e9);
-    }
-    std::sort(rates.begin(), rates.end());
     profiler.on = true;
     profiler.vocab_rows = vocab_rows;
-    profiler.ceiling_gflops = rates[rates.size() / 2];
-    printf("profile: SGEMM ceiling %.1f GFLOP/s (our matmul, %d^3, median of %zu)\n", profiler.ceiling_gflops, n,
-           rates.size());
+    profiler.measure_ceiling = [matmul, n]() {
+        static std::vector<float> a((size_t)n * n, 0.01f), b((size_t)n * n, 0.02f), c((size_t)n * n);
+        double best = 0;
+        for (int rep = 0; rep < 3; rep++) {
+            auto t0 = std::chrono::steady_clock::now();
+            matmul(n, n, n, a.data(), (size_t)n, (size_t)1, b.data(), (size_t)n, (size_t)1, c.data(), (size_t)n, false);
+            double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            best = std::max(best, 2.0 * n * n * n / s / 1e9);
+        }
+        return best;
+    };
+    printf("profile: the SGEMM ceiling is our matmul at %d^3, best of 3, measured before each step\n", n);
 }
 
 inline void profile_step_begin() {
     if (!profiler.on) return;
+    profiler.ceiling_gflops = profiler.measure_ceiling();
+    profiler.ceilings.push_back(profiler.ceiling_gflops);
     profiler.step.clear();
     profiler.step_start = std::chrono::steady_clock::now();
 }
@@ -146,7 +150,9 @@ inline void profile_finish() {
         rows[name] = r;
     }
     std::vector<double> steps(profiler.step_seconds.begin() + 1, profiler.step_seconds.end());
-    char title[64];
-    snprintf(title, sizeof title, "median of steps 2-%zu", profiler.step_seconds.size());
+    profiler.ceiling_gflops = median(std::vector<double>(profiler.ceilings.begin() + 1, profiler.ceilings.end()));
+    char title[96];
+    snprintf(title, sizeof title, "median of steps 2-%zu (each row its own median: they need not add up)",
+             profiler.step_seconds.size());
     profile_print_table(title, rows, median(steps));
 }

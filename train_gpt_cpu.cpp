@@ -27,6 +27,7 @@
 #include "llmc/cli.h"
 #include "llmc/comm.h"
 #include "llmc/cpu_buffers.h"
+#include "llmc/cpu_profile.h"
 #include "llmc/dataloader.h"
 #include "llmc/estimate.h"
 #include "llmc/formats.h"
@@ -195,6 +196,7 @@ void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const
 
 // out (N x OC) = inp (N x IC) * weight^T + bias
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
+    ProfileScope prof("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (llmc/cpu_profile.h)
     matmul(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false);
     if (bias) {
         #pragma omp parallel for schedule(static)
@@ -206,7 +208,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // dinp = dout * weight (overwritten); dweight += dout^T * inp; dbias += column sums of dout.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC) {
-    if (dinp) matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
+    if (dinp) {
+        ProfileScope prof("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
+        matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
+    }
+    ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
     matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
     if (dbias) {
         #pragma omp parallel for schedule(static)
@@ -228,6 +234,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
+    ProfileScope prof("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int row = tokens[bt] - vocab_begin;
@@ -258,6 +265,7 @@ void position_forward(float* out, const float* wpe, size_t first_row, size_t row
 // order of additions is fixed.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
                       int vocab_begin = 0, int vocab_rows = INT_MAX) {
+    ProfileScope prof("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += 16) {
         int c1 = std::min(C, c0 + 16);
@@ -289,6 +297,7 @@ static inline void layernorm_row(float* y, const float* x, float m, float s, con
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
+    ProfileScope prof("layernorm forward", 0, 2.0 * N * C * sizeof(float));
     const float eps = 1e-5f;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -321,6 +330,7 @@ void layernorm_recompute(float* out, const float* inp, const float* mean, const 
 // contributions from every block above.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
+    ProfileScope prof("layernorm backward", 0, 4.0 * N * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* dy = dout + (size_t)n * C;
@@ -363,6 +373,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // on the GPU avoid storing them by recomputing them block by block.
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2) schedule(static)
@@ -403,6 +414,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 //   dq_t += sum_u dS_u k_u / sqrt(hs)     dk_u += dS_u q_t / sqrt(hs)
 // dqkv is overwritten. A thread owns a whole (b, h): it alone writes that head's slice of dqkv.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
+    ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2) schedule(static)
@@ -452,6 +464,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
 
 void gelu_forward(float* out, const float* inp, size_t n) {
+    ProfileScope prof("gelu forward", 0, 2.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -463,6 +476,7 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 // With s = sigmoid(2u):  d gelu/dx = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // (the same as d/dx of x/2 (1 + tanh u), since 1 - tanh^2 u = 4 s (1 - s)). dinp is overwritten.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    ProfileScope prof("gelu backward", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -474,6 +488,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    ProfileScope prof("residual, bias", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -481,6 +496,7 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 // out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
 // ranks first (the bias must be added once, after the sum).
 void add_bias(float* out, const float* bias, int N, int OC) {
+    ProfileScope prof("residual, bias", 0, 2.0 * N * OC * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
@@ -494,10 +510,12 @@ void add_bias(float* out, const float* bias, int N, int OC) {
 // gradient in place with one more pass, so the (BT x Vp) probabilities never exist as a buffer.
 
 void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp) {
+    ProfileScope prof("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * Vp;
         float max_z = -INFINITY;
+        #pragma omp simd reduction(max : max_z)  // the maximum is exact in any order: vectorize it
         for (int v = 0; v < V; v++) max_z = std::max(max_z, z[v]);
         float sum = 0.0f;
         #pragma omp simd reduction(+ : sum)
@@ -512,6 +530,7 @@ void crossentropy_forward(float* losses, float* logsumexp, const float* logits, 
 // vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
 void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
                                    float dloss, int vocab_begin = 0) {
+    ProfileScope prof("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * Vp;
@@ -534,6 +553,7 @@ void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, floa
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * Vp;
         float m = -INFINITY;
+        #pragma omp simd reduction(max : m)
         for (int v = 0; v < V; v++) m = std::max(m, z[v]);
         max_z[n] = m;
     }
@@ -916,6 +936,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 // added in order, so the result does not depend on the number of threads. With several ranks each
 // sums its shard and the shards' sums are added in rank order (comm_sum).
 double sum_of_squares(const float* grads, size_t n) {
+    ProfileScope prof("gradient norm", 0, 1.0 * n * sizeof(float));
     const size_t chunk = 1 << 16;
     size_t chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks);
@@ -948,6 +969,7 @@ float clip_coefficient(float norm, float max_norm) {
 // written in the same order of operations as PyTorch's implementation, so the two agree closely.
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int t, float grad_scale) {
+    ProfileScope prof("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
     float bias_correction1 = 1.0f - powf(beta1, (float)t);
     float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bias_correction1;
@@ -1080,16 +1102,19 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     GPT2& mo = *model;
     // the tied embedding: the last stage's LM-head gradient joins the first stage's wte gradient
     size_t wte_floats = (size_t)mo.slice.vocab_rows * mo.config.channels;
-    pipe_tied_gradient(&par->comms.pp, mo.slice.first_stage, mo.slice.last_stage, mo.g[WTE], mo.lent_wte_grad.data(), wte_floats);
-    // sequence parallelism: LayerNorm gradients are partial over each rank's rows (ZeRO-2/3 summed
-    // them unit by unit already, before reducing each bucket)
-    if (mo.zero.stage <= 1) {
-        std::vector<std::pair<float*, size_t>> layernorms;
-        for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
-            if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
-        tp_sum_replicated_grads(&mo.tp, layernorms);
+    {   // --profile: the communication of the step, on one rank none
+        ProfileScope prof("communication (gradient sums)", 0);
+        pipe_tied_gradient(&par->comms.pp, mo.slice.first_stage, mo.slice.last_stage, mo.g[WTE], mo.lent_wte_grad.data(), wte_floats);
+        // sequence parallelism: LayerNorm gradients are partial over each rank's rows (ZeRO-2/3 summed
+        // them unit by unit already, before reducing each bucket)
+        if (mo.zero.stage <= 1) {
+            std::vector<std::pair<float*, size_t>> layernorms;
+            for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
+                if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
+            tp_sum_replicated_grads(&mo.tp, layernorms);
+        }
+        zero_reduce_gradients(&mo.zero, &mo.grads);
     }
-    zero_reduce_gradients(&mo.zero, &mo.grads);
     double squares = 0.0;
     for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
@@ -1097,6 +1122,7 @@ static float finish_gradients(GPT2* model, Parallel* par) {
 
 static void optimizer_step(GPT2* model, Parallel* par, float lr, const TrainOptions& o, int t, float grad_scale) {
     gpt2_update(model, lr, o, t, grad_scale);
+    ProfileScope prof("communication (weights)", 0);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
@@ -1568,6 +1594,7 @@ int main(int argc, char** argv) {
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
+    if (leader) profile_start(o.profile, slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
     MetricsLog mlog;
     metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
@@ -1605,6 +1632,7 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
 
         for (Comm* c : groups) c->counters = CommCounters{};
+        profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
         if (model.zero.stage <= 1) std::fill(model.grads.begin(), model.grads.end(), 0.0f);
         std::fill(model.zero.grad_shard.begin(), model.zero.grad_shard.end(), 0.0f);
@@ -1621,6 +1649,7 @@ int main(int argc, char** argv) {
             optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
         }
         double seconds = seconds_since(start);
+        profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
         if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
             gather_logits(&model, &par, first_logits, (size_t)B * T, &dump.logits);
@@ -1654,6 +1683,7 @@ int main(int argc, char** argv) {
             printf("dumped state to %s\n", o.dump_state.c_str());
         }
     }
+    profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
     comm_finalize(&world);

@@ -82,6 +82,7 @@ struct TrainOptions {
     bool quiet = false;              // only errors and the final summary
     bool verbose = false;            // also per-micro-step lines and buffer tables
     bool estimate = false;
+    bool profile = false;            // CPU: time each kind of work per step (llmc/cpu_profile.h)
     bool print_allocations = false;
     bool help = false;
     bool version = false;
@@ -155,6 +156,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
         {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
         {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward)", K::String, &o.pipeline_schedule, Scope::Both},
+        {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},

@@ -10,6 +10,11 @@ about 6 * N * B * T flops for N parameters (2 for the forward matmuls, 4 for the
 plus the attention's T^2 terms, small at T = 64. speedup = pytorch ms / trainer ms: above 1,
 the trainer is faster.
 
+How close each comes to the machine: the step's flops (6 N + 6 L C T per token, N parameters, the
+classifier's matmul included) over its time, as a share of an SGEMM ceiling measured in the same
+run (torch.mm at 2048^3, the BLAS PyTorch links, median of 5): a shared machine changes speed from
+minute to minute, so only rates measured side by side compare.
+
 The PyTorch side is what a PyTorch user would run: torch's fused layer norm, GELU and
 cross-entropy kernels (--ops explicit uses the reference's formulas instead), SDPA attention when
 this torch has it, torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW.
@@ -17,12 +22,19 @@ this torch has it, torch.nn.utils.clip_grad_norm_ and torch.optim.AdamW.
     python3 scripts/bench_cpu_vs_pytorch.py                         PyTorch only
     python3 scripts/bench_cpu_vs_pytorch.py --trainer ./train_gpt_cpu   both, side by side
     python3 scripts/bench_cpu_vs_pytorch.py --shapes tiny,small --steps 20 --warmup 3
+    python3 scripts/bench_cpu_vs_pytorch.py --trainer ./train_gpt_cpu --llmc ~/llm.c --shapes d12,d12_b8t256
+
+--llmc DIR adds a third column: llm.c's CPU trainer (train_gpt2.c in a checkout of
+karpathy/llm.c), copied to a temporary folder with its batch shape, step count and file names
+patched in, its validation and sampling switched off, and built as its Makefile does (-Ofast
+-march=native, OpenMP). It does no gradient clipping and no weight decay: a little less work.
 
 The trainer prints one line per step containing "<number> ms"; this script parses that.
 """
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +53,10 @@ SHAPES = {
                   seq_len=64),
     "gpt2_124m": dict(layers=12, channels=768, heads=12, max_seq_len=1024, vocab=50257,
                       batch=4, seq_len=64),
+    "d12_b8t256": dict(layers=12, channels=768, heads=12, max_seq_len=1024, vocab=50257,
+                       batch=8, seq_len=256),
 }
+SHAPES["d12"] = SHAPES["gpt2_124m"]
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.1, 1.0
 STEP_TIME = re.compile(r"(\d+\.?\d*) ms")
 
@@ -113,6 +128,73 @@ def time_trainer(trainer, shape, warmup, steps, threads, work_dir):
     return statistics.median(times[warmup:])
 
 
+def step_gflop(shape):
+    """6 N + 6 L C T flops per token, times the tokens of a step."""
+    n = ref.num_parameters(config_of(shape), padded=False)
+    per_token = 6 * n + 6 * shape["layers"] * shape["channels"] * shape["seq_len"]
+    return per_token * shape["batch"] * shape["seq_len"] / 1e9
+
+
+def sgemm_ceiling(size=2048, repeats=5):
+    """GFLOP/s of torch.mm on size^3 fp32, the median of `repeats` after a warm-up."""
+    a, b = torch.rand(size, size), torch.rand(size, size)
+    torch.mm(a, b)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        rates.append(2 * size ** 3 / (time.perf_counter() - start) / 1e9)
+    return statistics.median(rates)
+
+
+def build_llmc(checkout, shape, total_steps, work_dir):
+    """llm.c's train_gpt2.c, patched to this shape and built in work_dir; returns the binary's path."""
+    source = open(os.path.join(checkout, "train_gpt2.c")).read()
+    patches = [(r"int B = \d+;", f"int B = {shape['batch']};"),
+               (r"int T = \d+;", f"int T = {shape['seq_len']};"),
+               (r"step <= \d+;", f"step < {total_steps};"),
+               (r"if \(step % 10 == 0\)", "if (0)"),                     # no validation
+               (r"if \(step > 0 && step % 20 == 0\)", "if (0)")]         # no sampling
+    for pattern, replacement in patches:
+        source, count = re.subn(pattern, replacement, source)
+        if count != 1:
+            raise RuntimeError(f"{checkout}/train_gpt2.c: expected one match of {pattern!r}, found {count}: "
+                               "a different llm.c version; patch it by hand")
+    shutil.copytree(os.path.join(checkout, "llmc"), os.path.join(work_dir, "llmc"))
+    with open(os.path.join(work_dir, "train_gpt2.c"), "w") as f:
+        f.write(source)
+    binary = os.path.join(work_dir, "train_gpt2")
+    subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", "-DOMP", "-Wno-unused-result",
+                    "train_gpt2.c", "-lm", "-o", binary], cwd=work_dir, check=True)
+    return binary
+
+
+def time_llmc(checkout, shape, warmup, steps, threads, work_dir):
+    """Median of llm.c's own per-step 'took N ms', on a random model of the same shape."""
+    config = config_of(shape)
+    model = ref.GPT2(config)
+    ref.init_fixture_weights(model, seed=1)
+    ref.save_model(os.path.join(work_dir, "gpt2_124M.bin"), model)  # the name train_gpt2.c opens
+    del model
+    B, T = shape["batch"], shape["seq_len"]
+    total = warmup + steps
+    data = os.path.join(work_dir, "dev", "data", "tinyshakespeare")
+    os.makedirs(data)
+    generator = torch.Generator().manual_seed(2)
+    for split in ("train", "val"):
+        ref.write_token_shard(os.path.join(data, f"tiny_shakespeare_{split}.bin"),
+                              torch.randint(0, config.vocab_size, ((total + 1) * B * T + 1,),
+                                            generator=generator).numpy())
+    binary = build_llmc(checkout, shape, total, work_dir)
+    proc = subprocess.run([binary], cwd=work_dir, env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    times = [float(m.group(1)) for m in re.finditer(r"took (\d+\.?\d*) ms", proc.stdout)]
+    if proc.returncode != 0 or len(times) <= warmup:
+        tail = "\n".join(proc.stdout.strip().splitlines()[-10:])
+        raise RuntimeError(f"llm.c: exit code {proc.returncode}, {len(times)} step times parsed:\n{tail}")
+    return statistics.median(times[warmup:])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="small,gpt2_124m",
@@ -123,28 +205,35 @@ def main():
     parser.add_argument("--ops", choices=("fused", "explicit"), default="fused",
                         help="PyTorch's fused kernels or the reference's explicit formulas")
     parser.add_argument("--trainer", help="also time this trainer, e.g. ./train_gpt_cpu")
+    parser.add_argument("--llmc", metavar="DIR", help="also time llm.c's CPU trainer from this checkout of karpathy/llm.c")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    ceiling = sgemm_ceiling()
 
     print(f"torch {torch.__version__}, {args.threads} threads, fp32, {args.ops} ops, "
           f"median of {args.steps} steps after {args.warmup} warm-up")
-    header = f"{'shape':10s} {'params':>11s} {'B x T':>7s} | {'pytorch ms':>10s} {'tok/s':>8s}"
-    if args.trainer:
-        header += f" | {'trainer ms':>10s} {'tok/s':>8s} | {'speedup':>7s}"
+    print(f"SGEMM ceiling: {ceiling:.1f} GFLOP/s (torch.mm 2048^3, median of 5); '% peak' = step GFLOP/s "
+          "as a share of it; 'x' = PyTorch ms / this ms")
+    header = f"{'shape':10s} {'params':>11s} {'B x T':>7s} {'GFLOP':>6s} | {'pytorch ms':>10s} {'tok/s':>7s} {'% peak':>6s}"
+    for name, wanted in (("trainer", args.trainer), ("llm.c", args.llmc)):
+        if wanted:
+            header += f" | {name + ' ms':>10s} {'tok/s':>7s} {'% peak':>6s} {'x':>5s}"
     print(header)
     for name in [n.strip() for n in args.shapes.split(",") if n.strip()]:
         shape = SHAPES[name]
         tokens = shape["batch"] * shape["seq_len"]
+        gflop = step_gflop(shape)
+        peak = lambda ms: f"{100 * gflop / (ms / 1000) / ceiling:5.0f}%"
         torch_ms = time_pytorch(shape, args.warmup, args.steps, args.ops)
         line = (f"{name:10s} {ref.num_parameters(config_of(shape), padded=False):11d} "
-                f"{shape['batch']:>3d}x{shape['seq_len']:<3d} | {torch_ms:10.1f} "
-                f"{tokens / torch_ms * 1000:8.0f}")
-        if args.trainer:
+                f"{shape['batch']:>3d}x{shape['seq_len']:<3d} {gflop:6.1f} | {torch_ms:10.1f} "
+                f"{tokens / torch_ms * 1000:7.0f} {peak(torch_ms)}")
+        for timer, wanted in ((time_trainer, args.trainer), (time_llmc, args.llmc)):
+            if not wanted:
+                continue
             with tempfile.TemporaryDirectory() as work_dir:
-                trainer_ms = time_trainer(args.trainer, shape, args.warmup, args.steps,
-                                          args.threads, work_dir)
-            line += (f" | {trainer_ms:10.1f} {tokens / trainer_ms * 1000:8.0f} | "
-                     f"{torch_ms / trainer_ms:6.2f}x")
+                ms = timer(wanted, shape, args.warmup, args.steps, args.threads, work_dir)
+            line += f" | {ms:10.1f} {tokens / ms * 1000:7.0f} {peak(ms)} {torch_ms / ms:5.2f}"
         print(line, flush=True)
 
 

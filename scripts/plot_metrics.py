@@ -10,7 +10,10 @@ with --x tokens, the tokens seen (what compares runs of different batch sizes). 
 appends to its log and may repeat the steps after its checkpoint: the last record of a step wins,
 as it is the one the final model descends from. Prints one summary line per log.
 
-Needs matplotlib (Debian: python3-matplotlib; scripts/setup.sh --tests installs it).
+Needs matplotlib (Debian: python3-matplotlib; scripts/setup.sh --tests installs it), except
+--terminal, which draws the loss of each log as characters on the terminal (what scripts/run.sh
+shows at the end of the main job on any machine): the training loss as '.' (the mean of the steps
+falling in each column, since one batch's loss is noisy), the validation loss as 'o'.
 """
 import argparse, json, os, sys
 
@@ -49,6 +52,33 @@ def read_log(path):
     return path, run, series
 
 
+def terminal_plot(path, series, width=64, height=14):
+    """The loss curve as text: rows are loss values (top = highest), columns are steps."""
+    steps = sorted(series["step"])
+    vals = sorted(series["val"])
+    if not steps and not vals:
+        return
+    last = max(steps[-1:] + vals[-1:])
+    columns = {}  # column -> training losses of the steps that fall in it
+    for s in steps:
+        columns.setdefault(min(width - 1, s * width // (last + 1)), []).append(series["step"][s]["loss"])
+    train = {c: sum(v) / len(v) for c, v in columns.items()}
+    val = {min(width - 1, s * width // (last + 1)): series["val"][s]["val_loss"] for s in vals}
+    points = list(train.values()) + list(val.values())
+    top, bottom = max(points), min(points)
+    span = (top - bottom) or 1.0
+    grid = [[" "] * width for _ in range(height)]
+    for marks, char in ((train, "."), (val, "o")):
+        for c, y in marks.items():
+            grid[round((top - y) / span * (height - 1))][c] = char
+    print(f"loss of {path} ('.' training, mean per column; 'o' validation)")
+    for r, row in enumerate(grid):
+        label = f"{top - r * span / (height - 1):6.2f}" if r in (0, height // 2, height - 1) else " " * 6
+        print(f"{label} |{''.join(row)}")
+    print(" " * 7 + "+" + "-" * width)
+    print(" " * 8 + f"step 0{' ' * (width - 6 - len(str(last)) - 5)}step {last}")
+
+
 def label_for(path):
     directory = os.path.dirname(os.path.abspath(path))
     return os.path.basename(directory) or path
@@ -61,7 +91,13 @@ def main():
     parser.add_argument("--x", choices=["step", "tokens"], default="step", help="x axis: optimizer steps or tokens seen")
     parser.add_argument("--labels", help="comma-separated legend labels, one per log (default: each log's folder name)")
     parser.add_argument("--title", default="", help="a title above the panels")
+    parser.add_argument("--terminal", action="store_true", help="draw the loss curves as text instead (no matplotlib needed)")
     args = parser.parse_args()
+    if args.terminal:
+        for p in args.logs:
+            path, _, series = read_log(p)
+            terminal_plot(path, series)
+        return
     labels = args.labels.split(",") if args.labels else None
     if labels and len(labels) != len(args.logs):
         fail(f"--labels has {len(labels)} labels for {len(args.logs)} logs")

@@ -19,8 +19,23 @@ if [[ -x ./train_gpt ]] && nvidia-smi >/dev/null 2>&1; then
         --steps 300 --lr 6e-4 --warmup-steps 30 --val-every 50 --sample-every 100 --sample-tokens 128 --top-k 40 \
         --checkpoint-every 100 --out-dir out/moby-dick-d12 "$@"
 else
+    # The small GPT: its tied 50257 x 128 embedding is 6.4M of its 7.2M parameters, so the LM head
+    # is most of each step's compute whatever the depth. Measured on Moby Dick (docs/benchmarks.md,
+    # "The main job on the CPU"): 600 steps of 512 tokens at LR 1e-2 (warmup, cosine decay) ended
+    # lower than 300 of 1024 at 3e-3, and lower than smaller steps or a higher LR for the same tokens.
+    out=out/moby-dick-cpu
     echo "run: no GPU found; training a small GPT on the CPU"
-    exec ./train_gpt_cpu "${data[@]}" --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 \
-        --steps 300 --lr 3e-3 --warmup-steps 20 --val-every 50 --sample-every 100 --sample-tokens 64 --top-k 40 \
-        --checkpoint-every 100 --out-dir out/moby-dick-cpu "$@"
+    ./train_gpt_cpu "${data[@]}" --model L=4,C=128,H=4,T=64 --batch-size 8 --seq-len 64 \
+        --steps 600 --lr 1e-2 --warmup-steps 30 --val-every 100 --val-batches 40 \
+        --sample-every 300 --sample-tokens 64 --top-k 40 --checkpoint-every 300 --out-dir "$out" "$@"
+    # the loss curve: on the terminal always, as a PNG when matplotlib is there
+    python3 scripts/plot_metrics.py "$out" --terminal
+    if python3 -c "import matplotlib" 2>/dev/null; then python3 scripts/plot_metrics.py "$out" -o "$out/loss.png"; fi
+    last=$(ls -d "$out"/ckpt_* 2>/dev/null | tail -n 1)
+    if [[ -n "$last" ]]; then
+        echo "checkpoint: $last (model.bin: the weights; state.bin: AdamW and the data position)"
+        step=$((10#${last##*ckpt_}))
+        echo "  sample from it:  ./train_gpt_cpu --resume $last --steps $step --val-every 0 --sample-every 1 --sample-tokens 200 --metrics none"
+        echo "  train on:        scripts/run.sh --resume latest --steps $((2 * step))   (the LR schedule is stretched to the new step count)"
+    fi
 fi

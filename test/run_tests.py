@@ -11,7 +11,8 @@ check it makes:
 
 and exits non-zero if any check failed. A program that exits non-zero without printing a
 FAIL line (a crash, an uncaught error) counts as one failure. The summary counts checks, and says
-how many of them checked the GPU code (test_gpu*, test_emu*: on the CUDA emulation without a GPU).
+how many of them checked the GPU code (test_gpu*, test_emu*, and test_vs_pytorch's gpu/ checks: on
+the CUDA emulation without a GPU).
 
     python3 test/run_tests.py [substring ...]   run only the tests whose name contains one
 """
@@ -60,7 +61,7 @@ def main():
             sys.stdout.flush()
             if line.startswith("PASS:"):
                 passed += 1
-                gpu_passed += is_gpu_test(name)
+                gpu_passed += is_gpu_test(name) or line.startswith("PASS: gpu/")  # test_vs_pytorch's GPU trainer
             elif line.startswith("FAIL:"):
                 failed += 1
                 saw_fail = True
@@ -80,7 +81,7 @@ def main():
             print("  " + f)
     if gpu_passed:
         where = "on the GPU" if have_gpu() else "on the CPU emulation of CUDA (test/emu/)"
-        print(f"GPU code: {gpu_passed} checks passed {where}, in {gpu_seconds / 60:.1f} min")
+        print(f"GPU code: {gpu_passed} checks passed {where} (test_gpu*, test_emu*: {gpu_seconds / 60:.1f} min)")
     if skipped:
         print(f"{skipped} skipped")
     print(f"{passed} passed, {failed} failed")

@@ -209,16 +209,15 @@ def checks_without_gpu():
     if not os.path.exists(NATIVE_GPU):
         skip("train_gpt flags", "train_gpt not built: no nvcc")
         return
-    GPU = NATIVE_GPU  # noqa: N806 - the nvcc build, which needs no GPU for these
-    p = run([GPU, "--help"])
+    p = run([NATIVE_GPU, "--help"])
     report("--attention" in p.stdout and "--recompute" in p.stdout and "--threads" not in p.stdout,
            "train_gpt --help lists the GPU flags only", p.stdout[-500:])
     entry = p.stdout[p.stdout.find("  --recompute"):]
     entry = entry[:entry.find("\n  --")]
     report("[default: 1]" in entry, "train_gpt --help: --recompute's GPU default is 1 (the CPU trainer's is 0)", entry)
-    p = run([GPU, "--attention", "flash"], expect_ok=False)
+    p = run([NATIVE_GPU, "--attention", "flash"], expect_ok=False)
     report(p.returncode == 2 and "--attention" in p.stderr, "a bad --attention is a usage error", p.stderr)
-    p = run([GPU, "--model", "d12", "--batch-size", "4", "--seq-len", "1024", "--estimate"], expect_ok=False)
+    p = run([NATIVE_GPU, "--model", "d12", "--batch-size", "4", "--seq-len", "1024", "--estimate"], expect_ok=False)
     report(p.returncode == 0 and "237.4 MiB" in p.stdout and "total" in p.stdout,
            "--estimate prints the buffer table without a GPU", p.stdout[-800:] + p.stderr)
 

@@ -134,16 +134,16 @@ def check_bitwise(name, a, b, keys=("losses", "params", "grads", "logits")):
 def checks_without_gpu(work):
     """Impossible grids stop before any GPU is touched; --estimate needs none."""
     mpirun = shutil.which("mpirun")
-    GPU = NATIVE_GPU if os.path.exists(NATIVE_GPU) else globals()["GPU"]  # noqa: N806 - the nvcc build where there is one
+    exe = NATIVE_GPU if os.path.exists(NATIVE_GPU) else GPU  # the nvcc build where there is one
     for ranks, flags, expect in IMPOSSIBLE_GRIDS:
-        cmd = ["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), GPU, "--model", MODEL,
+        cmd = ["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), exe, "--model", MODEL,
                "--train-data", os.path.join(work, "train_*.bin"), "--val-data", "none", "--seq-len", str(T), "--steps", "1",
                "--batch-size", "1", "--total-batch-tokens", str(4 * T)] + flags
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
         report(p.returncode == 2 and p.stderr.count("error:") == 1 and expect in p.stderr,
                f"train_gpt on {ranks} rank{'s' if ranks > 1 else ''} {' '.join(flags)}: exit 2, one line: '{expect}'",
                f"exit {p.returncode}: {p.stderr[-500:]}")
-    est = subprocess.run([GPU, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+    est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
                          capture_output=True, text=True, cwd=work)
     totals = {int(r): int(t) for r, t in re.findall(r"^  ranks? (\d)[-\d]*:.* total=(\d+)", est.stdout, re.M)}

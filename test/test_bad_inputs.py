@@ -24,6 +24,7 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    written before checksums: the header's own checks must catch those.)
 """
 import os, shutil, struct, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
@@ -31,16 +32,9 @@ from token_shards import write_shard  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("LLMC_CPU_TRAINER", os.path.join(ROOT, "train_gpt_cpu"))  # or a sanitizer build
 MODEL = "L=2,C=64,H=4,T=64,V=512"
-failures = 0
 
 # training-state header offsets (llmc/formats.h, TrainStateHeader): step, and the loader's position
 STATE_STEP, STATE_SHARD_INDEX, STATE_POSITION = 8, 72, 80
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def run(args, timeout=60):
@@ -200,7 +194,7 @@ def main():
            "--resume latest skips a checkpoint with a flipped byte, one without state.bin and one without model.bin, saying so",
            f"exit {rc}: {out[:700]} {err[-300:]}")
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

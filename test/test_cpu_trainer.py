@@ -17,6 +17,7 @@ shards, and compares what it wrote (--dump-state: losses and final weights) or w
   errors          bad flags exit 2 with one line; bad files and a diverging run exit 1 with a clear message
 """
 import json, math, os, shutil, struct, subprocess, sys, tempfile
+from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
@@ -24,14 +25,6 @@ from token_shards import write_shard  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=64,V=512"
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
-
 
 
 def read_dump(path):
@@ -165,7 +158,7 @@ def main():
                f"bad input -> {needle}", f"exit {p.returncode}, stderr {p.stderr[-300:]!r}")
 
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Tolerances, for the one-rank comparisons (a tiny model, 10 steps, lr 1e-3):
   comparison can tell a dropped rank from rounding.
 """
 import json, os, shutil, struct, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
@@ -30,17 +31,6 @@ MODEL = "L=2,C=64,H=4,T=32,V=512"
 T = 32
 LR = 1e-3
 TOL_LOSS_REL, TOL_GRAD_REL, TOL_PARAM_ABS = 1e-5, 1e-5, 5e-5
-
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    if ok:
-        print(f"PASS: {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {why}", flush=True)
 
 
 def load_dump(path):
@@ -55,7 +45,6 @@ def load_dump(path):
         a, b = t["data_offsets"]
         out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
     return out
-
 
 
 class Runner:
@@ -216,7 +205,7 @@ def main():
                    f"exit {code} after {seconds:.1f} s (124 = hung until the guard); stderr: {err[-400:]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

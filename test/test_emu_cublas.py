@@ -26,6 +26,7 @@ headers (a small program compiled here prints them), not from this file.
                 fails the exact check: the checkers can fail
 """
 import ctypes, os, re, subprocess, sys, tempfile, time
+from checks import report, exit_code
 
 import numpy as np
 import torch
@@ -36,13 +37,6 @@ SRC = os.path.join(ROOT, "test", "emu", "cublas_standin.cpp")
 BUILD = os.path.join(ROOT, "build", "emu")
 CXX = ["g++", "-std=c++17", "-O2", "-ffp-contract=off", "-I" + CUDA_INC]
 U32 = 2.0 ** -24  # fp32 unit roundoff
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 # ---------------------------------------------------------------------------------------------- build
@@ -664,7 +658,7 @@ def main():
     dt = time.time() - t
     print(f"  speed: bf16 {OC} x {N} x {IC} in {dt * 1e3:.0f} ms, {2.0 * N * IC * OC / dt / 1e9:.2f} GFLOP/s (one core)")
     print(f"  total {time.time() - t0:.1f} s", flush=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

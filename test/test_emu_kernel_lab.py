@@ -24,6 +24,7 @@ WMMA collective, and a __syncthreads deleted in the classifier (a race that the 
 happens to hide and the reverse one shows: why every check runs under two).
 """
 import glob, os, re, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "emu", "dev")
@@ -40,13 +41,6 @@ RACY = {
     ("global_norm", 1): "a double atomicAdd per element",
     ("global_norm", 2): "a double atomicAdd per block",
 }
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += 0 if ok else 1
 
 
 def run(cmd, env=None):
@@ -250,7 +244,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"emulated kernel lab: {len(programs) - len(missing)} programs x {len(SCHEDULES)} schedules in "
           f"{lab_seconds:.1f} s wall, negative controls (builds included) in {time.time() - start_controls:.1f} s")
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

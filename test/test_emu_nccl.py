@@ -20,6 +20,7 @@ under emulation. Two things must hold, and both are checked here under mpirun wi
    The grouped ring of (1) is the positive twin of the ungrouped deadlock.
 """
 import glob, os, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,17 +29,6 @@ SOURCES = [os.path.join(ROOT, "test", "emu", f) for f in ("nccl_standin.cpp", "n
 TYPES = {1: np.uint8, 7: np.float32, 8: np.float64, 9: np.uint16}  # ncclDataType_t -> storage (9 = bf16)
 SUM, MAX = 0, 2
 STALL_TIMEOUT_S = 2  # the stand-in's deadline in the negative controls
-
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    if ok:
-        print(f"PASS: {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {why}", flush=True)
 
 
 def find_nccl_header():
@@ -224,7 +214,7 @@ def main():
         check_negative_controls()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

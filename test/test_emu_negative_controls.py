@@ -27,18 +27,12 @@ Needs CUDA's headers and the emulator's objects (`make build/emu/cuda_emu_runtim
 build/emu/cublas_standin.o`, which this test runs); without them it says why and skips. About 30 s.
 """
 import os, re, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = "test/emu_kernel_checks.cu"
 EMU_OBJECTS = ["build/emu/cuda_emu_runtime.o", "build/emu/cublas_standin.o"]
 SCHEDULES = ["forward", "reverse", "random:20251123"]
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def cuda_include():
@@ -234,7 +228,7 @@ def main():
                 report(True, f"caught: {name} (passes under {', '.join(passes)}; caught under {', '.join(by)}: "
                              f"{hows[by[0]]})")
     print(f"negative controls: {len(MUTATIONS)} mutations in {time.time() - start:.0f} s", flush=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
                      (driven by a stand-in trainer: the real measurement needs a GPU)
 """
 import glob, os, re, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
@@ -26,13 +27,6 @@ GPU = os.path.join(ROOT, "train_gpt")
 # N = 82,752 parameters: not a multiple of 2 * 64, so two ZeRO-1 shards differ (41,408 and 41,344)
 MODEL = "L=2,C=48,H=4,T=32,V=500"
 KINDS = ["params", "grads", "master", "optimizer", "activations", "workspace"]
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def run(cmd, cwd=None, timeout=120):
@@ -242,7 +236,7 @@ else:
                "records a batch that does not fit", md + err[-300:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

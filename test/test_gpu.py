@@ -45,6 +45,7 @@ the weight change within 15%. fp32 build vs CPU: the same formulas in another or
 and --use_fast_math's exp and reciprocal (~2 ulp): 1e-4 (logits) and 1e-3 (gradients).
 """
 import os, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_io import read_safetensors  # noqa: E402
@@ -53,13 +54,6 @@ from token_shards import write_shard  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "train_gpt_cpu")
 NATIVE_GPU = os.path.join(ROOT, "train_gpt")  # built by nvcc: runs on a real GPU
-failures = 0
-
-
-def report(ok, name, why="", measured=""):
-    global failures
-    print(f"PASS: {name}" + (f" ({measured})" if measured else "") if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += 0 if ok else 1
 
 
 def skip(name, why):
@@ -376,7 +370,7 @@ def main():
         report(p.returncode == 1 and "no CUDA GPU" in p.stderr, "without a GPU train_gpt says so", p.stderr)
     if MODE is None:
         skip("every GPU check", GPU)
-        sys.exit(1 if failures else 0)
+        sys.exit(exit_code())
     print(f"running the GPU checks on {'the CPU emulation of CUDA: ' + GPU if EMULATED else 'the GPU'}", flush=True)
     for exe in (GPU, CPU):
         if not os.path.exists(exe):
@@ -426,7 +420,7 @@ def main():
         check("memory check", memory_check, S)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(exit_code())
 
 
 if __name__ == "__main__":

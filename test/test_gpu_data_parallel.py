@@ -48,6 +48,7 @@ ZeRO-1 vs ZeRO-0 and resume are exact by design (same sums, per-element AdamW wi
 rounding seeded by (seed, step, index)), so they are compared bit for bit.
 """
 import os, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -68,13 +69,6 @@ CHECKS = ["2 ranks == 1 rank x 2 accumulation steps", "4 ranks == 1 rank x 4 acc
           "scripts/run_mpi_local.sh runs train_gpt"]
 NCCL_CHECKS = ["2 ranks over NCCL == 1 rank x 2 accumulation steps", "ZeRO-1 over NCCL == ZeRO-0 bit for bit (3 ranks)"]
 EMULATED_NCCL = {"CUDA_EMU_DEVICES": "4"}  # a GPU per rank: the NCCL path instead of host staging
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += 0 if ok else 1
 
 
 class Runner:
@@ -144,11 +138,11 @@ def main():
     if MODE is None:
         for name in CHECKS:
             print(f"SKIP: {name} ({GPU})")
-        return 0 if failures == 0 else 1
+        return exit_code()
     if not multi:
         for name in CHECKS:
             print(f"SKIP: {name} (train_gpt without MPI, or no mpirun)")
-        return 0 if failures == 0 else 1
+        return exit_code()
     for exe in (GPU, CPU):
         if not os.path.exists(exe):
             report(False, "binaries", f"{exe} is missing: run make")
@@ -253,7 +247,7 @@ def main():
         report(False, "gpu data-parallel run", str(e))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

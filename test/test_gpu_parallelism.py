@@ -52,6 +52,7 @@ its threads and blocks in another order (reverse, or random), so a race would sh
 the bubble, a timing, stays a real GPU's check (SKIP).
 """
 import os, re, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,13 +72,6 @@ CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 
           "tp2 x pp2 + sequence parallel == one rank", "tp2 x pp2 checkpoint files", "tp2 x pp2 resume bit-exact",
           "tp2 x pp2 checkpoint resumed by one rank", "dp2 x tp2 ZeRO-3 == one rank", "dp2 x tp2 ZeRO-3 resume bit-exact",
           "negative control", "the bubble printed and measured"]
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += 0 if ok else 1
 
 
 class Runner:
@@ -257,7 +251,7 @@ def main():
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ one CPU's rounding where it is not. Then:
                   context: exit 1 with one line naming the file and the line
 """
 import json, os, re, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
@@ -42,15 +43,8 @@ TRAINER = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=64,V=258"
 TIE = 1e-3          # |margin| below this: fp32 rounding may pick either ending
 MIN_MARGIN = 0.1    # the trained model's right endings must lead by this much (nats per token)
-failures = 0
 
 SENTENCES = ["the cat sat on the mat.", "the dog ran to the park.", "a bird flew over the sea."]
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def bytes_to_unicode():
@@ -76,7 +70,6 @@ def write_vocab(d):
     encoder["qz"] = 257
     json.dump(encoder, open(os.path.join(d, "encoder.json"), "w"))
     open(os.path.join(d, "vocab.bpe"), "w").write("#version: 0.2\nq z\n")
-
 
 
 def examples():
@@ -265,7 +258,7 @@ def main():
     report(p.returncode == 1 and "--hellaswag needs the tokenizer" in p.stderr, "--hellaswag without a tokenizer -> a clear error",
            p.stderr)
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ reader/writer, handles F32 and integer dtypes; this test needs F16, BF16 and del
 files, so it writes its own few lines.)
 """
 import json, math, os, shutil, struct, subprocess, sys, tempfile
+from checks import report, exit_code
 import numpy as np
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,13 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERT = os.path.join(ROOT, "hf_convert")
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
 L, C, NH, MAXT, V = 2, 64, 4, 64, 300       # V = 300 is padded to Vp = 384 in our file
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 # ---- safetensors, written by hand (numpy), including broken variants
@@ -197,7 +191,6 @@ def run(args, **kw):
     return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
-
 def trainer_logits(model, shard, tmp, B=2, T=16):
     dump = os.path.join(tmp, "dump.st")
     p = run([TRAINER, "--model", model, "--train-data", shard, "--val-data", "none", "--batch-size", str(B), "--seq-len",
@@ -340,7 +333,7 @@ def main():
            "a failed import leaves no output file behind")
 
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
   progress      the HellaSwag progress bar is drawn on a terminal (a pty) and never into a pipe
 """
 import json, os, pty, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
@@ -21,14 +22,6 @@ from token_shards import write_shard  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=64,V=512"
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
-
 
 
 def run(args, **kw):
@@ -153,7 +146,7 @@ def main():
     else:
         print("SKIP: progress bar (no GPT-2 tokenizer in data/gpt2: scripts/get_vocab.sh)")
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ bit and on another grid within tolerance, a model that fits --max-memory only wh
 clear error (exit 2) for each impossible grid.
 """
 import os, re, shutil, subprocess, sys, tempfile, time
+from checks import report, exit_code
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +55,6 @@ T = 32
 LR = 1e-3
 TOL_LOSS_REL, TOL_GRAD_REL, TOL_PARAM_ABS, TOL_LOGIT_REL = 1e-5, 1e-5, 5e-5, 1e-5
 
-failures = 0
 
 # Grids the model (4 heads, 4 layers) or the batch (4 micro-batches of 32 tokens) cannot have: the
 # ranks, the flags, and what the one line of the error must say (test_gpu_parallelism.py uses them too).
@@ -68,15 +68,6 @@ IMPOSSIBLE_GRIDS = [
     (2, ["--tensor-parallel", "2", "--sequence-parallel", "1", "--seq-len", "31", "--total-batch-tokens", "124"],
      "2 does not divide it"),
 ]
-
-
-def report(ok, name, why=""):
-    global failures
-    if ok:
-        print(f"PASS: {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {why}", flush=True)
 
 
 class Runner:
@@ -100,9 +91,7 @@ class Runner:
         path = os.path.join(self.work, name + ".st")
         code, out, err = self.run(ranks, *flags, "--dump-state", path, **kw)
         if code != 0 or not os.path.exists(path):
-            print(f"FAIL: {name}: the trainer exited with {code}:\n{(out + err)[-3000:]}", flush=True)
-            global failures
-            failures += 1
+            report(False, name, f"the trainer exited with {code}:\n{(out + err)[-3000:]}")
             return None, out
         return read_safetensors(path)[0], out
 
@@ -292,7 +281,7 @@ def main():
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

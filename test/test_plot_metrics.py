@@ -8,16 +8,10 @@
   errors     a broken line names the file and the line; a missing log and a bad --labels exit 1
 """
 import json, os, shutil, struct, subprocess, sys, tempfile
+from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLOT = os.path.join(ROOT, "scripts", "plot_metrics.py")
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def write_log(path, records, tail=""):
@@ -79,7 +73,7 @@ def main():
         report(p.returncode == 1 and p.stderr.startswith("error: ") and needle in p.stderr and not os.path.exists(os.path.join(tmp, "x.png")),
                f"bad input: {name}", p.stderr)
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

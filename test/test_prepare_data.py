@@ -7,6 +7,7 @@ uint16 tokens); expected tokens come from ./tokenize_text. Needs ./prepare_data,
 (make) and data/gpt2 (scripts/get_vocab.sh); without them it prints SKIP.
 """
 import json
+from checks import report, exit_code
 import os
 import struct
 import subprocess
@@ -17,16 +18,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "prepare_data")
 TOKENIZE = os.path.join(ROOT, "tokenize_text")
 EOT = 50256
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    if ok:
-        print(f"PASS: {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {why}", flush=True)
 
 
 def run(*args):
@@ -234,7 +225,7 @@ def main():
                      "70001", "uint16")
         leftovers = [f for f in os.listdir(bad_dir) if f.endswith(".bin") and not f.startswith("invalid")]
         report(leftovers == [], "failed runs leave no shards behind", str(leftovers))
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

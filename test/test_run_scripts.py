@@ -15,16 +15,10 @@ A stand-in trainer (a shell script that records its arguments) shows what the sc
   estimate
 """
 import os, shutil, stat, subprocess, sys, tempfile
+from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpt2.sh")
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    print(f"PASS: {name}" if ok else f"FAIL: {name}: {why}", flush=True)
-    failures += not ok
 
 
 def executable(path, text):
@@ -122,7 +116,7 @@ printf '%s\\n' "$@" > {tmp}/mpirun_args
     else:
         print("SKIP: the real estimate (./train_gpt not built: it needs nvcc)")
     shutil.rmtree(tmp)
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Needs: ./tokenize_text (make), data/gpt2 (scripts/get_vocab.sh), test/node_modul
 (scripts/setup_node_tests.sh); corpora from scripts/get_corpus.sh. Missing pieces give SKIP lines.
 """
 import os
+from checks import report, exit_code
 import random
 import shutil
 import subprocess
@@ -25,16 +26,6 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tokenize_text")
 REFERENCE = os.path.join(ROOT, "test", "tiktoken_reference.js")
-failures = 0
-
-
-def report(ok, name, why=""):
-    global failures
-    if ok:
-        print(f"PASS: {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {why}", flush=True)
 
 
 def skip(name, why):
@@ -212,7 +203,7 @@ def main():
                 # Many threads means many parts: every cut must leave the tokens unchanged.
                 compare_files(f"{name} on 1 thread matches", [whole], "--threads", "1")
                 compare_files(f"{name} on 13 threads matches", [whole], "--threads", "13")
-    return 1 if failures else 0
+    return exit_code()
 
 
 if __name__ == "__main__":

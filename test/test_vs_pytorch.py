@@ -102,6 +102,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import gpt2_reference as ref  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
+import checks  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
 CONFIGS = {
@@ -133,17 +134,10 @@ BF16 = Tolerances(logits=5e-2, loss=5e-2, grads=5e-2, losses=5e-2, params_max=ma
                   params_rms=0.2, decay_only=math.inf, norm_rel=5e-2)
 PRECISIONS = {"fp32": FP32, "bf16": BF16}
 
-failures = 0
-
 
 def report(name, ok, detail=""):
-    """Print one PASS/FAIL line; detail (the measured error) goes on both."""
-    global failures
-    if ok:
-        print(f"PASS: {name}" + (f" ({detail})" if detail else ""), flush=True)
-    else:
-        failures += 1
-        print(f"FAIL: {name}: {detail or 'failed'}", flush=True)
+    """One PASS/FAIL line; detail (the measured error) goes on both."""
+    checks.report(ok, name, why=detail, measured=detail)
 
 
 def skip(name, why):
@@ -606,7 +600,7 @@ def main():
         results, _ = compare_dump_with_fixture(args.compare[0], args.compare[1],
                                                PRECISIONS[args.precision])
         report_results("compare", results)
-        sys.exit(1 if failures else 0)
+        sys.exit(checks.exit_code())
 
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
@@ -656,7 +650,7 @@ def main():
                 [gpu_trainer], "gpu", name, fixture_dir, BF16, gpu_flags, timeout=args.timeout))
         else:
             skip(f"gpu/{name}", gpu_trainer)
-    sys.exit(1 if failures else 0)
+    sys.exit(checks.exit_code())
 
 
 if __name__ == "__main__":

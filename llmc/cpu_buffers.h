@@ -52,7 +52,7 @@
 #include "llmc/zero.h"
 #include "llmc/utils.h"
 
-// The CPU matmul's blocking (train_gpt_cpu.cpp explains it): an MR x NR register tile, K taken KC
+// The CPU matmul's blocking (llmc/cpu_layers.h explains it): an MR x NR register tile, K taken KC
 // at a time, N at most NC at a time. They decide the size of its packed panels, so they live here.
 constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
 

@@ -25,6 +25,7 @@
 #include "llmc/comm.h"
 #include "llmc/cpu_buffers.h"
 #include "llmc/cpu_layers.h"
+#include "llmc/cpu_memory_report.h"
 #include "llmc/cpu_profile.h"
 #include "llmc/dataloader.h"
 #include "llmc/estimate.h"
@@ -36,6 +37,7 @@
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
 #include "llmc/sharding.h"
+#include "llmc/state_dump.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/training.h"
 #include "llmc/zero.h"
@@ -439,8 +441,7 @@ struct Parallel {
     ProcessGrid grid;
     GridComms comms;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    double busy_seconds = 0, schedule_seconds = 0;   // pipelines: computing / running the schedule, all steps
-    double predicted_bubble = 0;                     // (p-1)/(m+p-1)
+    PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
 };
 
@@ -476,7 +477,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
             float micro_loss = gpt2_forward(model, a.inputs.data(), a.targets.data(), B, T, slot);
-            par->busy_seconds += seconds_since(busy);
+            par->times.busy_seconds += seconds_since(busy);
             if (!s.last_stage) {
                 comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
                           "sending activations to the next pipeline stage");
@@ -500,7 +501,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
-            par->busy_seconds += seconds_since(busy);
+            par->times.busy_seconds += seconds_since(busy);
             if (!s.first_stage) {
                 comm_send(pp, a.dresidual.data(), n, stage - 1, pipe_tag_gradient(act.micro), &a.sends,
                           "sending gradients to the previous pipeline stage");
@@ -508,7 +509,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
     }
     for (Activations& a : model->acts) comm_wait_sends(pp, &a.sends);
-    par->schedule_seconds += seconds_since(start);
+    par->times.schedule_seconds += seconds_since(start);
     return loss;
 }
 
@@ -700,26 +701,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 }
 
 // ==============================================================================================
-// Memory and communication, predicted and measured. The prediction is llmc/estimate.h's: the size
-// table every buffer is allocated from (llmc/cpu_buffers.h) and the lessons' byte counts of each
-// technique; --estimate prints it without running. The measurement: the capacity of every vector a
-// rank holds (and the peak of ZeRO's gathered units and buckets), and the bytes its groups'
-// counters saw in the last training step.
-
-// The prediction's setup for this run (what --estimate would be given for it).
-static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
-                                  int recompute) {
-    EstimateSetup e;
-    e.trainer = Trainer::CPU;
-    e.cfg = cfg;
-    e.B = plan.B, e.T = plan.T;
-    e.ranks = g.dp, e.zero_stage = g.zero_stage;
-    e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
-    e.tokens_per_step = plan.total_batch_tokens;
-    e.dtype_bytes = 4;
-    e.recompute = recompute;
-    return e;
-}
+// Memory, measured (llmc/cpu_memory_report.h reports it against --estimate's prediction)
 
 // What this rank really holds for each row of its table: the capacity of the vectors the row sized
 // (every micro-batch's, for the rows that have one each), that is what the allocator was asked
@@ -737,38 +719,6 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     return held;
 }
 
-// "memory: rank 0 holds 1.23 GiB (N bytes):" then, on indented lines wrapped at 100 columns,
-// "params ..., grads ..., ..." (by kind, from held_bytes).
-static std::string held_summary(GPT2* model, int rank) {
-    std::vector<size_t> held = held_bytes(model);
-    size_t by_kind[MEM_KINDS] = {}, total = 0;
-    for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
-    std::string out = strprintf("rank %d holds %s (%zu bytes):", rank, format_bytes((double)total).c_str(), total);
-    const char* indent = "\n        ";
-    std::string line;
-    for (int k = 0; k < MEM_KINDS; k++) {
-        if (!by_kind[k]) continue;
-        std::string item = strprintf("%s %s", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
-        if (!line.empty() && 8 + line.size() + 2 + item.size() + 1 > 100) out += indent + line + ",", line.clear();
-        line += (line.empty() ? "" : ", ") + item;
-    }
-    return out + indent + line + "\n";
-}
-
-// Every row, one line each, printed at once so that ranks' reports do not interleave.
-static void print_allocations(GPT2* model, int rank) {
-    std::vector<size_t> held = held_bytes(model);
-    std::string out;
-    size_t total = 0;
-    for (int b = 0; b < CB_COUNT; b++) {
-        out += strprintf("allocation: rank %d %s %zu\n", rank, model->table[b].name, held[b]);
-        total += held[b];
-    }
-    out += strprintf("allocation: rank %d total %zu\n", rank, total);
-    fputs(out.c_str(), stdout);
-    fflush(stdout);
-}
-
 // A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why,
 // and every rank leaves with exit code 2 (a command-line problem).
 [[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
@@ -779,106 +729,30 @@ static void print_allocations(GPT2* model, int rank) {
     exit(EXIT_BAD_USAGE);
 }
 
-// Every rank's memory by kind and bytes sent in the last step, measured, and whether they are what
-// --estimate predicts; the pipeline's bubble, predicted and measured. Printed by rank 0.
-static void report_costs(GPT2* model, Parallel* par, const EstimateSetup& e, const CommCounters step[4], int steps) {
-    const ProcessGrid& g = par->grid;
-    const int K = MEM_KINDS + 1 + 4 + 2;  // measured kinds, predicted total, measured groups, comm prediction holds, busy
-    std::vector<double> all((size_t)g.world * K, 0.0);
-    double* mine = all.data() + (size_t)g.rank * K;
-    std::vector<size_t> held = held_bytes(model);
-    for (int b = 0; b < CB_COUNT; b++) mine[model->table[b].kind] += (double)held[b];
-    MemoryByKind predicted = memory_by_kind(estimate_table(e, e.B, g.rank), CPU_ALLOCATION_GRANULE);
-    mine[MEM_KINDS] = (double)predicted.total;
-    CommEstimate comm = estimate_comm(e, g.rank);
-    bool comm_same = true;
-    for (int i = 0; i < 4; i++) {
-        mine[MEM_KINDS + 1 + i] = (double)step[i].total_bytes();
-        comm_same = comm_same && step[i].total_bytes() == comm.bytes[i];
-    }
-    mine[MEM_KINDS + 5] = comm_same ? 1.0 : 0.0;
-    mine[MEM_KINDS + 6] = par->busy_seconds;
-    comm_all_gather(&par->comms.world, all.data(), K * sizeof(double), "collecting the costs");
-    if (g.rank != 0) return;
-    printf("memory per rank (MiB, measured) and bytes sent in the last step, per group (measured):\n");
-    printf("  %-16s %8s %8s %9s %11s %9s %8s | %s\n", "rank (dp,tp,pp)", "params", "grads", "optimizer", "activations",
-           "workspace", "total", "data / tensor / pipeline / world");
-    auto mib = [](double bytes) { return strprintf("%.2f", bytes / 1048576.0); };
-    for (int r = 0; r < g.world; r++) {
-        const double* x = all.data() + (size_t)r * K;
-        ProcessGrid rg = estimate_grid(e, r);
-        double total = 0;
-        for (int k = 0; k < MEM_KINDS; k++) total += x[k];
-        std::string who = strprintf("%d (%d,%d,%d)", r, rg.dp_rank, rg.tp_rank, rg.pp_rank);
-        printf("  %-16s %8s %8s %9s %11s %9s %8s | %s / %s / %s / %s", who.c_str(), mib(x[MEM_PARAMS]).c_str(),
-               mib(x[MEM_GRADS]).c_str(), mib(x[MEM_OPTIMIZER]).c_str(), mib(x[MEM_ACTIVATIONS]).c_str(),
-               mib(x[MEM_WORKSPACE]).c_str(), mib(total).c_str(), format_bytes(x[MEM_KINDS + 1]).c_str(),
-               format_bytes(x[MEM_KINDS + 2]).c_str(), format_bytes(x[MEM_KINDS + 3]).c_str(), format_bytes(x[MEM_KINDS + 4]).c_str());
-        if (total == x[MEM_KINDS] && x[MEM_KINDS + 5] == 1.0) {
-            printf("  = --estimate\n");
-        } else {
-            CommEstimate c = estimate_comm(e, r);
-            printf("  != --estimate: %s MiB | %s / %s / %s / %s\n", mib(x[MEM_KINDS]).c_str(), format_bytes((double)c.bytes[0]).c_str(),
-                   format_bytes((double)c.bytes[1]).c_str(), format_bytes((double)c.bytes[2]).c_str(), format_bytes((double)c.bytes[3]).c_str());
-        }
-    }
-    if (g.pp > 1) {
-        // the step's pipeline time: the first stage's schedule, which starts first and finishes last
-        printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-               "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
-        for (int stage = 0; stage < g.pp; stage++) {
-            printf(" %.1f%%", 100.0 * (1.0 - all[(size_t)grid_rank(g, 0, 0, stage) * K + MEM_KINDS + 6] / par->schedule_seconds));
-        }
-        printf("\n");
-    }
-}
-
 // ==============================================================================================
-// --dump-state on a grid: rank 0 collects every rank's elements in global coordinates (and checks
-// that every copy of an element, on every rank that holds one, is the same to the bit).
+// --dump-state (llmc/state_dump.h): after the first step, its logits, loss and (summed, unclipped)
+// gradient, on rank 0; after every step, its loss; at the end, the weights, and rank 0 writes the file.
 
-static void gather_weights(GPT2* model, Parallel* par, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values;
-    const float* weights = weight_storage(model);
-    for (const StateRun& r : zero_weight_runs(model->zero, slice_runs(model->config, model->slice))) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), weights + r.weight_at, weights + r.weight_at + r.count);
+static void dump_after_step(GPT2* model, Parallel* par, StateDump* d, bool first, double step_loss, size_t rows) {
+    if (!d->on) return;
+    if (first) {
+        const ModelSlice& s = model->slice;
+        dump_gather_logits(&par->comms.world, model->config, s, par->grid.dp_rank, d->first_logits, rows, &d->state.logits);
+        bool reports = s.last_stage && par->grid.tp_rank == 0 && par->grid.dp_rank == 0;
+        d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->state.loss : 0.0, "the first loss");
+        dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads);
     }
-    if (!model->lent_wte.empty()) {  // the last stage's copy of wte must equal the first stage's
-        ModelSlice s = model->slice;
-        s.first_stage = true;  // where the first stage's wte lives in its slice: local [0, count[WTE])
-        for (const SliceRun& r : runs_in_local_range(slice_runs(model->config, s), 0, slice_layout(model->config, s).count[WTE])) {
-            runs.push_back({r.global, r.count});
-            values.insert(values.end(), model->lent_wte.begin() + r.local, model->lent_wte.begin() + r.local + r.count);
-        }
-    }
-    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the weights");
+    d->state.losses.push_back((float)step_loss);
 }
 
-static void gather_gradients(GPT2* model, Parallel* par, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values;
-    // the summed gradient sits where the optimizer state does: this rank's shard (stage 0: `grads`, whole)
-    const float* grad = model->zero.stage == 0 ? model->grads.data()
-                      : model->zero.stage == 1 ? zero_summed_shard(model->zero, model->grads) : model->zero.grad_shard.data();
-    for (const StateRun& r : zero_state_runs(model->zero, slice_runs(model->config, model->slice), false)) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), grad + r.state_at, grad + r.state_at + r.count);
+static void dump_at_end(GPT2* model, Parallel* par, StateDump* d, const std::string& path, int B, int T) {
+    if (!d->on) return;
+    dump_gather_weights(&par->comms.world, model->zero, model->config, model->slice, weight_storage(model), model->lent_wte,
+                        &d->state.params);
+    if (par->grid.rank == 0) {
+        write_dump_state(path, d->state, model->config, B, T, "cpu");
+        printf("dumped state to %s\n", path.c_str());
     }
-    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the gradients");
-}
-
-// The first micro-batch's logits [B*T, V]: the last stage's tensor ranks of data-parallel rank 0
-// hold its columns.
-static void gather_logits(GPT2* model, Parallel* par, const std::vector<float>& mine, size_t rows, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    const ModelSlice& s = model->slice;
-    size_t V = model->config.vocab_size;
-    if (s.last_stage && par->grid.dp_rank == 0)
-        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + s.vocab_begin, (size_t)s.vocab_real});
-    gather_to_rank0(&par->comms.world, runs, s.last_stage && par->grid.dp_rank == 0 ? mine : std::vector<float>(), out,
-                    rows * V, "collecting the logits");
 }
 
 // ==============================================================================================
@@ -963,7 +837,7 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     int first_step = 0;
@@ -993,10 +867,10 @@ int main(int argc, char** argv) {
             printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);
         }
         if (grid.pp > 1) {
-            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
+            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
         }
         printf("%s", describe_data(train, have_val ? &val : nullptr, o.eval_only).c_str());
-        printf("memory: %s", held_summary(&model, world.rank).c_str());
+        printf("memory: %s", held_summary(held_bytes(&model), model.table, world.rank).c_str());
         if (o.recompute > 0) {
             printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
                    o.recompute == 1 ? "GELU(fch)" : "GELU(fch), ln1 and ln2");
@@ -1030,9 +904,8 @@ int main(int argc, char** argv) {
             *count = (int64_t)comm_sum(&par.comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
         if (leader) report_hellaswag(&mlog, step, r);
     };
-    bool dumping = !o.dump_state.empty();
-    DumpState dump;
-    std::vector<float> first_logits;
+    StateDump dump;
+    dump.on = !o.dump_state.empty();
     Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
     CommCounters last_step[4];
     BadSteps bad_steps;
@@ -1052,8 +925,9 @@ int main(int argc, char** argv) {
         if (model.zero.stage <= 1) std::fill(model.grads.begin(), model.grads.end(), 0.0f);
         std::fill(model.zero.grad_shard.begin(), model.zero.grad_shard.end(), 0.0f);
         std::fill(model.lent_wte_grad.begin(), model.lent_wte_grad.end(), 0.0f);
-        bool dump_now = dumping && step == first_step;
-        double loss = forward_backward(&model, &par, &train, plan, step + 1, dump_now ? &first_logits : nullptr, &dump.loss);
+        bool dump_now = dump.on && step == first_step;
+        double loss = forward_backward(&model, &par, &train, plan, step + 1, dump_now ? &dump.first_logits : nullptr,
+                                       &dump.state.loss);
         // the mean loss over every token of the step: the last stage's, one tensor rank of each
         // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
         bool reports = slice.last_stage && grid.tp_rank == 0;
@@ -1066,12 +940,7 @@ int main(int argc, char** argv) {
         double seconds = seconds_since(start);
         profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
-        if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
-            gather_logits(&model, &par, first_logits, (size_t)B * T, &dump.logits);
-            dump.loss = (float)comm_sum(&par.comms.world, reports && grid.dp_rank == 0 ? dump.loss : 0.0, "the first loss");
-            gather_gradients(&model, &par, &dump.grads);
-        }
-        if (dumping) dump.losses.push_back((float)step_loss);
+        dump_after_step(&model, &par, &dump, dump_now, step_loss, (size_t)B * T);
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
                             seconds * (plan.steps - step - 1));
@@ -1088,16 +957,11 @@ int main(int argc, char** argv) {
     }
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
-    if (grid.world > 1 && plan.steps > first_step) report_costs(&model, &par, predicted, last_step, plan.steps - first_step);
-    if (o.print_allocations) print_allocations(&model, world.rank);  // after the run: nothing grew while it trained
+    if (grid.world > 1 && plan.steps > first_step)
+        report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
+    if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
-    if (dumping) {
-        gather_weights(&model, &par, &dump.params);
-        if (leader) {
-            write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
-            printf("dumped state to %s\n", o.dump_state.c_str());
-        }
-    }
+    dump_at_end(&model, &par, &dump, o.dump_state, B, T);
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);

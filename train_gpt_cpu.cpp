@@ -36,6 +36,7 @@
 #include "llmc/sampler.h"
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
+#include "llmc/recompute.h"
 #include "llmc/sharding.h"
 #include "llmc/state_dump.h"
 #include "llmc/tensor_parallel.h"
@@ -89,7 +90,7 @@ struct Activations {
 // Backward scratch, one layer's worth, reused by every layer and every micro-batch.
 struct Workspace {
     std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3Ca), (B,T,Cf)
-    // --recompute (llmc/cpu_buffers.h): the one layer of what is not kept per layer. The forward
+    // --recompute (llmc/recompute.h): the one layer of what is not kept per layer. The forward
     // writes and reads it within a layer; the backward refills it right before each use.
     std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
     std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
@@ -239,8 +240,8 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
-    // --recompute: what is not kept per layer goes to one layer of scratch, dead by the layer's end
-    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
+    // --recompute (llmc/recompute.h): what is not kept per layer goes to one layer of scratch
+    RecomputePlan keep = recompute_plan(model->recompute);
 
     if (s.first_stage) {
         ParamTensors<float> w = unit_weights(model, ends);
@@ -255,14 +256,14 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = 0; l < L; l++) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
+        float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
         float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
         float* att = layer_slice(a.att, l, att_per_layer);
         float* atty = layer_slice(a.atty, l, BTmax * Ca);
         float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
+        float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
         float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
+        float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
         float* residual3 = layer_slice(a.residual3, l, Rmax * C);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -326,7 +327,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
     float* dresidual = a.dresidual.data();
-    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
+    RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/recompute.h)
 
     if (s.last_stage) {  // classifier and final LayerNorm
         const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
@@ -362,18 +363,18 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
         float* ln_scratch = work.ln_recompute.data();
         float* gelu_scratch = work.gelu_recompute.data();
-        const float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
-        const float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
-        const float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
+        const float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
+        const float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
+        const float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
-        if (!keep_gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
+        if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
         matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
         gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
         // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
         // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
-        if (!keep_ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
+        if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
         const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
         matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
@@ -383,7 +384,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
         // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
-        if (!keep_ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
+        if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
@@ -873,7 +874,7 @@ int main(int argc, char** argv) {
         printf("memory: %s", held_summary(held_bytes(&model), model.table, world.rank).c_str());
         if (o.recompute > 0) {
             printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
-                   o.recompute == 1 ? "GELU(fch)" : "GELU(fch), ln1 and ln2");
+                   recompute_what(o.recompute));
         }
         if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);

@@ -37,6 +37,7 @@
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
 #include "llmc/recompute.h"
+#include "llmc/run.h"
 #include "llmc/sharding.h"
 #include "llmc/state_dump.h"
 #include "llmc/tensor_parallel.h"
@@ -566,57 +567,32 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
     return loss;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning, on rank 0.
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run.h).
 static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
-    dataloader_reset(val);
-    double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(val);
-        total += pipeline_forward(model, par, val->inputs.data(), val->targets.data(), val->B, val->T);
-    }
-    if (!par->model_parallel) return (float)(total / batches);
-    // the loss is on the last stage; one rank there reports it
-    const ProcessGrid& g = par->grid;
-    bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
-    return (float)(comm_sum(&par->comms.world, reporter ? total / batches : 0.0, "collecting the validation loss"));
+    return evaluate_loss(val, batches, par->grid, par->model_parallel,
+        [&](const int* inputs, const int* targets) { return pipeline_forward(model, par, inputs, targets, val->B, val->T); },
+        [&](double x) { return comm_sum(&par->comms.world, x, "collecting the validation loss"); });
 }
 
-// Generates `count` tokens after <|endoftext|>, one forward pass per token over the whole prefix
-// (no key/value cache: simple, and cheap enough at these sizes). Rank 0 draws the tokens.
+// A sample (llmc/run.h), each token from a forward pass over the window of the last max_T tokens.
+// Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
+// multiple of the degree (a causal model's earlier positions never see the padding).
 static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
-    const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
-    const TensorParallel& tp = model->tp;
-    // sequence parallelism splits the rows over the tensor ranks: the window is padded at its end
-    // to a multiple of the degree (a causal model's earlier positions never see the padding)
-    int multiple = tp.sequence_parallel ? tp.degree : 1;
-    int window = model->max_T / multiple * multiple;
-    std::vector<int> tokens = {50256 < cfg.vocab_size ? 50256 : 0};
-    for (int i = 0; i < o.sample_tokens; i++) {
-        int len = std::min((int)tokens.size(), window);
+    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
+    std::vector<float> logits;
+    sample_and_print(o, model->config.vocab_size, model->max_T / multiple * multiple, par->model_parallel, &par->comms.world,
+                     decoder, rng, [&](const std::vector<int>& tokens, int len) {
         int padded = (len + multiple - 1) / multiple * multiple;
         std::vector<int> input(tokens.end() - len, tokens.end());
         input.resize((size_t)padded, 0);
         pipeline_forward(model, par, input.data(), nullptr, 1, padded);
         // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
-        std::vector<float> logits;
         const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
-        if (par->model_parallel) {
-            std::vector<GlobalRun> runs;
-            std::vector<float> mine;
-            if (s.last_stage) {
-                runs.push_back({(size_t)s.vocab_begin, (size_t)s.vocab_real});
-                mine.assign(row, row + s.vocab_real);
-            }
-            gather_to_rank0(&par->comms.world, runs, mine, &logits, (size_t)cfg.vocab_size, "collecting the logits of a sample");
-            row = logits.data();
-        }
-        int next = 0;
-        if (par->grid.rank == 0) next = sample_token(row, cfg.vocab_size, o.temperature, o.top_k, rng);
-        if (par->model_parallel) comm_broadcast(&par->comms.world, &next, sizeof(int), 0, "broadcast of a sampled token");
-        tokens.push_back(next);
-    }
-    if (par->grid.rank == 0) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+        if (!par->model_parallel) return row;
+        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    });
 }
 
 // ==============================================================================================
@@ -718,16 +694,6 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
     return held;
-}
-
-// A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why,
-// and every rank leaves with exit code 2 (a command-line problem).
-[[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
-    if (world->rank == 0) fprintf(stderr, "error: %s\n", why.c_str());
-    fflush(stderr);
-    comm_barrier(world, "stopping on a bad grid");
-    comm_finalize(world);
-    exit(EXIT_BAD_USAGE);
 }
 
 // ==============================================================================================

@@ -723,7 +723,141 @@ static void dump_at_end(GPT2* model, Parallel* par, StateDump* d, const std::str
 }
 
 // ==============================================================================================
+// Start-up: from the flags to a model ready to train
+
+// Before the first large allocation: every rank's table against --max-memory, or this node's
+// MemAvailable shared by its ranks (a run that cannot fit is refused now, not killed later).
+static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicted, double max_memory_mib) {
+    double limit = max_memory_mib * 1048576.0;
+    std::string limit_source = strprintf("--max-memory %g MiB", max_memory_mib);
+    if (limit <= 0) {
+        limit = host_memory_available_bytes() / world->local_size;
+        limit_source = strprintf("%s, this node's available memory (%s) over its %d rank%s (--max-memory sets a limit)",
+                                 format_bytes(limit).c_str(), format_bytes(limit * world->local_size).c_str(), world->local_size,
+                                 world->local_size == 1 ? "" : "s");
+    }
+    std::string why = memory_refusal(predicted, limit, limit_source);
+    if (!why.empty()) grid_usage_fail(world, why);
+}
+
+// This rank's slice, every buffer from the size table (what --estimate prints), then the weights:
+// from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
+// group's rank 0's copy, so that they start bit-identical.
+static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
+                        const std::string& resume_dir, bool new_model) {
+    const ProcessGrid& grid = par->grid;
+    ModelSlice slice = model_slice(cfg, grid);
+    gpt2_build(model, cfg, {}, &slice);
+    tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
+    zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
+    gpt2_allocate(model, cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute));
+    load_weights(model, o, resume_dir, new_model);
+    if (grid.zero_stage < 3) {
+        comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
+    }
+    pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
+                      (size_t)slice.vocab_rows * cfg.channels);
+}
+
+// Resuming: each rank reads the optimizer state of the elements it updates, from whichever files
+// hold it; the sampler and the training data go on where the checkpoint left them.
+static void resume_state(GPT2* model, const TrainOptions& o, const std::string& resume_dir, const RunPlan& plan, bool leader,
+                         DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
+    const GPT2Config& cfg = model->config;
+    *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
+                               wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false),
+                               model->adam_m.data(), model->adam_v.data(), nullptr);
+    check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
+    *sampler_rng = resumed->sampler_rng;
+    if (!o.eval_only) dataloader_seek(train, resumed->train_loader, leader);
+}
+
+// What rank 0 says before the first step: the model, the batch, the grid, the data, the memory.
+static void print_run_header(GPT2* model, const Parallel& par, const Comm& world, const TrainOptions& o, const RunPlan& plan,
+                             const std::string& model_source, const DataLoader& train, const DataLoader* val,
+                             const std::string& resume_dir, const TrainStateHeader& resumed) {
+    const GPT2Config& cfg = model->config;
+    const ProcessGrid& grid = par.grid;
+    int B = plan.B, T = plan.T, first_step = (int)resumed.step;
+    printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
+    printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
+           B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
+           (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
+    if (grid.world > 1) {
+        printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
+               grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model->layout.total,
+               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model->adam_m.size());
+    }
+    if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
+        printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
+    }
+    if (grid.pp > 1) {
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
+    }
+    printf("%s", describe_data(train, val, o.eval_only).c_str());
+    printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
+    if (o.recompute > 0) {
+        printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
+               recompute_what(o.recompute));
+    }
+    if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
+    if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
+    if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+}
+
+// HellaSwag. Data parallelism: every rank scores its share of the examples, rank 0 reports the sum.
+// On a grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
+// of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
+// data-parallel rank 0 reports.
+static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
+    const ProcessGrid& grid = par->grid;
+    const ModelSlice& slice = model->slice;
+    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
+    bool split = !par->model_parallel;
+    HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par->model_parallel, split ? grid.rank : 0, split ? grid.world : 1,
+        [&](const int* in, const int* tg, int rows, int Tp) {
+            pipeline_forward(model, par, in, tg, rows, Tp);
+            return (const float*)(slice.last_stage ? model->acts[0].losses.data() : no_losses.data());
+        });
+    bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
+    for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
+        *count = (int64_t)comm_sum(&par->comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
+    if (grid.rank == 0) report_hellaswag(mlog, step, r);
+}
+
+// ==============================================================================================
 // The training loop
+
+// One optimizer step (step + 1), the training loop's core: the gradients zeroed, forward and
+// backward of the step's micro-batches, the gradient summed and its norm, then AdamW unless the
+// step is unsound (llmc/training.h: step_is_sound). `dump`: the first step of --dump-state, whose
+// first logits and loss forward_backward keeps.
+struct StepResult {
+    double loss;  // the mean over every token of the step, all ranks together
+    float norm, lr;
+};
+
+static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                             int step, BadSteps* bad_steps, StateDump* dump) {
+    const ProcessGrid& grid = par->grid;
+    if (model->zero.stage <= 1) std::fill(model->grads.begin(), model->grads.end(), 0.0f);
+    std::fill(model->zero.grad_shard.begin(), model->zero.grad_shard.end(), 0.0f);
+    std::fill(model->lent_wte_grad.begin(), model->lent_wte_grad.end(), 0.0f);
+    double loss = forward_backward(model, par, train, plan, step + 1, dump ? &dump->first_logits : nullptr,
+                                   dump ? &dump->state.loss : nullptr);
+    // the mean loss over every token of the step: the last stage's, one tensor rank of each
+    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
+    bool reports = model->slice.last_stage && grid.tp_rank == 0;
+    StepResult r;
+    r.loss = comm_sum(&par->comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    r.norm = finish_gradients(model, par);
+    r.lr = learning_rate(plan.schedule, step);
+    if (step_is_sound(bad_steps, step + 1, r.loss, r.norm, o.max_bad_steps, grid.rank == 0)) {
+        optimizer_step(model, par, r.lr, o, step + 1, clip_coefficient(r.norm, o.grad_clip));
+    }
+    return r;
+}
+
 
 int main(int argc, char** argv) {
     TrainOptions o;
@@ -760,43 +894,14 @@ int main(int argc, char** argv) {
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute);
-    // before the first large allocation: every rank's table against --max-memory, or this node's
-    // MemAvailable shared by its ranks (a run that cannot fit is refused now, not killed later)
-    double limit = o.max_memory_mib * 1048576.0;
-    std::string limit_source = strprintf("--max-memory %g MiB", o.max_memory_mib);
-    if (limit <= 0) {
-        limit = host_memory_available_bytes() / world.local_size;
-        limit_source = strprintf("%s, this node's available memory (%s) over its %d rank%s (--max-memory sets a limit)",
-                                 format_bytes(limit).c_str(), format_bytes(limit * world.local_size).c_str(), world.local_size,
-                                 world.local_size == 1 ? "" : "s");
-    }
-    why = memory_refusal(predicted, limit, limit_source);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    // the training data, checked before the model is allocated (a shard shorter than one step is refused
-    // now): each data-parallel rank reads its own slice of every step
+    refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
-    int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size, "training data",
-                        "--train-data");
-    }
+    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
 
-    // ---- this rank's slice, every buffer from the size table (what --estimate prints), then the
-    // weights: from the initialisation, a model file or a checkpoint; the data-parallel replicas
-    // take their group's rank 0's copy, so that they start bit-identical
-    ModelSlice slice = model_slice(cfg, grid);
     GPT2 model;
-    gpt2_build(&model, cfg, {}, &slice);
-    tensor_parallel_init(&model.tp, &par.comms.tp, grid.sequence_parallel);
-    zero_setup(&model.zero, grid.zero_stage, &par.comms.dp, grid, slice, model.layout);
-    gpt2_allocate(&model, cpu_run_shape(cfg, shape.B, shape.T, grid, par.schedule, shape.accumulation_steps, o.recompute));
-    load_weights(&model, o, resume_dir, new_model);
-    if (grid.zero_stage < 3) {
-        comm_broadcast(&par.comms.dp, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
-    }
-    pipe_tied_weights(&par.comms.pp, slice.first_stage, slice.last_stage, model.p[WTE], model.lent_wte.data(),
-                      (size_t)slice.vocab_rows * cfg.channels);
+    build_model(&model, &par, o, cfg, shape, resume_dir, new_model);
+    const ModelSlice& slice = model.slice;
 
     // ---- the shape of the run
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
@@ -807,46 +912,12 @@ int main(int argc, char** argv) {
     par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    int first_step = 0;
     TrainStateHeader resumed;
-    if (!resume_dir.empty()) {
-        // each rank reads the optimizer state of the elements it updates, from whichever files hold it
-        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted(zero_state_runs(model.zero, slice_runs(cfg, slice), false), false),
-                                  model.adam_m.data(), model.adam_v.data(), nullptr);
-        check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
-        first_step = (int)resumed.step;
-        sampler_rng = resumed.sampler_rng;
-        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
-    }
+    if (!resume_dir.empty()) resume_state(&model, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
-    if (leader) {
-        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
-        printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
-               B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
-               (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
-        if (grid.world > 1) {
-            printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
-                   grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model.layout.total,
-                   param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model.adam_m.size());
-        }
-        if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
-            printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);
-        }
-        if (grid.pp > 1) {
-            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
-        }
-        printf("%s", describe_data(train, have_val ? &val : nullptr, o.eval_only).c_str());
-        printf("memory: %s", held_summary(held_bytes(&model), model.table, world.rank).c_str());
-        if (o.recompute > 0) {
-            printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
-                   recompute_what(o.recompute));
-        }
-        if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
-        if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
-    }
-
+    if (leader) print_run_header(&model, par, world, o, plan, model_source, train, have_val ? &val : nullptr, resume_dir, resumed);
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
@@ -854,22 +925,10 @@ int main(int argc, char** argv) {
     MetricsLog mlog;
     metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
-    // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a
-    // grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
-    // of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
-    // data-parallel rank 0 reports.
-    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
-    auto run_hellaswag = [&](int step) {
-        bool split = !par.model_parallel;
-        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par.model_parallel, split ? world.rank : 0, split ? world.world_size : 1,
-            [&](const int* in, const int* tg, int rows, int Tp) {
-                pipeline_forward(&model, &par, in, tg, rows, Tp);
-                return (const float*)(slice.last_stage ? model.acts[0].losses.data() : no_losses.data());
-            });
-        bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
-        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
-            *count = (int64_t)comm_sum(&par.comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
-        if (leader) report_hellaswag(&mlog, step, r);
+    auto run_hellaswag = [&](int step) { hellaswag_run(&model, &par, hellaswag, B, T, step, &mlog); };
+    auto validate = [&](int step) {
+        float loss = evaluate(&model, &par, &val, o.val_batches);
+        if (leader) report_val_loss(&mlog, step, loss);
     };
     StateDump dump;
     dump.on = !o.dump_state.empty();
@@ -879,31 +938,17 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
-        if (have_val && step % o.val_every == 0) {
-            float loss = evaluate(&model, &par, &val, o.val_batches);
-            if (leader) report_val_loss(&mlog, step, loss);
-        }
+        if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
 
         for (Comm* c : groups) c->counters = CommCounters{};
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
-        if (model.zero.stage <= 1) std::fill(model.grads.begin(), model.grads.end(), 0.0f);
-        std::fill(model.zero.grad_shard.begin(), model.zero.grad_shard.end(), 0.0f);
-        std::fill(model.lent_wte_grad.begin(), model.lent_wte_grad.end(), 0.0f);
         bool dump_now = dump.on && step == first_step;
-        double loss = forward_backward(&model, &par, &train, plan, step + 1, dump_now ? &dump.first_logits : nullptr,
-                                       &dump.state.loss);
-        // the mean loss over every token of the step: the last stage's, one tensor rank of each
-        // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
-        bool reports = slice.last_stage && grid.tp_rank == 0;
-        double step_loss = comm_sum(&par.comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
-        float norm = finish_gradients(&model, &par);
-        float lr = learning_rate(plan.schedule, step);
-        if (step_is_sound(&bad_steps, step + 1, step_loss, norm, o.max_bad_steps, leader)) {
-            optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
-        }
+        StepResult r = train_step(&model, &par, &train, plan, o, step, &bad_steps, dump_now ? &dump : nullptr);
+        double step_loss = r.loss;
+        float norm = r.norm, lr = r.lr;
         double seconds = seconds_since(start);
         profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
@@ -918,10 +963,7 @@ int main(int argc, char** argv) {
             save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) {
-        float loss = evaluate(&model, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, plan.steps, loss);
-    }
+    if (have_val) validate(plan.steps);
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
     if (grid.world > 1 && plan.steps > first_step)

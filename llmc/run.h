@@ -82,3 +82,11 @@ inline void sample_and_print(const TrainOptions& o, int vocab_size, int window, 
     }
     if (world->rank == 0) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
 }
+
+// The training data, checked before the model is allocated (a shard shorter than one step is refused
+// now): each data-parallel rank reads its own slice of every step. --eval-only needs none.
+inline void open_training_data(DataLoader* train, const TrainOptions& o, const GPT2Config& cfg, const ProcessGrid& g) {
+    if (o.eval_only) return;
+    int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+    dataloader_init(train, o.train_data, o.batch_size, T, g.dp_rank, g.dp, cfg.vocab_size, "training data", "--train-data");
+}

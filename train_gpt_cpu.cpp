@@ -1,10 +1,10 @@
 // train_gpt_cpu.cpp — GPT-2 training on the CPU, in fp32: the reference for every GPU kernel.
 //
-// Read it top to bottom: the layers, each with its forward and backward pass written out by hand
-// (no autograd), then the model that strings them together, the optimizer, and the training loop.
-// Everything the GPU trainer shares with this one (shapes, files, flags, data, schedule, sampling,
-// the process grid of data, tensor and pipeline parallelism) lives in llmc/; what is here is the
-// math, as plain loops parallelised with OpenMP. Under mpirun each rank runs it on its slice of the
+// Read it top to bottom after its layers (llmc/cpu_layers.h: each forward and backward pass written
+// out by hand, no autograd): the model that strings them together, the optimizer step, and the
+// training loop. Everything the GPU trainer shares with this one (shapes, files, flags, data,
+// schedule, sampling, the process grid of data, tensor and pipeline parallelism) lives in llmc/;
+// what is here is the model and its step. Under mpirun each rank runs it on its slice of the
 // model, the few places where ranks talk marked by one-line hooks (see "The model" below).
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
@@ -13,9 +13,6 @@
 // Determinism: every output element is computed by exactly one thread, in a fixed order, and every
 // reduction across rows runs in a fixed order too, so a run is bit-identical for a given thread
 // count (and matmuls, the bulk of the work, are identical for any thread count).
-//
-// Tests and the dev/ kernel lab include this file with LLMC_CPU_NO_MAIN defined, to use these
-// functions as their reference.
 #include <omp.h>
 #include <chrono>
 #include <climits>
@@ -27,6 +24,8 @@
 #include "llmc/cli.h"
 #include "llmc/comm.h"
 #include "llmc/cpu_buffers.h"
+#include "llmc/cpu_layers.h"
+#include "llmc/cpu_memory_report.h"
 #include "llmc/cpu_profile.h"
 #include "llmc/dataloader.h"
 #include "llmc/estimate.h"
@@ -37,543 +36,16 @@
 #include "llmc/sampler.h"
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
+#include "llmc/recompute.h"
+#include "llmc/run.h"
 #include "llmc/sharding.h"
+#include "llmc/state_dump.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/training.h"
 #include "llmc/zero.h"
 #include "llmc/utils.h"
 
-// ==============================================================================================
-// exp for vector loops.
-//
-// libm's expf is an opaque function call, so a loop over it runs one element at a time (compilers
-// only substitute vector versions under -ffast-math, which would also let them reorder our sums).
-// Softmax and GELU evaluate tens of millions of exponentials per step, so we write exp as plain
-// arithmetic the compiler can vectorize:
-//   x = k ln2 + r, k = round(x / ln2), |r| <= ln2/2   (ln2 split in two parts so k ln2 is exact)
-//   exp(x) = 2^k * exp(r)                               (2^k: k written into the float's exponent bits)
-//   exp(r) = Taylor series to r^7                       (truncation < 1e-8 relative for |r| <= 0.35)
-// Accurate to about 1 ulp on [-87, 88]; inputs outside are clamped (exp underflows/overflows there).
-static inline float vexpf(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-    float r = x - k * 0.693145751953125f;                                  // ln2, high part (exact product)
-    r = r - k * 1.42860682030941723e-06f;                                  // ln2, low part
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t exponent_bits = ((int32_t)k + 127) << 23;
-    float two_to_k;
-    memcpy(&two_to_k, &exponent_bits, 4);
-    return p * two_to_k;
-}
-
-// ==============================================================================================
-// Matmul: where ~90% of the time goes.
-//
-// One routine computes C[M x N] (+)= A[M x K] * B[K x N] for the three products training needs:
-//   forward          out  = inp  * W^T    (BT x OC) = (BT x IC)(IC x OC)
-//   backward, data   dinp = dout * W      (BT x IC) = (BT x OC)(OC x IC)
-//   backward, weight dW  += dout^T * inp  (OC x IC) = (OC x BT)(BT x IC)
-// A and B are addressed through (row stride, column stride), so a transpose is just a swap of
-// strides. The speed comes from three ideas, the same ones every BLAS uses:
-//   1. a register tile: an MR x NR block of C is accumulated in vector registers (6 rows x 64
-//      columns = 24 of the 32 AVX-512 registers) while k runs, so each loaded value feeds MR or NR FMAs;
-//   2. packing: the slices of A and B the tile loop needs are first copied into contiguous
-//      "panels" (MR rows or NR columns wide, k-major), so the inner loop reads memory in order
-//      whatever the original strides were, and transposes cost one copy instead of cache misses;
-//   3. blocking: K is processed KC = 384 at a time so the panels being reused stay in cache.
-// Each C tile belongs to one thread and k runs in a fixed order: results do not depend on the
-// number of threads. (MATMUL_MR, _NR, _KC, _NC live in llmc/cpu_buffers.h: they size the panels.)
-
-// 16 floats: one AVX-512 register (the compiler splits it into two on AVX2 machines).
-typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec16_unaligned __attribute__((vector_size(64), aligned(4)));
-
-// C[m_valid x n_valid] (+)= Ap (kc x MR panel)^T * Bp (kc x NR panel)
-static inline void matmul_micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
-                                       size_t ldc, int m_valid, int n_valid, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, NV = NR / 16;  // NV vector registers per row of the tile
-    vec16 acc[MR][NV] = {};
-    for (int k = 0; k < kc; k++) {
-        vec16 b[NV];
-        #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) b[v] = *(const vec16*)(Bp + k * NR + 16 * v);
-        #pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            float a = Ap[k * MR + i];  // broadcast one element of A against NR of B
-            #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[i][v] += a * b[v];
-        }
-    }
-    float tile[MR][NR];
-    #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) *(vec16_unaligned*)&tile[i][16 * v] = acc[i][v];
-    }
-    for (int i = 0; i < m_valid; i++) {
-        float* c = C + i * ldc;
-        if (accumulate) for (int j = 0; j < n_valid; j++) c[j] += tile[i][j];
-        else for (int j = 0; j < n_valid; j++) c[j] = tile[i][j];
-    }
-}
-
-// The packed panels, kept between calls (the sizes repeat every step). The trainer sizes them once,
-// up front, from its table (llmc/cpu_buffers.h: the largest M it will see); a call that needs more
-// (a test's shapes) grows them. In vec16 units, which the allocator aligns to 64 bytes for the
-// micro-kernel's vector loads.
-struct MatmulScratch {
-    std::vector<vec16> a_pack, b_pack;
-};
-static MatmulScratch matmul_scratch;
-
-static void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
-    // a fresh vector of exactly the size asked: growing one in place may reserve more than that
-    if (matmul_scratch.a_pack.size() * 16 < a_floats) std::vector<vec16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack);
-    if (matmul_scratch.b_pack.size() * 16 < b_floats) std::vector<vec16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack);
-}
-
-// A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
-void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const float* B, size_t b_rs,
-            size_t b_cs, float* C, size_t ldc, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC;
-    int m_panels = (M + MR - 1) / MR;
-    matmul_scratch_reserve(matmul_pack_a_floats(M), matmul_pack_b_floats(N));  // no-op once the trainer sized them
-    float* Ap = (float*)matmul_scratch.a_pack.data();
-    float* Bp = (float*)matmul_scratch.b_pack.data();
-    if (K == 0 && !accumulate) {
-        for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
-    }
-    // One parallel region for the whole product; per block of K, the threads pack the panels, meet
-    // at one barrier, compute their tiles, and meet again before the panels are overwritten.
-    #pragma omp parallel
-    for (int jc = 0; jc < N; jc += NC) {
-        int nc = std::min(NC, N - jc);
-        int n_panels = (nc + NR - 1) / NR;
-        for (int pc = 0; pc < K; pc += KC) {
-            int kc = std::min(KC, K - pc);
-            bool add = accumulate || pc > 0;
-            #pragma omp for schedule(static) nowait
-            for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc] in NR-wide panels
-                float* dst = Bp + (size_t)jp * NR * kc;
-                for (int k = 0; k < kc; k++) {
-                    const float* src = B + (size_t)(pc + k) * b_rs;
-                    for (int j = 0; j < NR; j++) {
-                        int col = jc + jp * NR + j;
-                        dst[k * NR + j] = col < N ? src[(size_t)col * b_cs] : 0.0f;
-                    }
-                }
-            }
-            #pragma omp for schedule(static)
-            for (int ip = 0; ip < m_panels; ip++) {  // pack A[0:M, pc:pc+kc] in MR-tall panels
-                float* dst = Ap + (size_t)ip * MR * kc;
-                for (int k = 0; k < kc; k++) {
-                    for (int i = 0; i < MR; i++) {
-                        int row = ip * MR + i;
-                        dst[k * MR + i] = row < M ? A[(size_t)row * a_rs + (size_t)(pc + k) * a_cs] : 0.0f;
-                    }
-                }
-            }  // (barrier: every panel is packed)
-            #pragma omp for schedule(static) collapse(2)
-            for (int jp = 0; jp < n_panels; jp++) {
-                for (int ip = 0; ip < m_panels; ip++) {
-                    int row = ip * MR, col = jc + jp * NR;
-                    matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
-                                        C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
-                                        std::min(NR, N - col), add);
-                }
-            }  // (barrier: every tile is done with these panels)
-        }
-    }
-}
-
-// out (N x OC) = inp (N x IC) * weight^T + bias
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
-    ProfileScope prof("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (llmc/cpu_profile.h)
-    matmul(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false);
-    if (bias) {
-        #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
-    }
-}
-
-// dinp = dout * weight (overwritten); dweight += dout^T * inp; dbias += column sums of dout.
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC) {
-    if (dinp) {
-        ProfileScope prof("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
-        matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
-    }
-    ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
-    matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
-    if (dbias) {
-        #pragma omp parallel for schedule(static)
-        for (int o = 0; o < OC; o++) {
-            float sum = 0.0f;
-            for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + o];
-            dbias[o] += sum;
-        }
-    }
-}
-
-// ==============================================================================================
-// Embeddings: x[b,t,:] = wte[token[b,t],:] + wpe[t,:]
-//
-// With tensor parallelism each rank holds vocabulary rows [vocab_begin, vocab_begin + vocab_rows)
-// of wte only: it writes its rows' embeddings and zeros for the other tokens, the tensor group's
-// all-reduce adds them up, and the positions are added afterwards (wpe = null here, then
-// position_forward). On one rank the defaults cover every token.
-
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        int row = tokens[bt] - vocab_begin;
-        bool mine = row >= 0 && row < vocab_rows;
-        const float* tok = wte + (size_t)(mine ? row : 0) * C;
-        float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = mine ? tok[c] : 0.0f;
-        if (wpe) {
-            const float* pos = wpe + (size_t)(bt % T) * C;
-            for (int c = 0; c < C; c++) o[c] += pos[c];
-        }
-    }
-}
-
-// out[n,:] += wpe[(first_row + n) % T, :] for the `rows` rows a rank holds.
-void position_forward(float* out, const float* wpe, size_t first_row, size_t rows, int T, int C) {
-    #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < rows; n++) {
-        const float* pos = wpe + ((first_row + n) % T) * C;
-        float* o = out + n * C;
-        for (int c = 0; c < C; c++) o[c] += pos[c];
-    }
-}
-
-// The gradient of a lookup is a scatter-add: each position adds its gradient to the row it read
-// (a tensor rank only to the rows it holds). Several positions may read the same token, so threads
-// split the channels, not the positions: no two threads ever add to the same element, and the
-// order of additions is fixed.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
-                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int c0 = 0; c0 < C; c0 += 16) {
-        int c1 = std::min(C, c0 + 16);
-        for (int bt = 0; bt < B * T; bt++) {
-            const float* d = dout + (size_t)bt * C;
-            int row = tokens[bt] - vocab_begin;
-            float* pos = dwpe + (size_t)(bt % T) * C;
-            if (row >= 0 && row < vocab_rows) {
-                float* tok = dwte + (size_t)row * C;
-                for (int c = c0; c < c1; c++) {
-                    tok[c] += d[c];
-                    pos[c] += d[c];
-                }
-            } else {
-                for (int c = c0; c < c1; c++) pos[c] += d[c];
-            }
-        }
-    }
-}
-
-// ==============================================================================================
-// LayerNorm: y = (x - mean) * rstd * w + b, with rstd = 1/sqrt(var + 1e-5), per row of C.
-// mean and rstd are kept for the backward pass (2 floats per row instead of recomputing).
-
-// One row's output from its statistics: the forward's last step, and all that --recompute 2 redoes.
-static inline void layernorm_row(float* y, const float* x, float m, float s, const float* weight, const float* bias, int C) {
-    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
-}
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-    ProfileScope prof("layernorm forward", 0, 2.0 * N * C * sizeof(float));
-    const float eps = 1e-5f;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        v /= C;
-        float s = 1.0f / sqrtf(v + eps);
-        layernorm_row(out + (size_t)n * C, x, m, s, weight, bias, C);
-        mean[n] = m;
-        rstd[n] = s;
-    }
-}
-
-// --recompute 2: the forward's output again, from the same input and the mean and rstd it saved,
-// by the same layernorm_row: the same floats, without the two passes over the row for the statistics.
-void layernorm_recompute(float* out, const float* inp, const float* mean, const float* rstd, const float* weight,
-                         const float* bias, int N, int C) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) layernorm_row(out + (size_t)n * C, inp + (size_t)n * C, mean[n], rstd[n], weight, bias, C);
-}
-
-// With xhat = (x - mean) * rstd and g = dy * w:
-//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))      (the two means come from d mean, d var)
-//   dw += sum over rows of dy * xhat,   db += sum over rows of dy
-// dx is ADDED to dinp: the input of a LayerNorm is the residual stream, whose gradient collects
-// contributions from every block above.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
-    ProfileScope prof("layernorm backward", 0, 4.0 * N * C * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* dy = dout + (size_t)n * C;
-        const float* x = inp + (size_t)n * C;
-        float m = mean[n], s = rstd[n];
-        float mean_g = 0.0f, mean_g_xhat = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float g = dy[c] * weight[c];
-            mean_g += g;
-            mean_g_xhat += g * (x[c] - m) * s;
-        }
-        mean_g /= C;
-        mean_g_xhat /= C;
-        float* dx = dinp + (size_t)n * C;
-        for (int c = 0; c < C; c++) {
-            float xhat = (x[c] - m) * s;
-            dx[c] += s * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
-        }
-    }
-    // parameter gradients: threads own channels, rows are summed in order
-    #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        float dw = 0.0f, db = 0.0f;
-        for (int n = 0; n < N; n++) {
-            float dy = dout[(size_t)n * C + c];
-            dw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            db += dy;
-        }
-        dweight[c] += dw;
-        dbias[c] += db;
-    }
-}
-
-// ==============================================================================================
-// Causal self-attention, one (batch, head) at a time.
-//   qkv (B, T, 3C) holds q | k | v; head h uses channels [h*hs, (h+1)*hs) of each.
-//   att[b,h,t,u] = softmax_u( q_t . k_u / sqrt(hs) ) for u <= t, 0 for u > t (the causal mask)
-//   out[b,t,h*hs:(h+1)*hs] = sum_u att[b,h,t,u] v_u
-// The probabilities att (B, NH, T, T) are kept for the backward pass; the flash-attention kernels
-// on the GPU avoid storing them by recomputing them block by block.
-
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float max_score = -INFINITY;
-                for (int u = 0; u <= t; u++) {
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                    a[u] = s * scale;
-                    max_score = std::max(max_score, a[u]);
-                }
-                float sum = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    a[u] = vexpf(a[u] - max_score);  // subtract the max: exp never overflows
-                    sum += a[u];
-                }
-                for (int u = 0; u <= t; u++) a[u] /= sum;
-                for (int u = t + 1; u < T; u++) a[u] = 0.0f;
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) o[i] = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) o[i] += a[u] * v[i];
-                }
-            }
-        }
-    }
-}
-
-// Backward, for one row t of one (b, h), with P = att[t, :], dO = dout[t]:
-//   dP_u = dO . v_u                       dv_u += P_u dO
-//   dS_u = P_u (dP_u - sum_w P_w dP_w)    (softmax backward)
-//   dq_t += sum_u dS_u k_u / sqrt(hs)     dk_u += dS_u q_t / sqrt(hs)
-// dqkv is overwritten. A thread owns a whole (b, h): it alone writes that head's slice of dqkv.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-    ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            std::vector<float> dscore(T);
-            for (int t = 0; t < T; t++) {
-                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                for (int part = 0; part < 3; part++)
-                    for (int i = 0; i < hs; i++) dq[part * C + i] = 0.0f;
-            }
-            for (int t = 0; t < T; t++) {
-                const float* p = att + (((size_t)b * NH + h) * T + t) * T;
-                const float* dout_t = dout + ((size_t)b * T + t) * C + h * hs;
-                float p_dot_dp = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    float* dv = dqkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    float dp = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        dp += dout_t[i] * v[i];
-                        dv[i] += p[u] * dout_t[i];
-                    }
-                    dscore[u] = dp;
-                    p_dot_dp += p[u] * dp;
-                }
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                for (int u = 0; u <= t; u++) {
-                    float ds = p[u] * (dscore[u] - p_dot_dp) * scale;
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    float* dk = dqkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += ds * k[i];
-                        dk[i] += ds * q[i];
-                    }
-                }
-            }
-        }
-    }
-}
-
-// ==============================================================================================
-// GELU, tanh approximation (GPT-2's): gelu(x) = x/2 * (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-// Since 1 + tanh(u) = 2 sigmoid(2u), gelu(x) = x * sigmoid(2u): one exponential, no cancellation.
-
-constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
-
-void gelu_forward(float* out, const float* inp, size_t n) {
-    ProfileScope prof("gelu forward", 0, 2.0 * n * sizeof(float));
-    #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = x / (1.0f + vexpf(-2.0f * u));
-    }
-}
-
-// With s = sigmoid(2u):  d gelu/dx = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-// (the same as d/dx of x/2 (1 + tanh u), since 1 - tanh^2 u = 4 s (1 - s)). dinp is overwritten.
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    ProfileScope prof("gelu backward", 0, 3.0 * n * sizeof(float));
-    #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float s = 1.0f / (1.0f + vexpf(-2.0f * u));
-        float du_dx = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du_dx);
-    }
-}
-
-void residual_forward(float* out, const float* a, const float* b, size_t n) {
-    ProfileScope prof("residual, bias", 0, 3.0 * n * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
-}
-
-// out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
-// ranks first (the bias must be added once, after the sum).
-void add_bias(float* out, const float* bias, int N, int OC) {
-    ProfileScope prof("residual, bias", 0, 2.0 * N * OC * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
-}
-
-// ==============================================================================================
-// The classifier: softmax + cross-entropy, fused.
-//   loss_bt = logsumexp(z) - z[target]      over the V real tokens (the padding never enters)
-//   dz_v    = (softmax(z)_v - [v == target]) * dloss = (exp(z_v - logsumexp(z)) - [v == target]) * dloss
-// The forward keeps one number per position, logsumexp(z); the backward turns the logits into their
-// gradient in place with one more pass, so the (BT x Vp) probabilities never exist as a buffer.
-
-void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp) {
-    ProfileScope prof("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float max_z = -INFINITY;
-        #pragma omp simd reduction(max : max_z)  // the maximum is exact in any order: vectorize it
-        for (int v = 0; v < V; v++) max_z = std::max(max_z, z[v]);
-        float sum = 0.0f;
-        #pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z);  // subtract the max: exp never overflows
-        logsumexp[n] = max_z + logf(sum);
-        losses[n] = logsumexp[n] - z[targets[n]];
-    }
-}
-
-// logits (N x Vp) -> dlogits, in place. dloss is d(total loss)/d(loss of one position). With
-// tensor parallelism the logits are this rank's vocabulary rows: columns [0, V) are real tokens
-// vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
-void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
-                                   float dloss, int vocab_begin = 0) {
-    ProfileScope prof("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float* z = logits + (size_t)n * Vp;
-        float lse = logsumexp[n];
-        #pragma omp simd
-        for (int v = 0; v < V; v++) z[v] = vexpf(z[v] - lse) * dloss;
-        int target = targets[n] - vocab_begin;
-        if (target >= 0 && target < V) z[target] -= dloss;
-        for (int v = V; v < Vp; v++) z[v] = 0.0f;
-    }
-}
-
-// The classifier's forward pass when the vocabulary is split over the tensor group (llmc/tensor_parallel.h):
-// the row maximum, then the sum of exponentials and the target's logit, cross the group; the
-// logits never do. Columns [0, V) of each rank's (N x Vp) logits are real tokens vocab_begin + v.
-void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, float* logsumexp, const float* logits,
-                                         const int* targets, int N, int V, int Vp, int vocab_begin) {
-    std::vector<float> max_z((size_t)N), sums(2 * (size_t)N);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float m = -INFINITY;
-        #pragma omp simd reduction(max : m)
-        for (int v = 0; v < V; v++) m = std::max(m, z[v]);
-        max_z[n] = m;
-    }
-    tp_max(tp, max_z.data(), N, "all-reduce of the logits' maxima");
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float sum = 0.0f;
-        #pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z[n]);
-        int target = targets[n] - vocab_begin;
-        sums[2 * n] = sum;
-        sums[2 * n + 1] = target >= 0 && target < V ? z[target] : 0.0f;   // one rank holds the target
-    }
-    tp_sum(tp, sums.data(), sums.size(), "all-reduce of the softmax sums and target logits");
-    for (int n = 0; n < N; n++) {
-        logsumexp[n] = max_z[n] + logf(sums[2 * n]);
-        losses[n] = logsumexp[n] - sums[2 * n + 1];
-    }
-}
+using namespace cpu;  // the layers (llmc/cpu_layers.h), named cpu:: for the kernel lab, which has GPU twins of them
 
 // ==============================================================================================
 // The model: parameters, their gradients and AdamW moments (flat arrays, see llmc/model.h), and
@@ -619,7 +91,7 @@ struct Activations {
 // Backward scratch, one layer's worth, reused by every layer and every micro-batch.
 struct Workspace {
     std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3Ca), (B,T,Cf)
-    // --recompute (llmc/cpu_buffers.h): the one layer of what is not kept per layer. The forward
+    // --recompute (llmc/recompute.h): the one layer of what is not kept per layer. The forward
     // writes and reads it within a layer; the backward refills it right before each use.
     std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
     std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
@@ -769,8 +241,8 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
-    // --recompute: what is not kept per layer goes to one layer of scratch, dead by the layer's end
-    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
+    // --recompute (llmc/recompute.h): what is not kept per layer goes to one layer of scratch
+    RecomputePlan keep = recompute_plan(model->recompute);
 
     if (s.first_stage) {
         ParamTensors<float> w = unit_weights(model, ends);
@@ -785,14 +257,14 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = 0; l < L; l++) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
+        float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
         float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
         float* att = layer_slice(a.att, l, att_per_layer);
         float* atty = layer_slice(a.atty, l, BTmax * Ca);
         float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
+        float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
         float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
+        float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
         float* residual3 = layer_slice(a.residual3, l, Rmax * C);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -856,7 +328,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
     float* dresidual = a.dresidual.data();
-    bool keep_ln = model->recompute < 2, keep_gelu = model->recompute < 1;
+    RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/recompute.h)
 
     if (s.last_stage) {  // classifier and final LayerNorm
         const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
@@ -892,18 +364,18 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
         float* ln_scratch = work.ln_recompute.data();
         float* gelu_scratch = work.gelu_recompute.data();
-        const float* ln1 = keep_ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
-        const float* ln2 = keep_ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
-        const float* fch_gelu = keep_gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
+        const float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
+        const float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
+        const float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
-        if (!keep_gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
+        if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
         matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
         gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
         // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
         // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
-        if (!keep_ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
+        if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
         const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
         matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
@@ -913,7 +385,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
         // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
-        if (!keep_ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
+        if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
@@ -930,59 +402,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 }
 
 // ==============================================================================================
-// The optimizer step: global-norm clipping, then AdamW.
-
-// The sum of squares of n gradients. Fixed-size chunks are summed in parallel and the chunk sums
-// added in order, so the result does not depend on the number of threads. With several ranks each
-// sums its shard and the shards' sums are added in rank order (comm_sum).
-double sum_of_squares(const float* grads, size_t n) {
-    ProfileScope prof("gradient norm", 0, 1.0 * n * sizeof(float));
-    const size_t chunk = 1 << 16;
-    size_t chunks = (n + chunk - 1) / chunk;
-    std::vector<double> partial(chunks);
-    #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        double s = 0.0;
-        size_t end = std::min(n, (c + 1) * chunk);
-        #pragma omp simd reduction(+ : s)
-        for (size_t i = c * chunk; i < end; i++) s += (double)grads[i] * grads[i];
-        partial[c] = s;
-    }
-    double total = 0.0;
-    for (double s : partial) total += s;
-    return total;
-}
-
-// sqrt(sum of squares) over all gradients of one rank.
-float global_grad_norm(const float* grads, size_t n) { return (float)std::sqrt(sum_of_squares(grads, n)); }
-
-// The clip coefficient, as torch.nn.utils.clip_grad_norm_ computes it.
-float clip_coefficient(float norm, float max_norm) {
-    if (max_norm <= 0.0f) return 1.0f;
-    return std::min(1.0f, max_norm / (norm + 1e-6f));
-}
-
-// AdamW (Loshchilov & Hutter), with grad_scale applied to the gradients (for clipping):
-//   p <- p * (1 - lr*wd)                                  decoupled decay, 2-D weights only
-//   m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2        moment estimates
-//   p <- p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   bias-corrected step
-// written in the same order of operations as PyTorch's implementation, so the two agree closely.
-void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    ProfileScope prof("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
-    float bias_correction1 = 1.0f - powf(beta1, (float)t);
-    float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    float step_size = lr / bias_correction1;
-    float decay = 1.0f - lr * weight_decay;
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float grad = grads[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * grad;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * grad * grad;
-        float denom = sqrtf(v[i]) / bias_correction2_sqrt + eps;
-        params[i] = params[i] * decay - step_size * m[i] / denom;
-    }
-}
+// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/cpu_layers.h).
 
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
 // (llmc/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
@@ -999,7 +419,6 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
     }
 }
 
-#ifndef LLMC_CPU_NO_MAIN
 // ==============================================================================================
 // Parallelism (docs/parallelism.md tells the story; llmc/ holds one file per technique)
 //
@@ -1024,8 +443,7 @@ struct Parallel {
     ProcessGrid grid;
     GridComms comms;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
-    double busy_seconds = 0, schedule_seconds = 0;   // pipelines: computing / running the schedule, all steps
-    double predicted_bubble = 0;                     // (p-1)/(m+p-1)
+    PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
 };
 
@@ -1061,7 +479,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
             float micro_loss = gpt2_forward(model, a.inputs.data(), a.targets.data(), B, T, slot);
-            par->busy_seconds += seconds_since(busy);
+            par->times.busy_seconds += seconds_since(busy);
             if (!s.last_stage) {
                 comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
                           "sending activations to the next pipeline stage");
@@ -1085,7 +503,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
-            par->busy_seconds += seconds_since(busy);
+            par->times.busy_seconds += seconds_since(busy);
             if (!s.first_stage) {
                 comm_send(pp, a.dresidual.data(), n, stage - 1, pipe_tag_gradient(act.micro), &a.sends,
                           "sending gradients to the previous pipeline stage");
@@ -1093,7 +511,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
     }
     for (Activations& a : model->acts) comm_wait_sends(pp, &a.sends);
-    par->schedule_seconds += seconds_since(start);
+    par->times.schedule_seconds += seconds_since(start);
     return loss;
 }
 
@@ -1149,57 +567,32 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
     return loss;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning, on rank 0.
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run.h).
 static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
-    dataloader_reset(val);
-    double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(val);
-        total += pipeline_forward(model, par, val->inputs.data(), val->targets.data(), val->B, val->T);
-    }
-    if (!par->model_parallel) return (float)(total / batches);
-    // the loss is on the last stage; one rank there reports it
-    const ProcessGrid& g = par->grid;
-    bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
-    return (float)(comm_sum(&par->comms.world, reporter ? total / batches : 0.0, "collecting the validation loss"));
+    return evaluate_loss(val, batches, par->grid, par->model_parallel,
+        [&](const int* inputs, const int* targets) { return pipeline_forward(model, par, inputs, targets, val->B, val->T); },
+        [&](double x) { return comm_sum(&par->comms.world, x, "collecting the validation loss"); });
 }
 
-// Generates `count` tokens after <|endoftext|>, one forward pass per token over the whole prefix
-// (no key/value cache: simple, and cheap enough at these sizes). Rank 0 draws the tokens.
+// A sample (llmc/run.h), each token from a forward pass over the window of the last max_T tokens.
+// Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
+// multiple of the degree (a causal model's earlier positions never see the padding).
 static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
-    const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
-    const TensorParallel& tp = model->tp;
-    // sequence parallelism splits the rows over the tensor ranks: the window is padded at its end
-    // to a multiple of the degree (a causal model's earlier positions never see the padding)
-    int multiple = tp.sequence_parallel ? tp.degree : 1;
-    int window = model->max_T / multiple * multiple;
-    std::vector<int> tokens = {50256 < cfg.vocab_size ? 50256 : 0};
-    for (int i = 0; i < o.sample_tokens; i++) {
-        int len = std::min((int)tokens.size(), window);
+    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
+    std::vector<float> logits;
+    sample_and_print(o, model->config.vocab_size, model->max_T / multiple * multiple, par->model_parallel, &par->comms.world,
+                     decoder, rng, [&](const std::vector<int>& tokens, int len) {
         int padded = (len + multiple - 1) / multiple * multiple;
         std::vector<int> input(tokens.end() - len, tokens.end());
         input.resize((size_t)padded, 0);
         pipeline_forward(model, par, input.data(), nullptr, 1, padded);
         // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
-        std::vector<float> logits;
         const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
-        if (par->model_parallel) {
-            std::vector<GlobalRun> runs;
-            std::vector<float> mine;
-            if (s.last_stage) {
-                runs.push_back({(size_t)s.vocab_begin, (size_t)s.vocab_real});
-                mine.assign(row, row + s.vocab_real);
-            }
-            gather_to_rank0(&par->comms.world, runs, mine, &logits, (size_t)cfg.vocab_size, "collecting the logits of a sample");
-            row = logits.data();
-        }
-        int next = 0;
-        if (par->grid.rank == 0) next = sample_token(row, cfg.vocab_size, o.temperature, o.top_k, rng);
-        if (par->model_parallel) comm_broadcast(&par->comms.world, &next, sizeof(int), 0, "broadcast of a sampled token");
-        tokens.push_back(next);
-    }
-    if (par->grid.rank == 0) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+        if (!par->model_parallel) return row;
+        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    });
 }
 
 // ==============================================================================================
@@ -1285,26 +678,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 }
 
 // ==============================================================================================
-// Memory and communication, predicted and measured. The prediction is llmc/estimate.h's: the size
-// table every buffer is allocated from (llmc/cpu_buffers.h) and the lessons' byte counts of each
-// technique; --estimate prints it without running. The measurement: the capacity of every vector a
-// rank holds (and the peak of ZeRO's gathered units and buckets), and the bytes its groups'
-// counters saw in the last training step.
-
-// The prediction's setup for this run (what --estimate would be given for it).
-static EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
-                                  int recompute) {
-    EstimateSetup e;
-    e.trainer = Trainer::CPU;
-    e.cfg = cfg;
-    e.B = plan.B, e.T = plan.T;
-    e.ranks = g.dp, e.zero_stage = g.zero_stage;
-    e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
-    e.tokens_per_step = plan.total_batch_tokens;
-    e.dtype_bytes = 4;
-    e.recompute = recompute;
-    return e;
-}
+// Memory, measured (llmc/cpu_memory_report.h reports it against --estimate's prediction)
 
 // What this rank really holds for each row of its table: the capacity of the vectors the row sized
 // (every micro-batch's, for the rows that have one each), that is what the allocator was asked
@@ -1316,158 +690,174 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     for (int b = 0; b < CB_COUNT; b++)
         for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++)
             if (std::vector<float>* v = gpt2_buffer(model, b, (int)slot)) held[b] += v->capacity() * sizeof(float);
-    held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(vec16);
-    held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(vec16);
+    held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
+    held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
     return held;
 }
 
-// "memory: rank 0 holds 1.23 GiB (N bytes):" then, on indented lines wrapped at 100 columns,
-// "params ..., grads ..., ..." (by kind, from held_bytes).
-static std::string held_summary(GPT2* model, int rank) {
-    std::vector<size_t> held = held_bytes(model);
-    size_t by_kind[MEM_KINDS] = {}, total = 0;
-    for (int b = 0; b < CB_COUNT; b++) by_kind[model->table[b].kind] += held[b], total += held[b];
-    std::string out = strprintf("rank %d holds %s (%zu bytes):", rank, format_bytes((double)total).c_str(), total);
-    const char* indent = "\n        ";
-    std::string line;
-    for (int k = 0; k < MEM_KINDS; k++) {
-        if (!by_kind[k]) continue;
-        std::string item = strprintf("%s %s", memory_kind_name(k), format_bytes((double)by_kind[k]).c_str());
-        if (!line.empty() && 8 + line.size() + 2 + item.size() + 1 > 100) out += indent + line + ",", line.clear();
-        line += (line.empty() ? "" : ", ") + item;
+// ==============================================================================================
+// --dump-state (llmc/state_dump.h): after the first step, its logits, loss and (summed, unclipped)
+// gradient, on rank 0; after every step, its loss; at the end, the weights, and rank 0 writes the file.
+
+static void dump_after_step(GPT2* model, Parallel* par, StateDump* d, bool first, double step_loss, size_t rows) {
+    if (!d->on) return;
+    if (first) {
+        const ModelSlice& s = model->slice;
+        dump_gather_logits(&par->comms.world, model->config, s, par->grid.dp_rank, d->first_logits, rows, &d->state.logits);
+        bool reports = s.last_stage && par->grid.tp_rank == 0 && par->grid.dp_rank == 0;
+        d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->state.loss : 0.0, "the first loss");
+        dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads);
     }
-    return out + indent + line + "\n";
+    d->state.losses.push_back((float)step_loss);
 }
 
-// Every row, one line each, printed at once so that ranks' reports do not interleave.
-static void print_allocations(GPT2* model, int rank) {
-    std::vector<size_t> held = held_bytes(model);
-    std::string out;
-    size_t total = 0;
-    for (int b = 0; b < CB_COUNT; b++) {
-        out += strprintf("allocation: rank %d %s %zu\n", rank, model->table[b].name, held[b]);
-        total += held[b];
-    }
-    out += strprintf("allocation: rank %d total %zu\n", rank, total);
-    fputs(out.c_str(), stdout);
-    fflush(stdout);
-}
-
-// A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why,
-// and every rank leaves with exit code 2 (a command-line problem).
-[[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
-    if (world->rank == 0) fprintf(stderr, "error: %s\n", why.c_str());
-    fflush(stderr);
-    comm_barrier(world, "stopping on a bad grid");
-    comm_finalize(world);
-    exit(EXIT_BAD_USAGE);
-}
-
-// Every rank's memory by kind and bytes sent in the last step, measured, and whether they are what
-// --estimate predicts; the pipeline's bubble, predicted and measured. Printed by rank 0.
-static void report_costs(GPT2* model, Parallel* par, const EstimateSetup& e, const CommCounters step[4], int steps) {
-    const ProcessGrid& g = par->grid;
-    const int K = MEM_KINDS + 1 + 4 + 2;  // measured kinds, predicted total, measured groups, comm prediction holds, busy
-    std::vector<double> all((size_t)g.world * K, 0.0);
-    double* mine = all.data() + (size_t)g.rank * K;
-    std::vector<size_t> held = held_bytes(model);
-    for (int b = 0; b < CB_COUNT; b++) mine[model->table[b].kind] += (double)held[b];
-    MemoryByKind predicted = memory_by_kind(estimate_table(e, e.B, g.rank), CPU_ALLOCATION_GRANULE);
-    mine[MEM_KINDS] = (double)predicted.total;
-    CommEstimate comm = estimate_comm(e, g.rank);
-    bool comm_same = true;
-    for (int i = 0; i < 4; i++) {
-        mine[MEM_KINDS + 1 + i] = (double)step[i].total_bytes();
-        comm_same = comm_same && step[i].total_bytes() == comm.bytes[i];
-    }
-    mine[MEM_KINDS + 5] = comm_same ? 1.0 : 0.0;
-    mine[MEM_KINDS + 6] = par->busy_seconds;
-    comm_all_gather(&par->comms.world, all.data(), K * sizeof(double), "collecting the costs");
-    if (g.rank != 0) return;
-    printf("memory per rank (MiB, measured) and bytes sent in the last step, per group (measured):\n");
-    printf("  %-16s %8s %8s %9s %11s %9s %8s | %s\n", "rank (dp,tp,pp)", "params", "grads", "optimizer", "activations",
-           "workspace", "total", "data / tensor / pipeline / world");
-    auto mib = [](double bytes) { return strprintf("%.2f", bytes / 1048576.0); };
-    for (int r = 0; r < g.world; r++) {
-        const double* x = all.data() + (size_t)r * K;
-        ProcessGrid rg = estimate_grid(e, r);
-        double total = 0;
-        for (int k = 0; k < MEM_KINDS; k++) total += x[k];
-        std::string who = strprintf("%d (%d,%d,%d)", r, rg.dp_rank, rg.tp_rank, rg.pp_rank);
-        printf("  %-16s %8s %8s %9s %11s %9s %8s | %s / %s / %s / %s", who.c_str(), mib(x[MEM_PARAMS]).c_str(),
-               mib(x[MEM_GRADS]).c_str(), mib(x[MEM_OPTIMIZER]).c_str(), mib(x[MEM_ACTIVATIONS]).c_str(),
-               mib(x[MEM_WORKSPACE]).c_str(), mib(total).c_str(), format_bytes(x[MEM_KINDS + 1]).c_str(),
-               format_bytes(x[MEM_KINDS + 2]).c_str(), format_bytes(x[MEM_KINDS + 3]).c_str(), format_bytes(x[MEM_KINDS + 4]).c_str());
-        if (total == x[MEM_KINDS] && x[MEM_KINDS + 5] == 1.0) {
-            printf("  = --estimate\n");
-        } else {
-            CommEstimate c = estimate_comm(e, r);
-            printf("  != --estimate: %s MiB | %s / %s / %s / %s\n", mib(x[MEM_KINDS]).c_str(), format_bytes((double)c.bytes[0]).c_str(),
-                   format_bytes((double)c.bytes[1]).c_str(), format_bytes((double)c.bytes[2]).c_str(), format_bytes((double)c.bytes[3]).c_str());
-        }
-    }
-    if (g.pp > 1) {
-        // the step's pipeline time: the first stage's schedule, which starts first and finishes last
-        printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-               "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
-        for (int stage = 0; stage < g.pp; stage++) {
-            printf(" %.1f%%", 100.0 * (1.0 - all[(size_t)grid_rank(g, 0, 0, stage) * K + MEM_KINDS + 6] / par->schedule_seconds));
-        }
-        printf("\n");
+static void dump_at_end(GPT2* model, Parallel* par, StateDump* d, const std::string& path, int B, int T) {
+    if (!d->on) return;
+    dump_gather_weights(&par->comms.world, model->zero, model->config, model->slice, weight_storage(model), model->lent_wte,
+                        &d->state.params);
+    if (par->grid.rank == 0) {
+        write_dump_state(path, d->state, model->config, B, T, "cpu");
+        printf("dumped state to %s\n", path.c_str());
     }
 }
 
 // ==============================================================================================
-// --dump-state on a grid: rank 0 collects every rank's elements in global coordinates (and checks
-// that every copy of an element, on every rank that holds one, is the same to the bit).
+// Start-up: from the flags to a model ready to train
 
-static void gather_weights(GPT2* model, Parallel* par, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values;
-    const float* weights = weight_storage(model);
-    for (const StateRun& r : zero_weight_runs(model->zero, slice_runs(model->config, model->slice))) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), weights + r.weight_at, weights + r.weight_at + r.count);
+// Before the first large allocation: every rank's table against --max-memory, or this node's
+// MemAvailable shared by its ranks (a run that cannot fit is refused now, not killed later).
+static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicted, double max_memory_mib) {
+    double limit = max_memory_mib * 1048576.0;
+    std::string limit_source = strprintf("--max-memory %g MiB", max_memory_mib);
+    if (limit <= 0) {
+        limit = host_memory_available_bytes() / world->local_size;
+        limit_source = strprintf("%s, this node's available memory (%s) over its %d rank%s (--max-memory sets a limit)",
+                                 format_bytes(limit).c_str(), format_bytes(limit * world->local_size).c_str(), world->local_size,
+                                 world->local_size == 1 ? "" : "s");
     }
-    if (!model->lent_wte.empty()) {  // the last stage's copy of wte must equal the first stage's
-        ModelSlice s = model->slice;
-        s.first_stage = true;  // where the first stage's wte lives in its slice: local [0, count[WTE])
-        for (const SliceRun& r : runs_in_local_range(slice_runs(model->config, s), 0, slice_layout(model->config, s).count[WTE])) {
-            runs.push_back({r.global, r.count});
-            values.insert(values.end(), model->lent_wte.begin() + r.local, model->lent_wte.begin() + r.local + r.count);
-        }
-    }
-    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the weights");
+    std::string why = memory_refusal(predicted, limit, limit_source);
+    if (!why.empty()) grid_usage_fail(world, why);
 }
 
-static void gather_gradients(GPT2* model, Parallel* par, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values;
-    // the summed gradient sits where the optimizer state does: this rank's shard (stage 0: `grads`, whole)
-    const float* grad = model->zero.stage == 0 ? model->grads.data()
-                      : model->zero.stage == 1 ? zero_summed_shard(model->zero, model->grads) : model->zero.grad_shard.data();
-    for (const StateRun& r : zero_state_runs(model->zero, slice_runs(model->config, model->slice), false)) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), grad + r.state_at, grad + r.state_at + r.count);
+// This rank's slice, every buffer from the size table (what --estimate prints), then the weights:
+// from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
+// group's rank 0's copy, so that they start bit-identical.
+static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
+                        const std::string& resume_dir, bool new_model) {
+    const ProcessGrid& grid = par->grid;
+    ModelSlice slice = model_slice(cfg, grid);
+    gpt2_build(model, cfg, {}, &slice);
+    tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
+    zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
+    gpt2_allocate(model, cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute));
+    load_weights(model, o, resume_dir, new_model);
+    if (grid.zero_stage < 3) {
+        comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
     }
-    gather_to_rank0(&par->comms.world, runs, values, out, param_layout(model->config).total, "collecting the gradients");
+    pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
+                      (size_t)slice.vocab_rows * cfg.channels);
 }
 
-// The first micro-batch's logits [B*T, V]: the last stage's tensor ranks of data-parallel rank 0
-// hold its columns.
-static void gather_logits(GPT2* model, Parallel* par, const std::vector<float>& mine, size_t rows, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    const ModelSlice& s = model->slice;
-    size_t V = model->config.vocab_size;
-    if (s.last_stage && par->grid.dp_rank == 0)
-        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + s.vocab_begin, (size_t)s.vocab_real});
-    gather_to_rank0(&par->comms.world, runs, s.last_stage && par->grid.dp_rank == 0 ? mine : std::vector<float>(), out,
-                    rows * V, "collecting the logits");
+// Resuming: each rank reads the optimizer state of the elements it updates, from whichever files
+// hold it; the sampler and the training data go on where the checkpoint left them.
+static void resume_state(GPT2* model, const TrainOptions& o, const std::string& resume_dir, const RunPlan& plan, bool leader,
+                         DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
+    const GPT2Config& cfg = model->config;
+    *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
+                               wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false),
+                               model->adam_m.data(), model->adam_v.data(), nullptr);
+    check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
+    *sampler_rng = resumed->sampler_rng;
+    if (!o.eval_only) dataloader_seek(train, resumed->train_loader, leader);
+}
+
+// What rank 0 says before the first step: the model, the batch, the grid, the data, the memory.
+static void print_run_header(GPT2* model, const Parallel& par, const Comm& world, const TrainOptions& o, const RunPlan& plan,
+                             const std::string& model_source, const DataLoader& train, const DataLoader* val,
+                             const std::string& resume_dir, const TrainStateHeader& resumed) {
+    const GPT2Config& cfg = model->config;
+    const ProcessGrid& grid = par.grid;
+    int B = plan.B, T = plan.T, first_step = (int)resumed.step;
+    printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
+    printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
+           B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
+           (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
+    if (grid.world > 1) {
+        printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
+               grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model->layout.total,
+               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model->adam_m.size());
+    }
+    if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
+        printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
+    }
+    if (grid.pp > 1) {
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
+    }
+    printf("%s", describe_data(train, val, o.eval_only).c_str());
+    printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
+    if (o.recompute > 0) {
+        printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
+               recompute_what(o.recompute));
+    }
+    if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
+    if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
+    if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+}
+
+// HellaSwag. Data parallelism: every rank scores its share of the examples, rank 0 reports the sum.
+// On a grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
+// of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
+// data-parallel rank 0 reports.
+static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
+    const ProcessGrid& grid = par->grid;
+    const ModelSlice& slice = model->slice;
+    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
+    bool split = !par->model_parallel;
+    HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par->model_parallel, split ? grid.rank : 0, split ? grid.world : 1,
+        [&](const int* in, const int* tg, int rows, int Tp) {
+            pipeline_forward(model, par, in, tg, rows, Tp);
+            return (const float*)(slice.last_stage ? model->acts[0].losses.data() : no_losses.data());
+        });
+    bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
+    for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
+        *count = (int64_t)comm_sum(&par->comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
+    if (grid.rank == 0) report_hellaswag(mlog, step, r);
 }
 
 // ==============================================================================================
 // The training loop
+
+// One optimizer step (step + 1), the training loop's core: the gradients zeroed, forward and
+// backward of the step's micro-batches, the gradient summed and its norm, then AdamW unless the
+// step is unsound (llmc/training.h: step_is_sound). `dump`: the first step of --dump-state, whose
+// first logits and loss forward_backward keeps.
+struct StepResult {
+    double loss;  // the mean over every token of the step, all ranks together
+    float norm, lr;
+};
+
+static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                             int step, BadSteps* bad_steps, StateDump* dump) {
+    const ProcessGrid& grid = par->grid;
+    if (model->zero.stage <= 1) std::fill(model->grads.begin(), model->grads.end(), 0.0f);
+    std::fill(model->zero.grad_shard.begin(), model->zero.grad_shard.end(), 0.0f);
+    std::fill(model->lent_wte_grad.begin(), model->lent_wte_grad.end(), 0.0f);
+    double loss = forward_backward(model, par, train, plan, step + 1, dump ? &dump->first_logits : nullptr,
+                                   dump ? &dump->state.loss : nullptr);
+    // the mean loss over every token of the step: the last stage's, one tensor rank of each
+    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
+    bool reports = model->slice.last_stage && grid.tp_rank == 0;
+    StepResult r;
+    r.loss = comm_sum(&par->comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    r.norm = finish_gradients(model, par);
+    r.lr = learning_rate(plan.schedule, step);
+    if (step_is_sound(bad_steps, step + 1, r.loss, r.norm, o.max_bad_steps, grid.rank == 0)) {
+        optimizer_step(model, par, r.lr, o, step + 1, clip_coefficient(r.norm, o.grad_clip));
+    }
+    return r;
+}
+
 
 int main(int argc, char** argv) {
     TrainOptions o;
@@ -1504,43 +894,14 @@ int main(int argc, char** argv) {
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute);
-    // before the first large allocation: every rank's table against --max-memory, or this node's
-    // MemAvailable shared by its ranks (a run that cannot fit is refused now, not killed later)
-    double limit = o.max_memory_mib * 1048576.0;
-    std::string limit_source = strprintf("--max-memory %g MiB", o.max_memory_mib);
-    if (limit <= 0) {
-        limit = host_memory_available_bytes() / world.local_size;
-        limit_source = strprintf("%s, this node's available memory (%s) over its %d rank%s (--max-memory sets a limit)",
-                                 format_bytes(limit).c_str(), format_bytes(limit * world.local_size).c_str(), world.local_size,
-                                 world.local_size == 1 ? "" : "s");
-    }
-    why = memory_refusal(predicted, limit, limit_source);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    // the training data, checked before the model is allocated (a shard shorter than one step is refused
-    // now): each data-parallel rank reads its own slice of every step
+    refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
-    int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size, "training data",
-                        "--train-data");
-    }
+    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
 
-    // ---- this rank's slice, every buffer from the size table (what --estimate prints), then the
-    // weights: from the initialisation, a model file or a checkpoint; the data-parallel replicas
-    // take their group's rank 0's copy, so that they start bit-identical
-    ModelSlice slice = model_slice(cfg, grid);
     GPT2 model;
-    gpt2_build(&model, cfg, {}, &slice);
-    tensor_parallel_init(&model.tp, &par.comms.tp, grid.sequence_parallel);
-    zero_setup(&model.zero, grid.zero_stage, &par.comms.dp, grid, slice, model.layout);
-    gpt2_allocate(&model, cpu_run_shape(cfg, shape.B, shape.T, grid, par.schedule, shape.accumulation_steps, o.recompute));
-    load_weights(&model, o, resume_dir, new_model);
-    if (grid.zero_stage < 3) {
-        comm_broadcast(&par.comms.dp, model.params.data(), model.layout.total * sizeof(float), 0, "broadcast of the initial weights");
-    }
-    pipe_tied_weights(&par.comms.pp, slice.first_stage, slice.last_stage, model.p[WTE], model.lent_wte.data(),
-                      (size_t)slice.vocab_rows * cfg.channels);
+    build_model(&model, &par, o, cfg, shape, resume_dir, new_model);
+    const ModelSlice& slice = model.slice;
 
     // ---- the shape of the run
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
@@ -1548,49 +909,15 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    int first_step = 0;
     TrainStateHeader resumed;
-    if (!resume_dir.empty()) {
-        // each rank reads the optimizer state of the elements it updates, from whichever files hold it
-        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted(zero_state_runs(model.zero, slice_runs(cfg, slice), false), false),
-                                  model.adam_m.data(), model.adam_v.data(), nullptr);
-        check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
-        first_step = (int)resumed.step;
-        sampler_rng = resumed.sampler_rng;
-        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
-    }
+    if (!resume_dir.empty()) resume_state(&model, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
-    if (leader) {
-        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
-        printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
-               B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
-               (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
-        if (grid.world > 1) {
-            printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
-                   grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model.layout.total,
-                   param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model.adam_m.size());
-        }
-        if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
-            printf("ZeRO-1: shards of %zu, padded total %zu\n", model.zero.shards.shard_size, model.zero.shards.padded_total);
-        }
-        if (grid.pp > 1) {
-            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
-        }
-        printf("%s", describe_data(train, have_val ? &val : nullptr, o.eval_only).c_str());
-        printf("memory: %s", held_summary(&model, world.rank).c_str());
-        if (o.recompute > 0) {
-            printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
-                   o.recompute == 1 ? "GELU(fch)" : "GELU(fch), ln1 and ln2");
-        }
-        if (verbosity >= 2) print_buffer_table(model.table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
-        if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
-    }
-
+    if (leader) print_run_header(&model, par, world, o, plan, model_source, train, have_val ? &val : nullptr, resume_dir, resumed);
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
@@ -1598,65 +925,34 @@ int main(int argc, char** argv) {
     MetricsLog mlog;
     metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
-    // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a
-    // grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
-    // of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
-    // data-parallel rank 0 reports.
-    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
-    auto run_hellaswag = [&](int step) {
-        bool split = !par.model_parallel;
-        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par.model_parallel, split ? world.rank : 0, split ? world.world_size : 1,
-            [&](const int* in, const int* tg, int rows, int Tp) {
-                pipeline_forward(&model, &par, in, tg, rows, Tp);
-                return (const float*)(slice.last_stage ? model.acts[0].losses.data() : no_losses.data());
-            });
-        bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
-        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
-            *count = (int64_t)comm_sum(&par.comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
-        if (leader) report_hellaswag(&mlog, step, r);
+    auto run_hellaswag = [&](int step) { hellaswag_run(&model, &par, hellaswag, B, T, step, &mlog); };
+    auto validate = [&](int step) {
+        float loss = evaluate(&model, &par, &val, o.val_batches);
+        if (leader) report_val_loss(&mlog, step, loss);
     };
-    bool dumping = !o.dump_state.empty();
-    DumpState dump;
-    std::vector<float> first_logits;
+    StateDump dump;
+    dump.on = !o.dump_state.empty();
     Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
     CommCounters last_step[4];
     BadSteps bad_steps;
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
-        if (have_val && step % o.val_every == 0) {
-            float loss = evaluate(&model, &par, &val, o.val_batches);
-            if (leader) report_val_loss(&mlog, step, loss);
-        }
+        if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
 
         for (Comm* c : groups) c->counters = CommCounters{};
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
-        if (model.zero.stage <= 1) std::fill(model.grads.begin(), model.grads.end(), 0.0f);
-        std::fill(model.zero.grad_shard.begin(), model.zero.grad_shard.end(), 0.0f);
-        std::fill(model.lent_wte_grad.begin(), model.lent_wte_grad.end(), 0.0f);
-        bool dump_now = dumping && step == first_step;
-        double loss = forward_backward(&model, &par, &train, plan, step + 1, dump_now ? &first_logits : nullptr, &dump.loss);
-        // the mean loss over every token of the step: the last stage's, one tensor rank of each
-        // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
-        bool reports = slice.last_stage && grid.tp_rank == 0;
-        double step_loss = comm_sum(&par.comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
-        float norm = finish_gradients(&model, &par);
-        float lr = learning_rate(plan.schedule, step);
-        if (step_is_sound(&bad_steps, step + 1, step_loss, norm, o.max_bad_steps, leader)) {
-            optimizer_step(&model, &par, lr, o, step + 1, clip_coefficient(norm, o.grad_clip));
-        }
+        bool dump_now = dump.on && step == first_step;
+        StepResult r = train_step(&model, &par, &train, plan, o, step, &bad_steps, dump_now ? &dump : nullptr);
+        double step_loss = r.loss;
+        float norm = r.norm, lr = r.lr;
         double seconds = seconds_since(start);
         profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
-        if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
-            gather_logits(&model, &par, first_logits, (size_t)B * T, &dump.logits);
-            dump.loss = (float)comm_sum(&par.comms.world, reports && grid.dp_rank == 0 ? dump.loss : 0.0, "the first loss");
-            gather_gradients(&model, &par, &dump.grads);
-        }
-        if (dumping) dump.losses.push_back((float)step_loss);
+        dump_after_step(&model, &par, &dump, dump_now, step_loss, (size_t)B * T);
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
                             seconds * (plan.steps - step - 1));
@@ -1667,26 +963,17 @@ int main(int argc, char** argv) {
             save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) {
-        float loss = evaluate(&model, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, plan.steps, loss);
-    }
+    if (have_val) validate(plan.steps);
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
-    if (grid.world > 1 && plan.steps > first_step) report_costs(&model, &par, predicted, last_step, plan.steps - first_step);
-    if (o.print_allocations) print_allocations(&model, world.rank);  // after the run: nothing grew while it trained
+    if (grid.world > 1 && plan.steps > first_step)
+        report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
+    if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
-    if (dumping) {
-        gather_weights(&model, &par, &dump.params);
-        if (leader) {
-            write_dump_state(o.dump_state, dump, cfg, B, T, "cpu");
-            printf("dumped state to %s\n", o.dump_state.c_str());
-        }
-    }
+    dump_at_end(&model, &par, &dump, o.dump_state, B, T);
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
     comm_finalize(&world);
     return 0;
 }
-#endif  // LLMC_CPU_NO_MAIN

@@ -16,18 +16,10 @@
 //                       probabilities are materialised, (L, B, NH, T, T)
 //   workspace           one layer's backward scratch, reused by every layer, and the matmul's packed panels
 //
-// Recompute (--recompute, as in gpu_buffers.h) trades memory for a little compute, exactly: a level
-// stops keeping a per-layer activation and keeps ONE layer of scratch instead, which the forward
-// writes and reads within a layer and the backward fills again, with the forward's own function on
-// the forward's own inputs, right before each use. So the floats, and every result, are the same.
-//   0  keep everything
-//   1  no per-layer fch_gelu (4C values per token per layer, as many as fch):
-//      gelu_recompute (B, T, 4C), GELU(fch) evaluated again in the backward, one layer at a time
-//   2  also no per-layer ln1, ln2: ln_recompute (R, C), one buffer for both (a layer's ln1 is dead
-//      once its qkv matmul has read it, ln2 once the MLP's first matmul has), recomputed from the
-//      LayerNorm's input, the residual stream, and its saved mean and 1/std (two floats per row)
-// The scratch rows are not per micro-batch: a pipeline's 1F1B runs another micro-batch's forward
-// between two backwards, which overwrites them, but each backward refills them before every use.
+// Recompute (--recompute, llmc/recompute.h says what each level keeps and why it is exact) swaps a
+// per-layer activation for ONE layer of scratch: level 1 drops fch_gelu for gelu_recompute
+// (B, T, 4C), level 2 also ln1 and ln2 for ln_recompute (R, C), one buffer for both. The scratch
+// rows are not per micro-batch (the backward refills them before every use).
 //
 // On a process grid (llmc/process_grid.h) every row is for this rank's slice: its pipeline stage's
 // layers (activations of as many micro-batches as its schedule keeps in flight, llmc/pipeline_parallel.h),
@@ -48,11 +40,12 @@
 #include "llmc/model.h"
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
+#include "llmc/recompute.h"
 #include "llmc/sharding.h"
 #include "llmc/zero.h"
 #include "llmc/utils.h"
 
-// The CPU matmul's blocking (train_gpt_cpu.cpp explains it): an MR x NR register tile, K taken KC
+// The CPU matmul's blocking (llmc/cpu_layers.h explains it): an MR x NR register tile, K taken KC
 // at a time, N at most NC at a time. They decide the size of its packed panels, so they live here.
 constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
 
@@ -140,7 +133,7 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
-    bool keep_gelu = s.recompute < 1, keep_ln = s.recompute < 2;
+    RecomputePlan keep = recompute_plan(s.recompute);
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
     // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
     size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
@@ -161,18 +154,18 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
-    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep_ln ? M * L * R * C : 0, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
     t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
     t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
     t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
     t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
-    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep_ln ? M * L * R * C : 0, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
     t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
-    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep_gelu ? M * L * BT * Cf : 0, F};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep.gelu ? M * L * BT * Cf : 0, F};
     t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
     t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
     t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
@@ -189,8 +182,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                            matmul_pack_a_floats(max_rows), F};
     t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("min(NC=%d, %zu) columns x KC=%d", MATMUL_NC, max_columns, MATMUL_KC),
                            matmul_pack_b_floats(max_columns), F};
-    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep_ln ? 0 : R * C, F};
-    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep_gelu ? 0 : BT * Cf, F};
+    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln ? 0 : R * C, F};
+    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, F};
 
     t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
     t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};

@@ -1,7 +1,7 @@
 // cpu_profile.h — `--profile` for the CPU trainer: where a training step's time goes, and how close
 // each kind of work comes to what this machine can do.
 //
-// Every kernel of train_gpt_cpu.cpp opens with one line, `ProfileScope p("kind", flops, bytes, m, n, k)`,
+// Every kernel of llmc/cpu_layers.h opens with one line, `ProfileScope p("kind", flops, bytes, m, n, k)`,
 // which costs one branch when profiling is off. When it is on, the scope times the call and adds it to
 // the step's row for that kind and shape (each matmul shape is its own row: the LM head's (BT x Vp x C)
 // behaves nothing like a layer's). After each step the trainer prints the table:

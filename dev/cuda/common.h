@@ -31,8 +31,8 @@
 
 #include <cublas_v2.h>
 #include <functional>
-#include "dev/cuda/cpu_reference.h"
 #include "dev/cuda/harness.h"
+#include "llmc/cpu_layers.h"  // the reference: the CPU trainer's own layers, named cpu::
 #include "llmc/cuda_common.cuh"
 #include "llmc/matmul.cuh"  // CUBLAS_CHECK (and cuBLAS, for the GEMM ceiling)
 

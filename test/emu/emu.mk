@@ -18,10 +18,10 @@ EMU_STAMP    := $(EMU_SRC)/.rewritten
 EMU_LIBS     := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o $(EMU_DIR)/cudnn_standin.o \
                 $(EMU_DIR)/nccl_standin.o
 EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/gpu_comm_check
-# The kernel lab (dev/cuda/*.cu) in build/emu/dev/, each program with the CPU trainer's functions
-# as its reference (host-compiled, as dev/cuda/Makefile does) and no MPI, as on a GPU.
+# The kernel lab (dev/cuda/*.cu) in build/emu/dev/, each program with the CPU trainer's layers
+# (llmc/cpu_layers.h) as its reference and no MPI, as on a GPU.
 EMU_DEV_PROGRAMS := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/dev/%,$(wildcard dev/cuda/*.cu))
-EMU_DEV_LIBS := $(EMU_DIR)/dev/cpu_reference.o $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o \
+EMU_DEV_LIBS := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o \
                 $(EMU_DIR)/cudnn_standin.o
 # Emulated builds need CUDA's headers and MPI; without either, the emulated tests say why and skip.
 EMU_TARGETS  := $(if $(and $(EMU_CUDA_INC),$(MPICXX)),$(EMU_PROGRAMS) $(EMU_DEV_PROGRAMS))
@@ -47,12 +47,9 @@ $(EMU_DIR)/train_gpt_fp32: $(EMU_STAMP) $(EMU_LIBS)
 $(EMU_DIR)/gpu_comm_check: $(EMU_STAMP) $(EMU_LIBS)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/test/gpu_comm_check.cu -x none $(EMU_LIBS) -o $@
 
-$(EMU_DIR)/dev/cpu_reference.o: dev/cuda/cpu_reference.cpp dev/cuda/cpu_reference.h train_gpt_cpu.cpp $(HOST_HEADERS)
-	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
-
 EMU_DEV_LINK = $(EMU_CXX) $(EMU_FLAGS) -x c++ -include test/emu/cuda_emu.h $(1) -x none $(EMU_DEV_LIBS) -fopenmp -o $(2)
 $(EMU_DIR)/dev/%: $(EMU_STAMP) $(EMU_DEV_LIBS)
+	@mkdir -p $(@D)
 	$(call EMU_DEV_LINK,$(EMU_SRC)/dev/cuda/$*.cu,$@)
 
 # A mutated copy of a lab program, built as the real one is (test/test_emu_kernel_lab.py plants a

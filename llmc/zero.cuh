@@ -5,19 +5,21 @@
 // the final LayerNorm; unit u < L is layer L-1-u, in the order the backward pass finishes them), the
 // shards (llmc/sharding.h), and the order of a unit's life in a step. All of that arithmetic is used
 // here as it is (the host struct Zero; its vectors stay empty: the buffers are on the GPU). Every
-// stage has the same three hooks in the trainer's passes, and the same step after them:
+// stage has the same three hooks in the trainer's passes (train_gpt.cu's, which call zero_weights,
+// zero_open_bucket and zero_grads_done here), and the same step after them:
 //
 //   unit_weights(u)     the weights of unit u: a view into the flat array (stages 0-2), or gathered
 //   unit_grads(u)       where the backward adds u's gradient: the flat array (0-1), or a bucket (2-3)
 //   unit_grads_done(u)  u's gradient is complete for this micro-batch: start summing it over the
 //                       data-parallel ranks on the communication stream, and go on with the layers below
-//   zero_finish_reduction, zero_norm_pieces, zero_adamw, zero_after_update: the step
+//   then the step: zero_wait_reduction, zero_norm_pieces, zero_share_gradients, zero_adamw and
+//   zero_after_update
 //
 // What a GPU adds to the host arithmetic is overlap on two streams, and buffers that do not move:
 //
 //   compute stream:  backward layer L-1 | layer L-2 | ... | layer 0 | embeddings | norm, AdamW
 //   comm stream:          (event) -> sum unit 0 | unit 1 | ...       | unit L     |
-//                                                         host waits here ^ (zero_finish_reduction)
+//                                                         host waits here ^ (zero_wait_reduction)
 //
 // After each unit's backward an event is recorded on the compute stream; the communication stream
 // waits for it, then sums the unit while the compute stream goes on. The compute stream never waits

@@ -1,4 +1,5 @@
-// train_gpt.cu — GPT-2 training on one GPU, in bf16 mixed precision.
+// train_gpt.cu — GPT-2 training on GPUs, in bf16 mixed precision: one GPU, or a grid of them
+// (data, tensor, sequence and pipeline parallelism, ZeRO-0 to 3).
 //
 // The same model, flags, files, initialisation, data order and schedule as train_gpt_cpu.cpp (all in
 // llmc/), computed by the kernels in llmc/*.cuh. Read it next to the CPU reference: the forward and
@@ -18,19 +19,15 @@
 // filtered for determinism, stochastic rounding seeded by (seed, step, index): two runs with the same
 // flags are bit-identical, and so is a resumed run.
 //
-// Many GPUs: `mpirun -np N ./train_gpt` (or srun) runs one copy per GPU, each on its own slice of
-// every batch, exactly as the CPU trainer does over MPI; its DataParallel section is the reference
-// and this file's (below the model) reads the same, plus what GPUs add: the gradients of each bucket
-// of layers are summed across ranks on a second CUDA stream while the backward pass goes on with the
-// layers below (docs/parallelism.md). Rank 0 alone prints, evaluates, samples and writes model.bin.
-// Buffers are sized from the optimizer slice this rank holds (ZeRO-1: 1/N of master, m and v).
-//
-// A process grid (--tensor-parallel, --pipeline-parallel, --zero 2|3; docs/parallelism.md, "Beyond
-// data parallelism"): a rank holds a SLICE of the model (llmc/process_grid.h) and runs the passes
-// below on it, in local shapes, with the CPU trainer's hooks where ranks meet (llmc/zero.cuh,
-// llmc/tensor_parallel.cuh); the Parallel section walks the pipeline schedule (llmc/
-// pipeline_parallel.cuh). On one rank, or with data parallelism alone and ZeRO-0/1, every hook does
-// nothing and every kernel is called as before the grid existed.
+// Many GPUs: `mpirun -np N ./train_gpt` (or srun) runs one copy per GPU on a process grid (llmc/
+// process_grid.h; docs/parallelism.md), as the CPU trainer does: dp data-parallel x tp tensor-parallel
+// x pp pipeline ranks. A rank holds a SLICE of the model and runs the passes below on it, in local
+// shapes, with one-line hooks where ranks meet: the tensor group's collectives (llmc/
+// tensor_parallel.cuh), the data group's ZeRO (llmc/zero.cuh: every stage, 0 to 3, its gradient sums
+// overlapped with the backward pass on a second CUDA stream), and the pipeline's sends (llmc/
+// pipeline_parallel.cuh), walked by the "Parallelism on a grid" section. One GPU is the grid 1 x 1 x 1
+// and plain data parallelism dp x 1 x 1: the same path, whose hooks do nothing where a group has one
+// rank. Rank 0 prints, samples and writes the checkpoints' model.bin.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,6 +59,7 @@
 #include "llmc/fused_classifier.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/gpu_test_hooks.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/pipeline_parallel.cuh"
@@ -109,7 +107,7 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 //     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
 // which on one rank are the model's own. Where ranks meet there are one-line hooks, each a no-op on
-// one rank (or with plain data parallelism, whose exchange is the bucketed reduction further down):
+// one rank (plain data parallelism has only the gradient sum, started in unit_grads_done):
 //     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/tensor_parallel.cuh)
 //     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/zero.cuh)
 //     unit_grads / unit_grads_done         ZeRO-2/3: a unit's gradient bucket, reduce-scattered when done;
@@ -138,8 +136,9 @@ struct GPT2 {
     std::vector<int> bucket_count;
     std::vector<int> buckets;           // per slot: the number of the encoder backward's token buckets
     TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
-    ZeroGpu zero;                       // stages 0-1: only its plan; 2-3: shards, buckets, gathered units
+    ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/zero.cuh); one rank: nothing to send
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
+    size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
 
 template <class T> static T* B_(GPT2* m, GPUBuffer b) { return (T*)m->buf[b]; }
@@ -175,6 +174,9 @@ static void fail_unless_fits(const GPURunShape& shape) {
 // Allocates every buffer of the table, after checking the total fits.
 static void gpt2_allocate(GPT2* m) {
     fail_unless_fits(m->shape);
+    size_t free_before = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_before, &m->memory_total));
+    m->memory_used_before = m->memory_total - free_before;
     for (int i = 0; i < GB_COUNT; i++) {
         size_t bytes = m->table[i].bytes();
         if (bytes == 0) continue;
@@ -227,11 +229,6 @@ static void gpt2_upload_batch(GPT2* m, const int* inputs, const int* targets) {
 // ---- the hooks where ranks meet (see above); without ZeRO-2/3 or tensor parallelism each is a view
 // into the flat arrays, or nothing at all
 
-// Data parallelism (defined below, with the rest of it): hands a bucket of finished gradients to the
-// communication stream.
-struct DataParallel;
-static void reduce_bucket_async(DataParallel* dp, GPT2* m, int bucket);
-
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
 // llmc/zero.h) as the kernels address them; with ZeRO-3 all-gathered just now, the unit `next`
 // (or -1) already on its way.
@@ -247,18 +244,13 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
     if (m->zero.plan.stage >= 2) return zero_open_bucket(&m->zero, unit, m->stream);
     return flat_unit_view(B_<floatX>(m, GB_GRADS), m->layout, m->slice.num_layers, unit);
 }
-// A unit's gradient is complete for this micro-batch. ZeRO-2/3: reduce-scatter its bucket now.
-// ZeRO-0/1 with `dp` (the last micro-batch of the step): start summing it across the data-parallel
-// ranks. Either way the sequence-parallel LayerNorm gradients are first summed over the tensor group.
-static void unit_grads_done(GPT2* m, DataParallel* dp, int unit) {
-    if (m->zero.plan.stage >= 2) {
-        tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
-        zero_reduce_bucket(&m->zero, unit, m->stream);
-        return;
-    }
-    if (!dp) return;
+// A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
+// (llmc/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`), after
+// the sequence-parallel LayerNorm gradients are summed over the tensor group.
+static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
+    if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
     tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
-    reduce_bucket_async(dp, m, unit);
+    zero_grads_done(&m->zero, unit, step_ends, m->stream);
 }
 // The LM head is the tied wte: the ends unit's, or on the last stage of a pipeline its copy.
 static const floatX* lm_head_weights(GPT2* m, const ParamTensors<floatX>& ends) {
@@ -374,11 +366,11 @@ static float gpt2_classifier(GPT2* m, float dloss, bool write_grad) {
 }
 
 // Backward pass of the last forward + classifier(write_grad). Gradients are ADDED to GB_GRADS (or
-// ZeRO-2/3's buckets). With `dp` (the last micro-batch of a step, several ranks), each layer's
-// gradients start their trip across the ranks as soon as that layer is done: bucket 0 is the last
-// layer, bucket L the embeddings. A pipeline stage without the head finds d(its output) in
+// ZeRO-2/3's buckets). Each layer's gradients start their trip across the data-parallel ranks as
+// soon as that layer is done (ZeRO-0/1: on the step's last micro-batch, `step_ends`): unit 0 is the
+// last layer, unit L the embeddings. A pipeline stage without the head finds d(its output) in
 // dresidual; one without the embedding leaves d(its input) there, for the previous stage.
-static void gpt2_backward(GPT2* m, DataParallel* dp) {
+static void gpt2_backward(GPT2* m, bool step_ends) {
     const GPT2Config& c = m->config;
     const ModelSlice& sl = m->slice;
     TensorParallelGpu* tp = &m->tp;
@@ -466,7 +458,7 @@ static void gpt2_backward(GPT2* m, DataParallel* dp) {
         bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
         floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
         layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
-        unit_grads_done(m, dp, unit);  // layer l's gradients are final
+        unit_grads_done(m, step_ends, unit);  // layer l's gradients are final
         release_unit_weights(m, unit);
     }
     if (!sl.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
@@ -476,88 +468,17 @@ static void gpt2_backward(GPT2* m, DataParallel* dp) {
     encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), m->buckets[(size_t)m->slot], B, T, C, s);
     // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
     // joined wte's (the step does it, below)
-    if (!m->pipelined) unit_grads_done(m, dp, ends);
+    if (!m->pipelined) unit_grads_done(m, step_ends, ends);
 }
 
 // ==============================================================================================
-// Data parallelism and ZeRO-1 (docs/parallelism.md; llmc/comm_nccl.cuh moves the bytes)
+// The step's gradient and update, on any grid (docs/parallelism.md; llmc/zero.cuh, read it first)
 //
-// The same design as the CPU trainer's DataParallel, read that first: N ranks, each on its own slice
-// of every batch, each seeding its backward with 1/(tokens of the whole step) so that the step's
-// gradient is the plain SUM over ranks; ZeRO-0 and ZeRO-1 sum identically and differ only in what is
-// gathered afterwards (gradients, or updated parameters), so they give bit-identical weights.
-// What the GPU adds is overlap, on two CUDA streams:
-//
-//   compute stream:  backward layer L-1 | layer L-2 | layer L-3 | ... | layer 0 | embeddings | norm, AdamW
-//   comm stream:          (event) -> sum bucket 0 | sum bucket 1 | ...          | bucket L   |
-//                                                                   host waits here ^ (gpu_comm_wait)
-//
-// After each layer's backward (on the last micro-batch only: the earlier ones just accumulate into
-// the gradient buffer) an event is recorded on the compute stream; the communication stream waits for
-// that event, then sums the layer's gradients across ranks while the compute stream goes on with the
-// layers below. The embeddings come last: wte is also the LM head, so its gradient is final only
-// after the encoder's backward. The host blocks once, before the gradient norm, in gpu_comm_wait,
-// which polls against --comm-timeout: the compute stream never waits for the communication stream on
-// the GPU, so a collective stuck on a dead rank can only ever stall a wait that has a deadline.
-//
-// Each bucket is 12 ranges of the flat gradient array (one per stacked per-layer tensor), cut by the
-// shard boundaries into uneven pieces; each piece is summed onto the rank whose shard holds it
-// ("reduce to owners", llmc/sharding.h): a reduce-scatter with pieces of any size, with the same
-// bytes. Then, like the CPU trainer: norm = sqrt(sum over ranks of each shard's sum of squares);
-// ZeRO-0 all-gathers the summed gradient and every rank runs AdamW on everything, ZeRO-1 runs AdamW
-// on its shard (its master weights, m and v are that shard only) and all-gathers the bf16 parameters.
-//
-// The gradients are summed in bf16 (NCCL adds in fp32 and rounds each partial sum to bf16): 2 bytes
-// per parameter instead of 4. One GPU accumulating N micro-batches also rounds its bf16 gradient
-// once per micro-batch, so N ranks add no more rounding than N accumulation steps already do.
-//
-// On a process grid the data-parallel ranks are a group (llmc/process_grid.h), each holding the same
-// slice: the same design over the slice's flat array, and ZeRO-2/3 reduce unit by unit instead
-// (llmc/zero.cuh). The step's numbers (loss, norm) and barriers then span the whole world.
-
-struct DataParallel {
-    Comm* comm = nullptr;           // the data-parallel group (the world, without tensor or pipeline parallelism)
-    GpuComm* gpu = nullptr;         // ... on the GPU: NCCL (or host staging) and its communication stream
-    GpuComm* world = nullptr;       // every rank: the step's loss and gradient norm, checkpoint barriers
-    int zero_stage = 0;
-    ShardLayout shards;             // the flat parameter array, padded and cut into world_size equal shards
-    ShardRange shard;               // this rank's shard, padding included: what the collectives move
-    ShardRange updated;             // the parameters this rank's AdamW updates and keeps master, m, v for
-    std::vector<std::vector<ShardRange>> buckets;  // the ranges of each gradient bucket, in backward order
-    std::vector<cudaEvent_t> bucket_done;          // recorded on the compute stream after each bucket's backward
-    cudaEvent_t update_done = nullptr;             // after AdamW: ZeRO-1's all-gather waits for it
-};
-
-// After comm_init and gpu_comm_init (the events belong to this rank's GPU). `layout` is this rank's
-// flat array (its slice's, on a grid) with L layers.
-static void data_parallel_setup(DataParallel* dp, const ParamLayout& layout, int L, int zero_stage) {
-    dp->zero_stage = zero_stage;
-    dp->shards = shard_layout(layout.total, dp->comm->world_size);
-    dp->shard = shard_range(dp->shards, dp->comm->rank);
-    dp->updated = zero_stage == 1 ? owned_range(dp->shards, dp->comm->rank) : ShardRange{0, layout.total};
-    for (int b = 0; b < gradient_bucket_count(L); b++) {
-        dp->buckets.push_back(gradient_bucket(layout, L, b));
-        cudaEvent_t done;
-        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-        dp->bucket_done.push_back(done);
-    }
-    CUDA_CHECK(cudaEventCreateWithFlags(&dp->update_done, cudaEventDisableTiming));
-}
-
-static void data_parallel_finish(DataParallel* dp) {
-    for (cudaEvent_t e : dp->bucket_done) CUDA_CHECK(cudaEventDestroy(e));
-    CUDA_CHECK(cudaEventDestroy(dp->update_done));
-}
-
-// Starts summing bucket `bucket` across ranks as soon as the compute stream has written it, and
-// returns at once: the host goes on enqueueing the backward of the layers below.
-static void reduce_bucket_async(DataParallel* dp, GPT2* m, int bucket) {
-    if (dp->comm->world_size == 1) return;
-    CUDA_CHECK(cudaEventRecord(dp->bucket_done[bucket], m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(dp->gpu->stream, dp->bucket_done[bucket], 0));
-    gpu_reduce_to_owners(dp->gpu, m->buf[GB_GRADS], NCCL_FLOATX, dp->shards, dp->buckets[bucket],
-                         "reduction of the gradients");
-}
+// N data-parallel ranks, each on its own slice of every batch, each seeding its backward with
+// 1/(tokens of the whole step), so that the step's gradient is the plain SUM over ranks, as in the
+// CPU trainer. The sums started during the backward pass (unit_grads_done) are awaited here; the
+// norm is added up over the world; AdamW runs on what this rank owns, and the data-parallel ranks
+// share the result. One rank is the same path with nothing to send.
 
 // The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
 // fixed order), added here in block order, in fp64.
@@ -572,35 +493,22 @@ static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
     return total;
 }
 
-// Waits for the buckets' sums, then returns the global gradient norm (of the summed gradient, as one
-// rank would compute it): each rank's shard's sum of squares, added over ranks in rank order, so every
-// rank gets the same bits. With `gather_all`, every rank then also holds the whole summed gradient
-// (ZeRO-0; or to dump it). On a grid each element is counted by one rank of the world: tensor rank 0
-// counts the replicated tensors (llmc/process_grid.h's counts_once), ZeRO-2/3 count their shards.
-static float reduce_gradients(GPT2* m, DataParallel* dp, bool gather_all) {
-    gpu_comm_wait(dp->gpu, "reduction of the gradients");
+// Waits for the gradient sums, then returns the global gradient norm (of the summed gradient, as one
+// rank would compute it): each rank's part's sum of squares (zero_norm_pieces: every element counted
+// by one rank of the world), added over the world in rank order, so every rank gets the same bits.
+// ZeRO-0 then gives every rank the whole summed gradient.
+static float reduce_gradients(GPT2* m, GpuComm* world) {
+    zero_wait_reduction(&m->zero);
     double squares = 0.0;
-    const floatX* grads = B_<floatX>(m, GB_GRADS);
-    if (m->zero.plan.stage >= 2) {
-        for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    } else if (m->tp.host.degree == 1) {
-        squares = gradient_sum_of_squares(m, grads + dp->shard.begin, dp->shard.size());
-    } else {
-        for (const TensorPiece& p : shard_pieces(m->layout, owned_range(dp->shards, dp->comm->rank)))
-            if (counts_once(m->zero.plan.grid, p.tensor)) squares += gradient_sum_of_squares(m, grads + p.begin, p.end - p.begin);
-    }
-    float norm = (float)std::sqrt(gpu_comm_sum(dp->world, squares, "sum of the gradient norms"));
-    if (gather_all && m->zero.plan.stage <= 1) {
-        gpu_all_gather(dp->gpu, m->buf[GB_GRADS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the gradients");
-        gpu_comm_wait(dp->gpu, "all-gather of the gradients");
-    }
+    for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    float norm = (float)std::sqrt(gpu_comm_sum(world, squares, "sum of the gradient norms"));
+    zero_share_gradients(&m->zero);
     return norm;
 }
 
-// Clipping and AdamW over the parameters this rank updates (all of them, or its ZeRO-1 shard), in one
-// launch (llmc/adamw.cuh); ZeRO-1 then all-gathers the updated bf16 parameters. ZeRO-2/3 update their
-// shards piece by piece (llmc/zero.cuh). Returns when the new parameters are in place on every rank.
-static void optimizer_step(GPT2* m, DataParallel* dp, const TrainOptions& o, float lr, int step, float norm) {
+// Clipping and AdamW over the parameters this rank updates (llmc/adamw.cuh, through zero_adamw),
+// then the data-parallel ranks share the updated weights. Returns when they are in place on every rank.
+static void optimizer_step(GPT2* m, const TrainOptions& o, float lr, int step, float norm) {
     float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
     CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
     AdamWParams a;
@@ -620,59 +528,26 @@ static void optimizer_step(GPT2* m, DataParallel* dp, const TrainOptions& o, flo
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    if (m->zero.plan.stage >= 2) {
-        zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu,
-                   a, m->stream);
-        zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
-    } else if (dp->updated.size() > 0) {  // with more ranks than shards of parameters, a rank may own none
-        adamw_update(B_<floatX>(m, GB_PARAMS), master, B_<floatX>(m, GB_GRADS), B_<float>(m, GB_ADAM_M),
-                     B_<float>(m, GB_ADAM_V), dp->updated.begin, dp->updated.size(), norm_on_gpu, a, m->stream);
-    }
-    if (dp->zero_stage == 1 && dp->comm->world_size > 1) {
-        CUDA_CHECK(cudaEventRecord(dp->update_done, m->stream));
-        CUDA_CHECK(cudaStreamWaitEvent(dp->gpu->stream, dp->update_done, 0));
-        gpu_all_gather(dp->gpu, m->buf[GB_PARAMS], dp->shards.shard_size, NCCL_FLOATX, "all-gather of the parameters");
-        gpu_comm_wait(dp->gpu, "all-gather of the parameters");
-    }
+    zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
+               m->stream);
+    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
-// The whole model's fp32 master weights, on every rank (for --dump-state): ZeRO-1's shards are
-// gathered through a temporary buffer (a test feature, outside the buffer table). Without master
-// weights, the bf16 parameters widened.
-static std::vector<float> full_master_weights(GPT2* m, DataParallel* dp) {
-    size_t P = m->layout.total;
-    if (!m->shape.master_weights) return download_as_float(B_<floatX>(m, GB_PARAMS), P);
-    if (dp->updated.begin == 0 && dp->updated.size() == P) return download_floats(B_<float>(m, GB_MASTER), P);
-    float* all = nullptr;
-    cudaStream_t s = dp->gpu->stream;  // the copies and the all-gather in one stream: in order
-    CUDA_CHECK(cudaMalloc(&all, dp->shards.padded_total * sizeof(float)));
-    CUDA_CHECK(cudaMemsetAsync(all, 0, dp->shards.padded_total * sizeof(float), s));
-    if (dp->updated.size() > 0) {
-        CUDA_CHECK(cudaMemcpyAsync(all + dp->updated.begin, m->buf[GB_MASTER], dp->updated.size() * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, s));
-    }
-    gpu_all_gather(dp->gpu, all, dp->shards.shard_size, ncclFloat32, "all-gather of the master weights");
-    gpu_comm_wait(dp->gpu, "all-gather of the master weights");
-    std::vector<float> out = download_floats(all, P);
-    CUDA_CHECK(cudaFree(all));
-    return out;
-}
-
-// Every rank must start from the same weights. Each builds them the same way (the same file, or the
-// same seeded initialisation), so instead of sending 4P bytes from rank 0 (the CPU trainer's
-// broadcast, which needs MPI) the ranks compare a 53-bit hash of them: different files behind the
-// same path on different nodes fail here, not as replicas that silently drift apart.
-static void check_same_weights(DataParallel* dp, const std::vector<float>& params) {
-    if (dp->comm->world_size == 1) return;
+// Every data-parallel rank must start from the same weights. Each builds them the same way (the same
+// file, or the same seeded initialisation), so instead of sending them from one rank the ranks of a
+// data group compare a 53-bit hash of theirs: different files behind the same path on different
+// nodes fail here, not as replicas that silently drift apart.
+static void check_same_weights(GpuComm* data, const std::vector<float>& weights) {
+    if (data->host->world_size == 1) return;
     uint64_t h = 0xcbf29ce484222325ull;
-    const uint32_t* words = (const uint32_t*)params.data();
-    for (size_t i = 0; i < params.size(); i++) h = (h ^ words[i]) * 0x100000001b3ull;
-    std::vector<double> all = gpu_comm_gather(dp->gpu, (double)(h >> 11), "comparing the initial weights");
-    for (int r = 0; r < dp->comm->world_size; r++) {
+    const uint32_t* words = (const uint32_t*)weights.data();
+    for (size_t i = 0; i < weights.size(); i++) h = (h ^ words[i]) * 0x100000001b3ull;
+    std::vector<double> all = gpu_comm_gather(data, (double)(h >> 11), "comparing the initial weights");
+    for (int r = 0; r < data->host->world_size; r++) {
         if (all[r] != all[0]) {
-            fail("rank %d loaded different initial weights from rank 0's (the model file or checkpoint differs between "
-                 "nodes?): every rank must see the same --model and --out-dir", r);
+            fail("data-parallel rank %d loaded different initial weights from rank 0's (the model file or checkpoint "
+                 "differs between nodes?): every rank must see the same --model and --out-dir", r);
         }
     }
 }
@@ -686,13 +561,14 @@ static void check_same_weights(DataParallel* dp, const std::vector<float>& param
 //   1. forward and backward of the step's micro-batches, in the order of the pipeline schedule
 //      (without a pipeline: F0 B0 F1 B1 ..., gradient accumulation), receiving activations from the
 //      previous stage and gradients from the next; tensor-parallel collectives inside each pass;
-//      ZeRO-2/3 reduce-scatter unit by unit, ZeRO-0/1 start on the last micro-batch's buckets;
+//      ZeRO-2/3 reduce-scatter unit by unit, ZeRO-0/1 start on the last micro-batch's units;
 //   2. in a pipeline, the tied embedding's gradient joins the first stage's, then the ends' bucket;
 //   3. the gradient norm: each rank adds the squares of what it owns, the world adds them up;
 //   4. AdamW on what this rank owns, the data-parallel ranks share the result, and the first stage
 //      sends the updated tied embedding to the last.
-// Grids beyond data parallelism need MPI (the groups are MPI communicators; checkpoints and dumps
-// collect every rank's elements on rank 0).
+// One rank is the grid 1 x 1 x 1, plain data parallelism dp x 1 x 1: the same code, whose hooks do
+// nothing where a group has one rank. Grids beyond data parallelism need MPI (the groups are MPI
+// communicators; checkpoints and dumps collect every rank's elements on rank 0).
 
 struct Parallel {
     ProcessGrid grid;
@@ -700,12 +576,12 @@ struct Parallel {
     GridComms comms;                           // the host groups, when the grid has more than data parallelism
     GpuComm world_gpu;                         // every rank, on the GPU: the step's numbers, barriers
     GpuComm data_gpu, tensor_gpu, pipe_gpu;    // each group on the GPU (beyond data parallelism)
-    DataParallel dp;                           // the data group's ZeRO-0/1 reduction
+    Comm* data = nullptr;                      // the data-parallel group: the world, or comms.dp
+    GpuComm* data_on_gpu = nullptr;            // ... on the GPU: world_gpu, or data_gpu
     PipelineGpu pipe;                          // the pipeline group's sends and receives
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     bool groups = false;                       // tensor or pipeline parallelism: groups of their own
     bool model_parallel = false;               // a forward pass needs other ranks (tp, pp or ZeRO-3)
-    bool flat_state = true;                    // data parallelism, ZeRO-0/1: one contiguous optimizer slice
     double predicted_bubble = 0;               // (p-1)/(m+p-1)
 };
 
@@ -719,17 +595,11 @@ struct Parallel {
     exit(EXIT_BAD_USAGE);
 }
 
-// What is on the host's side of the last stage's first logits (--dump-state): this rank's columns.
-struct FirstLogits {
-    std::vector<float> values;   // (B*T, vocab_real)
-    float loss = 0.0f;
-};
-
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
-// elsewhere). The last backward hands the data group its buckets (ZeRO-0/1). With `first`, the
-// first micro-batch's logits are kept (--dump-state).
-static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step, FirstLogits* first) {
+// elsewhere). The last backward hands the data group its units (ZeRO-0/1). With `dump`, the
+// first micro-batch's logits and loss are kept (--dump-state, llmc/gpu_test_hooks.cuh).
+static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step, GpuDump* dump) {
     const ModelSlice& sl = m->slice;
     PipelineGpu* pipe = &par->pipe;
     int stage = par->grid.pp_rank, mb = plan.accumulation_steps;
@@ -753,16 +623,15 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
             gpt2_forward(m);
             if (sl.last_stage) {
-                if (first && act.micro == 0 && par->grid.dp_rank == 0) {
-                    size_t BT = (size_t)m->B * m->T, V = sl.vocab_real, Vp = sl.vocab_rows;
-                    std::vector<float> logits = download_as_float(A_<floatX>(m, GB_LOGITS), BT * Vp);
-                    first->values.resize(BT * V);
-                    for (size_t i = 0; i < BT; i++) memcpy(&first->values[i * V], &logits[i * Vp], V * sizeof(float));
+                size_t rows = (size_t)m->B * m->T;
+                if (dump && act.micro == 0 && par->grid.dp_rank == 0) {
+                    dump_keep_logits(dump, download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows), rows, sl.vocab_real,
+                                     sl.vocab_rows);
                 }
                 // the optimised loss is the mean over all tokens of the step, all ranks together:
                 // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
                 float micro_loss = gpt2_classifier(m, 1.0f / (float)plan.total_batch_tokens, true);
-                if (first && act.micro == 0) first->loss = micro_loss;
+                if (dump && act.micro == 0) dump->loss = micro_loss;
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
             } else {
@@ -776,7 +645,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
-            gpt2_backward(m, act.micro == mb - 1 ? &par->dp : nullptr);  // the last one also starts the reduction
+            gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
             if (!sl.first_stage) {
                 pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, stage - 1, pipe_tag_gradient(act.micro), m->slot,
                           m->stream);
@@ -805,7 +674,7 @@ static void finish_pipeline_gradients(GPT2* m, Parallel* par) {
     size_t n = (size_t)sl.vocab_rows * m->config.channels;
     pipe_tied_gradient(&par->pipe, sl.first_stage, sl.last_stage, m->g[WTE], B_<floatX>(m, GB_LENT_WTE_GRAD),
                        B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
-    unit_grads_done(m, &par->dp, ends_unit(sl.num_layers));
+    unit_grads_done(m, true, ends_unit(sl.num_layers));
 }
 
 // A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
@@ -906,31 +775,6 @@ static void write_params_file(GPT2* m, const std::string& path) {
     }
 }
 
-// A checkpoint of N ranks, as the CPU trainer writes it: rank 0 makes "<ckpt>.tmp" and writes
-// model.bin (the bf16 weights, bit for bit: a resumed run continues from exactly these); the optimizer
-// state with the fp32 master weights goes to state.bin (ZeRO-0: rank 0 holds all of it) or to one
-// state_rank<r>.bin per rank (ZeRO-1: each its shard); when every rank has written, rank 0 renames
-// the directory into place.
-static void save_checkpoint(GPT2* m, DataParallel* dp, const RunPlan& plan, const TrainOptions& o, int step,
-                            const DataLoader& train, uint64_t sampler_rng) {
-    bool leader = dp->comm->rank == 0;
-    auto barrier = [&](const char* what) { gpu_comm_barrier(dp->gpu, what); };
-    std::string tmp = open_checkpoint_together(o.out_dir, step, dp->comm->rank, barrier);
-    size_t P = m->layout.total, count = dp->updated.size();
-    if (leader) write_params_file(m, tmp + "/model.bin");
-    if (leader || dp->zero_stage == 1) {
-        TrainState s;
-        s.header = train_state_header(step, P, dp->updated, dp->comm->rank, dp->comm->world_size, dp->zero_stage, plan,
-                                      sampler_rng, train.pos);
-        s.header.has_master_weights = m->shape.master_weights ? 1 : 0;
-        s.m = download_floats(B_<float>(m, GB_ADAM_M), count);
-        s.v = download_floats(B_<float>(m, GB_ADAM_V), count);
-        if (m->shape.master_weights) s.master = download_floats(B_<float>(m, GB_MASTER), count);
-        write_train_state(tmp + "/" + state_file_name(dp->zero_stage, dp->comm->rank), s);
-    }
-    publish_checkpoint_together(o.out_dir, step, dp->comm->rank, barrier);
-}
-
 // The bf16 weights this rank holds, widened, as runs of the model in global coordinates (its slice,
 // or at ZeRO-3 its shards; in a pipeline's last stage also its copy of wte): what model.bin and the
 // dumps collect, and what lets rank 0 check that every copy of an element is the same.
@@ -960,15 +804,18 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
     return all;
 }
 
-// A checkpoint of a grid (the CPU trainer's protocol and files, in global coordinates, so any grid
-// reads it, the CPU trainer's too):
-//   state_rank<r>.bin   rank r's m, v and fp32 master weights (the bf16 weights widened, without
-//                       master weights) for the elements it writes (zero_state_runs), as runs
+// A checkpoint (the CPU trainer's protocol and files, in global coordinates, so any grid reads it,
+// the CPU trainer's too). Rank 0 makes "<ckpt>.tmp"; when every rank has written, it renames the
+// directory into place:
+//   state.bin           one rank held all the optimizer state (one rank, or data parallelism with
+//                       ZeRO-0): rank 0's m, v and fp32 master weights
+//   state_rank<r>.bin   otherwise rank r's m, v and fp32 master weights (the bf16 weights widened,
+//                       without master weights) for the elements it writes (zero_state_runs)
 //   model.bin           the bf16 weights, bit for bit: written by rank 0 when it holds them all
-//                       (data parallelism, ZeRO-2), else collected from every rank
+//                       (data parallelism, ZeRO-0..2), else collected from every rank
 // On the same grid a resumed run reads back exactly these: bit-exact.
-static void save_grid_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const TrainOptions& o, int step,
-                                 const DataLoader& train, uint64_t sampler_rng) {
+static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const TrainOptions& o, int step,
+                            const DataLoader& train, uint64_t sampler_rng) {
     const ProcessGrid& g = par->grid;
     bool leader = g.rank == 0;
     bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
@@ -1012,11 +859,12 @@ static std::vector<WantedRun> wanted_state(const std::vector<StateRun>& runs) {
     return out;
 }
 
-// On a grid: this rank's weights, master weights and AdamW state, each element at its place
-// (zero_weight_runs, zero_state_runs), from the counter-based initialisation (every grid starts from
-// the one-rank weights), a model file, or a checkpoint (model.bin's bf16 weights, the state files'
-// master weights and moments). Returns the checkpoint's header (step 0 when not resuming).
-static TrainStateHeader load_grid_state(GPT2* m, const TrainOptions& o, const std::string& resume_dir, bool new_model) {
+// This rank's weights, master weights and AdamW state, each element at its place (zero_weight_runs,
+// zero_state_runs), from the counter-based initialisation (every grid starts from the one-rank
+// weights), a model file, or a checkpoint written by any grid (model.bin's bf16 weights, the state
+// files' master weights and moments: resharding). Returns the checkpoint's header (step 0 when not
+// resuming).
+static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::string& resume_dir, bool new_model) {
     const GPT2Config& cfg = m->config;
     std::vector<SliceRun> slice = slice_runs(cfg, m->slice);
     std::vector<float> weights(m->table[GB_PARAMS].elements, 0.0f);  // in GB_PARAMS's order; padding stays zero
@@ -1029,6 +877,7 @@ static TrainStateHeader load_grid_state(GPT2* m, const TrainOptions& o, const st
         read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full);
         for (const StateRun& r : weight_runs) memcpy(weights.data() + r.weight_at, full.data() + r.global, r.count * sizeof(float));
     }
+    if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
     size_t opt = m->table[GB_ADAM_M].elements;
@@ -1055,55 +904,33 @@ static TrainStateHeader load_grid_state(GPT2* m, const TrainOptions& o, const st
 }
 
 // ==============================================================================================
-// --dump-state on a grid: rank 0 collects every rank's elements in global coordinates (and checks
-// that every copy of an element, on every rank that holds one, is the same to the bit).
+// One step
 
-// The weights after the last step: the fp32 master weights (every element from the ranks that keep
-// its state; tensor ranks keep replicas of the LayerNorms, which must agree), or without master
-// weights the bf16 weights; and in either case the bf16 weights of every rank, with a pipeline's
-// copy of wte, checked for identical copies.
-static std::vector<float> gather_final_weights(GPT2* m, Parallel* par) {
-    std::vector<float> bf16 = gather_bf16_weights(m, par, true);
-    if (!m->shape.master_weights) return bf16;
-    std::vector<GlobalRun> runs;
-    std::vector<float> values, all;
-    std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
-    for (const StateRun& r : zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), false)) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), master.begin() + r.state_at, master.begin() + r.state_at + r.count);
+// Optimizer step `step` (from 1) on every rank: the passes of its micro-batches, the gradient sums
+// and norm, and AdamW at `lr` unless step_is_sound finds the step bad. Returns the step's mean loss:
+// every rank saw as many tokens, so it is the mean of the data-parallel ranks' means (the last
+// stage's, one tensor rank of each). With `dump` (--dump-state, when dump->on) the first step's
+// logits, loss and gradient are collected.
+static double train_step(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o, int step,
+                         float lr, BadSteps* bad_steps, GpuDump* dump, float* norm) {
+    const ProcessGrid& grid = par->grid;
+    if (dump && !dump->on) dump = nullptr;
+    CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
+    if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
+    double loss = forward_backward(m, par, train, plan, step, dump);
+    if (grid.pp > 1) finish_pipeline_gradients(m, par);
+    bool reports = m->slice.last_stage && grid.tp_rank == 0;
+    loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    *norm = reduce_gradients(m, &par->world_gpu);
+    if (dump) {
+        dump_first_step(dump, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
+                        reports && grid.dp_rank == 0, download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements));
     }
-    gather_to_rank0(&par->world, runs, values, &all, param_layout(m->config).total, "collecting the master weights");
-    return all;
-}
-
-// The summed (unclipped) gradient of the first step: where each rank's AdamW reads it (ZeRO-0: the
-// whole flat array; ZeRO-1: its shard of it; ZeRO-2/3: its gradient shards).
-static std::vector<float> gather_gradients(GPT2* m, Parallel* par) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values, all;
-    std::vector<float> grads = download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements);
-    bool shards = m->zero.plan.stage >= 2;
-    for (const StateRun& r : zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), false)) {
-        size_t at = shards ? r.state_at : r.weight_at;
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), grads.begin() + at, grads.begin() + at + r.count);
+    if (step_is_sound(bad_steps, step, loss, *norm, o.max_bad_steps, grid.rank == 0)) {
+        optimizer_step(m, o, lr, step, *norm);
+        if (grid.pp > 1) share_tied_weights(m, par);
     }
-    gather_to_rank0(&par->world, runs, values, &all, param_layout(m->config).total, "collecting the gradients");
-    return all;
-}
-
-// The first micro-batch's logits [B*T, V]: the last stage's tensor ranks of data-parallel rank 0 hold
-// its columns.
-static std::vector<float> gather_logits(GPT2* m, Parallel* par, const std::vector<float>& mine) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> all;
-    const ModelSlice& s = m->slice;
-    size_t V = m->config.vocab_size, rows = (size_t)m->B * m->T;
-    bool holds = s.last_stage && par->grid.dp_rank == 0;
-    if (holds)
-        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + s.vocab_begin, (size_t)s.vocab_real});
-    gather_to_rank0(&par->world, runs, holds ? mine : std::vector<float>(), &all, rows * V, "collecting the logits");
-    return all;
+    return loss;
 }
 
 // ==============================================================================================
@@ -1114,6 +941,183 @@ static void check_gpu_shape(const GPT2Config& cfg) {
         fail("the GPU trainer needs channels and head size divisible by 8 (16-byte vector loads); this model has "
              "C=%d, head size %d. Use the CPU trainer for this shape", cfg.channels, cfg.channels / cfg.num_heads);
     }
+}
+
+// The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/process_grid.h). A grid
+// this model or batch cannot use stops here, on every rank, before any GPU is touched.
+static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
+    const ProcessGrid& grid = par->grid;
+    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
+    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    if (!why.empty()) grid_usage_fail(&par->world, why);
+    if (par->model_parallel) comm_require_mpi(&par->world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
+    if (!o.dump_state.empty()) comm_require_mpi(&par->world, "--dump-state");
+}
+
+// Which GPU is mine, and how the ranks talk (NCCL, or host staging when several share one GPU): the
+// world and, beyond data parallelism, each group. With one process all of this is a no-op.
+static void connect_gpus(Parallel* par) {
+    int devices = 0;
+    cudaError_t probe = cudaGetDeviceCount(&devices);
+    if (probe != cudaSuccess || devices == 0) {
+        fail("no CUDA GPU is available (%s). Use ./train_gpt_cpu, which takes the same flags",
+             probe != cudaSuccess ? cudaGetErrorString(probe) : "cudaGetDeviceCount found none");
+    }
+    gpu_comm_init(&par->world_gpu, &par->world);  // also makes this rank's GPU the current device
+    const ProcessGrid& grid = par->grid;
+    par->data = &par->world;  // data parallelism alone: the data group is the world (the tensor group, comms.tp, one rank)
+    par->data_on_gpu = &par->world_gpu;
+    if (!par->groups) return;
+    // each group: an MPI communicator and its NCCL (or host-staged) twin
+    grid_comms_init(&par->comms, par->world, grid);
+    gpu_comm_init_group(&par->data_gpu, &par->world_gpu, &par->comms.dp, grid_group_color(grid, DATA_GROUP), grid.dp_rank,
+                        "creating the data-parallel groups on the GPU");
+    gpu_comm_init_group(&par->tensor_gpu, &par->world_gpu, &par->comms.tp, grid_group_color(grid, TENSOR_GROUP), grid.tp_rank,
+                        "creating the tensor-parallel groups on the GPU");
+    gpu_comm_init_group(&par->pipe_gpu, &par->world_gpu, &par->comms.pp, grid_group_color(grid, PIPELINE_GROUP), grid.pp_rank,
+                        "creating the pipeline groups on the GPU");
+    par->data = &par->comms.dp;
+    par->data_on_gpu = &par->data_gpu;
+}
+
+// Micro-batches whose activations this rank keeps at once (1, or more in a pipeline), after checking
+// that a batch of that shape fits: a batch that cannot stops here, before the data is read or
+// anything allocated.
+static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const Parallel& par, bool master_weights,
+                            bool simple_attention) {
+    const ProcessGrid& grid = par.grid;
+    int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
+    RunPlan shape = plan_run(o, cfg, grid.dp, 0);
+    int in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
+    fail_unless_fits(gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
+                                   grid, in_flight));
+    return in_flight;
+}
+
+// The model's buffers and the state of every hook, for micro-batches of (B, T), `in_flight` at once.
+// cuDNN's workspace is known only once its plans exist, so they are built first (they need no
+// buffers); a cuDNN that is missing or has no engine for this GPU or shape costs speed, not the run.
+static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int T, int in_flight, const TrainOptions& o,
+                       bool master_weights, bool* simple_attention) {
+    const ProcessGrid& grid = par->grid;
+    m->config = cfg;
+    m->slice = model_slice(cfg, grid);
+    m->layout = slice_layout(cfg, m->slice);
+    m->B = B;
+    m->T = T;
+    m->slots = in_flight;
+    m->buckets.assign((size_t)in_flight, 0);
+    m->pipelined = grid.pp > 1;
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    size_t cudnn_workspace_bytes = 0;
+    std::string cudnn_refused;
+    if (!*simple_attention && !cudnn_attention_setup(&m->attention.cudnn, B, T, m->slice.attn_channels, m->slice.heads,
+                                                     &cudnn_workspace_bytes, &cudnn_refused)) {
+        if (grid.rank == 0) printf("cuDNN attention unavailable (%s): using --attention simple\n", cudnn_refused.c_str());
+        *simple_attention = true;
+    }
+    m->attention.use_cudnn = !*simple_attention;
+    m->shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, *simple_attention, (int)sizeof(floatX), grid, in_flight);
+    m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
+    m->table = gpu_buffer_table(m->shape);
+    gpt2_allocate(m);
+    matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
+    if (*simple_attention) {
+        attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
+        m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
+        m->attention.dqkv_scratch = B_<floatX>(m, GB_ATT_DQKV);
+        m->attention.o_scratch = B_<floatX>(m, GB_ATT_O);
+        m->attention.scores = B_<floatX>(m, GB_ATT_SCORES);
+    } else {
+        m->attention.cudnn.workspace = m->buf[GB_CUDNN_WORKSPACE];
+        m->attention.cudnn.workspace_bytes = m->table[GB_CUDNN_WORKSPACE].bytes();
+        m->attention.cudnn.softmax_sum = B_<float>(m, GB_ATT_SOFTMAX_SUM);
+    }
+    size_t BT = (size_t)B * T;
+    CUDA_CHECK(cudaMallocHost(&m->host_inputs, BT * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&m->host_targets, BT * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * sizeof(float)));
+    // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
+    tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
+                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
+    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
+    zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
+                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
+                  B_<floatX>(m, GB_ZERO_REDUCED));
+    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
+}
+
+// What rank 0 says before the first step: the device, the model, precision, batch, ranks, data and
+// the buffer table.
+static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o, const RunPlan& plan, const DataLoader& train,
+                             const DataLoader* val, const std::string& model_source, bool simple_attention, double peak_tflops) {
+    const ProcessGrid& grid = par.grid;
+    const Comm& comm = par.world;
+    const GPT2Config& cfg = m->config;
+    size_t P = param_layout(cfg).total;
+    cudaDeviceProp props;
+    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
+    printf("device: %s, %s, compute capability %d.%d; %s\n", props.name, format_bytes((double)m->memory_total).c_str(),
+           props.major, props.minor, peak_tflops > 0 ? strprintf("%.0f TFLOP/s dense bf16 peak", peak_tflops).c_str()
+                                                     : "unknown GPU: no MFU reported");
+    printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
+    printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_IS_FP32 ? "fp32" : "bf16",
+           m->shape.master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
+    printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps\n", plan.B, plan.T,
+           grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps,
+           plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps);
+    const char* link = par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL";
+    const Zero& z = m->zero.plan;
+    if (comm.world_size > 1 && !par.groups && grid.zero_stage <= 1) {
+        printf("ranks: %d (%s, %d on this node; %s), ZeRO-%d: each rank updates %zu of %zu parameters%s\n",
+               comm.world_size, comm.launcher.c_str(), comm.local_size, link, z.stage, z.updated.size(), P,
+               z.stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", z.shards.shard_size, z.shards.padded_total).c_str()
+                            : "");
+    } else if (comm.world_size > 1) {
+        printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
+               comm.world_size, comm.launcher.c_str(), comm.local_size, link, describe_grid(grid).c_str(), m->layout.total, P,
+               grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", m->table[GB_ADAM_M].elements);
+    }
+    if (grid.pp > 1) {
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
+    }
+    printf("%s", describe_data(train, val, o.eval_only).c_str());
+    print_gpu_buffer_table(m->table);
+}
+
+// The pipeline's bubble, predicted and measured over the run (the first stage's schedule, which
+// starts first and finishes last, is the step's pipeline time).
+static void report_bubble(Parallel* par, int steps) {
+    const ProcessGrid& grid = par->grid;
+    std::vector<double> busy = gpu_comm_gather(&par->world_gpu, par->pipe.busy_seconds, "collecting the busy times");
+    std::vector<double> span = gpu_comm_gather(&par->world_gpu, par->pipe.schedule_seconds, "collecting the schedule times");
+    if (grid.rank != 0) return;
+    printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
+           "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
+    for (int stage = 0; stage < grid.pp; stage++) printf(" %.1f%%", 100.0 * (1.0 - busy[(size_t)grid_rank(grid, 0, 0, stage)] / span[0]));
+    printf("\n");
+}
+
+// The memory the run took: the peak against the buffer table (what --estimate predicts), and the
+// same in bytes for scripts/measure_memory.py.
+static void report_memory(GPT2* m, size_t peak_used) {
+    size_t table = gpu_buffer_total(m->table), used_before = m->memory_used_before;
+    printf("GPU memory: peak %s in use (buffer table %s; %s in use before allocation)\n", format_bytes((double)peak_used).c_str(),
+           format_bytes((double)table).c_str(), format_bytes((double)used_before).c_str());
+    printf("GPU memory bytes: table %zu, in use before allocation %zu, peak in use %zu, peak minus before %zu\n", table,
+           used_before, peak_used, peak_used - used_before);
+}
+
+static void release_all(GPT2* m, Parallel* par) {
+    gpt2_free(m);
+    if (par->grid.pp > 1) pipe_gpu_destroy(&par->pipe);
+    if (par->groups) {
+        for (GpuComm* g : {&par->pipe_gpu, &par->tensor_gpu, &par->data_gpu}) gpu_comm_finalize(g);
+    }
+    gpu_comm_finalize(&par->world_gpu);
+    comm_finalize(&par->world);
 }
 
 int main(int argc, char** argv) {
@@ -1132,8 +1136,7 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // ---- the ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/process_grid.h).
-    // A grid this model or batch cannot use stops here, on every rank, before any GPU is touched.
+    // ---- the ranks and the grid (one rank: the grid 1 x 1 x 1), then the GPUs
     Parallel par;
     comm_init(&par.world, o.comm_timeout);
     const Comm& comm = par.world;
@@ -1145,66 +1148,14 @@ int main(int argc, char** argv) {
     parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
     par.groups = grid.tp > 1 || grid.pp > 1;
     par.model_parallel = par.groups || grid.zero_stage == 3;
-    par.flat_state = !par.groups && grid.zero_stage <= 1;
     std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
-    {
-        RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
-        // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-        why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
-        if (!why.empty()) grid_usage_fail(&par.world, why);
-    }
-    if (par.model_parallel) comm_require_mpi(&par.world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
-
-    // ---- which GPU is mine, and how the ranks talk (NCCL, or host staging when several share one
-    // GPU). With one process all of this is a no-op.
-    int devices = 0;
-    cudaError_t probe = cudaGetDeviceCount(&devices);
-    if (probe != cudaSuccess || devices == 0) {
-        fail("no CUDA GPU is available (%s). Use ./train_gpt_cpu, which takes the same flags",
-             probe != cudaSuccess ? cudaGetErrorString(probe) : "cudaGetDeviceCount found none");
-    }
-    gpu_comm_init(&par.world_gpu, &par.world);  // also makes this rank's GPU the current device
-    DataParallel& dp = par.dp;
-    if (par.groups) {  // each group: an MPI communicator and its NCCL (or host-staged) twin
-        grid_comms_init(&par.comms, par.world, grid);
-        gpu_comm_init_group(&par.data_gpu, &par.world_gpu, &par.comms.dp, grid_group_color(grid, DATA_GROUP), grid.dp_rank,
-                            "creating the data-parallel groups on the GPU");
-        gpu_comm_init_group(&par.tensor_gpu, &par.world_gpu, &par.comms.tp, grid_group_color(grid, TENSOR_GROUP), grid.tp_rank,
-                            "creating the tensor-parallel groups on the GPU");
-        gpu_comm_init_group(&par.pipe_gpu, &par.world_gpu, &par.comms.pp, grid_group_color(grid, PIPELINE_GROUP),
-                            grid.pp_rank, "creating the pipeline groups on the GPU");
-        dp.comm = &par.comms.dp;
-        dp.gpu = &par.data_gpu;
-    } else {  // data parallelism alone: the data group is the world (and the tensor group par.comms.tp one rank)
-        dp.comm = &par.world;
-        dp.gpu = &par.world_gpu;
-    }
-    dp.world = &par.world_gpu;
-    cudaDeviceProp props;
-    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
-
-    // ---- the model: this rank's slice of it, from a checkpoint, a model file, or a descriptor
-    ModelSlice slice = model_slice(cfg, grid);
-    std::vector<float> host_params;  // data parallelism: the whole model, fp32, on every rank
-    if (par.flat_state) {
-        model_source = load_initial_model(o, resume_dir, &cfg, &host_params);
-        check_same_weights(&dp, host_params);
-    }
+    start_grid(o, cfg, &par);
+    connect_gpus(&par);
     check_gpu_shape(cfg);
-    ParamLayout layout = slice_layout(cfg, slice);
-    data_parallel_setup(&dp, layout, slice.num_layers, o.zero_stage);
-    int in_flight = 1;  // micro-batches whose activations this rank keeps at once (pipelines: more)
-    {   // a batch that cannot fit stops here, before the data is read or anything allocated
-        int T_early = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-        RunPlan shape = plan_run(o, cfg, grid.dp, 0);
-        in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
-        GPURunShape early = gpu_run_shape(cfg, o.batch_size, T_early, o.recompute, master_weights, simple_attention,
-                                          (int)sizeof(floatX), grid, in_flight);
-        fail_unless_fits(early);
-    }
+    int in_flight = check_batch_fits(o, cfg, par, master_weights, simple_attention);
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
@@ -1220,139 +1171,31 @@ int main(int argc, char** argv) {
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
     par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
 
-    // ---- the buffers: sized from the table, checked against free memory, then allocated
+    // ---- the buffers, sized from the table and checked against free memory; then the state: this
+    // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed
     GPT2 model;
     GPT2* m = &model;
-    m->config = cfg;
-    m->slice = slice;
-    m->layout = layout;
-    m->B = B;
-    m->T = T;
-    m->slots = in_flight;
-    m->buckets.assign((size_t)in_flight, 0);
-    m->pipelined = grid.pp > 1;
-    CUDA_CHECK(cudaStreamCreate(&m->stream));
-    // cuDNN's workspace is known only once its plans exist: build them first (needs no buffers). A
-    // cuDNN that is missing or has no engine for this GPU or shape costs speed, not the run.
-    size_t cudnn_workspace_bytes = 0;
-    std::string cudnn_refused;
-    if (!simple_attention && !cudnn_attention_setup(&m->attention.cudnn, B, T, slice.attn_channels, slice.heads,
-                                                    &cudnn_workspace_bytes, &cudnn_refused)) {
-        if (leader) printf("cuDNN attention unavailable (%s): using --attention simple\n", cudnn_refused.c_str());
-        simple_attention = true;
-    }
-    m->attention.use_cudnn = !simple_attention;
-    GPURunShape& shape = m->shape;
-    shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
-    shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
-    m->table = gpu_buffer_table(shape);
-    size_t free_before = 0, total_memory = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_before, &total_memory));
-    gpt2_allocate(m);
-    matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
-    if (simple_attention) {
-        attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
-        m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
-        m->attention.dqkv_scratch = B_<floatX>(m, GB_ATT_DQKV);
-        m->attention.o_scratch = B_<floatX>(m, GB_ATT_O);
-        m->attention.scores = B_<floatX>(m, GB_ATT_SCORES);
-    } else {
-        m->attention.cudnn.workspace = m->buf[GB_CUDNN_WORKSPACE];
-        m->attention.cudnn.workspace_bytes = m->table[GB_CUDNN_WORKSPACE].bytes();
-        m->attention.cudnn.softmax_sum = B_<float>(m, GB_ATT_SOFTMAX_SUM);
-    }
-    size_t BT = (size_t)B * T;
-    CUDA_CHECK(cudaMallocHost(&m->host_inputs, BT * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&m->host_targets, BT * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * sizeof(float)));
-    // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
-    tp_gpu_init(&m->tp, &par.comms.tp, par.groups ? &par.tensor_gpu : nullptr, grid.sequence_parallel,
-                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
-    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
-    zero_gpu_init(&m->zero, grid.zero_stage, dp.comm, dp.gpu, grid, slice, layout, B_<floatX>(m, GB_PARAMS),
-                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
-                  B_<floatX>(m, GB_ZERO_REDUCED));
-    if (grid.pp > 1) pipe_gpu_init(&par.pipe, &par.pipe_gpu, grid.pp_rank, grid.pp, par.schedule, in_flight);
-
-    // ---- the state: bf16 parameters (rounded from fp32; the padding past the last tensor stays zero),
-    // and for the parameters this rank updates, fp32 master weights and AdamW's moments
-    size_t P = m->layout.total, count = dp.updated.size();
+    gpt2_build(m, &par, cfg, B, T, in_flight, o, master_weights, &simple_attention);
+    const ModelSlice& slice = m->slice;
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    int first_step = 0;
-    TrainStateHeader resumed;
-    if (par.flat_state) {
-        CUDA_CHECK(cudaMemset(m->buf[GB_PARAMS], 0, m->table[GB_PARAMS].bytes()));
-        upload_rounded(B_<floatX>(m, GB_PARAMS), host_params.data(), P);
-        std::vector<float> adam_m(count, 0.0f), adam_v(count, 0.0f);
-        // the master weights start as the fp32 values loaded (a v3 file's or a fresh init's full precision)
-        std::vector<float> master(host_params.begin() + dp.updated.begin, host_params.begin() + dp.updated.end);
-        if (!resume_dir.empty()) {
-            // each rank reads the state of the parameters it updates, from whichever files hold it (any
-            // world size, any ZeRO stage: resharding), master weights included when the checkpoint has them
-            resumed = read_optimizer_state(resume_dir, P, dp.updated, adam_m.data(), adam_v.data(),
-                                           master_weights ? master.data() : nullptr);
-            check_resume_state(resumed, resume_dir, P, plan, true);
-            if (master_weights && !resumed.has_master_weights && leader) {
-                printf("note: the checkpoint has no fp32 master weights; starting them from model.bin's weights\n");
-            }
-            first_step = (int)resumed.step;
-            sampler_rng = resumed.sampler_rng;
-            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
-        }
-        if (count > 0) {  // (with more ranks than shards of parameters, a ZeRO-1 rank may own none)
-            CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-            if (master_weights) CUDA_CHECK(cudaMemcpy(m->buf[GB_MASTER], master.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-        }
-        host_params = std::vector<float>();
-    } else {  // a grid: every rank its own elements, in global coordinates
-        resumed = load_grid_state(m, o, resume_dir, new_model);
-        if (!resume_dir.empty()) {
-            check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
-            first_step = (int)resumed.step;
-            sampler_rng = resumed.sampler_rng;
-            if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
-        }
-        if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
-        P = param_layout(cfg).total;
+    TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
+    int first_step = (int)resumed.step;
+    if (!resume_dir.empty()) {
+        check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
+        sampler_rng = resumed.sampler_rng;
+        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
     }
+    if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
+    cudaDeviceProp props;
+    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
     double peak_tflops = gpu_peak_bf16_tflops(props.name);
     if (leader) {
-        printf("device: %s, %s, compute capability %d.%d; %s\n", props.name, format_bytes((double)total_memory).c_str(),
-               props.major, props.minor, peak_tflops > 0 ? strprintf("%.0f TFLOP/s dense bf16 peak", peak_tflops).c_str()
-                                                         : "unknown GPU: no MFU reported");
-        printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
-        printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_IS_FP32 ? "fp32" : "bf16",
-               master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
-        printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps\n", B, T,
-               grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps,
-               plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps);
-        if (comm.world_size > 1 && !par.groups && grid.zero_stage <= 1) {
-            printf("ranks: %d (%s, %d on this node; %s), ZeRO-%d: each rank updates %zu of %zu parameters%s\n",
-                   comm.world_size, comm.launcher.c_str(), comm.local_size,
-                   par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
-                   dp.zero_stage, dp.updated.size(), P,
-                   dp.zero_stage == 1 ? strprintf(" (shards of %zu, padded total %zu)", dp.shards.shard_size,
-                                                  dp.shards.padded_total).c_str() : "");
-        } else if (comm.world_size > 1) {
-            printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
-                   comm.world_size, comm.launcher.c_str(), comm.local_size,
-                   par.world_gpu.host_staged ? "host-staged: ranks share a GPU, collectives go through MPI" : "NCCL",
-                   describe_grid(grid).c_str(), m->layout.total, P, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "",
-                   m->table[GB_ADAM_M].elements);
-        }
-        if (grid.pp > 1) {
-            printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
-        }
-        printf("%s", describe_data(train, have_val ? &val : nullptr, o.eval_only).c_str());
-        print_gpu_buffer_table(m->table);
+        print_run_header(m, par, o, plan, train, have_val ? &val : nullptr, model_source, simple_attention, peak_tflops);
         if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0) printf("%s", describe_reshard(resumed, comm.world_size, dp.zero_stage, grid.tp, grid.pp).c_str());
+        if (first_step > 0) printf("%s", describe_reshard(resumed, comm.world_size, grid.zero_stage, grid.tp, grid.pp).c_str());
     }
-
     size_t peak_used = 0;
     auto track_memory = [&]() {
         size_t free_now = 0, total_now = 0;
@@ -1370,7 +1213,7 @@ int main(int argc, char** argv) {
     // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a grid
     // whose forward pass spans ranks, every rank takes part in every forward pass and the last
     // stage's tensor rank 0 of data-parallel rank 0 reports.
-    std::vector<float> no_losses(BT, 0.0f);  // what a stage without the head scores with (unused)
+    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
     auto run_hellaswag = [&](int step) {
         bool split = !par.model_parallel;
         HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, true, split ? comm.rank : 0, split ? comm.world_size : 1,
@@ -1383,9 +1226,8 @@ int main(int argc, char** argv) {
             *count = (int64_t)gpu_comm_sum(&par.world_gpu, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
         if (leader) report_hellaswag(&mlog, step, r);
     };
-    bool dumping = !o.dump_state.empty();
-    DumpState dump;
-    FirstLogits first_logits;
+    GpuDump dump;
+    dump.on = !o.dump_state.empty();
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     BadSteps bad_steps;
     for (int step = first_step; step < plan.steps; step++) {
@@ -1399,39 +1241,11 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
-        CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
-        if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
-        bool dump_now = dumping && step == first_step;
-        double step_loss = forward_backward(m, &par, &train, plan, step + 1, dump_now ? &first_logits : nullptr);
-        if (grid.pp > 1) finish_pipeline_gradients(m, &par);
-        // every rank saw as many tokens, so the step's mean loss is the mean of the data-parallel
-        // ranks' means (the last stage's, one tensor rank of each)
-        bool reports = slice.last_stage && grid.tp_rank == 0;
-        step_loss = gpu_comm_sum(&par.world_gpu, reports ? step_loss : 0.0, "sum of the losses") / grid.dp;
-        bool dump_grads = dumping && step == first_step;
-        float norm = reduce_gradients(m, &dp, dp.zero_stage == 0 || (dump_grads && par.flat_state));
-        if (dump_now) {  // the first step's logits, loss and (summed, unclipped) gradient, on rank 0
-            if (par.flat_state) {
-                if (leader) {
-                    dump.logits = first_logits.values;
-                    dump.loss = first_logits.loss;
-                    dump.grads = download_as_float(B_<floatX>(m, GB_GRADS), P);
-                }
-            } else {
-                dump.logits = gather_logits(m, &par, first_logits.values);
-                dump.loss = (float)gpu_comm_sum(&par.world_gpu, reports && grid.dp_rank == 0 ? first_logits.loss : 0.0,
-                                                "the first loss");
-                dump.grads = gather_gradients(m, &par);
-            }
-        }
-        float lr = learning_rate(plan.schedule, step);
-        if (step_is_sound(&bad_steps, step + 1, step_loss, norm, o.max_bad_steps, leader)) {
-            optimizer_step(m, &dp, o, lr, step + 1, norm);
-            if (grid.pp > 1) share_tied_weights(m, &par);
-        }
+        float norm = 0.0f, lr = learning_rate(plan.schedule, step);
+        double step_loss = train_step(m, &par, &train, plan, o, step + 1, lr, &bad_steps, step == first_step ? &dump : nullptr, &norm);
         double seconds = seconds_since(start);
         if (step == first_step) track_memory();  // after the first step every library has what it wants
-        if (dumping) dump.losses.push_back((float)step_loss);
+        dump_step_loss(&dump, step_loss);
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
             print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, mfu,
@@ -1440,8 +1254,7 @@ int main(int argc, char** argv) {
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
-            if (par.flat_state) save_checkpoint(m, &dp, plan, o, step + 1, train, sampler_rng);
-            else save_grid_checkpoint(m, &par, plan, o, step + 1, train, sampler_rng);
+            save_checkpoint(m, &par, plan, o, step + 1, train, sampler_rng);
         }
     }
     if (have_val) {
@@ -1451,45 +1264,16 @@ int main(int argc, char** argv) {
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (evaluator && o.sample_every > 0) print_sample(m, &par, o, decoder, &sampler_rng);
     track_memory();
-    if (grid.pp > 1 && plan.steps > first_step) {
-        // the step's pipeline time: the first stage's schedule, which starts first and finishes last
-        std::vector<double> busy = gpu_comm_gather(&par.world_gpu, par.pipe.busy_seconds, "collecting the busy times");
-        std::vector<double> span = gpu_comm_gather(&par.world_gpu, par.pipe.schedule_seconds, "collecting the schedule times");
-        if (leader) {
-            printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-                   "schedule in which each stage was not computing:", 100.0 * par.predicted_bubble, plan.steps - first_step);
-            for (int stage = 0; stage < grid.pp; stage++)
-                printf(" %.1f%%", 100.0 * (1.0 - busy[(size_t)grid_rank(grid, 0, 0, stage)] / span[0]));
-            printf("\n");
-        }
-    }
-    if (leader) {
-        printf("GPU memory: peak %s in use (buffer table %s; %s in use before allocation)\n",
-               format_bytes((double)peak_used).c_str(), format_bytes((double)gpu_buffer_total(m->table)).c_str(),
-               format_bytes((double)(total_memory - free_before)).c_str());
-        // the same in bytes, for scripts/measure_memory.py: the prediction is the table (--estimate), the
-        // measurement what the device says was taken from before allocation to the peak
-        printf("GPU memory bytes: table %zu, in use before allocation %zu, peak in use %zu, peak minus before %zu\n",
-               gpu_buffer_total(m->table), total_memory - free_before, peak_used, peak_used - (total_memory - free_before));
-    }
+    if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, plan.steps - first_step);
+    if (leader) report_memory(m, peak_used);
 
-    if (dumping) {
-        // every rank takes part in the gather; rank 0 writes
-        dump.params = par.flat_state ? full_master_weights(m, &dp) : gather_final_weights(m, &par);
-        if (leader) {
-            write_dump_state(o.dump_state, dump, cfg, B, T, "gpu");
-            printf("dumped state to %s\n", o.dump_state.c_str());
-        }
+    if (dump.on) {
+        std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
+        dump_finish(&dump, &par.world, m->zero.plan, cfg, slice, gather_bf16_weights(m, &par, true),
+                    m->shape.master_weights ? &master : nullptr, o.dump_state, B, T);
     }
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
-    gpt2_free(m);
-    data_parallel_finish(&dp);
-    if (grid.pp > 1) pipe_gpu_destroy(&par.pipe);
-    if (par.groups) {
-        for (GpuComm* g : {&par.pipe_gpu, &par.tensor_gpu, &par.data_gpu}) gpu_comm_finalize(g);
-    }
-    gpu_comm_finalize(&par.world_gpu);
-    comm_finalize(&par.world);
+    release_all(m, &par);
     return 0;
 }

@@ -427,7 +427,8 @@ inline std::vector<StateRun> zero_weight_runs(const Zero& z, const std::vector<S
 // zero_state_runs(..., true)) in global order, with m and v read at each run's state position and,
 // when the header says it has them, the weights at its weight position, or with weights_at_state at
 // its state position (the GPU's fp32 master weights sit beside m and v). The header (from
-// train_state_header) gets the grid. One run or none is written as the plain slice of version 1.
+// train_state_header) gets the grid. Runs that continue each other are one entry of the table, and
+// one run or none (a ZeRO-0 or ZeRO-1 rank's whole range) is written as the plain slice of version 1.
 inline void zero_fill_state(TrainState* s, const ProcessGrid& g, std::vector<StateRun> runs, const float* m, const float* v,
                             const float* weights, bool weights_at_state) {
     std::sort(runs.begin(), runs.end(), [](const StateRun& a, const StateRun& b) { return a.global < b.global; });
@@ -435,20 +436,25 @@ inline void zero_fill_state(TrainState* s, const ProcessGrid& g, std::vector<Sta
     s->header.pipeline_parallel = g.pp;
     s->header.sequence_parallel = g.sequence_parallel;
     for (const StateRun& r : runs) {
-        s->runs.push_back((int64_t)r.global);
-        s->runs.push_back((int64_t)r.count);
+        size_t n = s->runs.size();
+        if (n > 0 && s->runs[n - 2] + s->runs[n - 1] == (int64_t)r.global) {
+            s->runs[n - 1] += (int64_t)r.count;
+        } else {
+            s->runs.push_back((int64_t)r.global);
+            s->runs.push_back((int64_t)r.count);
+        }
         s->m.insert(s->m.end(), m + r.state_at, m + r.state_at + r.count);
         s->v.insert(s->v.end(), v + r.state_at, v + r.state_at + r.count);
         size_t at = weights_at_state ? r.state_at : r.weight_at;
         if (s->header.has_master_weights) s->master.insert(s->master.end(), weights + at, weights + at + r.count);
     }
     s->header.shard_count = (int64_t)s->m.size();
-    if (runs.size() <= 1) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
-        s->header.shard_begin = runs.empty() ? 0 : (int64_t)runs[0].global;
+    if (s->runs.size() <= 2) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
+        s->header.shard_begin = s->runs.empty() ? 0 : s->runs[0];
         s->runs.clear();
     } else {
         s->header.has_run_table = 1;
-        s->header.num_runs = (int64_t)runs.size();
+        s->header.num_runs = (int64_t)(s->runs.size() / 2);
     }
 }
 

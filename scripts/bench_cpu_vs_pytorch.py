@@ -12,8 +12,10 @@ the trainer is faster.
 
 How close each comes to the machine: the step's flops (6 N + 6 L C T per token, N parameters, the
 classifier's matmul included) over its time, as a share of an SGEMM ceiling measured in the same
-run (torch.mm at 2048^3, the BLAS PyTorch links, median of 5): a shared machine changes speed from
-minute to minute, so only rates measured side by side compare.
+run (torch.mm at 2048^3, the BLAS PyTorch links, median of 5), once before the first shape and
+once after the last: a shared machine changes speed from minute to minute, so only rates measured
+side by side compare, and the two ceilings and the load averages printed before and after say how
+much the machine moved during the run. The shares are against the first ceiling.
 
 The PyTorch side is what a PyTorch user would run: torch's fused layer norm, GELU and
 cross-entropy kernels (--ops explicit uses the reference's formulas instead), SDPA attention when
@@ -147,6 +149,19 @@ def sgemm_ceiling(size=2048, repeats=5):
     return statistics.median(rates)
 
 
+def machine_line():
+    """The CPU's model name (lscpu's field, from /proc/cpuinfo) and the load average now."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+    except OSError:
+        load = "unknown"
+    return f"{model}, {os.cpu_count()} logical CPUs, load average {load}"
+
+
 def build_llmc(checkout, shape, total_steps, work_dir):
     """llm.c's train_gpt2.c, patched to this shape and built in work_dir; returns the binary's path."""
     source = open(os.path.join(checkout, "train_gpt2.c")).read()
@@ -208,6 +223,7 @@ def main():
     parser.add_argument("--llmc", metavar="DIR", help="also time llm.c's CPU trainer from this checkout of karpathy/llm.c")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"before: {machine_line()}", flush=True)
     ceiling = sgemm_ceiling()
 
     print(f"torch {torch.__version__}, {args.threads} threads, fp32, {args.ops} ops, "
@@ -235,6 +251,7 @@ def main():
                 ms = timer(wanted, shape, args.warmup, args.steps, args.threads, work_dir)
             line += f" | {ms:10.1f} {tokens / ms * 1000:7.0f} {peak(ms)} {torch_ms / ms:5.2f}"
         print(line, flush=True)
+    print(f"after: {machine_line()}; SGEMM ceiling now {sgemm_ceiling():.1f} GFLOP/s")
 
 
 if __name__ == "__main__":

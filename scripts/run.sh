@@ -19,16 +19,17 @@ if [[ -x ./train_gpt ]] && nvidia-smi >/dev/null 2>&1; then
         --steps 300 --lr 6e-4 --warmup-steps 30 --val-every 50 --sample-every 100 --sample-tokens 128 --top-k 40 \
         --checkpoint-every 100 --out-dir out/moby-dick-d12 "$@"
 else
-    # The small GPT: its tied 50257 x 128 embedding is 6.4M of its 7.2M parameters, so the LM head
-    # is most of each step's compute whatever the depth. Measured on Moby Dick (docs/benchmarks.md,
-    # "The main job on the CPU"): 512-token steps at LR 1e-2 (warmup, cosine decay) ended lower than
-    # 1024-token steps at 3e-3, and lower than smaller steps or a higher LR for the same tokens; 1600
-    # of them (about 3 passes over the book, 3 minutes on 2 quiet cores) reached 6.05.
+    # The small GPT: its tied 50257-row embedding is most of its parameters, and the LM head (the
+    # 50257-way classifier) most of each step's compute, in proportion to the width C. So a narrow
+    # model with more layers learns the most per second: at C=64 the head costs half of C=128's, and
+    # each extra layer costs little. Measured on Moby Dick (docs/benchmarks.md, "The main job on the
+    # CPU"), comparing configurations at equal compute: L=8, C=64 ended lower than L=4 at C=64, 128,
+    # 192 or 256, and LR 1e-2 (cosine to 0) lower than 2e-2.
     out=out/moby-dick-cpu
     echo "run: no GPU found; training a small GPT on the CPU"
-    ./train_gpt_cpu "${data[@]}" --model L=4,C=128,H=4,T=64 --batch-size 8 --seq-len 64 \
-        --steps 1600 --lr 1e-2 --warmup-steps 30 --val-every 200 --val-batches 40 \
-        --sample-every 800 --sample-tokens 64 --top-k 40 --checkpoint-every 800 --out-dir "$out" "$@"
+    ./train_gpt_cpu "${data[@]}" --model L=8,C=64,H=4,T=64 --batch-size 8 --seq-len 64 \
+        --steps 2900 --lr 1e-2 --warmup-steps 30 --val-every 500 --val-batches 40 \
+        --sample-every 1450 --sample-tokens 64 --top-k 40 --checkpoint-every 1450 --out-dir "$out" "$@"
     # the loss curve: on the terminal always, as a PNG when matplotlib is there
     python3 scripts/plot_metrics.py "$out" --terminal
     if python3 -c "import matplotlib" 2>/dev/null; then python3 scripts/plot_metrics.py "$out" -o "$out/loss.png"; fi

@@ -46,6 +46,8 @@
 #include "llmc/model.h"
 #include "llmc/pipeline_parallel.h"
 #include "llmc/process_grid.h"
+#include "llmc/recompute.h"
+#include "llmc/run.h"
 #include "llmc/sampler.h"
 #include "llmc/sharding.h"
 #include "llmc/training.h"
@@ -271,7 +273,7 @@ static void gpt2_forward(GPT2* m) {
     int B = m->B, T = m->T;
     int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
     size_t rc = (size_t)R * C;  // the residual stream's values per layer
-    bool keep_ln = m->shape.recompute < 2, keep_gelu = m->shape.recompute < 1;
+    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/recompute.h)
     bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
@@ -288,13 +290,13 @@ static void gpt2_forward(GPT2* m) {
     for (int l = 0; l < L; l++) {
         ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < L ? unit_of_layer(L, l + 1) : -1);
         floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
-        floatX* ln1 = keep_ln ? layer_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* ln1 = keep.ln ? layer_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
         floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
         floatX* atty = layer_x(m, GB_ATTY, l, (size_t)BT * Ca);
         floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
-        floatX* ln2 = keep_ln ? layer_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* ln2 = keep.ln ? layer_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
         floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
-        floatX* fch_gelu = keep_gelu ? layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
+        floatX* fch_gelu = keep.gelu ? layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
 
@@ -320,7 +322,7 @@ static void gpt2_forward(GPT2* m) {
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
         if (l + 1 < L) {
             ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
-            floatX* next_ln1 = keep_ln ? layer_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+            floatX* next_ln1 = keep.ln ? layer_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
             fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, R),
                                              layer_f(m, GB_LN1_RSTD, l + 1, R), residual2, proj, next[LN1W], next[LN1B],
                                              R, C, s);
@@ -378,7 +380,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     int B = m->B, T = m->T;
     int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
     size_t rc = (size_t)R * C;
-    bool keep_ln = m->shape.recompute < 2, keep_gelu = m->shape.recompute < 1;
+    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/recompute.h)
     bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* dresidual = A_<floatX>(m, GB_DRESIDUAL);
@@ -416,12 +418,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // recompute what was not kept, with the forward's own kernels (so, bit-identically)
         floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
-        if (!keep_gelu) {
+        if (!keep.gelu) {
             fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
             gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
         }
         floatX* ln2 = layer_x(m, GB_LN2, l, rc);
-        if (!keep_ln) {
+        if (!keep.ln) {
             ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
             layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], R, C, s);
         }
@@ -448,7 +450,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
         attention_backward(&m->attention, dbuf_3c, dbuf_c, qkv, atty, stats, att, B, T, Ca, NH, s);
         floatX* ln1 = layer_x(m, GB_LN1, l, rc);
-        if (!keep_ln) {
+        if (!keep.ln) {
             ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
             layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
         }
@@ -585,16 +587,6 @@ struct Parallel {
     double predicted_bubble = 0;               // (p-1)/(m+p-1)
 };
 
-// A grid this model or batch cannot use: every rank reaches the same verdict; rank 0 says why, and
-// every rank leaves with exit code 2 (a command-line problem).
-[[noreturn]] static void grid_usage_fail(Comm* world, const std::string& why) {
-    if (world->rank == 0) fprintf(stderr, "error: %s\n", why.c_str());
-    fflush(stderr);
-    if (world->mpi) comm_barrier(world, "stopping on a bad grid");
-    comm_finalize(world);
-    exit(EXIT_BAD_USAGE);
-}
-
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
 // elsewhere). The last backward hands the data group its units (ZeRO-0/1). With `dump`, the
@@ -707,55 +699,31 @@ static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const i
     return targets ? gpt2_classifier(m, 0.0f, false) : 0.0f;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (on rank 0, or
-// on a model-parallel grid reported by the last stage and summed over the world).
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run.h).
 static float evaluate(GPT2* m, Parallel* par, DataLoader* val, int batches) {
-    dataloader_reset(val);
-    double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(val);
-        total += pipeline_forward(m, par, val->inputs.data(), val->targets.data());
-    }
-    if (!par->model_parallel) return (float)(total / batches);
-    const ProcessGrid& g = par->grid;
-    bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
-    return (float)gpu_comm_sum(&par->world_gpu, reporter ? total / batches : 0.0, "collecting the validation loss");
+    return evaluate_loss(val, batches, par->grid, par->model_parallel,
+        [&](const int* inputs, const int* targets) { return (double)pipeline_forward(m, par, inputs, targets); },
+        [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "collecting the validation loss"); });
 }
 
-// Generates tokens after <|endoftext|>. The model runs on the full (B, T) it was sized for (one
-// cuDNN plan, no new shapes); the prefix sits at the start of row 0 and, attention being causal,
-// what follows it cannot change the logits we read. On a model-parallel grid every rank runs the
-// forward pass, the last stage's tensor ranks send their vocabulary rows of the logits to rank 0,
-// which draws the token and tells the others.
+// A sample (llmc/run.h). The model runs on the full (B, T) it was sized for (one cuDNN plan, no new
+// shapes); the window sits at the start of row 0 and, attention being causal, what follows it
+// cannot change the logits we read. On a model-parallel grid the last stage's tensor ranks send
+// their vocabulary rows of the logits to rank 0.
 static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
-    const GPT2Config& c = m->config;
     const ModelSlice& sl = m->slice;
-    int T = m->T;
-    bool leader = par->grid.rank == 0;
-    std::vector<int> tokens = {50256 < c.vocab_size ? 50256 : 0};
-    std::vector<int> batch((size_t)m->B * T, 0);
-    std::vector<float> logits(c.padded_vocab_size);
-    for (int i = 0; i < o.sample_tokens; i++) {
-        int len = std::min((int)tokens.size(), T);
+    std::vector<int> batch((size_t)m->B * m->T, 0);
+    std::vector<float> mine, logits;
+    sample_and_print(o, m->config.vocab_size, m->T, par->model_parallel, &par->world, decoder, rng,
+                     [&](const std::vector<int>& tokens, int len) {
         std::copy(tokens.end() - len, tokens.end(), batch.begin());
         pipeline_forward(m, par, batch.data(), nullptr);
         bool holds = sl.last_stage && par->grid.dp_rank == 0;  // this rank has some of the logits we want
-        if (holds) logits = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * sl.vocab_rows, sl.vocab_rows);
-        if (par->model_parallel) {
-            std::vector<GlobalRun> runs;
-            std::vector<float> mine;
-            if (holds) {
-                runs.push_back({(size_t)sl.vocab_begin, (size_t)sl.vocab_real});
-                mine.assign(logits.begin(), logits.begin() + sl.vocab_real);
-            }
-            gather_to_rank0(&par->world, runs, mine, &logits, (size_t)c.vocab_size, "collecting the logits of a sample");
-        }
-        int next = 0;
-        if (leader) next = sample_token(logits.data(), c.vocab_size, o.temperature, o.top_k, rng);
-        if (par->model_parallel) comm_broadcast(&par->world, &next, sizeof(int), 0, "broadcast of a sampled token");
-        tokens.push_back(next);
-    }
-    if (leader) print_sample_text(decoder, std::vector<int>(tokens.begin() + 1, tokens.end()));
+        if (holds) mine = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * sl.vocab_rows, sl.vocab_rows);
+        if (!par->model_parallel) return (const float*)mine.data();
+        collect_logits_row(&par->world, holds, sl, mine.data(), m->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    });
 }
 
 // ==============================================================================================
@@ -804,52 +772,39 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
     return all;
 }
 
-// A checkpoint (the CPU trainer's protocol and files, in global coordinates, so any grid reads it,
-// the CPU trainer's too). Rank 0 makes "<ckpt>.tmp"; when every rank has written, it renames the
-// directory into place:
-//   state.bin           one rank held all the optimizer state (one rank, or data parallelism with
-//                       ZeRO-0): rank 0's m, v and fp32 master weights
-//   state_rank<r>.bin   otherwise rank r's m, v and fp32 master weights (the bf16 weights widened,
-//                       without master weights) for the elements it writes (zero_state_runs)
-//   model.bin           the bf16 weights, bit for bit: written by rank 0 when it holds them all
-//                       (data parallelism, ZeRO-0..2), else collected from every rank
-// On the same grid a resumed run reads back exactly these: bit-exact.
+// A checkpoint (llmc/run.h: write_checkpoint says which rank writes which file), from the GPU's
+// buffers: model.bin the bf16 weights bit for bit (fp32 in the fp32 build); the state files the
+// fp32 master weights beside m and v, or without them the bf16 weights widened. Without a rank
+// holding every weight, every rank sends its slice to rank 0. On the same grid a resumed run reads
+// back exactly these: bit-exact.
 static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const TrainOptions& o, int step,
                             const DataLoader& train, uint64_t sampler_rng) {
-    const ProcessGrid& g = par->grid;
-    bool leader = g.rank == 0;
-    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
-    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
-    auto barrier = [&](const char* what) { gpu_comm_barrier(&par->world_gpu, what); };
-    std::string tmp = open_checkpoint_together(o.out_dir, step, g.rank, barrier);
-    size_t P = param_layout(m->config).total;
-    if (leader && rank0_holds_weights) write_params_file(m, tmp + "/model.bin");
-    if (leader || !one_state_file) {
-        TrainState s;
-        s.header = train_state_header(step, P, ShardRange{}, g.rank, g.world, g.zero_stage, plan, sampler_rng, train.pos);
-        s.header.has_master_weights = m->shape.master_weights || !rank0_holds_weights;
+    const GPT2Config& cfg = m->config;
+    size_t P = param_layout(cfg).total;
+    CheckpointParts parts;
+    parts.master_weights = m->shape.master_weights;
+    parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path); };
+    parts.fill_state = [&](TrainState* s) {
         size_t opt = m->table[GB_ADAM_M].elements;
         std::vector<float> adam_m = download_floats(B_<float>(m, GB_ADAM_M), opt), adam_v = download_floats(B_<float>(m, GB_ADAM_V), opt);
-        // the fp32 master weights (beside m and v), or without them the bf16 weights widened
         std::vector<float> weights = m->shape.master_weights ? download_floats(B_<float>(m, GB_MASTER), opt)
                                                              : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
-        zero_fill_state(&s, g, zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), true), adam_m.data(),
+        zero_fill_state(s, par->grid, zero_state_runs(m->zero.plan, slice_runs(cfg, m->slice), true), adam_m.data(),
                         adam_v.data(), weights.data(), m->shape.master_weights);
-        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
-    }
-    if (!rank0_holds_weights) {
+    };
+    parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
-        if (leader) {
-            if constexpr (FLOATX_IS_FP32) {
-                write_model_file(tmp + "/model.bin", m->config, all.data(), false);
-            } else {
-                std::vector<uint16_t> half(P);
-                for (size_t i = 0; i < P; i++) half[i] = float_to_bf16_round_nearest(all[i]);  // exact: they were bf16
-                write_model_file_bf16(tmp + "/model.bin", m->config, half.data());
-            }
+        if (par->grid.rank != 0) return;
+        if constexpr (FLOATX_IS_FP32) {
+            write_model_file(dir + "/model.bin", cfg, all.data(), false);
+        } else {
+            std::vector<uint16_t> half(P);
+            for (size_t i = 0; i < P; i++) half[i] = float_to_bf16_round_nearest(all[i]);  // exact: they were bf16
+            write_model_file_bf16(dir + "/model.bin", cfg, half.data());
         }
-    }
-    publish_checkpoint_together(o.out_dir, step, g.rank, barrier);
+    };
+    write_checkpoint(par->grid, o.out_dir, step, P, plan, sampler_rng, train.pos, parts,
+                     [&](const char* what) { gpu_comm_barrier(&par->world_gpu, what); });
 }
 
 // Where read_state_runs() puts what it reads: at the runs' state positions.
@@ -1049,6 +1004,49 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
 }
 
+// --attention simple, or the fp32 build, where cuDNN's fused attention (bf16-only) cannot serve.
+static bool wants_simple_attention(const TrainOptions& o) {
+    if (o.attention == "simple") return true;
+    if (FLOATX_IS_FP32) printf("fp32 build: cuDNN's fused attention is bf16-only, using --attention simple\n");
+    return FLOATX_IS_FP32;
+}
+
+// The device memory in use (by us and every library), for the run's peak.
+static size_t gpu_memory_used() {
+    size_t free_now = 0, total_now = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_now, &total_now));
+    return total_now - free_now;
+}
+
+static double device_peak_tflops(int device) {
+    cudaDeviceProp props;
+    CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+    return gpu_peak_bf16_tflops(props.name);
+}
+
+static void print_resumed(const std::string& resume_dir, const TrainStateHeader& resumed, const ProcessGrid& grid) {
+    printf("resumed from %s at step %lld\n", resume_dir.c_str(), (long long)resumed.step);
+    printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+}
+
+// HellaSwag (llmc/run.h); the GPU runs its full (B, T) only (one cuDNN plan).
+static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
+    hellaswag_report(hellaswag, B, T, true, par->grid, par->model_parallel, step, mlog,
+        [&](const int* in, const int* tg, int, int) {
+            pipeline_forward(m, par, in, tg);
+            return (const float*)(m->slice.last_stage ? m->host_losses : nullptr);
+        },
+        [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "sum of the hellaswag counts"); });
+}
+
+// --dump-state's end (llmc/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
+static void dump_at_end(GPT2* m, Parallel* par, GpuDump* dump, const std::string& path, int B, int T) {
+    if (!dump->on) return;
+    std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
+    dump_finish(dump, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
+                m->shape.master_weights ? &master : nullptr, path, B, T);
+}
+
 // What rank 0 says before the first step: the device, the model, precision, batch, ranks, data and
 // the buffer table.
 static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o, const RunPlan& plan, const DataLoader& train,
@@ -1124,11 +1122,7 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
-    bool simple_attention = o.attention == "simple";
-    if (FLOATX_IS_FP32 && !simple_attention) {
-        printf("fp32 build: cuDNN's fused attention is bf16-only, using --attention simple\n");
-        simple_attention = true;
-    }
+    bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
     if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/estimate.h)
@@ -1159,11 +1153,7 @@ int main(int argc, char** argv) {
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
-    int T_data = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    if (!o.eval_only) {  // --eval-only needs no training data
-        dataloader_init(&train, o.train_data, o.batch_size, T_data, grid.dp_rank, grid.dp, cfg.vocab_size,
-                        "training data", "--train-data");
-    }
+    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
@@ -1176,7 +1166,6 @@ int main(int argc, char** argv) {
     GPT2 model;
     GPT2* m = &model;
     gpt2_build(m, &par, cfg, B, T, in_flight, o, master_weights, &simple_attention);
-    const ModelSlice& slice = m->slice;
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     int first_step = (int)resumed.step;
@@ -1188,21 +1177,10 @@ int main(int argc, char** argv) {
     if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
-    cudaDeviceProp props;
-    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
-    double peak_tflops = gpu_peak_bf16_tflops(props.name);
-    if (leader) {
-        print_run_header(m, par, o, plan, train, have_val ? &val : nullptr, model_source, simple_attention, peak_tflops);
-        if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-        if (first_step > 0) printf("%s", describe_reshard(resumed, comm.world_size, grid.zero_stage, grid.tp, grid.pp).c_str());
-    }
-    size_t peak_used = 0;
-    auto track_memory = [&]() {
-        size_t free_now = 0, total_now = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_now, &total_now));
-        peak_used = std::max(peak_used, total_now - free_now);
-    };
-    track_memory();
+    double peak_tflops = device_peak_tflops(par.world_gpu.device);  // 0 for a GPU we do not know: no MFU
+    if (leader) print_run_header(m, par, o, plan, train, have_val ? &val : nullptr, model_source, simple_attention, peak_tflops);
+    if (leader && first_step > 0) print_resumed(resume_dir, resumed, grid);
+    size_t peak_used = gpu_memory_used();
 
     SampleDecoder decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
@@ -1210,21 +1188,10 @@ int main(int argc, char** argv) {
     MetricsLog mlog;
     metrics_open(&mlog, o, leader, "gpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
                  plan.steps, first_step, model_source);
-    // Data parallelism: every rank scores its share of the examples, rank 0 reports the sum. On a grid
-    // whose forward pass spans ranks, every rank takes part in every forward pass and the last
-    // stage's tensor rank 0 of data-parallel rank 0 reports.
-    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
-    auto run_hellaswag = [&](int step) {
-        bool split = !par.model_parallel;
-        HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, true, split ? comm.rank : 0, split ? comm.world_size : 1,
-            [&](const int* in, const int* tg, int, int) {
-                pipeline_forward(m, &par, in, tg);
-                return (const float*)(slice.last_stage ? m->host_losses : no_losses.data());
-            });
-        bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
-        for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
-            *count = (int64_t)gpu_comm_sum(&par.world_gpu, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
-        if (leader) report_hellaswag(&mlog, step, r);
+    auto run_hellaswag = [&](int step) { hellaswag_run(m, &par, hellaswag, B, T, step, &mlog); };
+    auto validate = [&](int step) {
+        float loss = evaluate(m, &par, &val, o.val_batches);
+        if (leader) report_val_loss(&mlog, step, loss);
     };
     GpuDump dump;
     dump.on = !o.dump_state.empty();
@@ -1233,10 +1200,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
-        if (have_val && step % o.val_every == 0) {
-            float loss = evaluate(m, &par, &val, o.val_batches);
-            if (leader) report_val_loss(&mlog, step, loss);
-        }
+        if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
@@ -1244,7 +1208,7 @@ int main(int argc, char** argv) {
         float norm = 0.0f, lr = learning_rate(plan.schedule, step);
         double step_loss = train_step(m, &par, &train, plan, o, step + 1, lr, &bad_steps, step == first_step ? &dump : nullptr, &norm);
         double seconds = seconds_since(start);
-        if (step == first_step) track_memory();  // after the first step every library has what it wants
+        if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         dump_step_loss(&dump, step_loss);
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
@@ -1257,21 +1221,14 @@ int main(int argc, char** argv) {
             save_checkpoint(m, &par, plan, o, step + 1, train, sampler_rng);
         }
     }
-    if (have_val) {
-        float loss = evaluate(m, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, plan.steps, loss);
-    }
+    if (have_val) validate(plan.steps);
     if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
     if (evaluator && o.sample_every > 0) print_sample(m, &par, o, decoder, &sampler_rng);
-    track_memory();
+    peak_used = std::max(peak_used, gpu_memory_used());
     if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, plan.steps - first_step);
     if (leader) report_memory(m, peak_used);
 
-    if (dump.on) {
-        std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
-        dump_finish(&dump, &par.world, m->zero.plan, cfg, slice, gather_bf16_weights(m, &par, true),
-                    m->shape.master_weights ? &master : nullptr, o.dump_state, B, T);
-    }
+    dump_at_end(m, &par, &dump, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
     release_all(m, &par);

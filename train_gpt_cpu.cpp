@@ -644,37 +644,24 @@ static void fail_unless_weights_finite(GPT2* model, Parallel* par, int step) {
     }
 }
 
-// A checkpoint of a grid (llmc/training.h's protocol: a .tmp directory, barriers, a rename; a crash
-// at any point leaves either no new checkpoint or a complete one). The files are in global
-// coordinates, so any grid can resume from them (read_state_runs):
-//   model.bin              the weights; written by rank 0 when it holds them all (data parallelism,
-//                          ZeRO 0-2), else assembled by rank 0 from the state files' weights
-//   state.bin              ZeRO-0 data parallelism: rank 0's m and v, for everything
-//   state_rank<r>.bin      otherwise: rank r's m and v (and weights, when rank 0 cannot write model.bin
-//                          alone) for the elements it writes (zero_state_runs), as runs of the model
+// A checkpoint (llmc/run.h: write_checkpoint says which rank writes which file). The CPU's weights
+// and optimizer state are on the host already; without a rank holding every weight, rank 0
+// assembles model.bin from the state files' weights.
 static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, const RunPlan& plan, int step,
                             const DataLoader& train, uint64_t sampler_rng) {
-    const ProcessGrid& g = par->grid;
-    bool leader = g.rank == 0;
-    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
-    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
+    const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
-    std::string tmp = open_checkpoint_together(o.out_dir, step, g.rank, barrier);
-    if (leader && rank0_holds_weights) write_model_file(tmp + "/model.bin", model->config, model->params.data(), false);
-    if (leader || !one_state_file) {
-        TrainState s;
-        s.header = train_state_header(step, param_layout(model->config).total, ShardRange{}, g.rank, g.world, g.zero_stage,
-                                      plan, sampler_rng, train.pos);
-        s.header.has_master_weights = !rank0_holds_weights;
-        zero_fill_state(&s, g, zero_state_runs(model->zero, slice_runs(model->config, model->slice), true), model->adam_m.data(),
+    CheckpointParts parts;
+    parts.write_model_bin = [&](const std::string& path) { write_model_file(path, cfg, model->params.data(), false); };
+    parts.fill_state = [&](TrainState* s) {
+        zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true), model->adam_m.data(),
                         model->adam_v.data(), weight_storage(model), false);
-        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
-    }
-    if (!rank0_holds_weights) {
+    };
+    parts.assemble_model_bin = [&](const std::string& dir) {
         barrier("the barrier before assembling model.bin");
-        if (leader) assemble_model_file(tmp, model->config);
-    }
-    publish_checkpoint_together(o.out_dir, step, g.rank, barrier);
+        if (par->grid.rank == 0) assemble_model_file(dir, cfg);
+    };
+    write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
 
 // ==============================================================================================
@@ -805,24 +792,14 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
 }
 
-// HellaSwag. Data parallelism: every rank scores its share of the examples, rank 0 reports the sum.
-// On a grid whose forward pass spans ranks, every rank takes part in every forward pass (in batches
-// of the training shape, which the grid was checked for) and the last stage's tensor rank 0 of
-// data-parallel rank 0 reports.
+// HellaSwag (llmc/run.h), in batches of the rows in use unless the forward pass spans ranks.
 static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
-    const ProcessGrid& grid = par->grid;
-    const ModelSlice& slice = model->slice;
-    std::vector<float> no_losses((size_t)B * T, 0.0f);  // what a stage without the head scores with (unused)
-    bool split = !par->model_parallel;
-    HellaSwagResult r = hellaswag_evaluate(hellaswag, B, T, par->model_parallel, split ? grid.rank : 0, split ? grid.world : 1,
+    hellaswag_report(hellaswag, B, T, par->model_parallel, par->grid, par->model_parallel, step, mlog,
         [&](const int* in, const int* tg, int rows, int Tp) {
             pipeline_forward(model, par, in, tg, rows, Tp);
-            return (const float*)(slice.last_stage ? model->acts[0].losses.data() : no_losses.data());
-        });
-    bool reports = split || (slice.last_stage && grid.tp_rank == 0 && grid.dp_rank == 0);
-    for (int64_t* count : {&r.examples, &r.correct, &r.correct_sum})
-        *count = (int64_t)comm_sum(&par->comms.world, reports ? (double)*count : 0.0, "sum of the hellaswag counts");
-    if (grid.rank == 0) report_hellaswag(mlog, step, r);
+            return (const float*)(model->slice.last_stage ? model->acts[0].losses.data() : nullptr);
+        },
+        [&](double x) { return comm_sum(&par->comms.world, x, "sum of the hellaswag counts"); });
 }
 
 // ==============================================================================================

@@ -365,10 +365,10 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     }
     // the reasons, in the order of the lines
     bool cudnn = e.trainer == Trainer::GPU && !e.simple_attention;
-    bool keep_ln = e.recompute < 2, keep_gelu = e.recompute < 1;
+    RecomputePlan keep = recompute_plan(e.recompute);
     std::string values = e.dtype_bytes == 2 ? "the same (bf16: 2 bytes per value)" : "fp32: 4 bytes per value, the paper's 2";
     lines[0].why = "L+1 slices: the last block's output is kept too, as the final LayerNorm's input; " + values;
-    lines[1].why = keep_ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
+    lines[1].why = keep.ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
     lines[2].why = values;
     lines[3].why = cudnn ? "flash attention (cuDNN) keeps only the softmax's log-sum-exp, fp32, one per row and head, "
                            "and recomputes the scores in the backward"
@@ -377,9 +377,9 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[4].why = values;
     lines[5].why = "GPT-2 here trains without dropout: no masks";
     lines[6].why = values;
-    lines[7].why = keep_ln ? values : "--recompute 2: recomputed from the residual and the saved statistics";
+    lines[7].why = keep.ln ? values : "--recompute 2: recomputed from the residual and the saved statistics";
     lines[8].why = values;
-    lines[9].why = keep_gelu ? values : "--recompute >= 1: recomputed as GELU(fch), one layer at a time, in the backward";
+    lines[9].why = keep.gelu ? values : "--recompute >= 1: recomputed as GELU(fch), one layer at a time, in the backward";
     lines[10].why = "two fp32 per row and LayerNorm, so the backward needs no reduction to recover them; the paper "
                     "recomputes them";
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "

@@ -14,12 +14,8 @@
 //   workspaces (one layer of scratch, cuBLASLt, cuDNN)                  0.78 GiB
 // The activations dominate as B*T grows: that is what --recompute trades compute for.
 //
-// Recompute levels (--recompute), all exact: the backward recomputes with the same kernels from the
-// same stored inputs, so the gradients are bit-identical at every level.
-//   0  keep everything: per layer ln1, qkv, attention output, ln2, fch (pre-GELU) and fch_gelu
-//   1  do not keep fch_gelu (4C per token per layer, the largest): recompute GELU(fch) in the backward
-//   2  also do not keep the LayerNorm outputs ln1, ln2: recompute them from the residual stream and
-//      the saved mean and 1/std (two floats per row)
+// Recompute (--recompute, llmc/recompute.h): a level keeps fewer activations per layer (fch_gelu at
+// level 1, also ln1 and ln2 at level 2) and one layer of scratch for them instead; exact.
 //
 // Parallelism: every row is for this rank's SLICE of the model (llmc/process_grid.h), exactly as in
 // llmc/cpu_buffers.h: its pipeline stage's layers, its tensor rank's heads (C/t attention channels),
@@ -40,6 +36,7 @@
 #include "llmc/buffers.h"
 #include "llmc/model.h"
 #include "llmc/process_grid.h"
+#include "llmc/recompute.h"
 #include "llmc/sharding.h"
 #include "llmc/utils.h"
 #include "llmc/zero.h"
@@ -152,7 +149,7 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, M = s.micro_batches_in_flight;
     size_t B = s.B, T = s.T, BT = B * T, R = g.sequence_parallel ? BT / g.tp : BT;  // R: rows of the residual stream
     size_t opt = z.optimizer / 2;  // master, m, v: of everything, of the ZeRO-1 shard, or of every unit's shard
-    bool keep_gelu = s.recompute < 1, keep_ln = s.recompute < 2;
+    RecomputePlan keep = recompute_plan(s.recompute);
     bool simple = s.simple_attention, sp = g.sequence_parallel, lent = g.pp > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();  // per micro-batch in flight
@@ -175,26 +172,26 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
 
     t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", nl) + rows + ", C)" + x, per((nl + 1) * R * C), X};
     t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, per(nl * R * C), X};
-    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep_ln ? per(nl * R * C) : 0, X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
     t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
     t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
     t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", nl) + tp + ")" + x, per(nl * BT * 3 * Ca), X};
     t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", nl) + tp + ")" + x, per(nl * BT * Ca), X};
     if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T, T)" + x, per(nl * B * NH * T * T), X};
     else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T) fp32" + x, per(nl * B * NH * T), F};
-    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep_ln ? per(nl * R * C) : 0, X};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
     t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
     t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
     t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, per(nl * BT * Cf), X};
-    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, keep_gelu ? per(nl * BT * Cf) : 0, X};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, keep.gelu ? per(nl * BT * Cf) : 0, X};
     t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, per(head * R * C), X};
     t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
     t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
     t[GB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, per(head * BT * Vp), X};
     t[GB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T) fp32" + x, per(head * BT), F};
 
-    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C)", keep_ln ? 0 : R * C, X};
-    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep_gelu ? 0 : BT * Cf, X};
+    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C)", keep.ln ? 0 : R * C, X};
+    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, X};
     t[GB_SCRATCH_C] = {"scratch_c", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
     t[GB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, per(R * C), X};
     t[GB_SCRATCH_3C] = {"scratch_3c", MEM_WORKSPACE, "(B, T, 3C" + tp + ")", BT * 3 * Ca, X};

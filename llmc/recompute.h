@@ -30,8 +30,8 @@
 // refills it before every use.
 #pragma once
 
-// What the passes keep per layer at a recompute level (read `keep.ln`, `keep.gelu`); what they do not keep lives in one layer's
-// scratch and is recomputed in the backward.
+// What the passes keep per layer at a recompute level (read `keep.ln`, `keep.gelu`); what they do
+// not keep lives in one layer's scratch and is recomputed in the backward.
 struct RecomputePlan {
     bool gelu;  // keep fch_gelu per layer (level 0)
     bool ln;    // keep ln1 and ln2 per layer (levels 0 and 1)

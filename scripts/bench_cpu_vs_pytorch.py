@@ -43,7 +43,19 @@ import sys
 import tempfile
 import time
 
-import torch
+
+def _pin_blas_threads():
+    """OpenBLAS sizes its own thread pool when it loads, from OPENBLAS_NUM_THREADS, and
+    torch.set_num_threads does not reach it: without this a 1-thread PyTorch run (and the SGEMM
+    ceiling) would still multiply on every core. So --threads is read before torch is imported."""
+    for i, a in enumerate(sys.argv):
+        value = a.split("=", 1)[1] if a.startswith("--threads=") else sys.argv[i + 1] if a == "--threads" and i + 1 < len(sys.argv) else None
+        if value:
+            os.environ["OPENBLAS_NUM_THREADS"] = value
+
+
+_pin_blas_threads()
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))

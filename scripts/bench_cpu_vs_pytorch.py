@@ -15,7 +15,10 @@ classifier's matmul included) over its time, as a share of an SGEMM ceiling meas
 run (torch.mm at 2048^3, the BLAS PyTorch links, median of 5), once before the first shape and
 once after the last: a shared machine changes speed from minute to minute, so only rates measured
 side by side compare, and the two ceilings and the load averages printed before and after say how
-much the machine moved during the run. The shares are against the first ceiling.
+much the machine moved during the run. The shares are against the first ceiling. A BLAS's SGEMM is
+not always the machine's peak (OpenBLAS's kernels leave a Zen 5's 512-bit FMA units half used), so
+the script also measures the FMA peak itself: independent fused multiply-adds on registers only, one
+stream per thread, compiled here with -march=native (g++); the trainer's share of it is printed too.
 
 The PyTorch side is what a PyTorch user would run: torch's fused layer norm, GELU and
 cross-entropy kernels (--ops explicit uses the reference's formulas instead), SDPA attention when
@@ -161,6 +164,53 @@ def sgemm_ceiling(size=2048, repeats=5):
     return statistics.median(rates)
 
 
+FMA_PEAK_SOURCE = r"""
+// Independent FMAs on registers: 12 chains of 16 floats per thread (enough to cover the FMA units'
+// latency), compiled with -march=native so the vector width is the machine's own.
+#include <omp.h>
+#include <cstdio>
+#include <cstdlib>
+typedef float v16 __attribute__((vector_size(64)));
+int main(int argc, char** argv) {
+    long iters = atol(argv[1]);
+    double best = 0, sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double start = omp_get_wtime();
+        #pragma omp parallel reduction(+ : sink)
+        {
+            v16 a[12], b = {}, c = {};
+            for (int k = 0; k < 12; k++) for (int j = 0; j < 16; j++) a[k][j] = 1.0f + k + j;
+            for (int j = 0; j < 16; j++) { b[j] = 1e-7f; c[j] = 0.9999999f; }
+            for (long i = 0; i < iters; i++) {
+                #pragma GCC unroll 12
+                for (int k = 0; k < 12; k++) a[k] = a[k] * c + b;
+            }
+            for (int k = 0; k < 12; k++) for (int j = 0; j < 16; j++) sink += a[k][j];
+        }
+        double rate = 2.0 * 16 * 12 * iters * omp_get_max_threads() / (omp_get_wtime() - start) / 1e9;
+        if (rate > best) best = rate;
+    }
+    printf("%.1f %g\n", best, sink);
+}
+"""
+
+
+def fma_peak(threads):
+    """GFLOP/s of FMAs on registers with `threads` threads (the best of 5), or None without g++."""
+    compiler = shutil.which("g++")
+    if not compiler:
+        return None
+    with tempfile.TemporaryDirectory() as work:
+        src, exe = os.path.join(work, "fma.cpp"), os.path.join(work, "fma")
+        with open(src, "w") as f:
+            f.write(FMA_PEAK_SOURCE)
+        subprocess.run([compiler, "-O2", "-march=native", "-ffp-contract=fast", "-fopenmp", src, "-o", exe], check=True)
+        out = subprocess.run([exe, "20000000"], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout
+    return float(out.split()[0])
+
+
+
 def machine_line():
     """The CPU's model name (lscpu's field, from /proc/cpuinfo) and the load average now."""
     model = "unknown CPU"
@@ -237,15 +287,18 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"before: {machine_line()}", flush=True)
     ceiling = sgemm_ceiling()
+    fma = fma_peak(args.threads)
 
     print(f"torch {torch.__version__}, {args.threads} threads, fp32, {args.ops} ops, "
           f"median of {args.steps} steps after {args.warmup} warm-up")
     print(f"SGEMM ceiling: {ceiling:.1f} GFLOP/s (torch.mm 2048^3, median of 5); '% peak' = step GFLOP/s "
           "as a share of it; 'x' = PyTorch ms / this ms")
+    if fma:
+        print(f"FMA peak: {fma:.1f} GFLOP/s (registers only, {args.threads} threads); '% fma' = step GFLOP/s as a share of it")
     header = f"{'shape':10s} {'params':>11s} {'B x T':>7s} {'GFLOP':>6s} | {'pytorch ms':>10s} {'tok/s':>7s} {'% peak':>6s}"
     for name, wanted in (("trainer", args.trainer), ("llm.c", args.llmc)):
         if wanted:
-            header += f" | {name + ' ms':>10s} {'tok/s':>7s} {'% peak':>6s} {'x':>5s}"
+            header += f" | {name + ' ms':>10s} {'tok/s':>7s} {'% peak':>6s} {'x':>5s}" + (f" {'% fma':>5s}" if fma else "")
     print(header)
     for name in [n.strip() for n in args.shapes.split(",") if n.strip()]:
         shape = SHAPES[name]
@@ -262,6 +315,8 @@ def main():
             with tempfile.TemporaryDirectory() as work_dir:
                 ms = timer(wanted, shape, args.warmup, args.steps, args.threads, work_dir)
             line += f" | {ms:10.1f} {tokens / ms * 1000:7.0f} {peak(ms)} {torch_ms / ms:5.2f}"
+            if fma:
+                line += f" {100 * gflop / (ms / 1000) / fma:4.0f}%"
         print(line, flush=True)
     print(f"after: {machine_line()}; SGEMM ceiling now {sgemm_ceiling():.1f} GFLOP/s")
 

@@ -18,6 +18,7 @@
 #include <vector>
 #include "llmc/comm_nccl.cuh"
 #include "llmc/process_grid.h"
+#include "llmc/state_dump.h"
 #include "llmc/training.h"
 #include "llmc/zero.h"
 
@@ -41,23 +42,10 @@ inline void dump_keep_logits(GpuDump* d, const std::vector<float>& logits, size_
 // holds the loss (the last stage, tensor rank 0 of data-parallel rank 0).
 inline void dump_first_step(GpuDump* d, Comm* world, GpuComm* world_gpu, const Zero& plan, const GPT2Config& cfg,
                             const ModelSlice& slice, size_t rows, bool reports, const std::vector<float>& grads) {
-    std::vector<GlobalRun> runs;
-    size_t V = cfg.vocab_size;
-    bool holds = slice.last_stage && plan.grid.dp_rank == 0;
-    if (holds)
-        for (size_t n = 0; n < rows; n++) runs.push_back({n * V + slice.vocab_begin, (size_t)slice.vocab_real});
-    gather_to_rank0(world, runs, holds ? d->logits : std::vector<float>(), &d->state.logits, rows * V, "collecting the logits");
+    dump_gather_logits(world, cfg, slice, plan.grid.dp_rank, d->logits, rows, &d->state.logits);
     d->state.loss = (float)gpu_comm_sum(world_gpu, reports ? d->loss : 0.0, "the first loss");
-
-    runs.clear();
-    std::vector<float> values;
-    bool shards = plan.stage >= 2;
-    for (const StateRun& r : zero_state_runs(plan, slice_runs(cfg, slice), false)) {
-        size_t at = shards ? r.state_at : r.weight_at;
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), grads.begin() + at, grads.begin() + at + r.count);
-    }
-    gather_to_rank0(world, runs, values, &d->state.grads, param_layout(cfg).total, "collecting the gradients");
+    dump_gather_runs(world, zero_state_runs(plan, slice_runs(cfg, slice), false), grads.data(), plan.stage >= 2,
+                     param_layout(cfg).total, &d->state.grads, "collecting the gradients");
 }
 
 inline void dump_step_loss(GpuDump* d, double loss) {
@@ -73,13 +61,8 @@ inline void dump_finish(GpuDump* d, Comm* world, const Zero& plan, const GPT2Con
     if (!master) {
         d->state.params = std::move(bf16);
     } else {
-        std::vector<GlobalRun> runs;
-        std::vector<float> values;
-        for (const StateRun& r : zero_state_runs(plan, slice_runs(cfg, slice), false)) {
-            runs.push_back({r.global, r.count});
-            values.insert(values.end(), master->begin() + r.state_at, master->begin() + r.state_at + r.count);
-        }
-        gather_to_rank0(world, runs, values, &d->state.params, param_layout(cfg).total, "collecting the master weights");
+        dump_gather_runs(world, zero_state_runs(plan, slice_runs(cfg, slice), false), master->data(), true,
+                         param_layout(cfg).total, &d->state.params, "collecting the master weights");
     }
     if (world->rank != 0) return;
     write_dump_state(path, d->state, cfg, B, T, "gpu");

@@ -1,7 +1,8 @@
 // state_dump.h — --dump-state: the first step's logits, loss and gradient, every step's loss and
 // the final weights, written by rank 0 as one file (llmc/training.h: write_dump_state) that the
 // tests compare with PyTorch and with the one-rank run. Test machinery, not part of training: the
-// CPU trainer calls it from one line in its step and one at the end.
+// CPU trainer calls it from one line in its step and one at the end; llmc/gpu_test_hooks.cuh uses
+// its gathers for the GPU trainer's dump.
 //
 // On a grid, rank 0 collects every rank's elements in global coordinates (gather_to_rank0, which
 // also checks that every copy of an element, on every rank that holds one, is the same to the bit).
@@ -45,17 +46,26 @@ inline void dump_gather_weights(Comm* world, const Zero& zero, const GPT2Config&
     gather_to_rank0(world, runs, values, out, param_layout(cfg).total, "collecting the weights");
 }
 
+// Rank 0 collects the elements `runs` name from every rank, each read from `source` at the run's
+// state position (`at_state`) or its weight position.
+inline void dump_gather_runs(Comm* world, const std::vector<StateRun>& runs, const float* source, bool at_state,
+                             size_t total, std::vector<float>* out, const char* what) {
+    std::vector<GlobalRun> global;
+    std::vector<float> values;
+    for (const StateRun& r : runs) {
+        size_t at = at_state ? r.state_at : r.weight_at;
+        global.push_back({r.global, r.count});
+        values.insert(values.end(), source + at, source + at + r.count);
+    }
+    gather_to_rank0(world, global, values, out, total, what);
+}
+
 // The summed gradient, which sits where the optimizer state does: this rank's shard (ZeRO-0: `grads`, whole).
 inline void dump_gather_gradients(Comm* world, Zero& zero, const GPT2Config& cfg, const ModelSlice& slice,
                                   std::vector<float>& grads, std::vector<float>* out) {
-    std::vector<GlobalRun> runs;
-    std::vector<float> values;
     const float* grad = zero.stage == 0 ? grads.data() : zero.stage == 1 ? zero_summed_shard(zero, grads) : zero.grad_shard.data();
-    for (const StateRun& r : zero_state_runs(zero, slice_runs(cfg, slice), false)) {
-        runs.push_back({r.global, r.count});
-        values.insert(values.end(), grad + r.state_at, grad + r.state_at + r.count);
-    }
-    gather_to_rank0(world, runs, values, out, param_layout(cfg).total, "collecting the gradients");
+    dump_gather_runs(world, zero_state_runs(zero, slice_runs(cfg, slice), false), grad, true, param_layout(cfg).total, out,
+                     "collecting the gradients");
 }
 
 // The first micro-batch's logits [rows, V]: the last stage's tensor ranks of data-parallel rank 0

@@ -48,6 +48,7 @@
 // The CPU matmul's blocking (llmc/cpu_layers.h explains it): an MR x NR register tile, K taken KC
 // at a time, N at most NC at a time. They decide the size of its packed panels, so they live here.
 constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
+constexpr int MATMUL_MC = 192;  // rows of A swept against each panel of B: 192 x KC floats (288 KiB) stay in L2
 
 // Floats in the packed panels of A for a matmul with M rows: ceil(M / MR) panels of MR x KC.
 inline size_t matmul_pack_a_floats(size_t M) { return (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR * MATMUL_KC; }

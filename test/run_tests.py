@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def discover():
     tests = []
     for path in sorted(glob.glob(os.path.join(ROOT, "test", "test_*.py"))):
-        tests.append((os.path.basename(path), ["/usr/bin/python3", path]))
+        tests.append((os.path.basename(path), [sys.executable, path]))
     for path in sorted(glob.glob(os.path.join(ROOT, "test", "test_*.sh"))):
         tests.append((os.path.basename(path), ["bash", path]))
     for path in sorted(glob.glob(os.path.join(ROOT, "build", "test_*"))):

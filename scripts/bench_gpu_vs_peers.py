@@ -85,7 +85,7 @@ def time_llmc(binary, args, shard, work_dir):
     L = MODELS[args.model][0]
     command = [binary, "-i", shard, "-j", shard, "-e", f"d{L}", "-b", str(args.batch), "-t", str(args.seq_len),
                "-x", str(args.warmup + args.steps), "-l", repr(LR), "-c", repr(WEIGHT_DECAY), "-u", "0",
-               "-v", "0", "-s", "0", "-r", "1", "-y", "0"]
+               "-v", "1000000", "-m", "1", "-s", "0", "-r", "1", "-y", "0"]  # -v 0 would divide by zero
     ms, out = run_and_parse(command, args.warmup, "llm.c", cwd=work_dir)
     peak = re.search(r"device memory usage: (\d+ MiB)", out)
     return ms, peak.group(1) if peak else "?"
@@ -185,7 +185,7 @@ def main():
                 rows.append((name, ms, peak))
                 print(f"  {name}: {ms:.1f} ms/step, peak {peak}", flush=True)
             except Exception as e:  # noqa: BLE001 - one peer failing must not lose the others' numbers
-                print(f"  {name}: FAILED: {type(e).__name__}: {e}"[:3000], flush=True)
+                print(f"  {name}: FAILED: {type(e).__name__}: {e}"[-3000:], flush=True)
     ours = next((ms for name, ms, _ in rows if name.startswith("train_gpt")), None)
     print(f"\n| trainer | ms/step | tokens/s | MFU | peak memory | train_gpt's speed-up |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -7,13 +7,11 @@
 // (train_gpt.cu's forward_backward) walks pipeline_schedule() exactly as the CPU trainer does; this
 // file moves the bytes.
 //
-// The difficulty is NCCL's sends. MPI's non-blocking send (the CPU trainer's, and the host-staged
-// path here) never waits for the receiver: a stage sends, and receives, in any order, and two
-// neighbours that both send first still make progress. An NCCL send is a kernel on a stream that
-// completes only when the peer receives, and the next operation on that stream waits for it. In
-// 1F1B's steady state stage s sends the activation of micro-batch j to s+1 and then receives the
-// gradient of micro-batch i from s+1, while s+1 sends that gradient and then receives that
-// activation: each send waits for a receive queued behind the other's send, forever.
+// The difficulty is NCCL's sends. An NCCL send is a kernel on a stream that completes only when the
+// peer receives, and the next operation on that stream waits for it. In 1F1B's steady state stage
+// s sends the activation of micro-batch j to s+1 and then receives the gradient of micro-batch i
+// from s+1, while s+1 sends that gradient and then receives that activation: each send waits for a
+// receive queued behind the other's send, forever.
 //
 // The cure is Megatron's: a send and the receive that follows it go into ONE NCCL group, and the
 // two progress together. Here a send is DEFERRED (pipe_send queues it) until the next receive
@@ -24,11 +22,19 @@
 // the groups chain in one direction only (forwards towards the last stage, gradients towards the
 // first), which ends at a stage that only receives, so no cycle of waits can form.
 //
+// Host staging (MPI) takes the same path, and waits for its sends where NCCL's would complete.
+// MPI's non-blocking send would not deadlock, but it moves a message larger than its eager limit
+// only while the SENDER is inside an MPI call (Open MPI has no progress thread), so a send left in
+// flight while the stage computes arrives one action late, and late again at every stage: on an
+// H200 with 2 host-staged ranks, GPipe's bubble measured 50% against the predicted 20%, 1F1B's 29%
+// (2026-11-26). Paired with the next receive, or waited for alone, the send progresses while the
+// peer is there to take it.
+//
 // Buffers in flight. A stage keeps the activations of several micro-batches (a "slot" each,
 // pipeline_live_micro_batches). A slot's sends must have completed before the next micro-batch
 // overwrites it: an event per slot, recorded after its sends; the host waits for it
-// (pipe_wait_slot). Host staging copies to host memory before sending, so there the device buffer
-// is free at once and the MPI requests are completed at the end of the step.
+// (pipe_wait_slot). Host staging has received every send before the receive or flush that issued
+// it returns, so its slots are always free.
 //
 // Cost per step, stage s of p with m micro-batches, R rows (B*T, or B*T/t with sequence
 // parallelism) of C channels, bf16: m * R * C * 2 bytes to s+1 (activations) and as many to s-1
@@ -99,14 +105,9 @@ inline void pipe_mark_slots(PipelineGpu* pipe) {
     pipe->deferred.clear();
 }
 
-// Sends `bytes` of slot `slot`'s `data` (written by the compute stream) to stage `peer`. Host
-// staging sends at once; NCCL waits for the next pipe_recv or pipe_flush.
+// Sends `bytes` of slot `slot`'s `data` (written by the compute stream) to stage `peer`, with the
+// next pipe_recv or pipe_flush.
 inline void pipe_send(PipelineGpu* pipe, const void* data, size_t bytes, int peer, int tag, int slot, cudaStream_t compute) {
-    if (pipe->comm->host_staged) {
-        pipe_follow(pipe, compute);
-        gpu_send(pipe->comm, data, bytes, peer, tag, &pipe->staged, "sending to a neighbouring pipeline stage");
-        return;
-    }
     pipe->deferred.push_back({data, bytes, peer, tag, slot});
 }
 
@@ -118,23 +119,21 @@ inline void pipe_flush(PipelineGpu* pipe, cudaStream_t compute) {
     pipe_issue_deferred(pipe);
     gpu_group_end(pipe->comm, "sending to a neighbouring pipeline stage");
     pipe_mark_slots(pipe);
+    if (pipe->comm->host_staged) gpu_wait_sends(pipe->comm, &pipe->staged);
 }
 
 // Receives `bytes` from stage `peer` into `data`; returns when they are there. The deferred sends
 // go with it, in one NCCL group.
 inline void pipe_recv(PipelineGpu* pipe, void* data, size_t bytes, int peer, int tag, cudaStream_t compute) {
     const char* what = "receiving from a neighbouring pipeline stage";
-    if (pipe->comm->host_staged) {
-        gpu_recv(pipe->comm, data, bytes, peer, tag, what);
-        return;
-    }
     pipe_follow(pipe, compute);
     gpu_group_begin(pipe->comm, what);
     pipe_issue_deferred(pipe);
-    gpu_recv(pipe->comm, data, bytes, peer, tag, what);
+    gpu_recv(pipe->comm, data, bytes, peer, tag, what);  // host staging: MPI moves the sends meanwhile
     gpu_group_end(pipe->comm, what);
     pipe_mark_slots(pipe);
-    gpu_comm_wait(pipe->comm, what);
+    if (pipe->comm->host_staged) gpu_wait_sends(pipe->comm, &pipe->staged);
+    else gpu_comm_wait(pipe->comm, what);
 }
 
 // Before slot `slot` is overwritten: its earlier sends have been received.

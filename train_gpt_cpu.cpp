@@ -464,11 +464,13 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
     double loss = 0.0;
     auto start = std::chrono::steady_clock::now();
-    for (const PipeAction& act : pipeline_schedule(par->schedule, stage, par->grid.pp, m)) {
+    std::vector<PipeAction> order = pipeline_schedule(par->schedule, stage, par->grid.pp, m);
+    std::vector<CommSend>* in_flight = nullptr;  // the previous action's sends, completed by this one's receive
+    for (size_t k = 0; k < order.size(); k++) {
+        const PipeAction& act = order[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
         if (act.forward) {
-            comm_wait_sends(pp, &a.sends);  // the slot's last sends must be done before it is overwritten
             dataloader_next_batch(train);   // every stage reads the micro-batches of its data-parallel rank
             a.inputs = train->inputs;
             a.targets = train->targets;
@@ -476,6 +478,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
                 comm_recv(pp, a.encoded.data(), n, stage - 1, pipe_tag_activation(act.micro),
                           "receiving activations from the previous pipeline stage");
             }
+            if (in_flight) comm_wait_sends(pp, in_flight);  // (also frees this slot: its sends are older)
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
             float micro_loss = gpt2_forward(model, a.inputs.data(), a.targets.data(), B, T, slot);
@@ -498,6 +501,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
                 comm_recv(pp, a.dresidual.data(), n, stage + 1, pipe_tag_gradient(act.micro),
                           "receiving gradients from the next pipeline stage");
             }
+            if (in_flight) comm_wait_sends(pp, in_flight);
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
             // the optimised loss is the mean over all tokens of the step, all ranks together:
@@ -509,8 +513,14 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
                           "sending gradients to the previous pipeline stage");
             }
         }
+        // this action's sends complete in the next action's receive, or now if it has none
+        // (llmc/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
+        in_flight = &a.sends;
+        if (!pipe_next_action_receives(order, k, s.first_stage, s.last_stage)) {
+            comm_wait_sends(pp, in_flight);
+            in_flight = nullptr;
+        }
     }
-    for (Activations& a : model->acts) comm_wait_sends(pp, &a.sends);
     par->times.schedule_seconds += seconds_since(start);
     return loss;
 }

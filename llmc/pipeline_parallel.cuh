@@ -81,15 +81,6 @@ inline void pipe_gpu_destroy(PipelineGpu* pipe) {
     pipe->ready = nullptr;
 }
 
-// Whether action k + 1 of a stage's schedule receives something (a forward on every stage but the
-// first, a backward on every stage but the last): the sends of action k then wait for it, to go
-// in one NCCL group with that receive; otherwise they are issued at once. (test_gpu_host runs every
-// schedule's groups against NCCL's rule, a send completes only once its receive is posted, and
-// finds no deadlock, and a deadlock when sends are issued alone.)
-inline bool pipe_next_action_receives(const std::vector<PipeAction>& order, size_t k, bool first_stage, bool last_stage) {
-    return k + 1 < order.size() && (order[k + 1].forward ? !first_stage : !last_stage);
-}
-
 inline void pipe_follow(PipelineGpu* pipe, cudaStream_t compute) {
     CUDA_CHECK(cudaEventRecord(pipe->ready, compute));
     CUDA_CHECK(cudaStreamWaitEvent(pipe->comm->stream, pipe->ready, 0));

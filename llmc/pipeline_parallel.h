@@ -34,9 +34,16 @@
 // schedule, which starts first and ends last) in which each stage was not computing. Stages of
 // unequal cost (the last one's LM head over a large vocabulary) idle more than the formula says.
 //
-// Sends are non-blocking and completed lazily (comm_send), receives wait: a stage never waits for
-// its neighbour to take what it sent, so two neighbours that send before they receive cannot wait
-// for each other, and a schedule whose every receive is matched by an earlier send cannot hang.
+// Sends. A stage's sends complete in its next action's receive, or at once when that action
+// receives nothing (stage 0's forward passes, the last stage's backward passes): never later. MPI
+// moves a message larger than its eager limit only while the SENDER is inside an MPI call (Open MPI
+// has no progress thread; where it can, it lets the receiver copy the message itself, but not
+// everywhere), so a send left in flight while its stage computes arrives an action late, and
+// later at every stage: GPipe's bubble measured 50% instead of 20% (an H200 machine; here with
+// that copy turned off, test_parallelism.py). Completing a send can wait for its receiver, so could
+// two neighbours wait for each other? NCCL's sends have exactly that rule (a send completes only
+// once its receive is posted), and the GPU trainer pairs each send with the next receive for the
+// same reason: test_gpu_host runs every schedule's pairs under that rule and finds no deadlock.
 //
 // The micro-batches of a step accumulate gradients exactly as one rank accumulating m micro-
 // batches: backward passes run in micro-batch order on every stage in both schedules, so
@@ -110,6 +117,13 @@ inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int sta
 }
 
 inline double pipeline_bubble_fraction(int stages, int m) { return (double)(stages - 1) / (double)(m + stages - 1); }
+
+// Whether action k + 1 of a stage's schedule receives something (a forward on every stage but the
+// first, a backward on every stage but the last): action k's sends then complete with that
+// receive; otherwise at once.
+inline bool pipe_next_action_receives(const std::vector<PipeAction>& order, size_t k, bool first_stage, bool last_stage) {
+    return k + 1 < order.size() && (order[k + 1].forward ? !first_stage : !last_stage);
+}
 
 // Message tags: micro-batch i's activation and its gradient. Between two ranks MPI delivers in the
 // order of sending, so tags need only be unique within a step.

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gpu import (DEFAULT_ATTENTION, EMULATED, GPU, MODE, NATIVE_GPU, RANDOM, REVERSED, cosine,  # noqa: E402
                       read_safetensors, rel)
 from test_data_parallel import write_shard  # noqa: E402
-from test_parallelism import IMPOSSIBLE_GRIDS, bubble  # noqa: E402
+from test_parallelism import IMPOSSIBLE_GRIDS, SENDER_DRIVEN_MPI, bubble  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "L=4,C=128,H=4,T=32,V=501"
@@ -238,7 +238,7 @@ def main():
                    "dp2 x tp2 ZeRO-3: resume on the same grid == straight, bit for bit", out[-600:])
 
         # ---- the bubble, with compute made of sleeps (20 ms forward, 40 ms backward per micro-batch)
-        delay = {"LLMC_TEST_PIPE_DELAY_MS": "20"}
+        delay = {"LLMC_TEST_PIPE_DELAY_MS": "20", **SENDER_DRIVEN_MPI}  # (see test_parallelism.py)
         for schedule in ("gpipe", "1f1b") if EMULATED else ():
             print(f"SKIP: {schedule}, p=2, m=4: the bubble (a timing: emulated kernels are far slower than the sleeps)")
         for schedule in ("gpipe", "1f1b") if not EMULATED else ():

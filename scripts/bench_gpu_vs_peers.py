@@ -39,6 +39,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
+import gpt2_reference as ref  # noqa: E402  (the PyTorch model, and the parameter count)
 from token_shards import write_shard  # noqa: E402
 
 MODELS = {"d12": (12, 768, 12), "d24": (24, 1024, 16), "d36": (36, 1280, 20), "d48": (48, 1600, 25)}
@@ -48,12 +49,14 @@ PEAK_TFLOPS = 989.0
 STEP_MS = re.compile(r"\| *(\d+\.?\d*) ms")
 
 
-def parameters(L, C):
-    return VOCAB * C + MAX_T * C + L * 12 * C * C + L * 13 * C + 2 * C
+def config(model, vocab=VOCAB):
+    L, C, H = MODELS[model]
+    return ref.GPT2Config(max_seq_len=MAX_T, vocab_size=vocab, num_layers=L, num_heads=H, channels=C)
 
 
-def step_tflop(L, C, B, T):
-    return (6 * parameters(L, C) + 6 * L * C * T) * B * T / 1e12
+def step_tflop(model, B, T):
+    L, C, _ = MODELS[model]
+    return (6 * ref.num_parameters(config(model), padded=False) + 6 * L * C * T) * B * T / 1e12
 
 
 def run_and_parse(command, warmup, label, cwd=None):
@@ -93,13 +96,10 @@ def time_llmc(binary, args, shard, work_dir):
 
 def time_pytorch(args, tokens, compiled):
     import torch
-    import gpt2_reference as ref
-    L, C, H = MODELS[args.model]
-    config = ref.GPT2Config(max_seq_len=MAX_T, vocab_size=PADDED_VOCAB, num_layers=L, num_heads=H, channels=C)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     device = "cuda"
-    model = ref.GPT2(config, use_sdpa=True, use_fused_ops=True)
+    model = ref.GPT2(config(args.model, PADDED_VOCAB), use_sdpa=True, use_fused_ops=True)
     ref.init_fixture_weights(model, seed=1)
     model.to(device)
     groups = ref.make_optimizer(model, LR, WEIGHT_DECAY).param_groups
@@ -157,9 +157,9 @@ def main():
     peers = set(args.peers.split(",")) | ({"compile"} if args.compile else set())
     L, C, H = MODELS[args.model]
     B, T = args.batch, args.seq_len
-    tflop = step_tflop(L, C, B, T)
+    tflop = step_tflop(args.model, B, T)
     print(f"GPU: {gpu_line()}")
-    print(f"{args.model} (L={L} C={C} H={H}, {parameters(L, C) / 1e6:.1f}M parameters), B={B} T={T}, "
+    print(f"{args.model} (L={L} C={C} H={H}, {ref.num_parameters(config(args.model), padded=False) / 1e6:.1f}M parameters), B={B} T={T}, "
           f"{tflop:.3f} TFLOP per step; median of {args.steps} steps after {args.warmup} warm-up; "
           f"MFU against {PEAK_TFLOPS:.0f} TFLOP/s dense bf16", flush=True)
     tokens = np.random.default_rng(0).integers(0, VOCAB, (args.warmup + args.steps + 2) * B * T + 1).astype(np.uint16)

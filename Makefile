@@ -26,8 +26,8 @@ endif
 NVCCFLAGS ?= -O3 -std=c++17 --use_fast_math $(CUDA_ARCH) -Xcompiler -fopenmp -I.
 NVCCFLAGS += -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 GPU_LDLIBS := -lcublasLt -lcublas -lcudnn
-GPU_HEADERS := $(wildcard llmc/*.cuh)
-# The GPU trainer talks to other GPUs with NCCL (llmc/comm_nccl.cuh), which ships with CUDA's devel
+GPU_HEADERS := $(wildcard llmc/*/*.cuh)
+# The GPU trainer talks to other GPUs with NCCL (llmc/parallel/comm_nccl.cuh), which ships with CUDA's devel
 # images (Debian: libnccl-dev). Without it there is no GPU trainer, and make says so.
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NCCL_H    := $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)
@@ -45,11 +45,11 @@ DEV_TARGETS := $(if $(NVCC),dev)
 # (data/gen_unicode_classes.cpp); every host header may include it, so it is built first.
 UNICODE_DATA ?= /usr/share/unicode
 UNICODE_TABLES := build/unicode_classes.h
-HOST_HEADERS := $(wildcard llmc/*.h) $(UNICODE_TABLES)
+HOST_HEADERS := $(wildcard llmc/*.h llmc/*/*.h) $(UNICODE_TABLES)
 
 # Both trainers run on several ranks over MPI (mpirun -np N) when MPI is installed; without it the
 # CPU trainer is a single-rank program, and the GPU trainer still runs many ranks under srun (NCCL
-# finds its peers through LLMC_RENDEZVOUS, see llmc/comm.h). `make USE_MPI=0` forces the MPI-less
+# finds its peers through LLMC_RENDEZVOUS, see llmc/parallel/comm.h). `make USE_MPI=0` forces the MPI-less
 # build. nvcc compiles the GPU trainer's host code with mpicxx, which adds MPI's headers and libraries.
 MPICXX  ?= $(shell command -v mpicxx 2>/dev/null)
 USE_MPI ?= $(if $(MPICXX),1,0)

@@ -5,18 +5,18 @@
 //
 // So a user who downloaded GPT-2 fine-tunes it without Python (`./train_gpt --model gpt2.bin ...`),
 // and what we train loads in `transformers` and the evaluation harnesses built on it. The mapping
-// (names, Conv1D transposes, vocabulary padding, the tied head) is in llmc/hf_gpt2.h; the
+// (names, Conv1D transposes, vocabulary padding, the tied head) is in llmc/io/hf_gpt2.h; the
 // safetensors reader and its checks in llmc/safetensors.h. The conversion moves bytes and does no
 // arithmetic, so export then import gives back the identical model file.
 #include <cstdio>
 #include <string>
 #include <vector>
-#include "llmc/cli.h"
-#include "llmc/formats.h"
-#include "llmc/hf_gpt2.h"
-#include "llmc/json.h"
-#include "llmc/model.h"
-#include "llmc/safetensors.h"
+#include "llmc/run/cli.h"
+#include "llmc/io/formats.h"
+#include "llmc/io/hf_gpt2.h"
+#include "llmc/io/json.h"
+#include "llmc/model/model.h"
+#include "llmc/io/safetensors.h"
 #include "llmc/utils.h"
 
 static const char* USAGE =

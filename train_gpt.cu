@@ -2,16 +2,16 @@
 // (data, tensor, sequence and pipeline parallelism, ZeRO-0 to 3).
 //
 // The same model, flags, files, initialisation, data order and schedule as train_gpt_cpu.cpp (all in
-// llmc/), computed by the kernels in llmc/*.cuh. Read it next to the CPU reference: the forward and
+// llmc/), computed by the kernels in llmc/kernels/. Read it next to the CPU reference: the forward and
 // backward passes call the kernels in the same order the CPU code calls its loops.
 //
 // Precision: parameters, activations and gradients are bf16 (2 bytes: half the memory traffic of
 // fp32, and the tensor cores' fast input type); every matmul and reduction accumulates in fp32;
 // AdamW keeps m and v in fp32 and, with --master-weights 1, an fp32 copy of the weights, from which
-// the bf16 weights are written with stochastic rounding (llmc/adamw.cuh). `make train_gpt_fp32`
+// the bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
 // builds the same code with fp32 everywhere, to debug against the CPU reference.
 //
-// Memory: every buffer comes from one table (llmc/gpu_buffers.h), sized before anything is
+// Memory: every buffer comes from one table (llmc/memory/gpu_buffers.h), sized before anything is
 // allocated and printed at start; a batch that does not fit fails before training with the largest
 // that would. --recompute trades compute for activation memory, exactly (bit-identical results).
 //
@@ -19,12 +19,12 @@
 // filtered for determinism, stochastic rounding seeded by (seed, step, index): two runs with the same
 // flags are bit-identical, and so is a resumed run.
 //
-// Many GPUs: `mpirun -np N ./train_gpt` (or srun) runs one copy per GPU on a process grid (llmc/
+// Many GPUs: `mpirun -np N ./train_gpt` (or srun) runs one copy per GPU on a process grid (llmc/parallel/
 // process_grid.h; docs/parallelism.md), as the CPU trainer does: dp data-parallel x tp tensor-parallel
 // x pp pipeline ranks. A rank holds a SLICE of the model and runs the passes below on it, in local
-// shapes, with one-line hooks where ranks meet: the tensor group's collectives (llmc/
-// tensor_parallel.cuh), the data group's ZeRO (llmc/zero.cuh: every stage, 0 to 3, its gradient sums
-// overlapped with the backward pass on a second CUDA stream), and the pipeline's sends (llmc/
+// shapes, with one-line hooks where ranks meet: the tensor group's collectives (llmc/parallel/
+// tensor_parallel.cuh), the data group's ZeRO (llmc/parallel/zero.cuh: every stage, 0 to 3, its gradient sums
+// overlapped with the backward pass on a second CUDA stream), and the pipeline's sends (llmc/parallel/
 // pipeline_parallel.cuh), walked by the "Parallelism on a grid" section. One GPU is the grid 1 x 1 x 1
 // and plain data parallelism dp x 1 x 1: the same path, whose hooks do nothing where a group has one
 // rank. Rank 0 prints, samples and writes the checkpoints' model.bin.
@@ -35,38 +35,38 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "llmc/cli.h"
-#include "llmc/comm_nccl.cuh"
-#include "llmc/dataloader.h"
-#include "llmc/estimate.h"
-#include "llmc/formats.h"
-#include "llmc/gpu_buffers.h"
-#include "llmc/hellaswag.h"
-#include "llmc/metrics.h"
-#include "llmc/model.h"
-#include "llmc/pipeline_parallel.h"
-#include "llmc/process_grid.h"
-#include "llmc/recompute.h"
-#include "llmc/run.h"
-#include "llmc/sampler.h"
-#include "llmc/sharding.h"
-#include "llmc/training.h"
+#include "llmc/run/cli.h"
+#include "llmc/parallel/comm_nccl.cuh"
+#include "llmc/io/dataloader.h"
+#include "llmc/memory/estimate.h"
+#include "llmc/io/formats.h"
+#include "llmc/memory/gpu_buffers.h"
+#include "llmc/run/hellaswag.h"
+#include "llmc/run/metrics.h"
+#include "llmc/model/model.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/model/recompute.h"
+#include "llmc/run/run.h"
+#include "llmc/run/sampler.h"
+#include "llmc/parallel/sharding.h"
+#include "llmc/run/training.h"
 #include "llmc/utils.h"
-#include "llmc/zero.h"
+#include "llmc/parallel/zero.h"
 
-#include "llmc/cuda_common.cuh"
-#include "llmc/adamw.cuh"
-#include "llmc/attention.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/fused_classifier.cuh"
-#include "llmc/gelu.cuh"
-#include "llmc/global_norm.cuh"
-#include "llmc/gpu_test_hooks.cuh"
-#include "llmc/layernorm.cuh"
-#include "llmc/matmul.cuh"
-#include "llmc/pipeline_parallel.cuh"
-#include "llmc/tensor_parallel.cuh"
-#include "llmc/zero.cuh"
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/optim/adamw.cuh"
+#include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/encoder.cuh"
+#include "llmc/kernels/fused_classifier.cuh"
+#include "llmc/kernels/gelu.cuh"
+#include "llmc/kernels/global_norm.cuh"
+#include "llmc/probes/gpu_test_hooks.cuh"
+#include "llmc/kernels/layernorm.cuh"
+#include "llmc/kernels/matmul.cuh"
+#include "llmc/parallel/pipeline_parallel.cuh"
+#include "llmc/parallel/tensor_parallel.cuh"
+#include "llmc/parallel/zero.cuh"
 
 // ==============================================================================================
 // Host <-> device copies of parameter-like arrays (fp32 on the host, floatX on the device)
@@ -102,7 +102,7 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 // ==============================================================================================
 // The model on the GPU
 //
-// On a process grid the model is this rank's SLICE (llmc/process_grid.h), and the code below is
+// On a process grid the model is this rank's SLICE (llmc/parallel/process_grid.h), and the code below is
 // written for it, in local shapes, as the CPU trainer's model section is:
 //     L   layers of the slice              Ca  attention channels: heads * head size (C / tp)
 //     C   channels of the residual stream  Cf  MLP hidden units (4C / tp)
@@ -110,12 +110,12 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
 // which on one rank are the model's own. Where ranks meet there are one-line hooks, each a no-op on
 // one rank (plain data parallelism has only the gradient sum, started in unit_grads_done):
-//     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/tensor_parallel.cuh)
-//     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/zero.cuh)
+//     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh)
+//     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/parallel/zero.cuh)
 //     unit_grads / unit_grads_done         ZeRO-2/3: a unit's gradient bucket, reduce-scattered when done;
 //                                          ZeRO-0/1: its part of the flat gradient, summed on the last micro-batch
 // and a pipeline stage without the embedding or the head skips them: its input arrives in the
-// residual stream's layer 0, its output gradient in dresidual (llmc/pipeline_parallel.cuh).
+// residual stream's layer 0, its output gradient in dresidual (llmc/parallel/pipeline_parallel.cuh).
 
 struct GPT2 {
     GPT2Config config;
@@ -138,7 +138,7 @@ struct GPT2 {
     std::vector<int> bucket_count;
     std::vector<int> buckets;           // per slot: the number of the encoder backward's token buckets
     TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
-    ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/zero.cuh); one rank: nothing to send
+    ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/parallel/zero.cuh); one rank: nothing to send
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -232,7 +232,7 @@ static void gpt2_upload_batch(GPT2* m, const int* inputs, const int* targets) {
 // into the flat arrays, or nothing at all
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
-// llmc/zero.h) as the kernels address them; with ZeRO-3 all-gathered just now, the unit `next`
+// llmc/parallel/zero.h) as the kernels address them; with ZeRO-3 all-gathered just now, the unit `next`
 // (or -1) already on its way.
 static ParamTensors<floatX> unit_weights(GPT2* m, int unit, int next) {
     if (m->zero.plan.stage == 3) return zero_weights(&m->zero, unit, next);
@@ -247,7 +247,7 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
     return flat_unit_view(B_<floatX>(m, GB_GRADS), m->layout, m->slice.num_layers, unit);
 }
 // A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
-// (llmc/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`), after
+// (llmc/parallel/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`), after
 // the sequence-parallel LayerNorm gradients are summed over the tensor group.
 static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
     if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
@@ -273,12 +273,12 @@ static void gpt2_forward(GPT2* m) {
     int B = m->B, T = m->T;
     int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
     size_t rc = (size_t)R * C;  // the residual stream's values per layer
-    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/recompute.h)
+    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/model/recompute.h)
     bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
     floatX* local = B_<floatX>(m, GB_TP_LOCAL);      // sequence parallelism: this rank's rows of it
-    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
 
     if (sl.first_stage) {
         ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));
@@ -380,7 +380,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     int B = m->B, T = m->T;
     int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
     size_t rc = (size_t)R * C;
-    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/recompute.h)
+    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/model/recompute.h)
     bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* dresidual = A_<floatX>(m, GB_DRESIDUAL);
@@ -474,7 +474,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 }
 
 // ==============================================================================================
-// The step's gradient and update, on any grid (docs/parallelism.md; llmc/zero.cuh, read it first)
+// The step's gradient and update, on any grid (docs/parallelism.md; llmc/parallel/zero.cuh, read it first)
 //
 // N data-parallel ranks, each on its own slice of every batch, each seeding its backward with
 // 1/(tokens of the whole step), so that the step's gradient is the plain SUM over ranks, as in the
@@ -508,7 +508,7 @@ static float reduce_gradients(GPT2* m, GpuComm* world) {
     return norm;
 }
 
-// Clipping and AdamW over the parameters this rank updates (llmc/adamw.cuh, through zero_adamw),
+// Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
 // then the data-parallel ranks share the updated weights. Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, const TrainOptions& o, float lr, int step, float norm) {
     float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
@@ -590,7 +590,7 @@ struct Parallel {
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
 // elsewhere). The last backward hands the data group its units (ZeRO-0/1). With `dump`, the
-// first micro-batch's logits and loss are kept (--dump-state, llmc/gpu_test_hooks.cuh).
+// first micro-batch's logits and loss are kept (--dump-state, llmc/probes/gpu_test_hooks.cuh).
 static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step, GpuDump* dump) {
     const ModelSlice& sl = m->slice;
     PipelineGpu* pipe = &par->pipe;
@@ -647,7 +647,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)
             CUDA_CHECK(cudaStreamSynchronize(m->stream));
             pipe->busy_seconds += seconds_since(busy);
-            // a send goes with the next action's receive, if it has one (llmc/pipeline_parallel.cuh)
+            // a send goes with the next action's receive, if it has one (llmc/parallel/pipeline_parallel.cuh)
             if (!pipe_next_action_receives(order, k, sl.first_stage, sl.last_stage)) pipe_flush(pipe, m->stream);
         }
     }
@@ -699,14 +699,14 @@ static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const i
     return targets ? gpt2_classifier(m, 0.0f, false) : 0.0f;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run.h).
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
 static float evaluate(GPT2* m, Parallel* par, DataLoader* val, int batches) {
     return evaluate_loss(val, batches, par->grid, par->model_parallel,
         [&](const int* inputs, const int* targets) { return (double)pipeline_forward(m, par, inputs, targets); },
         [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "collecting the validation loss"); });
 }
 
-// A sample (llmc/run.h). The model runs on the full (B, T) it was sized for (one cuDNN plan, no new
+// A sample (llmc/run/run.h). The model runs on the full (B, T) it was sized for (one cuDNN plan, no new
 // shapes); the window sits at the start of row 0 and, attention being causal, what follows it
 // cannot change the logits we read. On a model-parallel grid the last stage's tensor ranks send
 // their vocabulary rows of the logits to rank 0.
@@ -772,7 +772,7 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
     return all;
 }
 
-// A checkpoint (llmc/run.h: write_checkpoint says which rank writes which file), from the GPU's
+// A checkpoint (llmc/run/run.h: write_checkpoint says which rank writes which file), from the GPU's
 // buffers: model.bin the bf16 weights bit for bit (fp32 in the fp32 build); the state files the
 // fp32 master weights beside m and v, or without them the bf16 weights widened. Without a rank
 // holding every weight, every rank sends its slice to rank 0. On the same grid a resumed run reads
@@ -898,7 +898,7 @@ static void check_gpu_shape(const GPT2Config& cfg) {
     }
 }
 
-// The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/process_grid.h). A grid
+// The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/parallel/process_grid.h). A grid
 // this model or batch cannot use stops here, on every rank, before any GPU is touched.
 static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
     const ProcessGrid& grid = par->grid;
@@ -1029,7 +1029,7 @@ static void print_resumed(const std::string& resume_dir, const TrainStateHeader&
     printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
 }
 
-// HellaSwag (llmc/run.h); the GPU runs its full (B, T) only (one cuDNN plan).
+// HellaSwag (llmc/run/run.h); the GPU runs its full (B, T) only (one cuDNN plan).
 static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
     hellaswag_report(hellaswag, B, T, true, par->grid, par->model_parallel, step, mlog,
         [&](const int* in, const int* tg, int, int) {
@@ -1039,7 +1039,7 @@ static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag,
         [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "sum of the hellaswag counts"); });
 }
 
-// --dump-state's end (llmc/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
+// --dump-state's end (llmc/probes/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
 static void dump_at_end(GPT2* m, Parallel* par, GpuDump* dump, const std::string& path, int B, int T) {
     if (!dump->on) return;
     std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
@@ -1125,7 +1125,7 @@ int main(int argc, char** argv) {
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
-    if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/estimate.h)
+    if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/memory/estimate.h)
         print_estimate(estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention));
         return 0;
     }

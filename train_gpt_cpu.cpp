@@ -1,6 +1,6 @@
 // train_gpt_cpu.cpp — GPT-2 training on the CPU, in fp32: the reference for every GPU kernel.
 //
-// Read it top to bottom after its layers (llmc/cpu_layers.h: each forward and backward pass written
+// Read it top to bottom after its layers (llmc/model/cpu_layers.h: each forward and backward pass written
 // out by hand, no autograd): the model that strings them together, the optimizer step, and the
 // training loop. Everything the GPU trainer shares with this one (shapes, files, flags, data,
 // schedule, sampling, the process grid of data, tensor and pipeline parallelism) lives in llmc/;
@@ -21,37 +21,37 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "llmc/cli.h"
-#include "llmc/comm.h"
-#include "llmc/cpu_buffers.h"
-#include "llmc/cpu_layers.h"
-#include "llmc/cpu_memory_report.h"
-#include "llmc/cpu_profile.h"
-#include "llmc/dataloader.h"
-#include "llmc/estimate.h"
-#include "llmc/formats.h"
-#include "llmc/hellaswag.h"
-#include "llmc/metrics.h"
-#include "llmc/model.h"
-#include "llmc/sampler.h"
-#include "llmc/pipeline_parallel.h"
-#include "llmc/process_grid.h"
-#include "llmc/recompute.h"
-#include "llmc/run.h"
-#include "llmc/sharding.h"
-#include "llmc/state_dump.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/training.h"
-#include "llmc/zero.h"
+#include "llmc/run/cli.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/memory/cpu_buffers.h"
+#include "llmc/model/cpu_layers.h"
+#include "llmc/probes/cpu_memory_report.h"
+#include "llmc/probes/cpu_profile.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/memory/estimate.h"
+#include "llmc/io/formats.h"
+#include "llmc/run/hellaswag.h"
+#include "llmc/run/metrics.h"
+#include "llmc/model/model.h"
+#include "llmc/run/sampler.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/model/recompute.h"
+#include "llmc/run/run.h"
+#include "llmc/parallel/sharding.h"
+#include "llmc/probes/state_dump.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/run/training.h"
+#include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
 
-using namespace cpu;  // the layers (llmc/cpu_layers.h), named cpu:: for the kernel lab, which has GPU twins of them
+using namespace cpu;  // the layers (llmc/model/cpu_layers.h), named cpu:: for the kernel lab, which has GPU twins of them
 
 // ==============================================================================================
-// The model: parameters, their gradients and AdamW moments (flat arrays, see llmc/model.h), and
+// The model: parameters, their gradients and AdamW moments (flat arrays, see llmc/model/model.h), and
 // the activations of one micro-batch.
 //
-// On one rank the model is all of GPT-2. On a process grid (llmc/process_grid.h) a rank holds a
+// On one rank the model is all of GPT-2. On a process grid (llmc/parallel/process_grid.h) a rank holds a
 // SLICE: its pipeline stage's layers, its tensor rank's share of heads, hidden units and
 // vocabulary. The code below is written for the slice, in local shapes:
 //     L   layers of the slice              Ca  attention channels: heads * head size (C / tp)
@@ -60,10 +60,10 @@ using namespace cpu;  // the layers (llmc/cpu_layers.h), named cpu:: for the ker
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
 // which on one rank are simply the model's own. Three pairs of one-line hooks mark where ranks talk;
 // each does nothing on one rank:
-//     tp_all_rows / tp_sum_rows            tensor and sequence parallelism (llmc/tensor_parallel.h)
-//     unit_weights / release_unit_weights  ZeRO-3: all-gather a layer's weights, free them (llmc/zero.h)
+//     tp_all_rows / tp_sum_rows            tensor and sequence parallelism (llmc/parallel/tensor_parallel.h)
+//     unit_weights / release_unit_weights  ZeRO-3: all-gather a layer's weights, free them (llmc/parallel/zero.h)
 //     unit_grads / unit_grads_done         ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done
-// and pipeline stages (llmc/pipeline_parallel.h) skip the embedding or the head that is not theirs:
+// and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or the head that is not theirs:
 // their input arrives in acts.encoded, their output gradient in acts.dresidual.
 
 // Every activation the backward pass needs, for B x T tokens. Per-layer tensors are stacked over
@@ -91,7 +91,7 @@ struct Activations {
 // Backward scratch, one layer's worth, reused by every layer and every micro-batch.
 struct Workspace {
     std::vector<float> dbuf_c, dbuf_3c, dbuf_4c;      // (B,T,C), (B,T,3Ca), (B,T,Cf)
-    // --recompute (llmc/recompute.h): the one layer of what is not kept per layer. The forward
+    // --recompute (llmc/model/recompute.h): the one layer of what is not kept per layer. The forward
     // writes and reads it within a layer; the backward refills it right before each use.
     std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
     std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
@@ -107,7 +107,7 @@ struct GPT2 {
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
     Workspace work;
-    std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/cpu_buffers.h)
+    std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/memory/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
     int recompute = 0;             // --recompute: 1 keeps no fch_gelu per layer, 2 also no ln1, ln2
     TensorParallel tp;             // degree 1 on one rank: every tensor-parallel hook is a no-op
@@ -190,7 +190,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
-// llmc/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
+// llmc/parallel/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
 // stacked tensor), or with ZeRO-3 into a buffer that all-gathered them from the data-parallel ranks
 // just now.
 static ParamTensors<float> unit_weights(GPT2* model, int unit) {
@@ -240,8 +240,8 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
-    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
-    // --recompute (llmc/recompute.h): what is not kept per layer goes to one layer of scratch
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
+    // --recompute (llmc/model/recompute.h): what is not kept per layer goes to one layer of scratch
     RecomputePlan keep = recompute_plan(model->recompute);
 
     if (s.first_stage) {
@@ -326,9 +326,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
-    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/zero.h)
+    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
     float* dresidual = a.dresidual.data();
-    RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/recompute.h)
+    RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/model/recompute.h)
 
     if (s.last_stage) {  // classifier and final LayerNorm
         const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
@@ -402,10 +402,10 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 }
 
 // ==============================================================================================
-// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/cpu_layers.h).
+// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/model/cpu_layers.h).
 
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
-// (llmc/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
+// (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
 // gradients and moments are). Weight decay differs per tensor; each element's update depends on
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
 // weights of updating it whole.
@@ -424,14 +424,14 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
 //
 // `mpirun -np N ./train_gpt_cpu --tensor-parallel t --pipeline-parallel p --zero z` runs N copies
 // ("ranks") of this program on a grid of dp = N/(t p) data-parallel x t tensor-parallel x p
-// pipeline ranks (llmc/process_grid.h). One rank holds one slice of the model and runs the code
+// pipeline ranks (llmc/parallel/process_grid.h). One rank holds one slice of the model and runs the code
 // above on it. Around it, a training step is:
 //   1. forward and backward of the step's micro-batches, in the order of the pipeline schedule
-//      (llmc/pipeline_parallel.h; without a pipeline: F0 B0 F1 B1 ..., gradient accumulation),
+//      (llmc/parallel/pipeline_parallel.h; without a pipeline: F0 B0 F1 B1 ..., gradient accumulation),
 //      receiving activations from the previous stage and gradients from the next;
 //   2. the tied embedding's gradient joins the first stage's, the sequence-parallel LayerNorm
-//      gradients are summed over the tensor group (llmc/tensor_parallel.h), and the data-parallel
-//      ranks sum their gradients (llmc/zero.h: ZeRO-0/1 here, ZeRO-2/3 already during backward);
+//      gradients are summed over the tensor group (llmc/parallel/tensor_parallel.h), and the data-parallel
+//      ranks sum their gradients (llmc/parallel/zero.h: ZeRO-0/1 here, ZeRO-2/3 already during backward);
 //   3. the gradient norm: each rank adds the squares of what it owns, the world adds them up;
 //   4. AdamW on what this rank owns, then the data-parallel ranks share the result, and the first
 //      stage sends the updated tied embedding to the last.
@@ -514,7 +514,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             }
         }
         // this action's sends complete in the next action's receive, or now if it has none
-        // (llmc/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
+        // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
         in_flight = &a.sends;
         if (!pipe_next_action_receives(order, k, s.first_stage, s.last_stage)) {
             comm_wait_sends(pp, in_flight);
@@ -577,14 +577,14 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
     return loss;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run.h).
+// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
 static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
     return evaluate_loss(val, batches, par->grid, par->model_parallel,
         [&](const int* inputs, const int* targets) { return pipeline_forward(model, par, inputs, targets, val->B, val->T); },
         [&](double x) { return comm_sum(&par->comms.world, x, "collecting the validation loss"); });
 }
 
-// A sample (llmc/run.h), each token from a forward pass over the window of the last max_T tokens.
+// A sample (llmc/run/run.h), each token from a forward pass over the window of the last max_T tokens.
 // Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
 // multiple of the degree (a causal model's earlier positions never see the padding).
 static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
@@ -654,7 +654,7 @@ static void fail_unless_weights_finite(GPT2* model, Parallel* par, int step) {
     }
 }
 
-// A checkpoint (llmc/run.h: write_checkpoint says which rank writes which file). The CPU's weights
+// A checkpoint (llmc/run/run.h: write_checkpoint says which rank writes which file). The CPU's weights
 // and optimizer state are on the host already; without a rank holding every weight, rank 0
 // assembles model.bin from the state files' weights.
 static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, const RunPlan& plan, int step,
@@ -675,7 +675,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 }
 
 // ==============================================================================================
-// Memory, measured (llmc/cpu_memory_report.h reports it against --estimate's prediction)
+// Memory, measured (llmc/probes/cpu_memory_report.h reports it against --estimate's prediction)
 
 // What this rank really holds for each row of its table: the capacity of the vectors the row sized
 // (every micro-batch's, for the rows that have one each), that is what the allocator was asked
@@ -694,7 +694,7 @@ static std::vector<size_t> held_bytes(GPT2* model) {
 }
 
 // ==============================================================================================
-// --dump-state (llmc/state_dump.h): after the first step, its logits, loss and (summed, unclipped)
+// --dump-state (llmc/probes/state_dump.h): after the first step, its logits, loss and (summed, unclipped)
 // gradient, on rank 0; after every step, its loss; at the end, the weights, and rank 0 writes the file.
 
 static void dump_after_step(GPT2* model, Parallel* par, StateDump* d, bool first, double step_loss, size_t rows) {
@@ -802,7 +802,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
 }
 
-// HellaSwag (llmc/run.h), in batches of the rows in use unless the forward pass spans ranks.
+// HellaSwag (llmc/run/run.h), in batches of the rows in use unless the forward pass spans ranks.
 static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
     hellaswag_report(hellaswag, B, T, par->model_parallel, par->grid, par->model_parallel, step, mlog,
         [&](const int* in, const int* tg, int rows, int Tp) {
@@ -817,7 +817,7 @@ static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellas
 
 // One optimizer step (step + 1), the training loop's core: the gradients zeroed, forward and
 // backward of the step's micro-batches, the gradient summed and its norm, then AdamW unless the
-// step is unsound (llmc/training.h: step_is_sound). `dump`: the first step of --dump-state, whose
+// step is unsound (llmc/run/training.h: step_is_sound). `dump`: the first step of --dump-state, whose
 // first logits and loss forward_backward keeps.
 struct StepResult {
     double loss;  // the mean over every token of the step, all ranks together
@@ -851,7 +851,7 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
-    if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/estimate.h)
+    if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h)
         Comm launched;
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
         if (launched.rank == 0) print_estimate(estimate_setup(o, Trainer::CPU, 4, false, false));
@@ -862,7 +862,7 @@ int main(int argc, char** argv) {
     comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
     bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
 
-    // ---- the grid: who works with whom (llmc/process_grid.h)
+    // ---- the grid: who works with whom (llmc/parallel/process_grid.h)
     Parallel par;
     std::string why = make_grid(world.world_size, world.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
                                 o.sequence_parallel, &par.grid);

@@ -37,9 +37,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/formats.h"
-#include "llmc/json.h"
-#include "llmc/tokenizer.h"
+#include "llmc/io/formats.h"
+#include "llmc/io/json.h"
+#include "llmc/io/tokenizer.h"
 
 namespace fs = std::filesystem;
 

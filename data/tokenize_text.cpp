@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/tokenizer.h"
+#include "llmc/io/tokenizer.h"
 
 // Exit codes as in every tool of the project: 1 for bad input, 2 for a bad command line.
 [[noreturn]] static void fail(const std::string& message, int code = 1) {

@@ -26,7 +26,7 @@
 constexpr int EXIT_BAD_INPUT = 1;
 constexpr int EXIT_BAD_USAGE = 2;
 
-// Set by llmc/comm.h in a run of several ranks: called after the message is printed, so that one
+// Set by llmc/parallel/comm.h in a run of several ranks: called after the message is printed, so that one
 // rank's error stops every rank instead of leaving the others waiting in a collective forever.
 inline void (*on_fail)(int code) = nullptr;
 

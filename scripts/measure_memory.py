@@ -2,7 +2,7 @@
 """measure_memory.py — the GPU trainer's memory: predicted by --estimate, measured by CUDA.
 
 For each model, micro-batch and recompute level:
-  predicted  `train_gpt ... --estimate`: the total of rank 0's size table (llmc/gpu_buffers.h), computed
+  predicted  `train_gpt ... --estimate`: the total of rank 0's size table (llmc/memory/gpu_buffers.h), computed
              on the host before anything is allocated; cuDNN's workspace is its pre-plan bound there
   table      the same table as the trainer really allocated it (cuDNN's workspace as its plans ask)
   measured   what cudaMemGetInfo says the run took: peak in use minus in use before allocation (the

@@ -3,7 +3,7 @@
 
     scripts/plot_metrics.py out/run1 out/run2/metrics.jsonl -o curves.png [--x tokens] [--labels a,b]
 
-Each argument is a metrics.jsonl written by a trainer (llmc/metrics.h) or the --out-dir holding
+Each argument is a metrics.jsonl written by a trainer (llmc/run/metrics.h) or the --out-dir holding
 one. The picture has a panel for the training loss (thin) with the validation loss (dots), one for
 throughput (tokens/s), and one for HellaSwag accuracy when a log has it; the x axis is the step or,
 with --x tokens, the tokens seen (what compares runs of different batch sizes). A resumed run

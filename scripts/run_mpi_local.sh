@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_mpi_local.sh — data-parallel training on ONE machine: NP copies of the trainer, one per rank,
 # started by mpirun. Each rank trains on its own slice of every batch; after the backward pass the
-# ranks sum their gradients (llmc/comm.h, docs/parallelism.md).
+# ranks sum their gradients (llmc/parallel/comm.h, docs/parallelism.md).
 #
 #   scripts/run_mpi_local.sh NP [trainer flags...]
 #   scripts/run_mpi_local.sh 2 --model d12 --batch-size 4 --total-batch-tokens 32768 --zero 1

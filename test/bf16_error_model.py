@@ -38,7 +38,7 @@ class StoreBF16(torch.autograd.Function):
 
 
 def stochastic_bf16(x, gen):
-    """Round to bf16 up or down with probability proportional to the distance (as llmc/adamw.cuh)."""
+    """Round to bf16 up or down with probability proportional to the distance (as llmc/optim/adamw.cuh)."""
     bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     bits = ((bits + torch.randint(0, 65536, x.shape, generator=gen, dtype=torch.int64)) >> 16) << 16
     return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)

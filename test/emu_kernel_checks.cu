@@ -14,7 +14,7 @@
 //   classifier           the fused softmax / cross-entropy / gradient (block_max, block_sum, the warp
 //                        reductions): losses and the gradient written over the logits
 //   matmul               cuBLASLt forward with bias, backward data, backward weight (accumulated)
-//                        through llmc/matmul.cuh, and the bias-gradient kernel
+//                        through llmc/kernels/matmul.cuh, and the bias-gradient kernel
 // Tolerances: every kernel computes in fp32 from bf16 inputs and rounds its output to bf16 once, so
 // a bf16 output may be off by one bf16 ulp (2^-7 relative) plus a few fp32 roundings of the terms
 // summed; the float outputs (mean, rstd, losses) by a few fp32 roundings of their terms.
@@ -30,9 +30,9 @@
 #include <functional>
 #include <string>
 #include <vector>
-#include "llmc/fused_classifier.cuh"
-#include "llmc/layernorm.cuh"
-#include "llmc/matmul.cuh"
+#include "llmc/kernels/fused_classifier.cuh"
+#include "llmc/kernels/layernorm.cuh"
+#include "llmc/kernels/matmul.cuh"
 
 static const double BF16_ULP = 1.0 / 128;  // one unit in the last place of bf16, relative
 static const double FP32_EPS = 1.0 / (1 << 23);

@@ -18,8 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-#include "llmc/formats.h"
-#include "llmc/json.h"
+#include "llmc/io/formats.h"
+#include "llmc/io/json.h"
 
 struct Refused : std::runtime_error {
     using std::runtime_error::runtime_error;

@@ -1,4 +1,4 @@
-// gpu_comm_check.cu — on a GPU machine: do llmc/comm_nccl.cuh's collectives give the exact sums?
+// gpu_comm_check.cu — on a GPU machine: do llmc/parallel/comm_nccl.cuh's collectives give the exact sums?
 //
 // Not a test_* program: it needs GPUs and mpirun, so `make test` only compiles it
 // (test/test_comm_builds.sh); `make gpu-check` runs it with 1 and 2 ranks. On a GPU machine:
@@ -9,7 +9,7 @@
 // must equal the closed forms bit for bit, whatever order NCCL or MPI adds in.
 #include <cstdio>
 #include <vector>
-#include "llmc/comm_nccl.cuh"
+#include "llmc/parallel/comm_nccl.cuh"
 
 static int failures = 0;
 

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("LLMC_CPU_TRAINER", os.path.join(ROOT, "train_gpt_cpu"))  # or a sanitizer build
 MODEL = "L=2,C=64,H=4,T=64,V=512"
 
-# training-state header offsets (llmc/formats.h, TrainStateHeader): step, and the loader's position
+# training-state header offsets (llmc/io/formats.h, TrainStateHeader): step, and the loader's position
 STATE_STEP, STATE_SHARD_INDEX, STATE_POSITION = 8, 72, 80
 
 

@@ -1,4 +1,4 @@
-// test_comm.cpp — the parts of llmc/comm.h that need no MPI: how a process learns its rank from
+// test_comm.cpp — the parts of llmc/parallel/comm.h that need no MPI: how a process learns its rank from
 // the launcher's environment, and the file and TCP rendezvous that hand NCCL's unique id from
 // rank 0 to every rank when there is no MPI. Ranks are simulated with fork(): each child is one
 // rank, reports what it received through its exit code, and the parent checks.
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 #include <vector>
-#include "llmc/comm.h"
+#include "llmc/parallel/comm.h"
 
 static int failures = 0;
 

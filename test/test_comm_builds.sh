@@ -2,7 +2,7 @@
 # test_comm_builds.sh — every build of the communication layer compiles, including the ones this
 # machine cannot run:
 #   - the CPU trainer without MPI (a user without Open MPI must still get a single-rank trainer);
-#   - llmc/comm_nccl.cuh (NCCL + CUDA) through test/gpu_comm_check.cu, with nvcc, without and with
+#   - llmc/parallel/comm_nccl.cuh (NCCL + CUDA) through test/gpu_comm_check.cu, with nvcc, without and with
 #     MPI, and linked against NCCL when its library is present (so every NCCL call it names exists);
 #   - the GPU trainer without MPI, linked (one GPU, or many under srun with NCCL alone; `make` builds
 #     it with MPI when mpicxx is installed, so that build is checked by make itself).

@@ -127,7 +127,7 @@ def main():
                f"exit {p.returncode}, stderr {p.stderr!r}")
     helptext = run(["--help"]).stdout
     flags = [l.split()[0] for l in helptext.splitlines() if l.startswith("  --")]
-    cli_source = open(os.path.join(ROOT, "llmc", "cli.h")).read()
+    cli_source = open(os.path.join(ROOT, "llmc", "run", "cli.h")).read()
     table_flags = ["--" + line.split('"')[1] for line in cli_source.splitlines()
                    if line.strip().startswith('{"') and "Scope::GPUOnly" not in line]
     report(sorted(flags) == sorted(table_flags) and "[default: 6e-04]" not in helptext and "[default: 0.0006]" in helptext,

@@ -78,7 +78,9 @@ def repo_cublas_calls():
     """The cuBLAS functions the repository calls, with cublas_v2.h's macros applied (cublasCreate ->
     cublasCreate_v2), found by the preprocessor rather than by a list kept here."""
     names = set()
-    dirs = [("", ".cu"), ("llmc", ".cuh"), ("llmc", ".h"), ("dev/cuda", ".cu"), ("dev/cuda", ".h"), ("test", ".cu")]
+    llmc = [os.path.relpath(d, ROOT) for d, _, _ in os.walk(os.path.join(ROOT, "llmc"))]
+    dirs = [("", ".cu")] + [(d, ext) for d in llmc for ext in (".cuh", ".h")] + \
+        [("dev/cuda", ".cu"), ("dev/cuda", ".h"), ("test", ".cu")]
     for d, ext in dirs:
         for f in sorted(os.listdir(os.path.join(ROOT, d))):
             if f.endswith(ext):

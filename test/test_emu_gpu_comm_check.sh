@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_emu_gpu_comm_check.sh — build/gpu_comm_check (llmc/comm_nccl.cuh's collectives must give exact
+# test_emu_gpu_comm_check.sh — build/gpu_comm_check (llmc/parallel/comm_nccl.cuh's collectives must give exact
 # sums) on the CPU emulation of CUDA, where a one-GPU machine cannot go: the NCCL path with 2, 3 and
 # 4 ranks (CUDA_EMU_DEVICES=4: a GPU per rank, NCCL stood in for over MPI, test/emu/nccl_standin.cpp),
 # and the host-staged path with 2 ranks sharing one GPU. On a GPU machine `make gpu-check` runs the

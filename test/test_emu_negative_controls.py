@@ -49,53 +49,53 @@ def cuda_include():
 # `catch` is "all", or a dict {schedule: True/False} for the races (random's outcome is reported).
 
 MUTATIONS = [
-    ("a deleted __syncthreads in block_sum (llmc/cuda_common.cuh)", "llmc/cuda_common.cuh",
+    ("a deleted __syncthreads in block_sum (llmc/kernels/cuda_common.cuh)", "llmc/kernels/cuda_common.cuh",
      "    __syncthreads();\n    v = lane < warps ? shared[lane] : 0.0f;",
      "    \n    v = lane < warps ? shared[lane] : 0.0f;", "classifier", "all"),
-    ("a wrong shuffle offset in warp_sum's butterfly (16 -> 8: half the warp summed)", "llmc/cuda_common.cuh",
+    ("a wrong shuffle offset in warp_sum's butterfly (16 -> 8: half the warp summed)", "llmc/kernels/cuda_common.cuh",
      "for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync",
      "for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync", "layernorm_forward", "all"),
     ("an off-by-one loop bound c <= C in the LayerNorm forward's output loop (C=768: reads past the weight)",
-     "llmc/layernorm.cuh",
+     "llmc/kernels/layernorm.cuh",
      "    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {\n"
      "        x128 x8 = load128(x + c), w8 = load128(weight + c)",
      "    for (int c = lane * x128::size; c <= C; c += 32 * x128::size) {\n"
      "        x128 x8 = load128(x + c), w8 = load128(weight + c)", "layernorm_forward_768", "all"),
     ("an off-by-one loop bound c <= C within an allocation's padding to 256 bytes (C=64: the weight is 128 "
-     "bytes; the last row's output lands past the end of its buffer)", "llmc/layernorm.cuh",
+     "bytes; the last row's output lands past the end of its buffer)", "llmc/kernels/layernorm.cuh",
      "    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {\n"
      "        x128 x8 = load128(x + c), w8 = load128(weight + c)",
      "    for (int c = lane * x128::size; c <= C; c += 32 * x128::size) {\n"
      "        x128 x8 = load128(x + c), w8 = load128(weight + c)", "layernorm_forward_64", "all"),
     ("an off-by-one c + k <= V in the classifier (the first padding logit joins the softmax)",
-     "llmc/fused_classifier.cuh", "k < x128::size && c + k < V; k++) {", "k < x128::size && c + k <= V; k++) {",
+     "llmc/kernels/fused_classifier.cuh", "k < x128::size && c + k < V; k++) {", "k < x128::size && c + k <= V; k++) {",
      "classifier", "all"),
     ("a missing shared-memory opt-in (cudaFuncSetAttribute deleted; LayerNorm backward at C=1600 needs 50 KiB)",
-     "llmc/layernorm.cuh",
+     "llmc/kernels/layernorm.cuh",
      "        CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));",
      "        (void)0;", "layernorm_backward_1600", "all"),
-    ("a wrong cuBLASLt transpose (matmul_forward's transa flipped)", "llmc/matmul.cuh",
+    ("a wrong cuBLASLt transpose (matmul_forward's transa flipped)", "llmc/kernels/matmul.cuh",
      "cublaslt_matmul(ctx, out, weight, inp, bias, OC, N, IC, true, false, false, stream);",
      "cublaslt_matmul(ctx, out, weight, inp, bias, OC, N, IC, false, false, false, stream);", "matmul", "all"),
     ("exited lanes named in a shuffle mask (LayerNorm forward's lanes without channels return early; C=64)",
-     "llmc/layernorm.cuh", "    if (row >= N) return;", "    if (row >= N || lane * x128::size >= C) return;",
+     "llmc/kernels/layernorm.cuh", "    if (row >= N) return;", "    if (row >= N || lane * x128::size >= C) return;",
      "layernorm_forward_64", "all"),
-    ("a block of 2048 threads (CLASSIFIER_THREADS = 2048)", "llmc/fused_classifier.cuh",
+    ("a block of 2048 threads (CLASSIFIER_THREADS = 2048)", "llmc/kernels/fused_classifier.cuh",
      "constexpr int CLASSIFIER_THREADS = 512;", "constexpr int CLASSIFIER_THREADS = 2048;", "classifier", "all"),
     ("a launch over the kernel's __launch_bounds__(512) (the classifier launched with 1024 threads)",
-     "llmc/fused_classifier.cuh", "fused_classifier_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>",
+     "llmc/kernels/fused_classifier.cuh", "fused_classifier_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>",
      "fused_classifier_kernel<<<N, 1024, 0, stream>>>", "classifier", "all"),
-    ("uninitialised shared memory (the LayerNorm backward's accumulators never zeroed)", "llmc/layernorm.cuh",
+    ("uninitialised shared memory (the LayerNorm backward's accumulators never zeroed)", "llmc/kernels/layernorm.cuh",
      "        for (int k = 0; k < x128::size; k++) dw_acc[c + k] = db_acc[c + k] = 0.0f;", "        ;",
      "layernorm_backward", "all"),
     ("uninitialised device memory (the residual never stored, then read back for the statistics)",
-     "llmc/layernorm.cuh", "            store128(r + c, r8);", "            ;", "layernorm_forward", "all"),
+     "llmc/kernels/layernorm.cuh", "            store128(r + c, r8);", "            ;", "layernorm_forward", "all"),
     ("a race: the classifier's __syncthreads before the in-place gradient deleted (z[target] overwritten "
-     "before thread 0 reads it)", "llmc/fused_classifier.cuh",
+     "before thread 0 reads it)", "llmc/kernels/fused_classifier.cuh",
      "    __syncthreads();  // thread 0 read z[target] above; it is about to be overwritten", "    ;",
      "classifier", {"forward": False, "reverse": True}),
     ("a race: the bias gradient's __syncthreads deleted (row 0 of the block sums the others' partials)",
-     "llmc/matmul.cuh", "    __syncthreads();\n    if (threadIdx.y == 0 && c < OC) {",
+     "llmc/kernels/matmul.cuh", "    __syncthreads();\n    if (threadIdx.y == 0 && c < OC) {",
      "    \n    if (threadIdx.y == 0 && c < OC) {", "matmul", {"forward": True, "reverse": False}),
 ]
 
@@ -104,7 +104,8 @@ MUTATIONS = [
 
 def sources():
     """The files the checks program includes, relative to ROOT."""
-    llmc = sorted(f"llmc/{f}" for f in os.listdir(os.path.join(ROOT, "llmc")) if f.endswith((".cuh", ".h")))
+    llmc = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(os.path.join(ROOT, "llmc"))
+                  for f in files if f.endswith((".cuh", ".h")))
     return [CHECKS] + llmc
 
 

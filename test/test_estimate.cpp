@@ -1,4 +1,4 @@
-// test_estimate.cpp — the estimator's arithmetic (llmc/estimate.h), checked on the CPU against numbers
+// test_estimate.cpp — the estimator's arithmetic (llmc/memory/estimate.h), checked on the CPU against numbers
 // worked out by hand (each derivation is in the comment next to it) and against the size tables.
 //   worked example   a 12-layer, 768-wide, 512-context, 12-head GPT with a 40,512-token vocabulary and an
 //                    untied output layer (~147M parameters): its parameter count, 16N/18N/12N bytes, the
@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include "llmc/estimate.h"
+#include "llmc/memory/estimate.h"
 
 static int failures = 0;
 static void check(bool ok, const std::string& name, const std::string& why = "") {

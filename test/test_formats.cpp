@@ -10,10 +10,10 @@
 #include <functional>
 #include <string>
 #include <vector>
-#include "llmc/formats.h"
-#include "llmc/dataloader.h"
-#include "llmc/model.h"
-#include "llmc/training.h"
+#include "llmc/io/formats.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/model/model.h"
+#include "llmc/run/training.h"
 
 static int failures = 0;
 

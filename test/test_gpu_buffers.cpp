@@ -1,10 +1,10 @@
-// test_gpu_buffers.cpp — the GPU trainer's buffer table (llmc/gpu_buffers.h) and MFU peak table,
+// test_gpu_buffers.cpp — the GPU trainer's buffer table (llmc/memory/gpu_buffers.h) and MFU peak table,
 // checked on the CPU: the trainer allocates exactly these sizes, so they must be right without a GPU.
 #include <cstdio>
 #include <string>
-#include "llmc/gpu_buffers.h"
-#include "llmc/process_grid.h"
-#include "llmc/training.h"
+#include "llmc/memory/gpu_buffers.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/run/training.h"
 
 static int failures = 0;
 static void check(bool ok, const char* name, const std::string& why) {
@@ -73,7 +73,7 @@ int main() {
         no_grid_rows = no_grid_rows && t[b].bytes() == 0 && three[b].bytes() == 0;
     check(no_grid_rows, "one rank and data parallelism allocate none of the grid's rows", "");
 
-    // a process grid: every row for the rank's slice (llmc/process_grid.h), as llmc/cpu_buffers.h does
+    // a process grid: every row for the rank's slice (llmc/parallel/process_grid.h), as llmc/memory/cpu_buffers.h does
     GPT2Config g4;
     parse_model_descriptor("L=4,C=128,H=4,T=32,V=501", &g4);
     auto grid_table = [&](int world, int rank, int tp, int pp, int zero, bool sp, int in_flight) {

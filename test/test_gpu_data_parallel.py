@@ -2,7 +2,7 @@
 """test_gpu_data_parallel.py — the GPU trainer on several ranks (mpirun), checked against one rank.
 
 A machine with one GPU cannot run NCCL with two ranks (NCCL refuses two ranks on one device), so
-ranks that share the GPU exchange gradients through host memory and MPI (llmc/comm_nccl.cuh, "host
+ranks that share the GPU exchange gradients through host memory and MPI (llmc/parallel/comm_nccl.cuh, "host
 staging"): the same buckets, the same reduce-to-owners and all-gathers, the same step. What this
 proves on one GPU is the trainer's data-parallel logic; NCCL's own sums are checked by
 build/gpu_comm_check (make gpu-check).

@@ -2,15 +2,15 @@
 // CPU (no GPU needed): the encoder backward's token buckets, which make its gradient deterministic
 // (and a tensor rank's, of its vocabulary rows only); the GELU formula the kernels evaluate; cuDNN's
 // version rules for the fused attention; and the pipeline's NCCL sends and receives, grouped as
-// llmc/pipeline_parallel.cuh groups them, run against NCCL's rule for every schedule: no deadlock.
+// llmc/parallel/pipeline_parallel.cuh groups them, run against NCCL's rule for every schedule: no deadlock.
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "llmc/attention_cudnn.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/gelu.cuh"
-#include "llmc/pipeline_parallel.cuh"
+#include "llmc/kernels/attention_cudnn.cuh"
+#include "llmc/kernels/encoder.cuh"
+#include "llmc/kernels/gelu.cuh"
+#include "llmc/parallel/pipeline_parallel.cuh"
 
 // ---- the pipeline's point-to-point traffic, simulated with NCCL's semantics: a stage's groups of
 // sends and receives run in order on its stream; a group is posted when the one before it has
@@ -25,7 +25,7 @@ struct P2P {
 typedef std::vector<std::vector<P2P>> Groups;  // one stage's, in stream order
 
 // The groups the trainer's forward_backward issues on `stage` (paired: sends wait for the next
-// action's receive, llmc/pipeline_parallel.cuh; unpaired: every send issued at once, on its own).
+// action's receive, llmc/parallel/pipeline_parallel.cuh; unpaired: every send issued at once, on its own).
 static Groups stage_groups(PipelineSchedule kind, int stage, int stages, int m, bool paired) {
     bool first = stage == 0, last = stage == stages - 1;
     std::vector<PipeAction> order = pipeline_schedule(kind, stage, stages, m);

@@ -3,7 +3,7 @@
 against one rank: test_parallelism.py's grids, with several ranks sharing one GPU.
 
 Ranks that share a GPU cannot use NCCL (it refuses two ranks on one device), so they exchange
-everything through host memory and MPI (llmc/comm_nccl.cuh's host staging): the same buckets,
+everything through host memory and MPI (llmc/parallel/comm_nccl.cuh's host staging): the same buckets,
 shards, tensor-parallel sums, pipeline sends and checkpoints, only slower. What this proves on one
 GPU is the trainer's logic on a grid; NCCL's own collectives are build/gpu_comm_check's business.
 

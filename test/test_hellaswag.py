@@ -107,7 +107,7 @@ def context_of(row):
 def reference_losses(model_path, rows):
     """Each example's four mean token losses, by the PyTorch reference in float64. Byte-level
     vocabulary: a text's tokens are its bytes; the ending is read after the context with a leading
-    space, as llmc/hellaswag.h encodes it."""
+    space, as llmc/run/hellaswag.h encodes it."""
     model = load_model(model_path).double()
     out = []
     with torch.no_grad():

@@ -1,17 +1,17 @@
 // test_process_grid.cpp — the arithmetic of the process grid, checked without MPI: which rank sits
-// where and with whom (llmc/process_grid.h), which slice of the model each rank holds and where
-// every local element lives in the full model, the ZeRO-2/3 units (llmc/zero.h), and the pipeline
-// schedules (llmc/pipeline_parallel.h), simulated with a clock to check that they cannot deadlock
+// where and with whom (llmc/parallel/process_grid.h), which slice of the model each rank holds and where
+// every local element lives in the full model, the ZeRO-2/3 units (llmc/parallel/zero.h), and the pipeline
+// schedules (llmc/parallel/pipeline_parallel.h), simulated with a clock to check that they cannot deadlock
 // and that their idle time is the (p-1)/(m+p-1) of the lesson. The trainers' results on real grids
 // are checked against one rank by test_parallelism.py; this is what they rest on.
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
-#include "llmc/pipeline_parallel.h"
-#include "llmc/process_grid.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/zero.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/parallel/zero.h"
 
 static int failures = 0;
 
@@ -322,7 +322,7 @@ int main() {
               "ZeRO-3 on 4 ranks keeps about 1/4 of weights, gradients and AdamW state", "");
         check(units.size() == (size_t)cfg.num_layers + 1 && units.back().pieces.size() == 4 && units[0].pieces.size() == 12 &&
               units[0].pieces[0].local == layout.offset[LN1W] + (size_t)(cfg.num_layers - 1) * cfg.channels,
-              "ZeRO units are llmc/sharding.h's gradient buckets: layer L-1 first, the ends (wte, wpe, lnf) last", "");
+              "ZeRO units are llmc/parallel/sharding.h's gradient buckets: layer L-1 first, the ends (wte, wpe, lnf) last", "");
     }
 
     // ---- pipeline schedules

@@ -1,11 +1,11 @@
-// test_sharding.cpp — the ZeRO sharding arithmetic of llmc/sharding.h, checked exhaustively on
+// test_sharding.cpp — the ZeRO sharding arithmetic of llmc/parallel/sharding.h, checked exhaustively on
 // small cases and on real GPT-2 layouts: every parameter is owned by exactly one rank, shards are
 // equal and aligned, the per-tensor pieces reassemble each tensor, and the overlaps used to reshard
 // a checkpoint from one world size to another cover every parameter exactly once.
 #include <cstdio>
 #include <string>
 #include <vector>
-#include "llmc/sharding.h"
+#include "llmc/parallel/sharding.h"
 
 static int failures = 0;
 

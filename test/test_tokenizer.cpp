@@ -1,4 +1,4 @@
-// test_tokenizer.cpp — unit checks of llmc/json.h and llmc/tokenizer.h that need no node.
+// test_tokenizer.cpp — unit checks of llmc/io/json.h and llmc/io/tokenizer.h that need no node.
 //
 // Expected values come from outside the code under test: JSON and UTF-8 cases worked out from
 // RFC 8259 and the WHATWG decoder, pre-tokenizer splits worked out by hand from the GPT-2 regex,
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/json.h"
-#include "llmc/tokenizer.h"
+#include "llmc/io/json.h"
+#include "llmc/io/tokenizer.h"
 
 static int failures = 0;
 

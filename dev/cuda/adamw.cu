@@ -12,21 +12,21 @@
 //      small bias/gain tensors.
 //   2. one launch for everything: each thread finds its tensor (and so its decay) from the tensor
 //      offsets passed by value, the trainer's trick; still scalar loads.
-//   3. trainer's (llmc/adamw.cuh): one launch, 16-byte loads (8 parameters per thread).
+//   3. trainer's (llmc/optim/adamw.cuh): one launch, 16-byte loads (8 parameters per thread).
 // Prediction: 1 ~70%, 2 ~75%, 3 ~85-90% of the copy ceiling. The clip factor is read from the
 // norm on the GPU (here: the CPU reference's norm, uploaded), so the step never waits for the host.
 // Reference: the CPU trainer's adamw_update, tensor by tensor; the bf16 parameters are compared
 // with the fp32 reference weights, so the check includes the stochastic rounding (~2e-3).
 #include "dev/cuda/common.h"
-#include "llmc/adamw.cuh"
+#include "llmc/optim/adamw.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"adamw", 1, "launch per tensor", "16 launches (one per tensor, its own decay), one thread per element", false},
     {"adamw", 2, "one launch, scalar", "one launch, tensor found from the offsets, one thread per element", false},
-    {"adamw", 3, "trainer: one launch, 16B", "llmc/adamw.cuh: one launch, 8 parameters per thread, 16-byte loads", true},
+    {"adamw", 3, "trainer: one launch, 16B", "llmc/optim/adamw.cuh: one launch, 8 parameters per thread, 16-byte loads", true},
 };
 
-// One parameter: the trainer's formulas (llmc/adamw.cuh), scalar.
+// One parameter: the trainer's formulas (llmc/optim/adamw.cuh), scalar.
 __device__ __forceinline__ void adamw_one(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t i,
                                           float decay, float clip, const AdamWParams& a) {
     float g = __bfloat162float(grads[i]) * clip;

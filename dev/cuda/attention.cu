@@ -13,7 +13,7 @@
 // Forward versions:
 //   1. naive, materialised: one thread per query row computes its scores, softmax and output with
 //      plain loops, and writes P (fp32) to memory. CUDA cores, uncoalesced P writes.
-//   2. trainer's simple path (llmc/attention.cuh): permute Q, K, V to (B, NH, T, hs), S = Q K^T as
+//   2. trainer's simple path (llmc/kernels/attention.cuh): permute Q, K, V to (B, NH, T, hs), S = Q K^T as
 //      one cuBLAS batched GEMM, a softmax kernel writing P in bf16, O = P V as another GEMM, permute
 //      back. Tensor cores, but the FULL T x T (twice the causal FLOPs) and P through memory twice.
 //   3. flash attention, our own kernel: a block owns 64 query rows (a thread per row, q and the
@@ -22,7 +22,7 @@
 //      max, the sum and accumulator so far are rescaled by exp(m_old - m_new). P never exists; the
 //      only extra output is lse = m + log l, for the backward. Causal: tiles past the block's last
 //      row are never loaded. CUDA cores (fp32 FMA), so it is bounded by ~60 TFLOP/s, not by memory.
-//   4. trainer's fast path (llmc/attention_cudnn.cuh): cuDNN's fused flash attention on tensor cores.
+//   4. trainer's fast path (llmc/kernels/attention_cudnn.cuh): cuDNN's fused flash attention on tensor cores.
 // Prediction: 1 ~1-3 TFLOP/s; 2 ~50-150 (memory traffic of S and P, wasted half of the FLOPs);
 // 3 ~10-25 (fp32 CUDA cores); 4 ~300-500 (60-80% of the GEMM ceiling).
 //
@@ -41,17 +41,17 @@
 // Prediction: like the forward; 3 ~10-20 TFLOP/s, 4 ~200-400.
 // Each backward runs on the outputs of its own forward (computed once, not timed), as in training.
 #include "dev/cuda/common.h"
-#include "llmc/attention.cuh"
+#include "llmc/kernels/attention.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"attention_forward", 1, "naive, materialised", "a thread per query row, plain loops, P written to memory (fp32)", false},
-    {"attention_forward", 2, "trainer: simple (cuBLAS)", "llmc/attention.cuh: permute, batched GEMM, softmax kernel, GEMM", true},
+    {"attention_forward", 2, "trainer: simple (cuBLAS)", "llmc/kernels/attention.cuh: permute, batched GEMM, softmax kernel, GEMM", true},
     {"attention_forward", 3, "flash, own kernel", "64 query rows per block, K/V tiles in shared memory, online softmax", false},
-    {"attention_forward", 4, "trainer: cuDNN flash", "llmc/attention_cudnn.cuh: cuDNN's fused SDPA forward", true},
+    {"attention_forward", 4, "trainer: cuDNN flash", "llmc/kernels/attention_cudnn.cuh: cuDNN's fused SDPA forward", true},
     {"attention_backward", 1, "naive, materialised", "dS from the saved P, a thread per row; then a thread per dQ, dK, dV element", false},
-    {"attention_backward", 2, "trainer: simple (cuBLAS)", "llmc/attention.cuh: four batched GEMMs and a softmax backward", true},
+    {"attention_backward", 2, "trainer: simple (cuBLAS)", "llmc/kernels/attention.cuh: four batched GEMMs and a softmax backward", true},
     {"attention_backward", 3, "flash, own kernels", "P rebuilt from lse; a thread per key row (dK, dV), per query row (dQ)", false},
-    {"attention_backward", 4, "trainer: cuDNN flash", "llmc/attention_cudnn.cuh: cuDNN's fused SDPA backward", true},
+    {"attention_backward", 4, "trainer: cuDNN flash", "llmc/kernels/attention_cudnn.cuh: cuDNN's fused SDPA backward", true},
 };
 
 constexpr int HS = 64;  // the head size our own kernels are written for (GPT-2: 768 / 12)

@@ -12,19 +12,19 @@
 //   2. fused, a block per row, three passes (max, sum of exp, write the gradient), 2-byte loads and
 //      block reductions: no probabilities in memory; the row (100 KB) is read three times, the
 //      later passes mostly from L2.
-//   3. trainer's (llmc/fused_classifier.cuh): a block per row, 16-byte loads, and the max and sum
+//   3. trainer's (llmc/kernels/fused_classifier.cuh): a block per row, 16-byte loads, and the max and sum
 //      in ONE pass (the online softmax: the running sum is rescaled when the max grows), then the
 //      gradient pass: the row is read twice.
 // Prediction: 1 well under 10% of the copy ceiling; 2 ~50-70%; 3 ~70-85%.
 // The logits are restored (untimed) before every timed round: they are overwritten, and the online
 // softmax's branch depends on the values.
 #include "dev/cuda/common.h"
-#include "llmc/fused_classifier.cuh"
+#include "llmc/kernels/fused_classifier.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"fused_classifier", 1, "unfused, materialised", "a thread per row writes fp32 probabilities; a thread per element the gradient", false},
     {"fused_classifier", 2, "fused, block, 3 passes", "a block per row: max, sum, gradient passes, 2-byte loads", false},
-    {"fused_classifier", 3, "trainer: fused, online, 16B", "llmc/fused_classifier.cuh: online max+sum, then the gradient, 16-byte loads", true},
+    {"fused_classifier", 3, "trainer: fused, online, 16B", "llmc/kernels/fused_classifier.cuh: online max+sum, then the gradient, 16-byte loads", true},
 };
 
 // ---- 1: probabilities to memory, then the gradient
@@ -48,7 +48,7 @@ __global__ void classifier_grad_elements(floatX* logits, const float* probs, con
     logits[i] = __float2bfloat16(v < V ? (probs[i] - (v == targets[row] ? 1.0f : 0.0f)) * dloss : 0.0f);
 }
 
-// ---- 2: a block per row, three passes, with the trainer's block reductions (llmc/cuda_common.cuh)
+// ---- 2: a block per row, three passes, with the trainer's block reductions (llmc/kernels/cuda_common.cuh)
 __global__ void classifier_block_3pass(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp) {
     __shared__ float shared[32];
     floatX* z = logits + (size_t)blockIdx.x * Vp;

@@ -32,9 +32,9 @@
 #include <cublas_v2.h>
 #include <functional>
 #include "dev/cuda/harness.h"
-#include "llmc/cpu_layers.h"  // the reference: the CPU trainer's own layers, named cpu::
-#include "llmc/cuda_common.cuh"
-#include "llmc/matmul.cuh"  // CUBLAS_CHECK (and cuBLAS, for the GEMM ceiling)
+#include "llmc/model/cpu_layers.h"  // the reference: the CPU trainer's own layers, named cpu::
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/matmul.cuh"  // CUBLAS_CHECK (and cuBLAS, for the GEMM ceiling)
 
 // ----------------------------------------------------------------------------------------------
 // Device memory: every buffer is freed by lab_end()

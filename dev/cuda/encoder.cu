@@ -11,7 +11,7 @@
 //      of the same thread, by which time it may be gone).
 //   2. one thread per element: lanes read consecutive channels, a warp reads 64 contiguous bytes
 //      per instruction. Coalesced.
-//   3. trainer's (llmc/encoder.cuh): one thread per 8 channels, 16-byte loads.
+//   3. trainer's (llmc/kernels/encoder.cuh): one thread per 8 channels, 16-byte loads.
 // Prediction: 1 at a few % of the copy ceiling, 2 at ~60-80%, 3 at ~85-95%.
 //
 // Backward: a scatter-add. Several positions hold the same token ("the", ","), so their rows add
@@ -30,15 +30,15 @@
 // Inputs: 20% of positions draw one of 10 "frequent" tokens (~2% each, like "the" or ","), the rest
 // are uniform over the vocabulary.
 #include "dev/cuda/common.h"
-#include "llmc/encoder.cuh"
+#include "llmc/kernels/encoder.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"encoder_forward", 1, "thread per row", "one thread per position, looping over its channels (uncoalesced)", false},
     {"encoder_forward", 2, "thread per element", "one thread per element: consecutive lanes, consecutive channels", false},
-    {"encoder_forward", 3, "trainer: 16-byte vectors", "llmc/encoder.cuh: one thread per 8 channels, 16-byte loads", true},
+    {"encoder_forward", 3, "trainer: 16-byte vectors", "llmc/kernels/encoder.cuh: one thread per 8 channels, 16-byte loads", true},
     {"encoder_backward", 1, "fp32 atomics", "one thread per element, atomicAdd into an fp32 copy, then a pass adding it to bf16", false},
     {"encoder_backward", 2, "buckets, scalar", "positions sorted by token on the host; one block per token, 2-byte loads", false},
-    {"encoder_backward", 3, "trainer: buckets, 16B", "llmc/encoder.cuh: the same buckets, 16-byte loads", true},
+    {"encoder_backward", 3, "trainer: buckets, 16B", "llmc/kernels/encoder.cuh: the same buckets, 16-byte loads", true},
 };
 
 // ---- forward 1: one thread per position
@@ -71,7 +71,7 @@ __global__ void encoder_backward_atomic(float* dwte32, float* dwpe32, const floa
     atomicAdd(dwpe32 + (size_t)(bt % T) * C + c, d);
 }
 
-// ---- backward 2: buckets (layout: llmc/encoder.cuh), one block per bucket, one thread per channel
+// ---- backward 2: buckets (layout: llmc/kernels/encoder.cuh), one block per bucket, one thread per channel
 __global__ void encoder_backward_wte_scalar(floatX* dwte, const floatX* dout, const int* buckets, int BT, int C) {
     const int* positions = buckets;
     const int* start = buckets + BT;

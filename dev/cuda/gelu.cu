@@ -12,23 +12,23 @@
 //      memory system needs many bytes in flight per SM to hide ~600 ns of DRAM latency.
 //   2. bf16x2: one thread per 2 elements, 4-byte loads: half the instructions, twice the bytes per
 //      instruction in flight.
-//   3. trainer's (llmc/gelu.cuh): one thread per 8 elements, 16-byte loads (Packed128), and the
+//   3. trainer's (llmc/kernels/gelu.cuh): one thread per 8 elements, 16-byte loads (Packed128), and the
 //      input read with a "streaming" hint (__ldcs) so it does not evict reusable lines from L2.
 // Prediction: 1 reaches ~60-80% of the copy ceiling, 2 and 3 ~85-95%; the gap is what "bytes in
 // flight per instruction" buys. Measured: see README.md.
 #include "dev/cuda/common.h"
-#include "llmc/gelu.cuh"
+#include "llmc/kernels/gelu.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"gelu_forward", 1, "scalar", "one thread per element, 2-byte loads and stores", false},
     {"gelu_forward", 2, "bf16x2", "one thread per 2 elements, 4-byte __nv_bfloat162 loads and stores", false},
-    {"gelu_forward", 3, "trainer: 16-byte vectors", "llmc/gelu.cuh: one thread per 8 elements, 16-byte loads (streaming hint)", true},
+    {"gelu_forward", 3, "trainer: 16-byte vectors", "llmc/kernels/gelu.cuh: one thread per 8 elements, 16-byte loads (streaming hint)", true},
     {"gelu_backward", 1, "scalar", "in place, one thread per element, 2-byte loads and stores", false},
     {"gelu_backward", 2, "bf16x2", "in place, one thread per 2 elements, 4-byte loads and stores", false},
-    {"gelu_backward", 3, "trainer: 16-byte vectors", "llmc/gelu.cuh: in place, one thread per 8 elements, 16-byte loads", true},
+    {"gelu_backward", 3, "trainer: 16-byte vectors", "llmc/kernels/gelu.cuh: in place, one thread per 8 elements, 16-byte loads", true},
 };
 
-// Every version evaluates the trainer's own formulas for one float (llmc/gelu.cuh: gelu_value,
+// Every version evaluates the trainer's own formulas for one float (llmc/kernels/gelu.cuh: gelu_value,
 // gelu_derivative, written as x * sigmoid(2u): one exponential, no cancellation).
 __device__ __forceinline__ float gelu(float x) { return gelu_value(x); }
 __device__ __forceinline__ float gelu_grad(float x) { return gelu_derivative(x); }

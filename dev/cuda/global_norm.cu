@@ -9,17 +9,17 @@
 //   2. block sums: each 512-thread block sums 8192 elements (fp32 in registers, a shared-memory tree
 //      through the trainer's block_sum) and adds its partial to a double with one atomicAdd: 15K
 //      atomics instead of 124M. Fast, but the order of those adds is a race: not bit-reproducible.
-//   3. trainer's (llmc/global_norm.cuh): a FIXED grid of 512 blocks strides over the array with
+//   3. trainer's (llmc/kernels/global_norm.cuh): a FIXED grid of 512 blocks strides over the array with
 //      16-byte loads, each block writes its partial, one block adds the 512 partials in a fixed tree.
 //      Deterministic, and the fixed grid means the same order on any GPU.
 // Prediction: 1 far below 1% of the copy ceiling; 2 and 3 ~80-90%.
 #include "dev/cuda/common.h"
-#include "llmc/global_norm.cuh"
+#include "llmc/kernels/global_norm.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"global_norm", 1, "atomics per element", "one thread per element, atomicAdd of g^2 into one double", false},
     {"global_norm", 2, "block sums + atomics", "512-thread blocks sum 8192 elements each, one double atomicAdd per block", false},
-    {"global_norm", 3, "trainer: fixed grid", "llmc/global_norm.cuh: 512 blocks, 16-byte loads, partials summed in order", true},
+    {"global_norm", 3, "trainer: fixed grid", "llmc/kernels/global_norm.cuh: 512 blocks, 16-byte loads, partials summed in order", true},
 };
 
 __global__ void norm_atomic_per_element(double* sum, const floatX* grads, size_t n) {

@@ -46,7 +46,7 @@
 #include <random>
 #include <string>
 #include <vector>
-#include "llmc/model.h"
+#include "llmc/model/model.h"
 #include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ inline double uniform01(uint64_t seed, uint64_t i) {
     return ((splitmix64(splitmix64(seed) ^ i) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-// normal_from_counter is the one the trainers initialise weights with (llmc/model.h)
+// normal_from_counter is the one the trainers initialise weights with (llmc/model/model.h)
 inline std::vector<float> random_normal(size_t n, uint64_t seed, float mean, float std) {
     std::vector<float> v(n);
     #pragma omp parallel for schedule(static)

@@ -12,7 +12,7 @@
 //      lanes of a warp read 32 rows at once: 32 cache lines per load instruction, uncoalesced.
 //   2. one warp per row: lanes take every 32nd channel (coalesced), partial sums are combined
 //      with warp shuffles (5 steps of __shfl_xor_sync, no shared memory), 2-byte loads.
-//   3. trainer's (llmc/layernorm.cuh, fused_residual_layernorm_forward without the residual): a
+//   3. trainer's (llmc/kernels/layernorm.cuh, fused_residual_layernorm_forward without the residual): a
 //      warp per row with 16-byte loads; the row's second and third reads hit L1.
 // Prediction: 1 at ~5-10% of the copy ceiling, 2 at ~50-70%, 3 at ~80-90%.
 //
@@ -24,19 +24,19 @@
 //      its partial sums to an fp32 gradient with atomicAdd; a last pass adds that to the bf16 dw,
 //      db. Parallel, but the order of the atomics is a race: not bit-reproducible.
 //   3. trainer's: each block of 4 warps writes its 64 rows' partial sums to a buffer, and a second
-//      kernel adds the partials in order (llmc/cuda_common.cuh, add_column_partials): parallel AND
+//      kernel adds the partials in order (llmc/kernels/cuda_common.cuh, add_column_partials): parallel AND
 //      deterministic, for ~C x N/64 x 8 extra bytes (~0.8 MB at B=8).
 // Prediction: 1 far below 10% (the column loop), 2 and 3 at ~60-80% of the copy ceiling.
 #include "dev/cuda/common.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/kernels/layernorm.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"layernorm_forward", 1, "thread per row", "one thread per row, three loops over the channels", false},
     {"layernorm_forward", 2, "warp per row", "one warp per row, lanes over channels, warp-shuffle sums, 2-byte loads", false},
-    {"layernorm_forward", 3, "trainer: warp, 16B", "llmc/layernorm.cuh: a warp per row, 16-byte loads", true},
+    {"layernorm_forward", 3, "trainer: warp, 16B", "llmc/kernels/layernorm.cuh: a warp per row, 16-byte loads", true},
     {"layernorm_backward", 1, "thread per row/column", "dx: a thread per row; dw, db: a thread per channel over all rows", false},
     {"layernorm_backward", 2, "warp per row, atomics", "dx: a warp per row; dw, db: shared-memory block sums + fp32 atomics", false},
-    {"layernorm_backward", 3, "trainer: partials", "llmc/layernorm.cuh: per-block partials summed in order: deterministic", true},
+    {"layernorm_backward", 3, "trainer: partials", "llmc/kernels/layernorm.cuh: per-block partials summed in order: deterministic", true},
 };
 
 // ---- forward 1: one thread per row

@@ -22,13 +22,13 @@
 //      memory: 4096 FMAs per instruction. What it lacks against cuBLAS: asynchronous copies that
 //      overlap loading the next tile with computing this one (cp.async/TMA), a multi-stage pipeline,
 //      Hopper's warpgroup instructions (wgmma), swizzled shared memory.
-//   5. trainer's (llmc/matmul.cuh): cuBLASLt, with the bias added in its epilogue.
+//   5. trainer's (llmc/kernels/matmul.cuh): cuBLASLt, with the bias added in its epilogue.
 // Prediction: 1 ~1-3 TFLOP/s, 2 ~3-6, 3 ~15-30, 4 ~60-150, 5 ~500-650 (80-95% of the GEMM ceiling;
 // IC = 768 is a short k loop, so somewhat under the 8192^3 ceiling).
 //
 //   matmul_bias_gelu: y = gelu(inp W^T + b), the fc layer and its activation. The trainer runs the
 //   matmul (bias in the epilogue), writes the pre-activation, and runs its GELU kernel (see
-//   llmc/gelu.cuh for why: --recompute rebuilds gelu(pre) with that kernel, bit for bit). cuBLASLt
+//   llmc/kernels/gelu.cuh for why: --recompute rebuilds gelu(pre) with that kernel, bit for bit). cuBLASLt
 //   could apply GELU in the epilogue and skip a pass of 2 x 50 MB. Versions: 1 naive, fused in the
 //   loop; 2 the trainer's two kernels; 3 cuBLASLt's GELU_BIAS epilogue. Prediction: 3 beats 2 by the
 //   GELU kernel's time (~35 us at B=8); that is the price of bit-identical recompute.
@@ -38,20 +38,20 @@
 //   reproducible); 3 trainer's: per-block partials in a fixed grid, summed in order (deterministic).
 #include <mma.h>
 #include "dev/cuda/common.h"
-#include "llmc/gelu.cuh"
+#include "llmc/kernels/gelu.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"matmul_forward", 1, "naive", "one thread per output, a loop over k (uncoalesced W loads)", false},
     {"matmul_forward", 2, "smem tiles 32x32", "32x32 tiles of inp and W in shared memory, one output per thread", false},
     {"matmul_forward", 3, "register tiles 8x8", "128x128 block tile, 8x8 outputs per thread in registers (fp32 FMA)", false},
     {"matmul_forward", 4, "tensor cores (WMMA)", "128x128 block tile, bf16 16x16x16 WMMA fragments, fp32 accumulators", false},
-    {"matmul_forward", 5, "trainer: cuBLASLt", "llmc/matmul.cuh: cuBLASLt, bias in the epilogue", true},
+    {"matmul_forward", 5, "trainer: cuBLASLt", "llmc/kernels/matmul.cuh: cuBLASLt, bias in the epilogue", true},
     {"matmul_bias_gelu", 1, "naive, fused", "version 1 of matmul_forward with GELU applied in the loop's epilogue", false},
-    {"matmul_bias_gelu", 2, "trainer: Lt + GELU kernel", "llmc/matmul.cuh then llmc/gelu.cuh: matmul with bias, then GELU", true},
+    {"matmul_bias_gelu", 2, "trainer: Lt + GELU kernel", "llmc/kernels/matmul.cuh then llmc/kernels/gelu.cuh: matmul with bias, then GELU", true},
     {"matmul_bias_gelu", 3, "cuBLASLt GELU_BIAS", "one cuBLASLt call, bias and GELU in its epilogue", false},
     {"bias_backward", 1, "thread per column", "one thread per column, looping over all rows", false},
     {"bias_backward", 2, "block sums + atomics", "256x256 blocks sum their rows, fp32 atomics, then a pass to bf16", false},
-    {"bias_backward", 3, "trainer: partials", "llmc/matmul.cuh: per-block partials summed in order (deterministic)", true},
+    {"bias_backward", 3, "trainer: partials", "llmc/kernels/matmul.cuh: per-block partials summed in order (deterministic)", true},
 };
 
 
@@ -64,7 +64,7 @@ __global__ void matmul_naive(floatX* out, const floatX* inp, const floatX* weigh
     const floatX* w = weight + (size_t)o * IC;
     float acc = __bfloat162float(bias[o]);
     for (int k = 0; k < IC; k++) acc += __bfloat162float(a[k]) * __bfloat162float(w[k]);
-    out[(size_t)n * OC + o] = __float2bfloat16(GELU ? gelu_value(acc) : acc);  // llmc/gelu.cuh's formula
+    out[(size_t)n * OC + o] = __float2bfloat16(GELU ? gelu_value(acc) : acc);  // llmc/kernels/gelu.cuh's formula
 }
 
 // ---- 2: 32x32 shared-memory tiles (N, OC, IC multiples of 32). Block (32, 32): threadIdx.x runs
@@ -191,7 +191,7 @@ struct LtGeluBias {
 
 static LtGeluBias lt_gelu_bias_plan(cublasLtHandle_t handle, const floatX* bias, int N, int IC, int OC,
                                     size_t workspace_bytes) {
-    // the trainer's mapping (llmc/matmul.cuh): out^T (OC x N, column-major) = W (IC x OC col-major)^T inp^T
+    // the trainer's mapping (llmc/kernels/matmul.cuh): out^T (OC x N, column-major) = W (IC x OC col-major)^T inp^T
     LtGeluBias p;
     cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;

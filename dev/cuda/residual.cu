@@ -9,18 +9,18 @@
 // The floor drops by 20%; the fused kernel also saves a launch and a pass of DRAM latency.
 //   1. a scalar add (one thread per element, 2-byte loads), then the trainer's LayerNorm on r
 //   2. a 16-byte vector add, then the trainer's LayerNorm on r: the unfused path at its best
-//   3. trainer's (llmc/layernorm.cuh, fused_residual_layernorm_forward): add and LayerNorm in one
+//   3. trainer's (llmc/kernels/layernorm.cuh, fused_residual_layernorm_forward): add and LayerNorm in one
 //      pass. The statistics are taken over the ROUNDED residual (bf16 r), exactly what the
 //      backward will read back; the reference rounds r too.
 // Every version is charged the fused floor (8 bytes per element), so the unfused ones show at most
 // ~80% of the ceiling. Prediction: 1 ~60%, 2 ~70-75%, 3 ~80-90%.
 #include "dev/cuda/common.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/kernels/layernorm.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"residual_layernorm", 1, "scalar add + LN", "a scalar add kernel (2-byte loads), then the trainer's LayerNorm", false},
     {"residual_layernorm", 2, "vector add + LN", "a 16-byte vector add kernel, then the trainer's LayerNorm: unfused", false},
-    {"residual_layernorm", 3, "trainer: fused", "llmc/layernorm.cuh: the add fused into the LayerNorm, one pass", true},
+    {"residual_layernorm", 3, "trainer: fused", "llmc/kernels/layernorm.cuh: the add fused into the LayerNorm, one pass", true},
 };
 
 __global__ void residual_scalar(floatX* out, const floatX* a, const floatX* b, size_t n) {

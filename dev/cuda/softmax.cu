@@ -11,7 +11,7 @@
 //   1. one thread per row, three loops (max, sum, write): lanes read 32 different rows, uncoalesced.
 //   2. one block of 256 threads per row, block-wide reductions through shared memory: coalesced, but
 //      two barriers per reduction, and most threads idle on the short rows near t = 0.
-//   3. trainer's (llmc/attention.cuh, causal_softmax_forward_kernel, launched as the trainer does):
+//   3. trainer's (llmc/kernels/attention.cuh, causal_softmax_forward_kernel, launched as the trainer does):
 //      one warp per row, reductions by warp shuffles, no barriers. Three passes over the row (max,
 //      sum, write); the second and third are served by L1.
 //   4. online softmax with 16-byte loads: one warp per row, ONE pass for max and sum together (the
@@ -22,16 +22,16 @@
 // Backward versions: 1 one thread per row; 2 one block per row (shared-memory reduction); 3 trainer's
 // (causal_softmax_backward_kernel): one warp per row. Prediction: 1 ~5%, 2 ~50%, 3 ~70-80%.
 #include "dev/cuda/common.h"
-#include "llmc/attention.cuh"
+#include "llmc/kernels/attention.cuh"
 
 static const std::vector<Version> VERSIONS = {
     {"softmax_forward", 1, "thread per row", "one thread per row, three loops (uncoalesced)", false},
     {"softmax_forward", 2, "block per row", "one 256-thread block per row, shared-memory reductions", false},
-    {"softmax_forward", 3, "trainer: warp per row", "llmc/attention.cuh: one warp per row, shuffle reductions, 3 passes", true},
+    {"softmax_forward", 3, "trainer: warp per row", "llmc/kernels/attention.cuh: one warp per row, shuffle reductions, 3 passes", true},
     {"softmax_forward", 4, "warp, online, 16B", "one warp per row, max and sum in one pass (online), 16-byte loads", false},
     {"softmax_backward", 1, "thread per row", "in place, one thread per row (uncoalesced)", false},
     {"softmax_backward", 2, "block per row", "in place, one 256-thread block per row, shared-memory reduction", false},
-    {"softmax_backward", 3, "trainer: warp per row", "llmc/attention.cuh: in place, one warp per row", true},
+    {"softmax_backward", 3, "trainer: warp per row", "llmc/kernels/attention.cuh: in place, one warp per row", true},
 };
 
 // ---- forward 1
@@ -47,7 +47,7 @@ __global__ void softmax_forward_rows(floatX* att, const floatX* scores, int rows
     for (int u = 0; u < T; u++) a[u] = __float2bfloat16(u <= t ? expf(__bfloat162float(s[u]) - m) / sum : 0.0f);
 }
 
-// ---- forward 2: a block per row, with the trainer's block_max / block_sum (llmc/cuda_common.cuh)
+// ---- forward 2: a block per row, with the trainer's block_max / block_sum (llmc/kernels/cuda_common.cuh)
 __global__ void softmax_forward_block(floatX* att, const floatX* scores, int rows, int T) {
     __shared__ float shared[32];
     int row = blockIdx.x, t = row % T;
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     };
     lab_case(&lab, c);
     c.version = 3;
-    c.run = [&](int s) {  // as attention_forward launches it (llmc/attention.cuh)
+    c.run = [&](int s) {  // as attention_forward launches it (llmc/kernels/attention.cuh)
         causal_softmax_forward_kernel<<<ceil_div(rows, 8), 256, 0, lab.stream>>>(d_att[s], d_scores[s], rows, T);
         CUDA_CHECK_LAUNCH();
     };

@@ -13,13 +13,13 @@ EMU_CXX      := $(MPICXX)
 # -O1: a third of -O2's build time, and the run time goes to the scheduling, not to the kernels' code.
 EMU_FLAGS    := -std=c++17 -O1 -g0 -fno-strict-aliasing -Wno-attributes -I$(EMU_SRC) -I. -I$(EMU_CUDA_INC)
 EMU_KERNEL   := -x c++ -include test/emu/cuda_emu.h -DUSE_MPI
-EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu $(wildcard llmc/*.cuh llmc/*.h dev/cuda/*.cu dev/cuda/*.h)
+EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu $(wildcard llmc/*/*.cuh llmc/*.h llmc/*/*.h dev/cuda/*.cu dev/cuda/*.h)
 EMU_STAMP    := $(EMU_SRC)/.rewritten
 EMU_LIBS     := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o $(EMU_DIR)/cudnn_standin.o \
                 $(EMU_DIR)/nccl_standin.o
 EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/gpu_comm_check
 # The kernel lab (dev/cuda/*.cu) in build/emu/dev/, each program with the CPU trainer's layers
-# (llmc/cpu_layers.h) as its reference and no MPI, as on a GPU.
+# (llmc/model/cpu_layers.h) as its reference and no MPI, as on a GPU.
 EMU_DEV_PROGRAMS := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/dev/%,$(wildcard dev/cuda/*.cu))
 EMU_DEV_LIBS := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o \
                 $(EMU_DIR)/cudnn_standin.o

@@ -189,7 +189,7 @@ static void close_comm(ncclComm_t comm) {
 }
 
 static void collectives() {
-    // The world: non-blocking, its unique id broadcast by MPI, as llmc/comm_nccl.cuh makes it.
+    // The world: non-blocking, its unique id broadcast by MPI, as llmc/parallel/comm_nccl.cuh makes it.
     ncclUniqueId id;
     if (world_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));

@@ -1,0 +1,402 @@
+// formats.h — the files a trainer reads and writes, byte for byte (see docs/formats.md).
+//
+//   model file    llm.c's format: 256 x int32 header (magic 20240326, version 3 = fp32 or 5 = bf16,
+//                 maxT, V, L, NH, C, Vp), then every parameter in the order of model.h. So llm.c's
+//                 gpt2_124M.bin loads here and our checkpoints load in llm.c.
+//   token shard   llm.c's format: 256 x int32 header (magic 20240520, version 1, token count), then
+//                 the tokens as uint16. Any shard llm.c's data scripts wrote loads unchanged.
+//   train state   ours: what, beyond the weights, makes a resumed run continue bit-identically:
+//                 AdamW's m and v (and fp32 master weights when parameters are bf16, or when no
+//                 single rank holds all the weights), the step, the sampler's RNG and the data
+//                 loader's position. One file per rank: with ZeRO each rank owns a slice
+//                 [shard_begin, shard_begin + shard_count) of the optimizer state; with tensor or
+//                 pipeline parallelism a list of runs of the global parameter array (a run table).
+//
+// Every reader validates before trusting: the magic number (and names the file it is if it is a
+// different one of ours), the version, and that the size matches what the header promises.
+// Every writer goes through AtomicFile: a crash mid-write leaves the previous file intact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "llmc/model/model.h"
+#include "llmc/utils.h"
+
+constexpr int32_t MODEL_MAGIC = 20240326;
+constexpr int32_t MODEL_VERSION_FP32 = 3;
+constexpr int32_t MODEL_VERSION_BF16 = 5;
+constexpr int32_t SHARD_MAGIC = 20240520;
+constexpr int32_t SHARD_VERSION = 1;
+constexpr int32_t STATE_MAGIC = 20241121;
+constexpr int32_t STATE_VERSION = 2;  // 2 added the run table and the grid; version 1 files still read
+constexpr size_t HEADER_INTS = 256;
+
+// If a file has the wrong magic number, say what it looks like instead.
+inline const char* describe_magic(int32_t magic) {
+    switch (magic) {
+        case MODEL_MAGIC: return "a model file";
+        case SHARD_MAGIC: return "a token shard";
+        case STATE_MAGIC: return "a training-state file";
+        default: return "not a file of this project";
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Model files
+
+struct ModelHeader {
+    GPT2Config config;
+    int version = MODEL_VERSION_FP32;
+};
+
+inline ModelHeader parse_model_header(const int32_t* h, const std::string& path) {
+    if (h[0] != MODEL_MAGIC) {
+        fail("'%s' is not a model file (magic %d, expected %d; it looks like %s). "
+             "Pass a model .bin written by this project or llm.c, or a descriptor such as d12",
+             path.c_str(), h[0], MODEL_MAGIC, describe_magic(h[0]));
+    }
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
+        fail("model file '%s' has version %d; this program reads version %d (fp32) and %d (bf16)",
+             path.c_str(), h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    ModelHeader mh;
+    mh.version = h[1];
+    mh.config.max_seq_len = h[2];
+    mh.config.vocab_size = h[3];
+    mh.config.num_layers = h[4];
+    mh.config.num_heads = h[5];
+    mh.config.channels = h[6];
+    mh.config.padded_vocab_size = h[7];
+    std::string why;
+    if (!config_is_valid(mh.config, &why)) {
+        fail("model file '%s' has an impossible shape (%s): %s", path.c_str(),
+             describe_config(mh.config).c_str(), why.c_str());
+    }
+    return mh;
+}
+
+// The bytes a model file with this header must have: the header, then every parameter. A header is
+// 8 int32 anyone can write, so its products are counted first in double: a shape whose file would
+// pass 2^62 bytes (V = 2^31-1 with C = 2^31-1, or L = 2^30) is reported as such instead of
+// overflowing size_t into a small, plausible number. Returns -1 for such a shape.
+inline int64_t model_file_bytes(const ModelHeader& mh) {
+    const GPT2Config& c = mh.config;
+    double C = c.channels, bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
+    double n = ((double)c.padded_vocab_size + c.max_seq_len) * C + (double)c.num_layers * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    if (n * bytes_per > 4.0e18) return -1;
+    return (int64_t)(HEADER_INTS * sizeof(int32_t)) + (int64_t)(param_layout(c).total * (size_t)bytes_per);
+}
+
+// A model file's length must be what its header promises, checked before anything is allocated from
+// the header: a damaged header must not make a trainer ask for terabytes (std::bad_alloc) or spend
+// minutes allocating before it finds the file too short.
+inline void check_model_file_size(FILE* f, const ModelHeader& mh, const std::string& path) {
+    int64_t expected = model_file_bytes(mh), actual = file_size(f);
+    if (expected < 0) {
+        fail("model file '%s' has a header (%s) whose parameters would need more than 2^62 bytes: the header is "
+             "damaged; re-create or re-download the file", path.c_str(), describe_config(mh.config).c_str());
+    }
+    if (actual != expected) {
+        fail("model file '%s' has %lld bytes but its header (%s, %s) implies %lld: the file is %s",
+             path.c_str(), (long long)actual, describe_config(mh.config).c_str(),
+             mh.version == MODEL_VERSION_BF16 ? "bf16" : "fp32", (long long)expected,
+             actual < expected ? "truncated or its header is damaged" : "followed by unexpected bytes");
+    }
+}
+
+// The header of a model file whose length has been checked against it.
+inline ModelHeader read_model_header(const std::string& path) {
+    FILE* f = open_for_reading(path, "model file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "model file");
+    ModelHeader mh = parse_model_header(h, path);
+    check_model_file_size(f, mh, path);
+    fclose(f);
+    return mh;
+}
+
+// Reads all parameters as fp32 (bf16 files are widened exactly).
+inline void read_model_file(const std::string& path, GPT2Config* config, std::vector<float>* params) {
+    FILE* f = open_for_reading(path, "model file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "model file");
+    ModelHeader mh = parse_model_header(h, path);
+    check_model_file_size(f, mh, path);
+    size_t n = param_layout(mh.config).total;
+    size_t bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
+    params->resize(n);
+    if (bytes_per == 4) {
+        read_exactly(f, params->data(), n * 4, path, "model file");
+    } else {
+        std::vector<uint16_t> half(n);
+        read_exactly(f, half.data(), n * 2, path, "model file");
+        for (size_t i = 0; i < n; i++) (*params)[i] = bf16_to_float(half[i]);
+    }
+    fclose(f);
+    *config = mh.config;
+}
+
+inline void fill_model_header(int32_t* h, const GPT2Config& c, int version) {
+    memset(h, 0, HEADER_INTS * sizeof(int32_t));
+    h[0] = MODEL_MAGIC;
+    h[1] = version;
+    h[2] = c.max_seq_len;
+    h[3] = c.vocab_size;
+    h[4] = c.num_layers;
+    h[5] = c.num_heads;
+    h[6] = c.channels;
+    h[7] = c.padded_vocab_size;
+}
+
+// Writes fp32 params as version 3, or rounded to nearest bf16 as version 5.
+inline void write_model_file(const std::string& path, const GPT2Config& c, const float* params, bool as_bf16) {
+    int32_t h[HEADER_INTS];
+    fill_model_header(h, c, as_bf16 ? MODEL_VERSION_BF16 : MODEL_VERSION_FP32);
+    size_t n = param_layout(c).total;
+    AtomicFile out(path, "model file");
+    out.write(h, sizeof(h));
+    if (!as_bf16) {
+        out.write(params, n * sizeof(float));
+    } else {
+        std::vector<uint16_t> chunk;
+        for (size_t i = 0; i < n; i += (1 << 20)) {
+            size_t m = std::min(n - i, (size_t)1 << 20);
+            chunk.resize(m);
+            for (size_t j = 0; j < m; j++) chunk[j] = float_to_bf16_round_nearest(params[i + j]);
+            out.write(chunk.data(), m * 2);
+        }
+    }
+    out.commit();
+}
+
+// Writes bf16 parameters (raw bf16 bits, as the GPU trainer holds them) as version 5, unchanged.
+inline void write_model_file_bf16(const std::string& path, const GPT2Config& c, const uint16_t* params) {
+    int32_t h[HEADER_INTS];
+    fill_model_header(h, c, MODEL_VERSION_BF16);
+    AtomicFile out(path, "model file");
+    out.write(h, sizeof(h));
+    out.write(params, param_layout(c).total * 2);
+    out.commit();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Token shards
+
+// Validates an open shard's header (magic, version, a token count its length agrees with) and returns
+// the count; nothing is allocated from the header before this.
+inline int64_t read_token_shard_header(FILE* f, const std::string& path) {
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "token shard");
+    if (h[0] != SHARD_MAGIC) {
+        fail("'%s' is not a token shard (magic %d, expected %d; it looks like %s). "
+             "Make shards with ./prepare_data", path.c_str(), h[0], SHARD_MAGIC, describe_magic(h[0]));
+    }
+    if (h[1] != SHARD_VERSION) {
+        fail("token shard '%s' has version %d; this program reads version %d (uint16 tokens)",
+             path.c_str(), h[1], SHARD_VERSION);
+    }
+    int64_t count = h[2];
+    int64_t expected = (int64_t)sizeof(h) + count * 2;
+    int64_t actual = file_size(f);
+    if (count < 0 || actual != expected) {
+        fail("token shard '%s' has %lld bytes but its header promises %lld tokens (%lld bytes): the file is %s",
+             path.c_str(), (long long)actual, (long long)count, (long long)expected,
+             actual < expected ? "truncated; re-create it with ./prepare_data" : "followed by unexpected bytes");
+    }
+    return count;
+}
+
+inline std::vector<uint16_t> read_token_shard(const std::string& path) {
+    FILE* f = open_for_reading(path, "token shard");
+    int64_t count = read_token_shard_header(f, path);
+    std::vector<uint16_t> tokens((size_t)count);
+    read_exactly(f, tokens.data(), tokens.size() * 2, path, "token shard");
+    fclose(f);
+    return tokens;
+}
+
+inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+    if (tokens.size() > (size_t)INT32_MAX) fail("shard '%s' would hold %zu tokens, more than its header can count", path.c_str(), tokens.size());
+    int32_t h[HEADER_INTS] = {0};
+    h[0] = SHARD_MAGIC;
+    h[1] = SHARD_VERSION;
+    h[2] = (int32_t)tokens.size();
+    AtomicFile out(path, "token shard");
+    out.write(h, sizeof(h));
+    out.write(tokens.data(), tokens.size() * 2);
+    out.commit();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Training state
+
+// Where the data loader stands: enough to continue with exactly the next batch.
+struct LoaderPosition {
+    int64_t shard_index = 0;  // which file of the sorted shard list
+    int64_t position = 0;     // token offset of the next batch within that shard
+    int64_t epoch = 0;        // completed passes over all shards
+};
+
+// The fixed 1024-byte header of a training-state file (little-endian, no implicit padding).
+// After it: the run table when has_run_table (num_runs pairs of int64: global index, count), then
+// m, v and (has_master_weights) the weights, shard_count floats each, in the order of the runs.
+// Without a run table the file holds the one run [shard_begin, shard_begin + shard_count).
+struct TrainStateHeader {
+    int32_t magic = STATE_MAGIC;
+    int32_t version = STATE_VERSION;
+    int64_t step = 0;                 // optimizer steps completed
+    int64_t num_params = 0;           // of the whole model
+    int64_t shard_begin = 0;          // this file's slice of the optimizer state
+    int64_t shard_count = 0;
+    int32_t rank = 0, world_size = 1; // who wrote it, out of how many
+    int32_t zero_stage = 0;
+    int32_t has_master_weights = 0;   // 1: fp32 master weights follow m and v
+    int32_t batch_size = 0, seq_len = 0;  // B and T of the run, to warn about changed data order
+    uint64_t sampler_rng = 0;         // state of the sampling RNG
+    LoaderPosition train_loader;
+    int64_t total_batch_tokens = 0;
+    int32_t has_run_table = 0;        // 1: a run table follows the header (version 2)
+    int32_t tensor_parallel = 0, pipeline_parallel = 0;  // the grid that wrote it (0 in version 1: both 1)
+    int32_t sequence_parallel = 0;
+    int64_t num_runs = 0;
+    int32_t reserved[256 - 32] = {0};  // room to grow without changing the version
+};
+static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
+
+struct TrainState {
+    TrainStateHeader header;
+    std::vector<int64_t> runs;        // with a run table: (global index, count) pairs
+    std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
+};
+
+inline int64_t state_table_bytes(const TrainStateHeader& h) { return h.has_run_table ? h.num_runs * 16 : 0; }
+
+inline void write_train_state(const std::string& path, const TrainState& s) {
+    size_t n = (size_t)s.header.shard_count;
+    if (s.m.size() != n || s.v.size() != n || (s.header.has_master_weights && s.master.size() != n) ||
+        (s.header.has_run_table && s.runs.size() != 2 * (size_t)s.header.num_runs)) {
+        fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
+    }
+    AtomicFile out(path, "training-state file");
+    out.write(&s.header, sizeof(s.header));
+    if (s.header.has_run_table) out.write(s.runs.data(), s.runs.size() * sizeof(int64_t));
+    out.write(s.m.data(), n * 4);
+    out.write(s.v.data(), n * 4);
+    if (s.header.has_master_weights) out.write(s.master.data(), n * 4);
+    out.commit();
+}
+
+// What is impossible in a training-state header ("" when nothing is): the fields a resume trusts to
+// index arrays and files. A step below 0 would train at "step -4" with a learning rate of -inf; a
+// data position outside a shard would read past the token buffer; a world size of 2^31 would make a
+// reader list two billion file names.
+inline std::string train_state_header_problem(const TrainStateHeader& h) {
+    const LoaderPosition& p = h.train_loader;
+    if (h.step < 0 || h.step > INT32_MAX) return strprintf("step %lld is not a step count", (long long)h.step);
+    if (h.num_params <= 0) return strprintf("it counts %lld parameters", (long long)h.num_params);
+    if (h.shard_begin < 0 || h.shard_begin > h.num_params - h.shard_count)
+        return strprintf("its slice [%lld, +%lld) is outside the %lld parameters", (long long)h.shard_begin,
+                         (long long)h.shard_count, (long long)h.num_params);
+    if (h.world_size < 1 || h.world_size > (1 << 20) || h.rank < 0 || h.rank >= h.world_size)
+        return strprintf("rank %d of %d ranks", h.rank, h.world_size);
+    if (h.zero_stage < 0 || h.zero_stage > 3) return strprintf("ZeRO stage %d", h.zero_stage);
+    if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
+    if (p.shard_index < 0 || p.position < 0 || p.epoch < 0)
+        return strprintf("the data position (shard %lld, token %lld, epoch %lld) is negative", (long long)p.shard_index,
+                         (long long)p.position, (long long)p.epoch);
+    return "";
+}
+
+// Reads and validates the header of an open training-state file (magic, version, and a size that
+// matches what the header promises).
+inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path) {
+    TrainStateHeader h;
+    read_exactly(f, &h, sizeof(h), path, "training-state file");
+    if (h.magic != STATE_MAGIC) {
+        fail("'%s' is not a training-state file (magic %d, expected %d; it looks like %s)",
+             path.c_str(), h.magic, STATE_MAGIC, describe_magic(h.magic));
+    }
+    if (h.version != STATE_VERSION && h.version != 1) {
+        fail("training-state file '%s' has version %d; this program reads versions 1 and %d", path.c_str(), h.version, STATE_VERSION);
+    }
+    if (h.version == 1) {  // before the grid existed
+        h.has_run_table = 0;
+        h.tensor_parallel = h.pipeline_parallel = 1;
+    }
+    // every count is bounded by the file's length before it enters a product, so nothing overflows
+    int64_t actual = file_size(f);
+    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / 8 || h.num_runs > actual / 16) {
+        fail("training-state file '%s' claims %lld elements in %lld runs, impossible in %lld bytes: it is damaged",
+             path.c_str(), (long long)h.shard_count, (long long)h.num_runs, (long long)actual);
+    }
+    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
+    if (actual != expected) {
+        fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
+             path.c_str(), (long long)actual, (long long)expected);
+    }
+    std::string why = train_state_header_problem(h);
+    if (!why.empty()) fail("training-state file '%s' is damaged: %s", path.c_str(), why.c_str());
+    return h;
+}
+
+// The file's runs as (global index, count) pairs, read after its header: the run table, or the one
+// run [shard_begin, shard_begin + shard_count) of a file without one. Each run must lie inside the
+// model and together they must hold the file's shard_count elements: a reader seeks by them.
+inline std::vector<int64_t> read_state_run_table(FILE* f, const TrainStateHeader& h, const std::string& path) {
+    if (!h.has_run_table) return {h.shard_begin, h.shard_count};
+    std::vector<int64_t> runs(2 * (size_t)h.num_runs);
+    read_exactly(f, runs.data(), runs.size() * sizeof(int64_t), path, "training-state file");
+    int64_t total = 0;
+    for (size_t k = 0; k < runs.size(); k += 2) {
+        if (runs[k] < 0 || runs[k + 1] < 0 || runs[k] > h.num_params - runs[k + 1] || (total += runs[k + 1]) > h.shard_count) {
+            fail("training-state file '%s' is damaged: run %zu of its run table, [%lld, +%lld), is outside the %lld parameters or "
+                 "past the %lld elements the file holds", path.c_str(), k / 2, (long long)runs[k], (long long)runs[k + 1],
+                 (long long)h.num_params, (long long)h.shard_count);
+        }
+    }
+    if (total != h.shard_count) {
+        fail("training-state file '%s' is damaged: its run table covers %lld elements, its header says %lld", path.c_str(),
+             (long long)total, (long long)h.shard_count);
+    }
+    return runs;
+}
+
+inline TrainState read_train_state(const std::string& path) {
+    FILE* f = open_for_reading(path, "training-state file");
+    TrainState s;
+    s.header = read_train_state_header(f, path);
+    size_t n = (size_t)s.header.shard_count;
+    const TrainStateHeader& h = s.header;
+    if (h.has_run_table) s.runs = read_state_run_table(f, h, path);
+    s.m.resize(n);
+    s.v.resize(n);
+    read_exactly(f, s.m.data(), n * 4, path, "training-state file");
+    read_exactly(f, s.v.data(), n * 4, path, "training-state file");
+    if (h.has_master_weights) {
+        s.master.resize(n);
+        read_exactly(f, s.master.data(), n * 4, path, "training-state file");
+    }
+    fclose(f);
+    return s;
+}
+
+// Reads elements [first, first + count) of the file's slice (m, v, and the master weights when the
+// file has them and `master` is not null): what a rank needs when the checkpoint was cut into
+// shards differently from its own (another world size or ZeRO stage).
+inline TrainStateHeader read_train_state_part(const std::string& path, size_t first, size_t count, float* m, float* v,
+                                              float* master) {
+    FILE* f = open_for_reading(path, "training-state file");
+    TrainStateHeader h = read_train_state_header(f, path);
+    size_t n = (size_t)h.shard_count;
+    if (first + count > n) fail("internal: reading [%zu, %zu) of the %zu-element training state '%s'", first, first + count, n, path.c_str());
+    float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
+    for (int array = 0; array < 3; array++) {
+        if (!dst[array] || count == 0) continue;
+        long at = (long)(sizeof(h) + state_table_bytes(h) + (array * n + first) * 4);
+        if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
+        read_exactly(f, dst[array], count * 4, path, "training-state file");
+    }
+    fclose(f);
+    return h;
+}

@@ -1,0 +1,184 @@
+// matmul.cuh — the three matmuls of every linear layer, through cuBLASLt, and the bias gradient.
+//
+//   forward          out  = inp W^T + b      (N x OC) = (N x IC)(IC x OC), bias in the epilogue
+//   backward, data   dinp = dout W           (N x IC) = (N x OC)(OC x IC)
+//   backward, weight dW  += dout^T inp       (OC x IC) = (OC x N)(N x IC), accumulated (beta = 1)
+//   bias gradient    db  += column sums of dout
+// bf16 inputs and outputs, fp32 accumulation (CUBLAS_COMPUTE_32F). These are ~90% of the FLOPs of a
+// step, and cuBLASLt's kernels for Hopper (wgmma, TMA) are the fastest there are, so we call them.
+//
+// Row-major to cuBLAS's column-major: a row-major (R x C) matrix IS a column-major (C x R) one. So
+// out^T (OC x N, col-major) = W (viewed as IC x OC col-major, transposed) * inp^T (IC x N): that is
+// cublasLt(transa = T, transb = N, m = OC, n = N, k = IC) on the same pointers, no copies.
+//
+// The bias is added in the epilogue: the output is written once, with the bias, instead of written,
+// read, and written again. (GELU stays out of the epilogue: see gelu.cuh.)
+//
+// Determinism: cuBLASLt is bit-reproducible for a fixed algorithm on a fixed GPU. The heuristic is
+// asked ONCE per shape and the answer cached, so every step of a run uses the same algorithm.
+//
+// The bias gradient is our kernel, deterministic like every reduction here: a block of 32 x 8
+// threads owns 256 columns (8 per thread, 16-byte loads) of 256 rows and writes one partial per
+// column; add_column_partials() sums the partials in order. Traffic: dout read once.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <vector>
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/memory/gpu_buffers.h"
+
+inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    fflush(stdout);
+    fprintf(stderr, "error: cuBLAS call failed at %s:%d\n  %s\n  %s\n", file, line, call, cublasGetStatusString(status));
+    exit(EXIT_FAILURE);
+}
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : CUDA_R_16BF;
+
+// One cached heuristic answer.
+struct MatmulAlgo {
+    int m, n, k;
+    bool trans_a, trans_b, bias, accumulate;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct MatmulContext {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    std::vector<MatmulAlgo> algos;
+};
+
+inline void matmul_init(MatmulContext* ctx, void* workspace, size_t workspace_bytes) {
+    CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
+    ctx->workspace = workspace;
+    ctx->workspace_bytes = workspace_bytes;
+}
+
+inline void matmul_destroy(MatmulContext* ctx) {
+    if (ctx->handle) CUBLAS_CHECK(cublasLtDestroy(ctx->handle));
+    ctx->handle = nullptr;
+}
+
+// D (m x n, col-major, ld = ldd) = op(A) op(B) [+ bias over rows] [+ D if accumulate]
+inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
+                            int n, int k, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulDesc_t desc;
+    cublasComputeType_t compute = FLOATX_IS_FP32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (bias) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bias_type = CUDA_FLOATX;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    // stored shapes (before op): A is (m x k) or (k x m), B is (k x n) or (n x k)
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_FLOATX, m, n, m));
+
+    const MatmulAlgo* cached = nullptr;
+    for (const MatmulAlgo& x : ctx->algos) {
+        if (x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b &&
+            x.bias == (bias != nullptr) && x.accumulate == accumulate)
+            cached = &x;
+    }
+    if (!cached) {
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
+        // every pointer we pass is 16-byte aligned: let the heuristic count on no more than that
+        uint32_t align = 16;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+        // Split-K (the k loop cut into parallel slices, summed afterwards) is allowed only when the
+        // slices are summed in fp32 in the workspace. The other two schemes, INPLACE and OUTPUT_TYPE,
+        // add the slices in the OUTPUT type: bf16 partial sums, exactly the precision loss fp32
+        // accumulation is there to avoid (split-K pays for a long k: the weight gradients, k = B*T).
+        // All three schemes are deterministic; this is about precision only.
+        uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                          &reduction_schemes, sizeof(reduction_schemes)));
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc, la, lb, ld, ld, pref, 1, &result, &found));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        if (found == 0) {
+            fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d bias=%d): the shape "
+                 "or the GPU is not supported", FLOATX_IS_FP32 ? "fp32" : "bf16", m, n, k, trans_a, trans_b, bias != nullptr);
+        }
+        ctx->algos.push_back({m, n, k, trans_a, trans_b, bias != nullptr, accumulate, result.algo});
+        cached = &ctx->algos.back();
+    }
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &cached->algo,
+                                ctx->workspace, ctx->workspace_bytes, stream));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+}
+
+// out (N x OC) = inp (N x IC) W^T (+ bias); W is (OC x IC) row-major as in nn.Linear.
+inline void matmul_forward(MatmulContext* ctx, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                           int N, int IC, int OC, cudaStream_t stream) {
+    cublaslt_matmul(ctx, out, weight, inp, bias, OC, N, IC, true, false, false, stream);
+}
+
+// dinp (N x IC) = dout (N x OC) W (OC x IC), overwritten.
+inline void matmul_backward_data(MatmulContext* ctx, floatX* dinp, const floatX* dout, const floatX* weight, int N,
+                                 int IC, int OC, cudaStream_t stream) {
+    cublaslt_matmul(ctx, dinp, weight, dout, nullptr, IC, N, OC, false, false, false, stream);
+}
+
+// dW (OC x IC) += dout^T (OC x N) inp (N x IC)
+inline void matmul_backward_weight(MatmulContext* ctx, floatX* dweight, const floatX* dout, const floatX* inp, int N,
+                                   int IC, int OC, cudaStream_t stream) {
+    cublaslt_matmul(ctx, dweight, inp, dout, nullptr, IC, OC, N, false, true, true, stream);
+}
+
+constexpr int BIAS_BACKWARD_ROW_THREADS = 8;
+
+// partials[blockIdx.y][c] = sum of dout[r][c] over this block's 256 rows, for this block's 256 columns.
+__global__ void bias_backward_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
+    __shared__ float acc[BIAS_BACKWARD_ROW_THREADS][32 * x128::size];
+    int c = (blockIdx.x * 32 + threadIdx.x) * x128::size;
+    int row_begin = blockIdx.y * BIAS_BACKWARD_ROWS_PER_BLOCK;
+    int row_end = min(N, row_begin + BIAS_BACKWARD_ROWS_PER_BLOCK);
+    float sum[x128::size] = {};
+    if (c < OC) {
+        for (int r = row_begin + threadIdx.y; r < row_end; r += BIAS_BACKWARD_ROW_THREADS) {
+            x128 d8 = load128(dout + (size_t)r * OC + c);
+            for (int k = 0; k < x128::size; k++) sum[k] += to_float(d8[k]);
+        }
+    }
+    for (int k = 0; k < x128::size; k++) acc[threadIdx.y][threadIdx.x * x128::size + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        for (int k = 0; k < x128::size; k++) {
+            float total = 0.0f;
+            for (int y = 0; y < BIAS_BACKWARD_ROW_THREADS; y++) total += acc[y][threadIdx.x * x128::size + k];
+            partials[(size_t)blockIdx.y * OC + c + k] = total;
+        }
+    }
+}
+
+// dbias (OC) += column sums of dout (N x OC). partials: ceil(N / 256) * OC floats.
+inline void bias_backward(floatX* dbias, float* partials, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    dim3 grid(ceil_div(OC, 32 * x128::size), ceil_div(N, BIAS_BACKWARD_ROWS_PER_BLOCK));
+    dim3 block(32, BIAS_BACKWARD_ROW_THREADS);
+    bias_backward_partials_kernel<<<grid, block, 0, stream>>>(partials, dout, N, OC);
+    CUDA_CHECK_LAUNCH();
+    add_column_partials(dbias, partials, (int)grid.y, OC, OC, stream);
+}

@@ -1,0 +1,199 @@
+// cpu_buffers.h — every buffer the CPU trainer allocates, as a function of the run's shape.
+//
+// Host-only, the twin of gpu_buffers.h: train_gpt_cpu.cpp allocates FROM this table, each buffer
+// exactly as large as its row says, and `--estimate` prints the same table. So the estimate is what
+// the trainer holds, to the byte: `--print-allocations` makes every rank report the capacity of each
+// vector it really holds, and test/test_estimate.py compares the two.
+//
+// Everything is fp32 (4 bytes per value). Per rank:
+//   params, grads       the flat arrays (llmc/model/model.h), padded to the shard layout (llmc/parallel/sharding.h) so
+//                       the collectives move equal pieces: round_up(N, ranks * 64) values each
+//   grad_shard          the reduce-scatter's output, the summed gradient of this rank's shard
+//                       (one full copy of the gradient with one rank: the price of one code path)
+//   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
+//                       shard (ZeRO-1, about N / ranks). No master copy: fp32 weights are their own master
+//   activations         what the backward pass reads, stacked over the L layers; the attention
+//                       probabilities are materialised, (L, B, NH, T, T)
+//   workspace           one layer's backward scratch, reused by every layer, and the matmul's packed panels
+//
+// Recompute (--recompute, llmc/model/recompute.h says what each level keeps and why it is exact) swaps a
+// per-layer activation for ONE layer of scratch: level 1 drops fch_gelu for gelu_recompute
+// (B, T, 4C), level 2 also ln1 and ln2 for ln_recompute (R, C), one buffer for both. The scratch
+// rows are not per micro-batch (the backward refills them before every use).
+//
+// On a process grid (llmc/parallel/process_grid.h) every row is for this rank's slice: its pipeline stage's
+// layers (activations of as many micro-batches as its schedule keeps in flight, llmc/parallel/pipeline_parallel.h),
+// its tensor rank's heads, hidden units and vocabulary rows (B*T/t rows of the residual stream with
+// sequence parallelism, llmc/parallel/tensor_parallel.h), and its ZeRO share (llmc/parallel/zero.h: stage 2 keeps
+// only a gradient shard, stage 3 only a weight shard, plus the units gathered and the buckets open
+// at the peak). A pipeline's last stage also holds a copy of the tied embedding and its gradient.
+//
+// Not in the table: the data loader's tokens (the current shard, 2 bytes per token) and per-call
+// scratch that lives for one function call (per thread, one head's q, k, v, dO and its T x T score
+// gradient in the attention: 5.3 MiB at T = 1024, C = 768, H = 12; the gradient-norm partials),
+// and the copies made while writing a checkpoint. None of it grows with the number of layers or
+// the batch size.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+#include "llmc/memory/size_table.h"
+#include "llmc/model/model.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/model/recompute.h"
+#include "llmc/parallel/sharding.h"
+#include "llmc/parallel/zero.h"
+#include "llmc/utils.h"
+
+// The CPU matmul's blocking (llmc/model/cpu_layers.h explains it): an MR x NR register tile, K taken KC
+// at a time, N at most NC at a time. They decide the size of its packed panels, so they live here.
+constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
+constexpr int MATMUL_MC = 192;  // rows of A swept against each panel of B: 192 x KC floats (288 KiB) stay in L2
+
+// Floats in the packed panels of A for a matmul with M rows: ceil(M / MR) panels of MR x KC.
+inline size_t matmul_pack_a_floats(size_t M) { return (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR * MATMUL_KC; }
+// ... and of B for a matmul with N columns: at most NC columns (NC / NR panels of NR x KC) at a time.
+inline size_t matmul_pack_b_floats(size_t N) {
+    size_t columns = std::min((size_t)MATMUL_NC, (N + MATMUL_NR - 1) / MATMUL_NR * MATMUL_NR);
+    return columns * MATMUL_KC;
+}
+
+// What decides the sizes.
+struct CPURunShape {
+    GPT2Config cfg;
+    int B = 0, T = 0;                  // micro-batch
+    int world_size = 1, rank = 0;      // data-parallel ranks, and which one this is
+    int zero_stage = 0;                // 0: every rank keeps all of m and v; 1: its shard only; 2, 3: llmc/parallel/zero.h
+    // tensor and pipeline parallelism (llmc/parallel/process_grid.h): which slice of the model this rank holds
+    int tensor_parallel = 1, tensor_rank = 0;
+    int pipeline_parallel = 1, pipeline_rank = 0;
+    bool sequence_parallel = false;
+    int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int recompute = 0;                 // 0, 1, 2 (see above)
+};
+
+// The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
+// of them this rank's stage holds at once) at a recompute level.
+inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m,
+                                 int recompute) {
+    CPURunShape s;
+    s.cfg = cfg;
+    s.B = B, s.T = T;
+    s.world_size = g.dp, s.rank = g.dp_rank;
+    s.zero_stage = g.zero_stage;
+    s.tensor_parallel = g.tp, s.tensor_rank = g.tp_rank;
+    s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
+    s.sequence_parallel = g.sequence_parallel;
+    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.recompute = recompute;
+    return s;
+}
+
+inline ProcessGrid cpu_shape_grid(const CPURunShape& s) {
+    ProcessGrid g;
+    int world = s.world_size * s.tensor_parallel * s.pipeline_parallel;
+    make_grid(world, (s.pipeline_rank * s.world_size + s.rank) * s.tensor_parallel + s.tensor_rank, s.tensor_parallel,
+              s.pipeline_parallel, s.world_size, s.zero_stage, s.sequence_parallel, &g);
+    return g;
+}
+
+// One buffer per row; the trainer finds each row's vector by this enum.
+enum CPUBuffer {
+    // the model, its gradient and its optimizer
+    CB_PARAMS, CB_GRADS, CB_GRAD_SHARD, CB_ADAM_M, CB_ADAM_V,
+    // activations kept from the forward for the backward
+    CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
+    CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
+    CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
+    // scratch: one layer's worth, reused by every layer; the matmul's packed panels
+    CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B,
+    // recompute: one layer of what the levels above 0 do not keep per layer
+    CB_LN_RECOMPUTE, CB_GELU_RECOMPUTE,
+    // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
+    // a pipeline's last stage: its copy of the tied embedding
+    CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
+    CB_COUNT
+};
+
+// The rows that every micro-batch in flight has its own of (a pipeline stage keeps several): what the
+// forward keeps for the backward, and the residual gradient that travels between stages.
+inline bool cpu_buffer_per_micro_batch(int row) { return (row >= CB_ENCODED && row <= CB_LOGSUMEXP) || row == CB_DRESIDUAL; }
+
+// The parameters whose AdamW state this rank keeps: all of them, or (ZeRO-1) those of its shard.
+inline ShardRange cpu_updated_range(const CPURunShape& s) {
+    ShardLayout shards = shard_layout(param_layout(s.cfg).total, s.world_size);
+    return s.zero_stage == 1 ? owned_range(shards, s.rank) : ShardRange{0, shards.total};
+}
+
+inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
+    const GPT2Config& c = s.cfg;
+    ModelSlice slice = model_slice(c, cpu_shape_grid(s));
+    ParamLayout layout = slice_layout(c, slice);
+    ZeroMemory z = zero_memory(s.zero_stage, model_units(layout, slice.num_layers), layout.total, s.world_size, s.rank);
+    // local shapes: on one rank these are the model's own (see the model section of train_gpt_cpu.cpp)
+    size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
+    size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
+    size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
+    RecomputePlan keep = recompute_plan(s.recompute);
+    // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
+    // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
+    size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
+    size_t max_rows = std::max({BT, head_rows, Cf, 3 * Ca, C});
+    // ... and N, the columns, is an output width in the forward, an input width in the backward
+    size_t max_columns = std::max({head_rows, Cf, 3 * Ca, C});
+    bool lent = s.pipeline_parallel > 1 && slice.last_stage;
+    auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
+    std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight
+    std::string rows = sp > 1 ? "R" : "B, T";                 // sequence parallelism: R = B*T/t rows
+    std::string tp = s.tensor_parallel > 1 ? "/t" : "";
+
+    std::vector<BufferSpec> t(CB_COUNT);
+    t[CB_PARAMS] = {"params", MEM_PARAMS, s.zero_stage == 3 ? sh("(%zu) shards", z.params) : sh("(%zu) padded", z.params), z.params, F};
+    t[CB_GRADS] = {"grads", MEM_GRADS, sh("(%zu) padded", z.grads), z.grads, F};
+    t[CB_GRAD_SHARD] = {"grad_shard", MEM_GRADS, sh("(%zu) this rank's shard", z.grad_shard), z.grad_shard, F};
+    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
+    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
+
+    t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
+    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
+    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
+    t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
+    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep.gelu ? M * L * BT * Cf : 0, F};
+    t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
+    t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
+    t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
+    t[CB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
+    t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, M * head * BT * Vp, F};
+    t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+    t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+
+    t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};
+    t[CB_DBUF_C] = {"dbuf_c", MEM_WORKSPACE, "(B, T, C)", BT * C, F};
+    t[CB_DBUF_3C] = {"dbuf_3c", MEM_WORKSPACE, "(B, T, 3C" + tp + ")", BT * 3 * Ca, F};
+    t[CB_DBUF_4C] = {"dbuf_4c", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", BT * Cf, F};
+    t[CB_MATMUL_PACK_A] = {"matmul_pack_a", MEM_WORKSPACE, sh("%zu rows x KC=%d", max_rows, MATMUL_KC),
+                           matmul_pack_a_floats(max_rows), F};
+    t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("min(NC=%d, %zu) columns x KC=%d", MATMUL_NC, max_columns, MATMUL_KC),
+                           matmul_pack_b_floats(max_columns), F};
+    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln ? 0 : R * C, F};
+    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, F};
+
+    t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
+    t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};
+    t[CB_ZERO_UNITS] = {"zero_units", MEM_WORKSPACE, "gathered units + open buckets, peak", z.transient, F};
+    t[CB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, F};
+    t[CB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, F};
+    return t;
+}
+
+// The CPU allocator is asked for exactly each row's bytes (std::vector of that many floats).
+constexpr size_t CPU_ALLOCATION_GRANULE = 1;

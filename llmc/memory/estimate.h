@@ -1,0 +1,684 @@
+// estimate.h — will it fit, and how long will it take? The answer before anything is allocated.
+//
+// `--estimate` on either trainer prints, for a model shape, micro-batch, sequence length, precision,
+// recompute level, ZeRO stage and number of ranks:
+//   1. the bytes per rank of every buffer, from the trainer's OWN size table (llmc/memory/cpu_buffers.h,
+//      llmc/memory/gpu_buffers.h: the tables the trainers allocate from), summed by kind: parameters,
+//      gradients, master weights, optimizer state, activations, workspaces; and the total;
+//   2. the largest micro-batch whose table fits a given memory;
+//   3. FLOPs per token and per step, and the step time and tokens/s they predict at a given MFU;
+//   4. next to ours, the closed-form accounting of the literature, and the difference line by line:
+//        model states (Rajbhandari et al. 2020, "ZeRO"): with N parameters, AdamW keeps per parameter
+//          fp32 training         4 (weights) + 4 (grads) + 8 (m, v)                      = 16 N
+//          mixed precision       2 (weights) + 2 (grads) + 12 (fp32 master, m, v: "K=12") = 16 N
+//        and ZeRO stage 1 divides the K N term by the ranks Nd, stage 2 also the gradients, stage 3
+//        also the weights;
+//        activations (Korthikanti et al. 2022, "Reducing activation recomputation"): L transformer
+//        layers keep s b h L (34 + 5 a s / h) bytes (s sequence, b micro-batch, h width, a heads;
+//        16-bit values, 1-byte dropout masks), 34 s b h L with selective recompute (the attention
+//        core recomputed), 2 s b h L with full recompute (only each layer's input kept).
+//   5. on a process grid (--tensor-parallel, --pipeline-parallel, --zero 2|3), every rank's memory
+//      from its own slice's table, and the pipeline bubble; for the CPU trainer also the bytes each
+//      rank sends per step to each of its groups, from the lessons' arithmetic (llmc/parallel/zero.h,
+//      llmc/parallel/tensor_parallel.h, llmc/parallel/pipeline_parallel.h): a CPU run on that grid reports what it
+//      measured against exactly these numbers.
+// docs/memory.md and docs/parallelism.md are the lessons; this file is the arithmetic. Everything
+// here is a prediction: it runs no kernel and allocates nothing, and says so in what it prints.
+#pragma once
+
+#include <unistd.h>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "llmc/memory/size_table.h"
+#include "llmc/run/cli.h"
+#include "llmc/memory/cpu_buffers.h"
+#include "llmc/io/formats.h"
+#include "llmc/memory/gpu_buffers.h"
+#include "llmc/model/model.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/parallel/sharding.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/run/training.h"
+#include "llmc/parallel/zero.h"
+
+// ==============================================================================================
+// What the estimate is a function of
+
+struct EstimateSetup {
+    Trainer trainer = Trainer::GPU;     // whose size table
+    GPT2Config cfg;
+    int B = 1, T = 1024;                // micro-batch per rank
+    int ranks = 1, zero_stage = 0;      // data parallelism
+    // model parallelism: the grid is ranks x tp x pp
+    int tp = 1, pp = 1;
+    bool sequence_parallel = false;
+    PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
+    int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
+    // the GPU trainer's choices
+    bool master_weights = true;
+    bool simple_attention = false;
+    // what to predict
+    int64_t tokens_per_step = 0;        // all ranks together, accumulation included
+    double memory_budget_bytes = 0;     // per rank, for the largest micro-batch
+    std::string budget_source;
+    double mfu = 0.4;                   // model FLOPs utilisation assumed for the step time
+    double peak_flops = 0;              // per rank, FLOP/s (0: no step time)
+    std::string peak_source;
+};
+
+// The grid: `ranks` data-parallel ranks of tp x pp; rank r of it (r < estimate_world(e)).
+inline int estimate_world(const EstimateSetup& e) { return e.ranks * e.tp * e.pp; }
+inline ProcessGrid estimate_grid(const EstimateSetup& e, int rank) {
+    ProcessGrid g;
+    make_grid(estimate_world(e), rank, e.tp, e.pp, e.ranks, e.zero_stage, e.sequence_parallel, &g);
+    return g;
+}
+// Micro-batches per step of one data-parallel rank (a pipeline's m).
+inline int estimate_micro_batches(const EstimateSetup& e, int B) {
+    return (int)std::max<int64_t>(1, e.tokens_per_step / ((int64_t)B * e.T * e.ranks));
+}
+
+// The GPU trainer's shape for rank `rank` of the grid with micro-batch B: its slice, its ZeRO share
+// (ZeRO-1: master, m, v of its shard only) and, in a pipeline, the micro-batches its stage keeps.
+inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
+    ProcessGrid g = estimate_grid(e, rank);
+    int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
+    return gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
+}
+
+// The trainer's own size table for rank `rank` with micro-batch B. Rank 0 holds the most: ZeRO's
+// shards are equal but the last, which also carries the padding that belongs to no parameter (and
+// rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
+inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
+    if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
+    return cpu_buffer_table(cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B),
+                                          e.recompute));
+}
+
+// Bytes rank `rank` sends per step to each of its groups: data, tensor, pipeline, and the world
+// (the step's loss and gradient norm), by llmc/parallel/comm.h's ring convention. What the CPU trainer
+// counts while it runs, and reports next to these.
+struct CommEstimate {
+    uint64_t bytes[4] = {0, 0, 0, 0};
+};
+inline const char* comm_group_name(int i) {
+    static const char* names[4] = {"data", "tensor", "pipeline", "world"};
+    return names[i];
+}
+
+inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
+    CommEstimate c;
+    ProcessGrid g = estimate_grid(e, rank);
+    ModelSlice s = model_slice(e.cfg, g);
+    ParamLayout layout = slice_layout(e.cfg, s);
+    int m = estimate_micro_batches(e, e.B);
+    size_t rows = (size_t)e.B * e.T, sp = g.sequence_parallel ? g.tp : 1;
+    c.bytes[0] = zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
+    c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
+                               g.zero_stage);
+    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
+    c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
+    return c;
+}
+
+inline size_t estimate_granule(const EstimateSetup& e) {
+    return e.trainer == Trainer::CPU ? CPU_ALLOCATION_GRANULE : GPU_ALLOCATION_GRANULE;
+}
+
+// Memory a rank needs beyond its table: on the GPU, room for the CUDA context and libraries.
+inline size_t estimate_overhead(const EstimateSetup& e) { return e.trainer == Trainer::CPU ? 0 : GPU_MEMORY_MARGIN_BYTES; }
+
+struct MemoryByKind {
+    size_t bytes[MEM_KINDS] = {};
+    size_t total = 0;
+};
+
+inline MemoryByKind memory_by_kind(const std::vector<BufferSpec>& table, size_t granule) {
+    MemoryByKind m;
+    for (const BufferSpec& b : table) {
+        size_t bytes = allocated_bytes(b, granule);
+        m.bytes[b.kind] += bytes;
+        m.total += bytes;
+    }
+    return m;
+}
+
+// Whether rank 0's table with micro-batch B fits in `budget` bytes. On the GPU this is the very test
+// the trainer applies before it allocates (gpu_batch_fits), so the two cannot disagree.
+inline bool estimate_fits(const EstimateSetup& e, int B, double budget) {
+    if (budget <= 0) return false;
+    size_t bytes = (size_t)std::min(budget, 1e19);  // (a budget beyond size_t is no budget at all)
+    if (e.trainer == Trainer::GPU) return gpu_batch_fits(estimate_gpu_shape(e, B, 0), B, bytes);
+    return memory_by_kind(estimate_table(e, B, 0), estimate_granule(e)).total <= bytes;
+}
+
+constexpr int ESTIMATE_MAX_BATCH = 1 << 20;
+
+inline int estimate_largest_batch(const EstimateSetup& e, double budget) {
+    return largest_fitting_batch([&](int b) { return estimate_fits(e, b, budget); }, ESTIMATE_MAX_BATCH);
+}
+
+// ==============================================================================================
+// Will this run fit? The check both trainers make before their first large allocation, from the
+// same tables: a run that cannot fit must be refused in one line, not die in std::bad_alloc or be
+// killed by the kernel's OOM killer minutes later with no message.
+
+// The most bytes any rank of the grid needs with micro-batch B (and which rank): every rank's table
+// (the stages of a pipeline and the last ZeRO shard differ).
+inline size_t estimate_busiest_rank(const EstimateSetup& e, int B, int* busiest) {
+    size_t most = 0;
+    for (int r = 0; r < estimate_world(e); r++) {
+        size_t need = memory_by_kind(estimate_table(e, B, r), estimate_granule(e)).total + estimate_overhead(e);
+        if (need > most) most = need, *busiest = r;
+    }
+    return most;
+}
+
+// The host's MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim without
+// swapping), in bytes; 0 where it cannot be read (then no limit is applied).
+inline double host_memory_available_bytes() {
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024.0;
+}
+
+// "" when every rank's table fits in `limit_bytes`, else the one line that refuses the run: the
+// need, the limit (`limit_source` names it, with its size), and the largest micro-batch that fits.
+inline std::string memory_refusal(const EstimateSetup& e, double limit_bytes, const std::string& limit_source) {
+    int busiest = 0;
+    size_t need = estimate_busiest_rank(e, e.B, &busiest);
+    if (limit_bytes <= 0 || (double)need <= limit_bytes) return "";
+    int ignored = 0;
+    int fits = largest_fitting_batch([&](int b) { return (double)estimate_busiest_rank(e, b, &ignored) <= limit_bytes; }, e.B);
+    std::string advice = fits > 0 ? strprintf("the largest micro-batch that fits is --batch-size %d (--total-batch-tokens keeps "
+                                              "the tokens per step)", fits)
+                                  : std::string("not even --batch-size 1 fits: use a smaller model or shard it "
+                                                "(--zero 3, --tensor-parallel, --pipeline-parallel)");
+    std::string where = estimate_world(e) > 1 ? strprintf(" on rank %d", busiest) : std::string();
+    return strprintf("this run (B=%d, T=%d) needs %s%s, more than %s: %s; --estimate shows every buffer", e.B, e.T,
+                     format_bytes((double)need).c_str(), where.c_str(), limit_source.c_str(), advice.c_str());
+}
+
+// ==============================================================================================
+// Compute: FLOPs and the time they take at a given MFU
+
+struct ComputeEstimate {
+    double flops_per_token = 0;     // 6N + 6LCT (llmc/model/model.h): forward 2, backward 4 per parameter, plus attention
+    double flops_per_step = 0;      // x tokens per step, all ranks together
+    double step_seconds = 0;        // at mfu x peak on every rank (0 when no peak is known)
+    double tokens_per_second = 0;
+};
+
+inline ComputeEstimate estimate_compute(const EstimateSetup& e) {
+    ComputeEstimate c;
+    c.flops_per_token = flops_per_token(e.cfg, e.T);
+    c.flops_per_step = c.flops_per_token * (double)e.tokens_per_step;
+    if (e.peak_flops > 0 && e.mfu > 0) {
+        c.step_seconds = c.flops_per_step / (e.ranks * e.peak_flops * e.mfu);
+        c.tokens_per_second = (double)e.tokens_per_step / c.step_seconds;
+    }
+    return c;
+}
+
+// ==============================================================================================
+// The literature's closed forms
+
+// Parameters of a GPT-2-style model as the papers count them: the REAL vocabulary V (ours pads it
+// to Vp), learned positions, L blocks of 12h^2 + 13h (four h x h matrices' worth in attention, eight
+// in the MLP, and their biases and LayerNorms), the final LayerNorm; an untied output layer adds V h.
+inline double literature_param_count(double V, double max_T, double L, double h, bool tied_head) {
+    return V * h + max_T * h + L * (12 * h * h + 13 * h) + 2 * h + (tied_head ? 0 : V * h);
+}
+
+// Bytes per parameter of the model states ("model states" in the ZeRO paper).
+struct StateBytes {
+    const char* name;
+    double params, grads, master, optimizer;  // optimizer: AdamW's m and v
+    double total() const { return params + grads + master + optimizer; }
+};
+
+// The accountings that circulate, term by term:
+//   fp32 Adam        everything fp32: 4 + 4 + 0 + 8
+//   mixed, ZeRO      Rajbhandari et al.: 16-bit weights and grads, fp32 master + m + v (K = 12)
+//   mixed, fp32 grads  the "18N" variant: gradients kept (accumulated) in fp32: 2 + 4 + 4 + 8
+//   no master        the "12N" variant: 16-bit weights updated in place, fp32 m and v: 2 + 2 + 0 + 8
+//                    (our GPU trainer with --master-weights 0). "12N" is also quoted for the ZeRO
+//                    paper's K term alone (master + m + v), the part stage 1 shards: the same number
+//                    for different terms, which is why it says nothing without them.
+inline std::vector<StateBytes> literature_state_variants() {
+    return {{"fp32 AdamW (4+4+8)", 4, 4, 0, 8},
+            {"mixed precision, ZeRO's 2+2+K, K=12", 2, 2, 4, 8},
+            {"mixed precision, fp32 grads (18N)", 2, 4, 4, 8},
+            {"16-bit weights, no master (12N)", 2, 2, 0, 8}};
+}
+
+// Per-rank bytes of the model states under ZeRO stage `stage` with Nd ranks (Rajbhandari et al.):
+//   stage 0  (p + g + k) N          every rank keeps everything
+//   stage 1  (p + g) N + k N / Nd   optimizer state (master, m, v) sharded
+//   stage 2  p N + (g + k) N / Nd   ... and the reduced gradients
+//   stage 3  (p + g + k) N / Nd     ... and the weights (gathered layer by layer when needed)
+inline double zero_state_bytes(const StateBytes& b, double N, int stage, int Nd) {
+    double k = b.master + b.optimizer;
+    if (stage <= 0) return (b.params + b.grads + k) * N;
+    if (stage == 1) return (b.params + b.grads) * N + k * N / Nd;
+    if (stage == 2) return b.params * N + (b.grads + k) * N / Nd;
+    return (b.params + b.grads + k) * N / Nd;
+}
+
+// Korthikanti et al.: activation bytes of L transformer layers, 16-bit values and 1-byte masks.
+enum class PaperRecompute { None, Selective, Full };
+inline double korthikanti_activation_bytes(double s, double b, double h, double a, double L, PaperRecompute r) {
+    if (r == PaperRecompute::Full) return 2 * s * b * h * L;
+    if (r == PaperRecompute::Selective) return 34 * s * b * h * L;
+    return s * b * h * L * (34 + 5 * a * s / h);
+}
+
+// Numbers as people read them: 124,475,904.
+inline std::string with_commas(double v) {
+    std::string digits = strprintf("%.0f", std::fabs(v)), out;
+    for (size_t i = 0; i < digits.size(); i++) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return (v < 0 ? "-" : "") + out;
+}
+
+inline std::string with_commas_signed(double v) { return (v >= 0 ? "+" : "") + with_commas(v); }
+
+// ==============================================================================================
+// Side by side: the paper's activation terms against the rows of our table, line by line.
+//
+// Per layer the paper keeps (bytes, 16-bit): LayerNorm 1 input 2sbh, its output 2sbh, Q K V 6sbh,
+// softmax output 2as^2b + its dropout mask as^2b + dropout output 2as^2b, attention output 2sbh,
+// two dropout masks sbh + sbh, LayerNorm 2 input 2sbh and output 2sbh, GELU input 8sbh and output
+// 8sbh: 34sbh + 5as^2b. Each line below is one of those terms (or something the paper leaves out)
+// next to the rows of our table that hold it. The "ours" column sums to our activations exactly,
+// and the "paper" column to the formula: the differences are all accounted for.
+
+struct ActivationLine {
+    const char* term;
+    double paper = 0;       // bytes the paper counts for this term (L layers)
+    size_t ours = 0;        // bytes of our rows that hold it
+    std::string rows;       // which rows
+    std::string why;        // the difference, in words
+};
+
+// The rows of both tables, by the paper's term they hold (a row appears in exactly one line).
+struct ActivationTerm {
+    const char* term;
+    double sbh, as2b;             // the paper's bytes per layer: sbh * s b h + as2b * a s^2 b
+    std::vector<std::string> rows;
+};
+
+inline const std::vector<ActivationTerm>& activation_terms() {
+    static const std::vector<ActivationTerm> terms = {
+        {"block input (LayerNorm 1 input)", 2, 0, {"residual", "encoded", "residual3"}},
+        {"LayerNorm 1 output (QKV input)", 2, 0, {"ln1"}},
+        {"Q, K, V", 6, 0, {"qkv"}},
+        {"softmax output + dropout mask + dropout output", 0, 5, {"att", "att_stats"}},
+        {"attention output (projection input)", 2, 0, {"atty"}},
+        {"dropout masks after attention and MLP", 2, 0, {}},
+        {"LayerNorm 2 input (residual after attention)", 2, 0, {"residual2"}},
+        {"LayerNorm 2 output (MLP input)", 2, 0, {"ln2"}},
+        {"GELU input (fc output)", 8, 0, {"fch"}},
+        {"GELU output (fc projection input)", 8, 0, {"fch_gelu"}},
+        {"LayerNorm statistics (mean, 1/std)", 0, 0, {"ln1_mean", "ln1_rstd", "ln2_mean", "ln2_rstd"}},
+        {"after the blocks: final LayerNorm, logits, loss", 0, 0,
+         {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
+    };
+    return terms;
+}
+
+// Which line holds the row `name`, or -1 (tests check every activation row has exactly one).
+inline int activation_term_of(const std::string& name) {
+    const std::vector<ActivationTerm>& terms = activation_terms();
+    for (size_t i = 0; i < terms.size(); i++)
+        for (const std::string& r : terms[i].rows)
+            if (r == name) return (int)i;
+    return -1;
+}
+
+inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
+    double s = e.T, b = e.B, h = e.cfg.channels, a = e.cfg.num_heads, L = e.cfg.num_layers;
+    std::string width = e.dtype_bytes == 4 ? "fp32" : "bf16";
+    std::vector<ActivationLine> lines;
+    for (const ActivationTerm& t : activation_terms()) {
+        ActivationLine line;
+        line.term = t.term;
+        line.paper = (t.sbh * s * b * h + t.as2b * a * s * s * b) * L;
+        for (const BufferSpec& row : table) {
+            if (row.kind != MEM_ACTIVATIONS || activation_term_of(row.name) != (int)lines.size()) continue;
+            line.ours += allocated_bytes(row, estimate_granule(e));
+            if (row.bytes() > 0) line.rows += std::string(line.rows.empty() ? "" : " ") + row.name;
+        }
+        lines.push_back(line);
+    }
+    // the reasons, in the order of the lines
+    bool cudnn = e.trainer == Trainer::GPU && !e.simple_attention;
+    RecomputePlan keep = recompute_plan(e.recompute);
+    std::string values = e.dtype_bytes == 2 ? "the same (bf16: 2 bytes per value)" : "fp32: 4 bytes per value, the paper's 2";
+    lines[0].why = "L+1 slices: the last block's output is kept too, as the final LayerNorm's input; " + values;
+    lines[1].why = keep.ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
+    lines[2].why = values;
+    lines[3].why = cudnn ? "flash attention (cuDNN) keeps only the softmax's log-sum-exp, fp32, one per row and head, "
+                           "and recomputes the scores in the backward"
+                         : strprintf("the probabilities, materialised (L, B, NH, T, T) in %s; no dropout, so no mask "
+                                     "and no second copy", width.c_str());
+    lines[4].why = values;
+    lines[5].why = "GPT-2 here trains without dropout: no masks";
+    lines[6].why = values;
+    lines[7].why = keep.ln ? values : "--recompute 2: recomputed from the residual and the saved statistics";
+    lines[8].why = values;
+    lines[9].why = keep.gelu ? values : "--recompute >= 1: recomputed as GELU(fch), one layer at a time, in the backward";
+    lines[10].why = "two fp32 per row and LayerNorm, so the backward needs no reduction to recover them; the paper "
+                    "recomputes them";
+    lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
+                              "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
+                              width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
+    return lines;
+}
+
+// The same for the model states: the literature's bytes for OUR precision choices (so that what is
+// left of the difference is structural), next to the table's, with the parts of the difference.
+struct StateLine {
+    const char* kind;
+    double literature = 0;      // per rank: bytes per parameter x N (/ ranks where ZeRO shards it)
+    size_t ours = 0;
+    double vocab_padding = 0;   // our Vp - V padded vocabulary rows (zero weights, never in the loss)
+    double shard_padding = 0;   // values that pad the flat array to equal shards (or rank 0's shard vs N/ranks)
+    double extra = 0;           // rows the literature has no term for (the CPU's gradient shard)
+    std::string why;
+};
+
+inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
+    const GPT2Config& c = e.cfg;
+    bool cpu = e.trainer == Trainer::CPU;
+    double N = literature_param_count(c.vocab_size, c.max_seq_len, c.num_layers, c.channels, true);
+    double P = (double)param_layout(c).total;  // = N + vocab_pad
+    double vocab_pad = (double)(c.padded_vocab_size - c.vocab_size) * c.channels;
+    ShardLayout shards = shard_layout(param_layout(c).total, e.ranks);
+    // params and grads: padded to equal shards (llmc/parallel/sharding.h)
+    double flat_pad = (double)(shards.padded_total - shards.total);
+    // optimizer state: all P values, or (ZeRO-1) rank 0's shard, against the literature's N / ranks
+    double Nd = e.zero_stage == 1 ? e.ranks : 1;
+    double opt_values = e.zero_stage == 1 ? (double)owned_range(shards, 0).size() : P;
+    double opt_pad = opt_values - P / Nd;
+    double w = e.dtype_bytes;
+    double master = !cpu && e.dtype_bytes == 2 && e.master_weights ? 4 : 0;
+    MemoryByKind ours = memory_by_kind(table, estimate_granule(e));
+
+    std::vector<StateLine> lines(4);
+    lines[0] = {"params", w * N, ours.bytes[MEM_PARAMS], w * vocab_pad, w * flat_pad, 0, ""};
+    // the CPU's grad_shard, the reduce-scatter's output (none with one rank: nothing to sum)
+    double grad_shard = cpu && e.ranks > 1 ? 4.0 * shards.shard_size : 0;
+    lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, grad_shard, ""};
+    lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, ""};
+    lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, 0, ""};
+    if (e.zero_stage >= 2) {
+        // ZeRO-2/3: each unit (llmc/parallel/zero.h) is cut into equal shards; rank 0's shards are full, the
+        // padding falls on the last rank. The gradient (and at stage 3 the weights) is sharded too.
+        double R = e.ranks;
+        lines[0] = {"params", w * N / (e.zero_stage == 3 ? R : 1), ours.bytes[MEM_PARAMS], w * vocab_pad / (e.zero_stage == 3 ? R : 1), 0, 0, ""};
+        lines[1] = {"grads", w * N / R, ours.bytes[MEM_GRADS], w * vocab_pad / R, 0, 0, ""};
+        lines[2] = {"master", master * N / R, ours.bytes[MEM_MASTER], master * vocab_pad / R, 0, 0, ""};
+        lines[3] = {"optimizer", 8 * N / R, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / R, 0, 0, ""};
+        for (int i : {0, 1, 2, 3}) {
+            StateLine& l = lines[(size_t)i];
+            l.shard_padding = (double)l.ours - l.literature - l.vocab_padding;  // all of the rest: the units' shards
+        }
+    }
+    for (StateLine& l : lines) {
+        std::vector<std::string> parts;
+        if (l.vocab_padding != 0) parts.push_back(strprintf("%s padded vocabulary ((Vp-V)*C = %s values)",
+                                                              with_commas_signed(l.vocab_padding).c_str(), with_commas(vocab_pad).c_str()));
+        if (l.shard_padding != 0) parts.push_back(strprintf("%s padding to equal shards", with_commas_signed(l.shard_padding).c_str()));
+        if (l.extra != 0) parts.push_back(strprintf("%s grad_shard, the reduce-scatter's output (this rank's shard of the sum)",
+                                                    with_commas_signed(l.extra).c_str()));
+        double rest = (double)l.ours - l.literature - l.vocab_padding - l.shard_padding - l.extra;
+        if (std::fabs(rest) >= 0.5) parts.push_back(strprintf("%s other (allocator rounding)", with_commas_signed(rest).c_str()));
+        for (size_t i = 0; i < parts.size(); i++) l.why += (i ? "; " : "") + parts[i];
+        if (l.why.empty()) l.why = l.ours == 0 ? "none" : "the same";
+    }
+    if (cpu || e.dtype_bytes == 4) lines[2].why = "none: fp32 weights are their own master copy";
+    else if (!e.master_weights) lines[2].why = "none: --master-weights 0 updates the bf16 weights in place";
+    return lines;
+}
+
+// ==============================================================================================
+// From the command line
+
+// The model's shape without loading its weights: a descriptor, or a model file's header.
+inline GPT2Config estimate_config(const TrainOptions& o) {
+    GPT2Config cfg;
+    std::string resume_dir = resolve_resume_dir(o);
+    if (resume_dir.empty() && parse_model_descriptor(o.model, &cfg)) {
+        std::string why;
+        if (!config_is_valid(cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
+        return cfg;
+    }
+    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
+    if (!file_exists(path)) fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
+    return read_model_header(path).config;
+}
+
+// The setup the flags describe. The trainer passes what only it knows: its precision, whether it
+// keeps master weights, its attention path.
+inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int dtype_bytes, bool master_weights,
+                                    bool simple_attention) {
+    EstimateSetup e;
+    e.trainer = trainer;
+    e.cfg = estimate_config(o);
+    e.ranks = o.estimate_ranks;
+    e.zero_stage = o.zero_stage;
+    e.tp = o.tensor_parallel;
+    e.pp = o.pipeline_parallel;
+    e.sequence_parallel = o.sequence_parallel;
+    parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
+    RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
+    e.B = plan.B, e.T = plan.T;
+    e.tokens_per_step = plan.total_batch_tokens;
+    e.dtype_bytes = dtype_bytes;
+    e.recompute = o.recompute;
+    e.master_weights = master_weights;
+    e.simple_attention = simple_attention;
+    if (o.estimate_memory_gib > 0) {
+        e.memory_budget_bytes = o.estimate_memory_gib * (double)(1ull << 30);
+        e.budget_source = "--estimate-memory-gib";
+    } else if (trainer == Trainer::GPU) {
+        e.memory_budget_bytes = 80.0 * (1ull << 30);
+        e.budget_source = "an 80 GiB GPU; --estimate-memory-gib for another";
+    } else {
+        e.memory_budget_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+        e.budget_source = "this machine's RAM; --estimate-memory-gib for another";
+    }
+    e.mfu = o.estimate_mfu;
+    if (o.estimate_peak_tflops > 0) {
+        e.peak_flops = o.estimate_peak_tflops * 1e12;
+        e.peak_source = "--estimate-peak-tflops";
+    } else if (trainer == Trainer::GPU) {
+        e.peak_flops = gpu_peak_bf16_tflops("H100 SXM") * 1e12;
+        e.peak_source = "H100 SXM, dense bf16 (llmc/run/training.h); --estimate-peak-tflops for another";
+    }
+    return e;
+}
+
+// ==============================================================================================
+// The printout
+
+inline std::string estimate_run_description(const EstimateSetup& e) {
+    std::string what;
+    if (e.trainer == Trainer::CPU) {
+        what = e.recompute ? strprintf("CPU trainer, fp32, recompute %d", e.recompute) : "CPU trainer, fp32";
+    } else {
+        what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? "bf16" : "fp32",
+                         e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
+                         e.recompute, e.simple_attention ? "simple" : "cuDNN");
+    }
+    std::string grid = e.tp > 1 || e.pp > 1 ? strprintf(" x tp %d x pp %d%s (%d ranks)", e.tp, e.pp,
+                                                         e.sequence_parallel ? " sequence parallel" : "", estimate_world(e)) : "";
+    return strprintf("%s; B=%d T=%d; %d data-parallel rank%s%s, ZeRO-%d", what.c_str(), e.B, e.T, e.ranks,
+                     e.ranks == 1 ? "" : "s", grid.c_str(), e.zero_stage);
+}
+
+inline void print_estimate(const EstimateSetup& e) {
+    const GPT2Config& c = e.cfg;
+    size_t P = param_layout(c).total;
+    size_t granule = estimate_granule(e);
+    std::vector<BufferSpec> table = estimate_table(e, e.B, 0);
+    MemoryByKind mem = memory_by_kind(table, granule);
+    double tokens = (double)e.B * e.T;
+
+    printf("estimate: PREDICTED, not measured: arithmetic on the trainer's own size table; nothing was allocated or run\n");
+    printf("model: %s; N = %s parameters (%s with the real vocabulary)\n", describe_config(c).c_str(),
+           with_commas((double)P).c_str(),
+           with_commas(literature_param_count(c.vocab_size, c.max_seq_len, c.num_layers, c.channels, true)).c_str());
+    printf("run: %s\n", estimate_run_description(e).c_str());
+
+    printf("\nmemory of rank 0, buffer by buffer (%s, the table the trainer allocates from)\n",
+           e.trainer == Trainer::CPU ? "llmc/memory/cpu_buffers.h" : "llmc/memory/gpu_buffers.h");
+    print_buffer_table(table, granule);
+
+    printf("\nmemory of rank 0 by kind\n");
+    for (int k = 0; k < MEM_KINDS; k++) {  // model states per parameter, activations per token
+        std::string per = k == MEM_ACTIVATIONS ? strprintf("%10.1f bytes per token of the micro-batch", mem.bytes[k] / tokens)
+                        : k == MEM_WORKSPACE   ? std::string()
+                                               : strprintf("%10.2f bytes per parameter", (double)mem.bytes[k] / P);
+        printf("  %-12s %16s  %10s  %s\n", memory_kind_name(k), with_commas((double)mem.bytes[k]).c_str(),
+               format_bytes((double)mem.bytes[k]).c_str(), per.c_str());
+    }
+    printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
+    if (estimate_overhead(e) > 0) {
+        printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
+               format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());
+    }
+    int largest = estimate_largest_batch(e, e.memory_budget_bytes);
+    printf("  largest micro-batch that fits %s (%s): ", format_bytes(e.memory_budget_bytes).c_str(), e.budget_source.c_str());
+    if (largest == 0) printf("none, not even B=1\n");
+    else if (largest == ESTIMATE_MAX_BATCH) printf("B >= %d\n", largest);
+    else printf("B=%d at T=%d (B=%d would need %s)\n", largest, e.T, largest + 1,
+                format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), granule).total + estimate_overhead(e))).c_str());
+
+    // every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller; pipeline
+    // stages and tensor ranks hold different slices
+    bool grid = estimate_world(e) > e.ranks;
+    printf("\nmemory per rank%s\n", grid ? " (dp, tp, pp: the rank's place in the grid)" : "");
+    for (int r = 0; r < estimate_world(e);) {
+        MemoryByKind here = memory_by_kind(estimate_table(e, e.B, r), granule);
+        int last = r;
+        while (last + 1 < estimate_world(e)) {
+            MemoryByKind next = memory_by_kind(estimate_table(e, e.B, last + 1), granule);
+            if (memcmp(next.bytes, here.bytes, sizeof(here.bytes)) != 0) break;
+            last++;
+        }
+        printf("  %s:", last == r ? strprintf("rank %d", r).c_str() : strprintf("ranks %d-%d", r, last).c_str());
+        for (int k = 0; k < MEM_KINDS; k++) printf(" %s=%zu", memory_kind_name(k), here.bytes[k]);
+        printf(" total=%zu", here.total);
+        if (grid) {
+            ProcessGrid g = estimate_grid(e, r);
+            printf("  (%d,%d,%d)%s", g.dp_rank, g.tp_rank, g.pp_rank, last > r ? "..." : "");
+        }
+        printf("\n");
+        r = last + 1;
+    }
+    if (e.trainer == Trainer::CPU && estimate_world(e) > 1) {  // (the GPU trainer's bf16 traffic: docs/parallelism.md)
+        printf("\ncommunication per step, bytes each rank sends to its groups (ring algorithms, llmc/parallel/comm.h)\n");
+        for (int r = 0; r < estimate_world(e); r++) {
+            CommEstimate c = estimate_comm(e, r);
+            printf("  rank %d sends:", r);
+            for (int i = 0; i < 4; i++) printf(" %s=%llu", comm_group_name(i), (unsigned long long)c.bytes[i]);
+            printf("  (%s)\n", format_bytes((double)(c.bytes[0] + c.bytes[1] + c.bytes[2] + c.bytes[3])).c_str());
+        }
+    }
+    if (e.pp > 1) {
+        int m = estimate_micro_batches(e, e.B);
+        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
+               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1,
+               100.0 * pipeline_bubble_fraction(e.pp, m));
+    }
+
+    ComputeEstimate comp = estimate_compute(e);
+    printf("\ncompute\n");
+    printf("  FLOPs per token      6N + 6LCT = 6*%zu + 6*%d*%d*%d = %.4g\n", P, c.num_layers, c.channels, e.T,
+           comp.flops_per_token);
+    printf("  tokens per step      %s (all ranks)\n", with_commas((double)e.tokens_per_step).c_str());
+    printf("  FLOPs per step       %.4g\n", comp.flops_per_step);
+    if (comp.step_seconds > 0) {
+        printf("  at MFU %.0f%% of %.0f TFLOP/s per rank (%s): %.1f ms per step, %s tokens/s (PREDICTED)\n", 100 * e.mfu,
+               e.peak_flops / 1e12, e.peak_source.c_str(), 1e3 * comp.step_seconds, with_commas(comp.tokens_per_second).c_str());
+    } else {
+        printf("  step time: give --estimate-peak-tflops (this machine's peak) to predict it\n");
+    }
+
+    // ---- the literature, side by side
+    double N = literature_param_count(c.vocab_size, c.max_seq_len, c.num_layers, c.channels, true);
+    printf("\nliterature: model states (Rajbhandari et al., ZeRO), N = %s, bytes per parameter\n", with_commas(N).c_str());
+    printf("  %-38s %6s %6s %6s %6s %6s %12s\n", "accounting", "params", "grads", "master", "m+v", "total", "for N");
+    for (const StateBytes& v : literature_state_variants()) {
+        printf("  %-38s %6.0f %6.0f %6.0f %6.0f %5.0fN %12s\n", v.name, v.params, v.grads, v.master, v.optimizer, v.total(),
+               format_bytes(v.total() * N).c_str());
+    }
+    StateBytes mixed = literature_state_variants()[1];
+    printf("  ZeRO over %d rank%s, mixed precision (16N), per rank: stage 0 %s, stage 1 %s, stage 2 %s, stage 3 %s\n",
+           e.ranks, e.ranks == 1 ? "" : "s", format_bytes(zero_state_bytes(mixed, N, 0, e.ranks)).c_str(),
+           format_bytes(zero_state_bytes(mixed, N, 1, e.ranks)).c_str(), format_bytes(zero_state_bytes(mixed, N, 2, e.ranks)).c_str(),
+           format_bytes(zero_state_bytes(mixed, N, 3, e.ranks)).c_str());
+    printf("  (both trainers implement all four stages)\n");
+    if (grid) {
+        printf("  (with tensor or pipeline parallelism a rank holds a slice, not a replica: the lines against the literature\n"
+               "   below are for one whole replica and are left out; the per-rank table above is the answer)\n");
+        return;
+    }
+    printf("  ours against the literature for the same precision and ZeRO-%d, rank 0:\n", e.zero_stage);
+    for (const StateLine& l : state_lines(e, table)) {
+        printf("    %-10s literature %14s  ours %14s  %s\n", l.kind, with_commas(l.literature).c_str(),
+               with_commas((double)l.ours).c_str(), l.why.c_str());
+    }
+
+    double s = e.T, b = e.B, h = c.channels, a = c.num_heads, L = c.num_layers;
+    printf("\nliterature: activations (Korthikanti et al.), s=%d b=%d h=%d a=%d L=%d, 16-bit values\n", e.T, e.B, c.channels,
+           c.num_heads, c.num_layers);
+    printf("  no recompute         sbhL(34 + 5as/h) = %s (%s)\n",
+           with_commas(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::None)).c_str(),
+           format_bytes(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::None)).c_str());
+    printf("  selective recompute  34 sbhL          = %s (%s)\n",
+           with_commas(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Selective)).c_str(),
+           format_bytes(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Selective)).c_str());
+    printf("  full recompute       2 sbhL           = %s (%s)\n",
+           with_commas(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Full)).c_str(),
+           format_bytes(korthikanti_activation_bytes(s, b, h, a, L, PaperRecompute::Full)).c_str());
+    printf("  ours, by --recompute level:");
+    for (int level = 0; level <= 2; level++) {
+        EstimateSetup other = e;
+        other.recompute = level;
+        MemoryByKind m = memory_by_kind(estimate_table(other, e.B, 0), granule);
+        printf(" %d: %s activations + %s workspace%s", level, format_bytes((double)m.bytes[MEM_ACTIVATIONS]).c_str(),
+               format_bytes((double)m.bytes[MEM_WORKSPACE]).c_str(), level < 2 ? ";" : "\n");
+    }
+    double values = (double)L * b * s * h;
+    printf("  what recompute costs per micro-batch: level 1 evaluates GELU again on 4LBTC = %s values, level 2 also "
+           "LayerNorm on 2LBTC = %s (elementwise: no matmul FLOPs)\n",
+           with_commas(4 * values).c_str(), with_commas(2 * values).c_str());
+    printf("  line by line, ours (rank 0) against the paper:\n");
+    printf("    %-48s %14s %14s  %s\n", "term", "paper", "ours", "why they differ");
+    double paper_sum = 0;
+    size_t ours_sum = 0;
+    for (const ActivationLine& l : activation_lines(e, table)) {
+        printf("    %-48s %14s %14s  %s%s\n", l.term, with_commas(l.paper).c_str(), with_commas((double)l.ours).c_str(),
+               l.why.c_str(), l.rows.empty() ? "" : strprintf(" [%s]", l.rows.c_str()).c_str());
+        paper_sum += l.paper;
+        ours_sum += l.ours;
+    }
+    printf("    %-48s %14s %14s\n", "total", with_commas(paper_sum).c_str(), with_commas((double)ours_sum).c_str());
+    printf("  workspaces (%s) are outside both accountings: one layer of scratch reused by every layer, and library work "
+           "areas\n", format_bytes((double)mem.bytes[MEM_WORKSPACE]).c_str());
+}

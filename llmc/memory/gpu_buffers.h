@@ -1,0 +1,258 @@
+// gpu_buffers.h — every buffer the GPU trainer allocates, as a function of the run's shape.
+//
+// Host-only (no CUDA): the GPU trainer allocates FROM this table, buffer by buffer, and prints it;
+// `--estimate` prints the same table on a machine without a GPU. So the memory a run needs is known
+// before a byte is allocated, a batch that does not fit fails up front with the largest one that
+// would, and the numbers in the docs are the numbers the trainer really uses.
+//
+// Where the memory goes, for GPT-2 small (d12) at B=16, T=1024 in bf16, recompute 1 (--estimate
+// prints this for any shape; docs/memory.md is the lesson):
+//   parameters + gradients (bf16)       2 x 2 bytes x N          0.46 GiB
+//   AdamW m, v and fp32 master weights  3 x 4 bytes x N          1.39 GiB
+//   activations kept for the backward   ~L x B x T x 12C x 2     3.4 GiB  (recompute shrinks this)
+//   logits (B, T, Vp) in bf16, overwritten in place by their gradient   1.54 GiB
+//   workspaces (one layer of scratch, cuBLASLt, cuDNN)                  0.78 GiB
+// The activations dominate as B*T grows: that is what --recompute trades compute for.
+//
+// Recompute (--recompute, llmc/model/recompute.h): a level keeps fewer activations per layer (fch_gelu at
+// level 1, also ln1 and ln2 at level 2) and one layer of scratch for them instead; exact.
+//
+// Parallelism: every row is for this rank's SLICE of the model (llmc/parallel/process_grid.h), exactly as in
+// llmc/memory/cpu_buffers.h: its pipeline stage's layers, its tensor rank's heads (C/t attention channels),
+// MLP units (4C/t) and vocabulary rows, B*T/t rows of the residual stream with sequence parallelism,
+// and the activations of as many micro-batches as its pipeline schedule keeps in flight. ZeRO
+// (llmc/parallel/zero.h) decides the model states: stages 0-1 pad params and grads to dp equal shards (the
+// collectives move equal pieces) and stage 1 keeps master, m, v of the rank's shard only; stage 2
+// keeps only the gradient shard of every unit, stage 3 also only the weight shard, plus fixed slots
+// for the units gathered and the buckets being reduced (one for the ends of the model, two for
+// layers: one in use while the other is gathered or reduced on the communication stream). On one
+// rank the slice is the whole model and every parallel row is empty.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+#include "llmc/memory/size_table.h"
+#include "llmc/model/model.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/model/recompute.h"
+#include "llmc/parallel/sharding.h"
+#include "llmc/utils.h"
+#include "llmc/parallel/zero.h"
+
+// Kernel geometry that decides buffer sizes: the kernels use these very constants.
+constexpr int LN_BACKWARD_ROWS_PER_BLOCK = 64;     // rows of one LayerNorm-backward block -> one partial
+constexpr int BIAS_BACKWARD_ROWS_PER_BLOCK = 256;  // rows of one bias-gradient block -> one partial
+constexpr int GLOBAL_NORM_BLOCKS = 512;            // fixed grid: the sum's order never depends on the GPU
+constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;
+
+// What decides the sizes.
+struct GPURunShape {
+    GPT2Config cfg;
+    int B = 0, T = 0;                  // micro-batch
+    int recompute = 1;                 // 0, 1, 2 (see above)
+    bool master_weights = true;        // fp32 copy of the parameters
+    bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
+    int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
+    ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
+    int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
+};
+
+// The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
+// plan exists (the trainer replaces it by the plans' own figure before it allocates). The early
+// memory check, the allocation and --estimate all start from here.
+inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T, int tp = 1);
+inline GPURunShape gpu_run_shape(const GPT2Config& cfg, int B, int T, int recompute, bool master_weights,
+                                 bool simple_attention, int dtype_bytes, const ProcessGrid& grid = ProcessGrid{},
+                                 int micro_batches_in_flight = 1) {
+    GPURunShape s;
+    s.cfg = cfg;
+    s.B = B, s.T = T;
+    s.recompute = recompute;
+    s.master_weights = master_weights;
+    s.simple_attention = simple_attention;
+    s.dtype_bytes = dtype_bytes;
+    s.grid = grid;
+    s.micro_batches_in_flight = micro_batches_in_flight;
+    s.cudnn_workspace_bytes = simple_attention ? 0 : cudnn_workspace_estimate(cfg, B, T, grid.tp);
+    return s;
+}
+
+// One buffer per row; the trainer indexes the table by this enum.
+enum GPUBuffer {
+    // the model and its optimizer
+    GB_PARAMS, GB_GRADS, GB_MASTER, GB_ADAM_M, GB_ADAM_V,
+    // activations kept from the forward for the backward (stacked over the layers held)
+    GB_RESIDUAL, GB_RESIDUAL2, GB_LN1, GB_LN1_MEAN, GB_LN1_RSTD, GB_QKV, GB_ATTY, GB_ATT,
+    GB_LN2, GB_LN2_MEAN, GB_LN2_RSTD, GB_FCH, GB_FCH_GELU,
+    GB_LNF, GB_LNF_MEAN, GB_LNF_RSTD, GB_LOGITS, GB_LOSSES,
+    // scratch: one layer's worth, reused by every layer, forward and backward
+    GB_LN_RECOMPUTE, GB_GELU_RECOMPUTE, GB_SCRATCH_C, GB_DRESIDUAL, GB_SCRATCH_3C, GB_SCRATCH_4C,
+    GB_REDUCE_PARTIALS, GB_NORM_PARTIALS, GB_INPUTS, GB_TARGETS, GB_ENCODER_BUCKETS,
+    GB_CUBLASLT_WORKSPACE,
+    // attention: simple path
+    GB_ATT_QKV, GB_ATT_DQKV, GB_ATT_O, GB_ATT_SCORES,
+    // attention: cuDNN path
+    GB_CUDNN_WORKSPACE, GB_ATT_SOFTMAX_SUM,
+    // parallelism: sequence-parallel rows, the vocabulary-parallel loss's exchange, ZeRO-2/3's unit
+    // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
+    GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
+    GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
+    GB_COUNT
+};
+
+// The rows that every micro-batch in flight has its own of (a pipeline stage keeps several): what the
+// forward keeps for the backward, the tokens, and the residual gradient that travels between stages.
+inline bool gpu_buffer_per_micro_batch(int row) {
+    return (row >= GB_RESIDUAL && row <= GB_LOSSES) || row == GB_DRESIDUAL || row == GB_INPUTS || row == GB_TARGETS ||
+           row == GB_ENCODER_BUCKETS;
+}
+
+// A bound on cuDNN's attention workspace, used before any plan exists (--estimate, and when looking
+// for the largest batch that fits): the backward may keep dP, (B, NH/t, T, T) rounded up to tiles of
+// 64, in bf16, plus room for the engines' own scratch. The trainer replaces it by the true size.
+inline size_t cudnn_workspace_estimate(const GPT2Config& cfg, int B, int T, int tp) {
+    size_t t64 = ((size_t)T + 63) / 64 * 64;
+    return (size_t)B * (cfg.num_heads / tp) * t64 * t64 * 2 + (64u << 20);
+}
+
+// ZeRO-2/3's slots (llmc/parallel/zero.cuh): the ends' unit (wte, wpe, lnf) has one of its own, the layers
+// two. Sizes are the units' padded totals (dp equal shards), in elements.
+struct ZeroSlots {
+    size_t ends = 0, layer = 0;   // padded elements of the ends' unit, of the largest layer's
+    size_t largest_shard = 0;     // one rank's shard of the largest unit: a reduce-scatter's output
+};
+inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
+    ZeroSlots z;
+    for (size_t u = 0; u < units.size(); u++) {
+        ShardLayout s = shard_layout(units[u].size, dp);
+        if (u + 1 == units.size()) z.ends = s.padded_total;
+        else z.layer = std::max(z.layer, s.padded_total);
+        z.largest_shard = std::max(z.largest_shard, s.shard_size);
+    }
+    return z;
+}
+
+inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
+    const GPT2Config& c = s.cfg;
+    const ProcessGrid& g = s.grid;
+    ModelSlice slice = model_slice(c, g);
+    ParamLayout layout = slice_layout(c, slice);
+    std::vector<ZeroUnit> units = model_units(layout, slice.num_layers);
+    ZeroMemory z = zero_memory(g.zero_stage, units, layout.total, g.dp, g.dp_rank);
+    ZeroSlots slots = zero_slots(units, g.dp);
+    size_t X = (size_t)s.dtype_bytes, F = 4, I = 4;
+    // local shapes (on one rank, the model's own): Ca attention channels, Cf MLP units, Vp vocabulary rows
+    size_t nl = slice.num_layers, C = c.channels, NH = slice.heads, Ca = slice.attn_channels, Cf = slice.fc_channels;
+    size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, M = s.micro_batches_in_flight;
+    size_t B = s.B, T = s.T, BT = B * T, R = g.sequence_parallel ? BT / g.tp : BT;  // R: rows of the residual stream
+    size_t opt = z.optimizer / 2;  // master, m, v: of everything, of the ZeRO-1 shard, or of every unit's shard
+    RecomputePlan keep = recompute_plan(s.recompute);
+    bool simple = s.simple_attention, sp = g.sequence_parallel, lent = g.pp > 1 && slice.last_stage;
+    auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
+    std::string x = M > 1 ? sh(" x %zu", M) : std::string();  // per micro-batch in flight
+    std::string rows = sp ? "R" : "B, T";                     // sequence parallelism: R = B*T/t rows
+    std::string tp = g.tp > 1 ? "/t" : "";
+    size_t ln_partials = (R + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
+    size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * std::max({C, 3 * Ca, Cf});
+    size_t exchange = BT + (2 * BT + g.tp - 1) / g.tp * g.tp;
+    // rows every micro-batch in flight has its own of: M copies, each from a 128-byte boundary
+    auto per = [&](size_t n) { return M > 1 ? M * ((n + 63) / 64 * 64) : n; };
+  // row maxima; (sum, target logit) pairs, padded to t shards
+
+    std::vector<BufferSpec> t(GB_COUNT);
+    size_t grads = g.zero_stage >= 2 ? z.grad_shard : z.grads;  // ZeRO-2/3: only this rank's shard of every unit
+    t[GB_PARAMS] = {"params", MEM_PARAMS, sh(g.zero_stage == 3 ? "(%zu) shards" : "(%zu)", z.params), z.params, X};
+    t[GB_GRADS] = {"grads", MEM_GRADS, sh(g.zero_stage >= 2 ? "(%zu) shards" : "(%zu)", grads), grads, X};
+    t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
+    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
+    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
+
+    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", nl) + rows + ", C)" + x, per((nl + 1) * R * C), X};
+    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, per(nl * R * C), X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
+    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", nl) + tp + ")" + x, per(nl * BT * 3 * Ca), X};
+    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", nl) + tp + ")" + x, per(nl * BT * Ca), X};
+    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T, T)" + x, per(nl * B * NH * T * T), X};
+    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T) fp32" + x, per(nl * B * NH * T), F};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
+    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
+    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, per(nl * BT * Cf), X};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, keep.gelu ? per(nl * BT * Cf) : 0, X};
+    t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, per(head * R * C), X};
+    t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
+    t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
+    t[GB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, per(head * BT * Vp), X};
+    t[GB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T) fp32" + x, per(head * BT), F};
+
+    t[GB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C)", keep.ln ? 0 : R * C, X};
+    t[GB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, X};
+    t[GB_SCRATCH_C] = {"scratch_c", MEM_WORKSPACE, "(B, T, C)", BT * C, X};
+    t[GB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, per(R * C), X};
+    t[GB_SCRATCH_3C] = {"scratch_3c", MEM_WORKSPACE, "(B, T, 3C" + tp + ")", BT * 3 * Ca, X};
+    t[GB_SCRATCH_4C] = {"scratch_4c", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", BT * Cf, X};
+    t[GB_REDUCE_PARTIALS] = {"reduce_partials", MEM_WORKSPACE, "column sums per row block, fp32",
+                             std::max(ln_partials, bias_partials), F};
+    t[GB_NORM_PARTIALS] = {"norm_partials", MEM_WORKSPACE, sh("(%d+1) fp32", GLOBAL_NORM_BLOCKS), GLOBAL_NORM_BLOCKS + 1, F};
+    t[GB_INPUTS] = {"inputs", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
+    t[GB_TARGETS] = {"targets", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
+    t[GB_ENCODER_BUCKETS] = {"encoder_buckets", MEM_WORKSPACE, "(3BT+1) int32" + x, per((3 * BT + 1)), I};
+    t[GB_CUBLASLT_WORKSPACE] = {"cublaslt_workspace", MEM_WORKSPACE, "bytes", CUBLASLT_WORKSPACE_BYTES, 1};
+
+    t[GB_ATT_QKV] = {"att_qkv", MEM_WORKSPACE, "(3, B, NH" + tp + ", T, hs)", simple ? 3 * BT * Ca : 0, X};
+    t[GB_ATT_DQKV] = {"att_dqkv", MEM_WORKSPACE, "(3, B, NH" + tp + ", T, hs)", simple ? 3 * BT * Ca : 0, X};
+    t[GB_ATT_O] = {"att_o", MEM_WORKSPACE, "(B, NH" + tp + ", T, hs)", simple ? BT * Ca : 0, X};
+    t[GB_ATT_SCORES] = {"att_scores", MEM_WORKSPACE, "(B, NH" + tp + ", T, T)", simple ? B * NH * T * T : 0, X};
+    t[GB_CUDNN_WORKSPACE] = {"cudnn_workspace", MEM_WORKSPACE, "bytes", simple ? 0 : s.cudnn_workspace_bytes, 1};
+    t[GB_ATT_SOFTMAX_SUM] = {"att_softmax_sum", MEM_WORKSPACE, "(B, NH" + tp + ", T) fp32", simple ? 0 : B * NH * T, F};
+
+    t[GB_TP_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp ? BT * C : 0, X};
+    t[GB_TP_LOCAL] = {"sp_local", MEM_WORKSPACE, "(R, C) reduce-scattered", sp ? R * C : 0, X};
+    t[GB_TP_LOSS_EXCHANGE] = {"vocab_loss_exchange", MEM_WORKSPACE, "(B, T) maxima, (B, T, 2) sums, fp32",
+                              g.tp > 1 && head ? exchange : 0, F};
+    t[GB_ZERO_GATHERED] = {"zero_gathered", MEM_WORKSPACE, sh("ends %zu + 2 layers x %zu", slots.ends, slots.layer),
+                           g.zero_stage == 3 ? slots.ends + 2 * slots.layer : 0, X};
+    t[GB_ZERO_BUCKETS] = {"zero_buckets", MEM_WORKSPACE, sh("ends %zu + 2 layers x %zu", slots.ends, slots.layer),
+                          g.zero_stage >= 2 ? slots.ends + 2 * slots.layer : 0, X};
+    t[GB_ZERO_REDUCED] = {"zero_reduced", MEM_WORKSPACE, sh("(%zu) a unit's shard", slots.largest_shard),
+                          g.zero_stage >= 2 ? slots.largest_shard : 0, X};
+    t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
+    t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
+    t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
+    return t;
+}
+
+// Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.
+constexpr size_t GPU_ALLOCATION_GRANULE = 256;
+inline size_t gpu_buffer_allocated_bytes(const BufferSpec& b) { return allocated_bytes(b, GPU_ALLOCATION_GRANULE); }
+
+inline size_t gpu_buffer_total(const std::vector<BufferSpec>& table) {
+    size_t total = 0;
+    for (const BufferSpec& b : table) total += gpu_buffer_allocated_bytes(b);
+    return total;
+}
+
+// Room for what is not in the table: the CUDA context's own allocations after cudaMemGetInfo was
+// read, cuBLAS/cuDNN handles and the kernels' images. A margin, not a measurement.
+constexpr size_t GPU_MEMORY_MARGIN_BYTES = 512u << 20;
+
+// Whether the table of `s` with micro-batch B fits in `free_bytes`, margin included. Before the cuDNN
+// plans exist its workspace is the bound cudnn_workspace_estimate(), which grows with B like the rest.
+inline bool gpu_batch_fits(GPURunShape s, int B, size_t free_bytes) {
+    s.B = B;
+    if (!s.simple_attention) s.cudnn_workspace_bytes = cudnn_workspace_estimate(s.cfg, B, s.T, s.grid.tp);
+    return gpu_buffer_total(gpu_buffer_table(s)) + GPU_MEMORY_MARGIN_BYTES <= free_bytes;
+}
+
+// The largest micro-batch B' <= s.B whose table fits in `free_bytes` (0 if not even B'=1 fits).
+inline int largest_batch_that_fits(const GPURunShape& s, size_t free_bytes) {
+    return largest_fitting_batch([&](int b) { return gpu_batch_fits(s, b, free_bytes); }, s.B);
+}
+
+// The table as the trainer prints it at start-up and --estimate prints it.
+inline void print_gpu_buffer_table(const std::vector<BufferSpec>& table) { print_buffer_table(table, GPU_ALLOCATION_GRANULE); }

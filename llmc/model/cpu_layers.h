@@ -1,0 +1,745 @@
+// cpu_layers.h — the CPU trainer's layers: each forward and backward pass written out by hand, in
+// fp32, as plain loops parallelised with OpenMP. The CPU twin of the GPU's kernel files (llmc/kernels/).
+//
+// What is here: exp as vectorizable arithmetic; the blocked SGEMM every linear layer runs on; the
+// embedding, LayerNorm, causal attention, GELU, residual and bias; the fused softmax + cross-entropy
+// (also with the vocabulary split over tensor ranks); the gradient norm, clipping and AdamW. Each
+// opens with its math. train_gpt_cpu.cpp strings them into GPT-2; the kernel lab (dev/cuda/)
+// includes this file too, and checks every GPU kernel against these functions: the reference is
+// the trainer's own code, not a copy. They live in namespace cpu, so a lab file reads
+// cpu::gelu_forward(...) next to llmc/kernels/gelu.cuh's gelu_forward(...) and always shows which one runs.
+//
+// Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
+// Activations are row-major (B, T, X); weights are (out, in) as in nn.Linear, y = x W^T + b.
+//
+// Determinism: every output element is computed by exactly one thread, in a fixed order, and every
+// reduction across rows runs in a fixed order too, so a result is bit-identical for a given thread
+// count (and matmuls, the bulk of the work, are identical for any thread count).
+//
+// Each kernel times itself for --profile with one `ProfileScope` line (llmc/probes/cpu_profile.h), and is
+// called from the serial part of the program: each opens its own parallel region.
+#pragma once
+
+#include <omp.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include "llmc/memory/cpu_buffers.h"      // MATMUL_MR, _NR, _KC, _NC: the matmul's blocking, which sizes its panels
+#include "llmc/probes/cpu_profile.h"      // ProfileScope
+#include "llmc/parallel/tensor_parallel.h"  // TensorParallel, tp_max, tp_sum (the vocabulary-parallel classifier)
+
+namespace cpu {
+
+// ==============================================================================================
+// exp for vector loops.
+//
+// libm's expf is an opaque function call, so a loop over it runs one element at a time (compilers
+// only substitute vector versions under -ffast-math, which would also let them reorder our sums).
+// Softmax and GELU evaluate tens of millions of exponentials per step, so we write exp as plain
+// arithmetic the compiler can vectorize:
+//   x = k ln2 + r, k = round(x / ln2), |r| <= ln2/2   (ln2 split in two parts so k ln2 is exact)
+//   exp(x) = 2^k * exp(r)                               (2^k: k written into the float's exponent bits)
+//   exp(r) = Taylor series to r^7                       (truncation < 1e-8 relative for |r| <= 0.35)
+// Accurate to about 1 ulp on [-87, 88]; inputs outside are clamped (exp underflows/overflows there).
+inline float vexpf(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+    float r = x - k * 0.693145751953125f;                                  // ln2, high part (exact product)
+    r = r - k * 1.42860682030941723e-06f;                                  // ln2, low part
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t exponent_bits = ((int32_t)k + 127) << 23;
+    float two_to_k;
+    memcpy(&two_to_k, &exponent_bits, 4);
+    return p * two_to_k;
+}
+
+// ==============================================================================================
+// Matmul: where ~90% of the time goes.
+//
+// One routine computes C[M x N] (+)= A[M x K] * B[K x N] for the three products training needs:
+//   forward          out  = inp  * W^T    (BT x OC) = (BT x IC)(IC x OC)
+//   backward, data   dinp = dout * W      (BT x IC) = (BT x OC)(OC x IC)
+//   backward, weight dW  += dout^T * inp  (OC x IC) = (OC x BT)(BT x IC)
+// A and B are addressed through (row stride, column stride), so a transpose is just a swap of
+// strides. The speed comes from three ideas, the same ones every BLAS uses:
+//   1. a register tile: an MR x NR block of C is accumulated in vector registers (6 rows x 64
+//      columns = 24 of the 32 AVX-512 registers) while k runs, so each loaded value feeds MR or NR FMAs;
+//   2. packing: the slices of A and B the tile loop needs are first copied into contiguous
+//      "panels" (MR rows or NR columns wide, k-major), so the inner loop reads memory in order
+//      whatever the original strides were, and transposes cost one copy instead of cache misses;
+//   3. blocking: K is processed KC = 384 at a time so the panels being reused stay in cache.
+// Each C tile belongs to one thread and k runs in a fixed order: results do not depend on the
+// number of threads. (MATMUL_MR, _NR, _KC, _NC live in llmc/memory/cpu_buffers.h: they size the panels.)
+
+// 16 floats: one AVX-512 register (the compiler splits it into two on AVX2 machines).
+typedef float vec16 __attribute__((vector_size(64)));
+typedef float vec16_unaligned __attribute__((vector_size(64), aligned(4)));
+
+// C[m_valid x n_valid] (+)= Ap (kc x MR panel)^T * Bp (kc x NR panel)
+inline void matmul_micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
+                                       size_t ldc, int m_valid, int n_valid, bool accumulate) {
+    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, NV = NR / 16;  // NV vector registers per row of the tile
+    vec16 acc[MR][NV] = {};
+    for (int k = 0; k < kc; k++) {
+        vec16 b[NV];
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) b[v] = *(const vec16*)(Bp + k * NR + 16 * v);
+        #pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            float a = Ap[k * MR + i];  // broadcast one element of A against NR of B
+            #pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[i][v] += a * b[v];
+        }
+    }
+    float tile[MR][NR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        #pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) *(vec16_unaligned*)&tile[i][16 * v] = acc[i][v];
+    }
+    for (int i = 0; i < m_valid; i++) {
+        float* c = C + i * ldc;
+        if (accumulate) for (int j = 0; j < n_valid; j++) c[j] += tile[i][j];
+        else for (int j = 0; j < n_valid; j++) c[j] = tile[i][j];
+    }
+}
+
+// The packed panels, kept between calls (the sizes repeat every step). The trainer sizes them once,
+// up front, from its table (llmc/memory/cpu_buffers.h: the largest M it will see); a call that needs more
+// (a test's shapes) grows them. In units of 16 floats, which the allocator aligns to 64 bytes for
+// the micro-kernel's vector loads (a struct, not vec16 itself: nvcc, compiling this file into the
+// kernel lab, refuses a std::vector of vector types).
+struct alignas(64) Floats16 {
+    float f[16];
+};
+struct MatmulScratch {
+    std::vector<Floats16> a_pack, b_pack;
+};
+inline MatmulScratch matmul_scratch;
+
+inline void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
+    // a fresh vector of exactly the size asked: growing one in place may reserve more than that
+    if (matmul_scratch.a_pack.size() * 16 < a_floats) std::vector<Floats16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack);
+    if (matmul_scratch.b_pack.size() * 16 < b_floats) std::vector<Floats16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack);
+}
+
+// A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
+inline void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const float* B, size_t b_rs,
+            size_t b_cs, float* C, size_t ldc, bool accumulate) {
+    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC, MC = MATMUL_MC;
+    int m_panels = (M + MR - 1) / MR;
+    matmul_scratch_reserve(matmul_pack_a_floats(M), matmul_pack_b_floats(N));  // no-op once the trainer sized them
+    float* Ap = (float*)matmul_scratch.a_pack.data();
+    float* Bp = (float*)matmul_scratch.b_pack.data();
+    if (K == 0 && !accumulate) {
+        for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
+        return;
+    }
+    // One parallel region for the whole product; per block of K, the threads pack the panels, meet
+    // at one barrier, compute their tiles, and meet again before the panels are overwritten.
+    #pragma omp parallel
+    for (int jc = 0; jc < N; jc += NC) {
+        int nc = std::min(NC, N - jc);
+        int n_panels = (nc + NR - 1) / NR;
+        for (int pc = 0; pc < K; pc += KC) {
+            int kc = std::min(KC, K - pc);
+            bool add = accumulate || pc > 0;
+            #pragma omp for schedule(static) nowait
+            for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc] in NR-wide panels
+                float* dst = Bp + (size_t)jp * NR * kc;
+                // A column of B that is a row in memory (a weight read transposed: b_rs = 1) is read
+                // 8 columns at a time: columns b_cs apart often fall in one L1 set (at 3072 floats
+                // apart, all of them), and 8 fit its 8 ways where a panel's 64 would evict each other.
+                int group = b_rs == 1 ? 8 : NR;
+                for (int j0 = 0; j0 < NR; j0 += group) {
+                    for (int k = 0; k < kc; k++) {
+                        const float* src = B + (size_t)(pc + k) * b_rs;
+                        for (int j = j0; j < j0 + group; j++) {
+                            int col = jc + jp * NR + j;
+                            dst[k * NR + j] = col < N ? src[(size_t)col * b_cs] : 0.0f;
+                        }
+                    }
+                }
+            }
+            #pragma omp for schedule(static)
+            for (int ip = 0; ip < m_panels; ip++) {  // pack A[0:M, pc:pc+kc] in MR-tall panels
+                float* dst = Ap + (size_t)ip * MR * kc;
+                for (int k = 0; k < kc; k++) {
+                    for (int i = 0; i < MR; i++) {
+                        int row = ip * MR + i;
+                        dst[k * MR + i] = row < M ? A[(size_t)row * a_rs + (size_t)(pc + k) * a_cs] : 0.0f;
+                    }
+                }
+            }  // (barrier: every panel is packed)
+            for (int ic = 0; ic < m_panels; ic += MC / MR) {  // MC rows of A at a time: they stay in L2
+                int ic_end = std::min(m_panels, ic + MC / MR);
+                #pragma omp for schedule(static) collapse(2) nowait
+                for (int jp = 0; jp < n_panels; jp++) {
+                    for (int ip = ic; ip < ic_end; ip++) {
+                        int row = ip * MR, col = jc + jp * NR;
+                        matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
+                                            C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
+                                            std::min(NR, N - col), add);
+                    }
+                }
+            }
+            #pragma omp barrier  // every tile is done with these panels
+        }
+    }
+}
+
+// out (N x OC) = inp (N x IC) * weight^T + bias
+inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
+    ProfileScope prof("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (llmc/probes/cpu_profile.h)
+    matmul(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false);
+    if (bias) {
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+
+// dinp = dout * weight (overwritten); dweight += dout^T * inp; dbias += column sums of dout.
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC) {
+    if (dinp) {
+        ProfileScope prof("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
+        matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
+    }
+    ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
+    matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
+    if (dbias) {  // 64 columns at a time, so the loop reads dout row by row (a column is strided)
+        #pragma omp parallel for schedule(static)
+        for (int o0 = 0; o0 < OC; o0 += 64) {
+            int width = std::min(64, OC - o0);
+            float sum[64] = {};
+            for (int n = 0; n < N; n++)
+                for (int j = 0; j < width; j++) sum[j] += dout[(size_t)n * OC + o0 + j];
+            for (int j = 0; j < width; j++) dbias[o0 + j] += sum[j];
+        }
+    }
+}
+
+// ==============================================================================================
+// Embeddings: x[b,t,:] = wte[token[b,t],:] + wpe[t,:]
+//
+// With tensor parallelism each rank holds vocabulary rows [vocab_begin, vocab_begin + vocab_rows)
+// of wte only: it writes its rows' embeddings and zeros for the other tokens, the tensor group's
+// all-reduce adds them up, and the positions are added afterwards (wpe = null here, then
+// position_forward). On one rank the defaults cover every token.
+
+inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int vocab_begin = 0, int vocab_rows = INT_MAX) {
+    ProfileScope prof("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int row = tokens[bt] - vocab_begin;
+        bool mine = row >= 0 && row < vocab_rows;
+        const float* tok = wte + (size_t)(mine ? row : 0) * C;
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = mine ? tok[c] : 0.0f;
+        if (wpe) {
+            const float* pos = wpe + (size_t)(bt % T) * C;
+            for (int c = 0; c < C; c++) o[c] += pos[c];
+        }
+    }
+}
+
+// out[n,:] += wpe[(first_row + n) % T, :] for the `rows` rows a rank holds.
+inline void position_forward(float* out, const float* wpe, size_t first_row, size_t rows, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < rows; n++) {
+        const float* pos = wpe + ((first_row + n) % T) * C;
+        float* o = out + n * C;
+        for (int c = 0; c < C; c++) o[c] += pos[c];
+    }
+}
+
+// The gradient of a lookup is a scatter-add: each position adds its gradient to the row it read
+// (a tensor rank only to the rows it holds). Several positions may read the same token, so threads
+// split the channels, not the positions: no two threads ever add to the same element, and the
+// order of additions is fixed.
+inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
+    ProfileScope prof("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        int c1 = std::min(C, c0 + 16);
+        for (int bt = 0; bt < B * T; bt++) {
+            const float* d = dout + (size_t)bt * C;
+            int row = tokens[bt] - vocab_begin;
+            float* pos = dwpe + (size_t)(bt % T) * C;
+            if (row >= 0 && row < vocab_rows) {
+                float* tok = dwte + (size_t)row * C;
+                for (int c = c0; c < c1; c++) {
+                    tok[c] += d[c];
+                    pos[c] += d[c];
+                }
+            } else {
+                for (int c = c0; c < c1; c++) pos[c] += d[c];
+            }
+        }
+    }
+}
+
+// ==============================================================================================
+// LayerNorm: y = (x - mean) * rstd * w + b, with rstd = 1/sqrt(var + 1e-5), per row of C.
+// mean and rstd are kept for the backward pass (2 floats per row instead of recomputing).
+
+// One row's output from its statistics: the forward's last step, and all that --recompute 2 redoes.
+inline void layernorm_row(float* y, const float* x, float m, float s, const float* weight, const float* bias, int C) {
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+}
+
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    ProfileScope prof("layernorm forward", 0, 2.0 * N * C * sizeof(float));
+    const float eps = 1e-5f;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        float s = 1.0f / sqrtf(v + eps);
+        layernorm_row(out + (size_t)n * C, x, m, s, weight, bias, C);
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// --recompute 2: the forward's output again, from the same input and the mean and rstd it saved,
+// by the same layernorm_row: the same floats, without the two passes over the row for the statistics.
+inline void layernorm_recompute(float* out, const float* inp, const float* mean, const float* rstd, const float* weight,
+                         const float* bias, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) layernorm_row(out + (size_t)n * C, inp + (size_t)n * C, mean[n], rstd[n], weight, bias, C);
+}
+
+// With xhat = (x - mean) * rstd and g = dy * w:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))      (the two means come from d mean, d var)
+//   dw += sum over rows of dy * xhat,   db += sum over rows of dy
+// dx is ADDED to dinp: the input of a LayerNorm is the residual stream, whose gradient collects
+// contributions from every block above.
+inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+    ProfileScope prof("layernorm backward", 0, 4.0 * N * C * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* dy = dout + (size_t)n * C;
+        const float* x = inp + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float mean_g = 0.0f, mean_g_xhat = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float g = dy[c] * weight[c];
+            mean_g += g;
+            mean_g_xhat += g * (x[c] - m) * s;
+        }
+        mean_g /= C;
+        mean_g_xhat /= C;
+        float* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float xhat = (x[c] - m) * s;
+            dx[c] += s * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
+        }
+    }
+    // parameter gradients: threads own channels, 64 at a time so rows are read in order (a column
+    // is strided); each channel sums its rows in order
+    #pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 64) {
+        int width = std::min(64, C - c0);
+        float dw[64] = {}, db[64] = {};
+        for (int n = 0; n < N; n++) {
+            const float* dy = dout + (size_t)n * C + c0;
+            const float* x = inp + (size_t)n * C + c0;
+            for (int j = 0; j < width; j++) {
+                dw[j] += dy[j] * (x[j] - mean[n]) * rstd[n];
+                db[j] += dy[j];
+            }
+        }
+        for (int j = 0; j < width; j++) {
+            dweight[c0 + j] += dw[j];
+            dbias[c0 + j] += db[j];
+        }
+    }
+}
+
+// ==============================================================================================
+// Causal self-attention, one (batch, head) at a time.
+//   qkv (B, T, 3C) holds q | k | v; head h uses channels [h*hs, (h+1)*hs) of each.
+//   att[b,h,t,u] = softmax_u( q_t . k_u / sqrt(hs) ) for u <= t, 0 for u > t (the causal mask)
+//   out[b,t,h*hs:(h+1)*hs] = sum_u att[b,h,t,u] v_u
+// The probabilities att (B, NH, T, T) are kept for the backward pass; the flash-attention kernels
+// on the GPU avoid storing them by recomputing them block by block.
+//
+// Per head this is four small matrix products (two in the forward, four in the backward with the
+// transposes), and it is written as such: register tiles of ATT_ROWS rows x 16 columns, the
+// matmul's idea at a size that fits one thread. Written as one dot product per score, as the
+// formulas read, the same work ran 15-20x slower: each q.k is a chain of additions the compiler
+// may not reorder (without -ffast-math), so one FMA at a time waited for the one before. In a
+// tile, 16 scores (a vector lane each) x ATT_ROWS rows advance together, each still summing its
+// own terms in the formula's order: the results are bit-identical to the plain loops.
+//
+// The head's q, k, v (and dO) are first copied into zero-padded scratch (rows of hsp = hs rounded
+// up to 16 floats), k and v also transposed (hs x Tp, Tp = T rounded up to 16), so every tile
+// reads whole vectors whatever hs and T are. A tile's rows past T repeat the last row: computed,
+// never stored.
+
+constexpr int ATT_ROWS = 8;  // rows per register tile: 8 independent FMA chains cover the FMA latency
+
+inline int round_up_16(int n) { return (n + 15) / 16 * 16; }
+
+// S[r][u] = sum_i x[r][i] * yt[i][u], i ascending, for the ATT_ROWS rows x (u < u_end) of one tile:
+// dot products of rows of x with columns of yt (hs x Tp, the transpose of the other operand).
+inline void att_tile_dots(float* S, size_t s_rs, const float* const x[ATT_ROWS], const float* yt, size_t y_rs,
+                          int hs, int u_end) {
+    for (int u0 = 0; u0 < u_end; u0 += 16) {
+        vec16 acc[ATT_ROWS] = {};
+        for (int i = 0; i < hs; i++) {
+            vec16 y = *(const vec16*)(yt + i * y_rs + u0);
+            #pragma GCC unroll 8
+            for (int r = 0; r < ATT_ROWS; r++) acc[r] += x[r][i] * y;
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(S + r * s_rs + u0) = acc[r];
+    }
+}
+
+// O[r][:] = sum_j w[r][j * w_js] * y[j][:], j ascending over [j_begin, j_end), for ATT_ROWS rows of
+// hsp floats: weighted sums of rows of y (T x hsp). w's rows are pointers with a stride, so the same
+// routine takes a matrix (w_js = 1) or its transpose (w_js = the row length).
+inline void att_tile_weighted_rows(float* O, size_t o_rs, const float* const w[ATT_ROWS], size_t w_js, const float* y,
+                                   int hsp, int j_begin, int j_end) {
+    for (int c = 0; c < hsp; c += 16) {
+        vec16 acc[ATT_ROWS] = {};
+        for (int j = j_begin; j < j_end; j++) {
+            vec16 yv = *(const vec16*)(y + (size_t)j * hsp + c);
+            #pragma GCC unroll 8
+            for (int r = 0; r < ATT_ROWS; r++) acc[r] += w[r][j * w_js] * yv;
+        }
+        #pragma GCC unroll 8
+        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(O + r * o_rs + c) = acc[r];
+    }
+}
+
+// The head's slice of one third of qkv (part 0 q, 1 k, 2 v), rows t of hs floats, into rows of hsp
+// (zero-padded) or, transposed, into columns of a (hs x Tp) matrix.
+inline void att_gather_rows(float* dst, const float* src, size_t src_rs, int T, int hs, int hsp) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hsp; i++) dst[(size_t)t * hsp + i] = i < hs ? src[t * src_rs + i] : 0.0f;
+}
+inline void att_gather_transposed(float* dst, const float* src, size_t src_rs, int T, int hs, int Tp) {
+    for (int i = 0; i < hs; i++)
+        for (int t = 0; t < Tp; t++) dst[(size_t)i * Tp + t] = t < T ? src[t * src_rs + i] : 0.0f;
+}
+
+// The first ATT_ROWS rows from `first` of a matrix with rows of `rs` floats, clamped to the last row.
+inline void att_row_pointers(const float* rows[ATT_ROWS], const float* m, size_t rs, int first, int last) {
+    for (int r = 0; r < ATT_ROWS; r++) rows[r] = m + (size_t)std::min(first + r, last) * rs;
+}
+
+inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
+    int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t rs = 3 * (size_t)C;  // qkv's row stride
+    #pragma omp parallel
+    {
+        std::vector<Floats16> scratch(((size_t)2 * T * hsp + (size_t)hs * Tp + (size_t)ATT_ROWS * (Tp + hsp)) / 16);
+        float* q = (float*)scratch.data();       // (T, hsp)
+        float* v = q + (size_t)T * hsp;           // (T, hsp)
+        float* kt = v + (size_t)T * hsp;          // (hs, Tp)
+        float* s = kt + (size_t)hs * Tp;          // (ATT_ROWS, Tp): one tile's scores
+        float* o = s + (size_t)ATT_ROWS * Tp;     // (ATT_ROWS, hsp): one tile's outputs
+        #pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* head = qkv + (size_t)b * T * rs + h * hs;
+                att_gather_rows(q, head, rs, T, hs, hsp);
+                att_gather_transposed(kt, head + C, rs, T, hs, Tp);
+                att_gather_rows(v, head + 2 * C, rs, T, hs, hsp);
+                float* att_bh = att + ((size_t)b * NH + h) * T * T;
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                    int t_end = std::min(T, t0 + ATT_ROWS);  // the tile's rows need keys u < t_end
+                    const float* rows[ATT_ROWS];
+                    att_row_pointers(rows, q, hsp, t0, T - 1);
+                    att_tile_dots(s, Tp, rows, kt, Tp, hs, t_end);
+                    for (int t = t0; t < t_end; t++) {  // softmax of row t, into att
+                        const float* st = s + (size_t)(t - t0) * Tp;
+                        float* a = att_bh + (size_t)t * T;
+                        float max_score = -INFINITY;
+                        for (int u = 0; u <= t; u++) {
+                            a[u] = st[u] * scale;
+                            max_score = std::max(max_score, a[u]);
+                        }
+                        float sum = 0.0f;
+                        for (int u = 0; u <= t; u++) {
+                            a[u] = vexpf(a[u] - max_score);  // subtract the max: exp never overflows
+                            sum += a[u];
+                        }
+                        for (int u = 0; u <= t; u++) a[u] /= sum;
+                        for (int u = t + 1; u < T; u++) a[u] = 0.0f;
+                    }
+                    att_row_pointers(rows, att_bh, T, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, 1, v, hsp, 0, t_end);  // beyond row t, att is 0
+                    for (int t = t0; t < t_end; t++)
+                        memcpy(out + ((size_t)b * T + t) * C + h * hs, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+// Backward, for one (b, h), with P = att (T x T), dO = dout:
+//   dP = dO V^T                              (dP_tu = dO_t . v_u)
+//   dS_tu = P_tu (dP_tu - sum_w P_tw dP_tw)  (softmax backward, row by row)
+//   dQ = dS K / sqrt(hs)    dK = dS^T Q / sqrt(hs)    dV = P^T dO
+// (the 1/sqrt(hs) is folded into dS). dqkv is overwritten. A thread owns a whole (b, h): it alone
+// writes that head's slice of dqkv. dS is one head's T x T, in per-thread scratch.
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
+    ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
+    int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t rs = 3 * (size_t)C;
+    #pragma omp parallel
+    {
+        std::vector<Floats16> scratch(((size_t)4 * T * hsp + (size_t)hs * Tp + (size_t)T * Tp + (size_t)ATT_ROWS * (Tp + hsp)) / 16);
+        float* q = (float*)scratch.data();       // (T, hsp) each: q, k, dO
+        float* k = q + (size_t)T * hsp;
+        float* dO = k + (size_t)T * hsp;
+        float* vt = dO + (size_t)T * hsp;         // (hs, Tp)
+        float* ds = vt + (size_t)hs * Tp;         // (T, Tp)
+        float* dp = ds + (size_t)T * Tp;          // (ATT_ROWS, Tp): one tile of dP
+        float* o = dp + (size_t)ATT_ROWS * Tp;    // (ATT_ROWS, hsp): one tile of dQ, dK or dV
+        #pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* head = qkv + (size_t)b * T * rs + h * hs;
+                float* dhead = dqkv + (size_t)b * T * rs + h * hs;
+                const float* P = att + ((size_t)b * NH + h) * T * T;
+                att_gather_rows(q, head, rs, T, hs, hsp);
+                att_gather_rows(k, head + C, rs, T, hs, hsp);
+                att_gather_transposed(vt, head + 2 * C, rs, T, hs, Tp);
+                att_gather_rows(dO, dout + (size_t)b * T * C + h * hs, C, T, hs, hsp);
+                const float* rows[ATT_ROWS];
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {  // dS, a tile of rows at a time
+                    int t_end = std::min(T, t0 + ATT_ROWS);
+                    att_row_pointers(rows, dO, hsp, t0, T - 1);
+                    att_tile_dots(dp, Tp, rows, vt, Tp, hs, t_end);
+                    for (int t = t0; t < t_end; t++) {
+                        const float* p = P + (size_t)t * T;
+                        const float* dpt = dp + (size_t)(t - t0) * Tp;
+                        float p_dot_dp = 0.0f;
+                        for (int u = 0; u <= t; u++) p_dot_dp += p[u] * dpt[u];
+                        float* dst = ds + (size_t)t * Tp;
+                        for (int u = 0; u <= t; u++) dst[u] = p[u] * (dpt[u] - p_dot_dp) * scale;
+                        for (int u = t + 1; u < Tp; u++) dst[u] = 0.0f;
+                    }
+                }
+                for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                    int t_end = std::min(T, t0 + ATT_ROWS);
+                    // dQ rows t0.. : dS rows times K, keys u < t_end (dS is 0 beyond the diagonal)
+                    att_row_pointers(rows, ds, Tp, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, 1, k, hsp, 0, t_end);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                    // dK rows t0.. (as keys): columns of dS times Q, queries from t0 on (0 before)
+                    att_row_pointers(rows, ds, 1, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, Tp, q, hsp, t0, T);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs + C, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                    // dV rows t0.. : columns of P times dO
+                    att_row_pointers(rows, P, 1, t0, T - 1);
+                    att_tile_weighted_rows(o, hsp, rows, T, dO, hsp, t0, T);
+                    for (int t = t0; t < t_end; t++) memcpy(dhead + t * rs + 2 * C, o + (size_t)(t - t0) * hsp, hs * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+// ==============================================================================================
+// GELU, tanh approximation (GPT-2's): gelu(x) = x/2 * (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Since 1 + tanh(u) = 2 sigmoid(2u), gelu(x) = x * sigmoid(2u): one exponential, no cancellation.
+
+constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
+
+inline void gelu_forward(float* out, const float* inp, size_t n) {
+    ProfileScope prof("gelu forward", 0, 2.0 * n * sizeof(float));
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + vexpf(-2.0f * u));
+    }
+}
+
+// With s = sigmoid(2u):  d gelu/dx = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+// (the same as d/dx of x/2 (1 + tanh u), since 1 - tanh^2 u = 4 s (1 - s)). dinp is overwritten.
+inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    ProfileScope prof("gelu backward", 0, 3.0 * n * sizeof(float));
+    #pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float s = 1.0f / (1.0f + vexpf(-2.0f * u));
+        float du_dx = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du_dx);
+    }
+}
+
+inline void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    ProfileScope prof("residual, bias", 0, 3.0 * n * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+// out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
+// ranks first (the bias must be added once, after the sum).
+inline void add_bias(float* out, const float* bias, int N, int OC) {
+    ProfileScope prof("residual, bias", 0, 2.0 * N * OC * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+// ==============================================================================================
+// The classifier: softmax + cross-entropy, fused.
+//   loss_bt = logsumexp(z) - z[target]      over the V real tokens (the padding never enters)
+//   dz_v    = (softmax(z)_v - [v == target]) * dloss = (exp(z_v - logsumexp(z)) - [v == target]) * dloss
+// The forward keeps one number per position, logsumexp(z); the backward turns the logits into their
+// gradient in place with one more pass, so the (BT x Vp) probabilities never exist as a buffer.
+
+inline void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp) {
+    ProfileScope prof("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* z = logits + (size_t)n * Vp;
+        float max_z = -INFINITY;
+        #pragma omp simd reduction(max : max_z)  // the maximum is exact in any order: vectorize it
+        for (int v = 0; v < V; v++) max_z = std::max(max_z, z[v]);
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z);  // subtract the max: exp never overflows
+        logsumexp[n] = max_z + logf(sum);
+        losses[n] = logsumexp[n] - z[targets[n]];
+    }
+}
+
+// logits (N x Vp) -> dlogits, in place. dloss is d(total loss)/d(loss of one position). With
+// tensor parallelism the logits are this rank's vocabulary rows: columns [0, V) are real tokens
+// vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
+inline void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
+                                   float dloss, int vocab_begin = 0) {
+    ProfileScope prof("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float* z = logits + (size_t)n * Vp;
+        float lse = logsumexp[n];
+        #pragma omp simd
+        for (int v = 0; v < V; v++) z[v] = vexpf(z[v] - lse) * dloss;
+        int target = targets[n] - vocab_begin;
+        if (target >= 0 && target < V) z[target] -= dloss;
+        for (int v = V; v < Vp; v++) z[v] = 0.0f;
+    }
+}
+
+// The classifier's forward pass when the vocabulary is split over the tensor group (llmc/parallel/tensor_parallel.h):
+// the row maximum, then the sum of exponentials and the target's logit, cross the group; the
+// logits never do. Columns [0, V) of each rank's (N x Vp) logits are real tokens vocab_begin + v.
+inline void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, float* logsumexp, const float* logits,
+                                         const int* targets, int N, int V, int Vp, int vocab_begin) {
+    std::vector<float> max_z((size_t)N), sums(2 * (size_t)N);
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* z = logits + (size_t)n * Vp;
+        float m = -INFINITY;
+        #pragma omp simd reduction(max : m)
+        for (int v = 0; v < V; v++) m = std::max(m, z[v]);
+        max_z[n] = m;
+    }
+    tp_max(tp, max_z.data(), N, "all-reduce of the logits' maxima");
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* z = logits + (size_t)n * Vp;
+        float sum = 0.0f;
+        #pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z[n]);
+        int target = targets[n] - vocab_begin;
+        sums[2 * n] = sum;
+        sums[2 * n + 1] = target >= 0 && target < V ? z[target] : 0.0f;   // one rank holds the target
+    }
+    tp_sum(tp, sums.data(), sums.size(), "all-reduce of the softmax sums and target logits");
+    for (int n = 0; n < N; n++) {
+        logsumexp[n] = max_z[n] + logf(sums[2 * n]);
+        losses[n] = logsumexp[n] - sums[2 * n + 1];
+    }
+}
+
+// ==============================================================================================
+// The optimizer's arithmetic: global-norm clipping, then AdamW (the trainer's gpt2_update runs it
+// on the pieces of the model this rank updates).
+
+// The sum of squares of n gradients. Fixed-size chunks are summed in parallel and the chunk sums
+// added in order, so the result does not depend on the number of threads. With several ranks each
+// sums its shard and the shards' sums are added in rank order (comm_sum).
+inline double sum_of_squares(const float* grads, size_t n) {
+    ProfileScope prof("gradient norm", 0, 1.0 * n * sizeof(float));
+    const size_t chunk = 1 << 16;
+    size_t chunks = (n + chunk - 1) / chunk;
+    std::vector<double> partial(chunks);
+    #pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        double s = 0.0;
+        size_t end = std::min(n, (c + 1) * chunk);
+        #pragma omp simd reduction(+ : s)
+        for (size_t i = c * chunk; i < end; i++) s += (double)grads[i] * grads[i];
+        partial[c] = s;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    return total;
+}
+
+// sqrt(sum of squares) over all gradients of one rank.
+inline float global_grad_norm(const float* grads, size_t n) { return (float)std::sqrt(sum_of_squares(grads, n)); }
+
+// The clip coefficient, as torch.nn.utils.clip_grad_norm_ computes it.
+inline float clip_coefficient(float norm, float max_norm) {
+    if (max_norm <= 0.0f) return 1.0f;
+    return std::min(1.0f, max_norm / (norm + 1e-6f));
+}
+
+// AdamW (Loshchilov & Hutter), with grad_scale applied to the gradients (for clipping):
+//   p <- p * (1 - lr*wd)                                  decoupled decay, 2-D weights only
+//   m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2        moment estimates
+//   p <- p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   bias-corrected step
+// written in the same order of operations as PyTorch's implementation, so the two agree closely.
+inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int t, float grad_scale) {
+    ProfileScope prof("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
+    float bias_correction1 = 1.0f - powf(beta1, (float)t);
+    float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
+    float step_size = lr / bias_correction1;
+    float decay = 1.0f - lr * weight_decay;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float grad = grads[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0f - beta1) * grad;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * grad * grad;
+        float denom = sqrtf(v[i]) / bias_correction2_sqrt + eps;
+        params[i] = params[i] * decay - step_size * m[i] / denom;
+    }
+}
+
+}  // namespace cpu

@@ -1,0 +1,112 @@
+// adamw.cuh — gradient clipping and the AdamW update of every parameter, in ONE launch.
+//
+// For each parameter p with gradient g (scaled by the clip factor min(1, max_norm / (norm + 1e-6)),
+// computed here from the norm global_norm() left on the GPU):
+//   m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2                       (fp32 state)
+//   p <- p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// in PyTorch's order of operations, as the CPU reference writes it. Weight decay is per tensor
+// (matrices decay, biases and LayerNorm gains do not): a thread finds its tensor from the layout's
+// offsets, passed by value, instead of one launch per tensor (16 tensors, 16 launches, 16 tails).
+//
+// Mixed precision: with master weights, p is the fp32 master copy and the bf16 parameter is written
+// from it with stochastic rounding (see cuda_common.cuh); without, p is the bf16 parameter itself,
+// widened, updated, and stochastically rounded back. Either way the bf16 parameters the forward
+// uses are exactly what is saved in model.bin, and the random bits depend only on (seed, step,
+// index), so resumed runs round exactly as uninterrupted ones.
+//
+// The kernel updates the range [begin, begin + count) of the flat arrays: with ZeRO-1, each rank
+// passes its own shard. ZeRO-2/3 keep gradients, state (and at stage 3 weights) in shards of units,
+// piece by piece: adamw_update_piece runs the same per-element update on one such piece. Traffic per parameter: bf16 p and g read, p written; fp32 m, v (and master)
+// read and written: 12 bytes (16 with master) read, 10 (14) written, all in 16-byte vectors.
+#pragma once
+
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/model/model.h"
+
+struct AdamWParams {
+    float lr, beta1, beta2, eps, weight_decay;
+    float bias_correction1, bias_correction2_sqrt;
+    float max_norm;       // clip to this global norm (0 = no clipping)
+    uint64_t seed;        // stochastic-rounding seed; mixed with the step
+    int step;             // t, from 1
+    size_t tensor_offset[NUM_PARAM_TENSORS];
+    unsigned decay_mask;  // bit t set: tensor t decays
+};
+
+// AdamW on 8 consecutive parameters: params[at..at+8) with gradients grads[at..], their fp32 state
+// at master[local..], m[local..], v[local..]; `index` is the first one's index in the model, which
+// seeds its stochastic rounding.
+__device__ __forceinline__ void adamw_update8(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                              size_t local, size_t at, size_t index, float decay, const float* grad_norm,
+                                              const AdamWParams& a) {
+    float clip = 1.0f;
+    if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (*grad_norm + 1e-6f));
+    float step_size = a.lr / a.bias_correction1;
+
+    x128 p8 = load128(params + at), g8 = load128cs(grads + at);
+    float p[x128::size];
+    for (int k = 0; k < x128::size; k++) p[k] = to_float(p8[k]);
+    if (master != nullptr) {
+        for (int h = 0; h < x128::size; h += f128::size) {
+            f128 w4 = load128(master + local + h);
+            for (int k = 0; k < f128::size; k++) p[h + k] = w4[k];
+        }
+    }
+    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)a.step << 40);
+    for (int h = 0; h < x128::size; h += f128::size) {
+        f128 m4 = load128(m + local + h), v4 = load128(v + local + h), w4;
+        for (int k = 0; k < f128::size; k++) {
+            int j = h + k;
+            float g = to_float(g8[j]) * clip;
+            m4[k] = a.beta1 * m4[k] + (1.0f - a.beta1) * g;
+            v4[k] = a.beta2 * v4[k] + (1.0f - a.beta2) * g * g;
+            float denom = sqrtf(v4[k]) / a.bias_correction2_sqrt + a.eps;
+            p[j] = p[j] * decay - step_size * m4[k] / denom;
+            w4[k] = p[j];
+            stochastic_round(&p8[j], p[j], hash_u32(stream ^ (uint64_t)(index + j)));
+        }
+        store128(m + local + h, m4);
+        store128(v + local + h, v4);
+        if (master != nullptr) store128(master + local + h, w4);
+    }
+    store128(params + at, p8);
+}
+
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t begin,
+                             size_t count, const float* grad_norm, AdamWParams a) {
+    size_t local = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (local >= count) return;
+    size_t i = begin + local;  // index into the whole model's flat arrays
+    int tensor = NUM_PARAM_TENSORS - 1;
+    while (i < a.tensor_offset[tensor]) tensor--;
+    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - a.lr * a.weight_decay : 1.0f;
+    adamw_update8(params, master, grads, m, v, local, i, i, decay, grad_norm, a);
+}
+
+// params/grads are the whole model's arrays; master/m/v hold only the slice [begin, begin + count).
+inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t begin,
+                         size_t count, const float* grad_norm, const AdamWParams& a, cudaStream_t stream) {
+    adamw_kernel<<<ceil_div(count / x128::size, 256), 256, 0, stream>>>(params, master, grads, m, v, begin, count,
+                                                                       grad_norm, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ZeRO-2/3 (llmc/parallel/zero.cuh): one PIECE of one tensor, whose parameters, gradients and state each lie
+// contiguously somewhere else (the flat array or the weight shard; the gradient shard; the state
+// arrays). `index` is the piece's first element in the rank's flat array, the same index the flat
+// kernel above would use for it, so both give an element the same stochastic rounding.
+__global__ void adamw_piece_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t count,
+                                   size_t index, float decay, const float* grad_norm, AdamWParams a) {
+    size_t k = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (k >= count) return;
+    adamw_update8(params, master, grads, m, v, k, k, index + k, decay, grad_norm, a);
+}
+
+// count must be a multiple of 8 (every tensor's per-layer size is, and so are the shard boundaries).
+inline void adamw_update_piece(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t count,
+                               size_t index, bool decays, const float* grad_norm, const AdamWParams& a, cudaStream_t stream) {
+    float decay = decays ? 1.0f - a.lr * a.weight_decay : 1.0f;
+    adamw_piece_kernel<<<ceil_div(count / x128::size, 256), 256, 0, stream>>>(params, master, grads, m, v, count, index,
+                                                                             decay, grad_norm, a);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,176 @@
+// pipeline_parallel.h — layers split into stages, micro-batches flowing through them: GPipe and 1F1B.
+//
+// Pipeline parallelism gives each of p ranks a contiguous range of layers (a "stage"). Stage s
+// receives the activations of a micro-batch from stage s-1, runs its layers, sends its output to
+// s+1; in the backward pass the gradients flow back the same way. Each rank holds 1/p of the
+// layers: their weights, gradients, optimizer state and activations. What crosses a stage boundary
+// per micro-batch is one (B, T, C) activation forward and its gradient backward: B*T*C*4 bytes
+// each way, far less than tensor parallelism's all-reduces, so stages can sit on different nodes.
+// The first stage also embeds, the last also has the final LayerNorm, the LM head and the loss.
+//
+// The catch is idle time. With one batch, stage s waits for s before it can start, and the first
+// stage waits for the whole pipeline before its backward pass can start. So the batch of a step
+// is cut into m micro-batches (the accumulation steps of the step), and the stages work on
+// different micro-batches at once. Two schedules (F = forward, B = backward of micro-batch i):
+//
+//   GPipe (Huang et al., 2019): all forwards, then all backwards.     p = 3, m = 4:
+//       stage 0:  F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3               (time flows right; "." idle)
+//       stage 1:  .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
+//       stage 2:  .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .      (schematic: a B takes about 2 F)
+//     every stage keeps the activations of all m micro-batches until their backward.
+//
+//   1F1B (PipeDream-Flush, Narayanan et al., 2021): stage s runs p-1-s forwards ("warm-up"), then
+//   alternates one forward and one backward, then drains the remaining backwards. Same order of
+//   work on the critical path, so the same idle time, but a micro-batch's activations are freed as
+//   soon as its backward is done: stage s holds at most p-s micro-batches, not m.
+//
+// Bubble. With forward and backward times f and b per micro-batch per stage, each stage is busy
+// m (f + b) and the step lasts (m + p - 1)(f + b): the pipeline needs p-1 slots to fill and
+// p-1 to drain. The idle fraction, the same for every stage and both schedules, is
+//
+//     bubble = (p - 1) / (m + p - 1)        p = 4: m = 4 -> 43%, m = 16 -> 16%, m = 64 -> 4.5%
+//
+// so m >> p. The trainers print it, and measure it: the part of the step (the first stage's
+// schedule, which starts first and ends last) in which each stage was not computing. Stages of
+// unequal cost (the last one's LM head over a large vocabulary) idle more than the formula says.
+//
+// Sends. A stage's sends complete in its next action's receive, or at once when that action
+// receives nothing (stage 0's forward passes, the last stage's backward passes): never later. MPI
+// moves a message larger than its eager limit only while the SENDER is inside an MPI call (Open MPI
+// has no progress thread; where it can, it lets the receiver copy the message itself, but not
+// everywhere), so a send left in flight while its stage computes arrives an action late, and
+// later at every stage: GPipe's bubble measured 50% instead of 20% (an H200 machine; here with
+// that copy turned off, test_parallelism.py). Completing a send can wait for its receiver, so could
+// two neighbours wait for each other? NCCL's sends have exactly that rule (a send completes only
+// once its receive is posted), and the GPU trainer pairs each send with the next receive for the
+// same reason: test_gpu_host runs every schedule's pairs under that rule and finds no deadlock.
+//
+// The micro-batches of a step accumulate gradients exactly as one rank accumulating m micro-
+// batches: backward passes run in micro-batch order on every stage in both schedules, so
+// pipelining changes when each layer computes, not what (tested against the one-rank run).
+//
+// The tied embedding: wte is the first stage's embedding and the last stage's LM head. The first
+// stage owns it (its optimizer state, its checkpoint); the last stage holds a copy for its LM
+// head. After the backward pass the last stage sends the copy's gradient to the first stage,
+// which adds it to its own; after the optimizer step the first stage sends the updated wte back.
+// Vp*C/t floats each way per step, and the two copies are equal by construction.
+#pragma once
+
+#include <string>
+#include <vector>
+#include "llmc/parallel/comm.h"
+#include "llmc/utils.h"
+
+enum class PipelineSchedule { GPipe, OneFOneB };
+
+inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out) {
+    if (s == "gpipe") *out = PipelineSchedule::GPipe;
+    else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
+    else return false;
+    return true;
+}
+
+inline const char* pipeline_schedule_name(PipelineSchedule s) { return s == PipelineSchedule::GPipe ? "GPipe" : "1F1B"; }
+
+// The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
+// bubble (p-1)/(m+p-1) it predicts.
+inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches, double bubble) {
+    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+                     pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
+                     stages - 1, micro_batches + stages - 1, 100.0 * bubble);
+}
+
+struct PipeAction {
+    bool forward;
+    int micro;     // which micro-batch of the step
+};
+
+// The order in which stage `stage` of `stages` runs the forward and backward passes of m
+// micro-batches. With one stage both schedules are F0 B0 F1 B1 ...: plain gradient accumulation.
+inline std::vector<PipeAction> pipeline_schedule(PipelineSchedule kind, int stage, int stages, int m) {
+    std::vector<PipeAction> order;
+    if (kind == PipelineSchedule::GPipe && stages > 1) {
+        for (int i = 0; i < m; i++) order.push_back({true, i});
+        for (int i = 0; i < m; i++) order.push_back({false, i});
+        return order;
+    }
+    int warmup = std::min(stages - 1 - stage, m);
+    int next_forward = 0, next_backward = 0;
+    for (int i = 0; i < warmup; i++) order.push_back({true, next_forward++});
+    while (next_forward < m) {                    // steady state: one forward, one backward
+        order.push_back({true, next_forward++});
+        order.push_back({false, next_backward++});
+    }
+    while (next_backward < m) order.push_back({false, next_backward++});   // drain
+    return order;
+}
+
+// How many micro-batches' activations a stage holds at once (the peak of forwards not yet
+// backwarded in its schedule): m for GPipe, p - stage for 1F1B, 1 without pipelining.
+// In closed form, not by walking the schedule: a memory check asks for every micro-batch count up to
+// the step's, and a step of 2^30 micro-batches must not build a schedule of 2^31 actions to answer.
+// (test_process_grid walks pipeline_schedule and checks this against the walk's peak.)
+inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m) {
+    if (m <= 0) return 0;
+    if (stages == 1) return 1;
+    return kind == PipelineSchedule::GPipe ? m : std::min(m, stages - stage);
+}
+
+inline double pipeline_bubble_fraction(int stages, int m) { return (double)(stages - 1) / (double)(m + stages - 1); }
+
+// Whether action k + 1 of a stage's schedule receives something (a forward on every stage but the
+// first, a backward on every stage but the last): action k's sends then complete with that
+// receive; otherwise at once.
+inline bool pipe_next_action_receives(const std::vector<PipeAction>& order, size_t k, bool first_stage, bool last_stage) {
+    return k + 1 < order.size() && (order[k + 1].forward ? !first_stage : !last_stage);
+}
+
+// Message tags: micro-batch i's activation and its gradient. Between two ranks MPI delivers in the
+// order of sending, so tags need only be unique within a step.
+inline int pipe_tag_activation(int micro) { return 2 * micro; }
+inline int pipe_tag_gradient(int micro) { return 2 * micro + 1; }
+
+// The tied embedding, after the backward pass: the last stage's LM-head gradient (n floats) is
+// added to the first stage's wte gradient. Then, after the optimizer step, the first stage's
+// updated wte replaces the last stage's copy. Nothing happens without a pipeline.
+inline void pipe_tied_gradient(Comm* pp, bool first, bool last, float* wte_grad, const float* lent_grad, size_t n) {
+    if (pp->world_size == 1) return;
+    if (last) {
+        std::vector<CommSend> pending;
+        comm_send(pp, lent_grad, n, 0, 0, &pending, "sending the tied embedding's gradient to the first stage");
+        comm_wait_sends(pp, &pending);
+    }
+    if (first) {
+        std::vector<float> received(n);
+        comm_recv(pp, received.data(), n, pp->world_size - 1, 0, "receiving the tied embedding's gradient from the last stage");
+        for (size_t i = 0; i < n; i++) wte_grad[i] += received[i];
+    }
+}
+
+inline void pipe_tied_weights(Comm* pp, bool first, bool last, const float* wte, float* lent, size_t n) {
+    if (pp->world_size == 1) return;
+    if (first) {
+        std::vector<CommSend> pending;
+        comm_send(pp, wte, n, pp->world_size - 1, 1, &pending, "sending the tied embedding to the last stage");
+        comm_wait_sends(pp, &pending);
+    }
+    if (last) comm_recv(pp, lent, n, 0, 1, "receiving the tied embedding from the first stage");
+}
+
+// Testing the bubble measurement: LLMC_TEST_PIPE_DELAY_MS=<ms> makes every forward pass of every
+// stage take that much longer (and every backward twice that), sleeping, so that the measured idle
+// time follows the schedule's arithmetic even on a machine with fewer cores than ranks.
+inline void pipeline_test_delay(int multiple) {
+    static const int ms = env_int("LLMC_TEST_PIPE_DELAY_MS", 0);
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms * multiple));
+}
+
+// Bytes one stage sends to its pipeline neighbours per step: each micro-batch's activation forward
+// and gradient backward (n floats each: the rows this rank holds x C), and the tied embedding's
+// gradient (last stage) and weights (first stage), wte_floats each.
+inline uint64_t pipe_comm_bytes(int stage, int stages, int m, size_t n, size_t wte_floats) {
+    if (stages == 1) return 0;
+    bool first = stage == 0, last = stage == stages - 1;
+    uint64_t per_micro = (last ? 0 : n) + (first ? 0 : n);
+    return ((uint64_t)m * per_micro + (first || last ? wte_floats : 0)) * sizeof(float);
+}

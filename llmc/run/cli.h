@@ -1,0 +1,426 @@
+// cli.h — the command line: one table of flags, shared by the CPU and the GPU trainer.
+//
+// Each flag is one row: name, value name, group, help, where its value goes, and which trainer
+// takes it. Parsing, `--help` (grouped, with the defaults) and the error for a mistyped flag are all
+// generated from the table, so the two trainers cannot drift apart and the help can never go stale.
+// Flags are `--name value` or `--name=value`; a few are switches that take no value.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+#include <unistd.h>
+#include "llmc/utils.h"
+
+constexpr const char* LLMC_VERSION = "0.1.0";
+
+enum class Trainer { CPU, GPU };
+enum class Scope { Both, CPUOnly, GPUOnly };
+
+struct TrainOptions {
+    // data
+    std::string train_data = "data/moby-dick/moby-dick_train_*.bin";
+    std::string val_data = "data/moby-dick/moby-dick_val_*.bin";
+    std::string tokenizer_dir = "data/gpt2";
+    // model
+    std::string model = "d12";
+    // batch
+    int batch_size = 4;              // B: sequences per micro-batch, per rank
+    int seq_len = 0;                 // T: 0 = the model's max sequence length
+    int64_t total_batch_tokens = 0;  // tokens per optimizer step; 0 = B*T*ranks (no accumulation)
+    // optimisation
+    int steps = 0;                   // 0 = one pass over the training data
+    float lr = 6e-4f;
+    std::string lr_schedule = "cosine";
+    int warmup_steps = 0;
+    float final_lr_fraction = 0.0f;
+    float decay_fraction = 0.2f;
+    float weight_decay = 0.1f;
+    float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
+    float grad_clip = 1.0f;
+    int max_bad_steps = 3;           // steps in a row whose loss or gradient norm is not finite before stopping
+    uint64_t seed = 42;
+    // evaluation and sampling
+    int val_every = 100;
+    int val_batches = 20;
+    int sample_every = 0;
+    int sample_tokens = 64;
+    float temperature = 1.0f;
+    int top_k = 0;
+    std::string hellaswag;           // HellaSwag-format JSONL to evaluate ("" = none)
+    int hellaswag_every = 0;         // during training every N steps; 0 = only at the end
+    // output
+    std::string out_dir = "out";
+    int checkpoint_every = 0;
+    std::string resume;              // "", "latest", "auto" (latest if any, else start), or a checkpoint directory
+    std::string metrics;             // the JSONL metrics log: "" = OUT_DIR/metrics.jsonl, "none" = no log
+    std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
+    // machine
+    int threads = 0;                 // CPU: 0 = all cores
+    int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
+                                     // (the GPU trainer's default; the CPU trainer's is 0: default_options)
+    int master_weights = 1;          // GPU: keep fp32 master weights
+    std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
+    // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
+    int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
+    float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
+    // the estimate (--estimate): what it assumes
+    float estimate_memory_gib = 0;   // memory per rank to fit (0: 80 GiB on the GPU, this machine's RAM on the CPU)
+    float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
+    float estimate_peak_tflops = 0;  // peak per rank (0: H100 SXM dense bf16 on the GPU, none on the CPU)
+    int estimate_ranks = 1;          // data-parallel ranks for ZeRO and tokens per step
+    int tensor_parallel = 1;         // ranks that split each layer (Megatron)
+    int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
+    int pipeline_parallel = 1;       // stages the layers are split into
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+    float max_memory_mib = 0;        // CPU: refuse to start if a rank would need more (0 = no limit)
+    // switches
+    bool eval_only = false;          // evaluate the model and exit: a run of zero steps
+    bool quiet = false;              // only errors and the final summary
+    bool verbose = false;            // also per-micro-step lines and buffer tables
+    bool estimate = false;
+    bool profile = false;            // CPU: time each kind of work per step (llmc/probes/cpu_profile.h)
+    bool print_allocations = false;
+    bool help = false;
+    bool version = false;
+};
+
+struct FlagSpec {
+    const char* name;
+    const char* value_name;   // nullptr for a switch
+    const char* group;
+    const char* help;
+    enum Kind { Int, Int64, UInt64, Float, String, Switch } kind;
+    void* target;
+    Scope scope;
+};
+
+// The defaults, which differ between the trainers in one place: --recompute. A GPU's memory is what
+// limits the micro-batch, and recomputing GELU there costs memory traffic, not matmul FLOPs, so the
+// GPU trainer recomputes it by default (1). The CPU trainer is the readable reference and its RAM is
+// rarely the limit, so it keeps everything (0) unless asked. parse_command_line starts from these,
+// and --help prints them.
+inline TrainOptions default_options(Trainer trainer) {
+    TrainOptions o;
+    o.recompute = trainer == Trainer::GPU ? 1 : 0;
+    return o;
+}
+
+inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
+    using K = FlagSpec;
+    return {
+        {"train-data", "GLOB", "Data", "training token shards", K::String, &o.train_data, Scope::Both},
+        {"val-data", "GLOB", "Data", "validation token shards ('none' to skip validation)", K::String, &o.val_data, Scope::Both},
+        {"tokenizer", "DIR", "Data", "folder with GPT-2's encoder.json and vocab.bpe, to print samples as text", K::String, &o.tokenizer_dir, Scope::Both},
+        {"model", "SPEC", "Model", "a model file to start from, or a new model: d12|d24|d36|d48 (GPT-2 124M..1.5B), dN, or L=2,C=64,H=4[,T=256][,V=50257]", K::String, &o.model, Scope::Both},
+        {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
+        {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
+        {"total-batch-tokens", "N", "Batch", "tokens per optimizer step; micro-batches are accumulated to reach it (0 = one micro-batch per rank)", K::Int64, &o.total_batch_tokens, Scope::Both},
+        {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
+        {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
+        {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
+        {"warmup-steps", "N", "Optimizer", "steps of linear warmup", K::Int, &o.warmup_steps, Scope::Both},
+        {"final-lr-fraction", "F", "Optimizer", "final learning rate as a fraction of the peak", K::Float, &o.final_lr_fraction, Scope::Both},
+        {"decay-fraction", "F", "Optimizer", "wsd: fraction of the steps spent decaying", K::Float, &o.decay_fraction, Scope::Both},
+        {"weight-decay", "WD", "Optimizer", "AdamW decoupled weight decay (2-D weights only)", K::Float, &o.weight_decay, Scope::Both},
+        {"beta1", "B1", "Optimizer", "AdamW first-moment decay", K::Float, &o.beta1, Scope::Both},
+        {"beta2", "B2", "Optimizer", "AdamW second-moment decay", K::Float, &o.beta2, Scope::Both},
+        {"adam-eps", "EPS", "Optimizer", "AdamW epsilon", K::Float, &o.adam_eps, Scope::Both},
+        {"grad-clip", "NORM", "Optimizer", "clip the global gradient norm to this (0 = no clipping)", K::Float, &o.grad_clip, Scope::Both},
+        {"max-bad-steps", "N", "Optimizer", "skip the update of a step whose loss or gradient norm is not finite; stop at the N-th such step in a row", K::Int, &o.max_bad_steps, Scope::Both},
+        {"seed", "S", "Optimizer", "seed for initialisation and sampling", K::UInt64, &o.seed, Scope::Both},
+        {"val-every", "N", "Evaluation", "validation loss every N steps and at the end (0 = never)", K::Int, &o.val_every, Scope::Both},
+        {"val-batches", "N", "Evaluation", "micro-batches per validation", K::Int, &o.val_batches, Scope::Both},
+        {"sample-every", "N", "Evaluation", "print a sample every N steps and at the end (0 = never)", K::Int, &o.sample_every, Scope::Both},
+        {"sample-tokens", "N", "Evaluation", "tokens per sample", K::Int, &o.sample_tokens, Scope::Both},
+        {"temperature", "TAU", "Evaluation", "sampling temperature (0 = greedy)", K::Float, &o.temperature, Scope::Both},
+        {"top-k", "K", "Evaluation", "sample among the K most likely tokens (0 = all)", K::Int, &o.top_k, Scope::Both},
+        {"hellaswag", "FILE", "Evaluation", "HellaSwag-format JSONL (ctx, endings, label) to evaluate: each ending scored by its mean token loss; at the end of training, and with --hellaswag-every", K::String, &o.hellaswag, Scope::Both},
+        {"hellaswag-every", "N", "Evaluation", "also evaluate --hellaswag every N steps during training (0 = only at the end)", K::Int, &o.hellaswag_every, Scope::Both},
+        {"eval-only", nullptr, "Evaluation", "evaluate --model (or --resume's checkpoint) on --val-data and --hellaswag, then exit without training", K::Switch, &o.eval_only, Scope::Both},
+        {"out-dir", "DIR", "Output", "where checkpoints and metrics.jsonl go", K::String, &o.out_dir, Scope::Both},
+        {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
+        {"resume", "CKPT", "Output", "continue from a checkpoint directory; 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh", K::String, &o.resume, Scope::Both},
+        {"metrics", "FILE", "Output", "append one JSON line per step and evaluation here (default: OUT_DIR/metrics.jsonl; 'none' = no log)", K::String, &o.metrics, Scope::Both},
+        {"quiet", nullptr, "Output", "print only errors and the final summary", K::Switch, &o.quiet, Scope::Both},
+        {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
+        {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
+        {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
+        {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
+        {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
+        {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
+        {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
+        {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
+        {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
+        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward)", K::String, &o.pipeline_schedule, Scope::Both},
+        {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
+        {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
+        {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
+        {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
+        {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
+        {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
+        {"estimate-mfu", "F", "Estimate", "model FLOPs utilisation assumed for the predicted step time, in (0, 1]", K::Float, &o.estimate_mfu, Scope::Both},
+        {"estimate-peak-tflops", "TF", "Estimate", "peak TFLOP/s per rank (0 = an H100 SXM's dense bf16 for the GPU trainer; the CPU trainer then predicts no time)", K::Float, &o.estimate_peak_tflops, Scope::Both},
+        {"estimate-ranks", "N", "Estimate", "data-parallel ranks: ZeRO divides the optimizer state by them, tokens per step grow with them (the grid: these x --tensor-parallel x --pipeline-parallel)", K::Int, &o.estimate_ranks, Scope::Both},
+        {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
+        {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
+        {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
+    };
+}
+
+inline bool flag_applies(const FlagSpec& f, Trainer t) {
+    return f.scope == Scope::Both || (f.scope == Scope::CPUOnly && t == Trainer::CPU) ||
+           (f.scope == Scope::GPUOnly && t == Trainer::GPU);
+}
+
+inline std::string flag_value_string(const FlagSpec& f) {
+    switch (f.kind) {
+        case FlagSpec::Int: return std::to_string(*(int*)f.target);
+        case FlagSpec::Int64: return std::to_string(*(int64_t*)f.target);
+        case FlagSpec::UInt64: return std::to_string(*(uint64_t*)f.target);
+        case FlagSpec::Float: return strprintf("%g", *(float*)f.target);
+        case FlagSpec::String: return *(std::string*)f.target;
+        case FlagSpec::Switch: return *(bool*)f.target ? "on" : "off";
+    }
+    return "";
+}
+
+// Help fits a 100-column terminal: the flag in a 28-column left margin, its help wrapped at word
+// boundaries into the remaining columns, and "[default: ...]" kept whole (never split over lines).
+constexpr int HELP_WIDTH = 100, HELP_INDENT = 29;
+
+inline void print_help_entry(const std::string& left, const std::string& help, const std::string& default_text) {
+    std::vector<std::string> words;
+    for (size_t i = 0; i < help.size();) {
+        size_t end = help.find(' ', i);
+        if (end == std::string::npos) end = help.size();
+        if (end > i) words.push_back(help.substr(i, end - i));
+        i = end + 1;
+    }
+    if (!default_text.empty()) words.push_back(default_text);
+    std::string line = left.size() < HELP_INDENT ? left + std::string(HELP_INDENT - left.size(), ' ') : left + "\n" + std::string(HELP_INDENT, ' ');
+    size_t column = HELP_INDENT;
+    bool line_has_words = false;
+    for (const std::string& w : words) {
+        if (line_has_words && column + 1 + w.size() > (size_t)HELP_WIDTH) {
+            printf("%s\n", line.c_str());
+            line = std::string(HELP_INDENT, ' ');
+            column = HELP_INDENT;
+            line_has_words = false;
+        }
+        if (line_has_words) line += ' ', column++;
+        line += w;
+        column += w.size();
+        line_has_words = true;
+    }
+    printf("%s\n", line.c_str());
+}
+
+inline void print_help(const char* program, Trainer trainer) {
+    TrainOptions defaults = default_options(trainer);
+    std::vector<FlagSpec> table = flag_table(defaults);
+    printf("usage: %s [flags]\n\n%s\n", program,
+           trainer == Trainer::CPU ? "Trains a GPT-2 on the CPU in fp32: the readable reference for every GPU kernel."
+                                   : "Trains a GPT-2 on the GPU in bf16 mixed precision.");
+    // groups in order of first appearance, each with all of its flags
+    std::vector<std::string> groups;
+    for (const FlagSpec& f : table)
+        if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) groups.push_back(f.group);
+    for (const std::string& group : groups) {
+        bool header_printed = false;
+        for (const FlagSpec& f : table) {
+            if (f.group != group || !flag_applies(f, trainer)) continue;
+            if (!header_printed) printf("\n%s:\n", group.c_str());
+            header_printed = true;
+            std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
+            std::string value = flag_value_string(f);
+            std::string def = f.kind == FlagSpec::Switch || value.empty() ? "" : "[default: " + value + "]";
+            print_help_entry(left, f.help, def);
+        }
+    }
+    printf("\nExit codes: 0 done, 1 bad input or failed operation, 2 bad command line.\n");
+}
+
+// Edit distance, to suggest the flag the user probably meant.
+inline int edit_distance(const std::string& a, const std::string& b) {
+    std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= a.size(); i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= b.size(); j++)
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+inline void parse_flag_value(const FlagSpec& f, const std::string& value) {
+    const char* s = value.c_str();
+    char* end = nullptr;
+    errno = 0;
+    switch (f.kind) {
+        case FlagSpec::Int: {
+            long v = strtol(s, &end, 10);
+            if (value.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX)
+                usage_fail("--%s expects an integer, got '%s' (see --help)", f.name, s);
+            *(int*)f.target = (int)v;
+            break;
+        }
+        case FlagSpec::Int64: {
+            long long v = strtoll(s, &end, 10);
+            if (value.empty() || *end || errno) usage_fail("--%s expects an integer, got '%s' (see --help)", f.name, s);
+            *(int64_t*)f.target = v;
+            break;
+        }
+        case FlagSpec::UInt64: {
+            unsigned long long v = strtoull(s, &end, 10);
+            if (value.empty() || *end || errno || value[0] == '-')
+                usage_fail("--%s expects a non-negative integer, got '%s' (see --help)", f.name, s);
+            *(uint64_t*)f.target = v;
+            break;
+        }
+        case FlagSpec::Float: {
+            float v = strtof(s, &end);
+            if (value.empty() || *end || errno || !std::isfinite(v))
+                usage_fail("--%s expects a number, got '%s' (see --help)", f.name, s);
+            *(float*)f.target = v;
+            break;
+        }
+        case FlagSpec::String:
+            *(std::string*)f.target = value;
+            break;
+        case FlagSpec::Switch:
+            break;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Quiet and verbose
+//
+// verbosity: 0 = quiet (errors and the final summary only), 1 = normal (one line per step),
+// 2 = verbose (also every micro-step and the buffer tables). Quiet is a property of the whole
+// program, so rather than guard every printf, stdout itself is pointed at /dev/null for the run;
+// the final summary goes to `summary_stream`, a duplicate of the original stdout taken first.
+// Errors and warnings go to stderr, which quiet never touches.
+inline int verbosity = 1;
+inline FILE* summary_stream = stdout;
+
+inline void set_verbosity(int level) {
+    verbosity = level;
+    if (level > 0) return;
+    fflush(stdout);
+    int original = dup(fileno(stdout));
+    FILE* saved = original >= 0 ? fdopen(original, "w") : nullptr;
+    if (saved && freopen("/dev/null", "w", stdout)) summary_stream = saved;
+}
+
+// Parses argv into `o`, which starts from the trainer's defaults (default_options). A mistake
+// (unknown flag, missing or malformed value, a flag of the other trainer) gets one line naming it
+// and exits with code 2.
+inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOptions* o) {
+    *o = default_options(trainer);
+    std::vector<FlagSpec> table = flag_table(*o);
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "-h") arg = "--help";
+        if (arg.rfind("--", 0) != 0) usage_fail("unexpected argument '%s': flags start with -- (see --help)", argv[i]);
+        std::string name = arg.substr(2), value;
+        bool has_inline_value = false;
+        size_t eq = name.find('=');
+        if (eq != std::string::npos) {
+            value = name.substr(eq + 1);
+            name = name.substr(0, eq);
+            has_inline_value = true;
+        }
+        const FlagSpec* spec = nullptr;
+        for (const FlagSpec& f : table)
+            if (name == f.name) spec = &f;
+        if (!spec) {
+            std::string best;
+            int best_distance = 4;
+            for (const FlagSpec& f : table) {
+                int d = edit_distance(name, f.name);
+                if (d < best_distance && flag_applies(f, trainer)) best_distance = d, best = f.name;
+            }
+            if (!best.empty()) usage_fail("unknown flag --%s; did you mean --%s? (see --help)", name.c_str(), best.c_str());
+            usage_fail("unknown flag --%s (see --help)", name.c_str());
+        }
+        if (!flag_applies(*spec, trainer)) {
+            usage_fail("--%s applies only to the %s trainer", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU");
+        }
+        if (spec->kind == FlagSpec::Switch) {
+            if (has_inline_value) usage_fail("--%s takes no value", spec->name);
+            *(bool*)spec->target = true;
+            continue;
+        }
+        if (!has_inline_value) {
+            if (i + 1 >= argc) usage_fail("--%s needs a value (%s)", spec->name, spec->value_name);
+            value = argv[++i];
+        }
+        parse_flag_value(*spec, value);
+    }
+    if (o->help) {
+        print_help(argv[0], trainer);
+        exit(0);
+    }
+    if (o->version) {
+        printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
+        exit(0);
+    }
+    if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
+    set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
+}
+
+// Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
+inline void validate_options(const TrainOptions& o) {
+    auto positive = [](const char* name, long long v) {
+        if (v <= 0) usage_fail("--%s must be positive, got %lld", name, v);
+    };
+    auto non_negative = [](const char* name, long long v) {
+        if (v < 0) usage_fail("--%s must be zero or positive, got %lld", name, v);
+    };
+    positive("batch-size", o.batch_size);
+    non_negative("seq-len", o.seq_len);
+    non_negative("total-batch-tokens", o.total_batch_tokens);
+    non_negative("steps", o.steps);
+    non_negative("warmup-steps", o.warmup_steps);
+    non_negative("val-every", o.val_every);
+    positive("val-batches", o.val_batches);
+    non_negative("sample-every", o.sample_every);
+    non_negative("sample-tokens", o.sample_tokens);
+    non_negative("top-k", o.top_k);
+    non_negative("checkpoint-every", o.checkpoint_every);
+    non_negative("hellaswag-every", o.hellaswag_every);
+    if (o.hellaswag_every > 0 && o.hellaswag.empty()) usage_fail("--hellaswag-every needs --hellaswag FILE, the examples to evaluate");
+    if (o.eval_only && o.hellaswag.empty() && o.val_data == "none") {
+        usage_fail("--eval-only has nothing to evaluate: give --val-data shards or a --hellaswag file");
+    }
+    non_negative("threads", o.threads);
+    if (o.lr < 0) usage_fail("--lr must be zero or positive, got %g", o.lr);
+    if (o.final_lr_fraction < 0 || o.final_lr_fraction > 1) usage_fail("--final-lr-fraction must be in [0, 1], got %g", o.final_lr_fraction);
+    if (o.decay_fraction < 0 || o.decay_fraction > 1) usage_fail("--decay-fraction must be in [0, 1], got %g", o.decay_fraction);
+    if (o.beta1 < 0 || o.beta1 >= 1) usage_fail("--beta1 must be in [0, 1), got %g", o.beta1);
+    if (o.beta2 < 0 || o.beta2 >= 1) usage_fail("--beta2 must be in [0, 1), got %g", o.beta2);
+    if (o.adam_eps <= 0) usage_fail("--adam-eps must be positive, got %g", o.adam_eps);
+    if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
+    if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
+    if (o.max_bad_steps < 1) usage_fail("--max-bad-steps must be at least 1 (1: stop at the first bad step), got %d", o.max_bad_steps);
+    if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
+    if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
+    if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
+    if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
+    if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
+    if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);
+    if (o.estimate_peak_tflops < 0) usage_fail("--estimate-peak-tflops must be zero or positive, got %g", o.estimate_peak_tflops);
+    positive("estimate-ranks", o.estimate_ranks);
+    if (o.zero_stage < 0 || o.zero_stage > 3) usage_fail("--zero must be 0, 1, 2 or 3, got %d", o.zero_stage);
+    if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
+    if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);
+    if (o.sequence_parallel != 0 && o.sequence_parallel != 1) usage_fail("--sequence-parallel must be 0 or 1, got %d", o.sequence_parallel);
+    if (o.pipeline_schedule != "gpipe" && o.pipeline_schedule != "1f1b") usage_fail("--pipeline-schedule must be gpipe or 1f1b, got '%s'", o.pipeline_schedule.c_str());
+    if (o.max_memory_mib < 0) usage_fail("--max-memory must be zero or positive, got %g", o.max_memory_mib);
+    if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
+}

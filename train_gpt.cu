@@ -50,6 +50,7 @@
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/sharding.h"
+#include "llmc/run/step.h"
 #include "llmc/run/training.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
@@ -347,10 +348,11 @@ static void gpt2_forward(GPT2* m) {
     release_unit_weights(m, ends);
 }
 
-// Loss of the forward just run, per token into GB_LOSSES, and the mean returned (summed on the host in
-// double, as the CPU does). With write_grad, the logits become d(loss)/d(logits) * dloss, in place.
+// Loss of the forward just run (the last stage's), per token into GB_LOSSES, and the mean returned
+// (summed on the host in double, as the CPU does). With write_grad, the logits become
+// d(loss)/d(logits) * dloss, in place: the first step of gpt2_backward, fused into the loss's kernel.
 // With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
-static float gpt2_classifier(GPT2* m, float dloss, bool write_grad) {
+static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
     const GPT2Config& c = m->config;
     int BT = m->B * m->T;
     if (m->tp.host.degree == 1) {
@@ -367,7 +369,7 @@ static float gpt2_classifier(GPT2* m, float dloss, bool write_grad) {
     return (float)(total / BT);
 }
 
-// Backward pass of the last forward + classifier(write_grad). Gradients are ADDED to GB_GRADS (or
+// Backward pass of the last forward + gpt2_loss(write_grad). Gradients are ADDED to GB_GRADS (or
 // ZeRO-2/3's buckets). Each layer's gradients start their trip across the data-parallel ranks as
 // soon as that layer is done (ZeRO-0/1: on the step's last micro-batch, `step_ends`): unit 0 is the
 // last layer, unit L the embeddings. A pipeline stage without the head finds d(its output) in
@@ -474,87 +476,6 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 }
 
 // ==============================================================================================
-// The step's gradient and update, on any grid (docs/parallelism.md; llmc/parallel/zero.cuh, read it first)
-//
-// N data-parallel ranks, each on its own slice of every batch, each seeding its backward with
-// 1/(tokens of the whole step), so that the step's gradient is the plain SUM over ranks, as in the
-// CPU trainer. The sums started during the backward pass (unit_grads_done) are awaited here; the
-// norm is added up over the world; AdamW runs on what this rank owns, and the data-parallel ranks
-// share the result. One rank is the same path with nothing to send.
-
-// The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
-// fixed order), added here in block order, in fp64.
-static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
-    float* partials = B_<float>(m, GB_NORM_PARTIALS);
-    global_norm_partials(partials, grads, n, m->stream);
-    std::vector<float> host(GLOBAL_NORM_BLOCKS);
-    CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, GLOBAL_NORM_BLOCKS * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    double total = 0.0;
-    for (float p : host) total += p;
-    return total;
-}
-
-// Waits for the gradient sums, then returns the global gradient norm (of the summed gradient, as one
-// rank would compute it): each rank's part's sum of squares (zero_norm_pieces: every element counted
-// by one rank of the world), added over the world in rank order, so every rank gets the same bits.
-// ZeRO-0 then gives every rank the whole summed gradient.
-static float reduce_gradients(GPT2* m, GpuComm* world) {
-    zero_wait_reduction(&m->zero);
-    double squares = 0.0;
-    for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    float norm = (float)std::sqrt(gpu_comm_sum(world, squares, "sum of the gradient norms"));
-    zero_share_gradients(&m->zero);
-    return norm;
-}
-
-// Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
-// then the data-parallel ranks share the updated weights. Returns when they are in place on every rank.
-static void optimizer_step(GPT2* m, const TrainOptions& o, float lr, int step, float norm) {
-    float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
-    CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
-    AdamWParams a;
-    a.lr = lr;
-    a.beta1 = o.beta1;
-    a.beta2 = o.beta2;
-    a.eps = o.adam_eps;
-    a.weight_decay = o.weight_decay;
-    a.bias_correction1 = 1.0f - powf(o.beta1, (float)step);
-    a.bias_correction2_sqrt = sqrtf(1.0f - powf(o.beta2, (float)step));
-    a.max_norm = o.grad_clip;
-    a.seed = o.seed;
-    a.step = step;
-    a.decay_mask = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        a.tensor_offset[t] = m->layout.offset[t];
-        if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
-    }
-    float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
-               m->stream);
-    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-}
-
-// Every data-parallel rank must start from the same weights. Each builds them the same way (the same
-// file, or the same seeded initialisation), so instead of sending them from one rank the ranks of a
-// data group compare a 53-bit hash of theirs: different files behind the same path on different
-// nodes fail here, not as replicas that silently drift apart.
-static void check_same_weights(GpuComm* data, const std::vector<float>& weights) {
-    if (data->host->world_size == 1) return;
-    uint64_t h = 0xcbf29ce484222325ull;
-    const uint32_t* words = (const uint32_t*)weights.data();
-    for (size_t i = 0; i < weights.size(); i++) h = (h ^ words[i]) * 0x100000001b3ull;
-    std::vector<double> all = gpu_comm_gather(data, (double)(h >> 11), "comparing the initial weights");
-    for (int r = 0; r < data->host->world_size; r++) {
-        if (all[r] != all[0]) {
-            fail("data-parallel rank %d loaded different initial weights from rank 0's (the model file or checkpoint "
-                 "differs between nodes?): every rank must see the same --model and --out-dir", r);
-        }
-    }
-}
-
-// ==============================================================================================
 // Parallelism on a grid (docs/parallelism.md; llmc/ holds one file per technique)
 //
 // `mpirun -np N ./train_gpt --tensor-parallel t --pipeline-parallel p --zero z` runs N ranks on a grid
@@ -587,11 +508,111 @@ struct Parallel {
     double predicted_bubble = 0;               // (p-1)/(m+p-1)
 };
 
+// ==============================================================================================
+// The step's gradient and update, on any grid (docs/parallelism.md; llmc/parallel/zero.cuh, read it first)
+//
+// N data-parallel ranks, each on its own slice of every batch, each seeding its backward with
+// 1/(tokens of the whole step), so that the step's gradient is the plain SUM over ranks, as in the
+// CPU trainer. The sums started during the backward pass (unit_grads_done) are awaited here; the
+// norm is added up over the world; AdamW runs on what this rank owns, and the data-parallel ranks
+// share the result. One rank is the same path with nothing to send.
+
+// The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
+// fixed order), added here in block order, in fp64.
+static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+    float* partials = B_<float>(m, GB_NORM_PARTIALS);
+    global_norm_partials(partials, grads, n, m->stream);
+    std::vector<float> host(GLOBAL_NORM_BLOCKS);
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, GLOBAL_NORM_BLOCKS * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double total = 0.0;
+    for (float p : host) total += p;
+    return total;
+}
+
+// The gradient of the step, summed over everything that shares it; returns the global norm. In a
+// pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
+// every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
+// data-parallel ranks, as the other buckets were during the last backward. Then it waits for the
+// gradient sums and computes the norm of the summed gradient, as one rank would: each rank's part's
+// sum of squares (zero_norm_pieces: every element counted by one rank of the world), added over the
+// world in rank order, so every rank gets the same bits. ZeRO-0 then gives every rank the whole
+// summed gradient.
+static float finish_gradients(GPT2* m, Parallel* par) {
+    const ModelSlice& sl = m->slice;
+    if (par->grid.pp > 1) {
+        size_t n = (size_t)sl.vocab_rows * m->config.channels;
+        pipe_tied_gradient(&par->pipe, sl.first_stage, sl.last_stage, m->g[WTE], B_<floatX>(m, GB_LENT_WTE_GRAD),
+                           B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
+        unit_grads_done(m, true, ends_unit(sl.num_layers));
+    }
+    zero_wait_reduction(&m->zero);
+    double squares = 0.0;
+    for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
+    zero_share_gradients(&m->zero);
+    return norm;
+}
+
+// A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
+static void share_tied_weights(GPT2* m, Parallel* par) {
+    const ModelSlice& sl = m->slice;
+    pipe_tied_weights(&par->pipe, sl.first_stage, sl.last_stage, m->p[WTE], B_<floatX>(m, GB_LENT_WTE),
+                      (size_t)sl.vocab_rows * m->config.channels, m->stream);
+}
+
+// Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
+// then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
+// to the last (the tied LM head). Returns when they are in place on every rank.
+static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
+    CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
+    AdamWParams a;
+    a.lr = lr;
+    a.beta1 = o.beta1;
+    a.beta2 = o.beta2;
+    a.eps = o.adam_eps;
+    a.weight_decay = o.weight_decay;
+    a.bias_correction1 = 1.0f - powf(o.beta1, (float)step);
+    a.bias_correction2_sqrt = sqrtf(1.0f - powf(o.beta2, (float)step));
+    a.max_norm = o.grad_clip;
+    a.seed = o.seed;
+    a.step = step;
+    a.decay_mask = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        a.tensor_offset[t] = m->layout.offset[t];
+        if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
+    }
+    float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
+    zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
+               m->stream);
+    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    if (par->grid.pp > 1) share_tied_weights(m, par);
+}
+
+// Every data-parallel rank must start from the same weights. Each builds them the same way (the same
+// file, or the same seeded initialisation), so instead of sending them from one rank the ranks of a
+// data group compare a 53-bit hash of theirs: different files behind the same path on different
+// nodes fail here, not as replicas that silently drift apart.
+static void check_same_weights(GpuComm* data, const std::vector<float>& weights) {
+    if (data->host->world_size == 1) return;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint32_t* words = (const uint32_t*)weights.data();
+    for (size_t i = 0; i < weights.size(); i++) h = (h ^ words[i]) * 0x100000001b3ull;
+    std::vector<double> all = gpu_comm_gather(data, (double)(h >> 11), "comparing the initial weights");
+    for (int r = 0; r < data->host->world_size; r++) {
+        if (all[r] != all[0]) {
+            fail("data-parallel rank %d loaded different initial weights from rank 0's (the model file or checkpoint "
+                 "differs between nodes?): every rank must see the same --model and --out-dir", r);
+        }
+    }
+}
+
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
-// elsewhere). The last backward hands the data group its units (ZeRO-0/1). With `dump`, the
-// first micro-batch's logits and loss are kept (--dump-state, llmc/probes/gpu_test_hooks.cuh).
-static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step, GpuDump* dump) {
+// elsewhere). The last backward hands the data group its units (ZeRO-0/1).
+static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
     const ModelSlice& sl = m->slice;
     PipelineGpu* pipe = &par->pipe;
     int stage = par->grid.pp_rank, mb = plan.accumulation_steps;
@@ -616,14 +637,14 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             gpt2_forward(m);
             if (sl.last_stage) {
                 size_t rows = (size_t)m->B * m->T;
-                if (dump && act.micro == 0 && par->grid.dp_rank == 0) {
-                    dump_keep_logits(dump, download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows), rows, sl.vocab_real,
-                                     sl.vocab_rows);
-                }
+                // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded
+                // before the loss's kernel turns them into their gradient
+                std::vector<float> first_logits;
+                if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
                 // the optimised loss is the mean over all tokens of the step, all ranks together:
                 // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-                float micro_loss = gpt2_classifier(m, 1.0f / (float)plan.total_batch_tokens, true);
-                if (dump && act.micro == 0) dump->loss = micro_loss;
+                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
+                if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
             } else {
@@ -658,24 +679,6 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     return loss;
 }
 
-// A pipeline, after the schedule: the last stage's LM-head gradient joins the first stage's wte
-// gradient, and then every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is
-// reduced over the data-parallel ranks, as the other buckets were during the last backward.
-static void finish_pipeline_gradients(GPT2* m, Parallel* par) {
-    const ModelSlice& sl = m->slice;
-    size_t n = (size_t)sl.vocab_rows * m->config.channels;
-    pipe_tied_gradient(&par->pipe, sl.first_stage, sl.last_stage, m->g[WTE], B_<floatX>(m, GB_LENT_WTE_GRAD),
-                       B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
-    unit_grads_done(m, true, ends_unit(sl.num_layers));
-}
-
-// A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
-static void share_tied_weights(GPT2* m, Parallel* par) {
-    const ModelSlice& sl = m->slice;
-    pipe_tied_weights(&par->pipe, sl.first_stage, sl.last_stage, m->p[WTE], B_<floatX>(m, GB_LENT_WTE),
-                      (size_t)sl.vocab_rows * m->config.channels, m->stream);
-}
-
 // ==============================================================================================
 // Evaluation and samples. On a grid whose forward pass spans several ranks (tensor or pipeline
 // parallelism, ZeRO-3) every rank takes part; otherwise rank 0 alone evaluates.
@@ -696,7 +699,7 @@ static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const i
         pipe_finish(&par->pipe, m->stream);
         return 0.0f;
     }
-    return targets ? gpt2_classifier(m, 0.0f, false) : 0.0f;
+    return targets ? gpt2_loss(m, 0.0f, false) : 0.0f;
 }
 
 // Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
@@ -861,31 +864,41 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
 // ==============================================================================================
 // One step
 
-// Optimizer step `step` (from 1) on every rank: the passes of its micro-batches, the gradient sums
-// and norm, and AdamW at `lr` unless step_is_sound finds the step bad. Returns the step's mean loss:
-// every rank saw as many tokens, so it is the mean of the data-parallel ranks' means (the last
-// stage's, one tensor rank of each). With `dump` (--dump-state, when dump->on) the first step's
-// logits, loss and gradient are collected.
-static double train_step(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o, int step,
-                         float lr, BadSteps* bad_steps, GpuDump* dump, float* norm) {
-    const ProcessGrid& grid = par->grid;
-    if (dump && !dump->on) dump = nullptr;
+// The step's gradient starts from zero: the flat array (ZeRO-2/3's buckets are zeroed as each opens)
+// and the last pipeline stage's gradient of its copy of wte.
+static void zero_gradients(GPT2* m) {
     CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
     if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
-    double loss = forward_backward(m, par, train, plan, step, dump);
-    if (grid.pp > 1) finish_pipeline_gradients(m, par);
+}
+
+// --dump-state (llmc/probes/gpu_test_hooks.cuh): after the first step's gradient sum, its first
+// logits and loss and its (summed, unclipped) gradient, on rank 0. `reports`: this rank holds the
+// loss (the last stage, tensor rank 0 of data-parallel rank 0).
+static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
+    if (!dump_probe.first_step) return;
+    dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
+                            reports, download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements));
+}
+
+// Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
+// rank: the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound
+// finds the step bad.
+static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                             int step, BadSteps* bad_steps) {
+    const ProcessGrid& grid = par->grid;
+    StepResult r;
+    r.lr = learning_rate(plan.schedule, step - 1);
+    zero_gradients(m);
+    double loss = forward_backward(m, par, train, plan, step);
+    // the mean loss over every token of the step: the last stage's, one tensor rank of each
+    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = m->slice.last_stage && grid.tp_rank == 0;
-    loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
-    *norm = reduce_gradients(m, &par->world_gpu);
-    if (dump) {
-        dump_first_step(dump, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
-                        reports && grid.dp_rank == 0, download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements));
-    }
-    if (step_is_sound(bad_steps, step, loss, *norm, o.max_bad_steps, grid.rank == 0)) {
-        optimizer_step(m, o, lr, step, *norm);
-        if (grid.pp > 1) share_tied_weights(m, par);
-    }
-    return loss;
+    r.loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    r.norm = finish_gradients(m, par);
+    dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    return r;
 }
 
 // ==============================================================================================
@@ -1040,10 +1053,10 @@ static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag,
 }
 
 // --dump-state's end (llmc/probes/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
-static void dump_at_end(GPT2* m, Parallel* par, GpuDump* dump, const std::string& path, int B, int T) {
-    if (!dump->on) return;
+static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, int T) {
+    if (!dump_probe.on) return;
     std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
-    dump_finish(dump, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
+    dump_finish(&dump_probe, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
                 m->shape.master_weights ? &master : nullptr, path, B, T);
 }
 
@@ -1193,8 +1206,7 @@ int main(int argc, char** argv) {
         float loss = evaluate(m, &par, &val, o.val_batches);
         if (leader) report_val_loss(&mlog, step, loss);
     };
-    GpuDump dump;
-    dump.on = !o.dump_state.empty();
+    dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     BadSteps bad_steps;
     for (int step = first_step; step < plan.steps; step++) {
@@ -1205,20 +1217,19 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
-        float norm = 0.0f, lr = learning_rate(plan.schedule, step);
-        double step_loss = train_step(m, &par, &train, plan, o, step + 1, lr, &bad_steps, step == first_step ? &dump : nullptr, &norm);
+        StepResult r = train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and
         // 3rd steps' times alone give 23%; 20% predicted)
         if (step == first_step && plan.steps - first_step > 1) par.pipe.busy_seconds = par.pipe.schedule_seconds = 0;
-        dump_step_loss(&dump, step_loss);
+        dump_step_loss(&dump_probe, r.loss);
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
-            print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, mfu,
+            print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, mfu,
                             seconds * (plan.steps - step - 1));
-            metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, mfu, (double)peak_used);
+            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, mfu, (double)peak_used);
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
@@ -1232,7 +1243,7 @@ int main(int argc, char** argv) {
     if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, std::max(1, plan.steps - first_step - 1));
     if (leader) report_memory(m, peak_used);
 
-    dump_at_end(m, &par, &dump, o.dump_state, B, T);
+    dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
     release_all(m, &par);

@@ -41,6 +41,7 @@
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
 #include "llmc/parallel/tensor_parallel.h"
+#include "llmc/run/step.h"
 #include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
@@ -225,10 +226,9 @@ static float* lm_head_grads(GPT2* model, const ParamTensors<float>& ends) {
 }
 
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
-// `slot`. With targets, fills acts.losses and returns the mean loss; without, computes only the
-// logits and returns 0. A pipeline stage without the embedding finds its input in acts.encoded; one
-// without the head leaves its output in the last layer's residual3 and returns 0.
-float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, int slot = 0) {
+// `slot`, up to the logits (B, T, Vp). A pipeline stage without the embedding finds its input in
+// acts.encoded; one without the head leaves its output in the last layer's residual3.
+void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
     TensorParallel* tp = &model->tp;
@@ -291,7 +291,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
         residual_forward(residual3, residual3, residual2, R * C);
         release_unit_weights(model, unit_of_layer(L, l));
     }
-    if (!s.last_stage) return 0.0f;  // the last layer's residual3 goes to the next stage
+    if (!s.last_stage) return;  // the last layer's residual3 goes to the next stage
 
     const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
@@ -299,7 +299,17 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
     matmul_forward(a.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
     release_unit_weights(model, ends);
-    if (!targets) return 0.0f;
+}
+
+// Loss of the forward just run in slot `slot` (the last stage's), per token into acts.losses, and
+// the mean returned (summed in double). With tensor parallelism every tensor rank of the last stage
+// takes part (its logits are its vocabulary rows). gpt2_backward turns the logits into their gradient.
+float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
+    const ModelSlice& s = model->slice;
+    TensorParallel* tp = &model->tp;
+    int Vp = s.vocab_rows;
+    size_t BT = (size_t)B * T;
+    Activations& a = model->acts[(size_t)slot];
     if (tp->degree == 1) {
         crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, s.vocab_real, Vp);
     } else {
@@ -454,10 +464,8 @@ static const float* stage_output(GPT2* model, int slot) {
 }
 
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
-// schedule. Returns the mean loss over the micro-batches on the last stage (0 elsewhere); with
-// `first_logits`, keeps the first micro-batch's logits (real vocabulary columns of this rank).
-static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
-                               std::vector<float>* first_logits, float* first_loss) {
+// schedule. Returns the mean loss over the micro-batches on the last stage (0 elsewhere).
+static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
     const ModelSlice& s = model->slice;
     Comm* pp = &par->comms.pp;
     int stage = par->grid.pp_rank, m = plan.accumulation_steps, B = plan.B, T = plan.T;
@@ -481,20 +489,18 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             if (in_flight) comm_wait_sends(pp, in_flight);  // (also frees this slot: its sends are older)
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
-            float micro_loss = gpt2_forward(model, a.inputs.data(), a.targets.data(), B, T, slot);
-            par->times.busy_seconds += seconds_since(busy);
-            if (!s.last_stage) {
-                comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
-                          "sending activations to the next pipeline stage");
-            } else {
+            gpt2_forward(model, a.inputs.data(), B, T, slot);
+            if (s.last_stage) {
+                float micro_loss = gpt2_loss(model, a.targets.data(), B, T, slot);
+                par->times.busy_seconds += seconds_since(busy);
                 loss += micro_loss / m;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
-                if (first_logits && act.micro == 0) {
-                    size_t V = s.vocab_real, Vp = s.vocab_rows;
-                    first_logits->resize((size_t)B * T * V);
-                    for (size_t i = 0; i < (size_t)B * T; i++) memcpy(&(*first_logits)[i * V], &a.logits[i * Vp], V * sizeof(float));
-                    *first_loss = micro_loss;
-                }
+                // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
+                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, a.logits.data(), B * T, s, micro_loss);
+            } else {
+                par->times.busy_seconds += seconds_since(busy);
+                comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
+                          "sending activations to the next pipeline stage");
             }
         } else {
             if (!s.last_stage) {
@@ -548,8 +554,10 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
 
-static void optimizer_step(GPT2* model, Parallel* par, float lr, const TrainOptions& o, int t, float grad_scale) {
-    gpt2_update(model, lr, o, t, grad_scale);
+// Clipping and AdamW over the parameters this rank updates, then the data-parallel ranks share the
+// updated weights, and the first pipeline stage sends its wte to the last (the tied LM head).
+static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
     ProfileScope prof("communication (weights)", 0);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
@@ -569,12 +577,13 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
     Activations& a = model->acts[0];
     comm_wait_sends(pp, &a.sends);
     if (!s.first_stage) comm_recv(pp, a.encoded.data(), n, par->grid.pp_rank - 1, 0, "receiving activations (evaluation)");
-    float loss = gpt2_forward(model, inputs, targets, B, T, 0);
+    gpt2_forward(model, inputs, B, T, 0);
     if (!s.last_stage) {
         comm_send(pp, stage_output(model, 0), n, par->grid.pp_rank + 1, 0, &a.sends, "sending activations (evaluation)");
         comm_wait_sends(pp, &a.sends);
+        return 0.0f;
     }
-    return loss;
+    return targets ? gpt2_loss(model, targets, B, T, 0) : 0.0f;
 }
 
 // Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
@@ -694,22 +703,23 @@ static std::vector<size_t> held_bytes(GPT2* model) {
 }
 
 // ==============================================================================================
-// --dump-state (llmc/probes/state_dump.h): after the first step, its logits, loss and (summed, unclipped)
-// gradient, on rank 0; after every step, its loss; at the end, the weights, and rank 0 writes the file.
+// --dump-state (llmc/probes/state_dump.h): after the first step's gradient sum, its first logits and
+// loss and its (summed, unclipped) gradient, on rank 0; after every step, its loss (in main); at the
+// end, the weights, and rank 0 writes the file.
 
-static void dump_after_step(GPT2* model, Parallel* par, StateDump* d, bool first, double step_loss, size_t rows) {
-    if (!d->on) return;
-    if (first) {
-        const ModelSlice& s = model->slice;
-        dump_gather_logits(&par->comms.world, model->config, s, par->grid.dp_rank, d->first_logits, rows, &d->state.logits);
-        bool reports = s.last_stage && par->grid.tp_rank == 0 && par->grid.dp_rank == 0;
-        d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->state.loss : 0.0, "the first loss");
-        dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads);
-    }
-    d->state.losses.push_back((float)step_loss);
+static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
+    StateDump* d = &dump_probe;
+    if (!d->first_step) return;
+    const ModelSlice& s = model->slice;
+    dump_gather_logits(&par->comms.world, model->config, s, par->grid.dp_rank, d->first_logits, rows, &d->state.logits);
+    bool reports = s.last_stage && par->grid.tp_rank == 0 && par->grid.dp_rank == 0;
+    d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
+    dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads);
+    d->first_step = false;
 }
 
-static void dump_at_end(GPT2* model, Parallel* par, StateDump* d, const std::string& path, int B, int T) {
+static void dump_at_end(GPT2* model, Parallel* par, const std::string& path, int B, int T) {
+    StateDump* d = &dump_probe;
     if (!d->on) return;
     dump_gather_weights(&par->comms.world, model->zero, model->config, model->slice, weight_storage(model), model->lent_wte,
                         &d->state.params);
@@ -815,33 +825,32 @@ static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellas
 // ==============================================================================================
 // The training loop
 
-// One optimizer step (step + 1), the training loop's core: the gradients zeroed, forward and
-// backward of the step's micro-batches, the gradient summed and its norm, then AdamW unless the
-// step is unsound (llmc/run/training.h: step_is_sound). `dump`: the first step of --dump-state, whose
-// first logits and loss forward_backward keeps.
-struct StepResult {
-    double loss;  // the mean over every token of the step, all ranks together
-    float norm, lr;
-};
-
-static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
-                             int step, BadSteps* bad_steps, StateDump* dump) {
-    const ProcessGrid& grid = par->grid;
+// The step's gradient starts from zero: the flat array (ZeRO-2/3 add into buckets and keep their
+// shard), the shard, and the last pipeline stage's gradient of its copy of wte.
+static void zero_gradients(GPT2* model) {
     if (model->zero.stage <= 1) std::fill(model->grads.begin(), model->grads.end(), 0.0f);
     std::fill(model->zero.grad_shard.begin(), model->zero.grad_shard.end(), 0.0f);
     std::fill(model->lent_wte_grad.begin(), model->lent_wte_grad.end(), 0.0f);
-    double loss = forward_backward(model, par, train, plan, step + 1, dump ? &dump->first_logits : nullptr,
-                                   dump ? &dump->state.loss : nullptr);
+}
+
+// Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt.cu's) on every rank:
+// the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound finds
+// the step bad.
+static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                             int step, BadSteps* bad_steps) {
+    const ProcessGrid& grid = par->grid;
+    StepResult r;
+    r.lr = learning_rate(plan.schedule, step - 1);
+    zero_gradients(model);
+    double loss = forward_backward(model, par, train, plan, step);
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = model->slice.last_stage && grid.tp_rank == 0;
-    StepResult r;
     r.loss = comm_sum(&par->comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
     r.norm = finish_gradients(model, par);
-    r.lr = learning_rate(plan.schedule, step);
-    if (step_is_sound(bad_steps, step + 1, r.loss, r.norm, o.max_bad_steps, grid.rank == 0)) {
-        optimizer_step(model, par, r.lr, o, step + 1, clip_coefficient(r.norm, o.grad_clip));
-    }
+    dump_first_step(model, par, (size_t)plan.B * plan.T);  // --dump-state (llmc/probes/state_dump.h)
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    if (r.applied) optimizer_step(model, par, o, step, r.lr, r.norm);
     return r;
 }
 
@@ -917,8 +926,7 @@ int main(int argc, char** argv) {
         float loss = evaluate(&model, &par, &val, o.val_batches);
         if (leader) report_val_loss(&mlog, step, loss);
     };
-    StateDump dump;
-    dump.on = !o.dump_state.empty();
+    dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
     Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
     CommCounters last_step[4];
     BadSteps bad_steps;
@@ -932,18 +940,15 @@ int main(int argc, char** argv) {
         for (Comm* c : groups) c->counters = CommCounters{};
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
-        bool dump_now = dump.on && step == first_step;
-        StepResult r = train_step(&model, &par, &train, plan, o, step, &bad_steps, dump_now ? &dump : nullptr);
-        double step_loss = r.loss;
-        float norm = r.norm, lr = r.lr;
+        StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
         profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
-        dump_after_step(&model, &par, &dump, dump_now, step_loss, (size_t)B * T);
+        dump_step_loss(&dump_probe, r.loss);
         if (leader) {
-            print_step_line(step + 1, plan.steps, step_loss, lr, norm, seconds, plan.total_batch_tokens, -1,
+            print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
                             seconds * (plan.steps - step - 1));
-            metrics_step(&mlog, step + 1, step_loss, lr, norm, seconds, -1, peak_rss_bytes());
+            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes());
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
             fail_unless_weights_finite(&model, &par, step + 1);
@@ -957,7 +962,7 @@ int main(int argc, char** argv) {
         report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
     if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
-    dump_at_end(&model, &par, &dump, o.dump_state, B, T);
+    dump_at_end(&model, &par, o.dump_state, B, T);
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);

@@ -22,41 +22,27 @@
 #include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 
-struct GpuDump {
-    bool on = false;                 // --dump-state was given
-    DumpState state;
-    std::vector<float> logits;       // this rank's columns of the first micro-batch's logits (B*T, its vocab_real)
-    float loss = 0.0f;               // ... and its mean loss (on the last stage)
-};
-
-// Before the first step's first classifier: keeps this rank's real vocabulary columns of the
-// logits (rows x Vp on the device, downloaded by the caller), dropping the padding.
-inline void dump_keep_logits(GpuDump* d, const std::vector<float>& logits, size_t rows, size_t V, size_t Vp) {
-    d->logits.resize(rows * V);
-    for (size_t i = 0; i < rows; i++) memcpy(&d->logits[i * V], &logits[i * Vp], V * sizeof(float));
-}
+// The dump is llmc/probes/state_dump.h's StateDump, `dump_probe`, as in the CPU trainer: the step
+// keeps the first logits and loss in it (dump_keep_logits), and these collect the rest.
 
 // After the first step's gradient sum: the logits and loss kept above, and the summed gradient where
 // each rank's AdamW reads it (ZeRO-0: the whole flat array; ZeRO-1: its shard of it; ZeRO-2/3: its
 // gradient shards), all on rank 0. `grads` is this rank's GB_GRADS, widened; `reports`: this rank
 // holds the loss (the last stage, tensor rank 0 of data-parallel rank 0).
-inline void dump_first_step(GpuDump* d, Comm* world, GpuComm* world_gpu, const Zero& plan, const GPT2Config& cfg,
-                            const ModelSlice& slice, size_t rows, bool reports, const std::vector<float>& grads) {
-    dump_gather_logits(world, cfg, slice, plan.grid.dp_rank, d->logits, rows, &d->state.logits);
-    d->state.loss = (float)gpu_comm_sum(world_gpu, reports ? d->loss : 0.0, "the first loss");
+inline void dump_collect_first_step(StateDump* d, Comm* world, GpuComm* world_gpu, const Zero& plan, const GPT2Config& cfg,
+                                    const ModelSlice& slice, size_t rows, bool reports, const std::vector<float>& grads) {
+    dump_gather_logits(world, cfg, slice, plan.grid.dp_rank, d->first_logits, rows, &d->state.logits);
+    d->state.loss = (float)gpu_comm_sum(world_gpu, reports ? d->first_loss : 0.0, "the first loss");
     dump_gather_runs(world, zero_state_runs(plan, slice_runs(cfg, slice), false), grads.data(), plan.stage >= 2,
                      param_layout(cfg).total, &d->state.grads, "collecting the gradients");
-}
-
-inline void dump_step_loss(GpuDump* d, double loss) {
-    if (d->on) d->state.losses.push_back((float)loss);
+    d->first_step = false;
 }
 
 // After the last step: the weights (the fp32 master weights, every element from the ranks that keep
 // its state, or without master weights the bf16 weights `bf16`, already collected on rank 0 and
 // checked for identical copies), then rank 0 writes the file. `master` is this rank's GB_MASTER
 // (null without master weights).
-inline void dump_finish(GpuDump* d, Comm* world, const Zero& plan, const GPT2Config& cfg, const ModelSlice& slice,
+inline void dump_finish(StateDump* d, Comm* world, const Zero& plan, const GPT2Config& cfg, const ModelSlice& slice,
                         std::vector<float> bf16, const std::vector<float>* master, const std::string& path, int B, int T) {
     if (!master) {
         d->state.params = std::move(bf16);

@@ -10,6 +10,7 @@
 // slice's runs, narrowed by ZeRO to its shards.
 #pragma once
 
+#include <cstring>
 #include <string>
 #include <vector>
 #include "llmc/parallel/comm.h"
@@ -18,12 +19,29 @@
 #include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 
-// What a dump collects as the run goes.
+// What a dump collects as the run goes. Both trainers keep it in `dump_probe`, set up once in main,
+// so that their steps' signatures carry no test machinery: the step reads it at two named points.
 struct StateDump {
     bool on = false;                 // --dump-state was given
+    bool first_step = false;         // the step being taken is the run's first: keep its logits, loss, gradient
     DumpState state;
-    std::vector<float> first_logits; // the first micro-batch's logits, this rank's columns (filled by the step)
+    std::vector<float> first_logits; // the first micro-batch's logits, this rank's real vocabulary columns
+    float first_loss = 0.0f;         // ... and its mean loss (on the last stage)
 };
+inline StateDump dump_probe;
+
+// The first step's first micro-batch, after its loss: keeps this rank's real vocabulary columns of
+// the logits (rows x Vp, row-major), dropping the padding, and the loss.
+inline void dump_keep_logits(StateDump* d, const float* logits, size_t rows, const ModelSlice& s, float loss) {
+    size_t V = s.vocab_real, Vp = s.vocab_rows;
+    d->first_logits.resize(rows * V);
+    for (size_t i = 0; i < rows; i++) memcpy(&d->first_logits[i * V], &logits[i * Vp], V * sizeof(float));
+    d->first_loss = loss;
+}
+
+inline void dump_step_loss(StateDump* d, double loss) {
+    if (d->on) d->state.losses.push_back((float)loss);
+}
 
 // The weights, from where this rank stores them (its slice, or with ZeRO-3 its shard), and the last
 // pipeline stage's copy of the tied wte, which must equal the first stage's.

@@ -19,9 +19,16 @@
 //                                            clipping and AdamW on what this rank owns, then the
 //                                            ranks that share weights get them
 //
-// and return the same StepResult. The learning rate is the schedule's at the steps already taken
-// (step - 1): warmup starts at lr/warmup for the first step. Test probes (--dump-state) are not in
-// these signatures: they read the step from llmc/probes/, set up once in main.
+// and return the same StepResult. The learning rate is the schedule's for the steps already taken
+// (llmc/optim/schedule.h counts from 0: step n runs at learning_rate(n - 1)). Test probes
+// (--dump-state) are not in these signatures: the step reports to llmc/probes/state_dump.h's
+// dump_probe, set up once in main.
+//
+// Below forward_backward the passes' own arguments differ only where the memory does: the CPU's
+// gpt2_forward/gpt2_loss/gpt2_backward take the tokens and the shape (B, T) of each call, since it
+// also runs smaller forwards (a sample's window); the GPU's read the micro-batch uploaded into the
+// activation slot m->slot and always run the (B, T) they were planned for (one cuBLASLt/cuDNN plan
+// per shape), and its gpt2_loss also writes the logits' gradient in the same kernel.
 #pragma once
 
 struct StepResult {

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/io/dataloader.h"
@@ -45,12 +46,13 @@
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/sharding.h"
-#include "llmc/run/training.h"
+#include "llmc/run/step_report.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
 

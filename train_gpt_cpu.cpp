@@ -21,6 +21,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
@@ -35,13 +36,14 @@
 #include "llmc/model/model.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
+#include "llmc/run/step_report.h"
 #include "llmc/parallel/tensor_parallel.h"
-#include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
 

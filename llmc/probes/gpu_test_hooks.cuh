@@ -2,7 +2,7 @@
 // first reading. Each piece is called from one line of train_gpt.cu.
 //
 // --dump-state FILE writes what the tests compare against PyTorch, the CPU trainer and the one-rank
-// run (llmc/run/training.h's DumpState): the first step's first micro-batch's logits and loss, the first
+// run (llmc/probes/state_dump.h's DumpState): the first step's first micro-batch's logits and loss, the first
 // step's summed (unclipped) gradient, every step's loss, and the weights after the last step. Every
 // rank takes part; rank 0 collects every rank's elements in global coordinates (process_grid.h's
 // gather_to_rank0), which also checks that every copy of an element, on every rank that holds one,
@@ -19,7 +19,6 @@
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/probes/state_dump.h"
-#include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 
 struct GpuDump {

@@ -40,6 +40,7 @@
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/run/hellaswag.h"

@@ -30,6 +30,7 @@
 #include "llmc/probes/cpu_profile.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"

@@ -57,6 +57,7 @@
 #include <nccl.h>
 #include <vector>
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/rendezvous.h"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/parallel/sharding.h"
 

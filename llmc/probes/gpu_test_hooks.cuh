@@ -8,9 +8,9 @@
 // gather_to_rank0), which also checks that every copy of an element, on every rank that holds one,
 // is the same to the bit: replicas that drift apart fail the dump. On several ranks that needs MPI.
 //
-// The other test hooks live beside what they disturb: LLMC_TEST_FAULT (a rank that hangs, exits or
-// fails at a given step: llmc/parallel/comm.h's comm_inject_fault) and LLMC_TEST_PIPE_DELAY_MS (compute made
-// of sleeps, to measure the pipeline bubble: llmc/parallel/pipeline_parallel.h's pipeline_test_delay).
+// The other test hooks: LLMC_TEST_FAULT (a rank that hangs, exits or fails at a given step:
+// llmc/probes/fault_injection.h's comm_inject_fault) and, beside what it disturbs, LLMC_TEST_PIPE_DELAY_MS
+// (compute made of sleeps, to measure the pipeline bubble: llmc/parallel/pipeline_parallel.h's pipeline_test_delay).
 #pragma once
 
 #include <cstring>

@@ -7,7 +7,8 @@
 //   checksums.txt                  a hash and a size per file, to find bytes damaged after writing
 // In order below: the checksums; which directories are complete, and which one --resume picks;
 // writing (into "<dir>.tmp", then one atomic rename, so a crash leaves no new checkpoint or a
-// complete one); reading the state back on any grid; and checking it against the run that resumes.
+// complete one); reading the state back on any grid (and model.bin assembled from it, when no rank
+// held every weight); and checking it against the run that resumes.
 // Why one file: saving, publishing, verifying, choosing and reading back are one protocol, and a
 // change to one of them (a new file in the directory) must be made in all. The bytes of each file
 // are llmc/io/formats.h's; the weights a resumed run starts from are loaded by llmc/run/plan.h.

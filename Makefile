@@ -49,7 +49,7 @@ HOST_HEADERS := $(wildcard llmc/*.h llmc/*/*.h) $(UNICODE_TABLES)
 
 # Both trainers run on several ranks over MPI (mpirun -np N) when MPI is installed; without it the
 # CPU trainer is a single-rank program, and the GPU trainer still runs many ranks under srun (NCCL
-# finds its peers through LLMC_RENDEZVOUS, see llmc/parallel/comm.h). `make USE_MPI=0` forces the MPI-less
+# finds its peers through LLMC_RENDEZVOUS, see llmc/parallel/rendezvous.h). `make USE_MPI=0` forces the MPI-less
 # build. nvcc compiles the GPU trainer's host code with mpicxx, which adds MPI's headers and libraries.
 MPICXX  ?= $(shell command -v mpicxx 2>/dev/null)
 USE_MPI ?= $(if $(MPICXX),1,0)

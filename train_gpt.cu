@@ -35,23 +35,24 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/sharding.h"
-#include "llmc/run/step.h"
-#include "llmc/run/training.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
 
@@ -775,7 +776,7 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
     return all;
 }
 
-// A checkpoint (llmc/run/run.h: write_checkpoint says which rank writes which file), from the GPU's
+// A checkpoint (llmc/run/checkpoint.h: write_checkpoint says which rank writes which file), from the GPU's
 // buffers: model.bin the bf16 weights bit for bit (fp32 in the fp32 build); the state files the
 // fp32 master weights beside m and v, or without them the bf16 weights widened. Without a rank
 // holding every weight, every rank sends its slice to rank 0. On the same grid a resumed run reads

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
@@ -29,20 +30,21 @@
 #include "llmc/probes/cpu_profile.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
-#include "llmc/parallel/tensor_parallel.h"
 #include "llmc/run/step.h"
-#include "llmc/run/training.h"
+#include "llmc/parallel/tensor_parallel.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
 
@@ -663,7 +665,7 @@ static void fail_unless_weights_finite(GPT2* model, Parallel* par, int step) {
     }
 }
 
-// A checkpoint (llmc/run/run.h: write_checkpoint says which rank writes which file). The CPU's weights
+// A checkpoint (llmc/run/checkpoint.h: write_checkpoint says which rank writes which file). The CPU's weights
 // and optimizer state are on the host already; without a rank holding every weight, rank 0
 // assembles model.bin from the state files' weights.
 static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, const RunPlan& plan, int step,

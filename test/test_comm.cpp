@@ -1,5 +1,5 @@
 // test_comm.cpp — the parts of llmc/parallel/comm.h that need no MPI: how a process learns its rank from
-// the launcher's environment, and the file and TCP rendezvous that hand NCCL's unique id from
+// the launcher's environment, and the file and TCP rendezvous (llmc/parallel/rendezvous.h) that hand NCCL's unique id from
 // rank 0 to every rank when there is no MPI. Ranks are simulated with fork(): each child is one
 // rank, reports what it received through its exit code, and the parent checks.
 #include <sys/wait.h>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/rendezvous.h"
 
 static int failures = 0;
 

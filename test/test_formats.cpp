@@ -13,7 +13,7 @@
 #include "llmc/io/formats.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/model/model.h"
-#include "llmc/run/training.h"
+#include "llmc/optim/schedule.h"
 
 static int failures = 0;
 

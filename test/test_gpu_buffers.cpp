@@ -4,7 +4,7 @@
 #include <string>
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/parallel/process_grid.h"
-#include "llmc/run/training.h"
+#include "llmc/run/step.h"
 
 static int failures = 0;
 static void check(bool ok, const char* name, const std::string& why) {

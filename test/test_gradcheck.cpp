@@ -22,9 +22,11 @@ static double directional_derivative(GPT2* model, const std::vector<int>& x, con
                                      const std::vector<float>& dir, float eps) {
     std::vector<float> saved = model->params;
     for (size_t i = 0; i < dir.size(); i++) model->params[i] = saved[i] + eps * dir[i];
-    double plus = gpt2_forward(model, x.data(), y.data(), B, T);
+    gpt2_forward(model, x.data(), B, T);
+    double plus = gpt2_loss(model, y.data(), B, T);
     for (size_t i = 0; i < dir.size(); i++) model->params[i] = saved[i] - eps * dir[i];
-    double minus = gpt2_forward(model, x.data(), y.data(), B, T);
+    gpt2_forward(model, x.data(), B, T);
+    double minus = gpt2_loss(model, y.data(), B, T);
     model->params = saved;
     return (plus - minus) / (2.0 * eps);
 }
@@ -59,7 +61,8 @@ int main() {
         x[i] = (int)(splitmix64(i) % 96);
         y[i] = (int)(splitmix64(1000 + i) % 96);
     }
-    gpt2_forward(&model, x.data(), y.data(), B, T);
+    gpt2_forward(&model, x.data(), B, T);
+    gpt2_loss(&model, y.data(), B, T);
     std::fill(model.grads.begin(), model.grads.end(), 0.0f);
     gpt2_backward(&model, x.data(), y.data(), B, T, 1.0f / (B * T));
 

@@ -42,7 +42,9 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/parallel/tensor_parallel.h"
-#include "llmc/run/training.h"
+#include "llmc/run/checkpoint.h"
+#include "llmc/run/plan.h"
+#include "llmc/run/step.h"
 #include "llmc/parallel/zero.h"
 
 // ==============================================================================================
@@ -507,7 +509,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
         e.peak_source = "--estimate-peak-tflops";
     } else if (trainer == Trainer::GPU) {
         e.peak_flops = gpu_peak_bf16_tflops("H100 SXM") * 1e12;
-        e.peak_source = "H100 SXM, dense bf16 (llmc/run/training.h); --estimate-peak-tflops for another";
+        e.peak_source = "H100 SXM, dense bf16 (llmc/run/step.h); --estimate-peak-tflops for another";
     }
     return e;
 }

@@ -1,6 +1,6 @@
 // comm_nccl.cuh — the gradient exchange between GPUs: NCCL communicators, stall detection, and a
-// host-staged fallback for several ranks on one GPU. The host side (ranks, MPI, rendezvous,
-// failing together) is llmc/parallel/comm.h; read that first.
+// host-staged fallback for several ranks on one GPU. The host side (ranks, MPI, failing together)
+// is llmc/parallel/comm.h, with the rendezvous in llmc/parallel/rendezvous.h; read those first.
 //
 // NCCL runs collectives as CUDA kernels that move data GPU to GPU over NVLink, PCIe or the network
 // (InfiniBand, RoCE), choosing rings or trees by itself. The same collectives as comm.h, with the
@@ -21,7 +21,7 @@
 // where it needs a collective's result, the HOST waits, in gpu_comm_wait, against the deadline.
 //
 // Setup: every rank needs the same 128-byte ncclUniqueId, made by rank 0 (ncclGetUniqueId). With
-// MPI it is broadcast; without (plain srun) it goes through LLMC_RENDEZVOUS (comm.h). Then each rank
+// MPI it is broadcast; without (plain srun) it goes through LLMC_RENDEZVOUS (rendezvous.h). Then each rank
 // calls ncclCommInitRankConfig(world, id, rank) on its own GPU: local_rank % (GPUs on the node).
 //
 // Failure: a kernel waiting for a peer that died waits forever, and the host never notices
@@ -57,6 +57,7 @@
 #include <nccl.h>
 #include <vector>
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/rendezvous.h"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/parallel/sharding.h"
 

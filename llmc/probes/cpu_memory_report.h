@@ -18,7 +18,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
-#include "llmc/run/training.h"
+#include "llmc/run/plan.h"
 #include "llmc/utils.h"
 
 // The prediction's setup for this run (what --estimate would be given for it).

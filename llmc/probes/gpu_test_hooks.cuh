@@ -2,15 +2,15 @@
 // first reading. Each piece is called from one line of train_gpt.cu.
 //
 // --dump-state FILE writes what the tests compare against PyTorch, the CPU trainer and the one-rank
-// run (llmc/run/training.h's DumpState): the first step's first micro-batch's logits and loss, the first
+// run (llmc/probes/state_dump.h's DumpState): the first step's first micro-batch's logits and loss, the first
 // step's summed (unclipped) gradient, every step's loss, and the weights after the last step. Every
 // rank takes part; rank 0 collects every rank's elements in global coordinates (process_grid.h's
 // gather_to_rank0), which also checks that every copy of an element, on every rank that holds one,
 // is the same to the bit: replicas that drift apart fail the dump. On several ranks that needs MPI.
 //
-// The other test hooks live beside what they disturb: LLMC_TEST_FAULT (a rank that hangs, exits or
-// fails at a given step: llmc/parallel/comm.h's comm_inject_fault) and LLMC_TEST_PIPE_DELAY_MS (compute made
-// of sleeps, to measure the pipeline bubble: llmc/parallel/pipeline_parallel.h's pipeline_test_delay).
+// The other test hooks: LLMC_TEST_FAULT (a rank that hangs, exits or fails at a given step:
+// llmc/probes/fault_injection.h's comm_inject_fault) and, beside what it disturbs, LLMC_TEST_PIPE_DELAY_MS
+// (compute made of sleeps, to measure the pipeline bubble: llmc/parallel/pipeline_parallel.h's pipeline_test_delay).
 #pragma once
 
 #include <cstring>
@@ -19,7 +19,6 @@
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/probes/state_dump.h"
-#include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 
 // The dump is llmc/probes/state_dump.h's StateDump, `dump_probe`, as in the CPU trainer: the step

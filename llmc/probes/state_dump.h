@@ -1,5 +1,5 @@
 // state_dump.h — --dump-state: the first step's logits, loss and gradient, every step's loss and
-// the final weights, written by rank 0 as one file (llmc/run/training.h: write_dump_state) that the
+// the final weights, written by rank 0 as one file (write_dump_state, below) that the
 // tests compare with PyTorch and with the one-rank run. Test machinery, not part of training: the
 // CPU trainer calls it from one line in its step and one at the end; llmc/probes/gpu_test_hooks.cuh uses
 // its gathers for the GPU trainer's dump.
@@ -16,8 +16,29 @@
 #include "llmc/parallel/comm.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/process_grid.h"
-#include "llmc/run/training.h"
+#include "llmc/io/safetensors.h"
 #include "llmc/parallel/zero.h"
+
+// The --dump-state file (safetensors), identical for both trainers; test/test_vs_pytorch.py reads it:
+//   logits [B, T, V]  first micro-batch's logits, padding dropped     loss [1]  its mean loss
+//   grads  [P]        the first step's gradient, before clipping      losses [steps]  each step's loss
+//   params [P]        the weights after the last step
+struct DumpState {
+    std::vector<float> logits, grads, losses, params;
+    float loss = 0.0f;
+};
+
+inline void write_dump_state(const std::string& path, const DumpState& d, const GPT2Config& cfg, int B, int T,
+                             const char* trainer) {
+    std::vector<SafetensorsTensor> tensors = {
+        {"logits", "F32", {B, T, cfg.vocab_size}, d.logits.data(), d.logits.size() * 4},
+        {"loss", "F32", {1}, &d.loss, 4},
+        {"grads", "F32", {(int64_t)d.grads.size()}, d.grads.data(), d.grads.size() * 4},
+        {"losses", "F32", {(int64_t)d.losses.size()}, d.losses.data(), d.losses.size() * 4},
+        {"params", "F32", {(int64_t)d.params.size()}, d.params.data(), d.params.size() * 4},
+    };
+    write_safetensors(path, tensors, {{"trainer", trainer}, {"config", describe_config(cfg)}});
+}
 
 // What a dump collects as the run goes. Both trainers keep it in `dump_probe`, set up once in main,
 // so that their steps' signatures carry no test machinery: the step reads it at two named points.

@@ -1,6 +1,6 @@
 // run.h — the parts of a training run that are not the model's math, written once for both trainers:
-// leaving on a grid that cannot work, the validation loop, HellaSwag, the sampling loop and the
-// checkpoint's files. Each trainer hands
+// leaving on a grid that cannot work, the validation loop, HellaSwag, and the sampling loop with its
+// decoder. (Checkpoints are llmc/run/checkpoint.h's.) Each trainer hands
 // in its forward pass as a callback (a lambda), so the loops here see only tokens in and a loss or
 // logits out, wherever the model's bytes live.
 //
@@ -22,7 +22,7 @@
 #include "llmc/run/metrics.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/sampler.h"
-#include "llmc/run/training.h"
+#include "llmc/io/tokenizer.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
 
@@ -89,6 +89,47 @@ inline void collect_logits_row(Comm* world, bool holds, const ModelSlice& s, con
     gather_to_rank0(world, runs, mine, out, (size_t)vocab_size, "collecting the logits of a sample");
 }
 
+// Samples: generated from <|endoftext|>, printed as text through GPT-2's tokenizer when its files are
+// in --tokenizer DIR (scripts/get_vocab.sh puts them in data/gpt2), else as token ids.
+
+// Samples are drawn every --sample-every steps after the first, and once more at the end. A resumed
+// run samples at the same steps as an uninterrupted one (its RNG state comes from the checkpoint).
+inline bool is_sample_step(const TrainOptions& o, int step) {
+    return o.sample_every > 0 && step > 0 && step % o.sample_every == 0;
+}
+
+struct SampleDecoder {
+    Tokenizer tokenizer;
+    bool loaded = false;
+};
+
+inline void sample_decoder_init(SampleDecoder* d, const TrainOptions& o, const GPT2Config& cfg) {
+    if (o.sample_every <= 0) return;
+    std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
+    if (cfg.vocab_size != 50257) {
+        printf("samples: the model's vocabulary (%d) is not GPT-2's; printing token ids\n", cfg.vocab_size);
+    } else if (!file_exists(encoder) || !file_exists(merges)) {
+        printf("samples: no GPT-2 tokenizer in '%s' (scripts/get_vocab.sh fetches it); printing token ids\n", o.tokenizer_dir.c_str());
+    } else {
+        std::string error;
+        d->loaded = d->tokenizer.load(encoder, merges, &error);
+        if (!d->loaded) printf("samples: could not load the tokenizer (%s); printing token ids\n", error.c_str());
+    }
+}
+
+inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& generated) {
+    if (d.loaded) {
+        // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
+        printf("sample: %s\n", utf8_replace_invalid(d.tokenizer.decode(generated)).c_str());
+    } else {
+        printf("sample:");
+        for (int id : generated) printf(" %d", id);
+        printf("\n");
+    }
+    printf("--------\n");
+    fflush(stdout);
+}
+
 // Generates o.sample_tokens tokens after <|endoftext|>, one forward pass per token over the last
 // `window` tokens (no key/value cache: simple, and cheap enough at these sizes), and rank 0 prints
 // them. `next_logits(tokens, len)` runs the forward pass on the last `len` of `tokens` and returns
@@ -115,42 +156,4 @@ inline void open_training_data(DataLoader* train, const TrainOptions& o, const G
     if (o.eval_only) return;
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     dataloader_init(train, o.train_data, o.batch_size, T, g.dp_rank, g.dp, cfg.vocab_size, "training data", "--train-data");
-}
-
-// A checkpoint, every rank together (llmc/run/training.h: written into "<dir>.tmp", checksummed, then
-// renamed into place, so a crash leaves no new checkpoint or a complete one). The files hold the
-// model in global coordinates, so any grid can resume from them (read_state_runs):
-//   model.bin          the weights; written by rank 0 when it holds them all (data parallelism,
-//                      ZeRO-0..2), else assembled on rank 0 from every rank's
-//   state.bin          ZeRO-0 data parallelism (and one rank): rank 0's optimizer state, for everything
-//   state_rank<r>.bin  otherwise rank r's m and v, and weights (fp32 master weights, or the
-//                      weights themselves when model.bin cannot come from rank 0 alone), for the
-//                      elements it writes (zero_state_runs), as runs of the model
-// What differs between the trainers is only where the bytes live, so they hand in three callbacks.
-struct CheckpointParts {
-    bool master_weights = false;  // the state files carry fp32 master weights beside m and v
-    std::function<void(const std::string& path)> write_model_bin;     // rank 0, holding every weight
-    std::function<void(TrainState* s)> fill_state;                     // this rank's share (zero_fill_state)
-    std::function<void(const std::string& dir)> assemble_model_bin;   // every rank, when none holds them all
-};
-
-template <class Barrier>
-inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, int step, size_t num_params, const RunPlan& plan,
-                             uint64_t sampler_rng, const LoaderPosition& train_position, const CheckpointParts& parts,
-                             Barrier barrier) {
-    bool leader = g.rank == 0;
-    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
-    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
-    std::string tmp = open_checkpoint_together(out_dir, step, g.rank, barrier);
-    if (leader && rank0_holds_weights) parts.write_model_bin(tmp + "/model.bin");
-    if (leader || !one_state_file) {
-        TrainState s;
-        s.header = train_state_header(step, num_params, ShardRange{}, g.rank, g.world, g.zero_stage, plan, sampler_rng,
-                                      train_position);
-        s.header.has_master_weights = parts.master_weights || !rank0_holds_weights;
-        parts.fill_state(&s);
-        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
-    }
-    if (!rank0_holds_weights) parts.assemble_model_bin(tmp);
-    publish_checkpoint_together(out_dir, step, g.rank, barrier);
 }

@@ -1,4 +1,5 @@
-// step.h — the shape of one training step, the same in both trainers.
+// step.h — one training step, the same in both trainers: its shape, its result, the verdict on a
+// step that went wrong, and its one line.
 //
 // train_gpt_cpu.cpp and train_gpt.cu each have a train_step() that a reader can hold side by side,
 // line for line. Both take the same arguments, count steps the same way and split the work at the
@@ -29,7 +30,19 @@
 // also runs smaller forwards (a sample's window); the GPU's read the micro-batch uploaded into the
 // activation slot m->slot and always run the (B, T) they were planned for (one cuBLASLt/cuDNN plan
 // per shape), and its gpt2_loss also writes the logits' gradient in the same kernel.
+//
+// What both trainers then do with a step's loss and norm is here too: whether its update may be
+// applied (a step that went wrong is skipped, and too many in a row stop the run before a
+// checkpoint could save bad weights), and its one printed line, whose MFU is measured against the
+// GPU's peak from the table below; the same in both, so that their logs read alike and scripts
+// parse either.
 #pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include "llmc/utils.h"
 
 struct StepResult {
     double loss = 0.0;     // the mean over every token of the step, all ranks together
@@ -37,3 +50,71 @@ struct StepResult {
     float lr = 0.0f;       // the learning rate the step used
     bool applied = false;  // false when the loss or the norm was not finite and the update was skipped
 };
+
+// ----------------------------------------------------------------------------------------------
+// A step that went wrong
+
+// A loss or gradient norm that is not finite (an overflow in one micro-batch, a learning rate far too
+// high) would write NaN into every weight the update touches, and the next checkpoint would save
+// them: a run that cannot be resumed. So such a step's update is skipped: the weights and AdamW's
+// state stay those of the last sound step, and the step counts as done (the schedule and the data
+// move on, as they would have). One bad batch is survived; --max-bad-steps in a row (default 3) mean
+// the run has diverged, and it stops, naming the step, before a checkpoint could be written from bad
+// weights. Every rank sees the same all-reduced loss and norm, so every rank decides the same.
+struct BadSteps {
+    int in_a_row = 0;
+};
+
+// Whether to apply this step's update (`step` counts from 1); prints a line when skipping (`leader`),
+// fails when the run has diverged.
+inline bool step_is_sound(BadSteps* b, int step, double loss, float norm, int max_bad_steps, bool leader) {
+    if (std::isfinite(loss) && std::isfinite(norm)) {
+        b->in_a_row = 0;
+        return true;
+    }
+    b->in_a_row++;
+    if (b->in_a_row >= max_bad_steps) {
+        fail("step %d: the loss is %g and the gradient norm %g, %d step%s in a row (--max-bad-steps %d): training diverged; "
+             "stopped before any update or checkpoint from non-finite values. Lower --lr, raise --warmup-steps, or check "
+             "--grad-clip", step, loss, (double)norm, b->in_a_row, b->in_a_row == 1 ? "" : "s", max_bad_steps);
+    }
+    if (leader) {
+        printf("step %d: the loss is %g and the gradient norm %g: update skipped, the weights are kept (%d of --max-bad-steps %d "
+               "in a row)\n", step, loss, (double)norm, b->in_a_row, max_bad_steps);
+    }
+    return false;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Reporting
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345 | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
+// (scripts parse "<number> ms" and "<number> tok/s" from this line).
+inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
+                            double mfu_percent, double eta_seconds) {
+    printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step, steps, loss, lr, norm,
+           seconds * 1e3, tokens / seconds);
+    if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
+    if (eta_seconds >= 0) {
+        int s = (int)eta_seconds;
+        if (s >= 3600) printf(" | ETA %dh%02dm", s / 3600, (s % 3600) / 60);
+        else printf(" | ETA %dm%02ds", s / 60, s % 60);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+// Dense bf16 tensor-core peak of the GPUs we know, in TFLOP/s, by CUDA device name (0 = unknown):
+// the denominator of MFU. "H100 80GB HBM3" is the SXM part.
+inline double gpu_peak_bf16_tflops(const std::string& name) {
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("H200")) return 989.0;
+    if (has("H100") && has("PCIe")) return 756.0;
+    if (has("H100") && (has("SXM") || has("HBM3"))) return 989.0;
+    if (has("A100")) return 312.0;
+    return 0.0;
+}

@@ -1,24 +1,31 @@
-// training.h — the bookkeeping of a training run, shared by the CPU and the GPU trainer.
-//
-// Everything about a run that is not arithmetic on tensors: where the model comes from (a
-// checkpoint, a file, or a fresh initialisation), the batch geometry (micro-batch, accumulation,
-// tokens per step), the learning-rate schedule, checkpoint directories and how they are published
-// atomically, the one-line step report, and the --dump-state file the tests read. The trainers
-// differ in how they compute a step; they must not differ in any of this.
+// checkpoint.h — checkpoints, all of them: how a run is saved so that it can stop at any moment and
+// continue bit for bit, on the same grid or on another. A checkpoint is a directory,
+// out_dir/ckpt_<step, 8 digits>, written by every rank together:
+//   model.bin                      the weights (llm.c's model file)
+//   state.bin, state_rank<r>.bin   AdamW's m and v (and weights), the step, the data loader's
+//                                  position and the sampler's RNG, in global coordinates
+//   checksums.txt                  a hash and a size per file, to find bytes damaged after writing
+// In order below: the checksums; which directories are complete, and which one --resume picks;
+// writing (into "<dir>.tmp", then one atomic rename, so a crash leaves no new checkpoint or a
+// complete one); reading the state back on any grid (and model.bin assembled from it, when no rank
+// held every weight); and checking it against the run that resumes.
+// Why one file: saving, publishing, verifying, choosing and reading back are one protocol, and a
+// change to one of them (a new file in the directory) must be made in all. The bytes of each file
+// are llmc/io/formats.h's; the weights a resumed run starts from are loaded by llmc/run/plan.h.
 #pragma once
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 #include "llmc/run/cli.h"
-#include "llmc/io/dataloader.h"
 #include "llmc/io/formats.h"
 #include "llmc/model/model.h"
-#include "llmc/io/safetensors.h"
-#include "llmc/optim/schedule.h"
-#include "llmc/io/tokenizer.h"
+#include "llmc/run/plan.h"
+#include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/utils.h"
 
@@ -101,118 +108,7 @@ inline std::string checkpoint_checksum_problem(const std::string& dir) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The model to start from
-
-// Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
-// may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
-// `announce`: the rank that prints says which newer checkpoints it skipped, and why.
-inline std::string latest_checkpoint(const std::string& out_dir, bool announce = false);
-inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = false) {
-    if (o.resume.empty()) return "";
-    if (o.resume == "auto") return latest_checkpoint(o.out_dir, announce);
-    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
-    if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
-    if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
-    std::string problem = o.resume == "latest" ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
-    if (!problem.empty()) fail("--resume '%s': %s; resume from another checkpoint", dir.c_str(), problem.c_str());
-    return dir;
-}
-
-// Loads the weights from the checkpoint (when resuming) or --model (a file or a descriptor), as fp32
-// on the host. Returns a description of where they came from, for the log.
-inline std::string load_initial_model(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg,
-                                      std::vector<float>* params) {
-    if (resume_dir.empty() && parse_model_descriptor(o.model, cfg)) {
-        std::string why;
-        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
-        params->assign(param_layout(*cfg).total, 0.0f);
-        init_gpt2_params(*cfg, o.seed, params->data(), 0, params->size());
-        return "new " + o.model + ", seed " + std::to_string(o.seed);
-    }
-    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
-    if (!file_exists(path)) {
-        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
-    }
-    read_model_file(path, cfg, params);
-    return path;
-}
-
-// The model's shape, from the checkpoint (when resuming), a model file, or a descriptor, without
-// reading any weights (a rank of a process grid reads only its slice of them). Sets *new_model when
-// the weights are to be initialised. Returns a description of the source, for the log.
-inline std::string load_model_config(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg, bool* new_model) {
-    *new_model = resume_dir.empty() && parse_model_descriptor(o.model, cfg);
-    if (*new_model) {
-        std::string why;
-        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
-        return "new " + o.model + ", seed " + std::to_string(o.seed);
-    }
-    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
-    if (!file_exists(path)) {
-        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
-    }
-    *cfg = read_model_header(path).config;
-    return path;
-}
-
-// ----------------------------------------------------------------------------------------------
-// Batch geometry and schedule
-
-struct RunPlan {
-    int B = 0, T = 0;                   // micro-batch per rank
-    int world_size = 1;                 // data-parallel ranks
-    int64_t total_batch_tokens = 0;     // tokens per optimizer step, all ranks together
-    int accumulation_steps = 1;         // micro-batches per rank per step
-    int steps = 0;
-    ScheduleConfig schedule;
-};
-
-inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_size, int64_t train_tokens_per_epoch) {
-    RunPlan r;
-    r.B = o.batch_size;
-    r.T = o.seq_len > 0 ? o.seq_len : cfg.max_seq_len;
-    r.world_size = world_size;
-    if (r.T > cfg.max_seq_len) usage_fail("--seq-len %d exceeds the model's maximum sequence length %d", r.T, cfg.max_seq_len);
-    int64_t tokens_per_micro_step = (int64_t)r.B * r.T * world_size;
-    r.total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro_step;
-    if (r.total_batch_tokens % tokens_per_micro_step != 0) {
-        usage_fail("--total-batch-tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)r.total_batch_tokens,
-                   r.B, r.T, world_size, (long long)tokens_per_micro_step);
-    }
-    r.accumulation_steps = (int)(r.total_batch_tokens / tokens_per_micro_step);
-    r.steps = o.steps > 0 ? o.steps : (int)std::max<int64_t>(1, train_tokens_per_epoch / r.total_batch_tokens);
-    if (!parse_lr_schedule(o.lr_schedule, &r.schedule.kind)) {
-        usage_fail("--lr-schedule '%s' is not one of cosine, linear, constant, wsd", o.lr_schedule.c_str());
-    }
-    r.schedule.max_lr = o.lr;
-    r.schedule.warmup_steps = o.warmup_steps;
-    r.schedule.total_steps = r.steps;
-    r.schedule.final_lr_fraction = o.final_lr_fraction;
-    r.schedule.decay_fraction = o.decay_fraction;
-    return r;
-}
-
-// ----------------------------------------------------------------------------------------------
 // Checkpoints: out_dir/ckpt_00001000/{model.bin, state.bin} (state_rank<r>.bin with ZeRO-1)
-
-// The start-up lines both trainers print about their data and, after a resume on another grid,
-// about the resharding. `val` is null without validation data; `train` is unused with --eval-only.
-inline std::string describe_data(const DataLoader& train, const DataLoader* val, bool eval_only) {
-    std::string out;
-    if (!eval_only) out = strprintf("data: %zu training shard%s (%lld tokens)", train.files.size(),
-                                    train.files.size() == 1 ? "" : "s", (long long)train.tokens_per_epoch);
-    if (val) out += strprintf("%s%zu validation shard%s", eval_only ? "data: " : ", ", val->files.size(), val->files.size() == 1 ? "" : "s");
-    return out + "\n";
-}
-// Empty when the checkpoint was written by the grid (ranks, ZeRO stage, tensor x pipeline) of this run.
-inline std::string describe_reshard(const TrainStateHeader& written, int world, int zero_stage, int tp, int pp) {
-    int old_tp = std::max(1, (int)written.tensor_parallel), old_pp = std::max(1, (int)written.pipeline_parallel);
-    if (written.world_size == world && written.zero_stage == zero_stage && old_tp == tp && old_pp == pp) return "";
-    auto grid_of = [](int t, int p) { return t > 1 || p > 1 ? strprintf(" (tp %d x pp %d)", t, p) : std::string(); };
-    return strprintf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
-                     (int)written.world_size, written.world_size == 1 ? "" : "s", (int)written.zero_stage,
-                     grid_of(old_tp, old_pp).c_str(), world, zero_stage, grid_of(tp, pp).c_str());
-}
 
 inline std::string checkpoint_dir(const std::string& out_dir, int step) {
     return out_dir + strprintf("/ckpt_%08d", step);
@@ -244,7 +140,7 @@ inline std::string checkpoint_problem(const std::string& dir) {
 }
 
 // The newest complete checkpoint in out_dir, or "" (directories still named *.tmp are incomplete).
-inline std::string latest_checkpoint(const std::string& out_dir, bool announce) {
+inline std::string latest_checkpoint(const std::string& out_dir, bool announce = false) {
     std::vector<std::string> found;
     for (const std::string& path : expand_glob(out_dir + "/ckpt_*")) {
         std::string name = path.substr(path.rfind('/') + 1);
@@ -256,6 +152,20 @@ inline std::string latest_checkpoint(const std::string& out_dir, bool announce) 
         if (announce) printf("resume: skipping %s: %s\n", found[i].c_str(), problem.c_str());
     }
     return "";
+}
+
+// Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
+// may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
+// `announce`: the rank that prints says which newer checkpoints it skipped, and why.
+inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = false) {
+    if (o.resume.empty()) return "";
+    if (o.resume == "auto") return latest_checkpoint(o.out_dir, announce);
+    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
+    if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
+    if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
+    std::string problem = o.resume == "latest" ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
+    if (!problem.empty()) fail("--resume '%s': %s; resume from another checkpoint", dir.c_str(), problem.c_str());
+    return dir;
 }
 
 // A checkpoint is written into "<dir>.tmp" and then renamed to <dir>: the rename is atomic, so a
@@ -326,6 +236,45 @@ inline TrainStateHeader train_state_header(int step, size_t num_params, ShardRan
     h.train_loader = train_loader;
     return h;
 }
+
+// A checkpoint, every rank together (open_checkpoint_together and publish_checkpoint_together above: written into "<dir>.tmp", checksummed, then
+// renamed into place, so a crash leaves no new checkpoint or a complete one). The files hold the
+// model in global coordinates, so any grid can resume from them (read_state_runs):
+//   model.bin          the weights; written by rank 0 when it holds them all (data parallelism,
+//                      ZeRO-0..2), else assembled on rank 0 from every rank's
+//   state.bin          ZeRO-0 data parallelism (and one rank): rank 0's optimizer state, for everything
+//   state_rank<r>.bin  otherwise rank r's m and v, and weights (fp32 master weights, or the
+//                      weights themselves when model.bin cannot come from rank 0 alone), for the
+//                      elements it writes (zero_state_runs), as runs of the model
+// What differs between the trainers is only where the bytes live, so they hand in three callbacks.
+struct CheckpointParts {
+    bool master_weights = false;  // the state files carry fp32 master weights beside m and v
+    std::function<void(const std::string& path)> write_model_bin;     // rank 0, holding every weight
+    std::function<void(TrainState* s)> fill_state;                     // this rank's share (zero_fill_state)
+    std::function<void(const std::string& dir)> assemble_model_bin;   // every rank, when none holds them all
+};
+
+template <class Barrier>
+inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, int step, size_t num_params, const RunPlan& plan,
+                             uint64_t sampler_rng, const LoaderPosition& train_position, const CheckpointParts& parts,
+                             Barrier barrier) {
+    bool leader = g.rank == 0;
+    bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
+    bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
+    std::string tmp = open_checkpoint_together(out_dir, step, g.rank, barrier);
+    if (leader && rank0_holds_weights) parts.write_model_bin(tmp + "/model.bin");
+    if (leader || !one_state_file) {
+        TrainState s;
+        s.header = train_state_header(step, num_params, ShardRange{}, g.rank, g.world, g.zero_stage, plan, sampler_rng,
+                                      train_position);
+        s.header.has_master_weights = parts.master_weights || !rank0_holds_weights;
+        parts.fill_state(&s);
+        write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
+    }
+    if (!rank0_holds_weights) parts.assemble_model_bin(tmp);
+    publish_checkpoint_together(out_dir, step, g.rank, barrier);
+}
+
 
 // The optimizer state of a checkpoint is in one file, state.bin, when one rank held all of it
 // (ZeRO-0 data parallelism, any number of ranks), or in one file per rank, state_rank<r>.bin, each
@@ -510,133 +459,13 @@ inline void check_resume_state(const TrainStateHeader& h, const std::string& dir
     }
 }
 
-// ----------------------------------------------------------------------------------------------
-// A step that went wrong
-
-// A loss or gradient norm that is not finite (an overflow in one micro-batch, a learning rate far too
-// high) would write NaN into every weight the update touches, and the next checkpoint would save
-// them: a run that cannot be resumed. So such a step's update is skipped: the weights and AdamW's
-// state stay those of the last sound step, and the step counts as done (the schedule and the data
-// move on, as they would have). One bad batch is survived; --max-bad-steps in a row (default 3) mean
-// the run has diverged, and it stops, naming the step, before a checkpoint could be written from bad
-// weights. Every rank sees the same all-reduced loss and norm, so every rank decides the same.
-struct BadSteps {
-    int in_a_row = 0;
-};
-
-// Whether to apply this step's update (`step` counts from 1); prints a line when skipping (`leader`),
-// fails when the run has diverged.
-inline bool step_is_sound(BadSteps* b, int step, double loss, float norm, int max_bad_steps, bool leader) {
-    if (std::isfinite(loss) && std::isfinite(norm)) {
-        b->in_a_row = 0;
-        return true;
-    }
-    b->in_a_row++;
-    if (b->in_a_row >= max_bad_steps) {
-        fail("step %d: the loss is %g and the gradient norm %g, %d step%s in a row (--max-bad-steps %d): training diverged; "
-             "stopped before any update or checkpoint from non-finite values. Lower --lr, raise --warmup-steps, or check "
-             "--grad-clip", step, loss, (double)norm, b->in_a_row, b->in_a_row == 1 ? "" : "s", max_bad_steps);
-    }
-    if (leader) {
-        printf("step %d: the loss is %g and the gradient norm %g: update skipped, the weights are kept (%d of --max-bad-steps %d "
-               "in a row)\n", step, loss, (double)norm, b->in_a_row, max_bad_steps);
-    }
-    return false;
-}
-
-// ----------------------------------------------------------------------------------------------
-// Reporting
-
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345 | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
-// (scripts parse "<number> ms" and "<number> tok/s" from this line).
-inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
-                            double mfu_percent, double eta_seconds) {
-    printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step, steps, loss, lr, norm,
-           seconds * 1e3, tokens / seconds);
-    if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
-    if (eta_seconds >= 0) {
-        int s = (int)eta_seconds;
-        if (s >= 3600) printf(" | ETA %dh%02dm", s / 3600, (s % 3600) / 60);
-        else printf(" | ETA %dm%02ds", s / 60, s % 60);
-    }
-    printf("\n");
-    fflush(stdout);
-}
-
-// Dense bf16 tensor-core peak of the GPUs we know, in TFLOP/s, by CUDA device name (0 = unknown):
-// the denominator of MFU. "H100 80GB HBM3" is the SXM part.
-inline double gpu_peak_bf16_tflops(const std::string& name) {
-    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-    if (has("H200")) return 989.0;
-    if (has("H100") && has("PCIe")) return 756.0;
-    if (has("H100") && (has("SXM") || has("HBM3"))) return 989.0;
-    if (has("A100")) return 312.0;
-    return 0.0;
-}
-
-// The --dump-state file (safetensors), identical for both trainers; test/test_vs_pytorch.py reads it:
-//   logits [B, T, V]  first micro-batch's logits, padding dropped     loss [1]  its mean loss
-//   grads  [P]        the first step's gradient, before clipping      losses [steps]  each step's loss
-//   params [P]        the weights after the last step
-struct DumpState {
-    std::vector<float> logits, grads, losses, params;
-    float loss = 0.0f;
-};
-
-inline void write_dump_state(const std::string& path, const DumpState& d, const GPT2Config& cfg, int B, int T,
-                             const char* trainer) {
-    std::vector<SafetensorsTensor> tensors = {
-        {"logits", "F32", {B, T, cfg.vocab_size}, d.logits.data(), d.logits.size() * 4},
-        {"loss", "F32", {1}, &d.loss, 4},
-        {"grads", "F32", {(int64_t)d.grads.size()}, d.grads.data(), d.grads.size() * 4},
-        {"losses", "F32", {(int64_t)d.losses.size()}, d.losses.data(), d.losses.size() * 4},
-        {"params", "F32", {(int64_t)d.params.size()}, d.params.data(), d.params.size() * 4},
-    };
-    write_safetensors(path, tensors, {{"trainer", trainer}, {"config", describe_config(cfg)}});
-}
-
-// ----------------------------------------------------------------------------------------------
-// Samples: generated from <|endoftext|>, printed as text through GPT-2's tokenizer when its files are
-// in --tokenizer DIR (scripts/get_vocab.sh puts them in data/gpt2), else as token ids.
-
-// Samples are drawn every --sample-every steps after the first, and once more at the end. A resumed
-// run samples at the same steps as an uninterrupted one (its RNG state comes from the checkpoint).
-inline bool is_sample_step(const TrainOptions& o, int step) {
-    return o.sample_every > 0 && step > 0 && step % o.sample_every == 0;
-}
-
-struct SampleDecoder {
-    Tokenizer tokenizer;
-    bool loaded = false;
-};
-
-inline void sample_decoder_init(SampleDecoder* d, const TrainOptions& o, const GPT2Config& cfg) {
-    if (o.sample_every <= 0) return;
-    std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
-    if (cfg.vocab_size != 50257) {
-        printf("samples: the model's vocabulary (%d) is not GPT-2's; printing token ids\n", cfg.vocab_size);
-    } else if (!file_exists(encoder) || !file_exists(merges)) {
-        printf("samples: no GPT-2 tokenizer in '%s' (scripts/get_vocab.sh fetches it); printing token ids\n", o.tokenizer_dir.c_str());
-    } else {
-        std::string error;
-        d->loaded = d->tokenizer.load(encoder, merges, &error);
-        if (!d->loaded) printf("samples: could not load the tokenizer (%s); printing token ids\n", error.c_str());
-    }
-}
-
-inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& generated) {
-    if (d.loaded) {
-        // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
-        printf("sample: %s\n", utf8_replace_invalid(d.tokenizer.decode(generated)).c_str());
-    } else {
-        printf("sample:");
-        for (int id : generated) printf(" %d", id);
-        printf("\n");
-    }
-    printf("--------\n");
-    fflush(stdout);
+// The start-up line both trainers print after a resume on another grid, about the resharding.
+// Empty when the checkpoint was written by the grid (ranks, ZeRO stage, tensor x pipeline) of this run.
+inline std::string describe_reshard(const TrainStateHeader& written, int world, int zero_stage, int tp, int pp) {
+    int old_tp = std::max(1, (int)written.tensor_parallel), old_pp = std::max(1, (int)written.pipeline_parallel);
+    if (written.world_size == world && written.zero_stage == zero_stage && old_tp == tp && old_pp == pp) return "";
+    auto grid_of = [](int t, int p) { return t > 1 || p > 1 ? strprintf(" (tp %d x pp %d)", t, p) : std::string(); };
+    return strprintf("resharded: the checkpoint was written by %d rank%s with ZeRO-%d%s, this run has %d with ZeRO-%d%s\n",
+                     (int)written.world_size, written.world_size == 1 ? "" : "s", (int)written.zero_stage,
+                     grid_of(old_tp, old_pp).c_str(), world, zero_stage, grid_of(tp, pp).c_str());
 }

@@ -1,0 +1,107 @@
+// plan.h — what a run is before its first step: the model it starts from (a checkpoint's weights, a
+// model file, or a fresh initialisation), its batch geometry (micro-batch, accumulation, tokens per
+// step) and learning-rate schedule, and the start-up line about its data. Shared by the CPU and the
+// GPU trainer, and by --estimate (llmc/memory/estimate.h), which plans the same run without running
+// it: the trainers differ in how they compute a step; they must not differ in any of this. Which
+// checkpoint a run resumes from is llmc/run/checkpoint.h's (resolve_resume_dir).
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "llmc/run/cli.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/formats.h"
+#include "llmc/model/model.h"
+#include "llmc/optim/schedule.h"
+#include "llmc/utils.h"
+
+// ----------------------------------------------------------------------------------------------
+// The model to start from
+
+// Loads the weights from the checkpoint (when resuming) or --model (a file or a descriptor), as fp32
+// on the host. Returns a description of where they came from, for the log.
+inline std::string load_initial_model(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg,
+                                      std::vector<float>* params) {
+    if (resume_dir.empty() && parse_model_descriptor(o.model, cfg)) {
+        std::string why;
+        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
+        params->assign(param_layout(*cfg).total, 0.0f);
+        init_gpt2_params(*cfg, o.seed, params->data(), 0, params->size());
+        return "new " + o.model + ", seed " + std::to_string(o.seed);
+    }
+    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
+    if (!file_exists(path)) {
+        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
+    }
+    read_model_file(path, cfg, params);
+    return path;
+}
+
+// The model's shape, from the checkpoint (when resuming), a model file, or a descriptor, without
+// reading any weights (a rank of a process grid reads only its slice of them). Sets *new_model when
+// the weights are to be initialised. Returns a description of the source, for the log.
+inline std::string load_model_config(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg, bool* new_model) {
+    *new_model = resume_dir.empty() && parse_model_descriptor(o.model, cfg);
+    if (*new_model) {
+        std::string why;
+        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
+        return "new " + o.model + ", seed " + std::to_string(o.seed);
+    }
+    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
+    if (!file_exists(path)) {
+        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
+    }
+    *cfg = read_model_header(path).config;
+    return path;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Batch geometry and schedule
+
+struct RunPlan {
+    int B = 0, T = 0;                   // micro-batch per rank
+    int world_size = 1;                 // data-parallel ranks
+    int64_t total_batch_tokens = 0;     // tokens per optimizer step, all ranks together
+    int accumulation_steps = 1;         // micro-batches per rank per step
+    int steps = 0;
+    ScheduleConfig schedule;
+};
+
+inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_size, int64_t train_tokens_per_epoch) {
+    RunPlan r;
+    r.B = o.batch_size;
+    r.T = o.seq_len > 0 ? o.seq_len : cfg.max_seq_len;
+    r.world_size = world_size;
+    if (r.T > cfg.max_seq_len) usage_fail("--seq-len %d exceeds the model's maximum sequence length %d", r.T, cfg.max_seq_len);
+    int64_t tokens_per_micro_step = (int64_t)r.B * r.T * world_size;
+    r.total_batch_tokens = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro_step;
+    if (r.total_batch_tokens % tokens_per_micro_step != 0) {
+        usage_fail("--total-batch-tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)r.total_batch_tokens,
+                   r.B, r.T, world_size, (long long)tokens_per_micro_step);
+    }
+    r.accumulation_steps = (int)(r.total_batch_tokens / tokens_per_micro_step);
+    r.steps = o.steps > 0 ? o.steps : (int)std::max<int64_t>(1, train_tokens_per_epoch / r.total_batch_tokens);
+    if (!parse_lr_schedule(o.lr_schedule, &r.schedule.kind)) {
+        usage_fail("--lr-schedule '%s' is not one of cosine, linear, constant, wsd", o.lr_schedule.c_str());
+    }
+    r.schedule.max_lr = o.lr;
+    r.schedule.warmup_steps = o.warmup_steps;
+    r.schedule.total_steps = r.steps;
+    r.schedule.final_lr_fraction = o.final_lr_fraction;
+    r.schedule.decay_fraction = o.decay_fraction;
+    return r;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The data
+
+// The start-up lines both trainers print about their data. `val` is null without validation data;
+// `train` is unused with --eval-only.
+inline std::string describe_data(const DataLoader& train, const DataLoader* val, bool eval_only) {
+    std::string out;
+    if (!eval_only) out = strprintf("data: %zu training shard%s (%lld tokens)", train.files.size(),
+                                    train.files.size() == 1 ? "" : "s", (long long)train.tokens_per_epoch);
+    if (val) out += strprintf("%s%zu validation shard%s", eval_only ? "data: " : ", ", val->files.size(), val->files.size() == 1 ? "" : "s");
+    return out + "\n";
+}

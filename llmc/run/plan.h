@@ -19,25 +19,6 @@
 // ----------------------------------------------------------------------------------------------
 // The model to start from
 
-// Loads the weights from the checkpoint (when resuming) or --model (a file or a descriptor), as fp32
-// on the host. Returns a description of where they came from, for the log.
-inline std::string load_initial_model(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg,
-                                      std::vector<float>* params) {
-    if (resume_dir.empty() && parse_model_descriptor(o.model, cfg)) {
-        std::string why;
-        if (!config_is_valid(*cfg, &why)) usage_fail("--model %s: %s", o.model.c_str(), why.c_str());
-        params->assign(param_layout(*cfg).total, 0.0f);
-        init_gpt2_params(*cfg, o.seed, params->data(), 0, params->size());
-        return "new " + o.model + ", seed " + std::to_string(o.seed);
-    }
-    std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
-    if (!file_exists(path)) {
-        fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
-    }
-    read_model_file(path, cfg, params);
-    return path;
-}
-
 // The model's shape, from the checkpoint (when resuming), a model file, or a descriptor, without
 // reading any weights (a rank of a process grid reads only its slice of them). Sets *new_model when
 // the weights are to be initialised. Returns a description of the source, for the log.

@@ -41,6 +41,7 @@
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
 #include "llmc/parallel/tensor_parallel.h"
+#include "llmc/parallel/tensor_parallel_loss.h"
 #include "llmc/run/training.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"

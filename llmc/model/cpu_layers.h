@@ -2,12 +2,15 @@
 // fp32, as plain loops parallelised with OpenMP. The CPU twin of the GPU's kernel files (llmc/kernels/).
 //
 // What is here: exp as vectorizable arithmetic; the linear layers (on the blocked SGEMM of
-// llmc/model/cpu_matmul.h); the embedding, LayerNorm, causal attention, GELU, residual and bias; the
-// fused softmax + cross-entropy (also with the vocabulary split over tensor ranks); the gradient norm,
-// clipping and AdamW. Each opens with its math. train_gpt_cpu.cpp strings them into GPT-2; the kernel
-// lab (dev/cuda/) includes this file too, and checks every GPU kernel against these functions: the
-// reference is the trainer's own code, not a copy. They live in namespace cpu, so a lab file reads
-// cpu::gelu_forward(...) next to llmc/kernels/gelu.cuh's gelu_forward(...) and always shows which one runs.
+// llmc/model/cpu_matmul.h); the embedding, LayerNorm, causal attention,
+// GELU, residual and bias; the fused softmax + cross-entropy; the gradient norm, clipping and AdamW.
+// Each opens with its math. Only math and timing: no communication, no buffer tables. The classifier
+// with the vocabulary split over tensor ranks needs the tensor group's all-reduces, so it lives with
+// tensor parallelism (llmc/parallel/tensor_parallel_loss.h), built from these pieces.
+// train_gpt_cpu.cpp strings them into GPT-2; the kernel lab (dev/cuda/) includes this file too, and
+// checks every GPU kernel against these functions: the reference is the trainer's own code, not a
+// copy. They live in namespace cpu, so a lab file reads cpu::gelu_forward(...) next to
+// llmc/kernels/gelu.cuh's gelu_forward(...) and always shows which one runs.
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
 // Activations are row-major (B, T, X); weights are (out, in) as in nn.Linear, y = x W^T + b.
@@ -28,7 +31,6 @@
 #include <vector>
 #include "llmc/model/cpu_matmul.h"  // matmul(), vec16, Floats16: the blocked SGEMM the linear layers run on
 #include "llmc/probes/cpu_profile.h"  // ProfileScope
-#include "llmc/parallel/tensor_parallel.h"  // TensorParallel, tp_max, tp_sum (the vocabulary-parallel classifier)
 
 namespace cpu {
 
@@ -520,38 +522,6 @@ inline void crossentropy_softmax_backward(float* logits, const float* logsumexp,
         int target = targets[n] - vocab_begin;
         if (target >= 0 && target < V) z[target] -= dloss;
         for (int v = V; v < Vp; v++) z[v] = 0.0f;
-    }
-}
-
-// The classifier's forward pass when the vocabulary is split over the tensor group (llmc/parallel/tensor_parallel.h):
-// the row maximum, then the sum of exponentials and the target's logit, cross the group; the
-// logits never do. Columns [0, V) of each rank's (N x Vp) logits are real tokens vocab_begin + v.
-inline void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, float* logsumexp, const float* logits,
-                                         const int* targets, int N, int V, int Vp, int vocab_begin) {
-    std::vector<float> max_z((size_t)N), sums(2 * (size_t)N);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float m = -INFINITY;
-        #pragma omp simd reduction(max : m)
-        for (int v = 0; v < V; v++) m = std::max(m, z[v]);
-        max_z[n] = m;
-    }
-    tp_max(tp, max_z.data(), N, "all-reduce of the logits' maxima");
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float sum = 0.0f;
-        #pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z[n]);
-        int target = targets[n] - vocab_begin;
-        sums[2 * n] = sum;
-        sums[2 * n + 1] = target >= 0 && target < V ? z[target] : 0.0f;   // one rank holds the target
-    }
-    tp_sum(tp, sums.data(), sums.size(), "all-reduce of the softmax sums and target logits");
-    for (int n = 0; n < N; n++) {
-        logsumexp[n] = max_z[n] + logf(sums[2 * n]);
-        losses[n] = logsumexp[n] - sums[2 * n + 1];
     }
 }
 

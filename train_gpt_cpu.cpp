@@ -21,12 +21,12 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/probes/cpu_profile.h"  // first: it defines LAYER_PROFILE, which times each layer for --profile
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
 #include "llmc/probes/cpu_memory_report.h"
-#include "llmc/probes/cpu_profile.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
 #include "llmc/io/formats.h"

@@ -2,9 +2,9 @@
 // fp32, as plain loops parallelised with OpenMP. The CPU twin of the GPU's kernel files (llmc/kernels/).
 //
 // What is here: exp as vectorizable arithmetic; the linear layers (on the blocked SGEMM of
-// llmc/model/cpu_matmul.h); the embedding, LayerNorm, causal attention,
+// llmc/model/cpu_matmul.h, the one file this includes); the embedding, LayerNorm, causal attention,
 // GELU, residual and bias; the fused softmax + cross-entropy; the gradient norm, clipping and AdamW.
-// Each opens with its math. Only math and timing: no communication, no buffer tables. The classifier
+// Each opens with its math. Only math: no communication, no buffer tables, no profiler. The classifier
 // with the vocabulary split over tensor ranks needs the tensor group's all-reduces, so it lives with
 // tensor parallelism (llmc/parallel/tensor_parallel_loss.h), built from these pieces.
 // train_gpt_cpu.cpp strings them into GPT-2; the kernel lab (dev/cuda/) includes this file too, and
@@ -19,8 +19,12 @@
 // reduction across rows runs in a fixed order too, so a result is bit-identical for a given thread
 // count (and matmuls, the bulk of the work, are identical for any thread count).
 //
-// Each kernel times itself for --profile with one `ProfileScope` line (llmc/probes/cpu_profile.h), and is
-// called from the serial part of the program: each opens its own parallel region.
+// Each kernel is called from the serial part of the program (each opens its own parallel region)
+// and opens with one `LAYER_PROFILE("kind", flops, bytes, m, n, k)` line for --profile. The macro is
+// empty here (the kernel lab's builds), unless the program defined it before including this file:
+// the CPU trainer includes llmc/probes/cpu_profile.h first, which makes it a ProfileScope that
+// times the call. So the profiler stays out of the layers, and one line per kernel says what it
+// counts (flops for the matmul-like work, bytes for the memory-bound rest).
 #pragma once
 
 #include <algorithm>
@@ -30,7 +34,11 @@
 #include <cstring>
 #include <vector>
 #include "llmc/model/cpu_matmul.h"  // matmul(), vec16, Floats16: the blocked SGEMM the linear layers run on
-#include "llmc/probes/cpu_profile.h"  // ProfileScope
+
+// --profile: a no-op unless the program defined it first (llmc/probes/cpu_profile.h does; see above).
+#ifndef LAYER_PROFILE
+#define LAYER_PROFILE(...)
+#endif
 
 namespace cpu {
 
@@ -70,7 +78,7 @@ inline float vexpf(float x) {
 
 // out (N x OC) = inp (N x IC) * weight^T + bias
 inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
-    ProfileScope prof("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (llmc/probes/cpu_profile.h)
+    LAYER_PROFILE("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (see the top of this file)
     matmul(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false);
     if (bias) {
         #pragma omp parallel for schedule(static)
@@ -83,10 +91,10 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC) {
     if (dinp) {
-        ProfileScope prof("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
+        LAYER_PROFILE("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
         matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
     }
-    ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
+    LAYER_PROFILE("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
     matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
     if (dbias) {  // 64 columns at a time, so the loop reads dout row by row (a column is strided)
         #pragma omp parallel for schedule(static)
@@ -110,7 +118,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
 
 inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
+    LAYER_PROFILE("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int row = tokens[bt] - vocab_begin;
@@ -141,7 +149,7 @@ inline void position_forward(float* out, const float* wpe, size_t first_row, siz
 // order of additions is fixed.
 inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
                       int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
+    LAYER_PROFILE("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += 16) {
         int c1 = std::min(C, c0 + 16);
@@ -173,7 +181,7 @@ inline void layernorm_row(float* y, const float* x, float m, float s, const floa
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
-    ProfileScope prof("layernorm forward", 0, 2.0 * N * C * sizeof(float));
+    LAYER_PROFILE("layernorm forward", 0, 2.0 * N * C * sizeof(float));
     const float eps = 1e-5f;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -206,7 +214,7 @@ inline void layernorm_recompute(float* out, const float* inp, const float* mean,
 // contributions from every block above.
 inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-    ProfileScope prof("layernorm backward", 0, 4.0 * N * C * sizeof(float));
+    LAYER_PROFILE("layernorm backward", 0, 4.0 * N * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* dy = dout + (size_t)n * C;
@@ -322,7 +330,7 @@ inline void att_row_pointers(const float* rows[ATT_ROWS], const float* m, size_t
 }
 
 inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
+    LAYER_PROFILE("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
     int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
     size_t rs = 3 * (size_t)C;  // qkv's row stride
@@ -380,7 +388,7 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
 // (the 1/sqrt(hs) is folded into dS). dqkv is overwritten. A thread owns a whole (b, h): it alone
 // writes that head's slice of dqkv. dS is one head's T x T, in per-thread scratch.
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-    ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
+    LAYER_PROFILE("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
     int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
     size_t rs = 3 * (size_t)C;
@@ -446,7 +454,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
 
 inline void gelu_forward(float* out, const float* inp, size_t n) {
-    ProfileScope prof("gelu forward", 0, 2.0 * n * sizeof(float));
+    LAYER_PROFILE("gelu forward", 0, 2.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -458,7 +466,7 @@ inline void gelu_forward(float* out, const float* inp, size_t n) {
 // With s = sigmoid(2u):  d gelu/dx = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // (the same as d/dx of x/2 (1 + tanh u), since 1 - tanh^2 u = 4 s (1 - s)). dinp is overwritten.
 inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    ProfileScope prof("gelu backward", 0, 3.0 * n * sizeof(float));
+    LAYER_PROFILE("gelu backward", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -470,7 +478,7 @@ inline void gelu_backward(float* dinp, const float* inp, const float* dout, size
 }
 
 inline void residual_forward(float* out, const float* a, const float* b, size_t n) {
-    ProfileScope prof("residual, bias", 0, 3.0 * n * sizeof(float));
+    LAYER_PROFILE("residual, bias", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -478,7 +486,7 @@ inline void residual_forward(float* out, const float* a, const float* b, size_t 
 // out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
 // ranks first (the bias must be added once, after the sum).
 inline void add_bias(float* out, const float* bias, int N, int OC) {
-    ProfileScope prof("residual, bias", 0, 2.0 * N * OC * sizeof(float));
+    LAYER_PROFILE("residual, bias", 0, 2.0 * N * OC * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
@@ -492,7 +500,7 @@ inline void add_bias(float* out, const float* bias, int N, int OC) {
 // gradient in place with one more pass, so the (BT x Vp) probabilities never exist as a buffer.
 
 inline void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp) {
-    ProfileScope prof("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
+    LAYER_PROFILE("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * Vp;
@@ -512,7 +520,7 @@ inline void crossentropy_forward(float* losses, float* logsumexp, const float* l
 // vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
 inline void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
                                    float dloss, int vocab_begin = 0) {
-    ProfileScope prof("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
+    LAYER_PROFILE("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * Vp;
@@ -533,7 +541,7 @@ inline void crossentropy_softmax_backward(float* logits, const float* logsumexp,
 // added in order, so the result does not depend on the number of threads. With several ranks each
 // sums its shard and the shards' sums are added in rank order (comm_sum).
 inline double sum_of_squares(const float* grads, size_t n) {
-    ProfileScope prof("gradient norm", 0, 1.0 * n * sizeof(float));
+    LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
     const size_t chunk = 1 << 16;
     size_t chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks);
@@ -566,7 +574,7 @@ inline float clip_coefficient(float norm, float max_norm) {
 // written in the same order of operations as PyTorch's implementation, so the two agree closely.
 inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    ProfileScope prof("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
+    LAYER_PROFILE("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
     float bias_correction1 = 1.0f - powf(beta1, (float)t);
     float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bias_correction1;

@@ -21,13 +21,13 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/probes/cpu_profile.h"  // first: it defines LAYER_PROFILE, which times each layer for --profile
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
 #include "llmc/probes/cpu_memory_report.h"
-#include "llmc/probes/cpu_profile.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
 #include "llmc/probes/fault_injection.h"
@@ -45,6 +45,7 @@
 #include "llmc/probes/state_dump.h"
 #include "llmc/run/step.h"
 #include "llmc/parallel/tensor_parallel.h"
+#include "llmc/parallel/tensor_parallel_loss.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
 

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "llmc/kernels/cuda_common.cuh"
-#include "llmc/memory/gpu_buffers.h"
+#include "llmc/kernels/scratch_sizes.h"  // GLOBAL_NORM_BLOCKS (the size table reads it too)
 
 constexpr int GLOBAL_NORM_THREADS = 512;
 

@@ -24,7 +24,7 @@
 #pragma once
 
 #include "llmc/kernels/cuda_common.cuh"
-#include "llmc/memory/gpu_buffers.h"
+#include "llmc/kernels/scratch_sizes.h"  // LN_BACKWARD_ROWS_PER_BLOCK (the size table reads it too)
 
 constexpr float LN_EPS = 1e-5f;
 
@@ -181,7 +181,8 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
     }
 }
 
-// dinp += dx; dweight += sum dy*xhat; dbias += sum dy. `partials` holds ceil(N/64) * 2C floats.
+// dinp += dx; dweight += sum dy*xhat; dbias += sum dy. `partials` holds ceil(N/64) * 2C floats
+// (layernorm_backward_partials_floats, llmc/kernels/scratch_sizes.h).
 inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, cudaStream_t stream) {

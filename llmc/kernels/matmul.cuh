@@ -26,7 +26,8 @@
 #include <cublas_v2.h>
 #include <vector>
 #include "llmc/kernels/cuda_common.cuh"
-#include "llmc/memory/gpu_buffers.h"
+#include "llmc/kernels/scratch_sizes.h"  // BIAS_BACKWARD_ROWS_PER_BLOCK, CUBLASLT_WORKSPACE_BYTES
+#include "llmc/utils.h"  // fail
 
 inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
     if (status == CUBLAS_STATUS_SUCCESS) return;
@@ -174,7 +175,8 @@ __global__ void bias_backward_partials_kernel(float* partials, const floatX* dou
     }
 }
 
-// dbias (OC) += column sums of dout (N x OC). partials: ceil(N / 256) * OC floats.
+// dbias (OC) += column sums of dout (N x OC). partials: ceil(N / 256) * OC floats
+// (bias_backward_partials_floats, llmc/kernels/scratch_sizes.h).
 inline void bias_backward(floatX* dbias, float* partials, const floatX* dout, int N, int OC, cudaStream_t stream) {
     dim3 grid(ceil_div(OC, 32 * x128::size), ceil_div(N, BIAS_BACKWARD_ROWS_PER_BLOCK));
     dim3 block(32, BIAS_BACKWARD_ROW_THREADS);

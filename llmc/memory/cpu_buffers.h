@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <vector>
 #include "llmc/memory/size_table.h"
+#include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
@@ -45,19 +46,6 @@
 #include "llmc/parallel/sharding.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
-
-// The CPU matmul's blocking (llmc/model/cpu_layers.h explains it): an MR x NR register tile, K taken KC
-// at a time, N at most NC at a time. They decide the size of its packed panels, so they live here.
-constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
-constexpr int MATMUL_MC = 192;  // rows of A swept against each panel of B: 192 x KC floats (288 KiB) stay in L2
-
-// Floats in the packed panels of A for a matmul with M rows: ceil(M / MR) panels of MR x KC.
-inline size_t matmul_pack_a_floats(size_t M) { return (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR * MATMUL_KC; }
-// ... and of B for a matmul with N columns: at most NC columns (NC / NR panels of NR x KC) at a time.
-inline size_t matmul_pack_b_floats(size_t N) {
-    size_t columns = std::min((size_t)MATMUL_NC, (N + MATMUL_NR - 1) / MATMUL_NR * MATMUL_NR);
-    return columns * MATMUL_KC;
-}
 
 // What decides the sizes.
 struct CPURunShape {

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#include "llmc/kernels/scratch_sizes.h"  // the kernels' launch constants that size their scratch
 #include "llmc/memory/size_table.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/process_grid.h"
@@ -40,12 +41,6 @@
 #include "llmc/parallel/sharding.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
-
-// Kernel geometry that decides buffer sizes: the kernels use these very constants.
-constexpr int LN_BACKWARD_ROWS_PER_BLOCK = 64;     // rows of one LayerNorm-backward block -> one partial
-constexpr int BIAS_BACKWARD_ROWS_PER_BLOCK = 256;  // rows of one bias-gradient block -> one partial
-constexpr int GLOBAL_NORM_BLOCKS = 512;            // fixed grid: the sum's order never depends on the GPU
-constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;
 
 // What decides the sizes.
 struct GPURunShape {
@@ -155,8 +150,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();  // per micro-batch in flight
     std::string rows = sp ? "R" : "B, T";                     // sequence parallelism: R = B*T/t rows
     std::string tp = g.tp > 1 ? "/t" : "";
-    size_t ln_partials = (R + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
-    size_t bias_partials = (BT + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * std::max({C, 3 * Ca, Cf});
+    size_t ln_partials = layernorm_backward_partials_floats(R, C);
+    size_t bias_partials = bias_backward_partials_floats(BT, std::max({C, 3 * Ca, Cf}));
     size_t exchange = BT + (2 * BT + g.tp - 1) / g.tp * g.tp;
     // rows every micro-batch in flight has its own of: M copies, each from a 128-byte boundary
     auto per = [&](size_t n) { return M > 1 ? M * ((n + 63) / 64 * 64) : n; };

@@ -1,13 +1,16 @@
 // cpu_layers.h — the CPU trainer's layers: each forward and backward pass written out by hand, in
 // fp32, as plain loops parallelised with OpenMP. The CPU twin of the GPU's kernel files (llmc/kernels/).
 //
-// What is here: exp as vectorizable arithmetic; the blocked SGEMM every linear layer runs on; the
-// embedding, LayerNorm, causal attention, GELU, residual and bias; the fused softmax + cross-entropy
-// (also with the vocabulary split over tensor ranks); the gradient norm, clipping and AdamW. Each
-// opens with its math. train_gpt_cpu.cpp strings them into GPT-2; the kernel lab (dev/cuda/)
-// includes this file too, and checks every GPU kernel against these functions: the reference is
-// the trainer's own code, not a copy. They live in namespace cpu, so a lab file reads
-// cpu::gelu_forward(...) next to llmc/kernels/gelu.cuh's gelu_forward(...) and always shows which one runs.
+// What is here: exp as vectorizable arithmetic; the linear layers (on the blocked SGEMM of
+// llmc/model/cpu_matmul.h, the one file this includes); the embedding, LayerNorm, causal attention,
+// GELU, residual and bias; the fused softmax + cross-entropy; the gradient norm, clipping and AdamW.
+// Each opens with its math. Only math: no communication, no buffer tables, no profiler. The classifier
+// with the vocabulary split over tensor ranks needs the tensor group's all-reduces, so it lives with
+// tensor parallelism (llmc/parallel/tensor_parallel_loss.h), built from these pieces.
+// train_gpt_cpu.cpp strings them into GPT-2; the kernel lab (dev/cuda/) includes this file too, and
+// checks every GPU kernel against these functions: the reference is the trainer's own code, not a
+// copy. They live in namespace cpu, so a lab file reads cpu::gelu_forward(...) next to
+// llmc/kernels/gelu.cuh's gelu_forward(...) and always shows which one runs.
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
 // Activations are row-major (B, T, X); weights are (out, in) as in nn.Linear, y = x W^T + b.
@@ -16,19 +19,26 @@
 // reduction across rows runs in a fixed order too, so a result is bit-identical for a given thread
 // count (and matmuls, the bulk of the work, are identical for any thread count).
 //
-// Each kernel times itself for --profile with one `ProfileScope` line (llmc/probes/cpu_profile.h), and is
-// called from the serial part of the program: each opens its own parallel region.
+// Each kernel is called from the serial part of the program (each opens its own parallel region)
+// and opens with one `LAYER_PROFILE("kind", flops, bytes, m, n, k)` line for --profile. The macro is
+// empty here (the kernel lab's builds), unless the program defined it before including this file:
+// the CPU trainer includes llmc/probes/cpu_profile.h first, which makes it a ProfileScope that
+// times the call. So the profiler stays out of the layers, and one line per kernel says what it
+// counts (flops for the matmul-like work, bytes for the memory-bound rest).
 #pragma once
 
-#include <omp.h>
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#include "llmc/memory/cpu_buffers.h"      // MATMUL_MR, _NR, _KC, _NC: the matmul's blocking, which sizes its panels
-#include "llmc/probes/cpu_profile.h"      // ProfileScope
-#include "llmc/parallel/tensor_parallel.h"  // TensorParallel, tp_max, tp_sum (the vocabulary-parallel classifier)
+#include "llmc/model/cpu_matmul.h"  // matmul(), vec16, Floats16: the blocked SGEMM the linear layers run on
+
+// --profile: a no-op unless the program defined it first (llmc/probes/cpu_profile.h does; see above).
+#ifndef LAYER_PROFILE
+#define LAYER_PROFILE(...)
+#endif
 
 namespace cpu {
 
@@ -63,143 +73,12 @@ inline float vexpf(float x) {
 }
 
 // ==============================================================================================
-// Matmul: where ~90% of the time goes.
-//
-// One routine computes C[M x N] (+)= A[M x K] * B[K x N] for the three products training needs:
-//   forward          out  = inp  * W^T    (BT x OC) = (BT x IC)(IC x OC)
-//   backward, data   dinp = dout * W      (BT x IC) = (BT x OC)(OC x IC)
-//   backward, weight dW  += dout^T * inp  (OC x IC) = (OC x BT)(BT x IC)
-// A and B are addressed through (row stride, column stride), so a transpose is just a swap of
-// strides. The speed comes from three ideas, the same ones every BLAS uses:
-//   1. a register tile: an MR x NR block of C is accumulated in vector registers (6 rows x 64
-//      columns = 24 of the 32 AVX-512 registers) while k runs, so each loaded value feeds MR or NR FMAs;
-//   2. packing: the slices of A and B the tile loop needs are first copied into contiguous
-//      "panels" (MR rows or NR columns wide, k-major), so the inner loop reads memory in order
-//      whatever the original strides were, and transposes cost one copy instead of cache misses;
-//   3. blocking: K is processed KC = 384 at a time so the panels being reused stay in cache.
-// Each C tile belongs to one thread and k runs in a fixed order: results do not depend on the
-// number of threads. (MATMUL_MR, _NR, _KC, _NC live in llmc/memory/cpu_buffers.h: they size the panels.)
-
-// 16 floats: one AVX-512 register (the compiler splits it into two on AVX2 machines).
-typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec16_unaligned __attribute__((vector_size(64), aligned(4)));
-
-// C[m_valid x n_valid] (+)= Ap (kc x MR panel)^T * Bp (kc x NR panel)
-inline void matmul_micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float* C,
-                                       size_t ldc, int m_valid, int n_valid, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, NV = NR / 16;  // NV vector registers per row of the tile
-    vec16 acc[MR][NV] = {};
-    for (int k = 0; k < kc; k++) {
-        vec16 b[NV];
-        #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) b[v] = *(const vec16*)(Bp + k * NR + 16 * v);
-        #pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            float a = Ap[k * MR + i];  // broadcast one element of A against NR of B
-            #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[i][v] += a * b[v];
-        }
-    }
-    float tile[MR][NR];
-    #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) *(vec16_unaligned*)&tile[i][16 * v] = acc[i][v];
-    }
-    for (int i = 0; i < m_valid; i++) {
-        float* c = C + i * ldc;
-        if (accumulate) for (int j = 0; j < n_valid; j++) c[j] += tile[i][j];
-        else for (int j = 0; j < n_valid; j++) c[j] = tile[i][j];
-    }
-}
-
-// The packed panels, kept between calls (the sizes repeat every step). The trainer sizes them once,
-// up front, from its table (llmc/memory/cpu_buffers.h: the largest M it will see); a call that needs more
-// (a test's shapes) grows them. In units of 16 floats, which the allocator aligns to 64 bytes for
-// the micro-kernel's vector loads (a struct, not vec16 itself: nvcc, compiling this file into the
-// kernel lab, refuses a std::vector of vector types).
-struct alignas(64) Floats16 {
-    float f[16];
-};
-struct MatmulScratch {
-    std::vector<Floats16> a_pack, b_pack;
-};
-inline MatmulScratch matmul_scratch;
-
-inline void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
-    // a fresh vector of exactly the size asked: growing one in place may reserve more than that
-    if (matmul_scratch.a_pack.size() * 16 < a_floats) std::vector<Floats16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack);
-    if (matmul_scratch.b_pack.size() * 16 < b_floats) std::vector<Floats16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack);
-}
-
-// A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
-inline void matmul(int M, int N, int K, const float* A, size_t a_rs, size_t a_cs, const float* B, size_t b_rs,
-            size_t b_cs, float* C, size_t ldc, bool accumulate) {
-    constexpr int MR = MATMUL_MR, NR = MATMUL_NR, KC = MATMUL_KC, NC = MATMUL_NC, MC = MATMUL_MC;
-    int m_panels = (M + MR - 1) / MR;
-    matmul_scratch_reserve(matmul_pack_a_floats(M), matmul_pack_b_floats(N));  // no-op once the trainer sized them
-    float* Ap = (float*)matmul_scratch.a_pack.data();
-    float* Bp = (float*)matmul_scratch.b_pack.data();
-    if (K == 0 && !accumulate) {
-        for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
-    }
-    // One parallel region for the whole product; per block of K, the threads pack the panels, meet
-    // at one barrier, compute their tiles, and meet again before the panels are overwritten.
-    #pragma omp parallel
-    for (int jc = 0; jc < N; jc += NC) {
-        int nc = std::min(NC, N - jc);
-        int n_panels = (nc + NR - 1) / NR;
-        for (int pc = 0; pc < K; pc += KC) {
-            int kc = std::min(KC, K - pc);
-            bool add = accumulate || pc > 0;
-            #pragma omp for schedule(static) nowait
-            for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc] in NR-wide panels
-                float* dst = Bp + (size_t)jp * NR * kc;
-                // A column of B that is a row in memory (a weight read transposed: b_rs = 1) is read
-                // 8 columns at a time: columns b_cs apart often fall in one L1 set (at 3072 floats
-                // apart, all of them), and 8 fit its 8 ways where a panel's 64 would evict each other.
-                int group = b_rs == 1 ? 8 : NR;
-                for (int j0 = 0; j0 < NR; j0 += group) {
-                    for (int k = 0; k < kc; k++) {
-                        const float* src = B + (size_t)(pc + k) * b_rs;
-                        for (int j = j0; j < j0 + group; j++) {
-                            int col = jc + jp * NR + j;
-                            dst[k * NR + j] = col < N ? src[(size_t)col * b_cs] : 0.0f;
-                        }
-                    }
-                }
-            }
-            #pragma omp for schedule(static)
-            for (int ip = 0; ip < m_panels; ip++) {  // pack A[0:M, pc:pc+kc] in MR-tall panels
-                float* dst = Ap + (size_t)ip * MR * kc;
-                for (int k = 0; k < kc; k++) {
-                    for (int i = 0; i < MR; i++) {
-                        int row = ip * MR + i;
-                        dst[k * MR + i] = row < M ? A[(size_t)row * a_rs + (size_t)(pc + k) * a_cs] : 0.0f;
-                    }
-                }
-            }  // (barrier: every panel is packed)
-            for (int ic = 0; ic < m_panels; ic += MC / MR) {  // MC rows of A at a time: they stay in L2
-                int ic_end = std::min(m_panels, ic + MC / MR);
-                #pragma omp for schedule(static) collapse(2) nowait
-                for (int jp = 0; jp < n_panels; jp++) {
-                    for (int ip = ic; ip < ic_end; ip++) {
-                        int row = ip * MR, col = jc + jp * NR;
-                        matmul_micro_kernel(kc, Ap + (size_t)ip * MR * kc, Bp + (size_t)jp * NR * kc,
-                                            C + (size_t)row * ldc + col, ldc, std::min(MR, M - row),
-                                            std::min(NR, N - col), add);
-                    }
-                }
-            }
-            #pragma omp barrier  // every tile is done with these panels
-        }
-    }
-}
+// Linear layers, y = x W^T + b, on the blocked SGEMM of llmc/model/cpu_matmul.h (matmul(): where ~90%
+// of the time goes; read it there, with its blocking).
 
 // out (N x OC) = inp (N x IC) * weight^T + bias
 inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
-    ProfileScope prof("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (llmc/probes/cpu_profile.h)
+    LAYER_PROFILE("forward", 2.0 * N * IC * OC, 0, N, OC, IC);  // --profile (see the top of this file)
     matmul(N, OC, IC, inp, IC, 1, weight, 1, IC, out, OC, false);
     if (bias) {
         #pragma omp parallel for schedule(static)
@@ -212,10 +91,10 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC) {
     if (dinp) {
-        ProfileScope prof("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
+        LAYER_PROFILE("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
         matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
     }
-    ProfileScope prof("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
+    LAYER_PROFILE("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
     matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
     if (dbias) {  // 64 columns at a time, so the loop reads dout row by row (a column is strided)
         #pragma omp parallel for schedule(static)
@@ -239,7 +118,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
 
 inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
                      int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
+    LAYER_PROFILE("embedding forward", 0, 3.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int row = tokens[bt] - vocab_begin;
@@ -270,7 +149,7 @@ inline void position_forward(float* out, const float* wpe, size_t first_row, siz
 // order of additions is fixed.
 inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
                       int vocab_begin = 0, int vocab_rows = INT_MAX) {
-    ProfileScope prof("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
+    LAYER_PROFILE("embedding backward", 0, 5.0 * B * T * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += 16) {
         int c1 = std::min(C, c0 + 16);
@@ -302,7 +181,7 @@ inline void layernorm_row(float* y, const float* x, float m, float s, const floa
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
-    ProfileScope prof("layernorm forward", 0, 2.0 * N * C * sizeof(float));
+    LAYER_PROFILE("layernorm forward", 0, 2.0 * N * C * sizeof(float));
     const float eps = 1e-5f;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -335,7 +214,7 @@ inline void layernorm_recompute(float* out, const float* inp, const float* mean,
 // contributions from every block above.
 inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-    ProfileScope prof("layernorm backward", 0, 4.0 * N * C * sizeof(float));
+    LAYER_PROFILE("layernorm backward", 0, 4.0 * N * C * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* dy = dout + (size_t)n * C;
@@ -451,7 +330,7 @@ inline void att_row_pointers(const float* rows[ATT_ROWS], const float* m, size_t
 }
 
 inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    ProfileScope prof("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
+    LAYER_PROFILE("attention forward", 2.0 * 2.0 * B * C * T * (T + 1) / 2);  // q.k and att.v per causal score
     int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
     size_t rs = 3 * (size_t)C;  // qkv's row stride
@@ -509,7 +388,7 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
 // (the 1/sqrt(hs) is folded into dS). dqkv is overwritten. A thread owns a whole (b, h): it alone
 // writes that head's slice of dqkv. dS is one head's T x T, in per-thread scratch.
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-    ProfileScope prof("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
+    LAYER_PROFILE("attention backward", 4.0 * 2.0 * B * C * T * (T + 1) / 2);  // dP, dV, dQ, dK
     int hs = C / NH, hsp = round_up_16(hs), Tp = round_up_16(T);
     float scale = 1.0f / sqrtf((float)hs);
     size_t rs = 3 * (size_t)C;
@@ -575,7 +454,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
 
 inline void gelu_forward(float* out, const float* inp, size_t n) {
-    ProfileScope prof("gelu forward", 0, 2.0 * n * sizeof(float));
+    LAYER_PROFILE("gelu forward", 0, 2.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -587,7 +466,7 @@ inline void gelu_forward(float* out, const float* inp, size_t n) {
 // With s = sigmoid(2u):  d gelu/dx = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // (the same as d/dx of x/2 (1 + tanh u), since 1 - tanh^2 u = 4 s (1 - s)). dinp is overwritten.
 inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    ProfileScope prof("gelu backward", 0, 3.0 * n * sizeof(float));
+    LAYER_PROFILE("gelu backward", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -599,7 +478,7 @@ inline void gelu_backward(float* dinp, const float* inp, const float* dout, size
 }
 
 inline void residual_forward(float* out, const float* a, const float* b, size_t n) {
-    ProfileScope prof("residual, bias", 0, 3.0 * n * sizeof(float));
+    LAYER_PROFILE("residual, bias", 0, 3.0 * n * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -607,7 +486,7 @@ inline void residual_forward(float* out, const float* a, const float* b, size_t 
 // out (N x OC) += bias: matmul_forward's bias, for a matmul whose output is summed over tensor
 // ranks first (the bias must be added once, after the sum).
 inline void add_bias(float* out, const float* bias, int N, int OC) {
-    ProfileScope prof("residual, bias", 0, 2.0 * N * OC * sizeof(float));
+    LAYER_PROFILE("residual, bias", 0, 2.0 * N * OC * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
@@ -621,7 +500,7 @@ inline void add_bias(float* out, const float* bias, int N, int OC) {
 // gradient in place with one more pass, so the (BT x Vp) probabilities never exist as a buffer.
 
 inline void crossentropy_forward(float* losses, float* logsumexp, const float* logits, const int* targets, int N, int V, int Vp) {
-    ProfileScope prof("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
+    LAYER_PROFILE("softmax + loss forward", 0, 1.0 * N * V * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * Vp;
@@ -641,7 +520,7 @@ inline void crossentropy_forward(float* losses, float* logsumexp, const float* l
 // vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
 inline void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
                                    float dloss, int vocab_begin = 0) {
-    ProfileScope prof("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
+    LAYER_PROFILE("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * Vp;
@@ -654,38 +533,6 @@ inline void crossentropy_softmax_backward(float* logits, const float* logsumexp,
     }
 }
 
-// The classifier's forward pass when the vocabulary is split over the tensor group (llmc/parallel/tensor_parallel.h):
-// the row maximum, then the sum of exponentials and the target's logit, cross the group; the
-// logits never do. Columns [0, V) of each rank's (N x Vp) logits are real tokens vocab_begin + v.
-inline void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losses, float* logsumexp, const float* logits,
-                                         const int* targets, int N, int V, int Vp, int vocab_begin) {
-    std::vector<float> max_z((size_t)N), sums(2 * (size_t)N);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float m = -INFINITY;
-        #pragma omp simd reduction(max : m)
-        for (int v = 0; v < V; v++) m = std::max(m, z[v]);
-        max_z[n] = m;
-    }
-    tp_max(tp, max_z.data(), N, "all-reduce of the logits' maxima");
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* z = logits + (size_t)n * Vp;
-        float sum = 0.0f;
-        #pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < V; v++) sum += vexpf(z[v] - max_z[n]);
-        int target = targets[n] - vocab_begin;
-        sums[2 * n] = sum;
-        sums[2 * n + 1] = target >= 0 && target < V ? z[target] : 0.0f;   // one rank holds the target
-    }
-    tp_sum(tp, sums.data(), sums.size(), "all-reduce of the softmax sums and target logits");
-    for (int n = 0; n < N; n++) {
-        logsumexp[n] = max_z[n] + logf(sums[2 * n]);
-        losses[n] = logsumexp[n] - sums[2 * n + 1];
-    }
-}
-
 // ==============================================================================================
 // The optimizer's arithmetic: global-norm clipping, then AdamW (the trainer's gpt2_update runs it
 // on the pieces of the model this rank updates).
@@ -694,7 +541,7 @@ inline void crossentropy_forward_vocab_parallel(TensorParallel* tp, float* losse
 // added in order, so the result does not depend on the number of threads. With several ranks each
 // sums its shard and the shards' sums are added in rank order (comm_sum).
 inline double sum_of_squares(const float* grads, size_t n) {
-    ProfileScope prof("gradient norm", 0, 1.0 * n * sizeof(float));
+    LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
     const size_t chunk = 1 << 16;
     size_t chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks);
@@ -727,7 +574,7 @@ inline float clip_coefficient(float norm, float max_norm) {
 // written in the same order of operations as PyTorch's implementation, so the two agree closely.
 inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    ProfileScope prof("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
+    LAYER_PROFILE("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
     float bias_correction1 = 1.0f - powf(beta1, (float)t);
     float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bias_correction1;

@@ -1,10 +1,13 @@
 // cpu_profile.h — `--profile` for the CPU trainer: where a training step's time goes, and how close
 // each kind of work comes to what this machine can do.
 //
-// Every kernel of llmc/model/cpu_layers.h opens with one line, `ProfileScope p("kind", flops, bytes, m, n, k)`,
-// which costs one branch when profiling is off. When it is on, the scope times the call and adds it to
-// the step's row for that kind and shape (each matmul shape is its own row: the LM head's (BT x Vp x C)
-// behaves nothing like a layer's). After each step the trainer prints the table:
+// Every kernel of llmc/model/cpu_layers.h opens with one line,
+//     LAYER_PROFILE("kind", flops, bytes, m, n, k);
+// which this file (included before the layers) turns into a ProfileScope; without it the macro is
+// empty, so the layers include nothing of the profiler. A scope costs one branch when profiling is
+// off. When it is on, it times the call and adds it to the step's row for that kind and shape (each
+// matmul shape is its own row: the LM head's (BT x Vp x C) behaves nothing like a layer's). After
+// each step the trainer prints the table:
 //     time (ms), share of the step, calls, and the achieved rate: GFLOP/s for matmuls and attention
 //     (2 flops per multiply-add, causal attention counted over the T(T+1)/2 scores it computes),
 //     GB/s for the memory-bound rest (bytes read + written once, what a perfect cache would move)
@@ -70,6 +73,13 @@ struct ProfileScope {
         r.calls++;
     }
 };
+
+// The layers' hook (llmc/model/cpu_layers.h, which leaves it empty when nothing defined it first):
+// one ProfileScope for the rest of the kernel's body.
+#ifdef LAYER_PROFILE
+#error "include llmc/probes/cpu_profile.h before llmc/model/cpu_layers.h: the layers' LAYER_PROFILE is already empty"
+#endif
+#define LAYER_PROFILE(...) ProfileScope layer_profile_scope(__VA_ARGS__)
 
 // Before the first step: switch on, with `matmul` (the trainer's, passed in so this file needs nothing
 // from it) as the ceiling's yardstick: C = A B at n^3, the best of 3 (a loaded machine only slows it).

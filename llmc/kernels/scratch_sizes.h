@@ -1,0 +1,32 @@
+// scratch_sizes.h — the launch constants that decide how much scratch a kernel needs, and that
+// scratch's size: what the GPU trainer's size table (llmc/memory/gpu_buffers.h) reserves for them.
+//
+// Each entry belongs to the kernel named above it, which includes this file and launches with these
+// very numbers. They are here, not in the kernel's .cuh, because the size table must read them too
+// and is host-only: g++ compiles it without CUDA for --estimate (llmc/memory/estimate.h, in both
+// trainers), so it cannot include a kernel file. This file is plain C++ for that reason, and holds
+// nothing else: a constant that sizes no buffer (threads per block, warps) stays in its kernel.
+#pragma once
+
+#include <cstddef>
+
+// llmc/kernels/layernorm.cuh, layernorm_backward: a block takes 64 rows and writes one partial of 2C
+// floats (the weight's and the bias's column sums); add_column_partials then sums the partials in order.
+constexpr int LN_BACKWARD_ROWS_PER_BLOCK = 64;
+inline size_t layernorm_backward_partials_floats(size_t rows, size_t C) {
+    return (rows + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
+}
+
+// llmc/kernels/matmul.cuh, bias_backward: a block sums 256 rows of dout into one partial of OC floats.
+constexpr int BIAS_BACKWARD_ROWS_PER_BLOCK = 256;
+inline size_t bias_backward_partials_floats(size_t rows, size_t OC) {
+    return (rows + BIAS_BACKWARD_ROWS_PER_BLOCK - 1) / BIAS_BACKWARD_ROWS_PER_BLOCK * OC;
+}
+
+// llmc/kernels/matmul.cuh, matmul_init: the workspace cuBLASLt's heuristic may plan with (the simple
+// attention's cuBLAS calls, llmc/kernels/attention.cuh, share it on the same stream).
+constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;
+
+// llmc/kernels/global_norm.cuh: a fixed grid, so the sum's order never depends on the GPU; one
+// partial per block, and the norm after them (GLOBAL_NORM_BLOCKS + 1 floats).
+constexpr int GLOBAL_NORM_BLOCKS = 512;

@@ -27,6 +27,7 @@
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
+#include "llmc/optim/adamw.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
@@ -415,7 +416,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 }
 
 // ==============================================================================================
-// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/model/cpu_layers.h).
+// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h).
 
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
 // (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced

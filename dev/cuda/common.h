@@ -33,6 +33,7 @@
 #include <functional>
 #include "dev/cuda/harness.h"
 #include "llmc/model/cpu_layers.h"  // the reference: the CPU trainer's own layers, named cpu::
+#include "llmc/optim/adamw.h"       // ... and its optimizer step (cpu::adamw_update, cpu::global_grad_norm)
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/matmul.cuh"  // CUBLAS_CHECK (and cuBLAS, for the GEMM ceiling)
 

@@ -3,7 +3,7 @@
 //
 // What is here: exp as vectorizable arithmetic; the linear layers (on the blocked SGEMM of
 // llmc/model/cpu_matmul.h, the one file this includes); the embedding, LayerNorm, causal attention,
-// GELU, residual and bias; the fused softmax + cross-entropy; the gradient norm, clipping and AdamW.
+// GELU, residual and bias; the fused softmax + cross-entropy.
 // Each opens with its math. Only math: no communication, no buffer tables, no profiler. The classifier
 // with the vocabulary split over tensor ranks needs the tensor group's all-reduces, so it lives with
 // tensor parallelism (llmc/parallel/tensor_parallel_loss.h), built from these pieces.
@@ -530,62 +530,6 @@ inline void crossentropy_softmax_backward(float* logits, const float* logsumexp,
         int target = targets[n] - vocab_begin;
         if (target >= 0 && target < V) z[target] -= dloss;
         for (int v = V; v < Vp; v++) z[v] = 0.0f;
-    }
-}
-
-// ==============================================================================================
-// The optimizer's arithmetic: global-norm clipping, then AdamW (the trainer's gpt2_update runs it
-// on the pieces of the model this rank updates).
-
-// The sum of squares of n gradients. Fixed-size chunks are summed in parallel and the chunk sums
-// added in order, so the result does not depend on the number of threads. With several ranks each
-// sums its shard and the shards' sums are added in rank order (comm_sum).
-inline double sum_of_squares(const float* grads, size_t n) {
-    LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
-    const size_t chunk = 1 << 16;
-    size_t chunks = (n + chunk - 1) / chunk;
-    std::vector<double> partial(chunks);
-    #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        double s = 0.0;
-        size_t end = std::min(n, (c + 1) * chunk);
-        #pragma omp simd reduction(+ : s)
-        for (size_t i = c * chunk; i < end; i++) s += (double)grads[i] * grads[i];
-        partial[c] = s;
-    }
-    double total = 0.0;
-    for (double s : partial) total += s;
-    return total;
-}
-
-// sqrt(sum of squares) over all gradients of one rank.
-inline float global_grad_norm(const float* grads, size_t n) { return (float)std::sqrt(sum_of_squares(grads, n)); }
-
-// The clip coefficient, as torch.nn.utils.clip_grad_norm_ computes it.
-inline float clip_coefficient(float norm, float max_norm) {
-    if (max_norm <= 0.0f) return 1.0f;
-    return std::min(1.0f, max_norm / (norm + 1e-6f));
-}
-
-// AdamW (Loshchilov & Hutter), with grad_scale applied to the gradients (for clipping):
-//   p <- p * (1 - lr*wd)                                  decoupled decay, 2-D weights only
-//   m <- b1 m + (1-b1) g;   v <- b2 v + (1-b2) g^2        moment estimates
-//   p <- p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   bias-corrected step
-// written in the same order of operations as PyTorch's implementation, so the two agree closely.
-inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int t, float grad_scale) {
-    LAYER_PROFILE("AdamW", 0, 7.0 * n * sizeof(float));  // reads p, g, m, v; writes p, m, v
-    float bias_correction1 = 1.0f - powf(beta1, (float)t);
-    float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
-    float step_size = lr / bias_correction1;
-    float decay = 1.0f - lr * weight_decay;
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float grad = grads[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * grad;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * grad * grad;
-        float denom = sqrtf(v[i]) / bias_correction2_sqrt + eps;
-        params[i] = params[i] * decay - step_size * m[i] / denom;
     }
 }
 

@@ -77,7 +77,7 @@ struct ProfileScope {
 // The layers' hook (llmc/model/cpu_layers.h, which leaves it empty when nothing defined it first):
 // one ProfileScope for the rest of the kernel's body.
 #ifdef LAYER_PROFILE
-#error "include llmc/probes/cpu_profile.h before llmc/model/cpu_layers.h: the layers' LAYER_PROFILE is already empty"
+#error "include llmc/probes/cpu_profile.h before llmc/model/cpu_layers.h and llmc/optim/adamw.h: their LAYER_PROFILE is already empty"
 #endif
 #define LAYER_PROFILE(...) ProfileScope layer_profile_scope(__VA_ARGS__)
 

@@ -37,7 +37,7 @@ $(warning NCCL not found (no nccl.h in $(CUDA_HOME)/include or /usr/include): no
 endif
 endif
 # CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
-GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp32))
+GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp32 comm_bench_gpu))
 # ... and the kernel lab: every program in dev/cuda/, into build/dev/ (for sm_90 alone without a GPU)
 DEV_TARGETS := $(if $(NVCC),dev)
 
@@ -71,7 +71,7 @@ CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.c
 include test/emu/emu.mk
 
 .PHONY: all test clean gpu-check dev
-all: train_gpt_cpu prepare_data tokenize_text hf_convert $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS) $(EMU_TARGETS)
+all: train_gpt_cpu prepare_data tokenize_text hf_convert comm_bench $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS) $(EMU_TARGETS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
@@ -82,6 +82,14 @@ train_gpt: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 
 train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) -DLLMC_FP32 $< -o $@ $(GPU_LDLIBS) -lnccl
+
+# The communication benchmark (dev/comm/comm_bench.h): every collective timed and checked, over MPI
+# on the host (comm.h, as the CPU trainer) and over NCCL on GPUs (comm_nccl.cuh, as the GPU trainer).
+comm_bench: dev/comm/comm_bench.cpp dev/comm/comm_bench.h $(HOST_HEADERS)
+	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
+
+comm_bench_gpu: dev/comm/comm_bench.cu dev/comm/comm_bench.h $(HOST_HEADERS) $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
 
 # the communication layer's own check on GPUs (not a test_*: it needs mpirun; gpu-check runs it)
 build/gpu_comm_check: test/gpu_comm_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
@@ -145,4 +153,4 @@ test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text hf_convert
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text hf_convert comm_bench comm_bench_gpu

@@ -115,6 +115,8 @@ def verify(c):
             want = reduce(c["in"], t, c["op"])[r * n:(r + 1) * n]
         elif c["kind"] == "all_gather":
             want = np.concatenate(c["in"])
+        elif c["kind"] == "broadcast":
+            want = c["in"][c["root"]]
         else:  # shift: rank r received what rank r - root sent
             want = c["in"][(r - c["root"]) % ranks]
         if out.tobytes() != want.tobytes():
@@ -127,7 +129,7 @@ def verify(c):
 EXPECTED = ["allreduce_sum_f32", "allreduce_sum_f32_inplace", "allreduce_sum_bf16_inplace", "allreduce_sum_bf16",
             "allreduce_sum_f64", "allreduce_max_f32_inplace", "allreduce_max_bf16", "allreduce_empty",
             "reduce_sum_bf16_inplace_to_last", "reduce_sum_f32_to_0", "reducescatter_sum_bf16_inplace",
-            "reducescatter_sum_f32", "allgather_f64_inplace", "allgather_bf16", "grouped_reduce_a", "grouped_reduce_b",
+            "reducescatter_sum_f32", "allgather_f64_inplace", "allgather_bf16", "broadcast_f32_from_last", "broadcast_u8_inplace", "grouped_reduce_a", "grouped_reduce_b",
             "grouped_reduce_c", "ring_forward", "ring_backward", "split_allreduce_sum_f32", "split_allgather_f32",
             "nocolor_allreduce_sum_bf16", "byid_allgather_f64_inplace"]
 

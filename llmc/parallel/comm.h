@@ -65,12 +65,15 @@
 //     reduce          n from every rank but the root
 //     broadcast       (N-1) n on the root, 0 elsewhere
 //     send            n               (point to point, pipeline parallelism)
+//     all-to-all      (N-1)/N n       (n = the whole send array; block j goes to rank j, one stays)
 // MPI may pick other algorithms inside; these counts are what a ring on a fast network moves, the
 // convention of the cost tables in docs/parallelism.md, so --estimate's predictions can be checked
 // against the collectives a run really made.
-enum CommOp { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_REDUCE, COMM_BROADCAST, COMM_SEND, COMM_NUM_OPS };
+enum CommOp { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_REDUCE, COMM_BROADCAST, COMM_SEND,
+              COMM_ALL_TO_ALL, COMM_NUM_OPS };
 inline const char* comm_op_name(int op) {
-    static const char* names[COMM_NUM_OPS] = {"all-reduce", "reduce-scatter", "all-gather", "reduce", "broadcast", "send"};
+    static const char* names[COMM_NUM_OPS] = {"all-reduce", "reduce-scatter", "all-gather", "reduce", "broadcast", "send",
+                                              "all-to-all"};
     return names[op];
 }
 struct CommCounters {
@@ -355,6 +358,25 @@ inline void comm_all_gather(Comm* c, void* full, size_t shard_bytes, const char*
     if (shard_bytes > (size_t)INT_MAX) fail("%s: a shard of %zu bytes is more than MPI can count; use more ranks", what, shard_bytes);
     MPI_Request r;
     MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, (int)shard_bytes, MPI_BYTE, c->handle, &r), what);
+    comm_wait(c, &r, what);
+#endif
+}
+
+// All-to-all: send holds world_size blocks of block_bytes; block j goes to rank j, and recv's block
+// j comes from rank j (send and recv must not overlap). Every rank keeps one block and exchanges the
+// other N-1, so nothing is reduced and no rank is a hub: the exchange of expert parallelism (tokens to
+// the rank of their expert and back) and of a transpose of a sharded matrix. Bytes, as all-gather.
+inline void comm_all_to_all(Comm* c, const void* send, void* recv, size_t block_bytes, const char* what) {
+    if (c->world_size == 1) {
+        memcpy(recv, send, block_bytes);
+        return;
+    }
+    comm_require_mpi(c, what);
+    comm_count(c, COMM_ALL_TO_ALL, (uint64_t)(c->world_size - 1) * block_bytes);
+#ifdef USE_MPI
+    if (block_bytes > (size_t)INT_MAX) fail("%s: a block of %zu bytes is more than MPI can count; use more ranks", what, block_bytes);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ialltoall(send, (int)block_bytes, MPI_BYTE, recv, (int)block_bytes, MPI_BYTE, c->handle, &r), what);
     comm_wait(c, &r, what);
 #endif
 }

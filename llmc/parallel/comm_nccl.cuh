@@ -43,7 +43,8 @@
 // every rank the same bits (tensor parallelism's replicas), an all-reduce of maxima (the vocabulary-
 // parallel loss), and point-to-point sends and receives (pipelines).
 //
-// Beyond comm.h's collectives there are two more here:
+// Beyond comm.h's collectives (and broadcast and all-to-all, which dev/comm/comm_bench measures) there
+// are two more here:
 //   - reduce to owners (gpu_reduce_to_owners): every piece of some ranges of a flat array summed
 //     onto the rank whose ZeRO shard holds it; one ncclReduce per piece, in one NCCL group. It is
 //     a reduce-scatter with pieces of any size, which is what a bucket of layers needs (sharding.h);
@@ -318,6 +319,60 @@ inline void gpu_group_begin(GpuComm* g, const char* what) {
 }
 inline void gpu_group_end(GpuComm* g, const char* what) {
     if (g->nccl) GPU_COMM_NCCL(g, ncclGroupEnd(), what);
+}
+
+// In place: every rank ends with rank `root`'s `bytes` (a model's initial weights, a pipeline's
+// tokens). Host staging copies through host memory and broadcasts over MPI.
+inline void gpu_broadcast(GpuComm* g, void* data, size_t bytes, int root, const char* what) {
+    if (g->host->world_size == 1 || bytes == 0) return;
+    if (!g->host_staged) {
+        GPU_COMM_NCCL(g, ncclBroadcast(data, data, bytes, ncclUint8, root, g->nccl, g->stream), what);
+        return;
+    }
+    g->staging.resize((bytes + 3) / 4);
+    char* host = (char*)g->staging.data();
+    if (g->host->rank == root) {
+        GPU_COMM_CUDA(g, cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, g->stream), what);
+        gpu_comm_wait(g, what);
+    }
+    comm_broadcast(g->host, host, bytes, root, what);
+    if (g->host->rank != root) {
+        GPU_COMM_CUDA(g, cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, g->stream), what);
+        gpu_comm_wait(g, what);
+    }
+}
+
+// All-to-all (comm.h's comm_all_to_all): block j of `send` goes to rank j, block j of `recv` comes
+// from rank j. NCCL has no all-to-all call: it is N-1 sends and N-1 receives in one group (so that
+// they all progress together, as a single kernel), and this rank's own block is a copy on the stream.
+inline void gpu_all_to_all(GpuComm* g, const void* send, void* recv, size_t block_bytes, const char* what) {
+    int world = g->host->world_size, rank = g->host->rank;
+    const char* in = (const char*)send;
+    char* out = (char*)recv;
+    if (world == 1 || !g->host_staged) {
+        GPU_COMM_CUDA(g, cudaMemcpyAsync(out + (size_t)rank * block_bytes, in + (size_t)rank * block_bytes, block_bytes,
+                                         cudaMemcpyDeviceToDevice, g->stream), what);
+    }
+    if (world == 1) return;
+    if (!g->host_staged) {
+        gpu_group_begin(g, what);
+        for (int peer = 0; peer < world; peer++) {
+            if (peer == rank) continue;
+            GPU_COMM_NCCL(g, ncclSend(in + (size_t)peer * block_bytes, block_bytes, ncclUint8, peer, g->nccl, g->stream), what);
+            GPU_COMM_NCCL(g, ncclRecv(out + (size_t)peer * block_bytes, block_bytes, ncclUint8, peer, g->nccl, g->stream), what);
+        }
+        gpu_group_end(g, what);
+        return;
+    }
+    size_t total = (size_t)world * block_bytes;
+    g->staging.resize((2 * total + 3) / 4);
+    char* host_in = (char*)g->staging.data();
+    char* host_out = host_in + total;
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(host_in, send, total, cudaMemcpyDeviceToHost, g->stream), what);
+    gpu_comm_wait(g, what);
+    comm_all_to_all(g->host, host_in, host_out, block_bytes, what);
+    GPU_COMM_CUDA(g, cudaMemcpyAsync(recv, host_out, total, cudaMemcpyHostToDevice, g->stream), what);
+    gpu_comm_wait(g, what);
 }
 
 // Reduce to owners: for every range, each of its pieces (cut at the shards of `layout`) is summed

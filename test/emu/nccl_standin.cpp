@@ -28,7 +28,7 @@
 // sum computed by one rank, then an all-gather) does, on NCCL as here. Maxima are exact in any
 // order (a NaN anywhere gives NaN). Reductions exist for float32, float64 and bfloat16 with sum and
 // max, the ones the repo uses; any other type or operation is refused with a message naming it.
-// Copies (all-gather, send, receive) take every type. Large arrays go in chunks of
+// Copies (all-gather, broadcast, send, receive) take every type. Large arrays go in chunks of
 // LLMC_EMU_NCCL_CHUNK_BYTES per rank (default 4 MiB), which bounds the scratch memory at N chunks.
 //
 // In place, as NCCL defines it: all-reduce and reduce when sendbuff == recvbuff; reduce-scatter
@@ -214,7 +214,7 @@ static void reduce_buffers(const void* in, size_t n, int nranks, ncclDataType_t 
 // Operations: what a call asks for, kept until its group ends.
 
 enum Kind : int32_t { KIND_ALL_REDUCE, KIND_REDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER, KIND_SPLIT, KIND_FINALIZE,
-                      KIND_SEND, KIND_RECV };
+                      KIND_SEND, KIND_RECV, KIND_BROADCAST };
 
 // What every rank must agree on, exchanged before each collective (24 bytes, no padding).
 struct CallDescription {
@@ -228,6 +228,7 @@ static std::string describe(const CallDescription& d) {
         case KIND_REDUCE: return strprintf("ncclReduce(count %llu, %s, %s, root %d)", (unsigned long long)d.count, type_name(d.type), op_name(d.op), d.root);
         case KIND_REDUCE_SCATTER: return strprintf("ncclReduceScatter(recvcount %llu, %s, %s)", (unsigned long long)d.count, type_name(d.type), op_name(d.op));
         case KIND_ALL_GATHER: return strprintf("ncclAllGather(sendcount %llu, %s)", (unsigned long long)d.count, type_name(d.type));
+        case KIND_BROADCAST: return strprintf("ncclBroadcast(count %llu, %s, root %d)", (unsigned long long)d.count, type_name(d.type), d.root);
         case KIND_SPLIT: return "ncclCommSplit";
         case KIND_FINALIZE: return "ncclCommFinalize";
         case KIND_SEND: return strprintf("ncclSend(count %llu, %s) to rank %d", (unsigned long long)d.count, type_name(d.type), d.root);
@@ -304,6 +305,13 @@ static ncclResult_t run_collective(const Op& o) {
         gathered.bytes->resize((size_t)ranks * m * es);
         char* g = gathered.bytes->data();
         MPI_Request request;
+        if (d.kind == KIND_BROADCAST) {  // a copy: the root's bytes straight into everyone's recvbuff
+            if (c->rank == d.root && in != out) memcpy(out + off * es, in + off * es, m * es);
+            TRY_MPI(c, MPI_Ibcast(out + off * es, bytes, MPI_BYTE, d.root, c->mpi, &request));
+            r = wait_request(c, &request, stall);
+            if (r != ncclSuccess) return r;
+            continue;
+        }
         if (d.kind == KIND_ALL_REDUCE || d.kind == KIND_ALL_GATHER) {
             TRY_MPI(c, MPI_Iallgather(in + off * es, bytes, MPI_BYTE, g, bytes, MPI_BYTE, c->mpi, &request));
         } else if (d.kind == KIND_REDUCE) {
@@ -733,6 +741,16 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff + (size_t)comm->rank * sendcount * type_bytes(datatype);
     r = check_op(o, false, sendcount, (size_t)comm->nranks * sendcount, in_place);
+    return r == ncclSuccess ? issue(o) : r;
+}
+
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t) {
+    Op o{{KIND_BROADCAST, datatype, 0, root, count}, comm, sendbuff, recvbuff};
+    ncclResult_t r = check_comm(comm, "ncclBroadcast");
+    if (r != ncclSuccess) return r;
+    if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
+    r = check_op(o, false, comm->rank == root ? count : 0, count, nullptr);  // sendbuff is read at the root only
     return r == ncclSuccess ? issue(o) : r;
 }
 

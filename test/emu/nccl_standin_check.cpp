@@ -3,7 +3,7 @@
 //
 //     mpirun -np N build/emu/nccl_standin_check collectives DIR
 //         runs every collective the repo uses (all-reduce sum and max, reduce, reduce-scatter,
-//         all-gather; bf16, fp32, fp64; in place and out of place; counts that divide nothing),
+//         all-gather, broadcast; bf16, fp32, fp64; in place and out of place; counts that divide nothing),
 //         grouped reduces, a ring of grouped sends and receives, on the world's communicator, on
 //         split ones and on ones made from separate unique ids. Each rank writes, per case, its
 //         input and its output (raw bytes) and a manifest line; the Python test computes the
@@ -74,8 +74,8 @@ static void fill(char* p, size_t n, ncclDataType_t t) {
 
 // ---- cases
 
-enum Kind { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, SHIFT };
-static const char* kind_names[] = {"all_reduce", "reduce", "reduce_scatter", "all_gather", "shift"};
+enum Kind { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, SHIFT, BROADCAST };
+static const char* kind_names[] = {"all_reduce", "reduce", "reduce_scatter", "all_gather", "shift", "broadcast"};
 
 struct Case {
     const char* name;
@@ -83,7 +83,7 @@ struct Case {
     ncclDataType_t type;
     ncclRedOp_t op;
     size_t count;      // NCCL's count argument (recvcount for reduce-scatter, sendcount for all-gather)
-    int root;          // reduce: the root; shift: send to rank + root, receive from rank - root
+    int root;          // reduce, broadcast: the root; shift: send to rank + root, receive from rank - root
     bool in_place;
 };
 
@@ -153,6 +153,7 @@ static void issue(Prepared& p) {
         case REDUCE: NCCL_CHECK(ncclReduce(p.send, p.recv, c.count, c.type, c.op, c.root, p.comm, nullptr)); break;
         case REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(p.send, p.recv, c.count, c.type, c.op, p.comm, nullptr)); break;
         case ALL_GATHER: NCCL_CHECK(ncclAllGather(p.send, p.recv, c.count, c.type, p.comm, nullptr)); break;
+        case BROADCAST: NCCL_CHECK(ncclBroadcast(p.send, p.recv, c.count, c.type, c.root, p.comm, nullptr)); break;
         case SHIFT: {
             int to = (p.rank + c.root + p.ranks) % p.ranks, from = (p.rank - c.root + p.ranks) % p.ranks;
             NCCL_CHECK(ncclSend(p.send, c.count, c.type, to, p.comm, nullptr));
@@ -217,6 +218,8 @@ static void collectives() {
         {"reducescatter_sum_f32", REDUCE_SCATTER, ncclFloat32, ncclSum, 5, 0, false},
         {"allgather_f64_inplace", ALL_GATHER, ncclFloat64, ncclSum, 1, 0, true},
         {"allgather_bf16", ALL_GATHER, ncclBfloat16, ncclSum, 13, 0, false},
+        {"broadcast_f32_from_last", BROADCAST, ncclFloat32, ncclSum, 77, last, false},
+        {"broadcast_u8_inplace", BROADCAST, ncclUint8, ncclSum, 1001, 0, true},
     };
     for (const Case& c : singles) run_cases({c}, world, false);
     // Reduce to owners (comm_nccl.cuh's gpu_reduce_to_owners): pieces to different roots, one group.

@@ -50,15 +50,16 @@ def rows(out):
 
 
 def arithmetic_problem(row, n):
-    """'' if the row's numbers obey the definitions to the printed rounding (time 0.01 us, GB/s 0.001)."""
+    """'' if the row's numbers obey the definitions to the printed rounding (time to 0.01 us, bandwidths
+    to 4 significant digits: a relative error of at most 5e-4 each)."""
     size, count, _, op, t, algbw, busbw, _ = row
     if count * 4 != size:
         return f"count {count} is not size {size} / 4"
     f = factor(op, n)
-    if abs(busbw - f * algbw) > 0.0005 * (1 + f) + 1e-9:
+    if algbw <= 0 or abs(busbw - f * algbw) > 5e-4 * (busbw + f * algbw) + 1e-12:
         return f"busbw {busbw} is not {f:.4f} * algbw {algbw}"
-    low = size / ((t + 0.005) * 1e3) - 0.0005
-    high = size / ((t - 0.005) * 1e3) + 0.0005 if t > 0.005 else float("inf")
+    low = size / ((t + 0.005) * 1e3) * (1 - 5e-4)
+    high = size / ((t - 0.005) * 1e3) * (1 + 5e-4) if t > 0.005 else float("inf")
     if not low <= algbw <= high:
         return f"algbw {algbw} GB/s is not size {size} B / time {t} us"
     return ""

@@ -316,7 +316,7 @@ inline int bench_main(Backend& b, const BenchOptions& o) {
             if (b.rank == 0) {
                 double size = (double)(count * sizeof(float)), algbw = size / seconds / 1e9;
                 std::string check = wrong_total == 0 ? "ok" : strprintf("FAIL(%.0f wrong)", wrong_total);
-                printf("  %12zu %12zu %6s %15s %11.2f %11.3f %11.3f  %s\n", count * sizeof(float), count, "float",
+                printf("  %12zu %12zu %6s %15s %11.2f %11.4g %11.4g  %s\n", count * sizeof(float), count, "float",
                        bench_op_name(op), seconds * 1e6, algbw, algbw * bus_factor(op, b.ranks), check.c_str());
                 fflush(stdout);
             }

@@ -12,6 +12,8 @@ struct MpiBackend {
     std::vector<float> send, recv;  // the buffers the collectives read and write: host memory
     std::vector<CommSend> pending;
 
+    MpiBackend(Comm* c, size_t most) : comm(c), rank(c->rank), ranks(c->world_size), send(most), recv(most) {}
+
     float* host_send() { return send.data(); }
     float* host_recv() { return recv.data(); }
     void upload(size_t) {}
@@ -42,18 +44,4 @@ struct MpiBackend {
     }
 };
 
-int main(int argc, char** argv) {
-    BenchOptions o = bench_parse(argc, argv, "./comm_bench");
-    Comm comm;
-    comm_init(&comm, 600);
-    MpiBackend b;
-    b.comm = &comm;
-    b.rank = comm.rank;
-    b.ranks = comm.world_size;
-    size_t most = o.max_bytes / sizeof(float);
-    b.send.assign(most, 0.0f);
-    b.recv.assign(most, 0.0f);
-    int code = bench_main(b, o);
-    comm_finalize(&comm);
-    return code;
-}
+int main(int argc, char** argv) { return bench_program<MpiBackend>(argc, argv, "./comm_bench"); }

@@ -12,12 +12,28 @@
 #include "llmc/parallel/comm_nccl.cuh"
 
 struct NcclBackend {
-    GpuComm* g;
+    GpuComm gpu_comm;
+    GpuComm* g = &gpu_comm;
     int rank, ranks;
-    const char* transport;
+    const char* transport = "";
     float *send = nullptr, *recv = nullptr;  // device buffers
     std::vector<float> host_in, host_out;    // the harness's inputs and results on the host
     std::vector<GpuStagedSend> staged;       // host-staged sends in flight
+
+    // Picks this rank's GPU, builds the communicator, and allocates `most` floats per buffer.
+    NcclBackend(Comm* host, size_t most) : rank(host->rank), ranks(host->world_size) {
+        gpu_comm_init(g, host);
+        transport = ranks == 1 ? "one GPU" : g->host_staged ? "host-staged MPI (ranks share a GPU)" : "NCCL";
+        GPU_COMM_CUDA(g, cudaMalloc(&send, most * sizeof(float)), "allocating the buffers");
+        GPU_COMM_CUDA(g, cudaMalloc(&recv, most * sizeof(float)), "allocating the buffers");
+        host_in.assign(most, 0.0f);
+        host_out.assign(most, 0.0f);
+    }
+    ~NcclBackend() {
+        GPU_COMM_CUDA(g, cudaFree(send), "freeing the buffers");
+        GPU_COMM_CUDA(g, cudaFree(recv), "freeing the buffers");
+        gpu_comm_finalize(g);
+    }
 
     float* host_send() { return host_in.data(); }
     float* host_recv() { return host_out.data(); }
@@ -55,26 +71,4 @@ struct NcclBackend {
     }
 };
 
-int main(int argc, char** argv) {
-    BenchOptions o = bench_parse(argc, argv, "./comm_bench_gpu");
-    Comm comm;
-    comm_init(&comm, 600);
-    GpuComm g;
-    gpu_comm_init(&g, &comm);
-    NcclBackend b;
-    b.g = &g;
-    b.rank = comm.rank;
-    b.ranks = comm.world_size;
-    b.transport = comm.world_size == 1 ? "one GPU" : g.host_staged ? "host-staged MPI (ranks share a GPU)" : "NCCL";
-    size_t most = o.max_bytes / sizeof(float);
-    GPU_COMM_CUDA(&g, cudaMalloc(&b.send, most * sizeof(float)), "allocating the buffers");
-    GPU_COMM_CUDA(&g, cudaMalloc(&b.recv, most * sizeof(float)), "allocating the buffers");
-    b.host_in.assign(most, 0.0f);
-    b.host_out.assign(most, 0.0f);
-    int code = bench_main(b, o);
-    GPU_COMM_CUDA(&g, cudaFree(b.send), "freeing the buffers");
-    GPU_COMM_CUDA(&g, cudaFree(b.recv), "freeing the buffers");
-    gpu_comm_finalize(&g);
-    comm_finalize(&comm);
-    return code;
-}
+int main(int argc, char** argv) { return bench_program<NcclBackend>(argc, argv, "./comm_bench_gpu"); }

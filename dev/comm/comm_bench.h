@@ -263,6 +263,7 @@ inline size_t bench_check(int op, size_t count, int rank, int ranks, const std::
 
 // ----------------------------------------------------------------------------------------------
 // The run. A Backend (comm_bench.cpp: MPI; comm_bench.cu: NCCL) provides:
+//     Backend(Comm* comm, size_t most)               buffers of `most` floats (on GPUs: the communicator)
 //     int rank, ranks; const char* transport;
 //     float* host_send(); float* host_recv();        host arrays of the harness's inputs and results
 //     void upload(size_t count); void download(size_t count);  host <-> buffers (no-ops on the host)
@@ -327,4 +328,21 @@ inline int bench_main(Backend& b, const BenchOptions& o) {
         else printf("FAIL: %zu of %zu results had wrong elements (the check column says how many)\n", failed_results, results);
     }
     return failed_results == 0 ? 0 : 1;
+}
+
+// Both programs' main: the flags, then joining the other ranks (in that order, so that a typo stops
+// every rank alike before any waits for another), the run, and leaving (the backend, and with it
+// NCCL, closed before MPI).
+template <class Backend>
+inline int bench_program(int argc, char** argv, const char* program) {
+    BenchOptions o = bench_parse(argc, argv, program);
+    Comm comm;
+    comm_init(&comm, 600);
+    int code;
+    {
+        Backend b(&comm, o.max_bytes / sizeof(float));
+        code = bench_main(b, o);
+    }
+    comm_finalize(&comm);
+    return code;
 }

@@ -10,7 +10,7 @@
    result before the check; every row must then say FAIL and the program exit 1.
 3. Bad flags: one line, exit 2 (alone and under mpirun, where only rank 0 speaks).
 4. The GPU build on the CUDA emulation (build/emu/comm_bench_gpu: comm_nccl.cuh over the NCCL
-   stand-in, and the host-staged path with 2 ranks on one GPU), 2 ranks, correctness only.
+   stand-in with 2 and 3 ranks, and the host-staged path with 2 ranks on one GPU), correctness only.
 """
 import os, shutil, subprocess, sys
 from checks import report, exit_code
@@ -119,14 +119,17 @@ def check_emulated():
     if not os.path.exists(EMU):
         print(f"SKIP: comm_bench_gpu on the CUDA emulation ({EMU} is not built: it needs CUDA's headers and MPI)")
         return
-    for devices, label in (("4", "NCCL stand-in"), ("1", "host-staged, one GPU shared")):
-        code, out, err = run(EMU, 2, ["--min-bytes", "1K", "--max-bytes", "8K", "--iters", "1", "--warmup", "0"],
+    # 3 ranks: sizes that do not split evenly (1 KiB = 256 floats: 255 of them in 3 shards)
+    for devices, ranks, label in (("4", 2, "NCCL stand-in"), ("4", 3, "NCCL stand-in"), ("1", 2, "host-staged, one GPU shared")):
+        code, out, err = run(EMU, ranks, ["--min-bytes", "1K", "--max-bytes", "8K", "--iters", "1", "--warmup", "0"],
                              env={"CUDA_EMU_DEVICES": devices})
         table = rows(out)
-        transport = "host-staged" in out if devices == "1" else "NCCL" in out.splitlines()[0] if out else False
-        report(code == 0 and len(table) == 24 and all(r[7] == "ok" for r in table) and transport,
-               f"comm_bench_gpu (emulated, 2 ranks, {label}): all 6 operations at 4 sizes checked correct",
-               f"exit code {code}, {len(table)} rows\n{out[-1500:]}{err[-1500:]}")
+        first = out.splitlines()[0] if out else ""
+        transport = ("host-staged" if devices == "1" else "NCCL") in first
+        problems = [f"{r[3]} {r[0]} B: {arithmetic_problem(r, ranks)}" for r in table if arithmetic_problem(r, ranks)]
+        report(code == 0 and len(table) == 24 and all(r[7] == "ok" for r in table) and transport and not problems,
+               f"comm_bench_gpu (emulated, {ranks} ranks, {label}): all 6 operations at 4 sizes checked correct",
+               f"exit code {code}, {len(table)} rows, {problems[:2]}\n{out[-1500:]}{err[-1500:]}")
 
 
 def main():

@@ -8,7 +8,8 @@
 #      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
 #      bit-exact resume on a grid, the bubble); and the communication layer's exact sums
 #      (build/gpu_comm_check under mpirun): 2 ranks host-staged and, on a machine with several GPUs,
-#      all of them over NCCL
+#      all of them over NCCL; and the communication benchmark (./comm_bench_gpu, dev/comm/comm_bench.h:
+#      every collective timed and checked) on every GPU, and on 2 ranks sharing one
 #   4. "train": a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same
 #      on synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory; with several GPUs,
 #      also on all of them (mpirun, NCCL, ZeRO-1)
@@ -72,11 +73,13 @@ fi
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-comm_check() {  # name, log, ranks, env assignments...
+comm_check() {  # name, log, ranks, [VAR=value ...] program [flags ...]
     local name=$1 log=$2 np=$3
     shift 3
+    local vars=()
+    while [[ "${1:-}" == *=* ]]; do vars+=("$1"); shift; done
     echo "== $name"
-    if env "$@" "${MPIRUN[@]}" -np "$np" build/gpu_comm_check >"$log" 2>&1; then
+    if env ${vars[@]+"${vars[@]}"} "${MPIRUN[@]}" -np "$np" "$@" >"$log" 2>&1; then
         row PASS "$name" "$(grep -c '^PASS' "$log") checks"
     else
         tail -20 "$log"
@@ -88,8 +91,14 @@ if ! part parallel; then
 elif ! command -v mpirun >/dev/null; then
     row SKIP "communication checks" "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
 elif make build/gpu_comm_check >>"$OUT/build.log" 2>&1; then
-    comm_check "comm check: 2 ranks, host-staged" "$OUT/comm_check_staged.log" 2 LLMC_HOST_STAGED=1
-    if [ "$GPUS" -ge 2 ]; then comm_check "comm check: $GPUS ranks over NCCL" "$OUT/comm_check_nccl.log" "$GPUS"; fi
+    comm_check "comm check: 2 ranks, host-staged" "$OUT/comm_check_staged.log" 2 LLMC_HOST_STAGED=1 build/gpu_comm_check
+    if [ "$GPUS" -ge 2 ]; then comm_check "comm check: $GPUS ranks over NCCL" "$OUT/comm_check_nccl.log" "$GPUS" build/gpu_comm_check; fi
+    if make comm_bench_gpu >>"$OUT/build.log" 2>&1; then  # the table is in the log
+        comm_check "comm_bench: $GPUS GPU(s), 1 KiB to 256 MiB" "$OUT/comm_bench.log" "$GPUS" ./comm_bench_gpu --max-bytes 256M --iters 10
+        comm_check "comm_bench: 2 ranks on one GPU, host-staged" "$OUT/comm_bench_staged.log" 2 ./comm_bench_gpu --max-bytes 16M --iters 5
+    else
+        row FAIL "build comm_bench_gpu" "see $OUT/build.log"
+    fi
 else
     row FAIL "build build/gpu_comm_check" "see $OUT/build.log"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_comm_builds.sh — every build of the communication layer compiles, including the ones this
 # machine cannot run:
-#   - the CPU trainer without MPI (a user without Open MPI must still get a single-rank trainer);
+#   - the CPU trainer without MPI (a user without Open MPI must still get a single-rank trainer), and
+#     the communication benchmark (dev/comm/comm_bench.cpp);
 #   - llmc/parallel/comm_nccl.cuh (NCCL + CUDA) through test/gpu_comm_check.cu, with nvcc, without and with
 #     MPI, and linked against NCCL when its library is present (so every NCCL call it names exists);
 #   - the GPU trainer without MPI, linked (one GPU, or many under srun with NCCL alone; `make` builds
@@ -26,6 +27,8 @@ check() {  # check NAME COMMAND...: PASS if the command succeeds, else FAIL with
 CXX=${CXX:-g++}
 check "the CPU trainer compiles without MPI (single rank)" \
     "$CXX" -std=c++17 -fopenmp -I. -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only train_gpt_cpu.cpp
+check "the communication benchmark compiles without MPI (single rank)" \
+    "$CXX" -std=c++17 -I. -Wall -Wextra -Wno-unused-parameter -Werror -fsyntax-only dev/comm/comm_bench.cpp
 
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -z "$NVCC" ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_comm_bench.py — the communication benchmark (dev/comm/comm_bench.h) measures what it says.
 
-1. ./comm_bench (MPI, llmc/parallel/comm.h) under mpirun with 2 and 4 ranks, at small sizes and a few
+1. ./comm_bench (MPI, llmc/parallel/comm.h) alone and under mpirun with 2 and 4 ranks, at small sizes and a few
    iterations: every operation and every size has a row, every result's check passed on every rank,
    the sizes double from --min-bytes to --max-bytes, and the printed numbers obey nccl-tests'
    definitions: algbw = size / time and busbw / algbw = 2(N-1)/N (all-reduce), (N-1)/N
@@ -66,8 +66,8 @@ def arithmetic_problem(row, n):
 
 
 def check_cpu(n):
-    label = f"comm_bench, {n} ranks (MPI)"
-    code, out, err = run(CPU, n, SMALL)
+    label = f"comm_bench, {n} ranks (MPI)" if n > 1 else "comm_bench, 1 rank (no mpirun)"
+    code, out, err = run(CPU, n if n > 1 else 0, SMALL)
     table = rows(out)
     sizes = [1024 << k for k in range(7)]
     want = [(op, s) for op in OPS for s in sizes]
@@ -139,6 +139,7 @@ def main():
     if not os.path.exists(CPU):
         report(False, "comm_bench is built", f"{CPU} is missing: run make")
         return exit_code()
+    check_cpu(1)
     check_cpu(2)
     check_cpu(4)
     check_planted_bug()

@@ -35,6 +35,10 @@ struct MpiBackend {
             case OP_ALL_TO_ALL: comm_all_to_all(comm, send.data(), out, block * sizeof(float), "all-to-all"); break;
             case OP_BROADCAST: comm_broadcast(comm, out, count * sizeof(float), 0, "broadcast"); break;
             case OP_SEND_RECV:
+                if (ranks == 1) {  // the "next rank" is this one (and a build without MPI cannot send)
+                    memcpy(out, send.data(), count * sizeof(float));
+                    break;
+                }
                 // the ring shift of pipeline stages: send on (non-blocking), receive, then finish the send
                 comm_send(comm, send.data(), count, (rank + 1) % ranks, 0, &pending, "send-recv (send)");
                 comm_recv(comm, out, count, (rank - 1 + ranks) % ranks, 0, "send-recv (receive)");

@@ -154,7 +154,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"prompt-file", "FILE", "Generation", "like --generate, with the prompt read from FILE", K::String, &o.prompt_file, Scope::Both},
         {"num-samples", "N", "Generation", "samples to draw from the prompt, each from its own seed (--seed + i)", K::Int, &o.num_samples, Scope::Both},
         {"kv-cache", "0|1", "Generation", "1: cache each layer's keys and values, so a new token costs one position; 0: recompute the whole window for every token (to check and time the cache)", K::Int, &o.kv_cache, Scope::Both},
-        {"json", nullptr, "Generation", "print one JSON line per sample (prompt, tokens, text) instead of the text", K::Switch, &o.json, Scope::Both},
+        {"json", nullptr, "Generation", "print one JSON line per sample instead of the text: prompt, prompt_tokens, tokens, text, and each token's log-probability (logprobs)", K::Switch, &o.json, Scope::Both},
         {"out-dir", "DIR", "Output", "where checkpoints and metrics.jsonl go", K::String, &o.out_dir, Scope::Both},
         {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
         {"resume", "CKPT", "Output", "continue from a checkpoint directory; 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh", K::String, &o.resume, Scope::Both},

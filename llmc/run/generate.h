@@ -34,7 +34,9 @@
 // small ones) takes its prompt as token ids separated by spaces and prints token ids.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -134,10 +136,23 @@ inline uint64_t sample_rng_seed(uint64_t seed, int i) {
     return s ? s : 1;
 }
 
-// `count` tokens after `prompt`, each drawn from next_logits (the window policy above).
+// log p(token) under the model's distribution (softmax of the raw logits, before temperature and
+// cuts): what --json reports per token, and what lets the tests compare two paths more finely than
+// by the tokens they pick.
+inline double token_logprob(const float* logits, int vocab_size, int token) {
+    float max_logit = *std::max_element(logits, logits + vocab_size);
+    double total = 0.0;
+    for (int i = 0; i < vocab_size; i++) total += std::exp((double)logits[i] - max_logit);
+    return (double)logits[token] - max_logit - std::log(total);
+}
+
+// `count` tokens after `prompt`, each drawn from next_logits (the window policy above), and each
+// one's log-probability into *logprobs.
 inline std::vector<int> generate_tokens(const std::vector<int>& prompt, int count, int context, int vocab_size,
-                                        const TrainOptions& o, uint64_t* rng, const NextLogits& next_logits) {
+                                        const TrainOptions& o, uint64_t* rng, const NextLogits& next_logits,
+                                        std::vector<double>* logprobs) {
     std::vector<int> tokens = prompt;
+    logprobs->clear();
     int first = 0, cached = 0;
     for (int i = 0; i < count; i++) {
         if ((int)tokens.size() - first > context) {  // the window is full: keep its newest half
@@ -147,6 +162,7 @@ inline std::vector<int> generate_tokens(const std::vector<int>& prompt, int coun
         const float* logits = next_logits(tokens, first, cached);
         cached = (int)tokens.size() - first;
         tokens.push_back(sample_token(logits, vocab_size, o.temperature, o.top_k, rng, o.top_p));
+        logprobs->push_back(token_logprob(logits, vocab_size, tokens.back()));
     }
     return std::vector<int>(tokens.begin() + (ptrdiff_t)prompt.size(), tokens.end());
 }
@@ -169,13 +185,17 @@ inline void run_generation(const TrainOptions& o, const GPT2Config& cfg, const c
     for (int i = 0; i < o.num_samples; i++) {
         uint64_t rng = sample_rng_seed(o.seed, i);
         auto start = std::chrono::steady_clock::now();
-        std::vector<int> generated = generate_tokens(prompt, o.sample_tokens, cfg.max_seq_len, cfg.vocab_size, o, &rng, next_logits);
+        std::vector<double> logprobs;
+        std::vector<int> generated = generate_tokens(prompt, o.sample_tokens, cfg.max_seq_len, cfg.vocab_size, o, &rng,
+                                                     next_logits, &logprobs);
         seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         std::string continuation = decode_tokens(codec, generated);
         if (o.json) {
-            printf("{\"sample\":%d,\"seed\":%llu,\"prompt\":%s,\"prompt_tokens\":%s,\"tokens\":%s,\"text\":%s}\n", i,
-                   (unsigned long long)(o.seed + (uint64_t)i), json_quote(utf8_replace_invalid(text)).c_str(),
-                   json_int_list(prompt).c_str(), json_int_list(generated).c_str(), json_quote(continuation).c_str());
+            std::string lp = "[";
+            for (size_t j = 0; j < logprobs.size(); j++) lp += strprintf("%s%.9g", j ? "," : "", logprobs[j]);
+            printf("{\"sample\":%d,\"seed\":%llu,\"prompt\":%s,\"prompt_tokens\":%s,\"tokens\":%s,\"text\":%s,\"logprobs\":%s]}\n",
+                   i, (unsigned long long)(o.seed + (uint64_t)i), json_quote(utf8_replace_invalid(text)).c_str(),
+                   json_int_list(prompt).c_str(), json_int_list(generated).c_str(), json_quote(continuation).c_str(), lp.c_str());
         } else {
             printf("%s%s%s\n--------\n", codec.text ? text.c_str() : decode_tokens(codec, prompt).c_str(), codec.text ? "" : " | ",
                    continuation.c_str());

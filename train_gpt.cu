@@ -1207,15 +1207,8 @@ static const float* gpt2_forward_cached(GPT2* m, KVCacheGpu* c, const int* token
 static int generate_main(const TrainOptions& o) {
     Parallel par;
     comm_init(&par.world, o.comm_timeout);
-    if (par.world.world_size > 1) usage_fail("--generate runs on one GPU: run it without mpirun");
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0) {
-        usage_fail("--generate runs the whole model on one GPU: drop --tensor-parallel, --pipeline-parallel and --zero");
-    }
-    std::string resume_dir = resolve_resume_dir(o);
-    GPT2Config cfg;
-    bool new_model = false;
-    load_model_config(o, resume_dir, &cfg, &new_model);
-    if (new_model) usage_fail("--generate needs trained weights: --model FILE or --resume CKPT, not the descriptor '%s'", o.model.c_str());
+    std::string resume_dir;
+    GPT2Config cfg = generation_model(o, par.world.world_size, "one GPU", &resume_dir);
     connect_gpus(&par);
     check_gpu_shape(cfg);
     // the training buffers for one sequence: the weights, and (--kv-cache 0) the window's activations;

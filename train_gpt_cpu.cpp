@@ -893,15 +893,8 @@ static const float* gpt2_forward_cached(GPT2* model, KVCache* c, const int* toke
 static int generate_main(const TrainOptions& o) {
     Comm launched;
     comm_from_environment(&launched);
-    if (launched.world_size > 1) usage_fail("--generate runs on one rank: run it without mpirun");
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0) {
-        usage_fail("--generate runs the whole model on one rank: drop --tensor-parallel, --pipeline-parallel and --zero");
-    }
-    std::string resume_dir = resolve_resume_dir(o);
-    GPT2Config cfg;
-    bool new_model = false;
-    load_model_config(o, resume_dir, &cfg, &new_model);
-    if (new_model) usage_fail("--generate needs trained weights: --model FILE or --resume CKPT, not the descriptor '%s'", o.model.c_str());
+    std::string resume_dir;
+    GPT2Config cfg = generation_model(o, launched.world_size, "one rank", &resume_dir);
     GPT2 model;
     gpt2_build(&model, cfg, std::vector<float>(param_layout(cfg).total, 0.0f));
     load_weights(&model, o, resume_dir, false);

@@ -301,6 +301,13 @@ def main():
             skip("greedy continuation == PyTorch reference's", why)
         cpu_greedy = check_trainer("cpu", CPU, model, reference, FP32)
         check_bad_inputs("cpu", CPU, model, tmp)
+        prompt_file = os.path.join(tmp, "prompt.txt")
+        with open(prompt_file, "w") as f:
+            f.write("3 141\n59 26 5\n")
+        p = run(CPU, ["--model", model, "--prompt-file", prompt_file, "--sample-tokens", "20", "--temperature", "0", "--json"])
+        from_file = json.loads(p.stdout)["tokens"] if p.returncode == 0 else None
+        report(cpu_greedy is not None and from_file == cpu_greedy[:20], "cpu: --prompt-file gives what --generate gives",
+               p.stderr.strip() or str(from_file))
         gpt2_vocab_model = os.path.join(tmp, "gpt2_vocab.bin")
         write_model(gpt2_vocab_model, 1, 32, 2, 64, 50257, seed=6)
         check_tokenizer(gpt2_vocab_model)

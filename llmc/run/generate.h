@@ -41,14 +41,32 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/run/metrics.h"
+#include "llmc/run/plan.h"
 #include "llmc/run/sampler.h"
 #include "llmc/io/tokenizer.h"
 #include "llmc/model/model.h"
 #include "llmc/utils.h"
 
 constexpr int GPT2_VOCAB_SIZE = 50257;
+
+// The model to generate from: the shape of --model FILE's or --resume CKPT's weights (*resume_dir:
+// the checkpoint, or ""). Generation runs the whole model in one process (`where`: "one rank", "one
+// GPU"): mpirun and the grid flags are refused, and so is a descriptor (there are no weights to use).
+inline GPT2Config generation_model(const TrainOptions& o, int world_size, const char* where, std::string* resume_dir) {
+    if (world_size > 1) usage_fail("--generate runs on %s: run it without mpirun", where);
+    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0) {
+        usage_fail("--generate runs the whole model on %s: drop --tensor-parallel, --pipeline-parallel and --zero", where);
+    }
+    *resume_dir = resolve_resume_dir(o);
+    GPT2Config cfg;
+    bool new_model = false;
+    load_model_config(o, *resume_dir, &cfg, &new_model);
+    if (new_model) usage_fail("--generate needs trained weights: --model FILE or --resume CKPT, not the descriptor '%s'", o.model.c_str());
+    return cfg;
+}
 
 // The model, as the loop sees it: the logits (vocab_size floats, read before the next call) of the
 // token that follows tokens[first ..], where tokens[first + j] sits at position j. The keys and

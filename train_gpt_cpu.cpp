@@ -869,23 +869,23 @@ static const float* gpt2_forward_cached(GPT2* model, KVCache* c, const int* toke
         float* k_cache = layer_slice(c->k, l, (size_t)T * C);
         float* v_cache = layer_slice(c->v, l, (size_t)T * C);
         layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN1W], w[LN1B], n, C);
-        matmul_forward(c->qkv.data(), c->ln.data(), w[QKVW], w[QKVB], n, C, 3 * C);
+        matmul_forward_new_rows(c->qkv.data(), c->ln.data(), w[QKVW], w[QKVB], n, C, 3 * C);
         kv_cache_store(k_cache, v_cache, c->qkv.data(), pos, n, C);
         attention_cached(c->atty.data(), c->qkv.data(), k_cache, v_cache, pos, n, C, NH);
-        matmul_forward(c->proj.data(), c->atty.data(), w[ATTPROJW], nullptr, n, C, C);
+        matmul_forward_new_rows(c->proj.data(), c->atty.data(), w[ATTPROJW], nullptr, n, C, C);
         add_bias(c->proj.data(), w[ATTPROJB], n, C);
         residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
         layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN2W], w[LN2B], n, C);
-        matmul_forward(c->fch.data(), c->ln.data(), w[FCW], w[FCB], n, C, 4 * C);
+        matmul_forward_new_rows(c->fch.data(), c->ln.data(), w[FCW], w[FCB], n, C, 4 * C);
         gelu_forward(c->fch_gelu.data(), c->fch.data(), (size_t)n * 4 * C);
-        matmul_forward(c->proj.data(), c->fch_gelu.data(), w[FCPROJW], nullptr, n, 4 * C, C);
+        matmul_forward_new_rows(c->proj.data(), c->fch_gelu.data(), w[FCPROJW], nullptr, n, 4 * C, C);
         add_bias(c->proj.data(), w[FCPROJB], n, C);
         residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
     }
     // only the last row's logits are wanted: one row through the final LayerNorm and the LM head
     const float* last = c->x.data() + (size_t)(n - 1) * C;
     layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), last, ends[LNFW], ends[LNFB], 1, C);
-    matmul_forward(c->logits.data(), c->ln.data(), ends[WTE], nullptr, 1, C, Vp);
+    matmul_forward_new_rows(c->logits.data(), c->ln.data(), ends[WTE], nullptr, 1, C, Vp);
     return c->logits.data();
 }
 

@@ -14,6 +14,14 @@
 // Cost per new row: 2 x (p+1) x C multiply-adds, against the full forward's 2 x (T^2/2) x C for
 // the whole window. Threads split the (row, head) pairs; each writes its own slice of out, and the
 // sums run in a fixed order, so the result does not depend on the thread count.
+//
+// The linear layers of a decode step have one row, and there the blocked SGEMM
+// (llmc/model/cpu_matmul.h) is the wrong tool: it packs the whole weight matrix into panels before
+// using it, so that many rows can reuse each panel; with one row, packing reads and writes every
+// weight once more for nothing (measured: 3x slower than PyTorch's one-row product). So
+// matmul_forward_few_rows takes each output as a dot product of the row with a weight row, which
+// streams the weights once, in the order they lie in memory: decode is memory-bound, and that is
+// all it can do.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +31,37 @@
 #include "llmc/model/cpu_layers.h"  // vexpf, the same exp the training attention uses
 
 namespace cpu {
+
+constexpr int FEW_ROWS = 4;  // up to this many rows, matmul_forward_few_rows; beyond, the blocked SGEMM
+
+// out (N x OC) = inp (N x IC) * weight^T + bias, for N <= FEW_ROWS: one dot product per output,
+// threads splitting the outputs. 16 partial sums (one per lane of a vector register) let the
+// compiler vectorise the sum without reordering it; they are added in a fixed order at the end.
+inline void matmul_forward_few_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                                    int OC) {
+    #pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o++) {
+        const float* w = weight + (size_t)o * IC;
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + (size_t)n * IC;
+            float lanes[16] = {};
+            int i = 0;
+            for (; i + 16 <= IC; i += 16)
+                for (int j = 0; j < 16; j++) lanes[j] += x[i + j] * w[i + j];
+            float sum = 0.0f;
+            for (int j = 0; j < 16; j++) sum += lanes[j];
+            for (; i < IC; i++) sum += x[i] * w[i];
+            out[(size_t)n * OC + o] = bias ? sum + bias[o] : sum;
+        }
+    }
+}
+
+// The linear layer for the new rows of a generation step: a few rows (decode) or many (a prompt).
+inline void matmul_forward_new_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                                    int OC) {
+    if (N <= FEW_ROWS) matmul_forward_few_rows(out, inp, weight, bias, N, IC, OC);
+    else matmul_forward(out, inp, weight, bias, N, IC, OC);
+}
 
 // k_cache, v_cache: (T, C) for one layer; qkv: n rows of 3C (q, k, v).
 inline void kv_cache_store(float* k_cache, float* v_cache, const float* qkv, int pos, int n, int C) {

@@ -42,6 +42,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
+#include "llmc/run/generate.h"
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"
@@ -64,6 +65,7 @@
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/probes/gpu_test_hooks.cuh"
+#include "llmc/kernels/kv_attention.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
@@ -1132,10 +1134,121 @@ static void release_all(GPT2* m, Parallel* par) {
     comm_finalize(&par->world);
 }
 
+// ==============================================================================================
+// Generation (--generate, llmc/run/generate.h) on one GPU: no grids (a model that needs several
+// GPUs to hold it is refused). With the KV cache (llmc/kernels/kv_attention.cuh) only the new
+// tokens' rows go through the layers; --kv-cache 0 runs the training forward over the window for
+// every token, as the samples during training do. The cache and its row buffers are allocated here,
+// outside the training size table (--estimate does not count them: 2 L T C bf16 values, plus T rows).
+
+struct KVCacheGpu {
+    floatX *k = nullptr, *v = nullptr;                   // (L, T, C) each
+    floatX *x = nullptr, *x2 = nullptr, *ln = nullptr;   // (T, C): the residual stream, after attention, LayerNorm out
+    floatX *qkv = nullptr, *atty = nullptr, *proj = nullptr, *fch = nullptr, *fch_gelu = nullptr;  // (T, 3C), (T, C) x2, (T, 4C) x2
+    float *mean = nullptr, *rstd = nullptr;              // (T)
+    floatX* logits = nullptr;                            // (Vp): the last new token's
+    int* tokens = nullptr;                               // (T)
+    std::vector<float> host_logits;
+};
+
+static std::vector<void**> kv_cache_buffers(KVCacheGpu* c) {
+    return {(void**)&c->k, (void**)&c->v, (void**)&c->x, (void**)&c->x2, (void**)&c->ln, (void**)&c->qkv, (void**)&c->atty,
+            (void**)&c->proj, (void**)&c->fch, (void**)&c->fch_gelu, (void**)&c->mean, (void**)&c->rstd, (void**)&c->logits,
+            (void**)&c->tokens};
+}
+
+static void kv_cache_allocate(KVCacheGpu* c, const GPT2Config& cfg) {
+    size_t T = cfg.max_seq_len, C = cfg.channels, X = sizeof(floatX);
+    size_t bytes[] = {cfg.num_layers * T * C * X, cfg.num_layers * T * C * X, T * C * X, T * C * X, T * C * X, T * 3 * C * X,
+                      T * C * X, T * C * X, T * 4 * C * X, T * 4 * C * X, T * sizeof(float), T * sizeof(float),
+                      cfg.padded_vocab_size * X, T * sizeof(int)};
+    std::vector<void**> buffers = kv_cache_buffers(c);
+    for (size_t i = 0; i < buffers.size(); i++) CUDA_CHECK(cudaMalloc(buffers[i], bytes[i]));
+}
+
+static void kv_cache_free(KVCacheGpu* c) {
+    for (void** b : kv_cache_buffers(c)) CUDA_CHECK(cudaFree(*b));
+}
+
+// The forward pass of n new tokens at positions pos .. pos+n-1, the earlier ones' keys and values in
+// the cache: gpt2_forward's kernels on n rows (the residual add and the next LayerNorm fused as
+// there). Returns the last new token's logits, on the host.
+static const float* gpt2_forward_cached(GPT2* m, KVCacheGpu* c, const int* tokens, int n, int pos) {
+    const GPT2Config& cfg = m->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, T = cfg.max_seq_len, Vp = cfg.padded_vocab_size;
+    cudaStream_t s = m->stream;
+    ParamTensors<floatX> e = unit_weights(m, ends_unit(L), -1);
+    CUDA_CHECK(cudaMemcpyAsync(c->tokens, tokens, n * sizeof(int), cudaMemcpyHostToDevice, s));
+    encoder_forward(c->x, c->tokens, e[WTE], e[WPE] + (size_t)pos * C, 1, n, C, s);  // wpe from row pos on
+    for (int l = 0; l < L; l++) {
+        ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), -1);
+        floatX* k_cache = c->k + (size_t)l * T * C;
+        floatX* v_cache = c->v + (size_t)l * T * C;
+        fused_residual_layernorm_forward(nullptr, c->ln, c->mean, c->rstd, c->x, nullptr, w[LN1W], w[LN1B], n, C, s);
+        matmul_forward(&m->matmul, c->qkv, c->ln, w[QKVW], w[QKVB], n, C, 3 * C, s);
+        kv_cache_store(k_cache, v_cache, c->qkv, pos, n, C, s);
+        attention_cached(c->atty, c->qkv, k_cache, v_cache, pos, n, C, NH, s);
+        matmul_forward(&m->matmul, c->proj, c->atty, w[ATTPROJW], w[ATTPROJB], n, C, C, s);
+        fused_residual_layernorm_forward(c->x2, c->ln, c->mean, c->rstd, c->x, c->proj, w[LN2W], w[LN2B], n, C, s);
+        matmul_forward(&m->matmul, c->fch, c->ln, w[FCW], w[FCB], n, C, 4 * C, s);
+        gelu_forward(c->fch_gelu, c->fch, (size_t)n * 4 * C, s);
+        matmul_forward(&m->matmul, c->proj, c->fch_gelu, w[FCPROJW], w[FCPROJB], n, 4 * C, C, s);
+        residual_forward(c->x, c->x2, c->proj, (size_t)n * C, s);
+    }
+    // only the last row's logits are wanted: one row through the final LayerNorm and the LM head
+    fused_residual_layernorm_forward(nullptr, c->ln, c->mean, c->rstd, c->x + (size_t)(n - 1) * C, nullptr, e[LNFW], e[LNFB],
+                                     1, C, s);
+    matmul_forward(&m->matmul, c->logits, c->ln, e[WTE], nullptr, 1, C, Vp, s);
+    c->host_logits = download_as_float(c->logits, cfg.vocab_size);  // (synchronises the stream)
+    return c->host_logits.data();
+}
+
+// --generate: one process, one GPU, the weights of --model FILE or --resume CKPT, then llmc/run/generate.h.
+static int generate_main(const TrainOptions& o) {
+    Parallel par;
+    comm_init(&par.world, o.comm_timeout);
+    std::string resume_dir;
+    GPT2Config cfg = generation_model(o, par.world.world_size, "one GPU", &resume_dir);
+    connect_gpus(&par);
+    check_gpu_shape(cfg);
+    // the training buffers for one sequence: the weights, and (--kv-cache 0) the window's activations;
+    // the cached path runs no training forward, so a short T will do (and the simple attention: no cuDNN plan)
+    bool simple_attention = o.kv_cache ? true : wants_simple_attention(o);
+    int T = o.kv_cache ? std::min(64, cfg.max_seq_len) : cfg.max_seq_len;
+    GPT2 model;
+    GPT2* m = &model;
+    gpt2_build(m, &par, cfg, 1, T, 1, o, false, &simple_attention);
+    load_state(m, o, resume_dir, false);
+    if (o.kv_cache) {
+        KVCacheGpu cache;
+        kv_cache_allocate(&cache, cfg);
+        run_generation(o, cfg, "KV cache", [&](const std::vector<int>& tokens, int first, int cached) {
+            int n = (int)tokens.size() - first - cached;
+            return gpt2_forward_cached(m, &cache, tokens.data() + first + cached, n, cached);
+        });
+        kv_cache_free(&cache);
+    } else {
+        // the window at the start of the (1, T) batch; attention being causal, what follows it cannot
+        // change the logits read (as print_sample does)
+        std::vector<int> batch((size_t)T, 0);
+        std::vector<float> logits;
+        run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
+            int len = (int)tokens.size() - first;
+            std::copy(tokens.begin() + first, tokens.end(), batch.begin());
+            pipeline_forward(m, &par, batch.data(), nullptr);
+            logits = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * m->slice.vocab_rows, cfg.vocab_size);
+            return (const float*)logits.data();
+        });
+    }
+    release_all(m, &par);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
+    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 

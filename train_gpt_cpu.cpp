@@ -27,12 +27,14 @@
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
+#include "llmc/model/kv_cache.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
+#include "llmc/run/generate.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
@@ -827,6 +829,97 @@ static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellas
 }
 
 // ==============================================================================================
+// Generation (--generate, llmc/run/generate.h): the whole model on one rank, no training state.
+// With the KV cache (llmc/model/kv_cache.h) only the new tokens' rows go through the layers; each
+// layer keeps the keys and values of every position so far. --kv-cache 0 recomputes the window
+// with the training forward pass above, the reference the cached path is tested against.
+
+// Each layer's cache, (L, T, C) for keys and for values, and the rows of the tokens being added
+// (up to T of them: a prompt's prefill).
+struct KVCache {
+    std::vector<float> k, v;                 // (L, T, C)
+    std::vector<float> x, ln, qkv, atty, proj, fch, fch_gelu;   // (T, C), (T, C), (T, 3C), (T, C), (T, C), (T, 4C) x2
+    std::vector<float> mean, rstd;           // (T)
+    std::vector<float> logits;               // (Vp): the last new token's
+};
+
+static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg) {
+    size_t T = cfg.max_seq_len, C = cfg.channels;
+    c->k.assign(cfg.num_layers * T * C, 0.0f);
+    c->v.assign(cfg.num_layers * T * C, 0.0f);
+    for (std::vector<float>* rows : {&c->x, &c->ln, &c->atty, &c->proj}) rows->assign(T * C, 0.0f);
+    c->qkv.assign(T * 3 * C, 0.0f);
+    c->fch.assign(T * 4 * C, 0.0f);
+    c->fch_gelu.assign(T * 4 * C, 0.0f);
+    c->mean.assign(T, 0.0f);
+    c->rstd.assign(T, 0.0f);
+    c->logits.assign(cfg.padded_vocab_size, 0.0f);
+}
+
+// The forward pass of n new tokens at positions pos .. pos+n-1, the earlier ones' keys and values
+// in the cache: the layers of gpt2_forward in the same order (bias, then residual), on n rows.
+// Returns the logits of the last new token.
+static const float* gpt2_forward_cached(GPT2* model, KVCache* c, const int* tokens, int n, int pos) {
+    const GPT2Config& cfg = model->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, T = cfg.max_seq_len, Vp = cfg.padded_vocab_size;
+    ParamTensors<float> ends = unit_weights(model, ends_unit(L));
+    encoder_forward(c->x.data(), tokens, ends[WTE], nullptr, 1, n, C);
+    position_forward(c->x.data(), ends[WPE], pos, n, T, C);  // rows at positions pos .. pos+n-1
+    for (int l = 0; l < L; l++) {
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
+        float* k_cache = layer_slice(c->k, l, (size_t)T * C);
+        float* v_cache = layer_slice(c->v, l, (size_t)T * C);
+        layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN1W], w[LN1B], n, C);
+        matmul_forward_new_rows(c->qkv.data(), c->ln.data(), w[QKVW], w[QKVB], n, C, 3 * C);
+        kv_cache_store(k_cache, v_cache, c->qkv.data(), pos, n, C);
+        attention_cached(c->atty.data(), c->qkv.data(), k_cache, v_cache, pos, n, C, NH);
+        matmul_forward_new_rows(c->proj.data(), c->atty.data(), w[ATTPROJW], nullptr, n, C, C);
+        add_bias(c->proj.data(), w[ATTPROJB], n, C);
+        residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
+        layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN2W], w[LN2B], n, C);
+        matmul_forward_new_rows(c->fch.data(), c->ln.data(), w[FCW], w[FCB], n, C, 4 * C);
+        gelu_forward(c->fch_gelu.data(), c->fch.data(), (size_t)n * 4 * C);
+        matmul_forward_new_rows(c->proj.data(), c->fch_gelu.data(), w[FCPROJW], nullptr, n, 4 * C, C);
+        add_bias(c->proj.data(), w[FCPROJB], n, C);
+        residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
+    }
+    // only the last row's logits are wanted: one row through the final LayerNorm and the LM head
+    const float* last = c->x.data() + (size_t)(n - 1) * C;
+    layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), last, ends[LNFW], ends[LNFB], 1, C);
+    matmul_forward_new_rows(c->logits.data(), c->ln.data(), ends[WTE], nullptr, 1, C, Vp);
+    return c->logits.data();
+}
+
+// --generate: one process, the weights of --model FILE or --resume CKPT, then llmc/run/generate.h.
+static int generate_main(const TrainOptions& o) {
+    Comm launched;
+    comm_from_environment(&launched);
+    std::string resume_dir;
+    GPT2Config cfg = generation_model(o, launched.world_size, "one rank", &resume_dir);
+    GPT2 model;
+    gpt2_build(&model, cfg, std::vector<float>(param_layout(cfg).total, 0.0f));
+    load_weights(&model, o, resume_dir, false);
+    if (o.kv_cache) {
+        KVCache cache;
+        kv_cache_allocate(&cache, cfg);
+        run_generation(o, cfg, "KV cache", [&](const std::vector<int>& tokens, int first, int cached) {
+            int n = (int)tokens.size() - first - cached;
+            return gpt2_forward_cached(&model, &cache, tokens.data() + first + cached, n, cached);
+        });
+    } else {
+        // the training forward, B = 1, over the whole window for every token
+        gpt2_allocate(&model, cpu_run_shape(cfg, 1, cfg.max_seq_len, ProcessGrid{}, PipelineSchedule::OneFOneB, 1, 0));
+        run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
+            int len = (int)tokens.size() - first;
+            gpt2_forward(&model, tokens.data() + first, 1, len, 0);
+            return (const float*)model.acts[0].logits.data() + (size_t)(len - 1) * model.slice.vocab_rows;
+        });
+    }
+    return 0;
+}
+
+
+// ==============================================================================================
 // The training loop
 
 // The step's gradient starts from zero: the flat array (ZeRO-2/3 add into buckets and keep their
@@ -864,6 +957,7 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
+    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h)
         Comm launched;
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does

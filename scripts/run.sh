@@ -37,7 +37,7 @@ else
     if [[ -n "$last" ]]; then
         echo "checkpoint: $last (model.bin: the weights; state.bin: AdamW and the data position)"
         step=$((10#${last##*ckpt_}))
-        echo "  sample from it:  ./train_gpt_cpu --resume $last --steps $step --val-every 0 --sample-every 1 --sample-tokens 200 --metrics none"
+        echo "  generate:        ./train_gpt_cpu --resume $last --generate \"Call me Ishmael.\" --sample-tokens 200 --top-k 40"
         echo "  train on:        scripts/run.sh --resume latest --steps $((2 * step))   (the LR schedule is stretched to the new step count)"
     fi
 fi

@@ -50,8 +50,16 @@ struct TrainOptions {
     int sample_tokens = 64;
     float temperature = 1.0f;
     int top_k = 0;
+    float top_p = 1.0f;              // nucleus sampling: the smallest set of tokens with this much probability (1 = all)
     std::string hellaswag;           // HellaSwag-format JSONL to evaluate ("" = none)
     int hellaswag_every = 0;         // during training every N steps; 0 = only at the end
+    // generation (llmc/run/generate.h): --generate or --prompt-file switches the trainer to it
+    std::string generate;            // the prompt text
+    std::string prompt_file;         // or a file holding it
+    int num_samples = 1;             // samples drawn from the prompt
+    int kv_cache = 1;                // 1: keys and values of earlier tokens cached; 0: the whole window recomputed per token
+    bool json = false;               // one JSON line per sample instead of text
+    std::vector<std::string> given;  // the flags on the command line, by name (to tell an empty --generate "" from none)
     // output
     std::string out_dir = "out";
     int checkpoint_every = 0;
@@ -138,9 +146,15 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"sample-tokens", "N", "Evaluation", "tokens per sample", K::Int, &o.sample_tokens, Scope::Both},
         {"temperature", "TAU", "Evaluation", "sampling temperature (0 = greedy)", K::Float, &o.temperature, Scope::Both},
         {"top-k", "K", "Evaluation", "sample among the K most likely tokens (0 = all)", K::Int, &o.top_k, Scope::Both},
+        {"top-p", "P", "Evaluation", "sample among the most likely tokens whose probabilities add up to P, in (0, 1] (1 = all)", K::Float, &o.top_p, Scope::Both},
         {"hellaswag", "FILE", "Evaluation", "HellaSwag-format JSONL (ctx, endings, label) to evaluate: each ending scored by its mean token loss; at the end of training, and with --hellaswag-every", K::String, &o.hellaswag, Scope::Both},
         {"hellaswag-every", "N", "Evaluation", "also evaluate --hellaswag every N steps during training (0 = only at the end)", K::Int, &o.hellaswag_every, Scope::Both},
         {"eval-only", nullptr, "Evaluation", "evaluate --model (or --resume's checkpoint) on --val-data and --hellaswag, then exit without training", K::Switch, &o.eval_only, Scope::Both},
+        {"generate", "TEXT", "Generation", "continue TEXT with --model FILE's or --resume CKPT's weights, print the samples and exit (no data, no training); uses --sample-tokens, --temperature, --top-k, --top-p, --seed", K::String, &o.generate, Scope::Both},
+        {"prompt-file", "FILE", "Generation", "like --generate, with the prompt read from FILE", K::String, &o.prompt_file, Scope::Both},
+        {"num-samples", "N", "Generation", "samples to draw from the prompt, each from its own seed (--seed + i)", K::Int, &o.num_samples, Scope::Both},
+        {"kv-cache", "0|1", "Generation", "1: cache each layer's keys and values, so a new token costs one position; 0: recompute the whole window for every token (to check and time the cache)", K::Int, &o.kv_cache, Scope::Both},
+        {"json", nullptr, "Generation", "print one JSON line per sample instead of the text: prompt, prompt_tokens, tokens, text, and each token's log-probability (logprobs)", K::Switch, &o.json, Scope::Both},
         {"out-dir", "DIR", "Output", "where checkpoints and metrics.jsonl go", K::String, &o.out_dir, Scope::Both},
         {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
         {"resume", "CKPT", "Output", "continue from a checkpoint directory; 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh", K::String, &o.resume, Scope::Both},
@@ -338,6 +352,7 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         const FlagSpec* spec = nullptr;
         for (const FlagSpec& f : table)
             if (name == f.name) spec = &f;
+        o->given.push_back(name);
         if (!spec) {
             std::string best;
             int best_distance = 4;
@@ -374,6 +389,13 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
 
+inline bool flag_given(const TrainOptions& o, const char* name) {
+    return std::find(o.given.begin(), o.given.end(), name) != o.given.end();
+}
+
+// --generate or --prompt-file: the trainer generates from a prompt and exits (llmc/run/generate.h).
+inline bool generation_mode(const TrainOptions& o) { return flag_given(o, "generate") || flag_given(o, "prompt-file"); }
+
 // Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
 inline void validate_options(const TrainOptions& o) {
     auto positive = [](const char* name, long long v) {
@@ -409,6 +431,13 @@ inline void validate_options(const TrainOptions& o) {
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
     if (o.max_bad_steps < 1) usage_fail("--max-bad-steps must be at least 1 (1: stop at the first bad step), got %d", o.max_bad_steps);
     if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
+    if (!(o.top_p > 0 && o.top_p <= 1)) usage_fail("--top-p must be in (0, 1], got %g", o.top_p);
+    positive("num-samples", o.num_samples);
+    if (o.kv_cache != 0 && o.kv_cache != 1) usage_fail("--kv-cache must be 0 or 1, got %d", o.kv_cache);
+    bool prompt_given = flag_given(o, "generate"), file_given = flag_given(o, "prompt-file");
+    if (prompt_given && file_given) usage_fail("--generate and --prompt-file both give a prompt: pass one of them");
+    if (prompt_given && o.generate.empty()) usage_fail("--generate: the prompt is empty; give some text to continue");
+    if (o.json && !prompt_given && !file_given) usage_fail("--json prints generated samples: it needs --generate TEXT or --prompt-file FILE");
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());

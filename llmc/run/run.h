@@ -143,7 +143,7 @@ inline void sample_and_print(const TrainOptions& o, int vocab_size, int window, 
         int len = std::min((int)tokens.size(), window);
         const float* logits = next_logits(tokens, len);
         int next = 0;
-        if (world->rank == 0) next = sample_token(logits, vocab_size, o.temperature, o.top_k, rng);
+        if (world->rank == 0) next = sample_token(logits, vocab_size, o.temperature, o.top_k, rng, o.top_p);
         if (model_parallel) comm_broadcast(world, &next, sizeof(int), 0, "broadcast of a sampled token");
         tokens.push_back(next);
     }

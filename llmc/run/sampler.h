@@ -3,7 +3,11 @@
 // The model gives logits z over the vocabulary. Sampling with temperature tau draws from
 // softmax(z / tau): tau < 1 sharpens toward the most likely tokens, tau > 1 flattens. Top-k keeps
 // only the k most likely tokens before drawing, which cuts the long tail of unlikely tokens that
-// makes samples from small models wander. tau = 0 is greedy decoding (always the argmax).
+// makes samples from small models wander. Top-p ("nucleus", Holtzman et al. 2019, "The Curious Case
+// of Neural Text Degeneration") keeps the smallest set of most likely tokens whose probabilities
+// (at this temperature) add up to at least p: a cut that adapts to the distribution, few tokens
+// where the model is sure and many where it is not. Both cuts apply when both are given (top-k
+// first, as Hugging Face does). tau = 0 is greedy decoding (always the argmax).
 //
 // The random numbers come from xorshift64*: tiny state (one uint64, saved in checkpoints so a
 // resumed run samples the same text) and good enough statistics for sampling.
@@ -29,16 +33,19 @@ inline float random_unit_float(uint64_t* state) {
 }
 
 // Draws a token from logits[0 .. vocab_size) (padded logits must not be passed in).
-inline int sample_token(const float* logits, int vocab_size, float temperature, int top_k, uint64_t* rng) {
+inline int sample_token(const float* logits, int vocab_size, float temperature, int top_k, uint64_t* rng,
+                        float top_p = 1.0f) {
     if (temperature <= 0.0f) return (int)(std::max_element(logits, logits + vocab_size) - logits);
     std::vector<int> candidates(vocab_size);
     for (int i = 0; i < vocab_size; i++) candidates[i] = i;
+    // most likely first; equal logits by token id, so the order (and the draw) is the same everywhere
+    auto more_likely = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
     int k = (top_k > 0 && top_k < vocab_size) ? top_k : vocab_size;
     if (k < vocab_size) {
-        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(),
-                          [&](int a, int b) { return logits[a] > logits[b]; });
+        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(), more_likely);
         candidates.resize(k);
     }
+    if (top_p < 1.0f && k == vocab_size) std::sort(candidates.begin(), candidates.end(), more_likely);
     float max_logit = -INFINITY;
     for (int i : candidates) max_logit = std::max(max_logit, logits[i]);
     std::vector<double> weights(candidates.size());
@@ -46,6 +53,14 @@ inline int sample_token(const float* logits, int vocab_size, float temperature, 
     for (size_t j = 0; j < candidates.size(); j++) {
         weights[j] = std::exp((double)(logits[candidates[j]] - max_logit) / temperature);
         total += weights[j];
+    }
+    if (top_p < 1.0f) {  // the nucleus: the shortest prefix (candidates are sorted) holding top_p of the mass
+        double kept = 0.0;
+        size_t n = 0;
+        while (n < candidates.size() && kept < top_p * total) kept += weights[n++];
+        candidates.resize(n);
+        weights.resize(n);
+        total = kept;
     }
     double r = random_unit_float(rng) * total;
     for (size_t j = 0; j < candidates.size(); j++) {

@@ -99,6 +99,7 @@ if [[ -z "$steps" ]]; then
     # time), nothing written but a metrics log in a temporary folder.
     calibration=$(mktemp -d)
     trap 'rm -rf "$calibration"' EXIT
+    echo "run: timing $calibration_steps steps to size the run to the ${budget} s budget ..."
     if ! "$trainer" "${data[@]}" "${job[@]}" "$@" --steps "$calibration_steps" --val-every 0 --sample-every 0 \
             --checkpoint-every 0 --resume "" --hellaswag "" --dump-state "" --quiet \
             --out-dir "$calibration" --metrics "$calibration/metrics.jsonl" >"$calibration/log" 2>&1; then

@@ -91,6 +91,12 @@ calibration_steps=30    # timed: steps 6-30 (the first few warm the caches and t
 vals=6                  # validations in a run, about (and one at the end, counted among them)
 val_batch_cost=45       # a validation batch is a forward pass only: about 45% of a training step (measured 37-42%)
 fixed_reserve=10        # seconds for the trainer's start-up, 2 samples, 2 checkpoints and the plot
+# OpenMP's threads wait for each other at every barrier by spinning first (libgomp: 300,000 times)
+# and sleeping after. Where other programs share the cores, a spinning thread burns the time slice
+# its partner needs to arrive: on 2 shared cores (load average 3 to 4) 30-step medians of 0.2 to
+# 4.4 s, against 0.2 to 0.5 s spinning 10,000 times, which alone costs nothing measurable (133 ms
+# against 116-143). The trainer's results are the same bits either way.
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 echo "run: no GPU found; training a small GPT on the CPU"
 
 steps=$(flag_value steps "$@")

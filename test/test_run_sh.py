@@ -15,6 +15,7 @@ steps take FAKE_STEP_MS milliseconds, so the script's arithmetic is checked with
   the user's  --steps N skips the calibration (the intervals follow N); flags the user passes come
   flags       last, so they win; --resume latest keeps the folder, a fresh run moves it aside
   last lines  the sample and "train on" commands name the last checkpoint's step
+  OpenMP      the trainer runs with GOMP_SPINCOUNT=10000 unless the user set it
 """
 import os, re, shutil, stat, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -48,6 +49,7 @@ STAND_IN = r"""#!/usr/bin/env bash
 # after them (1 + (s - 18)/1000) times, so steps 6-30 have the median FAKE_STEP_MS exactly, and
 # steps 1-30 a larger one), a checkpoint at the end
 n=$(ls "$CALLS" | wc -l)
+echo "${GOMP_SPINCOUNT-unset}" > "$CALLS.spin"
 if (( n == 0 )) && [[ -n "${FAKE_CALIBRATION_SECONDS:-}" ]]; then sleep "$FAKE_CALIBRATION_SECONDS"; fi  # time spent before sizing
 printf '%s\n' "$@" > "$CALLS/$n"
 last() { local name=$1 v=""; shift; while (( $# )); do [[ "$1" == "$name" ]] && v=${2-}; [[ "$1" == "$name="* ]] && v=${1#*=}; shift; done; printf '%s' "$v"; }
@@ -80,6 +82,7 @@ def main():
     out = os.path.join(tmp, "out")
     base_env = dict(os.environ, TRAINER=fake, RUN_SKIP_SETUP="1", CALLS=calls, PATH=bin_dir + os.pathsep + os.environ["PATH"])
     base_env.pop("RUN_TIME_BUDGET", None)
+    base_env.pop("GOMP_SPINCOUNT", None)
 
     def call(args, step_ms, extra_env=None, keep_out=False):
         shutil.rmtree(calls, ignore_errors=True)
@@ -129,6 +132,12 @@ def main():
         report(f"./train_gpt_cpu --resume {out}/ckpt_{steps:08d} --steps {steps} " in p.stdout
                and f"scripts/run.sh --out-dir {out} --resume latest --steps {2 * steps} " in p.stdout,
                "the last lines name the last checkpoint's step (sample from it; train on to twice the steps)", p.stdout[-800:])
+
+    spin = open(calls + ".spin").read().strip() if os.path.exists(calls + ".spin") else None
+    p3, _ = call(user + ["--steps", "10"], 120, {"GOMP_SPINCOUNT": "500"})
+    spin_user = open(calls + ".spin").read().strip()
+    report(spin == "10000" and spin_user == "500", "OpenMP spins 10,000 times before sleeping (GOMP_SPINCOUNT), "
+           f"unless the user set it: {spin}, {spin_user}", p3.stderr)
 
     # ---- 200 ms steps: fewer steps than at 120 ms, in the same budget
     p2, rec2 = call(user, 200)

@@ -94,9 +94,9 @@ fixed_reserve=8         # seconds for the trainer's start-up, 2 samples, 2 check
 step_margin=5           # plan each step 5% above the calibration's median (a run's mean step was 4.7% above its median)
 # OpenMP's threads wait for each other at every barrier by spinning first (libgomp: 300,000 times)
 # and sleeping after. Where other programs share the cores, a spinning thread burns the time slice
-# its partner needs to arrive: on 2 shared cores (load average 3 to 4) 30-step medians of 0.2 to
+# its partner needs to arrive: on 2 shared cores (load average 3 to 4) median steps of 0.18 to
 # 4.4 s, against 0.2 to 0.5 s spinning 10,000 times, which alone costs nothing measurable (133 ms
-# against 116-143). The trainer's results are the same bits either way.
+# against 116-143; docs/benchmarks.md). The trainer's results are the same bits either way.
 export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 echo "run: no GPU found; training a small GPT on the CPU"
 

@@ -88,15 +88,15 @@ job=(--model L=8,C=64,H=4,T=64 --batch-size 8 --seq-len 64 --lr 1e-2 --warmup-st
 max_steps=2900          # the full run (validation loss 5.58 on a Zen 5, in 3 min 32 s)
 min_steps=300           # below this the model has barely started; run over the budget instead
 calibration_steps=30    # timed: steps 6-30 (the first few warm the caches and the thread pool)
-vals=6                  # validations in a run, about (and one at the end, counted among them)
-val_batch_cost=45       # a validation batch is a forward pass only: about 45% of a training step (measured 37-42%)
-fixed_reserve=10        # seconds for the trainer's start-up, 2 samples, 2 checkpoints and the plot
+vals=6                  # validations during the run, about (the one at the end counted among them)
+val_batch_cost=40       # a validation batch is a forward pass only: 31-42% of a training step, measured
+fixed_reserve=8         # seconds for the trainer's start-up, 2 samples, 2 checkpoints and the plot
 step_margin=5           # plan each step 5% above the calibration's median (a run's mean step was 4.7% above its median)
 # OpenMP's threads wait for each other at every barrier by spinning first (libgomp: 300,000 times)
 # and sleeping after. Where other programs share the cores, a spinning thread burns the time slice
-# its partner needs to arrive: on 2 shared cores (load average 3 to 4) 30-step medians of 0.2 to
+# its partner needs to arrive: on 2 shared cores (load average 3 to 4) median steps of 0.18 to
 # 4.4 s, against 0.2 to 0.5 s spinning 10,000 times, which alone costs nothing measurable (133 ms
-# against 116-143). The trainer's results are the same bits either way.
+# against 116-143; docs/benchmarks.md). The trainer's results are the same bits either way.
 export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 echo "run: no GPU found; training a small GPT on the CPU"
 
@@ -122,18 +122,18 @@ if [[ -z "$steps" ]]; then
         exit 1
     fi
     # what the run may spend on steps: the budget, less the time spent so far, the fixed reserve and
-    # the validations (vals x val_batches batches at val_batch_cost% of a step each); a planned
-    # step is the median plus step_margin%
+    # the validations (the trainer's one before the first step, and vals; val_batches batches each
+    # at val_batch_cost% of a step); a planned step is the median plus step_margin%
     spent=$SECONDS
     plan_ms=$(( (step_ms * (100 + step_margin) + 99) / 100 ))
-    val_ms=$(( vals * val_batches * plan_ms * val_batch_cost / 100 ))
+    val_ms=$(( (1 + vals) * val_batches * plan_ms * val_batch_cost / 100 ))
     train_ms=$(( (budget - spent - fixed_reserve) * 1000 - val_ms ))
     steps=$(( train_ms > 0 ? train_ms / plan_ms : 0 ))
     why="fits"
     if (( steps > max_steps )); then steps=$max_steps why="the full run (at most $max_steps)"; fi
     if (( steps < min_steps )); then steps=$min_steps why="the least worth running ($min_steps): this run will go over the budget"; fi
     echo "run: a step takes $step_ms ms here (median of calibration steps 6-$calibration_steps; planned at $plan_ms); ${spent} s of the" \
-         "${budget} s budget spent on set-up, build and calibration; reserving $(( val_ms / 1000 )) s for $vals validations" \
+         "${budget} s budget spent on set-up, build and calibration; reserving $(( val_ms / 1000 )) s for $(( 1 + vals )) validations" \
          "and ${fixed_reserve} s for start-up, samples, checkpoints and the plot: $steps steps, $why"
 else
     echo "run: $steps steps (--steps given: no calibration, no time budget)"

@@ -171,4 +171,4 @@ if [[ -n "$last" ]]; then
     echo "  sample from it:  ./train_gpt_cpu --resume $last --steps $step --val-every 0 --sample-every 1 --sample-tokens 200 --metrics none"
     echo "  train on:        scripts/run.sh ${out_flag}--resume latest --steps $((2 * step))   (the LR schedule is stretched to the new step count)"
 fi
-echo "run: done in $SECONDS s (budget $budget s)"
+if [[ -z "$(flag_value steps "$@")" ]]; then echo "run: done in $SECONDS s (budget $budget s)"; else echo "run: done in $SECONDS s"; fi

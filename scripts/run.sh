@@ -171,4 +171,4 @@ if [[ -n "$last" ]]; then
     echo "  generate:        ./train_gpt_cpu --resume $last --generate \"Call me Ishmael.\" --sample-tokens 200 --top-k 40"
     echo "  train on:        scripts/run.sh ${out_flag}--resume latest --steps $((2 * step))   (the LR schedule is stretched to the new step count)"
 fi
-echo "run: done in $SECONDS s (budget $budget s)"
+if [[ -z "$(flag_value steps "$@")" ]]; then echo "run: done in $SECONDS s (budget $budget s)"; else echo "run: done in $SECONDS s"; fi

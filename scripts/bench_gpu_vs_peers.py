@@ -23,6 +23,7 @@ The peers:
     python3 scripts/bench_gpu_vs_peers.py                                  ours and PyTorch, d12 B=16 T=1024
     python3 scripts/bench_gpu_vs_peers.py --llmc ~/llm.c/train_gpt2cu --compile --batch 32
     python3 scripts/bench_gpu_vs_peers.py --model d24 --batch 8 --peers ours   (our trainer alone)
+    python3 scripts/bench_gpu_vs_peers.py --peers ours --ours-variant "recompute 0=--recompute 0"
 
 A trainer prints one line per step containing "<number> ms"; this script parses that.
 """
@@ -72,13 +73,13 @@ def run_and_parse(command, warmup, label, cwd=None):
     return statistics.median(times[warmup:]), proc.stdout
 
 
-def time_ours(binary, args, shard, work_dir):
+def time_ours(binary, args, shard, work_dir, extra_flags=""):
     command = [binary, "--model", args.model, "--train-data", shard, "--val-data", "none",
                "--batch-size", str(args.batch), "--seq-len", str(args.seq_len),
                "--steps", str(args.warmup + args.steps), "--lr", repr(LR), "--lr-schedule", "constant",
                "--warmup-steps", "0", "--weight-decay", repr(WEIGHT_DECAY), "--grad-clip", repr(GRAD_CLIP),
                "--sample-every", "0", "--checkpoint-every", "0", "--out-dir", os.path.join(work_dir, "ours")]
-    command += args.ours_flags.split()
+    command += args.ours_flags.split() + extra_flags.split()
     ms, out = run_and_parse(command, args.warmup, "train_gpt")
     peak = re.search(r"GPU memory: peak ([\d.]+ [GM]iB)", out)
     return ms, peak.group(1) if peak else "?"
@@ -148,6 +149,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--train-gpt", default=os.path.join(ROOT, "train_gpt"))
     parser.add_argument("--ours-flags", default="", help="extra flags for ./train_gpt, e.g. '--recompute 0'")
+    parser.add_argument("--ours-variant", action="append", default=[], metavar="LABEL=FLAGS",
+                        help="one more train_gpt row with these flags added (repeatable), e.g. 'graphs=--cuda-graphs'; "
+                             "the speed-up column stays relative to the plain train_gpt row")
     parser.add_argument("--llmc", action="append", default=[], metavar="PATH[:label]",
                         help="llm.c's built train_gpt2cu (repeatable)")
     parser.add_argument("--peers", default="ours,pytorch,llmc",
@@ -170,6 +174,9 @@ def main():
         jobs = []
         if "ours" in peers:
             jobs.append(("train_gpt (this project)", lambda: time_ours(args.train_gpt, args, shard, work_dir)))
+            for spec in args.ours_variant:
+                label, _, flags = spec.partition("=")
+                jobs.append((f"train_gpt {label}", lambda flags=flags: time_ours(args.train_gpt, args, shard, work_dir, flags)))
         if "pytorch" in peers:
             jobs.append(("PyTorch eager", lambda: time_pytorch(args, tokens, compiled=False)))
         if "compile" in peers:
@@ -186,7 +193,7 @@ def main():
                 print(f"  {name}: {ms:.1f} ms/step, peak {peak}", flush=True)
             except Exception as e:  # noqa: BLE001 - one peer failing must not lose the others' numbers
                 print(f"  {name}: FAILED: {type(e).__name__}: {e}"[-3000:], flush=True)
-    ours = next((ms for name, ms, _ in rows if name.startswith("train_gpt")), None)
+    ours = next((ms for name, ms, _ in rows if name == "train_gpt (this project)"), None)
     print(f"\n| trainer | ms/step | tokens/s | MFU | peak memory | train_gpt's speed-up |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, ms, peak in rows:

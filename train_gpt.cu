@@ -716,7 +716,7 @@ static float evaluate(GPT2* m, Parallel* par, DataLoader* val, int batches) {
 // shapes); the window sits at the start of row 0 and, attention being causal, what follows it
 // cannot change the logits we read. On a model-parallel grid the last stage's tensor ranks send
 // their vocabulary rows of the logits to rank 0.
-static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
+static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const TokenText& decoder, uint64_t* rng) {
     const ModelSlice& sl = m->slice;
     std::vector<int> batch((size_t)m->B * m->T, 0);
     std::vector<float> mine, logits;
@@ -1309,7 +1309,7 @@ int main(int argc, char** argv) {
     if (leader && first_step > 0) print_resumed(resume_dir, resumed, grid);
     size_t peak_used = gpu_memory_used();
 
-    SampleDecoder decoder;
+    TokenText decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
     MetricsLog mlog;

@@ -602,7 +602,7 @@ static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) 
 // A sample (llmc/run/run.h), each token from a forward pass over the window of the last max_T tokens.
 // Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
 // multiple of the degree (a causal model's earlier positions never see the padding).
-static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const SampleDecoder& decoder, uint64_t* rng) {
+static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const TokenText& decoder, uint64_t* rng) {
     const ModelSlice& s = model->slice;
     int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
     std::vector<float> logits;
@@ -1012,7 +1012,7 @@ int main(int argc, char** argv) {
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
     if (leader) print_run_header(&model, par, world, o, plan, model_source, train, have_val ? &val : nullptr, resume_dir, resumed);
-    SampleDecoder decoder;
+    TokenText decoder;
     if (leader) sample_decoder_init(&decoder, o, cfg);
     HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
     if (leader) profile_start(o.profile, slice.vocab_rows, matmul);  // --profile: the ceiling, measured now

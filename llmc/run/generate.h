@@ -50,8 +50,6 @@
 #include "llmc/model/model.h"
 #include "llmc/utils.h"
 
-constexpr int GPT2_VOCAB_SIZE = 50257;
-
 // The model to generate from: the shape of --model FILE's or --resume CKPT's weights (*resume_dir:
 // the checkpoint, or ""). Generation runs the whole model in one process (`where`: "one rank", "one
 // GPU"): mpirun and the grid flags are refused, and so is a descriptor (there are no weights to use).
@@ -74,23 +72,11 @@ inline GPT2Config generation_model(const TrainOptions& o, int world_size, const 
 // new (cached = 0: the cache starts afresh). A path without a cache ignores `cached`.
 using NextLogits = std::function<const float*(const std::vector<int>& tokens, int first, int cached)>;
 
-// How prompts become tokens and tokens text: GPT-2's tokenizer, or token ids for other vocabularies.
-struct PromptCodec {
-    Tokenizer tokenizer;
-    bool text = false;  // false: token ids
-};
-
-// GPT-2's vocabulary needs the tokenizer's files (a missing file is exit 1, naming it); any other
-// vocabulary reads and writes ids.
-inline void prompt_codec_init(PromptCodec* codec, const TrainOptions& o, const GPT2Config& cfg) {
-    codec->text = cfg.vocab_size == GPT2_VOCAB_SIZE;
-    if (!codec->text) return;
-    std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
-    if (!file_exists(encoder) || !file_exists(merges)) {
-        fail("--generate: no GPT-2 tokenizer in '%s' (scripts/get_vocab.sh fetches it; --tokenizer DIR points elsewhere)",
-             o.tokenizer_dir.c_str());
-    }
-    codec->tokenizer.load(encoder, merges);  // a damaged file: one line, exit 1
+// GPT-2's vocabulary needs the tokenizer's files (a missing or damaged file is exit 1, naming it):
+// the prompt is text; any other vocabulary reads and writes ids.
+inline void prompt_text_init(TokenText* codec, const TrainOptions& o, const GPT2Config& cfg) {
+    std::string problem = token_text_init(codec, o.tokenizer_dir, cfg.vocab_size);
+    if (!problem.empty()) fail("--generate: %s", problem.c_str());
 }
 
 // The prompt's text: --generate's, or the whole of --prompt-file's file (exit 1 when it cannot be
@@ -108,7 +94,7 @@ inline std::string read_prompt(const TrainOptions& o) {
 }
 
 // The prompt's tokens, checked: not empty, every id in the vocabulary, no longer than the context.
-inline std::vector<int> encode_prompt(const PromptCodec& codec, const std::string& text, const GPT2Config& cfg) {
+inline std::vector<int> encode_prompt(const TokenText& codec, const std::string& text, const GPT2Config& cfg) {
     std::vector<int> tokens;
     if (codec.text) {
         size_t bad = utf8_first_invalid(text);
@@ -137,14 +123,6 @@ inline std::vector<int> encode_prompt(const PromptCodec& codec, const std::strin
                    tokens.size(), cfg.max_seq_len);
     }
     return tokens;
-}
-
-inline std::string decode_tokens(const PromptCodec& codec, const std::vector<int>& tokens) {
-    // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
-    if (codec.text) return utf8_replace_invalid(codec.tokenizer.decode(tokens));
-    std::string out;
-    for (size_t i = 0; i < tokens.size(); i++) out += (i ? " " : "") + std::to_string(tokens[i]);
-    return out;
 }
 
 // Sample i's random stream: its own seed, so that one sample does not depend on how many were drawn
@@ -195,8 +173,8 @@ inline std::string json_int_list(const std::vector<int>& v) {
 // then a line of dashes; or --json lines), and the speed on stderr (stdout stays the samples).
 // `path` names the model path for that line ("KV cache" or "recomputing the window").
 inline void run_generation(const TrainOptions& o, const GPT2Config& cfg, const char* path, const NextLogits& next_logits) {
-    PromptCodec codec;
-    prompt_codec_init(&codec, o, cfg);
+    TokenText codec;
+    prompt_text_init(&codec, o, cfg);
     std::string text = read_prompt(o);
     std::vector<int> prompt = encode_prompt(codec, text, cfg);
     double seconds = 0.0;

@@ -98,35 +98,19 @@ inline bool is_sample_step(const TrainOptions& o, int step) {
     return o.sample_every > 0 && step > 0 && step % o.sample_every == 0;
 }
 
-struct SampleDecoder {
-    Tokenizer tokenizer;
-    bool loaded = false;
-};
-
-inline void sample_decoder_init(SampleDecoder* d, const TrainOptions& o, const GPT2Config& cfg) {
+// Samples print as text when the tokenizer is there, and as token ids (with a line saying why) when not.
+inline void sample_decoder_init(TokenText* d, const TrainOptions& o, const GPT2Config& cfg) {
     if (o.sample_every <= 0) return;
-    std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
-    if (cfg.vocab_size != 50257) {
+    std::string problem = token_text_init(d, o.tokenizer_dir, cfg.vocab_size);
+    if (cfg.vocab_size != GPT2_VOCAB_SIZE) {
         printf("samples: the model's vocabulary (%d) is not GPT-2's; printing token ids\n", cfg.vocab_size);
-    } else if (!file_exists(encoder) || !file_exists(merges)) {
-        printf("samples: no GPT-2 tokenizer in '%s' (scripts/get_vocab.sh fetches it); printing token ids\n", o.tokenizer_dir.c_str());
-    } else {
-        std::string error;
-        d->loaded = d->tokenizer.load(encoder, merges, &error);
-        if (!d->loaded) printf("samples: could not load the tokenizer (%s); printing token ids\n", error.c_str());
+    } else if (!problem.empty()) {
+        printf("samples: %s; printing token ids\n", problem.c_str());
     }
 }
 
-inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& generated) {
-    if (d.loaded) {
-        // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
-        printf("sample: %s\n", utf8_replace_invalid(d.tokenizer.decode(generated)).c_str());
-    } else {
-        printf("sample:");
-        for (int id : generated) printf(" %d", id);
-        printf("\n");
-    }
-    printf("--------\n");
+inline void print_sample_text(const TokenText& d, const std::vector<int>& generated) {
+    printf("sample: %s\n--------\n", decode_tokens(d, generated).c_str());
     fflush(stdout);
 }
 
@@ -136,7 +120,7 @@ inline void print_sample_text(const SampleDecoder& d, const std::vector<int>& ge
 // the logits of the last one, over the whole vocabulary, on rank 0 (elsewhere anything). Rank 0
 // draws the token; on a model-parallel grid it tells the others.
 inline void sample_and_print(const TrainOptions& o, int vocab_size, int window, bool model_parallel, Comm* world,
-                             const SampleDecoder& decoder, uint64_t* rng,
+                             const TokenText& decoder, uint64_t* rng,
                              const std::function<const float*(const std::vector<int>& tokens, int len)>& next_logits) {
     std::vector<int> tokens = {50256 < vocab_size ? 50256 : 0};
     for (int i = 0; i < o.sample_tokens; i++) {

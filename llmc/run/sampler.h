@@ -16,7 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
+#include "llmc/io/tokenizer.h"
+#include "llmc/utils.h"
 
 inline uint64_t xorshift64star(uint64_t* state) {
     uint64_t x = *state;
@@ -68,4 +71,37 @@ inline int sample_token(const float* logits, int vocab_size, float temperature, 
         if (r <= 0.0) return candidates[j];
     }
     return candidates.back();
+}
+
+// ---- how tokens read: GPT-2's vocabulary as text through its tokenizer, any other as token ids
+
+constexpr int GPT2_VOCAB_SIZE = 50257;
+
+struct TokenText {
+    Tokenizer tokenizer;
+    bool text = false;  // false: token ids separated by spaces
+};
+
+// Loads GPT-2's tokenizer from `dir` when the vocabulary is GPT-2's. Returns what went wrong, or ""
+// when nothing did: the caller decides whether ids will do (samples during training) or not
+// (--generate, whose prompt is text).
+inline std::string token_text_init(TokenText* t, const std::string& dir, int vocab_size) {
+    t->text = false;
+    if (vocab_size != GPT2_VOCAB_SIZE) return "";
+    std::string encoder = dir + "/encoder.json", merges = dir + "/vocab.bpe";
+    if (!file_exists(encoder) || !file_exists(merges)) {
+        return "no GPT-2 tokenizer in '" + dir + "' (scripts/get_vocab.sh fetches it; --tokenizer DIR points elsewhere)";
+    }
+    std::string error;
+    if (!t->tokenizer.load(encoder, merges, &error)) return "could not load the tokenizer: " + error;
+    t->text = true;
+    return "";
+}
+
+inline std::string decode_tokens(const TokenText& t, const std::vector<int>& tokens) {
+    // a byte-level model can emit a lone piece of a multi-byte character: show it as U+FFFD
+    if (t.text) return utf8_replace_invalid(t.tokenizer.decode(tokens));
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); i++) out += (i ? " " : "") + std::to_string(tokens[i]);
+    return out;
 }

@@ -1255,6 +1255,7 @@ int main(int argc, char** argv) {
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/memory/estimate.h)
         print_estimate(estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention));
         return 0;

@@ -954,6 +954,7 @@ int main(int argc, char** argv) {
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h)
         Comm launched;
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does

@@ -188,7 +188,9 @@ inline std::vector<PipeAction> pipeline_schedule(PipelineSchedule kind, int stag
 // The trainers' rule for sends and receives: a run of them between two compute actions is one
 // group. The sends are issued, the receives waited for, and the sends complete at the end of the
 // run: with the receives that follow them, or at once when none does (why: pipeline_parallel.h).
-// Whether action k is the last of its run:
+// (GPipe's and 1F1B's runs hold at most one receive. Interleaved's hold two: a trainer must post
+// both before waiting for either, as the simulator's group does; one blocking receive after the
+// other could wait for a peer that waits for the second.) Whether action k is the last of its run:
 inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
     return k + 1 >= list.size() || pipe_is_compute(list[k + 1].op);
 }

@@ -621,19 +621,30 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     int stage = par->grid.pp_rank, mb = plan.accumulation_steps;
     size_t n = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels;  // values crossing a stage boundary
     size_t bytes = n * sizeof(floatX);
-    std::vector<PipeAction> order = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
+    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
+    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
     double loss = 0.0;  // this rank's mean loss over its micro-batches
     auto start = std::chrono::steady_clock::now();
-    for (size_t k = 0; k < order.size(); k++) {
-        const PipeAction& act = order[k];
+    for (size_t k = 0; k < list.size(); k++) {
+        const PipeAction& act = list[k];
         m->slot = act.micro % m->slots;
         auto busy = std::chrono::steady_clock::now();
-        if (act.forward) {
+        switch (act.op) {
+        case PipeOp::RecvActivation:
+            pipe_recv(pipe, layer_x(m, GB_RESIDUAL, 0, n), bytes, act.peer, act.tag, m->stream);
+            break;
+        case PipeOp::RecvGradient:
+            pipe_recv(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->stream);
+            break;
+        case PipeOp::SendActivation:
+            pipe_send(pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, n), bytes, act.peer, act.tag, m->slot, m->stream);
+            break;
+        case PipeOp::SendGradient:
+            pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
+            break;
+        case PipeOp::Forward:
             dataloader_next_batch(train);  // every stage reads the micro-batches of its data-parallel rank
             gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
-            if (!sl.first_stage) {
-                pipe_recv(pipe, layer_x(m, GB_RESIDUAL, 0, n), bytes, stage - 1, pipe_tag_activation(act.micro), m->stream);
-            }
             pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
@@ -650,30 +661,22 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
                 if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
-            } else {
-                pipe_send(pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, n), bytes, stage + 1, pipe_tag_activation(act.micro),
-                          m->slot, m->stream);
             }
-        } else {
-            if (!sl.last_stage) {
-                pipe_recv(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, stage + 1, pipe_tag_gradient(act.micro), m->stream);
-            }
+            break;
+        case PipeOp::Backward:
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
             gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
-            if (!sl.first_stage) {
-                pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, stage - 1, pipe_tag_gradient(act.micro), m->slot,
-                          m->stream);
-            }
+            break;
         }
-        if (par->grid.pp > 1) {
+        if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)
             CUDA_CHECK(cudaStreamSynchronize(m->stream));
             pipe->busy_seconds += seconds_since(busy);
-            // a send goes with the next action's receive, if it has one (llmc/parallel/pipeline_parallel.cuh)
-            if (!pipe_next_action_receives(order, k, sl.first_stage, sl.last_stage)) pipe_flush(pipe, m->stream);
         }
+        // sends go with the receives of their run, or alone at its end (llmc/parallel/pipeline_parallel.cuh)
+        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) pipe_flush(pipe, m->stream);
     }
     if (par->grid.pp > 1) {
         pipe_finish(pipe, m->stream);
@@ -1252,6 +1255,7 @@ int main(int argc, char** argv) {
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/memory/estimate.h)
         print_estimate(estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention));
         return 0;

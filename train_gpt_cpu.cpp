@@ -478,60 +478,56 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
     double loss = 0.0;
     auto start = std::chrono::steady_clock::now();
-    std::vector<PipeAction> order = pipeline_schedule(par->schedule, stage, par->grid.pp, m);
-    std::vector<CommSend>* in_flight = nullptr;  // the previous action's sends, completed by this one's receive
-    for (size_t k = 0; k < order.size(); k++) {
-        const PipeAction& act = order[k];
+    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
+    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, m);
+    for (size_t k = 0; k < list.size(); k++) {
+        const PipeAction& act = list[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
-        if (act.forward) {
+        switch (act.op) {
+        case PipeOp::RecvActivation:
+            comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
+            break;
+        case PipeOp::RecvGradient:
+            comm_recv(pp, a.dresidual.data(), n, act.peer, act.tag, "receiving gradients from the next pipeline stage");
+            break;
+        case PipeOp::SendActivation:
+            comm_send(pp, stage_output(model, slot), n, act.peer, act.tag, &a.sends, "sending activations to the next pipeline stage");
+            break;
+        case PipeOp::SendGradient:
+            comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
+            break;
+        case PipeOp::Forward: {
             dataloader_next_batch(train);   // every stage reads the micro-batches of its data-parallel rank
             a.inputs = train->inputs;
             a.targets = train->targets;
-            if (!s.first_stage) {
-                comm_recv(pp, a.encoded.data(), n, stage - 1, pipe_tag_activation(act.micro),
-                          "receiving activations from the previous pipeline stage");
-            }
-            if (in_flight) comm_wait_sends(pp, in_flight);  // (also frees this slot: its sends are older)
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
             gpt2_forward(model, a.inputs.data(), B, T, slot);
+            float micro_loss = s.last_stage ? gpt2_loss(model, a.targets.data(), B, T, slot) : 0.0f;
+            par->times.busy_seconds += seconds_since(busy);
             if (s.last_stage) {
-                float micro_loss = gpt2_loss(model, a.targets.data(), B, T, slot);
-                par->times.busy_seconds += seconds_since(busy);
                 loss += micro_loss / m;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
                 // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
                 if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, a.logits.data(), B * T, s, micro_loss);
-            } else {
-                par->times.busy_seconds += seconds_since(busy);
-                comm_send(pp, stage_output(model, slot), n, stage + 1, pipe_tag_activation(act.micro), &a.sends,
-                          "sending activations to the next pipeline stage");
             }
-        } else {
-            if (!s.last_stage) {
-                comm_recv(pp, a.dresidual.data(), n, stage + 1, pipe_tag_gradient(act.micro),
-                          "receiving gradients from the next pipeline stage");
-            }
-            if (in_flight) comm_wait_sends(pp, in_flight);
+            break;
+        }
+        case PipeOp::Backward: {
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
             par->times.busy_seconds += seconds_since(busy);
-            if (!s.first_stage) {
-                comm_send(pp, a.dresidual.data(), n, stage - 1, pipe_tag_gradient(act.micro), &a.sends,
-                          "sending gradients to the previous pipeline stage");
-            }
+            break;
         }
-        // this action's sends complete in the next action's receive, or now if it has none
+        }
+        // the end of a run of sends and receives: its sends complete now, after its receives
         // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
-        in_flight = &a.sends;
-        if (!pipe_next_action_receives(order, k, s.first_stage, s.last_stage)) {
-            comm_wait_sends(pp, in_flight);
-            in_flight = nullptr;
-        }
+        if (!pipe_is_compute(act.op) && pipe_group_ends(list, k))
+            for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
     }
     par->times.schedule_seconds += seconds_since(start);
     return loss;
@@ -958,6 +954,7 @@ int main(int argc, char** argv) {
     validate_options(o);
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h)
         Comm launched;
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does

@@ -22,6 +22,9 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    checkpoint with a flipped byte, one without state.bin and one without model.bin,
                    saying which and why. (Header pokes remove checksums.txt, as in a checkpoint
                    written before checksums: the header's own checks must catch those.)
+  pipelines        --pipeline-schedule zigzag, --virtual-stages 0, chunks for 1f1b, interleaved with
+                   one chunk, interleaved trained (printout only so far), 2 layers cut into 2 x 2
+                   chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
 """
 import os, shutil, struct, subprocess, sys, tempfile, time
 from checks import report, exit_code
@@ -109,6 +112,20 @@ def main():
     rc, out, err, _ = run(["--model", path, "--estimate"])
     report(rc == 1 and len(err.strip().splitlines()) == 1 and "truncated" in err, "--estimate on that file: one line, exit 1",
            f"exit {rc}, {err!r}")
+
+    # ---- pipeline schedules (llmc/parallel/pipeline_schedule.h): values that name no schedule, chunks
+    # for a schedule without them, interleaving that cannot cut the layers or group the micro-batches
+    pipe = ["--model", "L=2,C=64,H=4,T=32,V=512", "--batch-size", "1", "--seq-len", "32", "--pipeline-parallel", "2"]
+    for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b or interleaved", "zigzag"]),
+                          (["--virtual-stages", "0"], ["--virtual-stages must be at least 1"]),
+                          (["--virtual-stages", "2"], ["needs --pipeline-schedule interleaved", "1f1b"]),
+                          (["--pipeline-schedule", "interleaved"], ["--virtual-stages 2 or more"]),
+                          (["--pipeline-schedule", "interleaved", "--virtual-stages", "2"], ["not trained yet", "--pipeline-print-schedule"]),
+                          (["--pipeline-schedule", "interleaved", "--virtual-stages", "2", "--total-batch-tokens", "128",
+                            "--pipeline-print-schedule"], ["2 layers", "2 x 2 = 4", "a model of 4 layers"]),
+                          (["--model", "L=4,C=64,H=4,T=32,V=512", "--pipeline-schedule", "interleaved", "--virtual-stages", "2",
+                            "--total-batch-tokens", "96", "--pipeline-print-schedule"], ["groups of p = 2", "make it 2 or 4"])]:
+        one_line_error(" ".join(args), pipe + args + base, 2, *needles)
 
     # ---- runs that cannot fit in this machine's memory: refused before allocating
     for args in (["--batch-size", "1000000000", "--seq-len", "16"], ["--model", "L=2000,C=8192,H=64"],

@@ -137,6 +137,13 @@ def checks_without_gpu(work):
         report(p.returncode == 2 and p.stderr.count("error:") == 1 and expect in p.stderr,
                f"train_gpt on {ranks} rank{'s' if ranks > 1 else ''} {' '.join(flags)}: exit 2, one line: '{expect}'",
                f"exit {p.returncode}: {p.stderr[-500:]}")
+    # --pipeline-print-schedule: the lists forward_backward walks, the CPU trainer's (test_parallelism.py)
+    pr = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+                         "--pipeline-parallel", "2", "--pipeline-print-schedule"], capture_output=True, text=True, cwd=work)
+    stages = [line for line in pr.stdout.splitlines() if line.startswith("stage ")]
+    report(pr.returncode == 0 and stages == ["stage 0: F0 a0>1 F1 a1>1 g0<1 B0 F2 a2>1 g1<1 B1 F3 a3>1 g2<1 B2 g3<1 B3",
+                                             "stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 g1>0 a2<0 F2 B2 g2>0 a3<0 F3 B3 g3>0"],
+           "train_gpt --pipeline-print-schedule: pp2 1F1B, m=4, as drawn by hand, without a GPU", pr.stdout[-800:] + pr.stderr)
     est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
                          capture_output=True, text=True, cwd=work)

@@ -280,6 +280,28 @@ def main():
                "--estimate prints every rank of tp2 x pp2, its traffic and the bubble, without launching them",
                est.stdout[-1200:] + est.stderr)
 
+        # ---- --pipeline-print-schedule: the lists the trainers run, without MPI or data. 1F1B on 2 stages with
+        # 4 micro-batches, as the paper draws it: stage 0 warms up with one forward, then alternates; each
+        # send followed by the receive it is paired with
+        base = ["--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+                "--train-data", "no_such_file.bin", "--pipeline-parallel", "2", "--pipeline-print-schedule"]
+        pr = subprocess.run([TRAINER] + base, capture_output=True, text=True, cwd=work)
+        want = ["stage 0: F0 a0>1 F1 a1>1 g0<1 B0 F2 a2>1 g1<1 B1 F3 a3>1 g2<1 B2 g3<1 B3",
+                "stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 g1>0 a2<0 F2 B2 g2>0 a3<0 F3 B3 g3>0"]
+        stages = [line for line in pr.stdout.splitlines() if line.startswith("stage ")]
+        report(pr.returncode == 0 and stages == want and "bubble 1/5 = 20.0%" in pr.stdout,
+               "--pipeline-print-schedule: pp2 1F1B, m=4, one line per stage as drawn by hand, no data needed",
+               pr.stdout[-800:] + pr.stderr)
+        pr = subprocess.run([TRAINER] + base + ["--pipeline-schedule", "interleaved", "--virtual-stages", "2"],
+                            capture_output=True, text=True, cwd=work)
+        stages = [line.split()[2:] for line in pr.stdout.splitlines() if line.startswith("stage ")]
+        computes = [sorted(a for a in s if a[0] in "FB") for s in stages]
+        every = sorted(f"{k}{i}c{c}" for k in "FB" for i in range(4) for c in range(2))
+        report(pr.returncode == 0 and len(stages) == 2 and computes == [every, every] and
+               stages[0][:4] == ["F0c0", "a0c0>1", "F1c0", "a1c0>1"] and "bubble 1/9 = 11.1%" in pr.stdout,
+               "--pipeline-print-schedule: interleaved, v=2: both stages forward and backward all 4 micro-batches on both "
+               "chunks; bubble (p-1)/(vm+p-1) = 1/9", pr.stdout[-1200:] + pr.stderr)
+
         # ---- impossible grids: one line, exit 2
         for ranks, flags, expect in IMPOSSIBLE_GRIDS:
             code, out, err = r.run(ranks, *flags, steps=1)

@@ -1,8 +1,7 @@
 // test_process_grid.cpp — the arithmetic of the process grid, checked without MPI: which rank sits
 // where and with whom (llmc/parallel/process_grid.h), which slice of the model each rank holds and where
-// every local element lives in the full model, the ZeRO-2/3 units (llmc/parallel/zero.h), and the pipeline
-// schedules (llmc/parallel/pipeline_parallel.h), simulated with a clock to check that they cannot deadlock
-// and that their idle time is the (p-1)/(m+p-1) of the lesson. The trainers' results on real grids
+// every local element lives in the full model, the ZeRO-2/3 units (llmc/parallel/zero.h), and the pipeline's
+// communication arithmetic (its schedules: test_pipeline_schedule.cpp). The trainers' results on real grids
 // are checked against one rank by test_parallelism.py; this is what they rest on.
 #include <cstdio>
 #include <map>
@@ -203,40 +202,6 @@ static std::string zero_problem(const GPT2Config& cfg, int tp, int dp, int stage
     return "";
 }
 
-// Runs every stage's schedule against a clock (forward f, backward b time units; a stage runs its
-// actions in order, each when its input has arrived). Returns "" and each stage's idle fraction of
-// the pipeline's total time, or why it deadlocks.
-static std::string simulate(PipelineSchedule kind, int p, int m, double f, double b, std::vector<double>* idle) {
-    std::vector<std::vector<PipeAction>> order(p);
-    for (int s = 0; s < p; s++) order[s] = pipeline_schedule(kind, s, p, m);
-    std::vector<std::vector<double>> fwd_done(p, std::vector<double>(m, -1)), bwd_done(p, std::vector<double>(m, -1));
-    std::vector<size_t> next(p, 0);
-    std::vector<double> clock(p, 0.0), busy(p, 0.0);
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (int s = 0; s < p; s++) {
-            if (next[s] == order[s].size()) continue;
-            PipeAction a = order[s][next[s]];
-            double ready;
-            if (a.forward) ready = s == 0 ? 0.0 : fwd_done[s - 1][a.micro];
-            else ready = s == p - 1 ? fwd_done[s][a.micro] : bwd_done[s + 1][a.micro];
-            if (ready < 0) continue;  // its input has not been produced yet
-            double start = std::max(clock[s], ready), cost = a.forward ? f : b;
-            clock[s] = start + cost;
-            busy[s] += cost;
-            (a.forward ? fwd_done : bwd_done)[s][a.micro] = clock[s];
-            next[s]++;
-            progress = true;
-        }
-    }
-    for (int s = 0; s < p; s++)
-        if (next[s] != order[s].size()) return strprintf("stage %d is stuck at action %zu: the schedule deadlocks", s, next[s]);
-    double total = *std::max_element(clock.begin(), clock.end());
-    idle->clear();
-    for (int s = 0; s < p; s++) idle->push_back(1.0 - busy[s] / total);
-    return "";
-}
-
 int main() {
     // ---- the grid
     std::string bad;
@@ -325,48 +290,7 @@ int main() {
               "ZeRO units are llmc/parallel/sharding.h's gradient buckets: layer L-1 first, the ends (wte, wpe, lnf) last", "");
     }
 
-    // ---- pipeline schedules
-    bad = "";
-    for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
-        for (int p = 1; p <= 5; p++)
-            for (int m = p; m <= 9; m++)
-                for (int s = 0; s < p && bad.empty(); s++) {
-                    std::vector<PipeAction> order = pipeline_schedule(kind, s, p, m);
-                    std::vector<int> state(m, 0);
-                    int next_backward = 0, held = 0, peak = 0;
-                    for (const PipeAction& a : order) {
-                        if (a.forward ? state[a.micro] != 0 : state[a.micro] != 1) bad = "an action out of order";
-                        if (!a.forward && a.micro != next_backward++) bad = "backward passes not in micro-batch order";
-                        state[a.micro]++;
-                        held += a.forward ? 1 : -1;
-                        peak = std::max(peak, held);
-                    }
-                    for (int i = 0; i < m; i++)
-                        if (state[i] != 2) bad = "a micro-batch misses its forward or backward";
-                    // the closed form the memory tables use, against the walk's peak and the lesson's rule
-                    int live = pipeline_live_micro_batches(kind, s, p, m);
-                    int want = p == 1 ? 1 : (kind == PipelineSchedule::GPipe ? m : std::min(m, p - s));
-                    if (live != peak || live != want)
-                        bad = strprintf("stage %d holds %d micro-batches (closed form %d), expected %d", s, peak, live, want);
-                    if (!bad.empty()) bad = strprintf("%s p=%d m=%d stage %d: ", pipeline_schedule_name(kind), p, m, s) + bad;
-                }
-    check(bad.empty(), "schedules: every micro-batch forward then backward, backwards in order (as accumulation), "
-                       "GPipe holds m micro-batches, 1F1B p - stage", bad);
-    bad = "";
-    for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
-        for (int p = 2; p <= 5; p++)
-            for (int m = p; m <= 12 && bad.empty(); m++) {
-                std::vector<double> idle;
-                bad = simulate(kind, p, m, 1.0, 2.0, &idle);
-                for (int s = 0; s < p && bad.empty(); s++)
-                    if (std::fabs(idle[s] - pipeline_bubble_fraction(p, m)) > 1e-12)
-                        bad = strprintf("%s p=%d m=%d stage %d idles %.4f, not (p-1)/(m+p-1) = %.4f", pipeline_schedule_name(kind),
-                                        p, m, s, idle[s], pipeline_bubble_fraction(p, m));
-            }
-    check(bad.empty(), "schedules on a clock (forward 1, backward 2): no deadlock, every stage idles (p-1)/(m+p-1) of the "
-                       "step, both schedules, p = 2..5, m = p..12", bad);
-    check(std::fabs(pipeline_bubble_fraction(4, 4) - 3.0 / 7.0) < 1e-15 && pipeline_bubble_fraction(1, 8) == 0.0,
-          "bubble: p=4, m=4 -> 3/7; one stage -> 0", "");
+    // (the pipeline schedules: test_pipeline_schedule.cpp)
 
     // ---- communication arithmetic
     check(tp_comm_bytes(1, false, 64, 48, 5, true, true, 4, 0) == 0 && pipe_comm_bytes(0, 1, 4, 100, 10) == 0 &&

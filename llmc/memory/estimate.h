@@ -514,6 +514,27 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     return e;
 }
 
+// --pipeline-print-schedule: every stage's list of actions (llmc/parallel/pipeline_schedule.h) for
+// the step the flags describe. Arithmetic only, as --estimate: no MPI, no weights, no data. The
+// micro-batches per step come from the batch flags and the launch's data-parallel degree (1
+// outside mpirun); an impossible pipeline gets the trainer's one line and exit 2.
+inline int print_pipeline_schedule(const TrainOptions& o) {
+    Comm launched;
+    comm_from_environment(&launched);
+    GPT2Config cfg = estimate_config(o);
+    int tp_pp = o.tensor_parallel * o.pipeline_parallel, dp = std::max(1, launched.world_size / tp_pp);
+    RunPlan plan = plan_run(o, cfg, dp, 0);
+    ProcessGrid g;
+    std::string why = make_grid(dp * tp_pp, 0, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage, o.sequence_parallel, &g);
+    if (why.empty()) why = grid_problem(g, cfg, plan.B, plan.T, plan.accumulation_steps);
+    PipelineSchedule kind = PipelineSchedule::OneFOneB;
+    parse_pipeline_schedule(o.pipeline_schedule, &kind);
+    if (why.empty()) why = pipeline_schedule_problem(kind, g.pp, plan.accumulation_steps, o.virtual_stages, cfg.num_layers);
+    if (!why.empty()) usage_fail(why);
+    if (launched.rank == 0) printf("%s", pipeline_schedule_text(kind, g.pp, plan.accumulation_steps, o.virtual_stages).c_str());
+    return 0;
+}
+
 // ==============================================================================================
 // The printout
 

@@ -2,10 +2,12 @@
 // neighbouring stages with NCCL (or through host memory), the tied embedding's exchange, and the
 // busy time that measures the bubble.
 //
-// Read llmc/parallel/pipeline_parallel.h first: the schedules (GPipe, 1F1B), the bubble (p-1)/(m+p-1), why
-// every stage runs its backward passes in micro-batch order, the tied embedding. The training loop
-// (train_gpt.cu's forward_backward) walks pipeline_schedule() exactly as the CPU trainer does; this
-// file moves the bytes.
+// Read llmc/parallel/pipeline_parallel.h first: the bubble (p-1)/(m+p-1), why every stage runs its
+// backward passes in micro-batch order, the tied embedding; and llmc/parallel/pipeline_schedule.h:
+// each stage's list of actions. The training loop (train_gpt.cu's forward_backward) walks that list
+// exactly as the CPU trainer does; this file moves the bytes. (GPipe's and 1F1B's lists have at most
+// one receive in a run of sends and receives, which is what pipe_recv groups; interleaved 1F1B's
+// have two, and the GPU trainer does not run it yet.)
 //
 // The difficulty is NCCL's sends. An NCCL send is a kernel on a stream that completes only when the
 // peer receives, and the next operation on that stream waits for it. In 1F1B's steady state stage

@@ -24,6 +24,10 @@
 //   work on the critical path, so the same idle time, but a micro-batch's activations are freed as
 //   soon as its backward is done: stage s holds at most p-s micro-batches, not m.
 //
+// Each schedule is a list of actions per stage (forwards, backwards, sends, receives), made and
+// checked in llmc/parallel/pipeline_schedule.h, with interleaved 1F1B's (--pipeline-print-schedule
+// prints them); this file is what a stage does around them.
+//
 // Bubble. With forward and backward times f and b per micro-batch per stage, each stage is busy
 // m (f + b) and the step lasts (m + p - 1)(f + b): the pipeline needs p-1 slots to fill and
 // p-1 to drain. The idle fraction, the same for every stage and both schedules, is
@@ -59,18 +63,8 @@
 #include <string>
 #include <vector>
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/pipeline_schedule.h"
 #include "llmc/utils.h"
-
-enum class PipelineSchedule { GPipe, OneFOneB };
-
-inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out) {
-    if (s == "gpipe") *out = PipelineSchedule::GPipe;
-    else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
-    else return false;
-    return true;
-}
-
-inline const char* pipeline_schedule_name(PipelineSchedule s) { return s == PipelineSchedule::GPipe ? "GPipe" : "1F1B"; }
 
 // The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
 // bubble (p-1)/(m+p-1) it predicts.
@@ -79,56 +73,6 @@ inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers,
                      pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
                      stages - 1, micro_batches + stages - 1, 100.0 * bubble);
 }
-
-struct PipeAction {
-    bool forward;
-    int micro;     // which micro-batch of the step
-};
-
-// The order in which stage `stage` of `stages` runs the forward and backward passes of m
-// micro-batches. With one stage both schedules are F0 B0 F1 B1 ...: plain gradient accumulation.
-inline std::vector<PipeAction> pipeline_schedule(PipelineSchedule kind, int stage, int stages, int m) {
-    std::vector<PipeAction> order;
-    if (kind == PipelineSchedule::GPipe && stages > 1) {
-        for (int i = 0; i < m; i++) order.push_back({true, i});
-        for (int i = 0; i < m; i++) order.push_back({false, i});
-        return order;
-    }
-    int warmup = std::min(stages - 1 - stage, m);
-    int next_forward = 0, next_backward = 0;
-    for (int i = 0; i < warmup; i++) order.push_back({true, next_forward++});
-    while (next_forward < m) {                    // steady state: one forward, one backward
-        order.push_back({true, next_forward++});
-        order.push_back({false, next_backward++});
-    }
-    while (next_backward < m) order.push_back({false, next_backward++});   // drain
-    return order;
-}
-
-// How many micro-batches' activations a stage holds at once (the peak of forwards not yet
-// backwarded in its schedule): m for GPipe, p - stage for 1F1B, 1 without pipelining.
-// In closed form, not by walking the schedule: a memory check asks for every micro-batch count up to
-// the step's, and a step of 2^30 micro-batches must not build a schedule of 2^31 actions to answer.
-// (test_process_grid walks pipeline_schedule and checks this against the walk's peak.)
-inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m) {
-    if (m <= 0) return 0;
-    if (stages == 1) return 1;
-    return kind == PipelineSchedule::GPipe ? m : std::min(m, stages - stage);
-}
-
-inline double pipeline_bubble_fraction(int stages, int m) { return (double)(stages - 1) / (double)(m + stages - 1); }
-
-// Whether action k + 1 of a stage's schedule receives something (a forward on every stage but the
-// first, a backward on every stage but the last): action k's sends then complete with that
-// receive; otherwise at once.
-inline bool pipe_next_action_receives(const std::vector<PipeAction>& order, size_t k, bool first_stage, bool last_stage) {
-    return k + 1 < order.size() && (order[k + 1].forward ? !first_stage : !last_stage);
-}
-
-// Message tags: micro-batch i's activation and its gradient. Between two ranks MPI delivers in the
-// order of sending, so tags need only be unique within a step.
-inline int pipe_tag_activation(int micro) { return 2 * micro; }
-inline int pipe_tag_gradient(int micro) { return 2 * micro + 1; }
 
 // The tied embedding, after the backward pass: the last stage's LM-head gradient (n floats) is
 // added to the first stage's wte gradient. Then, after the optimizer step, the first stage's

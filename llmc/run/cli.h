@@ -83,13 +83,15 @@ struct TrainOptions {
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
-    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved (printout only so far)
+    int virtual_stages = 1;          // model chunks per pipeline stage (interleaved)
     float max_memory_mib = 0;        // CPU: refuse to start if a rank would need more (0 = no limit)
     // switches
     bool eval_only = false;          // evaluate the model and exit: a run of zero steps
     bool quiet = false;              // only errors and the final summary
     bool verbose = false;            // also per-micro-step lines and buffer tables
     bool estimate = false;
+    bool pipeline_print_schedule = false;  // print every stage's list of actions and exit
     bool profile = false;            // CPU: time each kind of work per step (llmc/probes/cpu_profile.h)
     bool print_allocations = false;
     bool help = false;
@@ -169,7 +171,9 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
         {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
-        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward)", K::String, &o.pipeline_schedule, Scope::Both},
+        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward) | interleaved (1F1B over --virtual-stages chunks per stage; --pipeline-print-schedule only, not trained yet)", K::String, &o.pipeline_schedule, Scope::Both},
+        {"virtual-stages", "V", "Parallelism", "model chunks per pipeline stage for --pipeline-schedule interleaved (chunk c of stage r = layer block c*p + r)", K::Int, &o.virtual_stages, Scope::Both},
+        {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
@@ -449,7 +453,18 @@ inline void validate_options(const TrainOptions& o) {
     if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
     if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);
     if (o.sequence_parallel != 0 && o.sequence_parallel != 1) usage_fail("--sequence-parallel must be 0 or 1, got %d", o.sequence_parallel);
-    if (o.pipeline_schedule != "gpipe" && o.pipeline_schedule != "1f1b") usage_fail("--pipeline-schedule must be gpipe or 1f1b, got '%s'", o.pipeline_schedule.c_str());
+    if (o.pipeline_schedule != "gpipe" && o.pipeline_schedule != "1f1b" && o.pipeline_schedule != "interleaved")
+        usage_fail("--pipeline-schedule must be gpipe, 1f1b or interleaved, got '%s'", o.pipeline_schedule.c_str());
+    bool interleaved = o.pipeline_schedule == "interleaved";
+    if (o.virtual_stages < 1) usage_fail("--virtual-stages must be at least 1, got %d", o.virtual_stages);
+    if (!interleaved && o.virtual_stages > 1)
+        usage_fail("--virtual-stages %d needs --pipeline-schedule interleaved (%s has one chunk per stage): add it, or drop --virtual-stages",
+                   o.virtual_stages, o.pipeline_schedule.c_str());
+    if (interleaved && o.virtual_stages < 2)
+        usage_fail("--pipeline-schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1f1b)");
+    if (interleaved && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule interleaved is not trained yet (issue 26): see it with --pipeline-print-schedule, or train "
+                   "with --pipeline-schedule 1f1b");
     if (o.max_memory_mib < 0) usage_fail("--max-memory must be zero or positive, got %g", o.max_memory_mib);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
 }

@@ -1,0 +1,268 @@
+// pipeline_schedule.h — a pipeline schedule as data: each stage's ordered list of actions, which the
+// trainers execute one by one and a test can check without running a model.
+//
+// What it teaches. A pipeline schedule (llmc/parallel/pipeline_parallel.h: why stages, why micro-
+// batches, the bubble) is usually code: a warm-up loop, a steady-state loop, a cool-down loop, each
+// with its own sends and receives. Two bugs follow from that shape again and again: a warm-up count
+// off by one, and two neighbours that each send before they receive, waiting for each other
+// (Megatron-LM issues 169, 675 and 750; PyTorch fixed its interleaved schedule, PR 127332, by
+// computing one explicit list per rank ahead of time). Here every schedule is such a list:
+//
+//     stage 0: F0 a0>1 F1 a1>1 g0<1 B0 F2 a2>1 g1<1 B1 g2<1 B2      (1F1B, p = 2, m = 3: the
+//     stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 g1>0 a2<0 F2 B2 g2>0       printout of --pipeline-print-schedule)
+//
+// F3 / B3: the forward / backward of micro-batch 3 (on model chunk c: F3c1); a3>1 / a3<0: send
+// micro-batch 3's activation to stage 1 / receive it from stage 0; g3: its gradient, the other way.
+// A compute action's receive comes before it and its send after it. The trainers (forward_backward
+// in train_gpt_cpu.cpp and train_gpt.cu) walk the list and do exactly that; the one rule they add
+// is when a send completes: a run of sends and receives between two compute actions is one group,
+// and its sends complete with its receives, or at its end when it has none (pipeline_parallel.h
+// says why; pipe_group_ends). test/test_pipeline_schedule.cpp runs all stages' lists on a clock
+// with blocking sends and finds no deadlock, every send paired with its receive in the same order,
+// the activations in flight at the bound below, and the idle time equal to the bubble formula.
+//
+// The schedules (p stages, m micro-batches, v model chunks per stage):
+//
+//   GPipe (Huang et al., 2019): all m forwards, then all m backwards. Holds m micro-batches.
+//   1F1B (PipeDream-Flush, Narayanan et al., 2021): stage s runs p-1-s forwards (warm-up), then one
+//     forward and one backward alternately, then the remaining backwards. Holds min(m, p - s).
+//     Both: idle (p-1)(F+B) per stage of a step of (m+p-1)(F+B): bubble (p-1)/(m+p-1) of the step.
+//   Interleaved 1F1B (Narayanan et al., SC'21, "Efficient Large-Scale Language Model Training on
+//     GPU Clusters Using Megatron-LM", section 2.2.2): the layers are cut into p*v blocks and rank r
+//     holds blocks r, p + r, ..., (v-1)p + r ("model chunk" c = block c*p + r). A micro-batch goes
+//     around the ring of ranks v times. Each chunk's F and B take 1/v of a stage's, so the fill and
+//     drain shrink v-fold: idle (p-1)(F+B)/v per stage, bubble (p-1)/(v m) of the ideal time, which
+//     is (p-1)/(v m + p - 1) of the step (the second is what the trainers measure and the test
+//     asserts; with F = B = 1 per chunk: 2(p-1) idle slots in a step of 2(vm + p - 1)). The price:
+//     v times the point-to-point messages, and more activations in flight on the first stages.
+//     The order is Megatron-LM's (megatron/core/pipeline_parallel/schedules.py, forward_backward_
+//     pipelining_with_interleaving): forwards and backwards go through the chunks in groups of p
+//     micro-batches (forward k: chunk (k mod pv) div p, micro-batch (k div pv) p + k mod p; backward
+//     k: chunk v-1-(k mod pv) div p), so m must be a multiple of p. Warm-up on rank r:
+//         warm-up = min(v m, 2 (p - r - 1) + (v - 1) p)
+//     forwards, then 1F1B over the (micro-batch, chunk) pairs, then the remaining backwards. The
+//     (v - 1) p: the first p micro-batches go through every chunk but the last before the first
+//     backward can start. The 2 (p - r - 1), twice 1F1B's: in the steady state a forward's output
+//     leaves only after the backward paired with it (pipeline_schedule() below), two slots per hop
+//     instead of one, so rank r needs twice the head start (with p - r - 1: a deadlock at p = 3,
+//     m = 6, and a larger bubble, test_pipeline_schedule). Older Megatron ran everything as warm-up
+//     when m = p; the cap at v m is enough (the test finds no deadlock and the exact bubble at m = p).
+//     In flight on rank r: min(v m, warm-up + 1) (micro-batch, chunk) activations, each 1/v of a
+//     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p.
+//   Coming (issue 26): ZB-H1 splits B into the input gradient (B) and the weight gradient (W, an
+//     action of its own here, deferred into the cool-down); PipeDream-2BW keeps two weight versions.
+//
+// Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
+// rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
+// "previous" are the same rank, so activations and gradients share one pair of ranks in both
+// directions: their sends and receives must still pair in the same order (issue 750), which the
+// test checks. Tags name the message (micro-batch, the receiving chunk, the direction): MPI matches
+// by tag, NCCL by order, and the lists are right for both.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "llmc/utils.h"
+
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
+
+inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out) {
+    if (s == "gpipe") *out = PipelineSchedule::GPipe;
+    else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
+    else if (s == "interleaved") *out = PipelineSchedule::Interleaved;
+    else return false;
+    return true;
+}
+
+inline const char* pipeline_schedule_name(PipelineSchedule s) {
+    return s == PipelineSchedule::GPipe ? "GPipe" : s == PipelineSchedule::OneFOneB ? "1F1B" : "interleaved 1F1B";
+}
+
+enum class PipeOp {
+    Forward, Backward,              // compute: the stage's (chunk's) layers on one micro-batch
+    SendActivation, RecvActivation, // the forward's output to the next stage / the input from the previous
+    SendGradient, RecvGradient,     // the backward's input gradient to the previous stage / from the next
+};
+
+struct PipeAction {
+    PipeOp op;
+    int micro;      // which micro-batch of the step
+    int chunk = 0;  // which of this rank's model chunks (0 without interleaving)
+    int peer = -1;  // sends and receives: the other stage
+    int tag = -1;   // sends and receives: the message's tag, unique within a step
+};
+
+inline bool pipe_is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward; }
+inline bool pipe_is_send(PipeOp op) { return op == PipeOp::SendActivation || op == PipeOp::SendGradient; }
+inline bool pipe_is_receive(PipeOp op) { return op == PipeOp::RecvActivation || op == PipeOp::RecvGradient; }
+
+// Message tags: micro-batch i's activation into chunk c, and the gradient out of it, v chunks.
+// (Without chunks: 2i and 2i+1.) The tied embedding's two messages after the schedule use 0 and 1:
+// MPI keeps the order between two ranks, so tags need only be unique within the schedule.
+inline int pipe_tag(int micro, int chunk, int chunks, bool gradient) { return 2 * (micro * chunks + chunk) + (gradient ? 1 : 0); }
+
+// How many forwards stage `stage` runs before its first backward.
+inline int pipeline_warmup(PipelineSchedule kind, int stage, int stages, int m, int chunks) {
+    if (stages == 1) return 0;
+    if (kind == PipelineSchedule::GPipe) return m;
+    if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - 1 - stage);
+    return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages);
+}
+
+// The order of compute actions (Forward/Backward with micro and chunk) on `stage`: the warm-up's
+// forwards, then one forward and one backward alternately, then the remaining backwards. With one
+// stage every schedule is F0 B0 F1 B1 ...: plain gradient accumulation.
+inline std::vector<PipeAction> pipeline_compute_order(PipelineSchedule kind, int stage, int stages, int m, int chunks) {
+    int v = kind == PipelineSchedule::Interleaved ? chunks : 1;
+    int total = m * v;  // (micro-batch, chunk) pairs, each forwarded and backwarded once
+    // the k-th forward / backward of the stage: in groups of p micro-batches per chunk (Megatron's)
+    auto nth = [&](int k, bool forward) {
+        if (v == 1) return PipeAction{forward ? PipeOp::Forward : PipeOp::Backward, k, 0};
+        int in_group = k % (stages * v), chunk = in_group / stages;
+        int micro = (k / (stages * v)) * stages + in_group % stages;
+        return PipeAction{forward ? PipeOp::Forward : PipeOp::Backward, micro, forward ? chunk : v - 1 - chunk};
+    };
+    std::vector<PipeAction> order;
+    int warmup = pipeline_warmup(kind, stage, stages, m, v);
+    int forwards = 0, backwards = 0;
+    for (int i = 0; i < warmup; i++) order.push_back(nth(forwards++, true));
+    while (forwards < total) {  // steady state
+        order.push_back(nth(forwards++, true));
+        order.push_back(nth(backwards++, false));
+    }
+    while (backwards < total) order.push_back(nth(backwards++, false));  // cool-down
+    return order;
+}
+
+// The receive of compute action a's input on `stage` (false if it has none: the first virtual
+// stage's forward, the last one's backward), and the send of its output (false at the other ends).
+inline bool pipe_receive_of(const PipeAction& a, int stage, int stages, int v, PipeAction* out) {
+    int at = a.chunk * stages + stage;  // virtual stage
+    bool forward = a.op == PipeOp::Forward;
+    int from = forward ? at - 1 : at + 1;
+    if (from < 0 || from >= stages * v) return false;
+    // the tag names the message by the virtual stage it enters forward / leaves backward
+    *out = {forward ? PipeOp::RecvActivation : PipeOp::RecvGradient, a.micro, a.chunk, from % stages,
+            pipe_tag(a.micro, forward ? at : from, stages * v, !forward)};
+    return true;
+}
+inline bool pipe_send_of(const PipeAction& a, int stage, int stages, int v, PipeAction* out) {
+    int at = a.chunk * stages + stage;
+    bool forward = a.op == PipeOp::Forward;
+    int to = forward ? at + 1 : at - 1;
+    if (to < 0 || to >= stages * v) return false;
+    *out = {forward ? PipeOp::SendActivation : PipeOp::SendGradient, a.micro, a.chunk, to % stages,
+            pipe_tag(a.micro, forward ? to : at, stages * v, !forward)};
+    return true;
+}
+
+// The full list of `stage`: the compute actions with the receives of their inputs and the sends of
+// their outputs. Virtual stage c*p + r is rank r's chunk c.
+//
+// Where they go. GPipe and 1F1B: each receive right before its compute action, each send right
+// after it. Interleaved, Megatron's arrangement: a steady-state forward and backward are one unit,
+// the receives of both inputs before the pair, the sends of both outputs after it, so that the
+// sends of one unit and the receives of the next are one group, issued together (the forward's
+// output waits for the backward). Placed one by one instead, with p = 2, m = 4 stage 0 blocks
+// sending B0c1's gradient while stage 1 blocks sending B1c1's, each before the receive the other
+// waits for (test_pipeline_schedule's simulator found it).
+inline std::vector<PipeAction> pipeline_schedule(PipelineSchedule kind, int stage, int stages, int m, int chunks = 1) {
+    int v = kind == PipelineSchedule::Interleaved ? chunks : 1;
+    std::vector<PipeAction> compute = pipeline_compute_order(kind, stage, stages, m, v), list;
+    int warmup = pipeline_warmup(kind, stage, stages, m, v), total = m * v;
+    size_t steady_end = (size_t)(warmup + 2 * (total - warmup));
+    PipeAction x;
+    for (size_t i = 0; i < compute.size();) {
+        size_t unit = kind == PipelineSchedule::Interleaved && i >= (size_t)warmup && i < steady_end ? 2 : 1;
+        for (size_t j = i; j < i + unit; j++)
+            if (pipe_receive_of(compute[j], stage, stages, v, &x)) list.push_back(x);
+        for (size_t j = i; j < i + unit; j++) list.push_back(compute[j]);
+        for (size_t j = i; j < i + unit; j++)
+            if (pipe_send_of(compute[j], stage, stages, v, &x)) list.push_back(x);
+        i += unit;
+    }
+    return list;
+}
+
+// The trainers' rule for sends and receives: a run of them between two compute actions is one
+// group. The sends are issued, the receives waited for, and the sends complete at the end of the
+// run: with the receives that follow them, or at once when none does (why: pipeline_parallel.h).
+// (GPipe's and 1F1B's runs hold at most one receive. Interleaved's hold two: a trainer must post
+// both before waiting for either, as the simulator's group does; one blocking receive after the
+// other could wait for a peer that waits for the second.) Whether action k is the last of its run:
+inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
+    return k + 1 >= list.size() || pipe_is_compute(list[k + 1].op);
+}
+
+// How many (micro-batch, chunk) activations a stage holds at once: the peak of forwards not yet
+// backwarded in its list. m for GPipe, min(m, p - stage) for 1F1B, min(v m, warm-up + 1) for
+// interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
+// for every micro-batch count up to the step's, and a step of 2^30 micro-batches must not build a
+// list of 2^31 actions to answer (test_pipeline_schedule checks it against the walk's peak).
+inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m, int chunks = 1) {
+    if (m <= 0) return 0;
+    if (stages == 1) return 1;
+    if (kind == PipelineSchedule::GPipe) return m;
+    if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - stage);
+    return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
+}
+
+// The part of the step each stage idles, F and B of equal cost ratio on every stage:
+// (p-1)/(m+p-1); interleaved (p-1)/(v m + p - 1), the paper's (p-1)/(v m) of the ideal time.
+inline double pipeline_bubble_fraction(int stages, int m, int chunks = 1) {
+    return (double)(stages - 1) / (double)(chunks * m + stages - 1);
+}
+
+// Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the
+// nearest values that would. GPipe and 1F1B run any m >= p (process_grid.h checks that);
+// interleaving cuts the layers into p*v equal blocks and runs micro-batches in groups of p.
+inline std::string pipeline_schedule_problem(PipelineSchedule kind, int p, int m, int v, int layers) {
+    if (kind != PipelineSchedule::Interleaved) return "";
+    if (p < 2) return "--pipeline-schedule interleaved needs --pipeline-parallel 2 or more";
+    if (layers % (p * v) != 0) {
+        int below = layers / (p * v) * (p * v), above = below + p * v;
+        return strprintf("--pipeline-schedule interleaved cuts the %d layers into p x v = %d x %d = %d equal chunks: %d is not a "
+                         "multiple of %d; use a model of %s%d layers, or other --pipeline-parallel / --virtual-stages",
+                         layers, p, v, p * v, layers, p * v, below > 0 ? strprintf("%d or ", below).c_str() : "", above);
+    }
+    if (m % p != 0) {
+        int below = m / p * p, above = below + p;
+        return strprintf("--pipeline-schedule interleaved runs the micro-batches in groups of p = %d: %d micro-batches per step "
+                         "is not a multiple of %d; make it %s%d (--total-batch-tokens = micro-batches x B x T x data-parallel ranks)",
+                         p, m, p, below > 0 ? strprintf("%d or ", below).c_str() : "", above);
+    }
+    return "";
+}
+
+// One action as the printout writes it: F3, B3 (F3c1 on chunk 1), a3>1, a3<0, g3>0, g3<1.
+inline std::string pipe_action_text(const PipeAction& a, int chunks) {
+    std::string chunk = chunks > 1 ? strprintf("c%d", a.chunk) : std::string();
+    switch (a.op) {
+        case PipeOp::Forward: return strprintf("F%d", a.micro) + chunk;
+        case PipeOp::Backward: return strprintf("B%d", a.micro) + chunk;
+        case PipeOp::SendActivation: return strprintf("a%d%s>%d", a.micro, chunk.c_str(), a.peer);
+        case PipeOp::RecvActivation: return strprintf("a%d%s<%d", a.micro, chunk.c_str(), a.peer);
+        case PipeOp::SendGradient: return strprintf("g%d%s>%d", a.micro, chunk.c_str(), a.peer);
+        case PipeOp::RecvGradient: return strprintf("g%d%s<%d", a.micro, chunk.c_str(), a.peer);
+    }
+    return "?";
+}
+
+// --pipeline-print-schedule: every stage's list, one line each, with a legend.
+inline std::string pipeline_schedule_text(PipelineSchedule kind, int stages, int m, int chunks) {
+    int v = kind == PipelineSchedule::Interleaved ? chunks : 1;
+    std::string out = strprintf("# %s, %d stages, %d micro-batches%s: bubble %d/%d = %.1f%% of the step\n",
+                                pipeline_schedule_name(kind), stages, m,
+                                v > 1 ? strprintf(", %d model chunks per stage", v).c_str() : "", stages - 1,
+                                v * m + stages - 1, 100.0 * pipeline_bubble_fraction(stages, m, v));
+    out += "# F3 / B3: forward / backward of micro-batch 3";
+    out += v > 1 ? " (F3c1: on this stage's model chunk 1)" : "";
+    out += "; a3>1 / a3<0: send its activation to stage 1 / receive it from stage 0; g3: its gradient\n";
+    for (int s = 0; s < stages; s++) {
+        out += strprintf("stage %d:", s);
+        for (const PipeAction& a : pipeline_schedule(kind, s, stages, m, v)) out += " " + pipe_action_text(a, v);
+        out += "\n";
+    }
+    return out;
+}

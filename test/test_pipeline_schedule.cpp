@@ -1,0 +1,255 @@
+// test_pipeline_schedule.cpp — the pipeline schedules of llmc/parallel/pipeline_schedule.h run
+// without a model: every stage's list of actions executed on a clock, with blocking sends, by a
+// simulator that knows nothing of how the lists were made. For GPipe and 1F1B (v = 1) and
+// interleaved 1F1B (v = 2), p = 2, 3, 4 stages and m = p, 2p, 3p micro-batches (and m = p + 1 where
+// the schedule allows it: interleaving needs m a multiple of p), it checks
+//   - every (micro-batch, chunk) is forwarded once, then backwarded once, and each chunk's backwards
+//     run in micro-batch order (the accumulation order of one rank, so the sum is the same);
+//   - across stages: the forward of micro-batch i on virtual stage u + 1 (chunk c of rank r is
+//     virtual stage c p + r) starts after it ended on u, its backward on u after it ended on u + 1;
+//   - the k-th send from stage a to stage b and the k-th receive at b from a are the same message
+//     (tag and kind), for every pair: NCCL matches by order, and with p = 2 a rank's two neighbours
+//     are one rank (Megatron-LM issue 750);
+//   - with the trainers' rule for sends (one completes with the receive that follows it in the list,
+//     or at once; a send and a receive complete only when both sides have posted them, the worst
+//     case) every stage reaches the end of its list: no deadlock;
+//   - the activations in flight on each stage peak at pipeline_live_micro_batches: m (GPipe),
+//     min(m, p - s) (1F1B), min(v m, 2 (p - s - 1) + (v - 1) p + 1) (interleaved);
+//   - with unit costs (F = B = 1 per chunk) every stage idles exactly pipeline_bubble_fraction of the
+//     step: (p-1)/(m+p-1), interleaved (p-1)/(v m + p - 1), which is the paper's (p-1)/(v m) of the
+//     ideal time; also with B = 2 F for GPipe and 1F1B.
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+#include "llmc/parallel/pipeline_schedule.h"
+
+static int failures = 0;
+
+static void check(bool ok, const std::string& name, const std::string& why) {
+    if (ok) printf("PASS: %s\n", name.c_str());
+    else {
+        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
+        failures++;
+    }
+}
+
+struct Case {
+    PipelineSchedule kind;
+    int p, m, v;
+    std::string name() const { return strprintf("%s p=%d m=%d v=%d", pipeline_schedule_name(kind), p, m, v); }
+};
+
+typedef std::vector<std::vector<PipeAction>> Lists;  // one per stage
+
+static Lists lists_of(const Case& c) {
+    Lists lists;
+    for (int s = 0; s < c.p; s++) lists.push_back(pipeline_schedule(c.kind, s, c.p, c.m, c.v));
+    return lists;
+}
+
+// Each stage: every (micro, chunk) forwarded once then backwarded once, each chunk's backwards in
+// micro-batch order; and the peak of activations in flight, against the closed form.
+static std::string order_problem(const Case& c, const Lists& lists) {
+    for (int s = 0; s < c.p; s++) {
+        std::vector<int> state((size_t)(c.m * c.v), 0), next_backward((size_t)c.v, 0);
+        int held = 0, peak = 0;
+        for (const PipeAction& a : lists[(size_t)s]) {
+            if (!pipe_is_compute(a.op)) continue;
+            if (a.micro < 0 || a.micro >= c.m || a.chunk < 0 || a.chunk >= c.v)
+                return strprintf("stage %d: micro-batch %d chunk %d out of range", s, a.micro, a.chunk);
+            int& st = state[(size_t)(a.micro * c.v + a.chunk)];
+            bool forward = a.op == PipeOp::Forward;
+            if (st != (forward ? 0 : 1)) return strprintf("stage %d: %s out of order", s, pipe_action_text(a, c.v).c_str());
+            if (!forward && a.micro != next_backward[(size_t)a.chunk]++)
+                return strprintf("stage %d: chunk %d's backwards not in micro-batch order (%s)", s, a.chunk, pipe_action_text(a, c.v).c_str());
+            st++;
+            held += forward ? 1 : -1;
+            peak = std::max(peak, held);
+        }
+        for (int st : state)
+            if (st != 2) return strprintf("stage %d: a micro-batch misses its forward or backward", s);
+        int closed = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
+        if (peak != closed) return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak, closed);
+    }
+    return "";
+}
+
+// For every ordered pair of stages: the sequence of sends a -> b equals the sequence of receives at
+// b from a, message by message (tag and kind).
+static std::string pairing_problem(const Case& c, const Lists& lists) {
+    for (int a = 0; a < c.p; a++)
+        for (int b = 0; b < c.p; b++) {
+            std::vector<std::pair<int, bool>> sent, received;  // (tag, gradient?)
+            for (const PipeAction& x : lists[(size_t)a])
+                if (pipe_is_send(x.op) && x.peer == b) sent.push_back({x.tag, x.op == PipeOp::SendGradient});
+            for (const PipeAction& x : lists[(size_t)b])
+                if (pipe_is_receive(x.op) && x.peer == a) received.push_back({x.tag, x.op == PipeOp::RecvGradient});
+            if (sent.size() != received.size())
+                return strprintf("stage %d sends %zu messages to stage %d, which receives %zu", a, sent.size(), b, received.size());
+            for (size_t k = 0; k < sent.size(); k++)
+                if (sent[k] != received[k])
+                    return strprintf("message %zu from stage %d to %d: sent tag %d (%s), received tag %d (%s)", k, a, b,
+                                     sent[k].first, sent[k].second ? "gradient" : "activation", received[k].first,
+                                     received[k].second ? "gradient" : "activation");
+        }
+    return "";
+}
+
+// The lists on a clock. Compute takes f (forward) or b (backward). Communication is a rendezvous: a
+// "group" (a run of sends and receives between two compute actions, pipe_group_ends) is posted when its stage reaches it and completes once the matching operation of
+// each of its messages has been posted (the k-th send a -> b matches the k-th receive at b from a),
+// at the latest post time. Messages take no time. Returns "" or the deadlock; fills each stage's
+// busy time, the step's length, and each compute action's start and end (by stage, micro, chunk).
+struct Timing {
+    std::vector<double> busy;
+    double total = 0;
+    std::map<std::tuple<int, int, int, bool>, std::pair<double, double>> when;  // (virtual stage, micro, forward?) -> start, end
+};
+
+static std::string simulate(const Case& c, const Lists& lists, double f, double b, Timing* t, bool grouped = true) {
+    int p = c.p;
+    // the groups of each stage, in list order; a compute action is a group of its own
+    struct Op { size_t index; int ordinal; };  // into the list; which send a->b / receive at b from a
+    std::vector<std::vector<std::vector<Op>>> groups((size_t)p);
+    std::vector<std::vector<int>> sends((size_t)p, std::vector<int>((size_t)p, 0)), recvs = sends;
+    for (int s = 0; s < p; s++) {
+        const std::vector<PipeAction>& list = lists[(size_t)s];
+        std::vector<Op> pending;
+        for (size_t k = 0; k < list.size(); k++) {
+            const PipeAction& a = list[k];
+            if (pipe_is_compute(a.op)) {
+                groups[(size_t)s].push_back({{k, -1}});
+                continue;
+            }
+            int ordinal = pipe_is_send(a.op) ? sends[(size_t)s][(size_t)a.peer]++ : recvs[(size_t)s][(size_t)a.peer]++;
+            pending.push_back({k, ordinal});
+            if (pipe_group_ends(list, k) || !grouped) {  // (the control: every send and receive alone)
+                groups[(size_t)s].push_back(pending);
+                pending.clear();
+            }
+        }
+        if (!pending.empty()) groups[(size_t)s].push_back(pending);
+    }
+    // where each posted operation's partner is: posted[(stage, send?, peer, ordinal)] = post time
+    std::map<std::tuple<int, bool, int, int>, double> posted;
+    std::vector<size_t> at((size_t)p, 0);
+    std::vector<double> clock((size_t)p, 0.0);
+    t->busy.assign((size_t)p, 0.0);
+    t->when.clear();
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < p; s++) {
+            while (at[(size_t)s] < groups[(size_t)s].size()) {
+                const std::vector<Op>& g = groups[(size_t)s][at[(size_t)s]];
+                const PipeAction& first = lists[(size_t)s][g[0].index];
+                if (pipe_is_compute(first.op)) {
+                    double cost = first.op == PipeOp::Forward ? f : b;
+                    int u = first.chunk * p + s;
+                    t->when[{u, first.micro, 0, first.op == PipeOp::Forward}] = {clock[(size_t)s], clock[(size_t)s] + cost};
+                    clock[(size_t)s] += cost;
+                    t->busy[(size_t)s] += cost;
+                    at[(size_t)s]++;
+                    progress = true;
+                    continue;
+                }
+                double done = clock[(size_t)s];
+                bool complete = true;
+                for (const Op& op : g) {
+                    const PipeAction& a = lists[(size_t)s][op.index];
+                    bool send = pipe_is_send(a.op);
+                    posted.emplace(std::make_tuple(s, send, a.peer, op.ordinal), clock[(size_t)s]);  // (keeps the first post)
+                    auto partner = posted.find(std::make_tuple(a.peer, !send, s, op.ordinal));
+                    if (partner == posted.end()) complete = false;
+                    else done = std::max(done, partner->second);
+                }
+                if (!complete) break;  // blocked: wait for the peers
+                clock[(size_t)s] = done;
+                at[(size_t)s]++;
+                progress = true;
+            }
+        }
+    }
+    for (int s = 0; s < p; s++)
+        if (at[(size_t)s] < groups[(size_t)s].size()) {
+            const PipeAction& a = lists[(size_t)s][groups[(size_t)s][at[(size_t)s]][0].index];
+            return strprintf("deadlock: stage %d blocks at %s (group %zu of %zu)", s, pipe_action_text(a, c.v).c_str(),
+                             at[(size_t)s], groups[(size_t)s].size());
+        }
+    t->total = *std::max_element(clock.begin(), clock.end());
+    return "";
+}
+
+// On the simulated clock: the forward of (micro, u + 1) starts after that of (micro, u) ended, the
+// backward of (micro, u) after that of (micro, u + 1), and the last virtual stage's backward after
+// its forward. From the times alone, not from the lists' sends and receives.
+static std::string dependency_problem(const Case& c, const Timing& t) {
+    int last = c.p * c.v - 1;
+    auto at = [&](int u, int micro, bool forward) { return t.when.at(std::make_tuple(u, micro, 0, forward)); };
+    for (int i = 0; i < c.m; i++)
+        for (int u = 0; u <= last; u++) {
+            if (u < last && at(u + 1, i, true).first < at(u, i, true).second)
+                return strprintf("F%d on virtual stage %d starts before it ends on %d", i, u + 1, u);
+            if (u < last && at(u, i, false).first < at(u + 1, i, false).second)
+                return strprintf("B%d on virtual stage %d starts before it ends on %d", i, u, u + 1);
+        }
+    for (int i = 0; i < c.m; i++)
+        if (at(last, i, false).first < at(last, i, true).second) return strprintf("B%d on the last stage before its forward", i);
+    return "";
+}
+
+int main() {
+    std::vector<Case> cases;
+    for (int p : {2, 3, 4}) {
+        for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
+            for (int m : {p, 2 * p, 3 * p, p + 1}) cases.push_back({kind, p, m, 1});
+        for (int m : {p, 2 * p, 3 * p}) cases.push_back({PipelineSchedule::Interleaved, p, m, 2});
+    }
+    std::string order, pairing, deadlock, deps, bubble, bubble_b2;
+    for (const Case& c : cases) {
+        Lists lists = lists_of(c);
+        std::string why = order_problem(c, lists);
+        if (!why.empty() && order.empty()) order = c.name() + ": " + why;
+        why = pairing_problem(c, lists);
+        if (!why.empty() && pairing.empty()) pairing = c.name() + ": " + why;
+        Timing t;
+        why = simulate(c, lists, 1.0, 1.0, &t);
+        if (!why.empty()) {
+            if (deadlock.empty()) deadlock = c.name() + ": " + why;
+            continue;
+        }
+        why = dependency_problem(c, t);
+        if (!why.empty() && deps.empty()) deps = c.name() + ": " + why;
+        double want = pipeline_bubble_fraction(c.p, c.m, c.v);
+        for (int s = 0; s < c.p && bubble.empty(); s++) {
+            double idle = 1.0 - t.busy[(size_t)s] / t.total;
+            if (std::fabs(idle - want) > 1e-12)
+                bubble = c.name() + strprintf(": stage %d idles %.4f of the step (%g of %g slots), the formula says %.4f", s, idle,
+                                              t.total - t.busy[(size_t)s], t.total, want);
+        }
+        if (c.v == 1 && simulate(c, lists, 1.0, 2.0, &t).empty())  // B twice F: the same fraction
+            for (int s = 0; s < c.p && bubble_b2.empty(); s++)
+                if (std::fabs(1.0 - t.busy[(size_t)s] / t.total - want) > 1e-12)
+                    bubble_b2 = c.name() + strprintf(": stage %d idles %.4f with B = 2F", s, 1.0 - t.busy[(size_t)s] / t.total);
+    }
+    std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, interleaved v=2; p = 2, 3, 4)", cases.size());
+    check(order.empty(), "every (micro-batch, chunk) forward then backward, backwards in micro-batch order, peak in flight = "
+                         "pipeline_live_micro_batches" + n, order);
+    check(pairing.empty(), "the k-th send from a to b is the k-th receive at b from a, same tag and kind, every pair" + n, pairing);
+    check(deadlock.empty(), "blocking sends completing with the next receive (the trainers' rule): every stage finishes" + n, deadlock);
+    check(deps.empty(), "forward of (i, u+1) after (i, u), backward of (i, u) after (i, u+1), on the simulated clock" + n, deps);
+    check(bubble.empty(), "F = B = 1: every stage idles exactly (p-1)/(vm+p-1) of the step" + n, bubble);
+    check(bubble_b2.empty(), "B = 2F, GPipe and 1F1B: every stage idles exactly (p-1)/(m+p-1) of the step", bubble_b2);
+    // the control: the same simulator, every send blocking on its own (a send not paired with the
+    // receive after it), deadlocks 1F1B on 2 stages: each stage's forward sends, the other waits to
+    // send its gradient. The rule the trainers follow is what the lists rely on.
+    Case control = {PipelineSchedule::OneFOneB, 2, 4, 1};
+    Timing t;
+    std::string why = simulate(control, lists_of(control), 1.0, 1.0, &t, false);
+    check(why.rfind("deadlock", 0) == 0, "the control deadlocks: 1F1B, 2 stages, each send blocking alone", why.empty() ? "it ran" : why);
+    check(std::fabs(pipeline_bubble_fraction(4, 4) - 3.0 / 7.0) < 1e-15 && pipeline_bubble_fraction(1, 8) == 0.0 &&
+              std::fabs(pipeline_bubble_fraction(4, 8, 2) - 3.0 / 19.0) < 1e-15,
+          "bubble: p=4, m=4 -> 3/7; one stage -> 0; interleaved p=4, m=8, v=2 -> 3/19", "");
+    return failures ? 1 : 0;
+}

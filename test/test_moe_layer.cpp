@@ -12,7 +12,9 @@
 //             MLP exactly zero, everything finite, and the finite differences still agree
 // Run as `test_moe_layer --dump IN OUT`, it is the harness test/test_moe.py drives: one forward and
 // backward on the tensors in IN, everything the reference compares written to OUT (formats in
-// test_moe.py).
+// test_moe.py). `test_moe_layer --bench N C E k f REPS` times the layer's forward + backward against
+// the dense MLP's, alternating (scripts/bench_moe_layer.py runs it; not a test).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -229,9 +231,46 @@ static int dump(const char* in_path, const char* out_path) {
     return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// --bench: one line per repetition, "dense_ms moe_ms dropped", the two alternating so that the
+// machine's load falls on both alike
+
+static int bench(int N, int C, int E, int k, float f, int reps) {
+    MoEShape s;
+    s.experts = E; s.top_k = k; s.capacity_factor = f;
+    int H = 4 * C;
+    Layer l = make_layer(s, N, C, 500);
+    for (auto* v : {&l.router, &l.fcw, &l.projw}) for (float& w : *v) w *= 0.02f / 0.3f;   // about GPT-2's init scale
+    std::vector<float> x, dy, y((size_t)N * C), dx((size_t)N * C);
+    fill(&x, (size_t)N * C, 7, 1.0f);
+    fill(&dy, (size_t)N * C, 8, 1e-3f);
+    std::vector<float> fch((size_t)N * H), fch_gelu((size_t)N * H), dh((size_t)N * H);
+    MoEActivations a;
+    moe_allocate(&a, s, N, C, H);
+    auto now = [] { return std::chrono::steady_clock::now(); };
+    auto ms = [](auto t0, auto t1) { return std::chrono::duration<double, std::milli>(t1 - t0).count(); };
+    for (int r = 0; r < reps + 1; r++) {   // the first repetition warms the caches and the packing scratch: not printed
+        auto t0 = now();
+        matmul_forward(fch.data(), x.data(), l.fcw.data(), l.fcb.data(), N, C, H);
+        gelu_forward(fch_gelu.data(), fch.data(), (size_t)N * H);
+        matmul_forward(y.data(), fch_gelu.data(), l.projw.data(), l.projb.data(), N, H, C);
+        matmul_backward(dh.data(), l.gprojw.data(), l.gprojb.data(), dy.data(), fch_gelu.data(), l.projw.data(), N, H, C);
+        gelu_backward(dh.data(), fch.data(), dh.data(), (size_t)N * H);
+        matmul_backward(dx.data(), l.gfcw.data(), l.gfcb.data(), dh.data(), x.data(), l.fcw.data(), N, C, H);
+        auto t1 = now();
+        MoEStats st = moe_forward(y.data(), &a, s, l.w(), x.data());
+        moe_backward(dx.data(), l.g(), &a, s, l.w(), x.data(), dy.data(), 1.0f);
+        auto t2 = now();
+        if (r > 0) printf("%.4f %.4f %d\n", ms(t0, t1), ms(t1, t2), st.dropped);
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 8 && strcmp(argv[1], "--bench") == 0)
+        return bench(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), (float)atof(argv[6]), atoi(argv[7]));
     if (argc == 4 && strcmp(argv[1], "--dump") == 0) return dump(argv[2], argv[3]);
-    if (argc != 1) { fprintf(stderr, "usage: test_moe_layer [--dump IN OUT]\n"); return 2; }
+    if (argc != 1) { fprintf(stderr, "usage: test_moe_layer [--dump IN OUT | --bench N C E k f REPS]\n"); return 2; }
     check_dense();
     MoEShape top1;
     top1.experts = 4; top1.top_k = 1; top1.capacity_factor = 1.0f;

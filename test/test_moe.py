@@ -85,9 +85,10 @@ def reference(t, E, k, f, alpha, cz, aux_scale):
     return out
 
 
-def harness(t, E, k, f, alpha, cz, aux_scale):
+def harness(t, E, k, f, alpha, cz, aux_scale, threads=None, raw=False):
     N, C = t["x"].shape
     H = t["fcw"].shape[1]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
         with open(src, "wb") as fh:
@@ -95,7 +96,11 @@ def harness(t, E, k, f, alpha, cz, aux_scale):
             fh.write(np.array([f, alpha, cz, aux_scale], dtype=np.float32).tobytes())
             for name in ["x", "router", "fcw", "fcb", "projw", "projb", "dy"]:
                 fh.write(t[name].astype(np.float32).tobytes())
-        subprocess.run([HARNESS, "--dump", src, dst], check=True)
+        proc = subprocess.run([HARNESS, "--dump", src, dst], env=env, capture_output=True, text=True)
+        if raw:
+            return proc
+        if proc.returncode != 0:
+            raise RuntimeError(f"test_moe_layer --dump failed: {proc.stderr.strip()}")
         flat = np.fromfile(dst, dtype=np.float32).astype(np.float64)
     shapes = [("logits", (N, E)), ("probs", (N, E)), ("choice", (N, k)), ("gate", (N, k)), ("kept", (N, k)),
               ("y", (N, C)), ("stats", (6,)), ("dx", (N, C)), ("drouter", (E, C)), ("dfcw", (E, H, C)),
@@ -159,6 +164,28 @@ def compare(name, E, k, f, alpha=1e-2, cz=1e-3, aux_scale=0.5, seed=1, dy_zero=F
     report(not bad, f"{name}: every gradient", f"over {TOL}: {bad}", ", ".join(f"{key} {e:.1e}" for key, e in worst.items()))
 
 
+def check_threads():
+    """Each output element is computed by one thread and every sum over tokens runs in a fixed order,
+    so the layer gives the same bits on 1 and 2 threads (what the trainer's determinism rests on)."""
+    t = tensors(7, 48, 16, 4)
+    one = harness(t, 4, 2, 1.0, 1e-2, 1e-3, 0.5, threads=1)
+    two = harness(t, 4, 2, 1.0, 1e-2, 1e-3, 0.5, threads=2)
+    same = all(np.array_equal(one[key], two[key]) if isinstance(one[key], np.ndarray) else one[key] == two[key] for key in one)
+    report(same, "the same bits on 1 and 2 threads (top-2, capacity 1.0)", "some output differs")
+
+
+def check_bad_shapes():
+    """A shape the layer cannot run is refused before anything runs: one line naming the flag, exit 2."""
+    for E, k, f, flag in [(0, 1, 0.0, "--moe-experts"), (4, 3, 0.0, "--moe-top-k"), (1, 2, 0.0, "--moe-top-k"),
+                          (4, 1, -1.0, "--moe-capacity-factor")]:
+        t = tensors(8, 8, 16, max(E, 1))
+        proc = harness(t, E, k, f, 1e-2, 1e-3, 1.0, raw=True)
+        lines = proc.stderr.strip().splitlines()
+        ok = proc.returncode == 2 and len(lines) == 1 and flag in lines[0]
+        report(ok, f"E={E} top-{k} f={f} refused with one line naming {flag}, exit 2",
+               f"exit {proc.returncode}, stderr {proc.stderr.strip()!r}", lines[0] if lines else "")
+
+
 def main():
     torch.set_num_threads(1)
     subprocess.run(["make", "-s", "build/test_moe_layer"], cwd=ROOT, check=True)
@@ -169,6 +196,8 @@ def main():
     compare("top-2 E=8, capacity 0.5, alpha 0.1, c_z 0.01", 8, 2, 0.5, alpha=0.1, cz=0.01, seed=4, expect_drops=True)
     compare("auxiliary losses alone (top-1, capacity 1.0)", 4, 1, 1.0, aux_scale=1.0, seed=5, dy_zero=True)
     compare("auxiliary losses alone (top-2, no dropping)", 4, 2, 0.0, aux_scale=1.0, seed=6, dy_zero=True)
+    check_threads()
+    check_bad_shapes()
     return exit_code()
 
 

@@ -201,6 +201,8 @@ static int dump(const char* in_path, const char* out_path) {
     int N = dims[0], C = dims[1], H = dims[2];
     MoEShape s;
     s.experts = dims[3]; s.top_k = dims[4]; s.capacity_factor = knobs[0]; s.aux_alpha = knobs[1]; s.z_loss = knobs[2];
+    std::string why = moe_shape_problem(s);
+    if (!why.empty()) usage_fail(why);   // before reading a tensor: one line, exit 2
     size_t E = s.experts;
     Layer l;
     l.s = s; l.N = N; l.C = C; l.H = H;

@@ -65,8 +65,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 #include "llmc/model/cpu_layers.h"  // matmul_forward/backward, gelu_forward/backward: the dense MLP's own
+#include "llmc/utils.h"               // usage_fail: one line, exit 2
 
 namespace cpu {
 
@@ -114,6 +116,22 @@ struct MoEStats {
     int min_load = 0, max_load = 0;        // kept assignments of the least and the most loaded expert
 };
 
+// What is wrong with a shape, in one line naming the flag that sets it and the fix; empty if nothing.
+// (The command line will check its flags with it before anything is allocated; moe_allocate refuses
+// a bad shape too, so no caller reaches the routing with, say, a second choice among one expert.)
+inline std::string moe_shape_problem(const MoEShape& s) {
+    if (s.experts < 1) return "--moe-experts " + std::to_string(s.experts) + ": an MoE layer needs at least 1 expert";
+    if (s.top_k != 1 && s.top_k != 2)
+        return "--moe-top-k " + std::to_string(s.top_k) + ": top-1 (Switch) and top-2 (GShard) are the routings here; use 1 or 2";
+    if (s.top_k > s.experts)
+        return "--moe-top-k 2 needs at least 2 experts (--moe-experts " + std::to_string(s.experts) + "); use --moe-top-k 1";
+    if (!(s.capacity_factor >= 0.0f) || !std::isfinite(s.capacity_factor))
+        return strprintf("--moe-capacity-factor %g: must be 0 (or none: no dropping) or positive", s.capacity_factor);
+    if (!(s.aux_alpha >= 0.0f) || !std::isfinite(s.aux_alpha)) return "--moe-aux-alpha must be 0 or positive";
+    if (!(s.z_loss >= 0.0f) || !std::isfinite(s.z_loss)) return "--moe-z-loss must be 0 or positive";
+    return "";
+}
+
 // Assignments an expert may take: ceil(k N f / E), computed in double in that order; f <= 0 means
 // no limit (N: a token never chooses one expert twice, so no expert can receive more).
 inline int moe_capacity(int N, int k, int E, float f) {
@@ -122,6 +140,8 @@ inline int moe_capacity(int N, int k, int E, float f) {
 }
 
 inline void moe_allocate(MoEActivations* a, const MoEShape& s, int N, int C, int H) {
+    std::string why = moe_shape_problem(s);
+    if (!why.empty()) usage_fail(why);
     size_t E = s.experts, k = s.top_k, rows = k * N;
     a->N = N; a->C = C; a->H = H;
     a->logits.assign(N * E, 0.0f); a->probs.assign(N * E, 0.0f); a->lse.assign(N, 0.0f);

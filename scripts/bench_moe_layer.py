@@ -12,7 +12,10 @@ layer and of the dense MLP on the same N tokens, alternating, so a shared machin
 both alike) and prints the medians and their same-run ratio. The default shapes are the main job's
 (scripts/run.sh: C=64, B*T = 8*64 = 512 tokens per micro-batch) and a 4x wider layer.
 
-    python3 scripts/bench_moe_layer.py [--reps 30]
+    OMP_NUM_THREADS=1 python3 scripts/bench_moe_layer.py [--reps 30]
+
+On a shared machine one thread gives the steadier ratio (two threads share the cores with whatever
+else runs, and the small matmuls here suffer most from a stalled thread); the thread count is printed.
 """
 import argparse, os, platform, statistics, subprocess
 
@@ -33,8 +36,9 @@ def main():
     cpu = platform.machine()
     if os.path.exists("/proc/cpuinfo"):
         cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), cpu)
-    print(f"machine: {cpu}, {os.cpu_count()} cores; commit {commit}; "
-          f"python3 scripts/bench_moe_layer.py --reps {args.reps}")
+    threads = os.environ.get("OMP_NUM_THREADS", f"all {os.cpu_count()}")
+    print(f"machine: {cpu}, {os.cpu_count()} cores, threads {threads}, load average {os.getloadavg()[0]:.1f}; "
+          f"commit {commit}; python3 scripts/bench_moe_layer.py --reps {args.reps}")
     print(f"{'N':>5} {'C':>4} {'E':>3} {'k':>2} {'f':>5} | {'dense ms':>9} {'MoE ms':>9} {'MoE/dense':>9} | dropped")
     for N, C, E, k, f in CONFIGS:
         out = subprocess.run([HARNESS, "--bench", str(N), str(C), str(E), str(k), str(f), str(args.reps)],

@@ -47,10 +47,12 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/cli.h"
 
-// The CPU trainer's defaults: what one rank of it achieves on the development machine (2 shared
-// cores; docs/parallelism.md, "Choosing a grid", measured them). Yours differ: measure them.
-constexpr double CPU_PLAN_DEFAULT_GFLOPS = 10.0;  // FLOP/s of a whole training step, one thread
-constexpr double CPU_PLAN_DEFAULT_GBPS = 0.5;     // ./comm_bench's all-reduce bus bandwidth, 4 ranks
+// The CPU trainer's defaults: what one rank of it achieved on the development machine (2 shared
+// cores; scripts/bench_grid_planner.py measured 42 and 56 GFLOP/s for a one-thread step of its
+// small model, and an all-reduce bus bandwidth of 0.59 and 0.68 GB/s; docs/parallelism.md, "Choosing a
+// grid"). Yours differ: measure them.
+constexpr double CPU_PLAN_DEFAULT_GFLOPS = 40.0;  // GFLOP/s of a whole training step, one thread
+constexpr double CPU_PLAN_DEFAULT_GBPS = 0.6;     // GB/s, ./comm_bench's all-reduce bus bandwidth
 
 // What the plan assumes about the machine.
 struct PlanMachine {
@@ -81,9 +83,9 @@ inline std::string describe_plan(const GridPlan& g) {
     return strprintf("dp %d x tp %d x pp %d, ZeRO-%d", g.dp, g.tp, g.pp, g.zero);
 }
 
-// The ranks a group of `span` consecutive ranks lives on: one node when it fits in one (the grid's
-// order keeps every group aligned: spans are products of the degrees, which divide the world).
-inline bool group_in_one_node(int span, int node_size) { return span <= node_size; }
+// Whether a group of `span` consecutive ranks, starting at a multiple of `span`, lives on one node:
+// when nodes hold a whole number of such groups. (Groups of 6 on nodes of 8 would straddle two.)
+inline bool group_in_one_node(int span, int node_size) { return span <= node_size && node_size % span == 0; }
 
 // Prices grid (dp, tp, pp, ZeRO) for `e` (the model, B, T, tokens per step, precision, recompute).
 inline GridPlan price_grid(const EstimateSetup& base, const PlanMachine& mc, int dp, int tp, int pp, int zero) {
@@ -174,7 +176,7 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
         mc.flops_source = strprintf("--estimate-mfu %.2f x %s", e.mfu, e.peak_source.c_str());
     } else {
         mc.flops = CPU_PLAN_DEFAULT_GFLOPS * 1e9;
-        mc.flops_source = "the CPU default, about one core of the development machine running the trainer; "
+        mc.flops_source = "the CPU default: one thread of the development machine running the trainer; "
                           "--plan-tflops for yours";
     }
     double net = o.plan_bandwidth > 0 ? o.plan_bandwidth : gpu ? 50.0 : CPU_PLAN_DEFAULT_GBPS;
@@ -184,8 +186,9 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
     mc.comm_scale = e.dtype_bytes / 4.0;
     mc.bandwidth_source = strprintf("%d ranks per node, %.3g GB/s inside a node, %.3g GB/s between nodes%s", mc.node_size,
                                     mc.node_bandwidth / 1e9, mc.network_bandwidth / 1e9,
-                                    gpu ? " (defaults: an H100 node, NVLink and 400 Gb/s InfiniBand per GPU)"
-                                        : " (CPU default: one machine, MPI through shared memory)");
+                                    flag_given(o, "plan-bandwidth") ? ""
+                                    : gpu ? " (defaults: an H100 node, NVLink and 400 Gb/s InfiniBand per GPU)"
+                                          : " (CPU default: one machine, MPI through shared memory)");
     return mc;
 }
 

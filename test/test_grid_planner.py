@@ -13,13 +13,15 @@ the closed forms. Arithmetic only: no data, no MPI, a second at most.
                data parallelism's traffic = the ring all-reduce's 2(d-1)/d x 4N bytes / bandwidth; the
                step is their sum; the table is sorted by it
   rules        on an 8-GPU node with slow links between nodes, the winner keeps its tensor group inside
-               a node (Narayanan et al.'s first rule), and a tiny memory per rank flags grids as not fitting
+               a node (Narayanan et al.'s first rule), and a tiny memory per rank flags grids as not fitting;
+               a tensor group of 6 on nodes of 8 is priced at the network's bandwidth (it straddles two)
   bad input    --plan 0, --plan -3, --plan with --estimate, a negative bandwidth, and 13 ranks for a
                model of 12 heads and layers with 8 micro-batches a step (no degree can take a 13): one
                line, exit 2, on both trainers (the shared CLI)
 Planted bugs this caught (by hand, reverted): the bubble as (p-1)/(m+p-1) of the compute instead of
 (p-1)/m ("time"); ZeRO-3 left out of the enumeration ("complete"); rank 0's memory instead of the
-busiest rank's ("memory": the last pipeline stage holds more); the no-grid refusal removed ("bad input").
+busiest rank's ("memory": the last pipeline stage holds more); the no-grid refusal removed ("bad input");
+a group counted inside a node whenever it is no larger than one ("rules": 6 ranks on nodes of 8).
 """
 import os, re, subprocess, sys
 from checks import report, exit_code
@@ -150,6 +152,17 @@ def main():
            "rules: with slow links between nodes the winner's tensor group stays in one node; some grids do not fit",
            out3[-1500:], f"winner dp {best[0]['dp']} tp {best[0]['tp']} pp {best[0]['pp']}" if best else "")
     report("winner:" in out3 and "memory:" in out3 and "time:" in out3, "rules: the winner is explained", out3[-800:])
+    # groups of 6 consecutive ranks on nodes of 8 straddle two nodes (ranks 6-11); groups of 4 do not
+    code, out4, _ = run(CPU, ["--model", "L=2,C=96,H=12,T=64,V=512", "--batch-size", "1", "--seq-len", "64",
+                              "--total-batch-tokens", str(24 * 64), "--plan", "24", "--plan-node-size", "8",
+                              "--tensor-parallel", "6", "--verbose"])
+    code4, out5, _ = run(CPU, ["--model", "L=2,C=96,H=12,T=64,V=512", "--batch-size", "1", "--seq-len", "64",
+                               "--total-batch-tokens", str(24 * 64), "--plan", "24", "--plan-node-size", "8",
+                               "--tensor-parallel", "4", "--verbose"])
+    tensor_col = lambda out: [l.split()[11] for l in out.splitlines() if ROW.match(l)]
+    t6, t4 = tensor_col(out4), tensor_col(out5)
+    report(code == 0 and code4 == 0 and t6 and t4 and all(c.endswith("*") for c in t6) and not any(c.endswith("*") for c in t4),
+           "rules: a tensor group of 6 on nodes of 8 crosses nodes, one of 4 does not", f"tp 6: {t6}, tp 4: {t4}")
 
     # ---- bad input: one line, exit 2, both trainers
     binaries = [CPU] + ([GPU] if os.path.exists(GPU) else [])

@@ -47,10 +47,10 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/cli.h"
 
-// The CPU trainer's defaults: what one rank of it achieved on the development machine (2 shared
-// cores; scripts/bench_grid_planner.py measured 42 and 56 GFLOP/s for a one-thread step of its
-// small model, and an all-reduce bus bandwidth of 0.59 and 0.68 GB/s; docs/parallelism.md, "Choosing a
-// grid"). Yours differ: measure them.
+// The CPU trainer's defaults: what one rank of it achieved on the development machine, 2 cores
+// shared with other jobs (scripts/bench_grid_planner.py: 30 to 59 GFLOP/s for a one-thread step of
+// its small model, an all-reduce bus bandwidth of 0.52 to 0.87 GB/s in five runs, lower the busier;
+// docs/parallelism.md, "Choosing a grid"), taken at the busy end. Yours differ: measure them.
 constexpr double CPU_PLAN_DEFAULT_GFLOPS = 40.0;  // GFLOP/s of a whole training step, one thread
 constexpr double CPU_PLAN_DEFAULT_GBPS = 0.6;     // GB/s, ./comm_bench's all-reduce bus bandwidth
 

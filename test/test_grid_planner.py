@@ -15,7 +15,7 @@ the closed forms. Arithmetic only: no data, no MPI, a second at most.
   rules        on an 8-GPU node with slow links between nodes, the winner keeps its tensor group inside
                a node (Narayanan et al.'s first rule), and a tiny memory per rank flags grids as not fitting;
                a tensor group of 6 on nodes of 8 is priced at the network's bandwidth (it straddles two)
-  bad input    --plan 0, --plan -3, --plan with --estimate, a negative bandwidth, and 13 ranks for a
+  bad input    --plan 0, --plan -3, --plan with --estimate or --eval-only, a negative bandwidth, and 13 ranks for a
                model of 12 heads and layers with 8 micro-batches a step (no degree can take a 13): one
                line, exit 2, on both trainers (the shared CLI)
 Planted bugs this caught (by hand, reverted): the bubble as (p-1)/(m+p-1) of the compute instead of
@@ -171,6 +171,7 @@ def main():
         one_line_error(binary, f"{who} --plan 0", BASE + ["--plan", "0"], "--plan needs at least 1 rank")
         one_line_error(binary, f"{who} --plan -3", BASE + ["--plan", "-3"], "--plan needs at least 1 rank")
         one_line_error(binary, f"{who} --plan with --estimate", BASE + ["--plan", "4", "--estimate"], "pass one of them")
+        one_line_error(binary, f"{who} --plan with --eval-only", BASE + ["--plan", "4", "--eval-only"], "it does not evaluate")
         one_line_error(binary, f"{who} --plan-bandwidth -1", BASE + ["--plan", "4", "--plan-bandwidth", "-1"],
                        "--plan-bandwidth must be")
         one_line_error(binary, f"{who} 13 ranks for 12 heads, 12 layers, 8 micro-batches",

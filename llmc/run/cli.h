@@ -458,6 +458,9 @@ inline void validate_options(const TrainOptions& o) {
     positive("estimate-ranks", o.estimate_ranks);
     if (flag_given(o, "plan") && o.plan < 1) usage_fail("--plan needs at least 1 rank to plan for, got %d", o.plan);
     if (o.plan > 0 && o.estimate) usage_fail("--plan and --estimate both print a prediction and exit: pass one of them");
+    if (o.plan > 0 && (o.eval_only || generation_mode(o))) {
+        usage_fail("--plan prints the ranked grids and exits: it does not %s; drop one of them", o.eval_only ? "evaluate (--eval-only)" : "generate");
+    }
     if (o.plan_tflops < 0) usage_fail("--plan-tflops must be zero (the default) or positive, got %g", o.plan_tflops);
     if (o.plan_bandwidth < 0) usage_fail("--plan-bandwidth must be zero (the default) or positive, got %g", o.plan_bandwidth);
     if (o.plan_node_bandwidth < 0) usage_fail("--plan-node-bandwidth must be zero (the default) or positive, got %g", o.plan_node_bandwidth);

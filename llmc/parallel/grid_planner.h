@@ -120,7 +120,8 @@ inline GridPlan price_grid(const EstimateSetup& base, const PlanMachine& mc, int
     g.bubble = g.compute * (pp - 1) / g.m;
     int span[3] = {dp * tp, tp, dp * tp * pp};  // data, tensor, pipeline groups (process_grid.h's order)
     // Every stage sends different bytes (the first and last also move the embedding); the busiest
-    // rank sets the pace. Within a stage the tensor and data ranks send the same.
+    // rank sets the pace. Within a stage the tensor and data ranks send the same (but for the few
+    // bytes of padding in the last ZeRO shard), so the stage's first rank speaks for it.
     for (int stage = 0; stage < pp; stage++) {
         CommEstimate c = estimate_comm(e, stage * dp * tp);
         double seconds[3];

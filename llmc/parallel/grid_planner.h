@@ -193,11 +193,11 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
         mc.flops_source = "--plan-tflops";
     } else if (gpu) {  // the estimate's own assumption: MFU x peak (an H100 SXM's dense bf16 unless told)
         mc.flops = e.peak_flops * e.mfu;
-        mc.flops_source = strprintf("--estimate-mfu %.2f x %s", e.mfu, e.peak_source.c_str());
+        mc.flops_source = strprintf("--estimate-mfu %.2f x a %.0f TFLOP/s peak; or --plan-tflops", e.mfu,
+                                    e.peak_flops / 1e12);
     } else {
         mc.flops = CPU_PLAN_DEFAULT_GFLOPS * 1e9;
-        mc.flops_source = "the CPU default: one thread of the development machine running the trainer; "
-                          "--plan-tflops for yours";
+        mc.flops_source = "the CPU default; measure yours: --plan-tflops";
     }
     double net = o.plan_bandwidth > 0 ? o.plan_bandwidth : gpu ? 50.0 : CPU_PLAN_DEFAULT_GBPS;
     mc.network_bandwidth = net * 1e9;
@@ -207,8 +207,7 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
     mc.bandwidth_source = strprintf("%d ranks per node, %.3g GB/s inside a node, %.3g GB/s between nodes%s", mc.node_size,
                                     mc.node_bandwidth / 1e9, mc.network_bandwidth / 1e9,
                                     flag_given(o, "plan-bandwidth") ? ""
-                                    : gpu ? " (defaults: an H100 node, NVLink and 400 Gb/s InfiniBand per GPU)"
-                                          : " (CPU default: one machine, MPI through shared memory)");
+                                    : gpu ? " (default: H100 nodes)" : " (CPU default: one machine)");
     return mc;
 }
 
@@ -217,7 +216,7 @@ inline std::string plan_row(const GridPlan& g, bool bytes_column) {
         if (g.bytes[k] == 0) return std::string("-");
         return strprintf("%.1f%s", 1e3 * g.seconds[k], g.in_node[k] ? "" : "*");
     };
-    std::string row = strprintf("%4d %4d %4d %4d %5d %10s %4s %10.1f %10.1f %10.1f %9s %9s %9s", g.dp, g.tp, g.pp, g.zero,
+    std::string row = strprintf("%4d %4d %4d %4d %5d %11s %3s %9.1f %9.1f %9.1f %9s %8s %8s", g.dp, g.tp, g.pp, g.zero,
                                 g.m, format_bytes((double)g.memory).c_str(), g.fits ? "yes" : "NO", 1e3 * g.step(),
                                 1e3 * g.compute, 1e3 * g.bubble, group(1).c_str(), group(2).c_str(), group(0).c_str());
     if (bytes_column) row += strprintf(" %14zu %d", g.memory, g.busiest);
@@ -231,9 +230,10 @@ inline void explain_winner(const std::vector<GridPlan>& plans, const PlanMachine
     printf("\nwinner: %s, %.1f ms per step predicted\n", describe_plan(w).c_str(), 1e3 * w.step());
     printf("  memory: %s on its busiest rank (rank %d) of %s\n", format_bytes((double)w.memory).c_str(), w.busiest,
            format_bytes(mc.memory_bytes).c_str());
-    printf("  time: compute %.1f ms (%.0f%%), bubble %.1f ms ((p-1)/(m+p-1) = %d/%d), communication %.1f ms (tensor %.1f, "
-           "pipeline %.1f, data %.1f)\n", 1e3 * w.compute, 100 * w.compute / w.step(), 1e3 * w.bubble, w.pp - 1, w.m + w.pp - 1,
-           1e3 * w.comm(), 1e3 * w.seconds[1], 1e3 * w.seconds[2], 1e3 * w.seconds[0]);
+    printf("  time: compute %.1f ms (%.0f%%), bubble %.1f ms ((p-1)/(m+p-1) = %d/%d),\n", 1e3 * w.compute,
+           100 * w.compute / w.step(), 1e3 * w.bubble, w.pp - 1, w.m + w.pp - 1);
+    printf("        communication %.1f ms (tensor %.1f, pipeline %.1f, data %.1f)\n", 1e3 * w.comm(), 1e3 * w.seconds[1],
+           1e3 * w.seconds[2], 1e3 * w.seconds[0]);
     auto versus = [&](const char* what, const GridPlan& o) {
         const char* names[5] = {"compute", "bubble", "tensor traffic", "pipeline traffic", "data traffic"};
         double dw[5] = {w.compute, w.bubble, w.seconds[1], w.seconds[2], w.seconds[0]};
@@ -242,13 +242,13 @@ inline void explain_winner(const std::vector<GridPlan>& plans, const PlanMachine
         for (int k = 1; k < 5; k++)
             if (d_o[k] - dw[k] > d_o[most] - dw[most]) most = k;
         if (!o.fits) {
-            printf("  %s: %s would take %.1f ms but needs %s per rank, more than %s\n", what, describe_plan(o).c_str(),
-                   1e3 * o.step(), format_bytes((double)o.memory).c_str(), format_bytes(mc.memory_bytes).c_str());
+            printf("  %s: %s: %.1f ms, but %s per rank\n", what, describe_plan(o).c_str(), 1e3 * o.step(),
+                   format_bytes((double)o.memory).c_str());
         } else if (o.step() - w.step() <= 1e-6 * w.step()) {
-            printf("  %s: %s, the same time, but %s per rank\n", what, describe_plan(o).c_str(),
+            printf("  %s: %s: the same time, but %s per rank\n", what, describe_plan(o).c_str(),
                    format_bytes((double)o.memory).c_str());
         } else {
-            printf("  %s: %s, %.1f ms (%+.1f%%): its %s costs %.1f ms more\n", what, describe_plan(o).c_str(), 1e3 * o.step(),
+            printf("  %s: %s: %.1f ms (%+.1f%%), its %s +%.1f ms\n", what, describe_plan(o).c_str(), 1e3 * o.step(),
                    100 * (o.step() / w.step() - 1), names[most], 1e3 * (d_o[most] - dw[most]));
         }
     };
@@ -276,25 +276,26 @@ inline void print_plan(const TrainOptions& o, EstimateSetup base) {
     if (plans.empty()) usage_fail(no_grid_reason(base, mc.ranks));
     int fitting = 0;
     for (const GridPlan& g : plans) fitting += g.fits;
-    printf("plan: PREDICTED, not measured: every grid of %d ranks for %s\n", mc.ranks, describe_config(base.cfg).c_str());
+    printf("plan: PREDICTED, not measured: every grid of %d ranks\n", mc.ranks);
+    printf("model: %s\n", describe_config(base.cfg).c_str());
     printf("batch: B=%d T=%d, %s tokens per step on every grid (%s)\n", base.B, base.T,
            with_commas((double)base.tokens_per_step).c_str(),
            flag_given(o, "total-batch-tokens") ? "--total-batch-tokens" : "B*T*ranks: --total-batch-tokens for another");
     printf("assumes: %.4g TFLOP/s per rank (%s)\n", mc.flops / 1e12, mc.flops_source.c_str());
     printf("         %s\n", mc.bandwidth_source.c_str());
     printf("         %s of memory per rank (%s)\n", format_bytes(mc.memory_bytes).c_str(), mc.memory_source.c_str());
-    printf("model: step = compute + bubble + tensor + pipeline + data traffic, nothing overlapped (llmc/parallel/grid_planner.h)\n");
+    printf("step = compute + bubble + tensor + pipeline + data traffic, nothing overlapped (grid_planner.h)\n");
     printf("grids: %zu valid, %d fit\n\n", plans.size(), fitting);
     bool all = verbosity >= 2;
-    printf("  dp   tp   pp zero     m  mem/rank  fit    step ms compute ms  bubble ms tensor ms  pipe ms  data ms%s\n",
+    printf("  dp   tp   pp zero     m    mem/rank fit   step ms   comp ms bubble ms tensor ms  pipe ms  data ms%s\n",
            all ? "    bytes/rank busiest" : "");
     size_t shown = all ? plans.size() : std::min<size_t>(plans.size(), 20);
     for (size_t i = 0; i < shown; i++) printf("%s\n", plan_row(plans[i], all).c_str());
     if (shown < plans.size()) printf("  ... %zu more (--verbose shows all)\n", plans.size() - shown);
     printf("  (* : the group spans nodes, at the network's bandwidth)\n");
     if (fitting == 0) {
-        printf("\nno grid fits %s per rank: the smallest needs %s; shard more (--zero 3), use a smaller micro-batch, or plan "
-               "more ranks\n", format_bytes(mc.memory_bytes).c_str(),
+        printf("\nno grid fits %s per rank: the smallest needs %s;\nshard more (--zero 3), use a smaller micro-batch, or "
+               "plan more ranks\n", format_bytes(mc.memory_bytes).c_str(),
                format_bytes((double)std::min_element(plans.begin(), plans.end(), [](const GridPlan& a, const GridPlan& b) {
                    return a.memory < b.memory;
                })->memory).c_str());

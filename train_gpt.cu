@@ -40,6 +40,7 @@
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
@@ -1256,8 +1257,10 @@ int main(int argc, char** argv) {
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
 
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
-    if (o.estimate) {  // no GPU needed: the table is arithmetic (llmc/memory/estimate.h)
-        print_estimate(estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention));
+    if (o.estimate || o.plan > 0) {  // no GPU needed: arithmetic (llmc/memory/estimate.h, llmc/parallel/grid_planner.h)
+        EstimateSetup setup = estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention);
+        if (o.plan > 0) print_plan(o, setup);
+        else print_estimate(setup);
         return 0;
     }
 

@@ -32,6 +32,7 @@
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
@@ -955,10 +956,13 @@ int main(int argc, char** argv) {
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
-    if (o.estimate) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h)
-        Comm launched;
+    if (o.estimate || o.plan > 0) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h,
+        Comm launched;                   // llmc/parallel/grid_planner.h)
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
-        if (launched.rank == 0) print_estimate(estimate_setup(o, Trainer::CPU, 4, false, false));
+        if (launched.rank != 0) return 0;
+        EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
+        if (o.plan > 0) print_plan(o, setup);
+        else print_estimate(setup);
         return 0;
     }
     Comm world;

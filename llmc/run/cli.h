@@ -80,6 +80,12 @@ struct TrainOptions {
     float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
     float estimate_peak_tflops = 0;  // peak per rank (0: H100 SXM dense bf16 on the GPU, none on the CPU)
     int estimate_ranks = 1;          // data-parallel ranks for ZeRO and tokens per step
+    // the grid planner (--plan, llmc/parallel/grid_planner.h): what it assumes
+    int plan = 0;                    // ranks to plan a grid for (0: no plan)
+    float plan_tflops = 0;           // TFLOP/s one rank achieves (0: the trainer's default)
+    float plan_bandwidth = 0;        // GB/s a rank sends between nodes (0: the trainer's default)
+    float plan_node_bandwidth = 0;   // GB/s inside a node (0: the trainer's default)
+    int plan_node_size = 0;          // ranks per node (0: the trainer's default)
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
@@ -183,6 +189,11 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"estimate-mfu", "F", "Estimate", "model FLOPs utilisation assumed for the predicted step time, in (0, 1]", K::Float, &o.estimate_mfu, Scope::Both},
         {"estimate-peak-tflops", "TF", "Estimate", "peak TFLOP/s per rank (0 = an H100 SXM's dense bf16 for the GPU trainer; the CPU trainer then predicts no time)", K::Float, &o.estimate_peak_tflops, Scope::Both},
         {"estimate-ranks", "N", "Estimate", "data-parallel ranks: ZeRO divides the optimizer state by them, tokens per step grow with them (the grid: these x --tensor-parallel x --pipeline-parallel)", K::Int, &o.estimate_ranks, Scope::Both},
+        {"plan", "RANKS", "Plan", "rank every valid data x tensor x pipeline grid (and ZeRO stage) of RANKS ranks by predicted memory per rank (as --estimate) and step time (compute + pipeline bubble + each group's traffic / its bandwidth), flag those over --estimate-memory-gib, explain the winner and exit (no data, no GPU); --tensor-parallel, --pipeline-parallel, --estimate-ranks, --zero fix a degree", K::Int, &o.plan, Scope::Both},
+        {"plan-tflops", "TF", "Plan", "TFLOP/s one rank achieves on a training step (0 = --estimate-mfu x --estimate-peak-tflops for the GPU trainer, 0.04 for the CPU trainer)", K::Float, &o.plan_tflops, Scope::Both},
+        {"plan-bandwidth", "GB/S", "Plan", "bus bandwidth per rank between nodes, as ./comm_bench's busbw (0 = 50, 400 Gb/s InfiniBand per GPU, for the GPU trainer; 0.6 for the CPU trainer)", K::Float, &o.plan_bandwidth, Scope::Both},
+        {"plan-node-bandwidth", "GB/S", "Plan", "bus bandwidth per rank inside a node (0 = 450, H100 NVLink, for the GPU trainer; --plan-bandwidth for the CPU trainer)", K::Float, &o.plan_node_bandwidth, Scope::Both},
+        {"plan-node-size", "N", "Plan", "ranks per node: a group within one node gets --plan-node-bandwidth (0 = 8 for the GPU trainer; all ranks for the CPU trainer)", K::Int, &o.plan_node_size, Scope::Both},
         {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
         {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
@@ -449,6 +460,15 @@ inline void validate_options(const TrainOptions& o) {
     if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);
     if (o.estimate_peak_tflops < 0) usage_fail("--estimate-peak-tflops must be zero or positive, got %g", o.estimate_peak_tflops);
     positive("estimate-ranks", o.estimate_ranks);
+    if (flag_given(o, "plan") && o.plan < 1) usage_fail("--plan needs at least 1 rank to plan for, got %d", o.plan);
+    if (o.plan > 0 && o.estimate) usage_fail("--plan and --estimate both print a prediction and exit: pass one of them");
+    if (o.plan > 0 && (o.eval_only || generation_mode(o))) {
+        usage_fail("--plan prints the ranked grids and exits: it does not %s; drop one of them", o.eval_only ? "evaluate (--eval-only)" : "generate");
+    }
+    if (o.plan_tflops < 0) usage_fail("--plan-tflops must be zero (the default) or positive, got %g", o.plan_tflops);
+    if (o.plan_bandwidth < 0) usage_fail("--plan-bandwidth must be zero (the default) or positive, got %g", o.plan_bandwidth);
+    if (o.plan_node_bandwidth < 0) usage_fail("--plan-node-bandwidth must be zero (the default) or positive, got %g", o.plan_node_bandwidth);
+    non_negative("plan-node-size", o.plan_node_size);
     if (o.zero_stage < 0 || o.zero_stage > 3) usage_fail("--zero must be 0, 1, 2 or 3, got %d", o.zero_stage);
     if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
     if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);

@@ -11,8 +11,9 @@ of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, wit
     and stage 0's B0 after stage 1's B0;
   - the sleeps show: every F lasts >= 20 ms and every B >= 40 ms;
   - scripts/plot_pipeline.py writes a PNG and prints each stage's bubble, 20% +- 10 points ((p-1)/(m+p-1));
-  - --trace into a directory that does not exist: one line, exit 1, before training; the GPU trainer's
-    CLI refuses --trace (checked by its flag scope: --help of the CPU trainer lists it).
+  - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
+    that cannot be opened); the GPU trainer refuses --trace with one line, exit 2 (checked on the
+    emulated build, build/emu/train_gpt, when make emu has built it).
 """
 import json, os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -97,6 +98,13 @@ def main():
         report(code == 1 and err.count("error:") == 1 and "cannot write the trace" in err and "--trace" in err and "step 1" not in out,
                "--trace into a missing directory: one line naming the path and the flag, exit 1, before training",
                f"exit {code}: {err[-500:]} {out[-300:]}")
+
+        # the GPU trainer shares the CLI and has no --trace yet: one line, exit 2 (where make emu built it)
+        gpu = os.path.join(ROOT, "build", "emu", "train_gpt")
+        if os.path.exists(gpu):
+            p = subprocess.run([gpu, "--trace", trace], capture_output=True, text=True)
+            report(p.returncode == 2 and p.stderr.strip() == "error: --trace applies only to the CPU trainer",
+                   "the GPU trainer (emulated build) refuses --trace: one line, exit 2", f"exit {p.returncode}: {p.stderr[-300:]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

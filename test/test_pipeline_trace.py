@@ -11,6 +11,7 @@ of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, wit
     and stage 0's B0 after stage 1's B0;
   - the sleeps show: every F lasts >= 20 ms and every B >= 40 ms;
   - scripts/plot_pipeline.py writes a PNG and prints each stage's bubble, 20% +- 10 points ((p-1)/(m+p-1));
+  - one rank writes FILE itself (no rank inserted), F0 B0 F1 B1 ... B3, the gradient sums, the optimizer;
   - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
     that cannot be opened); the GPU trainer refuses --trace with one line, exit 2 (checked on the
     emulated build, build/emu/train_gpt, when make emu has built it).
@@ -93,6 +94,17 @@ def main():
         report(p.returncode == 0 and is_png, "plot_pipeline.py writes a PNG", p.stdout + p.stderr)
         report(len(measured) == 2 and all(abs(x - 20.0) <= 10.0 for x in measured),
                f"plot_pipeline.py: each stage's bubble is 20% +- 10 points, (p-1)/(m+p-1) = 1/5 ({measured})", p.stdout)
+
+        # one rank: FILE itself, no rank in the name
+        one = os.path.join(work, "one.json")
+        code, out, err = r.run(1, "--trace", one, steps=1)
+        try:
+            names = [e["name"] for e in json.load(open(one))["traceEvents"] if e["ph"] == "X"]
+        except (OSError, ValueError, KeyError) as e:
+            names = [str(e)]
+        report(code == 0 and names == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "gradient sums", "optimizer"] and
+               not os.path.exists(os.path.join(work, "one.rank0.json")),
+               "one rank: --trace FILE writes FILE itself: F0 B0 ... F3 B3, the gradient sums, the optimizer", f"exit {code}: {names[:12]} {err[-300:]}")
 
         code, out, err = r.run(1, "--trace", os.path.join(work, "no_such_dir", "t.json"), steps=1)
         report(code == 1 and err.count("error:") == 1 and "cannot write the trace" in err and "--trace" in err and "step 1" not in out,

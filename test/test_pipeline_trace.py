@@ -11,10 +11,14 @@ of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, wit
     and stage 0's B0 after stage 1's B0;
   - the sleeps show: every F lasts >= 20 ms and every B >= 40 ms;
   - scripts/plot_pipeline.py writes a PNG and prints each stage's bubble, 20% +- 10 points ((p-1)/(m+p-1));
+    a missing trace file: one line, exit 1;
   - one rank writes FILE itself (no rank inserted), F0 B0 F1 B1 ... B3, the gradient sums, the optimizer;
   - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
     that cannot be opened); the GPU trainer refuses --trace with one line, exit 2 (checked on the
     emulated build, build/emu/train_gpt, when make emu has built it).
+Planted bugs it caught: spans named by the activation slot instead of the micro-batch (the order
+checks: stage 0 traced F0 F1 B0 F0 ...), each process's clock zeroed at its first span (stage 0's B0
+"started" 160 us before stage 1's B0 ended).
 """
 import json, os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -94,6 +98,10 @@ def main():
         report(p.returncode == 0 and is_png, "plot_pipeline.py writes a PNG", p.stdout + p.stderr)
         report(len(measured) == 2 and all(abs(x - 20.0) <= 10.0 for x in measured),
                f"plot_pipeline.py: each stage's bubble is 20% +- 10 points, (p-1)/(m+p-1) = 1/5 ({measured})", p.stdout)
+
+        p = subprocess.run(["/usr/bin/python3", PLOT, os.path.join(work, "missing.json"), "-o", png], capture_output=True, text=True)
+        report(p.returncode == 1 and p.stderr.count("\n") == 1 and "cannot read the trace" in p.stderr,
+               "plot_pipeline.py on a missing trace: one line naming it, exit 1", f"exit {p.returncode}: {p.stderr[-300:]}")
 
         # one rank: FILE itself, no rank in the name
         one = os.path.join(work, "one.json")

@@ -47,6 +47,7 @@
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
+#include "llmc/probes/trace.h"
 #include "llmc/run/step.h"
 #include "llmc/parallel/tensor_parallel.h"
 #include "llmc/parallel/tensor_parallel_loss.h"
@@ -485,6 +486,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         const PipeAction& act = list[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
+        TraceSpan span(trace_kind(act.op), act.micro);  // --trace (llmc/probes/trace.h): this action's span
         switch (act.op) {
         case PipeOp::RecvActivation:
             comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
@@ -527,8 +529,11 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
         // the end of a run of sends and receives: its sends complete now, after its receives
         // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
-        if (!pipe_is_compute(act.op) && pipe_group_ends(list, k))
+        if (!pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
+            span.finish();
+            TraceSpan waiting("wait sends");
             for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
+        }
     }
     par->times.schedule_seconds += seconds_since(start);
     return loss;
@@ -537,6 +542,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
 // The gradient of the step, summed over everything that shares it; returns the global norm.
 static float finish_gradients(GPT2* model, Parallel* par) {
     GPT2& mo = *model;
+    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h)
     // the tied embedding: the last stage's LM-head gradient joins the first stage's wte gradient
     size_t wte_floats = (size_t)mo.slice.vocab_rows * mo.config.channels;
     {   // --profile: the communication of the step, on one rank none
@@ -560,6 +566,7 @@ static float finish_gradients(GPT2* model, Parallel* par) {
 // Clipping and AdamW over the parameters this rank updates, then the data-parallel ranks share the
 // updated weights, and the first pipeline stage sends its wte to the last (the tied LM head).
 static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
     gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
     ProfileScope prof("communication (weights)", 0);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
@@ -994,6 +1001,7 @@ int main(int argc, char** argv) {
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
 
+    trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
     GPT2 model;
     build_model(&model, &par, o, cfg, shape, resume_dir, new_model);
     const ModelSlice& slice = model.slice;
@@ -1032,6 +1040,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
+        tracer.step = step + 1;
         if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
@@ -1065,6 +1074,7 @@ int main(int argc, char** argv) {
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
+    trace_close();
     comm_finalize(&world);
     return 0;
 }

@@ -65,6 +65,7 @@ struct TrainOptions {
     int checkpoint_every = 0;
     std::string resume;              // "", "latest", "auto" (latest if any, else start), or a checkpoint directory
     std::string metrics;             // the JSONL metrics log: "" = OUT_DIR/metrics.jsonl, "none" = no log
+    std::string trace;               // --trace: each rank's timeline (llmc/probes/trace.h)
     std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
     // machine
     int threads = 0;                 // CPU: 0 = all cores
@@ -170,6 +171,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"quiet", nullptr, "Output", "print only errors and the final summary", K::Switch, &o.quiet, Scope::Both},
         {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
         {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
+        {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::CPUOnly},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},

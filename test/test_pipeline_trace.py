@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""test_pipeline_trace.py — the CPU trainer's --trace timeline and scripts/plot_pipeline.py.
+
+A 2-stage 1F1B run with 4 micro-batches (the model and data of test_parallelism.py) and compute made
+of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, with --trace:
+  - one file per rank (trace.rank0.json, trace.rank1.json), each valid JSON with "X" events;
+  - each step's forwards and backwards on a stage come in exactly the order --pipeline-print-schedule
+    prints for that stage (the trainer runs the schedule it prints, and the trace says which micro-batch);
+  - spans on one rank never overlap (one thread, one action at a time);
+  - the ranks share a clock: stage 1's F0 starts after stage 0's F0 ends (it needs its activations),
+    and stage 0's B0 after stage 1's B0;
+  - the sleeps show: every F lasts >= 20 ms and every B >= 40 ms;
+  - scripts/plot_pipeline.py writes a PNG and prints each stage's bubble, 20% +- 10 points ((p-1)/(m+p-1));
+    a missing trace file: one line, exit 1;
+  - one rank writes FILE itself (no rank inserted), F0 B0 F1 B1 ... B3, the gradient sums, the optimizer;
+  - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
+    that cannot be opened); the GPU trainer refuses --trace with one line, exit 2 (checked on the
+    emulated build, build/emu/train_gpt, when make emu has built it).
+Planted bugs it caught: spans named by the activation slot instead of the micro-batch (the order
+checks: stage 0 traced F0 F1 B0 F0 ...), each process's clock zeroed at its first span (stage 0's B0
+"started" 160 us before stage 1's B0 ended).
+"""
+import json, os, re, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+from test_parallelism import Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI  # noqa: E402
+from test_data_parallel import write_shard  # noqa: E402
+PLOT = os.path.join(ROOT, "scripts", "plot_pipeline.py")
+
+
+def printed_schedule(work):
+    """{stage: ["F0", "F1", "B0", ...]}: the compute actions --pipeline-print-schedule lists."""
+    p = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens",
+                        str(4 * T), "--train-data", "none.bin", "--pipeline-parallel", "2", "--pipeline-print-schedule"],
+                       capture_output=True, text=True, cwd=work)
+    lines = [line.split() for line in p.stdout.splitlines() if line.startswith("stage ")]
+    return {int(w[1].rstrip(":")): [a for a in w[2:] if re.fullmatch(r"[FB]\d+", a)] for w in lines}
+
+
+def main():
+    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
+        print("SKIP: pipeline trace (needs mpirun and a built train_gpt_cpu)")
+        return 0
+    work = tempfile.mkdtemp(prefix="llmc_trace_")
+    try:
+        rng = np.random.default_rng(0)
+        write_shard(os.path.join(work, "train_000.bin"), rng.integers(0, 501, size=16384))
+        r = Runner(work)
+        trace = os.path.join(work, "trace.json")
+        env = {"LLMC_TEST_PIPE_DELAY_MS": "20", **SENDER_DRIVEN_MPI}
+        code, out, err = r.run(2, "--pipeline-parallel", 2, "--pipeline-schedule", "1f1b", "--trace", trace,
+                               steps=2, env=env)
+        paths = [os.path.join(work, f"trace.rank{k}.json") for k in range(2)]
+        report(code == 0 and all(os.path.exists(p) for p in paths),
+               "--trace on 2 ranks writes trace.rank0.json and trace.rank1.json", f"exit {code}: {(out + err)[-1500:]}")
+        spans = {}
+        for k, p in enumerate(paths):
+            try:
+                events = json.load(open(p))["traceEvents"]
+                spans[k] = sorted([e for e in events if e["ph"] == "X" and e["pid"] == k], key=lambda e: e["ts"])
+            except (OSError, ValueError, KeyError) as e:
+                spans[k] = []
+                report(False, f"rank {k}'s trace parses as JSON", str(e))
+        if not all(spans.values()):
+            return exit_code()
+
+        want = printed_schedule(work)
+        for k in range(2):
+            for step in (1, 2):
+                got = [e["name"] for e in spans[k] if e["args"]["step"] == step and re.fullmatch(r"[FB]\d+", e["name"])]
+                report(got == want.get(k), f"stage {k}, step {step}: forwards and backwards in the printed order {want.get(k)}",
+                       f"traced {got}")
+            overlaps = [(a["name"], b["name"]) for a, b in zip(spans[k], spans[k][1:]) if b["ts"] < a["ts"] + a["dur"]]
+            report(not overlaps, f"stage {k}: no two spans overlap", str(overlaps[:5]))
+            names = {e["name"] for e in spans[k]}
+            report({"optimizer", "gradient sums"} <= names and any(n.startswith("recv ") for n in names),
+                   f"stage {k}: receives, the gradient sums and the optimizer are traced", str(sorted(names)))
+            short = [e["name"] for e in spans[k] if re.fullmatch(r"[FB]\d+", e["name"]) and
+                     e["dur"] < (20000 if e["name"][0] == "F" else 40000)]
+            report(not short, f"stage {k}: every F lasts >= 20 ms and every B >= 40 ms (the injected sleeps)", str(short))
+
+        def first(k, name, step=1):
+            return next(e for e in spans[k] if e["name"] == name and e["args"]["step"] == step)
+        f0, f1 = first(0, "F0"), first(1, "F0")
+        report(f1["ts"] >= f0["ts"] + f0["dur"], "one clock: stage 1's F0 starts after stage 0's F0 ends",
+               f"stage 0 F0 ends {f0['ts'] + f0['dur']}, stage 1 F0 starts {f1['ts']}")
+        b0, b1 = first(0, "B0"), first(1, "B0")
+        report(b0["ts"] >= b1["ts"] + b1["dur"], "one clock: stage 0's B0 starts after stage 1's B0 ends",
+               f"stage 1 B0 ends {b1['ts'] + b1['dur']}, stage 0 B0 starts {b0['ts']}")
+
+        png = os.path.join(work, "pipeline.png")
+        p = subprocess.run(["/usr/bin/python3", PLOT] + paths + ["-o", png], capture_output=True, text=True)
+        measured = [float(x) for x in re.findall(r"rank \d: bubble ([\d.]+)%", p.stdout)]
+        is_png = os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+        report(p.returncode == 0 and is_png, "plot_pipeline.py writes a PNG", p.stdout + p.stderr)
+        report(len(measured) == 2 and all(abs(x - 20.0) <= 10.0 for x in measured),
+               f"plot_pipeline.py: each stage's bubble is 20% +- 10 points, (p-1)/(m+p-1) = 1/5 ({measured})", p.stdout)
+
+        p = subprocess.run(["/usr/bin/python3", PLOT, os.path.join(work, "missing.json"), "-o", png], capture_output=True, text=True)
+        report(p.returncode == 1 and p.stderr.count("\n") == 1 and "cannot read the trace" in p.stderr,
+               "plot_pipeline.py on a missing trace: one line naming it, exit 1", f"exit {p.returncode}: {p.stderr[-300:]}")
+
+        # one rank: FILE itself, no rank in the name
+        one = os.path.join(work, "one.json")
+        code, out, err = r.run(1, "--trace", one, steps=1)
+        try:
+            names = [e["name"] for e in json.load(open(one))["traceEvents"] if e["ph"] == "X"]
+        except (OSError, ValueError, KeyError) as e:
+            names = [str(e)]
+        report(code == 0 and names == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "gradient sums", "optimizer"] and
+               not os.path.exists(os.path.join(work, "one.rank0.json")),
+               "one rank: --trace FILE writes FILE itself: F0 B0 ... F3 B3, the gradient sums, the optimizer", f"exit {code}: {names[:12]} {err[-300:]}")
+
+        code, out, err = r.run(1, "--trace", os.path.join(work, "no_such_dir", "t.json"), steps=1)
+        report(code == 1 and err.count("error:") == 1 and "cannot write the trace" in err and "--trace" in err and "step 1" not in out,
+               "--trace into a missing directory: one line naming the path and the flag, exit 1, before training",
+               f"exit {code}: {err[-500:]} {out[-300:]}")
+
+        # the GPU trainer shares the CLI and has no --trace yet: one line, exit 2 (where make emu built it)
+        gpu = os.path.join(ROOT, "build", "emu", "train_gpt")
+        if os.path.exists(gpu):
+            p = subprocess.run([gpu, "--trace", trace], capture_output=True, text=True)
+            report(p.returncode == 2 and p.stderr.strip() == "error: --trace applies only to the CPU trainer",
+                   "the GPU trainer (emulated build) refuses --trace: one line, exit 2", f"exit {p.returncode}: {p.stderr[-300:]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,6 +35,9 @@
 //   - the sums R, C and RMS are accumulated in double, and V and U formed in double: R_i C_j for a
 //     row that never had a gradient (a position beyond --seq-len in wpe: R_i = m eps1) is below
 //     fp32's smallest number, and G / sqrt(0) would be a NaN where the answer is 0.
+//   - eps1 = 1e-30 does not damp a gradient that is rounding noise around an exact 0 (the key
+//     biases: softmax ignores a constant added to a row of scores): U = g / sqrt(g^2) = +-1 there,
+//     a step of eps2 rho in a random direction, which the loss cannot see (docs/memory.md).
 // Which dimension is which: a weight is stored (out, in) (llmc/optim/optimizer_state.h), so R has
 // one number per output feature and C one per input feature.
 //
@@ -134,7 +137,9 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
 // step rho (adafactor_relative_step(t), or the run's schedule when --lr was given).
 inline void adafactor_step(float* params, const float* grads, float* state, const std::vector<ParamBlock>& blocks, float rho,
                            int t, float weight_decay, float grad_scale) {
-    LAYER_PROFILE("Adafactor", 0, 0.0);
+    size_t n = 0;
+    for (const ParamBlock& b : blocks) n += b.elements();
+    LAYER_PROFILE("Adafactor", 0, 7.0 * n * sizeof(float));  // reads x twice, g four times; writes x
     float beta2 = adafactor_beta2(t);
     for (const ParamBlock& b : blocks) {
         float wd = param_tensor_decays(b.tensor) ? weight_decay : 0.0f;

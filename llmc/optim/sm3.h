@@ -9,7 +9,7 @@
 // tight where the squared gradients have row-and-column structure (embeddings, attention) — which
 // is what the paper measures.
 //
-// SM3-II, the paper's Algorithm 2 (the tighter of its two variants), per step t, parameter (i, j):
+// SM3-II, the tighter of the paper's two variants, per step t and parameter (i, j):
 //   nu_ij  = min(r_i, c_j) + g_ij^2        the smallest cover accumulator, plus this step's square
 //   w_ij  <- w_ij - lr * g_ij / sqrt(nu_ij)
 //   r_i    = max_j nu_ij;  c_j = max_i nu_ij   each accumulator: the largest nu of its set
@@ -21,7 +21,10 @@
 // Our choices: where nu is 0 (a parameter whose gradient and every accumulator covering it were
 // always 0, as wpe's positions beyond --seq-len) the update is 0, not 0/0 (the paper's code does the
 // same, in place of an epsilon). No momentum (the paper's experiments add beta1 = 0.9; it would cost
-// nm numbers per matrix). Weight decay decoupled, as the trainer's AdamW: w <- w (1 - lr wd) on the
+// nm numbers per matrix). A parameter whose true gradient is exactly 0 but whose computed one is
+// rounding noise (the key biases: softmax ignores a constant added to a row of scores) is moved by a
+// full lr per step in a random direction, harmlessly (the loss cannot see it): with no epsilon,
+// g / sqrt(nu) is +-1 whatever g's size. Weight decay decoupled, as the trainer's AdamW: w <- w (1 - lr wd) on the
 // 2-D weights. --grad-clip scales g first. The tied embedding wte is one parameter with one state.
 //
 // Memory: (n + m) floats per matrix, n per vector (llmc/optim/optimizer_state.h), plus one row of
@@ -44,7 +47,7 @@
 namespace cpu {
 
 // The step for one parameter: 0 where nu = 0 (its gradient is 0 there too).
-inline float sm3_step(float g, float nu) { return nu > 0.0f ? g / sqrtf(nu) : 0.0f; }
+inline float sm3_scaled_gradient(float g, float nu) { return nu > 0.0f ? g / sqrtf(nu) : 0.0f; }
 
 // One block (optimizer_state.h): `w` its weights, `grad` its gradient (times grad_scale), `state`
 // its row accumulators then column accumulators (matrix) or one per element (vector); `scratch`
@@ -59,7 +62,7 @@ inline void sm3_update(float* w, const float* grad, float* state, float* scratch
             float g = grad[i] * grad_scale;
             float nu = state[i] + g * g;
             state[i] = nu;
-            w[i] = w[i] * decay - lr * sm3_step(g, nu);
+            w[i] = w[i] * decay - lr * sm3_scaled_gradient(g, nu);
         }
         return;
     }
@@ -84,7 +87,7 @@ inline void sm3_update(float* w, const float* grad, float* state, float* scratch
             float g = grad[i * m + j] * grad_scale;
             float nu = std::min(r[i], c[j]) + g * g;
             row_max = std::max(row_max, nu);
-            w[i * m + j] = w[i * m + j] * decay - lr * sm3_step(g, nu);
+            w[i * m + j] = w[i * m + j] * decay - lr * sm3_scaled_gradient(g, nu);
         }
         r[i] = row_max;
     }
@@ -94,7 +97,9 @@ inline void sm3_update(float* w, const float* grad, float* state, float* scratch
 // SM3-II over the whole model (every block of optimizer_state.h), at the schedule's lr.
 inline void sm3_step_all(float* params, const float* grads, float* state, float* scratch, const std::vector<ParamBlock>& blocks,
                          float lr, float weight_decay, float grad_scale) {
-    LAYER_PROFILE("SM3", 0, 0.0);
+    size_t n = 0;
+    for (const ParamBlock& b : blocks) n += b.elements();
+    LAYER_PROFILE("SM3", 0, 4.0 * n * sizeof(float));  // reads g twice, w once; writes w
     for (const ParamBlock& b : blocks) {
         float wd = param_tensor_decays(b.tensor) ? weight_decay : 0.0f;
         sm3_update(params + b.offset, grads + b.offset, state + b.state, scratch, b, lr, wd, grad_scale);

@@ -2,8 +2,9 @@
 // continue bit for bit, on the same grid or on another. A checkpoint is a directory,
 // out_dir/ckpt_<step, 8 digits>, written by every rank together:
 //   model.bin                      the weights (llm.c's model file)
-//   state.bin, state_rank<r>.bin   AdamW's m and v (and weights), the step, the data loader's
-//                                  position and the sampler's RNG, in global coordinates
+//   state.bin, state_rank<r>.bin   AdamW's m and v (and weights), or --optimizer adafactor's or
+//                                  sm3's row and column statistics (state.bin only), the step, the
+//                                  data loader's position and the sampler's RNG, in global coordinates
 //   checksums.txt                  a hash and a size per file, to find bytes damaged after writing
 // In order below: the checksums; which directories are complete, and which one --resume picks;
 // writing (into "<dir>.tmp", then one atomic rename, so a crash leaves no new checkpoint or a

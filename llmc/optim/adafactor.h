@@ -51,6 +51,7 @@
 #include <cmath>
 #include <cstddef>
 #include <vector>
+#include "llmc/optim/adamw.h"  // ordered_sum
 #include "llmc/optim/optimizer_state.h"
 
 #ifndef LAYER_PROFILE
@@ -64,30 +65,12 @@ constexpr float ADAFACTOR_EPS1 = 1e-30f, ADAFACTOR_EPS2 = 1e-3f, ADAFACTOR_CLIP_
 inline float adafactor_beta2(int t) { return 1.0f - powf((float)t, -0.8f); }
 inline float adafactor_relative_step(int t) { return std::min(1e-2f, 1.0f / sqrtf((float)t)); }
 
-// The sum over i < n of f(i), in fixed chunks summed in parallel and then in order: the same bits
-// for any number of threads (as sum_of_squares in adamw.h).
-template <class F>
-inline double adafactor_sum(size_t n, F f) {
-    const size_t chunk = 1 << 14;
-    size_t chunks = (n + chunk - 1) / chunk;
-    std::vector<double> partial(chunks);
-    #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        double s = 0.0;
-        for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); i++) s += f(i);
-        partial[c] = s;
-    }
-    double total = 0.0;
-    for (double s : partial) total += s;
-    return total;
-}
-
 // One block (a matrix or a vector, optimizer_state.h) of step t: `x` its weights, `g` its gradient
 // (times grad_scale, the global-norm clip), `state` its R then C (matrix) or V (vector).
 inline void adafactor_update(float* x, const float* g, float* state, const ParamBlock& b, float rho, float beta2,
                              float weight_decay, float grad_scale) {
     size_t n = b.rows, m = b.cols, count = b.elements();
-    double alpha = std::max((double)ADAFACTOR_EPS2, std::sqrt(adafactor_sum(count, [&](size_t i) { return (double)x[i] * x[i]; }) / count)) * rho;
+    double alpha = std::max((double)ADAFACTOR_EPS2, std::sqrt(ordered_sum(count, [&](size_t i) { return (double)x[i] * x[i]; }) / count)) * rho;
     double keep = beta2, fresh = 1.0 - (double)beta2;
     auto grad = [&](size_t i) { return (double)(g[i] * grad_scale); };
     std::vector<double> inv_col;  // 1/C_j, so the passes below divide once per column, not per element
@@ -126,7 +109,7 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
         size_t i = k / m, j = k % m;
         return grad(k) * std::sqrt(inv_col[j] / ((double)R[i] * inv_sum_r));
     };
-    double rms_u = std::sqrt(adafactor_sum(count, [&](size_t k) { double u = update(k); return u * u; }) / count);
+    double rms_u = std::sqrt(ordered_sum(count, [&](size_t k) { double u = update(k); return u * u; }) / count);
     double step = alpha / std::max(1.0, rms_u / ADAFACTOR_CLIP_D);
     float decay = 1.0f - rho * weight_decay;
     #pragma omp parallel for schedule(static)

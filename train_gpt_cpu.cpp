@@ -30,6 +30,7 @@
 #include "llmc/model/kv_cache.h"
 #include "llmc/optim/adafactor.h"
 #include "llmc/optim/adamw.h"
+#include "llmc/optim/adamw_bf16.h"
 #include "llmc/optim/sm3.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
@@ -117,6 +118,9 @@ struct GPT2 {
     Optimizer optimizer = Optimizer::AdamW;
     std::vector<ParamBlock> blocks;            // the matrices and vectors (llmc/optim/optimizer_state.h)
     std::vector<float> optimizer_state, optimizer_scratch;
+    // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
+    bool bf16_moments = false;
+    std::vector<uint16_t> adam_m16, adam_v16;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
     Workspace work;
@@ -137,7 +141,8 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
     switch (b) {
         case CB_PARAMS: return m->zero.stage == 3 ? &m->zero.param_shard : &m->params;
         case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
-        case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
+        case CB_ADAM_M: return m->bf16_moments ? nullptr : &m->adam_m;
+        case CB_ADAM_V: return m->bf16_moments ? nullptr : &m->adam_v;
         case CB_OPTIMIZER_STATE: return &m->optimizer_state; case CB_OPTIMIZER_SCRATCH: return &m->optimizer_scratch;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
@@ -175,6 +180,11 @@ void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, c
 // micro-batch in flight has its own of are split evenly between them.
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
+    model->bf16_moments = shape.bf16_moments;
+    if (shape.bf16_moments) {  // the two rows of 2-byte values (gpt2_buffer leaves them out)
+        std::vector<uint16_t>(model->table[CB_ADAM_M].elements, 0).swap(model->adam_m16);
+        std::vector<uint16_t>(model->table[CB_ADAM_V].elements, 0).swap(model->adam_v16);
+    }
     model->acts.resize((size_t)shape.micro_batches_in_flight);
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
@@ -465,6 +475,12 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
     Zero& z = model->zero;
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+        if (model->bf16_moments) {  // the element's index in the flat array keys its random rounding
+            adamw_update_bf16(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
+                              model->adam_m16.data() + piece.stored, model->adam_v16.data() + piece.stored, piece.count, lr,
+                              o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local);
+            continue;
+        }
         adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
@@ -721,8 +737,12 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             s->factored = model->optimizer_state;
             return;
         }
-        zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true), model->adam_m.data(),
-                        model->adam_v.data(), weight_storage(model), false);
+        // bf16 moments are saved as fp32 (exact), so the file is the same format either way
+        std::vector<float> m16_wide(model->adam_m16.size()), v16_wide(model->adam_v16.size());
+        for (size_t i = 0; i < m16_wide.size(); i++) m16_wide[i] = bf16_to_float(model->adam_m16[i]), v16_wide[i] = bf16_to_float(model->adam_v16[i]);
+        zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true),
+                        model->bf16_moments ? m16_wide.data() : model->adam_m.data(),
+                        model->bf16_moments ? v16_wide.data() : model->adam_v.data(), weight_storage(model), false);
     };
     parts.assemble_model_bin = [&](const std::string& dir) {
         barrier("the barrier before assembling model.bin");
@@ -747,6 +767,10 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
+    if (model->bf16_moments) {
+        held[CB_ADAM_M] = model->adam_m16.capacity() * sizeof(uint16_t);
+        held[CB_ADAM_V] = model->adam_v16.capacity() * sizeof(uint16_t);
+    }
     return held;
 }
 
@@ -807,6 +831,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
     CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
     sizes.optimizer = run_optimizer(o);
+    sizes.bf16_moments = o.optimizer_state == "bf16";
     gpt2_allocate(model, sizes);
     load_weights(model, o, resume_dir, new_model);
     if (grid.zero_stage < 3) {
@@ -824,6 +849,12 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
     if (model->optimizer != Optimizer::AdamW) {
         *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, model->optimizer_state.data(),
                                        model->optimizer_state.size());
+    } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
+        std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());
+        *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
+                                   wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false), m.data(),
+                                   v.data(), nullptr);
+        for (size_t i = 0; i < m.size(); i++) model->adam_m16[i] = float_to_bf16_round_nearest(m[i]), model->adam_v16[i] = float_to_bf16_round_nearest(v[i]);
     } else {
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
                                    wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false),
@@ -848,7 +879,8 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (grid.world > 1) {
         printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
                grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model->layout.total,
-               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model->adam_m.size());
+               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "",
+               model->optimizer == Optimizer::AdamW ? model->table[CB_ADAM_M].elements : model->layout.total);
     }
     if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
@@ -1036,7 +1068,7 @@ int main(int argc, char** argv) {
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
-    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o));
+    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now

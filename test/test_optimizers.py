@@ -31,9 +31,14 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
                         summation order; and --estimate's memory equals what each rank holds.
   memory                --estimate: the optimizer state is sum(rows + cols) + sum(vector sizes) floats,
                         counted here from the model's shapes; AdamW's 8 bytes per parameter.
-  refusals              resuming with another optimizer (exit 1, one line); unknown --optimizer,
-                        with --zero 1, with --tensor-parallel 2 (exit 2, one line); the GPU trainer
-                        (when build/emu/train_gpt is built) refuses adafactor and sm3.
+  bf16 m and v          --optimizer-state bf16 (AdamW, llmc/optim/adamw_bf16.h): 20 steps within 2% of
+                        fp32 m and v's movement; 10 + resume + 10 == 20 bit for bit; dp2 ZeRO-1 == one
+                        rank; 4 bytes per parameter in --estimate and in what every rank holds. (Why
+                        plain bf16 would not do, and that stochastic rounding does: build/test_adamw_bf16.)
+  refusals              resuming with another optimizer (exit 1, one line); unknown --optimizer or
+                        --optimizer-state, a factored optimizer with --zero 1, --tensor-parallel 2 or
+                        --optimizer-state bf16 (exit 2, one line); the GPU trainer (when
+                        build/emu/train_gpt is built) refuses adafactor, sm3 and --optimizer-state.
 
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max.
@@ -280,10 +285,27 @@ def main():
             W, G, S, 0.05 * min(t, 5) / 5, 0.1, decays))
         check_resume("sm3", chain, tr.straight("sm3_straight", flags))
 
+        # ---- AdamW with bf16 m and v (--optimizer-state bf16; the rounding itself: build/test_adamw_bf16)
+        fp32 = tr.straight("adamw32", ["--lr", "1e-3"])
+        bf16 = tr.straight("adamw16", ["--lr", "1e-3", "--optimizer-state", "bf16", "--checkpoint-every", 10])
+        moved = np.max(np.abs(fp32["params"].astype(np.float64) - W0))
+        apart = np.max(np.abs(bf16["params"].astype(np.float64) - fp32["params"]))
+        loss = np.max(np.abs(bf16["losses"].astype(np.float64) - fp32["losses"]) / fp32["losses"])
+        report(apart < 0.02 * moved and loss < 1e-4, f"--optimizer-state bf16: 20 AdamW steps within {apart / moved:.1%} of "
+               f"fp32 m and v's movement (losses {loss:.1e})", f"{apart / moved:.2%}, losses {loss:.2e}")
+        resumed_dump = os.path.join(work, "adamw16_resumed.st")
+        tr.run(tr.base("adamw16") + ["--lr", "1e-3", "--optimizer-state", "bf16", "--steps", STEPS, "--resume",
+                                      os.path.join(work, "adamw16", "ckpt_00000010"), "--dump-state", resumed_dump])
+        resumed = read_safetensors(resumed_dump, names=["params", "losses"])[0]
+        report(np.array_equal(resumed["params"], bf16["params"]) and np.array_equal(resumed["losses"], bf16["losses"][10:]),
+               "--optimizer-state bf16: 10 steps + resume + 10 == 20 straight, bit for bit (stochastic rounding keyed by "
+               "step and element)")
+
         # ---- memory: --estimate counts the factored state from the shapes
         factored = sum(s[0] + s[1] if len(s) == 2 else s[0] for _, _, s, _ in BLOCKS)
-        for opt, want in (("adamw", 8 * NUM_PARAMS), ("adafactor", 4 * factored), ("sm3", 4 * factored)):
-            p = tr.run(["--model", MODEL, "--estimate", "--optimizer", opt, "--seq-len", "32"])
+        for opt, want in (("adamw", 8 * NUM_PARAMS), ("adamw --optimizer-state bf16", 4 * NUM_PARAMS),
+                          ("adafactor", 4 * factored), ("sm3", 4 * factored)):
+            p = tr.run(["--model", MODEL, "--estimate", "--optimizer"] + opt.split() + ["--seq-len", "32"])
             got = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("rank 0:")]
             ok = len(got) == 1 and f"optimizer={want}" in got[0]
             report(ok, f"--estimate --optimizer {opt}: optimizer state {want} bytes "
@@ -300,12 +322,16 @@ def main():
         check_one_line("resuming an AdamW checkpoint with --optimizer adafactor is refused", p, 1, ["--optimizer adamw"])
         for flags, words in ((["--optimizer", "lion"], ["adamw, adafactor or sm3", "lion"]),
                              (["--optimizer", "sm3", "--zero", "1"], ["--zero 1", "use --zero 0"]),
-                             (["--optimizer", "adafactor", "--tensor-parallel", "2"], ["--tensor-parallel 2"])):
+                             (["--optimizer", "adafactor", "--tensor-parallel", "2"], ["--tensor-parallel 2"]),
+                             (["--optimizer-state", "fp16"], ["fp32 or bf16", "fp16"]),
+                             (["--optimizer", "sm3", "--optimizer-state", "bf16"], ["--optimizer-state bf16", "sm3"])):
             p = tr.run(tr.base("bad") + ["--steps", 1] + flags, expect_ok=False)
             check_one_line(f"{' '.join(flags)} is refused", p, 2, words)
         if os.path.exists(GPU_EMU):
             p = subprocess.run([GPU_EMU, "--optimizer", "sm3", "--model", MODEL], capture_output=True, text=True)
             check_one_line("the GPU trainer refuses --optimizer sm3", p, 2, ["CPU trainer"])
+            p = subprocess.run([GPU_EMU, "--optimizer-state", "bf16", "--model", MODEL], capture_output=True, text=True)
+            check_one_line("the GPU trainer refuses --optimizer-state bf16", p, 2, ["only to the CPU trainer"])
         else:
             print("SKIP: the GPU trainer's refusal (build/emu/train_gpt is not built: make emu)")
 
@@ -339,6 +365,13 @@ def main():
                 report(d_half > 100 * max(d_two, 1e-7), f"{opt}: negative control, half of each step's batch, differs "
                        f"(weights {d_half:.1e})", f"{d_half:.2e}")
                 check_predictions(f"{opt} dp2", out, 2)
+            # bf16 m and v on ZeRO-1's shards (each element's rounding keyed by its index in the model)
+            one, _ = r.dump("bf16_one", 1, "--optimizer-state", "bf16")
+            two, out = r.dump("bf16_zero1", 2, "--optimizer-state", "bf16", "--zero", 1, "--print-allocations")
+            if one is not None and two is not None:
+                d_two = np.max(np.abs(two["params"].astype(np.float64) - one["params"]))
+                report(d_two <= 5e-5, f"--optimizer-state bf16: dp2 ZeRO-1 == 1 rank (weights {d_two:.1e})", f"{d_two:.2e}")
+                check_predictions("bf16 dp2 ZeRO-1", out, 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

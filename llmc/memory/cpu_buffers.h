@@ -12,6 +12,7 @@
 //                       (one full copy of the gradient with one rank: the price of one code path)
 //   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
 //                       shard (ZeRO-1, about N / ranks). No master copy: fp32 weights are their own master
+//                       (--optimizer-state bf16: 2 bytes each, llmc/optim/adamw_bf16.h)
 //   optimizer_state     instead of m and v, with --optimizer adafactor or sm3: rows + columns per weight
 //                       matrix, one per element of a vector (llmc/optim/optimizer_state.h), on every rank
 //   optimizer_scratch   SM3's new column accumulators: the widest matrix's columns
@@ -64,6 +65,7 @@ struct CPURunShape {
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
+    bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -147,8 +149,10 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_GRAD_SHARD] = {"grad_shard", MEM_GRADS, sh("(%zu) this rank's shard", z.grad_shard), z.grad_shard, F};
     bool adamw = s.optimizer == Optimizer::AdamW;
     size_t moments = adamw ? z.optimizer / 2 : 0;
-    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)", moments), moments, F};
-    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", moments), moments, F};
+    size_t moment_bytes = s.bf16_moments ? 2 : F;
+    const char* moment_type = s.bf16_moments ? " bf16" : "";
+    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
     t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER, sh("%s: rows + cols per matrix, n per vector", optimizer_name((int)s.optimizer)),
                              adamw ? 0 : factored_state_floats(c), F};
 

@@ -62,6 +62,7 @@ struct EstimateSetup {
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
+    bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     // the GPU trainer's choices
     bool master_weights = true;
     bool simple_attention = false;
@@ -101,6 +102,7 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
     CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
     shape.optimizer = e.optimizer;
+    shape.bf16_moments = e.bf16_moments;
     return cpu_buffer_table(shape);
 }
 
@@ -453,6 +455,10 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         for (size_t i = 0; i < parts.size(); i++) l.why += (i ? "; " : "") + parts[i];
         if (l.why.empty()) l.why = l.ours == 0 ? "none" : "the same";
     }
+    if (e.bf16_moments) {
+        lines[3].why = strprintf("m and v in bf16 (--optimizer-state bf16): %.4f bytes per parameter against 8",
+                                 ours.bytes[MEM_OPTIMIZER] / N);
+    }
     if (e.optimizer != Optimizer::AdamW) {
         lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
                                  "(%.4f bytes per parameter against AdamW's 8)", optimizer_name((int)e.optimizer),
@@ -499,6 +505,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.dtype_bytes = dtype_bytes;
     e.recompute = o.recompute;
     parse_optimizer(o.optimizer, &e.optimizer);
+    e.bf16_moments = o.optimizer_state == "bf16";
     e.master_weights = master_weights;
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
@@ -646,13 +653,14 @@ inline void print_estimate(const EstimateSetup& e) {
     if (e.trainer == Trainer::CPU && !grid) {
         // the optimizers' state as the CPU trainer's table holds it (rank 0), in bytes per parameter
         printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
-        for (Optimizer opt : {Optimizer::AdamW, Optimizer::Adafactor, Optimizer::SM3}) {
+        for (int choice = 0; choice < 4; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3
             EstimateSetup other = e;
-            other.optimizer = opt;
-            if (opt != Optimizer::AdamW && e.zero_stage > 0) continue;  // refused: the CLI says why
+            other.optimizer = choice <= 1 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
+            other.bf16_moments = choice == 1;
+            if (choice >= 2 && e.zero_stage > 0) continue;  // refused: the CLI says why
             size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
-            printf(" %s %s (%.4f B/param)%s", optimizer_name((int)opt), format_bytes((double)bytes).c_str(), bytes / N,
-                   opt == Optimizer::SM3 ? "" : ";");
+            printf(" %s%s %s (%.4f B/param)%s", optimizer_name((int)other.optimizer), choice == 1 ? " bf16" : "",
+                   format_bytes((double)bytes).c_str(), bytes / N, choice == 3 ? "" : ";");
         }
         printf("\n");
     }

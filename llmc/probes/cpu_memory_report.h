@@ -23,7 +23,7 @@
 
 // The prediction's setup for this run (what --estimate would be given for it).
 inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
-                                  int recompute, Optimizer optimizer) {
+                                  int recompute, Optimizer optimizer, bool bf16_moments) {
     EstimateSetup e;
     e.trainer = Trainer::CPU;
     e.cfg = cfg;
@@ -34,6 +34,7 @@ inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, co
     e.dtype_bytes = 4;
     e.recompute = recompute;
     e.optimizer = optimizer;
+    e.bf16_moments = bf16_moments;
     return e;
 }
 

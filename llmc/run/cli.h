@@ -34,6 +34,7 @@ struct TrainOptions {
     // optimisation
     int steps = 0;                   // 0 = one pass over the training data
     std::string optimizer = "adamw"; // adamw | adafactor | sm3 (llmc/optim/optimizer_state.h)
+    std::string optimizer_state = "fp32";  // CPU, AdamW: fp32 | bf16 m and v (llmc/optim/adamw_bf16.h)
     float lr = 6e-4f;
     std::string lr_schedule = "cosine";
     int warmup_steps = 0;
@@ -133,6 +134,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
          "trainer only, without --zero or tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+        {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
+         "rounding (4: the GPU trainer's is fp32 only, for now)", K::String, &o.optimizer_state, Scope::CPUOnly},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
         {"warmup-steps", "N", "Optimizer", "steps of linear warmup", K::Int, &o.warmup_steps, Scope::Both},
@@ -439,6 +442,13 @@ inline void validate_options(const TrainOptions& o) {
     if (o.adam_eps <= 0) usage_fail("--adam-eps must be positive, got %g", o.adam_eps);
     if (o.optimizer != "adamw" && o.optimizer != "adafactor" && o.optimizer != "sm3") {
         usage_fail("--optimizer must be adamw, adafactor or sm3, got '%s'", o.optimizer.c_str());
+    }
+    if (o.optimizer_state != "fp32" && o.optimizer_state != "bf16") {
+        usage_fail("--optimizer-state must be fp32 or bf16, got '%s'", o.optimizer_state.c_str());
+    }
+    if (o.optimizer_state == "bf16" && o.optimizer != "adamw") {
+        usage_fail("--optimizer-state bf16 stores AdamW's m and v; --optimizer %s keeps only row and column statistics, in fp32: "
+                   "drop --optimizer-state", o.optimizer.c_str());
     }
     if (o.optimizer != "adamw") {  // factored state is per whole matrix (llmc/optim/optimizer_state.h)
         const char* name = o.optimizer.c_str();

@@ -440,11 +440,6 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 // The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h), or
 // --optimizer adafactor (llmc/optim/adafactor.h) or sm3 (llmc/optim/sm3.h) on the whole model.
 
-// AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
-// (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
-// gradients and moments are). Weight decay differs per tensor; each element's update depends on
-// nothing but its own values, which is why updating the model shard by shard gives exactly the
-// weights of updating it whole.
 // --optimizer, checked by validate_options.
 static Optimizer run_optimizer(const TrainOptions& o) {
     Optimizer chosen = Optimizer::AdamW;
@@ -459,6 +454,11 @@ static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int 
     return learning_rate(plan.schedule, step - 1);
 }
 
+// AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
+// (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
+// gradients and moments are). Weight decay differs per tensor; each element's update depends on
+// nothing but its own values, which is why updating the model shard by shard gives exactly the
+// weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
 void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
     // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0,
     // no model parallelism: validate_options), and updates it all, as one rank would

@@ -36,8 +36,8 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
                         rank; 4 bytes per parameter in --estimate and in what every rank holds. (Why
                         plain bf16 would not do, and that stochastic rounding does: build/test_adamw_bf16.)
   refusals              resuming with another optimizer (exit 1, one line); unknown --optimizer or
-                        --optimizer-state, a factored optimizer with --zero 1, --tensor-parallel 2 or
-                        --optimizer-state bf16 (exit 2, one line); the GPU trainer (when
+                        --optimizer-state, a factored optimizer with --zero 1, --tensor-parallel 2,
+                        --optimizer-state bf16 or AdamW's --beta1 (exit 2, one line); the GPU trainer (when
                         build/emu/train_gpt is built) refuses adafactor, sm3 and --optimizer-state.
 
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
@@ -324,6 +324,7 @@ def main():
                              (["--optimizer", "sm3", "--zero", "1"], ["--zero 1", "use --zero 0"]),
                              (["--optimizer", "adafactor", "--tensor-parallel", "2"], ["--tensor-parallel 2"]),
                              (["--optimizer-state", "fp16"], ["fp32 or bf16", "fp16"]),
+                             (["--optimizer", "adafactor", "--beta1", "0.9"], ["--beta1 is AdamW's", "beta1 = 0"]),
                              (["--optimizer", "sm3", "--optimizer-state", "bf16"], ["--optimizer-state bf16", "sm3"])):
             p = tr.run(tr.base("bad") + ["--steps", 1] + flags, expect_ok=False)
             check_one_line(f"{' '.join(flags)} is refused", p, 2, words)

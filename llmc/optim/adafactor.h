@@ -24,7 +24,7 @@
 //
 // Our choices, where the paper leaves them open:
 //   - beta1 = 0 always: no first moment is offered (it would cost nm numbers per matrix, the very
-//     memory Adafactor saves); --beta1 is AdamW's and is ignored here.
+//     memory Adafactor saves); --beta1, --beta2 and --adam-eps are AdamW's and are refused with it.
 //   - rho_t: the paper's min(1e-2, 1/sqrt(t)) unless --lr is given; with --lr, rho_t is the run's
 //     schedule (--lr-schedule, --warmup-steps) at that step, still scaled by max(eps2, RMS(X)).
 //   - weight decay: decoupled, as the trainer's AdamW (Loshchilov & Hutter), on the same tensors

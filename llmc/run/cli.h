@@ -452,6 +452,10 @@ inline void validate_options(const TrainOptions& o) {
     }
     if (o.optimizer != "adamw") {  // factored state is per whole matrix (llmc/optim/optimizer_state.h)
         const char* name = o.optimizer.c_str();
+        for (const char* adam_only : {"beta1", "beta2", "adam-eps"})
+            if (flag_given(o, adam_only))
+                usage_fail("--%s is AdamW's; --optimizer %s has no such setting (adafactor: beta1 = 0, beta2_t = 1 - t^-0.8, "
+                           "eps1 = 1e-30; sm3: none): drop it", adam_only, name);
         if (o.zero_stage >= 1)
             usage_fail("--optimizer %s with --zero %d: ZeRO shards optimizer state by flat ranges, which would cut %s's row "
                        "and column statistics; use --zero 0 (each data-parallel rank keeps the small state whole)", name,

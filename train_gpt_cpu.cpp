@@ -28,7 +28,10 @@
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
 #include "llmc/model/kv_cache.h"
+#include "llmc/optim/adafactor.h"
 #include "llmc/optim/adamw.h"
+#include "llmc/optim/adamw_bf16.h"
+#include "llmc/optim/sm3.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
@@ -113,6 +116,13 @@ struct GPT2 {
     ModelSlice slice;              // the part of the model this rank holds: all of it on one rank
     ParamLayout layout;            // the slice's flat arrays (on one rank, the full model's layout)
     std::vector<float> params, grads, adam_m, adam_v;
+    // --optimizer adafactor | sm3: their row and column statistics instead of m and v, per block
+    Optimizer optimizer = Optimizer::AdamW;
+    std::vector<ParamBlock> blocks;            // the matrices and vectors (llmc/optim/optimizer_state.h)
+    std::vector<float> optimizer_state, optimizer_scratch;
+    // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
+    bool bf16_moments = false;
+    std::vector<uint16_t> adam_m16, adam_v16;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
     Workspace work;
@@ -133,7 +143,9 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
     switch (b) {
         case CB_PARAMS: return m->zero.stage == 3 ? &m->zero.param_shard : &m->params;
         case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
-        case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
+        case CB_ADAM_M: return m->bf16_moments ? nullptr : &m->adam_m;
+        case CB_ADAM_V: return m->bf16_moments ? nullptr : &m->adam_v;
+        case CB_OPTIMIZER_STATE: return &m->optimizer_state; case CB_OPTIMIZER_SCRATCH: return &m->optimizer_scratch;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
         case CB_QKV: return &a.qkv;               case CB_ATT: return &a.att;
@@ -170,6 +182,11 @@ void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, c
 // micro-batch in flight has its own of are split evenly between them.
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
+    model->bf16_moments = shape.bf16_moments;
+    if (shape.bf16_moments) {  // the two rows of 2-byte values (gpt2_buffer leaves them out)
+        std::vector<uint16_t>(model->table[CB_ADAM_M].elements, 0).swap(model->adam_m16);
+        std::vector<uint16_t>(model->table[CB_ADAM_V].elements, 0).swap(model->adam_v16);
+    }
     model->acts.resize((size_t)shape.micro_batches_in_flight);
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
@@ -193,6 +210,8 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->max_B = shape.B;
     model->max_T = shape.T;
     model->recompute = shape.recompute;
+    model->optimizer = shape.optimizer;
+    if (shape.optimizer != Optimizer::AdamW) model->blocks = param_blocks(model->config);
 }
 
 // One block's slice of a stacked per-layer tensor.
@@ -420,17 +439,50 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 }
 
 // ==============================================================================================
-// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h).
+// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h), or
+// --optimizer adafactor (llmc/optim/adafactor.h) or sm3 (llmc/optim/sm3.h) on the whole model.
+
+// --optimizer, checked by validate_options.
+static Optimizer run_optimizer(const TrainOptions& o) {
+    Optimizer chosen = Optimizer::AdamW;
+    parse_optimizer(o.optimizer, &chosen);
+    return chosen;
+}
+
+// The learning rate of step `step` (from 1): the schedule's (llmc/optim/schedule.h counts from 0), or
+// with --optimizer adafactor and no --lr the paper's relative step min(1e-2, 1/sqrt(t)).
+static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int step) {
+    if (o.optimizer == "adafactor" && !flag_given(o, "lr")) return adafactor_relative_step(step);
+    return learning_rate(plan.schedule, step - 1);
+}
 
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
 // (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
 // gradients and moments are). Weight decay differs per tensor; each element's update depends on
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
-// weights of updating it whole.
+// weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
 void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0,
+    // no model parallelism: validate_options), and updates it all, as one rank would
+    if (model->optimizer == Optimizer::Adafactor) {
+        adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
+                       o.weight_decay, grad_scale);
+        return;
+    }
+    if (model->optimizer == Optimizer::SM3) {
+        sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
+                     model->blocks, lr, o.weight_decay, grad_scale);
+        return;
+    }
     Zero& z = model->zero;
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+        if (model->bf16_moments) {  // the element's index in the flat array keys its random rounding
+            adamw_update_bf16(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
+                              model->adam_m16.data() + piece.stored, model->adam_v16.data() + piece.stored, piece.count, lr,
+                              o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local);
+            continue;
+        }
         adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
@@ -683,8 +735,18 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     CheckpointParts parts;
     parts.write_model_bin = [&](const std::string& path) { write_model_file(path, cfg, model->params.data(), false); };
     parts.fill_state = [&](TrainState* s) {
-        zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true), model->adam_m.data(),
-                        model->adam_v.data(), weight_storage(model), false);
+        if (model->optimizer != Optimizer::AdamW) {  // the whole model's factored state (docs/formats.md, version 3)
+            s->header.optimizer = (int)model->optimizer;
+            s->header.optimizer_state_floats = (int64_t)model->optimizer_state.size();
+            s->factored = model->optimizer_state;
+            return;
+        }
+        // bf16 moments are saved as fp32 (exact), so the file is the same format either way
+        std::vector<float> m16_wide(model->adam_m16.size()), v16_wide(model->adam_v16.size());
+        for (size_t i = 0; i < m16_wide.size(); i++) m16_wide[i] = bf16_to_float(model->adam_m16[i]), v16_wide[i] = bf16_to_float(model->adam_v16[i]);
+        zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true),
+                        model->bf16_moments ? m16_wide.data() : model->adam_m.data(),
+                        model->bf16_moments ? v16_wide.data() : model->adam_v.data(), weight_storage(model), false);
     };
     parts.assemble_model_bin = [&](const std::string& dir) {
         barrier("the barrier before assembling model.bin");
@@ -709,6 +771,10 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
+    if (model->bf16_moments) {
+        held[CB_ADAM_M] = model->adam_m16.capacity() * sizeof(uint16_t);
+        held[CB_ADAM_V] = model->adam_v16.capacity() * sizeof(uint16_t);
+    }
     return held;
 }
 
@@ -767,7 +833,10 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     gpt2_build(model, cfg, {}, &slice);
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
-    gpt2_allocate(model, cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute));
+    CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
+    sizes.optimizer = run_optimizer(o);
+    sizes.bf16_moments = o.optimizer_state == "bf16";
+    gpt2_allocate(model, sizes);
     load_weights(model, o, resume_dir, new_model);
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
@@ -781,9 +850,20 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
 static void resume_state(GPT2* model, const TrainOptions& o, const std::string& resume_dir, const RunPlan& plan, bool leader,
                          DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
     const GPT2Config& cfg = model->config;
-    *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
-                               wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false),
-                               model->adam_m.data(), model->adam_v.data(), nullptr);
+    if (model->optimizer != Optimizer::AdamW) {
+        *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, model->optimizer_state.data(),
+                                       model->optimizer_state.size());
+    } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
+        std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());
+        *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
+                                   wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false), m.data(),
+                                   v.data(), nullptr);
+        for (size_t i = 0; i < m.size(); i++) model->adam_m16[i] = float_to_bf16_round_nearest(m[i]), model->adam_v16[i] = float_to_bf16_round_nearest(v[i]);
+    } else {
+        *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
+                                   wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false),
+                                   model->adam_m.data(), model->adam_v.data(), nullptr);
+    }
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
     *sampler_rng = resumed->sampler_rng;
     if (!o.eval_only) dataloader_seek(train, resumed->train_loader, leader);
@@ -803,7 +883,8 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (grid.world > 1) {
         printf("ranks: %d (%s, %d on this node), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
                grid.world, world.launcher.c_str(), world.local_size, describe_grid(grid).c_str(), model->layout.total,
-               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", model->adam_m.size());
+               param_layout(cfg).total, grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "",
+               model->optimizer == Optimizer::AdamW ? model->table[CB_ADAM_M].elements : model->layout.total);
     }
     if (grid.world > 1 && grid.zero_stage == 1 && grid.tp == 1 && grid.pp == 1) {
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
@@ -941,7 +1022,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
                              int step, BadSteps* bad_steps) {
     const ProcessGrid& grid = par->grid;
     StepResult r;
-    r.lr = learning_rate(plan.schedule, step - 1);
+    r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     double loss = forward_backward(model, par, train, plan, step);
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
@@ -995,7 +1076,7 @@ int main(int argc, char** argv) {
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
-    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute);
+    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now

@@ -29,7 +29,11 @@ constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 constexpr int32_t STATE_MAGIC = 20241121;
-constexpr int32_t STATE_VERSION = 2;  // 2 added the run table and the grid; version 1 files still read
+// 2 added the run table and the grid; 3 the optimizer (a factored optimizer's state in place of m and
+// v). AdamW's files are still written as version 2, byte for byte as before, so that readers that
+// know only versions 1 and 2 keep reading them; a version 3 file they refuse in one line.
+constexpr int32_t STATE_VERSION = 3;
+constexpr int32_t STATE_VERSION_ADAMW = 2;
 constexpr size_t HEADER_INTS = 256;
 
 // If a file has the wrong magic number, say what it looks like instead.
@@ -242,6 +246,8 @@ struct LoaderPosition {
 // After it: the run table when has_run_table (num_runs pairs of int64: global index, count), then
 // m, v and (has_master_weights) the weights, shard_count floats each, in the order of the runs.
 // Without a run table the file holds the one run [shard_begin, shard_begin + shard_count).
+// Version 3 with a factored optimizer (Adafactor, SM3): optimizer_state_floats floats instead of
+// m and v (docs/formats.md).
 struct TrainStateHeader {
     int32_t magic = STATE_MAGIC;
     int32_t version = STATE_VERSION;
@@ -260,7 +266,12 @@ struct TrainStateHeader {
     int32_t tensor_parallel = 0, pipeline_parallel = 0;  // the grid that wrote it (0 in version 1: both 1)
     int32_t sequence_parallel = 0;
     int64_t num_runs = 0;
-    int32_t reserved[256 - 32] = {0};  // room to grow without changing the version
+    // version 3: which optimizer's state the file holds (llmc/optim/optimizer_state.h: 0 AdamW, whose
+    // m and v follow as before; 1 Adafactor, 2 SM3, whose optimizer_state_floats follow instead, in
+    // the order of param_blocks(), and shard_count is 0: no per-element state)
+    int32_t optimizer = 0, reserved_pad = 0;
+    int64_t optimizer_state_floats = 0;
+    int32_t reserved[256 - 36] = {0};  // room to grow without changing the version
 };
 static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
 
@@ -268,21 +279,38 @@ struct TrainState {
     TrainStateHeader header;
     std::vector<int64_t> runs;        // with a run table: (global index, count) pairs
     std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
+    std::vector<float> factored;      // version 3, a factored optimizer: optimizer_state_floats values
 };
+
+// The bytes after the header and the run table: m and v (and the master weights), or a factored
+// optimizer's state.
+inline int64_t state_payload_bytes(const TrainStateHeader& h) {
+    if (h.optimizer != 0) return h.optimizer_state_floats * 4 + (h.has_master_weights ? h.shard_count * 4 : 0);
+    return h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
+}
 
 inline int64_t state_table_bytes(const TrainStateHeader& h) { return h.has_run_table ? h.num_runs * 16 : 0; }
 
 inline void write_train_state(const std::string& path, const TrainState& s) {
     size_t n = (size_t)s.header.shard_count;
-    if (s.m.size() != n || s.v.size() != n || (s.header.has_master_weights && s.master.size() != n) ||
+    bool factored = s.header.optimizer != 0;
+    if ((factored ? s.factored.size() != (size_t)s.header.optimizer_state_floats || !s.m.empty() || !s.v.empty()
+                  : s.m.size() != n || s.v.size() != n) ||
+        (s.header.has_master_weights && s.master.size() != n) ||
         (s.header.has_run_table && s.runs.size() != 2 * (size_t)s.header.num_runs)) {
         fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
     }
+    TrainStateHeader h = s.header;
+    h.version = factored ? STATE_VERSION : STATE_VERSION_ADAMW;
     AtomicFile out(path, "training-state file");
-    out.write(&s.header, sizeof(s.header));
+    out.write(&h, sizeof(h));
     if (s.header.has_run_table) out.write(s.runs.data(), s.runs.size() * sizeof(int64_t));
-    out.write(s.m.data(), n * 4);
-    out.write(s.v.data(), n * 4);
+    if (factored) {
+        out.write(s.factored.data(), s.factored.size() * 4);
+    } else {
+        out.write(s.m.data(), n * 4);
+        out.write(s.v.data(), n * 4);
+    }
     if (s.header.has_master_weights) out.write(s.master.data(), n * 4);
     out.commit();
 }
@@ -301,6 +329,9 @@ inline std::string train_state_header_problem(const TrainStateHeader& h) {
     if (h.world_size < 1 || h.world_size > (1 << 20) || h.rank < 0 || h.rank >= h.world_size)
         return strprintf("rank %d of %d ranks", h.rank, h.world_size);
     if (h.zero_stage < 0 || h.zero_stage > 3) return strprintf("ZeRO stage %d", h.zero_stage);
+    if (h.optimizer < 0 || h.optimizer > 2) return strprintf("optimizer %d (0 AdamW, 1 Adafactor, 2 SM3)", h.optimizer);
+    if (h.optimizer != 0 && (h.version < 3 || h.shard_count != 0))
+        return "a factored optimizer's state in a version 2 file, or beside per-element state";
     if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
     if (p.shard_index < 0 || p.position < 0 || p.epoch < 0)
         return strprintf("the data position (shard %lld, token %lld, epoch %lld) is negative", (long long)p.shard_index,
@@ -317,8 +348,8 @@ inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path
         fail("'%s' is not a training-state file (magic %d, expected %d; it looks like %s)",
              path.c_str(), h.magic, STATE_MAGIC, describe_magic(h.magic));
     }
-    if (h.version != STATE_VERSION && h.version != 1) {
-        fail("training-state file '%s' has version %d; this program reads versions 1 and %d", path.c_str(), h.version, STATE_VERSION);
+    if (h.version < 1 || h.version > STATE_VERSION) {
+        fail("training-state file '%s' has version %d; this program reads versions 1 to %d", path.c_str(), h.version, STATE_VERSION);
     }
     if (h.version == 1) {  // before the grid existed
         h.has_run_table = 0;
@@ -326,11 +357,14 @@ inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path
     }
     // every count is bounded by the file's length before it enters a product, so nothing overflows
     int64_t actual = file_size(f);
-    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / 8 || h.num_runs > actual / 16) {
-        fail("training-state file '%s' claims %lld elements in %lld runs, impossible in %lld bytes: it is damaged",
-             path.c_str(), (long long)h.shard_count, (long long)h.num_runs, (long long)actual);
+    if (h.version < 3) h.optimizer = 0, h.optimizer_state_floats = 0;  // reserved, zero: AdamW
+    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / 8 || h.num_runs > actual / 16 ||
+        h.optimizer_state_floats < 0 || h.optimizer_state_floats > actual / 4) {
+        fail("training-state file '%s' claims %lld elements in %lld runs (%lld of optimizer state), impossible in %lld bytes: "
+             "it is damaged", path.c_str(), (long long)h.shard_count, (long long)h.num_runs,
+             (long long)h.optimizer_state_floats, (long long)actual);
     }
-    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + h.shard_count * 4 * (h.has_master_weights ? 3 : 2);
+    int64_t expected = (int64_t)sizeof(h) + state_table_bytes(h) + state_payload_bytes(h);
     if (actual != expected) {
         fail("training-state file '%s' has %lld bytes, its header implies %lld: it is damaged or truncated",
              path.c_str(), (long long)actual, (long long)expected);
@@ -369,10 +403,15 @@ inline TrainState read_train_state(const std::string& path) {
     size_t n = (size_t)s.header.shard_count;
     const TrainStateHeader& h = s.header;
     if (h.has_run_table) s.runs = read_state_run_table(f, h, path);
-    s.m.resize(n);
-    s.v.resize(n);
-    read_exactly(f, s.m.data(), n * 4, path, "training-state file");
-    read_exactly(f, s.v.data(), n * 4, path, "training-state file");
+    if (h.optimizer != 0) {
+        s.factored.resize((size_t)h.optimizer_state_floats);
+        read_exactly(f, s.factored.data(), s.factored.size() * 4, path, "training-state file");
+    } else {
+        s.m.resize(n);
+        s.v.resize(n);
+        read_exactly(f, s.m.data(), n * 4, path, "training-state file");
+        read_exactly(f, s.v.data(), n * 4, path, "training-state file");
+    }
     if (h.has_master_weights) {
         s.master.resize(n);
         read_exactly(f, s.master.data(), n * 4, path, "training-state file");
@@ -389,6 +428,7 @@ inline TrainStateHeader read_train_state_part(const std::string& path, size_t fi
     FILE* f = open_for_reading(path, "training-state file");
     TrainStateHeader h = read_train_state_header(f, path);
     size_t n = (size_t)h.shard_count;
+    if (h.optimizer != 0 && (m || v)) fail("internal: '%s' holds a factored optimizer's state, not AdamW's m and v", path.c_str());
     if (first + count > n) fail("internal: reading [%zu, %zu) of the %zu-element training state '%s'", first, first + count, n, path.c_str());
     float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
     for (int array = 0; array < 3; array++) {

@@ -12,6 +12,10 @@
 //                       (one full copy of the gradient with one rank: the price of one code path)
 //   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
 //                       shard (ZeRO-1, about N / ranks). No master copy: fp32 weights are their own master
+//                       (--optimizer-state bf16: 2 bytes each, llmc/optim/adamw_bf16.h)
+//   optimizer_state     instead of m and v, with --optimizer adafactor or sm3: rows + columns per weight
+//                       matrix, one per element of a vector (llmc/optim/optimizer_state.h), on every rank
+//   optimizer_scratch   SM3's new column accumulators: the widest matrix's columns
 //   activations         what the backward pass reads, stacked over the L layers; the attention
 //                       probabilities are materialised, (L, B, NH, T, T)
 //   workspace           one layer's backward scratch, reused by every layer, and the matmul's packed panels
@@ -40,6 +44,7 @@
 #include "llmc/memory/size_table.h"
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
+#include "llmc/optim/optimizer_state.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
@@ -59,6 +64,8 @@ struct CPURunShape {
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int recompute = 0;                 // 0, 1, 2 (see above)
+    Optimizer optimizer = Optimizer::AdamW;
+    bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -89,13 +96,13 @@ inline ProcessGrid cpu_shape_grid(const CPURunShape& s) {
 // One buffer per row; the trainer finds each row's vector by this enum.
 enum CPUBuffer {
     // the model, its gradient and its optimizer
-    CB_PARAMS, CB_GRADS, CB_GRAD_SHARD, CB_ADAM_M, CB_ADAM_V,
+    CB_PARAMS, CB_GRADS, CB_GRAD_SHARD, CB_ADAM_M, CB_ADAM_V, CB_OPTIMIZER_STATE,
     // activations kept from the forward for the backward
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
-    CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B,
+    CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
     // recompute: one layer of what the levels above 0 do not keep per layer
     CB_LN_RECOMPUTE, CB_GELU_RECOMPUTE,
     // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
@@ -140,8 +147,14 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_PARAMS] = {"params", MEM_PARAMS, s.zero_stage == 3 ? sh("(%zu) shards", z.params) : sh("(%zu) padded", z.params), z.params, F};
     t[CB_GRADS] = {"grads", MEM_GRADS, sh("(%zu) padded", z.grads), z.grads, F};
     t[CB_GRAD_SHARD] = {"grad_shard", MEM_GRADS, sh("(%zu) this rank's shard", z.grad_shard), z.grad_shard, F};
-    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
-    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)", z.optimizer / 2), z.optimizer / 2, F};
+    bool adamw = s.optimizer == Optimizer::AdamW;
+    size_t moments = adamw ? z.optimizer / 2 : 0;
+    size_t moment_bytes = s.bf16_moments ? 2 : F;
+    const char* moment_type = s.bf16_moments ? " bf16" : "";
+    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER, sh("%s: rows + cols per matrix, n per vector", optimizer_name((int)s.optimizer)),
+                             adamw ? 0 : factored_state_floats(c), F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
@@ -172,6 +185,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                            matmul_pack_a_floats(max_rows), F};
     t[CB_MATMUL_PACK_B] = {"matmul_pack_b", MEM_WORKSPACE, sh("min(NC=%d, %zu) columns x KC=%d", MATMUL_NC, max_columns, MATMUL_KC),
                            matmul_pack_b_floats(max_columns), F};
+    t[CB_OPTIMIZER_SCRATCH] = {"optimizer_scratch", MEM_WORKSPACE, "SM3: the widest matrix's columns",
+                               s.optimizer == Optimizer::SM3 ? factored_scratch_floats(c) : 0, F};
     t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln ? 0 : R * C, F};
     t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, F};
 

@@ -61,6 +61,8 @@ struct EstimateSetup {
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
+    Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
+    bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     // the GPU trainer's choices
     bool master_weights = true;
     bool simple_attention = false;
@@ -98,8 +100,10 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
 // rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
 inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
-    return cpu_buffer_table(cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B),
-                                          e.recompute));
+    CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
+    shape.optimizer = e.optimizer;
+    shape.bf16_moments = e.bf16_moments;
+    return cpu_buffer_table(shape);
 }
 
 // Bytes rank `rank` sends per step to each of its groups: data, tensor, pipeline, and the world
@@ -451,6 +455,15 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         for (size_t i = 0; i < parts.size(); i++) l.why += (i ? "; " : "") + parts[i];
         if (l.why.empty()) l.why = l.ours == 0 ? "none" : "the same";
     }
+    if (e.bf16_moments) {
+        lines[3].why = strprintf("m and v in bf16 (--optimizer-state bf16): %.4f bytes per parameter against 8",
+                                 ours.bytes[MEM_OPTIMIZER] / N);
+    }
+    if (e.optimizer != Optimizer::AdamW) {
+        lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
+                                 "(%.4f bytes per parameter against AdamW's 8)", optimizer_name((int)e.optimizer),
+                                 ours.bytes[MEM_OPTIMIZER] / N);
+    }
     if (cpu || e.dtype_bytes == 4) lines[2].why = "none: fp32 weights are their own master copy";
     else if (!e.master_weights) lines[2].why = "none: --master-weights 0 updates the bf16 weights in place";
     return lines;
@@ -491,6 +504,8 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = dtype_bytes;
     e.recompute = o.recompute;
+    parse_optimizer(o.optimizer, &e.optimizer);
+    e.bf16_moments = o.optimizer_state == "bf16";
     e.master_weights = master_weights;
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
@@ -656,6 +671,20 @@ inline void print_estimate(const EstimateSetup& e) {
            format_bytes(zero_state_bytes(mixed, N, 1, e.ranks)).c_str(), format_bytes(zero_state_bytes(mixed, N, 2, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 3, e.ranks)).c_str());
     printf("  (both trainers implement all four stages)\n");
+    if (e.trainer == Trainer::CPU && !grid) {
+        // the optimizers' state as the CPU trainer's table holds it (rank 0), in bytes per parameter
+        printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
+        for (int choice = 0; choice < 4; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3
+            EstimateSetup other = e;
+            other.optimizer = choice <= 1 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
+            other.bf16_moments = choice == 1;
+            if (choice >= 2 && e.zero_stage > 0) continue;  // refused: the CLI says why
+            size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
+            printf(" %s%s %s (%.4f B/param)%s", optimizer_name((int)other.optimizer), choice == 1 ? " bf16" : "",
+                   format_bytes((double)bytes).c_str(), bytes / N, choice == 3 ? "" : ";");
+        }
+        printf("\n");
+    }
     if (grid) {
         printf("  (with tensor or pipeline parallelism a rank holds a slice, not a replica: the lines against the literature\n"
                "   below are for one whole replica and are left out; the per-rank table above is the answer)\n");

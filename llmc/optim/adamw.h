@@ -25,11 +25,11 @@
 
 namespace cpu {
 
-// The sum of squares of n gradients. Fixed-size chunks are summed in parallel and the chunk sums
-// added in order, so the result does not depend on the number of threads. With several ranks each
-// sums its shard and the shards' sums are added in rank order (comm_sum).
-inline double sum_of_squares(const float* grads, size_t n) {
-    LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
+// The sum over i < n of f(i), in fixed-size chunks summed in parallel and the chunk sums added in
+// order, so the result does not depend on the number of threads. (Also Adafactor's RMS of weights
+// and updates, llmc/optim/adafactor.h.)
+template <class F>
+inline double ordered_sum(size_t n, F f) {
     const size_t chunk = 1 << 16;
     size_t chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks);
@@ -38,12 +38,19 @@ inline double sum_of_squares(const float* grads, size_t n) {
         double s = 0.0;
         size_t end = std::min(n, (c + 1) * chunk);
         #pragma omp simd reduction(+ : s)
-        for (size_t i = c * chunk; i < end; i++) s += (double)grads[i] * grads[i];
+        for (size_t i = c * chunk; i < end; i++) s += f(i);
         partial[c] = s;
     }
     double total = 0.0;
     for (double s : partial) total += s;
     return total;
+}
+
+// The sum of squares of n gradients (ordered_sum: the same for any thread count). With several
+// ranks each sums its shard and the shards' sums are added in rank order (comm_sum).
+inline double sum_of_squares(const float* grads, size_t n) {
+    LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
+    return ordered_sum(n, [&](size_t i) { return (double)grads[i] * grads[i]; });
 }
 
 // sqrt(sum of squares) over all gradients of one rank.

@@ -23,7 +23,7 @@
 
 // The prediction's setup for this run (what --estimate would be given for it).
 inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
-                                  int recompute) {
+                                  int recompute, Optimizer optimizer, bool bf16_moments) {
     EstimateSetup e;
     e.trainer = Trainer::CPU;
     e.cfg = cfg;
@@ -33,6 +33,8 @@ inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, co
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = 4;
     e.recompute = recompute;
+    e.optimizer = optimizer;
+    e.bf16_moments = bf16_moments;
     return e;
 }
 

@@ -2,8 +2,9 @@
 // continue bit for bit, on the same grid or on another. A checkpoint is a directory,
 // out_dir/ckpt_<step, 8 digits>, written by every rank together:
 //   model.bin                      the weights (llm.c's model file)
-//   state.bin, state_rank<r>.bin   AdamW's m and v (and weights), the step, the data loader's
-//                                  position and the sampler's RNG, in global coordinates
+//   state.bin, state_rank<r>.bin   AdamW's m and v (and weights), or --optimizer adafactor's or
+//                                  sm3's row and column statistics (state.bin only), the step, the
+//                                  data loader's position and the sampler's RNG, in global coordinates
 //   checksums.txt                  a hash and a size per file, to find bytes damaged after writing
 // In order below: the checksums; which directories are complete, and which one --resume picks;
 // writing (into "<dir>.tmp", then one atomic rename, so a crash leaves no new checkpoint or a
@@ -24,6 +25,7 @@
 #include "llmc/run/cli.h"
 #include "llmc/io/formats.h"
 #include "llmc/model/model.h"
+#include "llmc/optim/optimizer_state.h"
 #include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
@@ -307,6 +309,15 @@ struct WantedRun {
     size_t global, count, dst;
 };
 
+// Resuming with another optimizer than the one that wrote the checkpoint: one optimizer's state
+// means nothing to another (AdamW's per-element moments against Adafactor's row and column sums), so
+// it is refused rather than silently restarted.
+inline void refuse_other_optimizer(const std::string& dir, int written, int wanted) {
+    fail("checkpoint '%s' holds the optimizer state of --optimizer %s, this run uses --optimizer %s: resume with "
+         "--optimizer %s (one optimizer's state is no use to another)", dir.c_str(), optimizer_name(written),
+         optimizer_name(wanted), optimizer_name(written));
+}
+
 // Reads AdamW's m and v and the weights (`master`; only from files that hold them) for the wanted
 // elements from a checkpoint, however it was cut: the files' runs together must cover every
 // parameter exactly once, and this rank reads from each file the parts that overlap what it wants.
@@ -329,6 +340,11 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
         if (h.num_params != (int64_t)num_params) {
             fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
                  (long long)h.num_params, num_params);
+        }
+        if (h.optimizer != (int)Optimizer::AdamW) {
+            // a factored optimizer's checkpoint: no per-element state, and its weights are in model.bin
+            if (m || v) refuse_other_optimizer(dir, h.optimizer, (int)Optimizer::AdamW);
+            return h;
         }
         if (i > 0 && (h.step != headers[0].step || h.world_size != headers[0].world_size)) {
             fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks; expected step %lld "
@@ -390,6 +406,28 @@ inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_
     std::vector<WantedRun> wanted;
     if (range.size() > 0) wanted.push_back({range.begin, range.size(), 0});
     return read_state_runs(dir, num_params, wanted, m, v, master);
+}
+
+// A factored optimizer's state (Adafactor, SM3: llmc/optim/optimizer_state.h) from a checkpoint: one
+// file, state.bin, since every rank holds all of it (no ZeRO, no tensor or pipeline parallelism),
+// `count` floats into `state`. Refuses another optimizer's checkpoint and a model of another shape.
+inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_params, Optimizer optimizer, float* state,
+                                            size_t count) {
+    std::vector<std::string> files = checkpoint_state_files(dir);
+    TrainState s = read_train_state(files[0]);
+    const TrainStateHeader& h = s.header;
+    if (h.num_params != (int64_t)num_params) {
+        fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
+             (long long)h.num_params, num_params);
+    }
+    if (h.optimizer != (int)optimizer) refuse_other_optimizer(dir, h.optimizer, (int)optimizer);
+    if (files.size() != 1 || s.factored.size() != count) {
+        fail("checkpoint '%s' holds %zu values of %s state in %zu file%s, this model needs %zu in one: the checkpoint is "
+             "damaged or mixed up", dir.c_str(), s.factored.size(), optimizer_name(h.optimizer), files.size(),
+             files.size() == 1 ? "" : "s", count);
+    }
+    std::copy(s.factored.begin(), s.factored.end(), state);
+    return h;
 }
 
 // Writes `dir`/model.bin from the weights in the checkpoint's state files (when no single rank held

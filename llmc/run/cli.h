@@ -33,6 +33,8 @@ struct TrainOptions {
     int64_t total_batch_tokens = 0;  // tokens per optimizer step; 0 = B*T*ranks (no accumulation)
     // optimisation
     int steps = 0;                   // 0 = one pass over the training data
+    std::string optimizer = "adamw"; // adamw | adafactor | sm3 (llmc/optim/optimizer_state.h)
+    std::string optimizer_state = "fp32";  // CPU, AdamW: fp32 | bf16 m and v (llmc/optim/adamw_bf16.h)
     float lr = 6e-4f;
     std::string lr_schedule = "cosine";
     int warmup_steps = 0;
@@ -137,12 +139,18 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
         {"total-batch-tokens", "N", "Batch", "tokens per optimizer step; micro-batches are accumulated to reach it (0 = one micro-batch per rank)", K::Int64, &o.total_batch_tokens, Scope::Both},
         {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
+        {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
+         "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
+         "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
+         "trainer only, without --zero or tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+        {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
+         "rounding (4: the GPU trainer's is fp32 only, for now)", K::String, &o.optimizer_state, Scope::CPUOnly},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
         {"warmup-steps", "N", "Optimizer", "steps of linear warmup", K::Int, &o.warmup_steps, Scope::Both},
         {"final-lr-fraction", "F", "Optimizer", "final learning rate as a fraction of the peak", K::Float, &o.final_lr_fraction, Scope::Both},
         {"decay-fraction", "F", "Optimizer", "wsd: fraction of the steps spent decaying", K::Float, &o.decay_fraction, Scope::Both},
-        {"weight-decay", "WD", "Optimizer", "AdamW decoupled weight decay (2-D weights only)", K::Float, &o.weight_decay, Scope::Both},
+        {"weight-decay", "WD", "Optimizer", "decoupled weight decay (2-D weights only): w *= 1 - lr*WD (adafactor: its relative step rho_t*WD)", K::Float, &o.weight_decay, Scope::Both},
         {"beta1", "B1", "Optimizer", "AdamW first-moment decay", K::Float, &o.beta1, Scope::Both},
         {"beta2", "B2", "Optimizer", "AdamW second-moment decay", K::Float, &o.beta2, Scope::Both},
         {"adam-eps", "EPS", "Optimizer", "AdamW epsilon", K::Float, &o.adam_eps, Scope::Both},
@@ -402,6 +410,11 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
     }
+    // (the flag is shared; its factored optimizers are not on the GPU yet: refused, not ignored)
+    if (trainer == Trainer::GPU && (o->optimizer == "adafactor" || o->optimizer == "sm3")) {
+        usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
+                   o->optimizer.c_str());
+    }
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
@@ -444,6 +457,31 @@ inline void validate_options(const TrainOptions& o) {
     if (o.beta1 < 0 || o.beta1 >= 1) usage_fail("--beta1 must be in [0, 1), got %g", o.beta1);
     if (o.beta2 < 0 || o.beta2 >= 1) usage_fail("--beta2 must be in [0, 1), got %g", o.beta2);
     if (o.adam_eps <= 0) usage_fail("--adam-eps must be positive, got %g", o.adam_eps);
+    if (o.optimizer != "adamw" && o.optimizer != "adafactor" && o.optimizer != "sm3") {
+        usage_fail("--optimizer must be adamw, adafactor or sm3, got '%s'", o.optimizer.c_str());
+    }
+    if (o.optimizer_state != "fp32" && o.optimizer_state != "bf16") {
+        usage_fail("--optimizer-state must be fp32 or bf16, got '%s'", o.optimizer_state.c_str());
+    }
+    if (o.optimizer_state == "bf16" && o.optimizer != "adamw") {
+        usage_fail("--optimizer-state bf16 stores AdamW's m and v; --optimizer %s keeps only row and column statistics, in fp32: "
+                   "drop --optimizer-state", o.optimizer.c_str());
+    }
+    if (o.optimizer != "adamw") {  // factored state is per whole matrix (llmc/optim/optimizer_state.h)
+        const char* name = o.optimizer.c_str();
+        for (const char* adam_only : {"beta1", "beta2", "adam-eps"})
+            if (flag_given(o, adam_only))
+                usage_fail("--%s is AdamW's; --optimizer %s has no such setting (adafactor: beta1 = 0, beta2_t = 1 - t^-0.8, "
+                           "eps1 = 1e-30; sm3: none): drop it", adam_only, name);
+        if (o.zero_stage >= 1)
+            usage_fail("--optimizer %s with --zero %d: ZeRO shards optimizer state by flat ranges, which would cut %s's row "
+                       "and column statistics; use --zero 0 (each data-parallel rank keeps the small state whole)", name,
+                       o.zero_stage, name);
+        if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+            usage_fail("--optimizer %s with --tensor-parallel %d --pipeline-parallel %d: its row and column statistics are not "
+                       "split over model-parallel ranks yet; use data parallelism only, or --optimizer adamw", name,
+                       o.tensor_parallel, o.pipeline_parallel);
+    }
     if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
     if (o.max_bad_steps < 1) usage_fail("--max-bad-steps must be at least 1 (1: stop at the first bad step), got %d", o.max_bad_steps);

@@ -37,6 +37,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
+#include "llmc/probes/grad_compression_probe.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
 #include "llmc/run/hellaswag.h"
@@ -46,6 +47,7 @@
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
+#include "llmc/parallel/grad_compression.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
@@ -131,6 +133,7 @@ struct GPT2 {
     int recompute = 0;             // --recompute: 1 keeps no fch_gelu per layer, 2 also no ln1, ln2
     TensorParallel tp;             // degree 1 on one rank: every tensor-parallel hook is a no-op
     Zero zero;                     // stage 0 on one rank: weights and gradients are plain flat arrays
+    GradCompression compression;   // --grad-compression: how the data-parallel sum is sent (none: exactly)
     // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
     std::vector<float> lent_wte, lent_wte_grad;
 };
@@ -161,6 +164,9 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
         case CB_LN_RECOMPUTE: return &m->work.ln_recompute; case CB_GELU_RECOMPUTE: return &m->work.gelu_recompute;
         case CB_LENT_WTE: return &m->lent_wte;    case CB_LENT_WTE_GRAD: return &m->lent_wte_grad;
+        case CB_COMPRESSION_STATE: return &m->compression.state;
+        case CB_COMPRESSION_WORK: return &m->compression.work;
+        case CB_COMPRESSION_SCRATCH: return &m->compression.scratch;
         default: return nullptr;
     }
 }
@@ -608,7 +614,12 @@ static float finish_gradients(GPT2* model, Parallel* par) {
                 if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
             tp_sum_replicated_grads(&mo.tp, layernorms);
         }
-        zero_reduce_gradients(&mo.zero, &mo.grads);
+        // the data-parallel sum: exact (llmc/parallel/zero.h) or compressed (llmc/parallel/grad_compression.h)
+        int step = (int)mo.compression.steps_done + 1;
+        grad_compression_test_poison(&par->comms.world, step, &mo.grads);  // (llmc/probes/grad_compression_probe.h)
+        grad_compression_test_dump(&par->comms.world, step, "local", mo.grads);
+        grad_compression_reduce(&mo.compression, &mo.zero, &mo.grads);
+        grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
     }
     double squares = 0.0;
     for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
@@ -619,6 +630,7 @@ static float finish_gradients(GPT2* model, Parallel* par) {
 // updated weights, and the first pipeline stage sends its wte to the last (the tied LM head).
 static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
+    grad_compression_commit(&model->compression);  // a sound step: its error feedback and Q are kept
     gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
     ProfileScope prof("communication (weights)", 0);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
@@ -752,6 +764,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
         barrier("the barrier before assembling model.bin");
         if (par->grid.rank == 0) assemble_model_file(dir, cfg);
     };
+    parts.write_rank_files = [&](const std::string& dir) { grad_compression_save(model->compression, dir, step); };
     write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
 
@@ -827,7 +840,7 @@ static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicte
 // from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
 // group's rank 0's copy, so that they start bit-identical.
 static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
-                        const std::string& resume_dir, bool new_model) {
+                        const GradCompressionSettings& compression, const std::string& resume_dir, bool new_model) {
     const ProcessGrid& grid = par->grid;
     ModelSlice slice = model_slice(cfg, grid);
     gpt2_build(model, cfg, {}, &slice);
@@ -836,7 +849,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
     sizes.optimizer = run_optimizer(o);
     sizes.bf16_moments = o.optimizer_state == "bf16";
+    sizes.compression = compression;
     gpt2_allocate(model, sizes);
+    grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
     load_weights(model, o, resume_dir, new_model);
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
@@ -865,6 +880,8 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
                                    model->adam_m.data(), model->adam_v.data(), nullptr);
     }
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
+    grad_compression_load(&model->compression, resume_dir, resumed->step);  // its error feedback and Q, or a refusal
+    model->compression.steps_done = resumed->step;
     *sampler_rng = resumed->sampler_rng;
     if (!o.eval_only) dataloader_seek(train, resumed->train_loader, leader);
 }
@@ -1076,7 +1093,12 @@ int main(int argc, char** argv) {
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     if (!why.empty()) grid_usage_fail(&world, why);
+    GradCompressionSettings compression = grad_compression_settings(o);
+    compression.every_matrix = grad_compression_test_every_matrix();
+    why = grad_compression_problem(compression, grid, cfg);
+    if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
+    predicted.compression = compression;
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
@@ -1084,7 +1106,7 @@ int main(int argc, char** argv) {
 
     trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
     GPT2 model;
-    build_model(&model, &par, o, cfg, shape, resume_dir, new_model);
+    build_model(&model, &par, o, cfg, shape, compression, resume_dir, new_model);
     const ModelSlice& slice = model.slice;
 
     // ---- the shape of the run

@@ -45,6 +45,7 @@
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
 #include "llmc/optim/optimizer_state.h"
+#include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
@@ -66,6 +67,7 @@ struct CPURunShape {
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
+    GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -108,6 +110,9 @@ enum CPUBuffer {
     // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
     // a pipeline's last stage: its copy of the tied embedding
     CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
+    // gradient compression: PowerSGD's error feedback and Q (each twice: this step's wait for its
+    // verdict), P and the exactly summed values, or bf16's send and receive arrays; the all-reduce's scratch
+    CB_COMPRESSION_STATE, CB_COMPRESSION_WORK, CB_COMPRESSION_SCRATCH,
     CB_COUNT
 };
 
@@ -195,6 +200,10 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_ZERO_UNITS] = {"zero_units", MEM_WORKSPACE, "gathered units + open buckets, peak", z.transient, F};
     t[CB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, F};
     t[CB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, F};
+    GradCompressionSizes gc = grad_compression_sizes(s.compression, c, s.world_size);
+    t[CB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q", gc.state, F};
+    t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};
+    t[CB_COMPRESSION_SCRATCH] = {"compression_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", gc.scratch, F};
     return t;
 }
 

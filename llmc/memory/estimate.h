@@ -38,6 +38,7 @@
 #include "llmc/io/formats.h"
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/model/model.h"
+#include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
@@ -63,6 +64,7 @@ struct EstimateSetup {
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
+    GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
     // the GPU trainer's choices
     bool master_weights = true;
     bool simple_attention = false;
@@ -103,6 +105,7 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
     shape.optimizer = e.optimizer;
     shape.bf16_moments = e.bf16_moments;
+    shape.compression = e.compression;
     return cpu_buffer_table(shape);
 }
 
@@ -124,7 +127,9 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
     ParamLayout layout = slice_layout(e.cfg, s);
     int m = estimate_micro_batches(e, e.B);
     size_t rows = (size_t)e.B * e.T, sp = g.sequence_parallel ? g.tp : 1;
-    c.bytes[0] = zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
+    c.bytes[0] = e.compression.kind == GradCompressionKind::None
+                     ? zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m)
+                     : grad_compression_bytes(e.compression, e.cfg, g.dp);   // (PowerSGD: after its start step)
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
                                g.zero_stage);
     c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
@@ -506,6 +511,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.recompute = o.recompute;
     parse_optimizer(o.optimizer, &e.optimizer);
     e.bf16_moments = o.optimizer_state == "bf16";
+    e.compression = grad_compression_settings(o);
     e.master_weights = master_weights;
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
@@ -564,8 +570,11 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
     }
     std::string grid = e.tp > 1 || e.pp > 1 ? strprintf(" x tp %d x pp %d%s (%d ranks)", e.tp, e.pp,
                                                          e.sequence_parallel ? " sequence parallel" : "", estimate_world(e)) : "";
-    return strprintf("%s; B=%d T=%d; %d data-parallel rank%s%s, ZeRO-%d", what.c_str(), e.B, e.T, e.ranks,
-                     e.ranks == 1 ? "" : "s", grid.c_str(), e.zero_stage);
+    std::string sum = e.compression.kind == GradCompressionKind::None ? ""
+                      : e.compression.kind == GradCompressionKind::BF16 ? ", gradients summed in bf16"
+                      : strprintf(", PowerSGD rank %d after step %d", e.compression.rank, e.compression.start_step);
+    return strprintf("%s; B=%d T=%d; %d data-parallel rank%s%s, ZeRO-%d%s", what.c_str(), e.B, e.T, e.ranks,
+                     e.ranks == 1 ? "" : "s", grid.c_str(), e.zero_stage, sum.c_str());
 }
 
 inline void print_estimate(const EstimateSetup& e) {

@@ -254,6 +254,9 @@ struct CheckpointParts {
     std::function<void(const std::string& path)> write_model_bin;     // rank 0, holding every weight
     std::function<void(TrainState* s)> fill_state;                     // this rank's share (zero_fill_state)
     std::function<void(const std::string& dir)> assemble_model_bin;   // every rank, when none holds them all
+    // every rank, optional: files of its own beside the state, for a technique's per-rank state
+    // (gradient compression's error feedback: grad_compression_rank<r>.bin, llmc/parallel/grad_compression.h)
+    std::function<void(const std::string& dir)> write_rank_files;
 };
 
 template <class Barrier>
@@ -273,6 +276,7 @@ inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, i
         parts.fill_state(&s);
         write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
     }
+    if (parts.write_rank_files) parts.write_rank_files(tmp);
     if (!rank0_holds_weights) parts.assemble_model_bin(tmp);
     publish_checkpoint_together(out_dir, step, g.rank, barrier);
 }

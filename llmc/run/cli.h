@@ -78,6 +78,9 @@ struct TrainOptions {
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
+    std::string grad_compression = "none";  // CPU: none | bf16 | powersgd (llmc/parallel/grad_compression.h)
+    int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
+    int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
     // the estimate (--estimate): what it assumes
     float estimate_memory_gib = 0;   // memory per rank to fit (0: 80 GiB on the GPU, this machine's RAM on the CPU)
     float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
@@ -192,6 +195,9 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
+        {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback; CPU trainer only for now)", K::String, &o.grad_compression, Scope::CPUOnly},
+        {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
+        {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
@@ -526,5 +532,10 @@ inline void validate_options(const TrainOptions& o) {
         usage_fail("--pipeline-schedule interleaved is not trained yet (issue 26): see it with --pipeline-print-schedule, or train "
                    "with --pipeline-schedule 1f1b");
     if (o.max_memory_mib < 0) usage_fail("--max-memory must be zero or positive, got %g", o.max_memory_mib);
+    if (o.grad_compression != "none" && o.grad_compression != "bf16" && o.grad_compression != "powersgd") {
+        usage_fail("--grad-compression must be none, bf16 or powersgd, got '%s'", o.grad_compression.c_str());
+    }
+    if (o.powersgd_rank < 1) usage_fail("--powersgd-rank must be at least 1 (the rank of each approximation), got %d", o.powersgd_rank);
+    non_negative("powersgd-start-step", o.powersgd_start_step);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
 }

@@ -44,14 +44,14 @@
 //   every rank orthonormalises the same bits and ends with the same S: the replicas' weights stay
 //   identical, as with the exact sum.
 //
-// The trade-off. Bytes on the wire per step at d12 (124M parameters), r = 4: 2.8 MB against
-//   497 MB for the exact sum, about 180x less (docs/parallelism.md, measured from the counters).
+// The trade-off. Bytes each rank sends per step at d12 (124M parameters) on 2 ranks, r = 4:
+//   3.5 MiB against 474.8 MiB for the exact sum, 136x less (docs/parallelism.md, the counters).
 //   Memory: e_i and the next step's e_i (4 + 4 bytes per compressed parameter: the new e is kept
 //   apart until the step is known to be sound, see below), Q twice, P: about 2x the gradient.
 //   Compute: three thin matrix products per matrix (M Q, M^T P^, P^ Q'^T), 6 r n m FLOPs, a few
 //   percent of a step at r = 4. Convergence: the update is no longer the exact gradient; error
-//   feedback makes every dropped component arrive later instead of never (loss curves in
-//   docs/benchmarks.md).
+//   feedback makes every dropped component arrive later instead of never (its loss curve against
+//   the exact sum is not measured yet).
 //
 // Hook points (llmc/run/step.h): finish_gradients does the data-parallel sum here instead of
 //   llmc/parallel/zero.h's, and optimizer_step (reached only when step_is_sound accepted the step)

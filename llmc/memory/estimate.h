@@ -407,7 +407,8 @@ struct StateLine {
     size_t ours = 0;
     double vocab_padding = 0;   // our Vp - V padded vocabulary rows (zero weights, never in the loss)
     double shard_padding = 0;   // values that pad the flat array to equal shards (or rank 0's shard vs N/ranks)
-    double extra = 0;           // rows the literature has no term for (the CPU's gradient shard)
+    double extra = 0;           // rows the literature has no term for (the CPU's gradient shard, PowerSGD's state)
+    std::string extra_why;      // what `extra` is
     std::string why;
 };
 
@@ -429,20 +430,27 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
     MemoryByKind ours = memory_by_kind(table, estimate_granule(e));
 
     std::vector<StateLine> lines(4);
-    lines[0] = {"params", w * N, ours.bytes[MEM_PARAMS], w * vocab_pad, w * flat_pad, 0, ""};
+    lines[0] = {"params", w * N, ours.bytes[MEM_PARAMS], w * vocab_pad, w * flat_pad, 0, "", ""};
     // the CPU's grad_shard, the reduce-scatter's output (none with one rank: nothing to sum)
     double grad_shard = cpu && e.ranks > 1 ? 4.0 * shards.shard_size : 0;
-    lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, grad_shard, ""};
-    lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, ""};
-    lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, 0, ""};
+    lines[1] = {"grads", w * N, ours.bytes[MEM_GRADS], w * vocab_pad, w * flat_pad, grad_shard,
+                "grad_shard, the reduce-scatter's output (this rank's shard of the sum)", ""};
+    lines[2] = {"master", master * N / Nd, ours.bytes[MEM_MASTER], master * vocab_pad / Nd, master * opt_pad, 0, "", ""};
+    // --grad-compression powersgd's error feedback and Q are optimizer-like state the literature's 16N has no term for
+    double compression_state = 0;
+    for (const BufferSpec& b : table) {
+        if (std::string(b.name) == "compression_state") compression_state += (double)allocated_bytes(b, estimate_granule(e));
+    }
+    lines[3] = {"optimizer", 8 * N / Nd, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / Nd, 8 * opt_pad, compression_state,
+                "compression_state, PowerSGD's error feedback and Q (llmc/parallel/grad_compression.h)", ""};
     if (e.zero_stage >= 2) {
         // ZeRO-2/3: each unit (llmc/parallel/zero.h) is cut into equal shards; rank 0's shards are full, the
         // padding falls on the last rank. The gradient (and at stage 3 the weights) is sharded too.
         double R = e.ranks;
-        lines[0] = {"params", w * N / (e.zero_stage == 3 ? R : 1), ours.bytes[MEM_PARAMS], w * vocab_pad / (e.zero_stage == 3 ? R : 1), 0, 0, ""};
-        lines[1] = {"grads", w * N / R, ours.bytes[MEM_GRADS], w * vocab_pad / R, 0, 0, ""};
-        lines[2] = {"master", master * N / R, ours.bytes[MEM_MASTER], master * vocab_pad / R, 0, 0, ""};
-        lines[3] = {"optimizer", 8 * N / R, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / R, 0, 0, ""};
+        lines[0] = {"params", w * N / (e.zero_stage == 3 ? R : 1), ours.bytes[MEM_PARAMS], w * vocab_pad / (e.zero_stage == 3 ? R : 1), 0, 0, "", ""};
+        lines[1] = {"grads", w * N / R, ours.bytes[MEM_GRADS], w * vocab_pad / R, 0, 0, "", ""};
+        lines[2] = {"master", master * N / R, ours.bytes[MEM_MASTER], master * vocab_pad / R, 0, 0, "", ""};
+        lines[3] = {"optimizer", 8 * N / R, ours.bytes[MEM_OPTIMIZER], 8 * vocab_pad / R, 0, 0, "", ""};
         for (int i : {0, 1, 2, 3}) {
             StateLine& l = lines[(size_t)i];
             l.shard_padding = (double)l.ours - l.literature - l.vocab_padding;  // all of the rest: the units' shards
@@ -453,8 +461,7 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         if (l.vocab_padding != 0) parts.push_back(strprintf("%s padded vocabulary ((Vp-V)*C = %s values)",
                                                               with_commas_signed(l.vocab_padding).c_str(), with_commas(vocab_pad).c_str()));
         if (l.shard_padding != 0) parts.push_back(strprintf("%s padding to equal shards", with_commas_signed(l.shard_padding).c_str()));
-        if (l.extra != 0) parts.push_back(strprintf("%s grad_shard, the reduce-scatter's output (this rank's shard of the sum)",
-                                                    with_commas_signed(l.extra).c_str()));
+        if (l.extra != 0) parts.push_back(strprintf("%s %s", with_commas_signed(l.extra).c_str(), l.extra_why.c_str()));
         double rest = (double)l.ours - l.literature - l.vocab_padding - l.shard_padding - l.extra;
         if (std::fabs(rest) >= 0.5) parts.push_back(strprintf("%s other (allocator rounding)", with_commas_signed(rest).c_str()));
         for (size_t i = 0; i < parts.size(); i++) l.why += (i ? "; " : "") + parts[i];

@@ -121,7 +121,7 @@ $(UNICODE_TABLES): data/gen_unicode_classes.cpp
 	mv $@.tmp $@
 
 # (tests may include train_gpt_cpu.cpp to use its kernels as the reference)
-build/test_%: test/test_%.cpp $(HOST_HEADERS) train_gpt_cpu.cpp
+build/test_%: test/test_%.cpp test/checks.h $(HOST_HEADERS) train_gpt_cpu.cpp
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 

@@ -20,16 +20,7 @@
 #include <omp.h>
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else {
-        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
-        failures++;
-    }
-}
+#include "test/checks.h"
 
 int main() {
     using namespace cpu;
@@ -122,5 +113,5 @@ int main() {
                                               100 * apart / moved),
               strprintf("%.3g apart, %.3g moved", apart, moved));
     }
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

@@ -9,17 +9,7 @@
 #include <vector>
 #include "llmc/parallel/comm.h"
 #include "llmc/parallel/rendezvous.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else {
-        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
-        failures++;
-    }
-    fflush(stdout);
-}
+#include "test/checks.h"
 
 static const char* LAUNCHER_VARS[] = {
     "LLMC_RANK", "LLMC_WORLD_SIZE", "LLMC_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -152,5 +142,5 @@ int main() {
     check(codes[0] == EXIT_BAD_INPUT, "an unknown LLMC_RENDEZVOUS form is refused", "exit " + codes_text(codes));
 
     if (system(("rm -rf '" + dir + "'").c_str()) != 0) fprintf(stderr, "could not remove %s\n", dir.c_str());
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

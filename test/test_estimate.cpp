@@ -13,12 +13,8 @@
 #include <cstdio>
 #include <string>
 #include "llmc/memory/estimate.h"
+#include "test/checks.h"
 
-static int failures = 0;
-static void check(bool ok, const std::string& name, const std::string& why = "") {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else { printf("FAIL: %s: %s\n", name.c_str(), why.c_str()); failures++; }
-}
 static bool near(double a, double b, double rel = 1e-12) { return std::fabs(a - b) <= rel * std::fabs(b); }
 
 static EstimateSetup gpu_setup(const char* model, int B, int T, int recompute) {
@@ -268,5 +264,5 @@ int main() {
     largest_batch();
     flops_and_mfu();
     tables();
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

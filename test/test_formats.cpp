@@ -14,14 +14,7 @@
 #include "llmc/io/dataloader.h"
 #include "llmc/model/model.h"
 #include "llmc/optim/schedule.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why = "") {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else { printf("FAIL: %s: %s\n", name.c_str(), why.c_str()); failures++; }
-    fflush(stdout);
-}
+#include "test/checks.h"
 
 // Runs fn in a child process; returns (exit code, stderr text).
 static std::pair<int, std::string> run_child(const std::function<void()>& fn) {
@@ -277,5 +270,5 @@ int main() {
 
     int rc = system(("rm -rf " + dir).c_str());
     (void)rc;
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

@@ -5,12 +5,7 @@
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/step.h"
-
-static int failures = 0;
-static void check(bool ok, const char* name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name);
-    else { printf("FAIL: %s: %s\n", name, why.c_str()); failures++; }
-}
+#include "test/checks.h"
 
 static GPURunShape d12(int B, int T, int recompute) {
     GPURunShape s;
@@ -155,5 +150,5 @@ int main() {
           gpu_peak_bf16_tflops("NVIDIA A100 80GB PCIe") == 312, "peak table knows H100 SXM/PCIe, H200, A100", "");
     check(gpu_peak_bf16_tflops("NVIDIA GeForce RTX 4090") == 0 && gpu_peak_bf16_tflops("NVIDIA H100 NVL") == 0,
           "other GPUs are unknown (no MFU)", "");
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

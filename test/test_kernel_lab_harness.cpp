@@ -6,12 +6,7 @@
 //   the random inputs (reproducible from the seed, never zero, bf16-rounded exactly)
 #include <cstdio>
 #include "dev/cuda/harness.h"
-
-static int failures = 0;
-static void check(bool ok, const char* name, const std::string& detail = "") {
-    printf(ok ? "PASS: %s\n" : "FAIL: %s: %s\n", name, detail.c_str());
-    failures += !ok;
-}
+#include "test/checks.h"
 
 // the bits a GPU would leave for these values, in bf16
 static std::vector<uint16_t> as_bf16(const std::vector<float>& v) {
@@ -175,5 +170,5 @@ int main() {
     for (size_t i = 0; i < n; i++) exact &= bf16_to_float(float_to_bf16_round_nearest(rounded[i])) == rounded[i];
     check(exact && rounded != ref, "round_to_bf16 leaves values a bf16 holds exactly");
     check(fresh_seed() != fresh_seed(), "fresh seeds differ between runs");
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

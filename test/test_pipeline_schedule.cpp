@@ -24,16 +24,7 @@
 #include <string>
 #include <vector>
 #include "llmc/parallel/pipeline_schedule.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else {
-        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
-        failures++;
-    }
-}
+#include "test/checks.h"
 
 struct Case {
     PipelineSchedule kind;
@@ -251,5 +242,5 @@ int main() {
     check(std::fabs(pipeline_bubble_fraction(4, 4) - 3.0 / 7.0) < 1e-15 && pipeline_bubble_fraction(1, 8) == 0.0 &&
               std::fabs(pipeline_bubble_fraction(4, 8, 2) - 3.0 / 19.0) < 1e-15,
           "bubble: p=4, m=4 -> 3/7; one stage -> 0; interleaved p=4, m=8, v=2 -> 3/19", "");
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

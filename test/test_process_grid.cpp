@@ -11,16 +11,7 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/tensor_parallel.h"
 #include "llmc/parallel/zero.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else {
-        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
-        failures++;
-    }
-}
+#include "test/checks.h"
 
 static ProcessGrid grid_at(int dp, int tp, int pp, int rank, int zero = 0, bool sp = false) {
     ProcessGrid g;
@@ -303,5 +294,5 @@ int main() {
     check(sp_bytes == 10 * (64 * 48 / 2) * 4 + 2 * (4 * 48 / 2) * 4, "sequence parallelism, t=2, one layer: 10 reduce-scatters or "
           "all-gathers of B*T*C (4 forward, 6 backward) and the all-reduce of its 4 LayerNorm gradients",
           strprintf("%llu bytes", (unsigned long long)sp_bytes));
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

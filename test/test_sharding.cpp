@@ -6,16 +6,7 @@
 #include <string>
 #include <vector>
 #include "llmc/parallel/sharding.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why) {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else {
-        printf("FAIL: %s: %s\n", name.c_str(), why.c_str());
-        failures++;
-    }
-}
+#include "test/checks.h"
 
 // Returns "" if the layout is right, else what is wrong.
 static std::string layout_problem(size_t total, int world, size_t granule) {
@@ -218,5 +209,5 @@ int main() {
           "d12: bucket 0 is layer 11 (its qkvw slice starts 11 x 3C^2 into qkvw), bucket 12 is wte + wpe + lnf",
           strprintf("%zu ranges, qkvw at %zu, last bucket %zu elements", first.size(), first.size() > 2 ? first[2].begin : 0, last_bytes));
 
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

@@ -12,13 +12,7 @@
 
 #include "llmc/io/json.h"
 #include "llmc/io/tokenizer.h"
-
-static int failures = 0;
-
-static void check(bool ok, const std::string& name, const std::string& why = "") {
-    if (ok) printf("PASS: %s\n", name.c_str());
-    else { printf("FAIL: %s: %s\n", name.c_str(), why.c_str()); failures++; }
-}
+#include "test/checks.h"
 
 static std::string show(const std::string& bytes) {
     std::string out;
@@ -357,5 +351,5 @@ int main() {
     test_pretokenizer();
     test_load_errors();
     test_with_vocabulary();
-    return failures ? 1 : 0;
+    return check_exit_code();
 }

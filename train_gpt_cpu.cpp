@@ -29,6 +29,7 @@
 #include "llmc/model/cpu_layers.h"
 #include "llmc/model/kv_cache.h"
 #include "llmc/optim/adafactor.h"
+#include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
 #include "llmc/optim/sm3.h"
@@ -120,7 +121,8 @@ struct GPT2 {
     std::vector<float> params, grads, adam_m, adam_v;
     // --optimizer adafactor | sm3: their row and column statistics instead of m and v, per block
     Optimizer optimizer = Optimizer::AdamW;
-    std::vector<ParamBlock> blocks;            // the matrices and vectors (llmc/optim/optimizer_state.h)
+    std::vector<ParamBlock> blocks;            // the matrices and vectors this rank updates (llmc/optim/optimizer_state.h)
+    FactoredShard factored;                    // which rank updates which blocks: all on one rank, or ZeRO-1's cut
     std::vector<float> optimizer_state, optimizer_scratch;
     // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
     bool bf16_moments = false;
@@ -217,7 +219,13 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->max_T = shape.T;
     model->recompute = shape.recompute;
     model->optimizer = shape.optimizer;
-    if (shape.optimizer != Optimizer::AdamW) model->blocks = param_blocks(model->config);
+    if (shape.optimizer != Optimizer::AdamW) {  // ZeRO-1: whole blocks per rank (llmc/optim/factored_sharding.h)
+        int N = shape.zero_stage == 1 ? shape.world_size : 1;
+        std::vector<ParamBlock> all = param_blocks(model->config);
+        model->factored = factored_shard(all, model->layout.total, N);
+        model->blocks = factored_owned_blocks(all, model->factored, N == 1 ? 0 : shape.rank);
+        model->zero.whole_gradient = N > 1;
+    }
 }
 
 // One block's slice of a stacked per-layer tensor.
@@ -468,8 +476,9 @@ static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int 
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
 // weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
 void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
-    // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0,
-    // no model parallelism: validate_options), and updates it all, as one rank would
+    // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0 or
+    // ZeRO-1, no model parallelism: validate_options), and updates its blocks (all of them, or with
+    // ZeRO-1 its share of whole matrices: llmc/optim/factored_sharding.h), as one rank would
     if (model->optimizer == Optimizer::Adafactor) {
         adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
                        o.weight_decay, grad_scale);
@@ -634,6 +643,7 @@ static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, in
     gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
     ProfileScope prof("communication (weights)", 0);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
+    if (model->zero.whole_gradient) factored_share_weights(&par->comms.dp, model->params.data(), model->factored);
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
 }
@@ -747,7 +757,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     CheckpointParts parts;
     parts.write_model_bin = [&](const std::string& path) { write_model_file(path, cfg, model->params.data(), false); };
     parts.fill_state = [&](TrainState* s) {
-        if (model->optimizer != Optimizer::AdamW) {  // the whole model's factored state (docs/formats.md, version 3)
+        if (model->optimizer != Optimizer::AdamW) {  // its blocks' factored state (docs/formats.md, version 3)
             s->header.optimizer = (int)model->optimizer;
             s->header.optimizer_state_floats = (int64_t)model->optimizer_state.size();
             s->factored = model->optimizer_state;
@@ -866,8 +876,10 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
                          DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
     const GPT2Config& cfg = model->config;
     if (model->optimizer != Optimizer::AdamW) {
-        *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, model->optimizer_state.data(),
-                                       model->optimizer_state.size());
+        const FactoredShard& f = model->factored;  // this rank's slice of the whole state
+        *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, f.state.back().end,
+                                       f.state[model->zero.whole_gradient ? (size_t)model->zero.dp->rank : 0].begin,
+                                       model->optimizer_state.size(), model->optimizer_state.data());
     } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
         std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total,

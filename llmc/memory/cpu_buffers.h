@@ -15,6 +15,7 @@
 //                       (--optimizer-state bf16: 2 bytes each, llmc/optim/adamw_bf16.h)
 //   optimizer_state     instead of m and v, with --optimizer adafactor or sm3: rows + columns per weight
 //                       matrix, one per element of a vector (llmc/optim/optimizer_state.h), on every rank
+//                       (ZeRO-1: of this rank's whole blocks, llmc/optim/factored_sharding.h)
 //   optimizer_scratch   SM3's new column accumulators: the widest matrix's columns
 //   activations         what the backward pass reads, stacked over the L layers; the attention
 //                       probabilities are materialised, (L, B, NH, T, T)
@@ -44,6 +45,7 @@
 #include "llmc/memory/size_table.h"
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
+#include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/optimizer_state.h"
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/pipeline_parallel.h"
@@ -158,8 +160,11 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     const char* moment_type = s.bf16_moments ? " bf16" : "";
     t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
     t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
-    t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER, sh("%s: rows + cols per matrix, n per vector", optimizer_name((int)s.optimizer)),
-                             adamw ? 0 : factored_state_floats(c), F};
+    // (ZeRO-1: the rows and columns of this rank's whole blocks only, llmc/optim/factored_sharding.h)
+    size_t factored = adamw ? 0 : s.zero_stage == 1 ? factored_state_floats_of(c, s.world_size, s.rank) : factored_state_floats(c);
+    t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER,
+                             sh("%s: rows + cols per matrix, n per vector%s", optimizer_name((int)s.optimizer),
+                                s.zero_stage == 1 ? ", this rank's blocks" : ""), factored, F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};

@@ -127,9 +127,11 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
     ParamLayout layout = slice_layout(e.cfg, s);
     int m = estimate_micro_batches(e, e.B);
     size_t rows = (size_t)e.B * e.T, sp = g.sequence_parallel ? g.tp : 1;
-    c.bytes[0] = e.compression.kind == GradCompressionKind::None
-                     ? zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m)
-                     : grad_compression_bytes(e.compression, e.cfg, g.dp);   // (PowerSGD: after its start step)
+    c.bytes[0] = e.compression.kind != GradCompressionKind::None
+                     ? grad_compression_bytes(e.compression, e.cfg, g.dp)    // (PowerSGD: after its start step)
+                 : e.optimizer != Optimizer::AdamW && g.zero_stage == 1      // whole blocks per rank
+                     ? factored_zero1_comm_bytes(e.cfg, g.dp, g.dp_rank)
+                     : zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
                                g.zero_stage);
     c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);

@@ -162,6 +162,10 @@ struct Zero {
     std::vector<std::vector<float>> gathered, buckets;
     size_t transient_floats = 0, transient_peak = 0;   // in gathered units and buckets: the measured peak
     std::vector<float> scratch;
+    // stage 1 with a factored optimizer (llmc/optim/factored_sharding.h): each rank updates whole
+    // matrices, so it needs the whole summed gradient (stage 0's sum) and shares its updated blocks
+    // itself (zero_after_update leaves them alone)
+    bool whole_gradient = false;
 };
 
 inline size_t zero_shard_floats(const Zero& z) {
@@ -248,13 +252,14 @@ inline void zero_reduce_bucket(Zero* z, int u, const char* what) {
 }
 
 // Stages 0-1: after the backward pass of the whole step, sum the flat gradient over the data-parallel
-// ranks: a reduce-scatter into grad_shard; stage 0 then all-gathers the sums so that every rank
-// holds the whole summed gradient in `grads` (stage 0's reduce-scatter + all-gather is an all-reduce).
+// ranks: a reduce-scatter into grad_shard; stage 0 (and stage 1 for a factored optimizer: whole_gradient)
+// then all-gathers the sums so that every rank holds the whole summed gradient in `grads` (stage 0's
+// reduce-scatter + all-gather is an all-reduce).
 inline void zero_reduce_gradients(Zero* z, std::vector<float>* grads) {
     if (z->stage >= 2) return;   // already reduced, unit by unit, during the backward pass
     if (zero_sums_in_place(*z)) return;
     comm_reduce_scatter_sum(z->dp, grads->data(), z->grad_shard.data(), z->shards.shard_size, "reduce-scatter of the gradients");
-    if (z->stage == 0) {
+    if (z->stage == 0 || z->whole_gradient) {
         memcpy(grads->data() + z->shard.begin, z->grad_shard.data(), z->shard.size() * sizeof(float));
         comm_all_gather(z->dp, grads->data(), z->shard.size() * sizeof(float), "all-gather of the gradients");
     }
@@ -322,7 +327,7 @@ inline std::vector<std::pair<const float*, size_t>> zero_norm_ranges(Zero& z, st
 // Stage 1: all-gather the flat array's shards; stage 2: each unit's; stage 3: nothing (the
 // parameters stay sharded until the next forward gathers them).
 inline void zero_after_update(Zero* z, std::vector<float>* params) {
-    if (z->stage == 1) {
+    if (z->stage == 1 && !z->whole_gradient) {
         comm_all_gather(z->dp, params->data(), z->shard.size() * sizeof(float), "all-gather of the parameters");
     } else if (z->stage == 2) {
         for (const ZeroUnit& u : z->units) {

@@ -412,25 +412,31 @@ inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_
     return read_state_runs(dir, num_params, wanted, m, v, master);
 }
 
-// A factored optimizer's state (Adafactor, SM3: llmc/optim/optimizer_state.h) from a checkpoint: one
-// file, state.bin, since every rank holds all of it (no ZeRO, no tensor or pipeline parallelism),
-// `count` floats into `state`. Refuses another optimizer's checkpoint and a model of another shape.
-inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_params, Optimizer optimizer, float* state,
-                                            size_t count) {
+// A factored optimizer's state (Adafactor, SM3: llmc/optim/optimizer_state.h) from a checkpoint:
+// state.bin (every rank held all of it), or with ZeRO-1 state_rank<r>.bin, each rank's slice of whole
+// blocks (llmc/optim/factored_sharding.h), which read in rank order are the whole model's state.
+// Takes floats [begin, begin + count) of the whole into `state`, so any number of ranks resumes
+// any other's checkpoint. Refuses another optimizer's checkpoint and a model of another shape.
+inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_params, Optimizer optimizer, size_t whole,
+                                            size_t begin, size_t count, float* state) {
     std::vector<std::string> files = checkpoint_state_files(dir);
-    TrainState s = read_train_state(files[0]);
-    const TrainStateHeader& h = s.header;
-    if (h.num_params != (int64_t)num_params) {
-        fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
-             (long long)h.num_params, num_params);
+    std::vector<float> all;
+    TrainStateHeader h;
+    for (size_t i = 0; i < files.size(); i++) {
+        TrainState s = read_train_state(files[i]);
+        if (i == 0) h = s.header;
+        if (s.header.num_params != (int64_t)num_params) {
+            fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(),
+                 (long long)s.header.num_params, num_params);
+        }
+        if (s.header.optimizer != (int)optimizer) refuse_other_optimizer(dir, s.header.optimizer, (int)optimizer);
+        all.insert(all.end(), s.factored.begin(), s.factored.end());
     }
-    if (h.optimizer != (int)optimizer) refuse_other_optimizer(dir, h.optimizer, (int)optimizer);
-    if (files.size() != 1 || s.factored.size() != count) {
-        fail("checkpoint '%s' holds %zu values of %s state in %zu file%s, this model needs %zu in one: the checkpoint is "
-             "damaged or mixed up", dir.c_str(), s.factored.size(), optimizer_name(h.optimizer), files.size(),
-             files.size() == 1 ? "" : "s", count);
+    if (all.size() != whole || begin + count > whole) {
+        fail("checkpoint '%s' holds %zu values of %s state in %zu file%s, this model needs %zu: the checkpoint is damaged or "
+             "mixed up", dir.c_str(), all.size(), optimizer_name(h.optimizer), files.size(), files.size() == 1 ? "" : "s", whole);
     }
-    std::copy(s.factored.begin(), s.factored.end(), state);
+    std::copy(all.begin() + (long)begin, all.begin() + (long)(begin + count), state);
     return h;
 }
 

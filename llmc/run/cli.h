@@ -145,7 +145,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
-         "trainer only, without --zero or tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), without tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
          "rounding (4: the GPU trainer's is fp32 only, for now)", K::String, &o.optimizer_state, Scope::CPUOnly},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
@@ -479,9 +479,9 @@ inline void validate_options(const TrainOptions& o) {
             if (flag_given(o, adam_only))
                 usage_fail("--%s is AdamW's; --optimizer %s has no such setting (adafactor: beta1 = 0, beta2_t = 1 - t^-0.8, "
                            "eps1 = 1e-30; sm3: none): drop it", adam_only, name);
-        if (o.zero_stage >= 1)
-            usage_fail("--optimizer %s with --zero %d: ZeRO shards optimizer state by flat ranges, which would cut %s's row "
-                       "and column statistics; use --zero 0 (each data-parallel rank keeps the small state whole)", name,
+        if (o.zero_stage >= 2)  // ZeRO-1 gives each rank whole matrices (llmc/optim/factored_sharding.h)
+            usage_fail("--optimizer %s with --zero %d: ZeRO-2/3 shard gradients by flat ranges, which would cut %s's whole-"
+                       "matrix row and column statistics; use --zero 1 (each rank owns whole matrices) or --zero 0", name,
                        o.zero_stage, name);
         if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
             usage_fail("--optimizer %s with --tensor-parallel %d --pipeline-parallel %d: its row and column statistics are not "

@@ -29,21 +29,30 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
   --lr given            Adafactor with --lr uses the schedule (warm-up here) in place of rho_t.
   data parallel         2 ranks (mpirun) == 1 rank accumulating the same micro-batches, to fp32
                         summation order; and --estimate's memory equals what each rank holds.
+  ZeRO-1                each rank owns whole matrices (llmc/optim/factored_sharding.h): on 2 and 3
+                        ranks, 10 steps, == ZeRO-0 on as many ranks bit for bit (the same summed
+                        gradient, the same per-block arithmetic) and == 1 rank to 1e-5 (summation
+                        order, as above); memory and bytes as --estimate predicts on every rank;
+                        5 + resume + 5 == 10 bit for bit; the 2-rank checkpoint resumed on 3 ranks and
+                        on 1 with ZeRO-1 == with ZeRO-0 bit for bit (each rank's slice of the state).
   memory                --estimate: the optimizer state is sum(rows + cols) + sum(vector sizes) floats,
-                        counted here from the model's shapes; AdamW's 8 bytes per parameter.
+                        counted here from the model's shapes; AdamW's 8 bytes per parameter; with
+                        --zero 1 each rank's whole blocks, cut greedily (the rule recomputed here).
   bf16 m and v          --optimizer-state bf16 (AdamW, llmc/optim/adamw_bf16.h): 20 steps within 2% of
                         fp32 m and v's movement; 10 + resume + 10 == 20 bit for bit; dp2 ZeRO-1 == one
                         rank; 4 bytes per parameter in --estimate and in what every rank holds. (Why
                         plain bf16 would not do, and that stochastic rounding does: build/test_adamw_bf16.)
   refusals              resuming with another optimizer (exit 1, one line); unknown --optimizer or
-                        --optimizer-state, a factored optimizer with --zero 1, --tensor-parallel 2,
+                        --optimizer-state, a factored optimizer with --zero 2, --tensor-parallel 2,
                         --optimizer-state bf16 or AdamW's --beta1 (exit 2, one line); the GPU trainer (when
                         build/emu/train_gpt is built) refuses adafactor, sm3 and --optimizer-state.
 
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
--0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max.
+-0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
+updated from its own unsummed gradient (no all-gather of the sum: 13 checks failed, 6e-2 off), every
+rank resuming slice 0 of the state (the resume and reshard checks failed).
 """
-import os, shutil, subprocess, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 
@@ -51,7 +60,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from safetensors_io import read_safetensors  # noqa: E402
 from token_shards import write_shard  # noqa: E402
-from test_parallelism import Runner, check_predictions  # noqa: E402
+from test_parallelism import T as PAR_T, Runner, check_predictions  # noqa: E402
 
 BIN = os.path.join(ROOT, "train_gpt_cpu")
 GPU_EMU = os.path.join(ROOT, "build", "emu", "train_gpt")
@@ -252,6 +261,52 @@ def check_one_line(label, p, code, words):
     report(ok, f"{label}: exit {code}, one line", f"exit {p.returncode}, stderr: {p.stderr.strip()[:400]}")
 
 
+def check_factored_zero1(r, par):
+    """ZeRO-1 with a factored optimizer (llmc/optim/factored_sharding.h): each rank updates whole
+    matrices with the one-rank code, after ZeRO-0's all-reduce of the gradient. So on N ranks it must
+    equal ZeRO-0 on N ranks bit for bit (the same summed gradient, the same arithmetic per block), and
+    one rank accumulating the same 6 micro-batches to fp32 summation order (the data-parallel sum adds
+    in another order than one rank's accumulation; 1e-5 as above, the key biases left out)."""
+    six = ["--lr", "0.01", "--total-batch-tokens", 6 * PAR_T]  # 6 micro-batches: 1, 2 and 3 ranks divide them
+    for opt in ("adafactor", "sm3"):
+        one, _ = r.dump(f"{opt}_one6", 1, "--optimizer", opt, *six)
+        for n in (2, 3):
+            z0, _ = r.dump(f"{opt}_z0_{n}", n, "--optimizer", opt, *six)
+            z1, out = r.dump(f"{opt}_z1_{n}", n, "--optimizer", opt, "--zero", 1, *six)
+            if one is None or z0 is None or z1 is None:
+                continue
+            report(np.array_equal(z1["params"], z0["params"]) and np.array_equal(z1["losses"], z0["losses"]),
+                   f"{opt}: {n} ranks ZeRO-1 (whole matrices per rank) == ZeRO-0, 10 steps, bit for bit",
+                   f"weights differ by {np.max(np.abs(z1['params'].astype(np.float64) - z0['params'])):.2e}")
+            mask = not_key_biases(one["params"].size)
+            d = np.max(np.abs(z1["params"].astype(np.float64) - one["params"])[mask])
+            loss = np.max(np.abs(z1["losses"].astype(np.float64) - one["losses"]) / np.abs(one["losses"]))
+            report(d <= 1e-5 and loss <= 1e-5, f"{opt}: {n} ranks ZeRO-1 == 1 rank (weights {d:.1e} but the key biases, "
+                   f"losses {loss:.1e})", f"weights {d:.2e}, losses {loss:.2e} beyond 1e-5")
+            check_predictions(f"{opt} dp{n} ZeRO-1", out, n)
+    # checkpoints: 5 + resume + 5 == 10 on the same grid, bit for bit; resharded onto 3 ranks and 1
+    # rank, each rank reads its slice of the concatenated state files: ZeRO-1 == ZeRO-0 resumed from
+    # the same checkpoint, bit for bit (ZeRO-0 reads the whole state, with no slicing to get wrong)
+    flags = ["--optimizer", "adafactor", "--zero", 1, *six]
+    out_dir = os.path.join(par, "ckpt_z1")
+    straight, _ = r.dump("adafactor_z1_ckpt", 2, *flags, "--checkpoint-every", 5, "--out-dir", out_dir)
+    ckpt = os.path.join(out_dir, "ckpt_00000005")
+    files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+    report(files == ["checksums.txt", "model.bin", "state_rank0.bin", "state_rank1.bin"],
+           "adafactor ZeRO-1 checkpoint: model.bin and each rank's slice of the state", str(files))
+    resumed, out = r.dump("adafactor_z1_resumed", 2, *flags, "--resume", ckpt)
+    if straight is not None and resumed is not None:
+        report(np.array_equal(resumed["params"], straight["params"]) and np.array_equal(resumed["losses"], straight["losses"][5:]),
+               "adafactor ZeRO-1, 2 ranks: 5 steps + checkpoint + resume + 5 == 10 straight, bit for bit", out[-600:])
+    for n in (3, 1):
+        a, out_a = r.dump(f"adafactor_z1_to{n}", n, *flags, "--resume", ckpt)
+        b, _ = r.dump(f"adafactor_z0_to{n}", n, *flags[:2], *six, "--resume", ckpt)
+        if a is not None and b is not None:
+            report("resharded" in out_a and np.array_equal(a["params"], b["params"]),
+                   f"adafactor: the 2-rank ZeRO-1 checkpoint resumed on {n} rank{'s' if n > 1 else ''} with ZeRO-1 == with "
+                   "ZeRO-0, bit for bit (each rank's slice of the state is the right one)", out_a[-600:])
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: optimizers: train_gpt_cpu is not built (run make)")
@@ -311,6 +366,23 @@ def main():
             report(ok, f"--estimate --optimizer {opt}: optimizer state {want} bytes "
                    f"({want / NUM_PARAMS:.3f} bytes per parameter)", got[0] if got else p.stdout[-800:])
 
+        # ---- ZeRO-1's per-rank state: whole blocks, cut greedily at (r + 1)/N of the elements
+        # (llmc/optim/factored_sharding.h's rule, recomputed here from the shapes)
+        for n in (2, 3):
+            sizes = [int(np.prod(s)) for _, _, s, _ in BLOCKS]
+            want, k, held = [], 0, 0
+            for rank in range(n):
+                goal, start = sum(sizes) * (rank + 1) // n, k
+                while k < len(sizes) and (held < goal or rank == n - 1):
+                    held += sizes[k]
+                    k += 1
+                want.append(4 * sum(s[0] + s[1] if len(s) == 2 else s[0] for _, _, s, _ in BLOCKS[start:k]))
+            p = tr.run(["--model", MODEL, "--estimate", "--estimate-ranks", n, "--zero", 1, "--optimizer", "adafactor",
+                        "--seq-len", "32"])
+            got = [int(x) for x in re.findall(r"^  rank \d+: .*optimizer=(\d+)", p.stdout, re.M)]
+            report(got == want and sum(got) == 4 * factored, f"--estimate --zero 1 on {n} ranks: each rank's Adafactor state "
+                   f"is its whole blocks' rows + columns {got} bytes, together the whole {4 * factored}", f"got {got}, want {want}")
+
         # ---- refusals
         p = tr.run(tr.base("sm3") + ["--optimizer", "adamw", "--steps", STEPS + 1, "--resume", "latest"], expect_ok=False)
         check_one_line("resuming an SM3 checkpoint with --optimizer adamw is refused", p, 1,
@@ -321,7 +393,7 @@ def main():
         p = tr.run(tr.base("adamw") + ["--optimizer", "adafactor", "--steps", 2, "--resume", "latest"], expect_ok=False)
         check_one_line("resuming an AdamW checkpoint with --optimizer adafactor is refused", p, 1, ["--optimizer adamw"])
         for flags, words in ((["--optimizer", "lion"], ["adamw, adafactor or sm3", "lion"]),
-                             (["--optimizer", "sm3", "--zero", "1"], ["--zero 1", "use --zero 0"]),
+                             (["--optimizer", "sm3", "--zero", "2"], ["--zero 2", "use --zero 1"]),
                              (["--optimizer", "adafactor", "--tensor-parallel", "2"], ["--tensor-parallel 2"]),
                              (["--optimizer-state", "fp16"], ["fp32 or bf16", "fp16"]),
                              (["--optimizer", "adafactor", "--beta1", "0.9"], ["--beta1 is AdamW's", "beta1 = 0"]),
@@ -353,7 +425,7 @@ def main():
             # of the comparison (and every other weight must agree).
             for opt in ("adafactor", "sm3"):
                 one, _ = r.dump(f"{opt}_one", 1, "--optimizer", opt, "--lr", "0.01")
-                two, out = r.dump(f"{opt}_two", 2, "--optimizer", opt, "--lr", "0.01", "--print-allocations")
+                two, out = r.dump(f"{opt}_two", 2, "--optimizer", opt, "--lr", "0.01")
                 half, _ = r.dump(f"{opt}_half", 1, "--optimizer", opt, "--lr", "0.01", "--total-batch-tokens", 64)
                 if one is None or two is None or half is None:
                     continue
@@ -366,9 +438,10 @@ def main():
                 report(d_half > 100 * max(d_two, 1e-7), f"{opt}: negative control, half of each step's batch, differs "
                        f"(weights {d_half:.1e})", f"{d_half:.2e}")
                 check_predictions(f"{opt} dp2", out, 2)
+            check_factored_zero1(r, par)
             # bf16 m and v on ZeRO-1's shards (each element's rounding keyed by its index in the model)
             one, _ = r.dump("bf16_one", 1, "--optimizer-state", "bf16")
-            two, out = r.dump("bf16_zero1", 2, "--optimizer-state", "bf16", "--zero", 1, "--print-allocations")
+            two, out = r.dump("bf16_zero1", 2, "--optimizer-state", "bf16", "--zero", 1)
             if one is not None and two is not None:
                 d_two = np.max(np.abs(two["params"].astype(np.float64) - one["params"]))
                 report(d_two <= 5e-5, f"--optimizer-state bf16: dp2 ZeRO-1 == 1 rank (weights {d_two:.1e})", f"{d_two:.2e}")

@@ -696,10 +696,10 @@ inline void print_estimate(const EstimateSetup& e) {
             EstimateSetup other = e;
             other.optimizer = choice <= 1 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
             other.bf16_moments = choice == 1;
-            if (choice >= 2 && e.zero_stage > 0) continue;  // refused: the CLI says why
+            if (choice >= 2 && e.zero_stage > 1) continue;  // refused: the CLI says why (ZeRO-1: factored_sharding.h)
             size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
-            printf(" %s%s %s (%.4f B/param)%s", optimizer_name((int)other.optimizer), choice == 1 ? " bf16" : "",
-                   format_bytes((double)bytes).c_str(), bytes / N, choice == 3 ? "" : ";");
+            printf("%s %s%s %s (%.4f B/param)", choice == 0 ? "" : ";", optimizer_name((int)other.optimizer),
+                   choice == 1 ? " bf16" : "", format_bytes((double)bytes).c_str(), bytes / N);
         }
         printf("\n");
     }

@@ -21,9 +21,9 @@
 // column numbers, a vector's n numbers. That order is also the one the checkpoint stores
 // (docs/formats.md, state.bin version 3).
 //
-// Only the whole model's layout: factored state would need its row and column sums combined over
-// ranks to be sharded by ZeRO or split by tensor parallelism, which is not built yet, so the CLI
-// refuses those combinations (validate_options) and each rank holds all of it.
+// The whole model's layout. ZeRO-1 gives each rank a run of whole blocks of it
+// (llmc/optim/factored_sharding.h); tensor parallelism, which would need a split matrix's row and
+// column sums combined over ranks, is not built: the CLI refuses it (validate_options).
 #pragma once
 
 #include <algorithm>

@@ -44,6 +44,7 @@
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
+#include "llmc/model/moe.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/run/plan.h"
@@ -1070,6 +1071,13 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
+    if (o.moe_experts > 0) {  // the layer's own checks first, so a bad shape is named; then the honest refusal
+        MoEShape moe{o.moe_experts, o.moe_top_k, moe_capacity_factor_value(o), o.moe_aux_alpha, o.moe_z_loss};
+        std::string problem = moe_shape_problem(moe);
+        if (!problem.empty()) usage_fail(problem);
+        usage_fail("--moe-experts %d: the MoE layer (llmc/model/moe.h) is not wired into the CPU trainer yet (issue 24); drop "
+                   "the --moe-* flags to train the dense model", o.moe_experts);
+    }
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)

@@ -117,7 +117,7 @@ struct MoEStats {
 };
 
 // What is wrong with a shape, in one line naming the flag that sets it and the fix; empty if nothing.
-// (The command line will check its flags with it before anything is allocated; moe_allocate refuses
+// (The CPU trainer checks its --moe-* flags with it before anything is allocated; moe_allocate refuses
 // a bad shape too, so no caller reaches the routing with, say, a second choice among one expert.)
 inline std::string moe_shape_problem(const MoEShape& s) {
     if (s.experts < 1) return "--moe-experts " + std::to_string(s.experts) + ": an MoE layer needs at least 1 expert";

@@ -81,6 +81,14 @@ struct TrainOptions {
     std::string grad_compression = "none";  // CPU: none | bf16 | powersgd (llmc/parallel/grad_compression.h)
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
+    // mixture of experts (llmc/model/moe.h, docs/moe.md): the flags and their checks; the trainers
+    // refuse E > 0 until the layer is wired into them (issue 24)
+    int moe_experts = 0;             // E experts per MoE block; 0 = dense (every block a plain MLP)
+    int moe_top_k = 1;               // experts per token: 1 (Switch) or 2 (GShard)
+    int moe_every = 1;               // blocks n-1, 2n-1, ... are MoE blocks (1: all of them)
+    std::string moe_capacity_factor = "none";  // f of ceil(k N f / E); none or 0: no dropping
+    float moe_aux_alpha = 1e-2f;     // alpha of the load-balancing loss (Switch)
+    float moe_z_loss = 1e-3f;        // c_z of the router z-loss (ST-MoE)
     // the estimate (--estimate): what it assumes
     float estimate_memory_gib = 0;   // memory per rank to fit (0: 80 GiB on the GPU, this machine's RAM on the CPU)
     float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
@@ -138,6 +146,12 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"val-data", "GLOB", "Data", "validation token shards ('none' to skip validation)", K::String, &o.val_data, Scope::Both},
         {"tokenizer", "DIR", "Data", "folder with GPT-2's encoder.json and vocab.bpe, to print samples as text", K::String, &o.tokenizer_dir, Scope::Both},
         {"model", "SPEC", "Model", "a model file to start from, or a new model: d12|d24|d36|d48 (GPT-2 124M..1.5B), dN, or L=2,C=64,H=4[,T=256][,V=50257]", K::String, &o.model, Scope::Both},
+        {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; refused by both trainers until the layer is wired in, issue 24)", K::Int, &o.moe_experts, Scope::Both},
+        {"moe-top-k", "K", "Model", "--moe-experts: experts per token, 1 (Switch) or 2 (GShard, gates renormalised)", K::Int, &o.moe_top_k, Scope::Both},
+        {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
+        {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping", K::String, &o.moe_capacity_factor, Scope::Both},
+        {"moe-aux-alpha", "A", "Model", "--moe-experts: weight of the load-balancing loss A E sum_i f_i P_i (Switch)", K::Float, &o.moe_aux_alpha, Scope::Both},
+        {"moe-z-loss", "C", "Model", "--moe-experts: weight of the router z-loss C mean logsumexp(logits)^2 (ST-MoE)", K::Float, &o.moe_z_loss, Scope::Both},
         {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
         {"total-batch-tokens", "N", "Batch", "tokens per optimizer step; micro-batches are accumulated to reach it (0 = one micro-batch per rank)", K::Int64, &o.total_batch_tokens, Scope::Both},
@@ -421,6 +435,10 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
                    o->optimizer.c_str());
     }
+    if (trainer == Trainer::GPU && o->moe_experts != 0) {
+        usage_fail("--moe-experts: the GPU trainer has no mixture-of-experts layer yet (issue 24); drop the --moe-* flags to "
+                   "train the dense model");
+    }
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
@@ -431,6 +449,43 @@ inline bool flag_given(const TrainOptions& o, const char* name) {
 
 // --generate or --prompt-file: the trainer generates from a prompt and exits (llmc/run/generate.h).
 inline bool generation_mode(const TrainOptions& o) { return flag_given(o, "generate") || flag_given(o, "prompt-file"); }
+
+// --moe-capacity-factor as a number: none is 0 (no dropping); NaN for text that is not a number.
+inline float moe_capacity_factor_value(const TrainOptions& o) {
+    if (o.moe_capacity_factor == "none") return 0.0f;
+    char* end = nullptr;
+    float f = strtof(o.moe_capacity_factor.c_str(), &end);
+    return (o.moe_capacity_factor.empty() || *end) ? NAN : f;
+}
+
+// The MoE flags' checks that need neither the model nor the layer (the shape's own, top-2 of one
+// expert and the like, are moe_shape_problem's in llmc/model/moe.h, which the CPU trainer calls),
+// and the combinations the MoE blocks are not built for, each named with its way out.
+inline void validate_moe_options(const TrainOptions& o) {
+    if (o.moe_experts < 0) usage_fail("--moe-experts must be 0 (dense) or a positive number of experts, got %d", o.moe_experts);
+    if (o.moe_every < 1) usage_fail("--moe-every must be at least 1 (1: every block is an MoE block), got %d", o.moe_every);
+    if (std::isnan(moe_capacity_factor_value(o)))
+        usage_fail("--moe-capacity-factor must be none, 0 (no dropping) or a positive number, got '%s'", o.moe_capacity_factor.c_str());
+    if (o.moe_experts == 0) {
+        for (const char* flag : {"moe-top-k", "moe-every", "moe-capacity-factor", "moe-aux-alpha", "moe-z-loss"})
+            if (flag_given(o, flag)) usage_fail("--%s shapes MoE blocks, and there are none: add --moe-experts E, or drop it", flag);
+        return;
+    }
+    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+        usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
+                   "ranks (nor experts across ranks) yet; train MoE with data parallelism only", o.tensor_parallel, o.pipeline_parallel);
+    if (o.zero_stage > 0)
+        usage_fail("--moe-experts with --zero %d: ZeRO's shards are not laid out over the experts' tensors yet; use --zero 0", o.zero_stage);
+    if (o.recompute > 0)
+        usage_fail("--moe-experts with --recompute %d: a recomputed MoE forward would add its auxiliary losses a second time "
+                   "(Megatron-LM issue 1330); use --recompute 0 (the MoE layer keeps its activations)", o.recompute);
+    if (o.optimizer != "adamw")
+        usage_fail("--moe-experts with --optimizer %s: its row and column statistics are not laid out over the experts' tensors; "
+                   "use --optimizer adamw", o.optimizer.c_str());
+    if (o.grad_compression != "none")
+        usage_fail("--moe-experts with --grad-compression %s: the experts' gradients are not compressed yet; use --grad-compression none",
+                   o.grad_compression.c_str());
+}
 
 // Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
 inline void validate_options(const TrainOptions& o) {
@@ -538,4 +593,5 @@ inline void validate_options(const TrainOptions& o) {
     if (o.powersgd_rank < 1) usage_fail("--powersgd-rank must be at least 1 (the rank of each approximation), got %d", o.powersgd_rank);
     non_negative("powersgd-start-step", o.powersgd_start_step);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
+    validate_moe_options(o);
 }

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""test_moe_flags.py — the mixture-of-experts flags (llmc/run/cli.h, issue 24 item 1) on both trainers.
+
+The MoE layer (llmc/model/moe.h, test_moe.py) is not wired into the trainers yet, so what the
+command line owes today is to refuse, before anything is allocated, with ONE line naming the flag
+and the fix and exit 2:
+  bad values       --moe-experts -1, --moe-every 0, --moe-capacity-factor abc (cli.h), and the
+                   layer's own shape checks reached through the CPU trainer (moe_shape_problem):
+                   top-3, top-2 of one expert, a negative capacity factor, alpha or c_z
+  MoE flags alone  --moe-top-k 2 (or any --moe-* flag) without --moe-experts: nothing to shape
+  combinations     tensor and pipeline parallelism, ZeRO, --recompute (the auxiliary losses would
+                   be added twice, Megatron-LM issue 1330), the factored optimizers, compression
+  good values      pass every check and reach the one refusal left: "not wired into the CPU
+                   trainer yet" (so the checks above do not refuse valid shapes); --moe-experts 0
+                   is the dense model and trains
+  GPU trainer      --moe-experts refused with one line (build/emu/train_gpt or ./train_gpt, when built)
+"""
+import os, subprocess, sys, tempfile
+import numpy as np
+from checks import report, exit_code
+from token_shards import write_shard
+from test_bad_inputs import BIN, MODEL, ROOT, one_line_error, run
+
+NOT_WIRED = "not wired into the CPU trainer yet"
+
+
+def main():
+    if not os.path.exists(BIN):
+        print("SKIP: MoE flags (train_gpt_cpu not built)")
+        return exit_code()
+    tmp = tempfile.mkdtemp(prefix="llmc_moe_flags_")
+    train = os.path.join(tmp, "train.bin")
+    write_shard(train, np.random.default_rng(0).integers(0, 512, 1000))
+    base = ["--model", MODEL, "--batch-size", "2", "--seq-len", "16", "--train-data", train, "--val-data", "none",
+            "--threads", "1", "--out-dir", tmp, "--metrics", "none"]
+    moe = base + ["--moe-experts", "4"]
+
+    for name, args, needles in [
+        ("--moe-experts -1", base + ["--moe-experts", "-1"], ["--moe-experts", "0 (dense)"]),
+        ("--moe-every 0", moe + ["--moe-every", "0"], ["--moe-every", "at least 1"]),
+        ("--moe-capacity-factor abc", moe + ["--moe-capacity-factor", "abc"], ["--moe-capacity-factor", "none"]),
+        ("--moe-top-k 3", moe + ["--moe-top-k", "3"], ["--moe-top-k 3", "use 1 or 2"]),
+        ("--moe-top-k 2 of one expert", base + ["--moe-experts", "1", "--moe-top-k", "2"], ["--moe-top-k 2", "at least 2 experts"]),
+        ("--moe-capacity-factor -1", moe + ["--moe-capacity-factor", "-1"], ["--moe-capacity-factor -1"]),
+        ("--moe-aux-alpha -0.1", moe + ["--moe-aux-alpha", "-0.1"], ["--moe-aux-alpha"]),
+        ("--moe-z-loss -0.1", moe + ["--moe-z-loss", "-0.1"], ["--moe-z-loss"]),
+        ("--moe-top-k 2 without --moe-experts", base + ["--moe-top-k", "2"], ["--moe-top-k", "add --moe-experts"]),
+        ("--moe-z-loss 0 without --moe-experts", base + ["--moe-z-loss", "0"], ["--moe-z-loss", "add --moe-experts"]),
+        ("--moe-experts with --tensor-parallel 2", moe + ["--tensor-parallel", "2"], ["--tensor-parallel 2", "data parallelism"]),
+        ("--moe-experts with --pipeline-parallel 2", moe + ["--pipeline-parallel", "2"], ["--pipeline-parallel 2"]),
+        ("--moe-experts with --zero 1", moe + ["--zero", "1"], ["--zero 1", "--zero 0"]),
+        ("--moe-experts with --recompute 1", moe + ["--recompute", "1"], ["--recompute 1", "second time", "--recompute 0"]),
+        ("--moe-experts with --optimizer adafactor", moe + ["--optimizer", "adafactor"], ["--optimizer adafactor", "adamw"]),
+        ("--moe-experts with --grad-compression bf16", moe + ["--grad-compression", "bf16"], ["--grad-compression bf16"]),
+    ]:
+        line = one_line_error(name, args, 2, *needles, seconds=10)
+        report(NOT_WIRED not in line, f"{name}: refused for its own reason, not as 'not wired'", line)
+
+    # valid shapes pass every check above and reach the one refusal left
+    for args in (["--moe-experts", "1"], ["--moe-experts", "8", "--moe-top-k", "2", "--moe-capacity-factor", "1.25",
+                                           "--moe-every", "2", "--moe-aux-alpha", "0", "--moe-z-loss", "0"],
+                 ["--moe-experts", "4", "--moe-capacity-factor", "none"], ["--moe-experts", "4", "--moe-capacity-factor", "0"]):
+        one_line_error("valid: " + " ".join(args), base + args, 2, NOT_WIRED, seconds=10)
+    rc, out, err, _ = run(base + ["--moe-experts", "0", "--steps", "1"])
+    report(rc == 0 and "done: step 1 " in out, "--moe-experts 0 is the dense model: it trains", f"exit {rc}: {err[-300:]}")
+
+    gpu = next((p for p in (os.path.join(ROOT, "build", "emu", "train_gpt"), os.path.join(ROOT, "train_gpt"))
+                if os.path.exists(p)), None)
+    if gpu is None:
+        print("SKIP: the GPU trainer refuses --moe-experts (neither build/emu/train_gpt nor train_gpt is built)")
+    else:
+        p = subprocess.run([gpu, "--model", MODEL, "--moe-experts", "4"], capture_output=True, text=True)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and "--moe-experts" in lines[0] and "GPU trainer" in lines[0],
+               f"{os.path.relpath(gpu, ROOT)} refuses --moe-experts with one line, exit 2", f"exit {p.returncode}: {p.stderr!r}")
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

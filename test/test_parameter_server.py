@@ -15,10 +15,10 @@ The model is L=2 C=64 H=4 T=64 V=501 at --seq-len 32, one micro-batch of 32 toke
 4. Bad values and combinations: one line, exit 2 (unknown value; with --zero 1, --tensor-parallel 2,
    --grad-compression bf16; on the GPU trainer when build/emu/train_gpt is built).
 
-Planted bugs the checks caught (by hand, once): the server skipping the last rank's gradient
-(r < world_size - 1 in parameter_server_gather: 1 and 2 fail); adding in reverse rank order
-(1 fails at 3 ranks); the norm summed over the whole array at once instead of shard by shard
-(1 fails: the norm and so the weights differ in their last bits).
+Planted bugs the checks caught (by hand, once): the server receiving the last rank's gradient but
+not adding it (1 fails at 2 and 3 ranks); adding in another order, ((g1 + g2) + g0) (1 fails at 3
+ranks; at 2 ranks a + b == b + a). Not caught, and harmless: the norm's squares summed over the
+whole array at once instead of shard by shard (accumulated in fp64, the fp32 norm rounds the same).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

@@ -50,6 +50,7 @@
 #include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/grad_compression.h"
+#include "llmc/parallel/parameter_server.h"
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
@@ -137,6 +138,7 @@ struct GPT2 {
     TensorParallel tp;             // degree 1 on one rank: every tensor-parallel hook is a no-op
     Zero zero;                     // stage 0 on one rank: weights and gradients are plain flat arrays
     GradCompression compression;   // --grad-compression: how the data-parallel sum is sent (none: exactly)
+    ParameterServer server;        // --data-parallel server: the sum and the step on rank 0 (off: the all-reduce)
     // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
     std::vector<float> lent_wte, lent_wte_grad;
 };
@@ -607,6 +609,23 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     return loss;
 }
 
+// --data-parallel server: every rank's gradient summed on rank 0, and the norm the all-reduce would
+// have found: the squares of each rank's shard of the sum, added in rank order (comm_sum's order).
+// The workers add nothing (0.0), so every rank gets the server's bits.
+static float server_gradients(GPT2* model, Parallel* par) {
+    GPT2& mo = *model;
+    size_t total = mo.layout.total;
+    parameter_server_gather(&mo.server, mo.grads.data(), total, mo.zero.grad_shard.data(), mo.zero.grad_shard.size());
+    double squares = 0.0;
+    if (parameter_server_is_server(mo.server)) {
+        for (int r = 0; r < mo.server.dp->world_size; r++) {
+            ShardRange o = owned_range(mo.zero.shards, r);
+            squares += sum_of_squares(mo.grads.data() + o.begin, o.end - o.begin);
+        }
+    }
+    return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
+}
+
 // The gradient of the step, summed over everything that shares it; returns the global norm.
 static float finish_gradients(GPT2* model, Parallel* par) {
     GPT2& mo = *model;
@@ -624,6 +643,8 @@ static float finish_gradients(GPT2* model, Parallel* par) {
                 if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
             tp_sum_replicated_grads(&mo.tp, layernorms);
         }
+        // --data-parallel server: the sum on rank 0 alone, and its norm (llmc/parallel/parameter_server.h)
+        if (mo.server.on) return server_gradients(model, par);
         // the data-parallel sum: exact (llmc/parallel/zero.h) or compressed (llmc/parallel/grad_compression.h)
         int step = (int)mo.compression.steps_done + 1;
         grad_compression_test_poison(&par->comms.world, step, &mo.grads);  // (llmc/probes/grad_compression_probe.h)
@@ -641,8 +662,11 @@ static float finish_gradients(GPT2* model, Parallel* par) {
 static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
     grad_compression_commit(&model->compression);  // a sound step: its error feedback and Q are kept
-    gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
+    ParameterServer* server = &model->server;
+    // --data-parallel server: only the server steps (the workers' gradients are not the sum), then it sends the weights
+    if (!server->on || parameter_server_is_server(*server)) gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
     ProfileScope prof("communication (weights)", 0);
+    if (server->on) parameter_server_send_weights(server, model->params.data(), model->layout.total);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
     if (model->zero.whole_gradient) factored_share_weights(&par->comms.dp, model->params.data(), model->factored);
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
@@ -814,7 +838,8 @@ static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
     dump_gather_logits(&par->comms.world, model->config, s, par->grid.dp_rank, d->first_logits, rows, &d->state.logits);
     bool reports = s.last_stage && par->grid.tp_rank == 0 && par->grid.dp_rank == 0;
     d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
-    dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads);
+    dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads,
+                          !model->server.on || parameter_server_is_server(model->server));
     d->first_step = false;
 }
 
@@ -863,6 +888,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     sizes.compression = compression;
     gpt2_allocate(model, sizes);
     grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
+    model->server.on = o.data_parallel == "server";
+    model->server.dp = &par->comms.dp;
+    model->server.sends.reserve(model->layout.total / std::max<size_t>(1, model->zero.grad_shard.size()) + 1);
     load_weights(model, o, resume_dir, new_model);
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
@@ -1117,8 +1145,11 @@ int main(int argc, char** argv) {
     compression.every_matrix = grad_compression_test_every_matrix();
     why = grad_compression_problem(compression, grid, cfg);
     if (!why.empty()) grid_usage_fail(&world, why);
+    why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
+    if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     predicted.compression = compression;
+    predicted.parameter_server = o.data_parallel == "server";
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
@@ -1191,6 +1222,9 @@ int main(int argc, char** argv) {
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
     if (grid.world > 1 && plan.steps > first_step)
         report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
+    if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
+        compression.kind == GradCompressionKind::None)
+        parameter_server_report(model.server, last_step[0], model.layout.total);  // --data-parallel: server vs all-reduce
     if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
     dump_at_end(&model, &par, o.dump_state, B, T);

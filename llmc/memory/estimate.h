@@ -39,6 +39,7 @@
 #include "llmc/memory/gpu_buffers.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/grad_compression.h"
+#include "llmc/parallel/parameter_server.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
@@ -65,6 +66,7 @@ struct EstimateSetup {
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
+    bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     // the GPU trainer's choices
     bool master_weights = true;
     bool simple_attention = false;
@@ -127,9 +129,10 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
     ParamLayout layout = slice_layout(e.cfg, s);
     int m = estimate_micro_batches(e, e.B);
     size_t rows = (size_t)e.B * e.T, sp = g.sequence_parallel ? g.tp : 1;
-    c.bytes[0] = e.compression.kind != GradCompressionKind::None
+    c.bytes[0] = e.parameter_server ? parameter_server_bytes(layout.total, g.dp, g.dp_rank)
+               : e.compression.kind != GradCompressionKind::None
                      ? grad_compression_bytes(e.compression, e.cfg, g.dp)    // (PowerSGD: after its start step)
-                 : e.optimizer != Optimizer::AdamW && g.zero_stage == 1      // whole blocks per rank
+               : e.optimizer != Optimizer::AdamW && g.zero_stage == 1      // whole blocks per rank
                      ? factored_zero1_comm_bytes(e.cfg, g.dp, g.dp_rank)
                      : zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,

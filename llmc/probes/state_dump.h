@@ -100,11 +100,12 @@ inline void dump_gather_runs(Comm* world, const std::vector<StateRun>& runs, con
 }
 
 // The summed gradient, which sits where the optimizer state does: this rank's shard (ZeRO-0: `grads`, whole).
+// A rank whose `grads` are not the sum (a parameter server's worker: holds_sum false) sends nothing.
 inline void dump_gather_gradients(Comm* world, Zero& zero, const GPT2Config& cfg, const ModelSlice& slice,
-                                  std::vector<float>& grads, std::vector<float>* out) {
+                                  std::vector<float>& grads, std::vector<float>* out, bool holds_sum = true) {
     const float* grad = zero.stage == 0 ? grads.data() : zero.stage == 1 ? zero_summed_shard(zero, grads) : zero.grad_shard.data();
-    dump_gather_runs(world, zero_state_runs(zero, slice_runs(cfg, slice), false), grad, true, param_layout(cfg).total, out,
-                     "collecting the gradients");
+    std::vector<StateRun> runs = holds_sum ? zero_state_runs(zero, slice_runs(cfg, slice), false) : std::vector<StateRun>{};
+    dump_gather_runs(world, runs, grad, true, param_layout(cfg).total, out, "collecting the gradients");
 }
 
 // The first micro-batch's logits [rows, V]: the last stage's tensor ranks of data-parallel rank 0

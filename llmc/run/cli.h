@@ -79,6 +79,7 @@ struct TrainOptions {
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
     std::string grad_compression = "none";  // CPU: none | bf16 | powersgd (llmc/parallel/grad_compression.h)
+    std::string data_parallel = "allreduce";  // CPU: allreduce | server (llmc/parallel/parameter_server.h)
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
     // mixture of experts (llmc/model/moe.h, docs/moe.md): the flags and their checks; the trainers
@@ -210,6 +211,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
         {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback; CPU trainer only for now)", K::String, &o.grad_compression, Scope::CPUOnly},
+        {"data-parallel", "HOW", "Parallelism", "how the data-parallel ranks sum their gradients: allreduce (a ring's reduce-scatter + all-gather, the default) | server (a parameter server: rank 0 receives every gradient, steps, and sends the weights back; CPU trainer, --zero 0, the lesson of its traffic)", K::String, &o.data_parallel, Scope::Both},
         {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
         {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
@@ -439,6 +441,11 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--moe-experts: the GPU trainer has no mixture-of-experts layer yet (issue 24); drop the --moe-* flags to "
                    "train the dense model");
     }
+    // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
+    if (trainer == Trainer::GPU && o->data_parallel == "server") {
+        usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "
+                   "rank; on GPUs NCCL's all-reduce is the way, --data-parallel allreduce");
+    }
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
@@ -590,6 +597,8 @@ inline void validate_options(const TrainOptions& o) {
     if (o.grad_compression != "none" && o.grad_compression != "bf16" && o.grad_compression != "powersgd") {
         usage_fail("--grad-compression must be none, bf16 or powersgd, got '%s'", o.grad_compression.c_str());
     }
+    if (o.data_parallel != "allreduce" && o.data_parallel != "server")
+        usage_fail("--data-parallel must be allreduce or server, got '%s'", o.data_parallel.c_str());
     if (o.powersgd_rank < 1) usage_fail("--powersgd-rank must be at least 1 (the rank of each approximation), got %d", o.powersgd_rank);
     non_negative("powersgd-start-step", o.powersgd_start_step);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);

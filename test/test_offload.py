@@ -115,8 +115,10 @@ def memory_cap(S):
            f"memory cap {(on + off) // 2} B + margin: refused up front without offload (needs {on} B)",
            f"exit {p.returncode}: {p.stderr[-500:]}")
     p = run([GPU] + flags + OFF, expect_ok=False, env=cap)
-    report(p.returncode == 0 and "step     2/2" in p.stdout, f"the same cap: trains with --offload optimizer (needs {off} B)",
-           f"exit {p.returncode}: {p.stderr[-500:]}")
+    held = re.search(r"GPU memory bytes: table (\d+), .* peak minus before (\d+)", p.stdout)
+    report(p.returncode == 0 and "step     2/2" in p.stdout and held is not None and int(held.group(1)) == off
+           and int(held.group(2)) <= off, f"the same cap: trains with --offload optimizer, holding at most its table "
+           f"({held.group(2) if held else '?'} <= {off} B on the device)", f"exit {p.returncode}: {p.stderr[-500:]}")
 
 
 def estimate(S):

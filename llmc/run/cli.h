@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 #include <unistd.h>
@@ -399,7 +400,11 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
             usage_fail("unknown flag --%s (see --help)", name.c_str());
         }
         if (!flag_applies(*spec, trainer)) {
-            usage_fail("--%s applies only to the %s trainer", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU");
+            // the help may say why after "trainer only: " (--offload: the CPU's state is already on the host)
+            const char* why = strstr(spec->help, "trainer only: ");
+            std::string reason = why ? std::string(": ") + (why + strlen("trainer only: ")) : std::string();
+            if (!reason.empty() && reason.back() == ')') reason.pop_back();
+            usage_fail("--%s applies only to the %s trainer%s", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU", reason.c_str());
         }
         if (spec->kind == FlagSpec::Switch) {
             if (has_inline_value) usage_fail("--%s takes no value", spec->name);

@@ -818,7 +818,6 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
     parts.master_weights = m->shape.master_weights;
     parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path); };
     parts.fill_state = [&](TrainState* s) {
-        size_t opt = optimizer_elements(m);
         std::vector<float> adam_m = read_optimizer_array(m, GB_ADAM_M), adam_v = read_optimizer_array(m, GB_ADAM_V);
         std::vector<float> weights = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER)
                                                              : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);

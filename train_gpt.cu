@@ -60,6 +60,7 @@
 
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/optim/adamw.cuh"
+#include "llmc/optim/offload.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/encoder.cuh"
 #include "llmc/kernels/fused_classifier.cuh"
@@ -143,6 +144,7 @@ struct GPT2 {
     std::vector<int> bucket_count;
     std::vector<int> buckets;           // per slot: the number of the encoder backward's token buckets
     TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
+    OptimizerOffload offload;           // --offload optimizer: master, m, v on the host (llmc/optim/offload.cuh)
     ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/parallel/zero.cuh); one rank: nothing to send
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
@@ -203,6 +205,7 @@ static void gpt2_free(GPT2* m) {
     matmul_destroy(&m->matmul);
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
+    offload_free(&m->offload);
     for (int i = 0; i < GB_COUNT; i++)
         if (m->buf[i]) CUDA_CHECK(cudaFree(m->buf[i]));
     CUDA_CHECK(cudaFreeHost(m->host_inputs));
@@ -588,7 +591,8 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
+    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, norm, a, m->stream);
+    else zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
                m->stream);
     zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -782,6 +786,25 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
     return all;
 }
 
+// The optimizer's arrays (GB_MASTER, GB_ADAM_M, GB_ADAM_V): on the GPU, or on the host with --offload
+// optimizer. A checkpoint holds the same values either way, so either kind of run resumes the other.
+static size_t optimizer_elements(const GPT2* m) {
+    return m->shape.offload_optimizer ? m->offload.n : m->table[GB_ADAM_M].elements;
+}
+static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
+    return row == GB_MASTER ? m->offload.master : row == GB_ADAM_M ? m->offload.m : m->offload.v;
+}
+static std::vector<float> read_optimizer_array(GPT2* m, GPUBuffer row) {
+    size_t n = optimizer_elements(m);
+    if (!m->shape.offload_optimizer) return download_floats(B_<float>(m, row), n);
+    const float* h = host_optimizer_array(m, row);
+    return std::vector<float>(h, h + n);
+}
+static void write_optimizer_array(GPT2* m, GPUBuffer row, const std::vector<float>& values) {
+    if (m->shape.offload_optimizer) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
+    else CUDA_CHECK(cudaMemcpy(m->buf[row], values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
 // A checkpoint (llmc/run/checkpoint.h: write_checkpoint says which rank writes which file), from the GPU's
 // buffers: model.bin the bf16 weights bit for bit (fp32 in the fp32 build); the state files the
 // fp32 master weights beside m and v, or without them the bf16 weights widened. Without a rank
@@ -795,9 +818,8 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
     parts.master_weights = m->shape.master_weights;
     parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path); };
     parts.fill_state = [&](TrainState* s) {
-        size_t opt = m->table[GB_ADAM_M].elements;
-        std::vector<float> adam_m = download_floats(B_<float>(m, GB_ADAM_M), opt), adam_v = download_floats(B_<float>(m, GB_ADAM_V), opt);
-        std::vector<float> weights = m->shape.master_weights ? download_floats(B_<float>(m, GB_MASTER), opt)
+        std::vector<float> adam_m = read_optimizer_array(m, GB_ADAM_M), adam_v = read_optimizer_array(m, GB_ADAM_V);
+        std::vector<float> weights = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER)
                                                              : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
         zero_fill_state(s, par->grid, zero_state_runs(m->zero.plan, slice_runs(cfg, m->slice), true), adam_m.data(),
                         adam_v.data(), weights.data(), m->shape.master_weights);
@@ -845,7 +867,7 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
-    size_t opt = m->table[GB_ADAM_M].elements;
+    size_t opt = optimizer_elements(m);
     std::vector<float> adam_m(opt, 0.0f), adam_v(opt, 0.0f), master(opt, 0.0f);
     std::vector<StateRun> state_runs = zero_state_runs(m->zero.plan, slice, false);
     for (const StateRun& r : state_runs)  // the master weights start as the fp32 values loaded
@@ -861,9 +883,9 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
         }
     }
     if (opt > 0) {
-        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_M], adam_m.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(m->buf[GB_ADAM_V], adam_v.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
-        if (m->shape.master_weights) CUDA_CHECK(cudaMemcpy(m->buf[GB_MASTER], master.data(), opt * sizeof(float), cudaMemcpyHostToDevice));
+        write_optimizer_array(m, GB_ADAM_M, adam_m);
+        write_optimizer_array(m, GB_ADAM_V, adam_v);
+        if (m->shape.master_weights) write_optimizer_array(m, GB_MASTER, master);
     }
     return resumed;
 }
@@ -965,8 +987,10 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);
     int in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
-    fail_unless_fits(gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
-                                   grid, in_flight));
+    GPURunShape s = gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
+                                  grid, in_flight);
+    s.offload_optimizer = o.offload == "optimizer";
+    fail_unless_fits(s);
     return in_flight;
 }
 
@@ -995,6 +1019,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->attention.use_cudnn = !*simple_attention;
     m->shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, *simple_attention, (int)sizeof(floatX), grid, in_flight);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
+    m->shape.offload_optimizer = o.offload == "optimizer";
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
@@ -1021,6 +1046,12 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
                   B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
                   B_<floatX>(m, GB_ZERO_REDUCED));
+    if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
+        const ShardRange& r = m->zero.plan.updated;
+        if (r.size() != gpu_offloaded_elements(m->shape))
+            fail("internal: --offload optimizer's range disagrees with the size table");
+        offload_allocate(&m->offload, r.begin, r.size());
+    }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
 }
 
@@ -1062,7 +1093,7 @@ static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag,
 // --dump-state's end (llmc/probes/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
 static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, int T) {
     if (!dump_probe.on) return;
-    std::vector<float> master = download_floats(B_<float>(m, GB_MASTER), m->table[GB_MASTER].elements);
+    std::vector<float> master = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER) : std::vector<float>();
     dump_finish(&dump_probe, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
                 m->shape.master_weights ? &master : nullptr, path, B, T);
 }
@@ -1083,6 +1114,9 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
     printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_IS_FP32 ? "fp32" : "bf16",
            m->shape.master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
+    if (m->shape.offload_optimizer)
+        printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU\n",
+               m->offload.n, format_bytes((double)m->offload.n * OFFLOAD_HOST_BYTES_PER_PARAM).c_str());
     printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps\n", plan.B, plan.T,
            grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps,
            plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps);
@@ -1096,7 +1130,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     } else if (comm.world_size > 1) {
         printf("ranks: %d (%s, %d on this node; %s), grid %s: rank 0's slice has %zu of %zu parameters%s, updates %zu\n",
                comm.world_size, comm.launcher.c_str(), comm.local_size, link, describe_grid(grid).c_str(), m->layout.total, P,
-               grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", m->table[GB_ADAM_M].elements);
+               grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
     if (grid.pp > 1) {
         printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
@@ -1248,10 +1282,22 @@ static int generate_main(const TrainOptions& o) {
     return 0;
 }
 
+// --offload optimizer holds what llmc/optim/offload.cuh can: AdamW's fp32 master weights of a bf16
+// build, updated over the flat array (ZeRO-0/1) of a model held whole (no tensor or pipeline slices).
+static void check_offload_options(const TrainOptions& o) {
+    if (o.offload != "optimizer") return;
+    if (FLOATX_IS_FP32) usage_fail("--offload optimizer moves fp32 master weights off a bf16 GPU: the fp32 build has none; use train_gpt");
+    if (o.master_weights != 1) usage_fail("--offload optimizer keeps the fp32 master weights on the host: drop --master-weights 0");
+    if (o.zero_stage > 1) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0 or 1", o.zero_stage);
+    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+        usage_fail("--offload optimizer with tensor or pipeline parallelism is not supported yet: use data parallelism (--zero 0|1)");
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
+    check_offload_options(o);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master

@@ -127,6 +127,10 @@ def main():
                             "--total-batch-tokens", "96", "--pipeline-print-schedule"], ["groups of p = 2", "make it 2 or 4"])]:
         one_line_error(" ".join(args), pipe + args + base, 2, *needles)
 
+    # ---- --offload: the CPU trainer's optimizer state is already in host memory (test/test_offload.py: the GPU's)
+    one_line_error("--offload optimizer", ["--model", "L=2,C=64,H=4,T=32,V=512", "--offload", "optimizer"] + base, 2,
+                   "--offload applies only to the GPU trainer", "already in host memory")
+
     # ---- runs that cannot fit in this machine's memory: refused before allocating
     for args in (["--batch-size", "1000000000", "--seq-len", "16"], ["--model", "L=2000,C=8192,H=64"],
                  ["--batch-size", "100000", "--seq-len", "48"]):

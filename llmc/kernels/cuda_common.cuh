@@ -96,7 +96,7 @@ template <class T> __device__ __forceinline__ void store128cs(T* p, const Packed
 // updates survive on average. The random bits come from a hash of (seed, step, element index), so
 // a run is reproducible and a resumed run rounds exactly as the uninterrupted one would.
 
-__device__ __forceinline__ uint32_t hash_u32(uint64_t x) {
+__host__ __device__ __forceinline__ uint32_t hash_u32(uint64_t x) {  // host too: llmc/optim/offload.cuh
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     x ^= x >> 33;

@@ -69,6 +69,7 @@ struct EstimateSetup {
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     // the GPU trainer's choices
     bool master_weights = true;
+    bool offload_optimizer = false;     // --offload optimizer
     bool simple_attention = false;
     // what to predict
     int64_t tokens_per_step = 0;        // all ranks together, accumulation included
@@ -96,7 +97,9 @@ inline int estimate_micro_batches(const EstimateSetup& e, int B) {
 inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     ProcessGrid g = estimate_grid(e, rank);
     int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
-    return gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
+    GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
+    s.offload_optimizer = e.offload_optimizer;
+    return s;
 }
 
 // The trainer's own size table for rank `rank` with micro-batch B. Rank 0 holds the most: ZeRO's
@@ -525,6 +528,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.bf16_moments = o.optimizer_state == "bf16";
     e.compression = grad_compression_settings(o);
     e.master_weights = master_weights;
+    e.offload_optimizer = o.offload == "optimizer";
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
         e.memory_budget_bytes = o.estimate_memory_gib * (double)(1ull << 30);
@@ -616,6 +620,14 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes((double)mem.bytes[k]).c_str(), per.c_str());
     }
     printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
+    if (e.offload_optimizer) {  // --offload optimizer: what left the GPU, in pinned host memory (llmc/optim/offload.cuh)
+        size_t n = gpu_offloaded_elements(estimate_gpu_shape(e, e.B, 0));
+        printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, m, v, the gradient "
+               "in fp32, a bf16 staging array; per step %s down (bf16 gradients) and %s up (bf16 weights)\n",
+               with_commas((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(),
+               format_bytes((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(), OFFLOAD_HOST_BYTES_PER_PARAM,
+               format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
+    }
     if (estimate_overhead(e) > 0) {
         printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
                format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());

@@ -48,6 +48,7 @@ struct GPURunShape {
     int B = 0, T = 0;                  // micro-batch
     int recompute = 1;                 // 0, 1, 2 (see above)
     bool master_weights = true;        // fp32 copy of the parameters
+    bool offload_optimizer = false;    // --offload optimizer: master, m, v in host memory (llmc/optim/offload.cuh)
     bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
@@ -161,9 +162,10 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t grads = g.zero_stage >= 2 ? z.grad_shard : z.grads;  // ZeRO-2/3: only this rank's shard of every unit
     t[GB_PARAMS] = {"params", MEM_PARAMS, sh(g.zero_stage == 3 ? "(%zu) shards" : "(%zu)", z.params), z.params, X};
     t[GB_GRADS] = {"grads", MEM_GRADS, sh(g.zero_stage >= 2 ? "(%zu) shards" : "(%zu)", grads), grads, X};
-    t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? opt : 0, F};
-    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
-    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), opt, F};
+    size_t on_gpu = s.offload_optimizer ? 0 : opt;  // offloaded: the same arrays live in pinned host memory
+    t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? on_gpu : 0, F};
+    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
+    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
 
     t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", nl) + rows + ", C)" + x, per((nl + 1) * R * C), X};
     t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, per(nl * R * C), X};
@@ -234,6 +236,16 @@ inline size_t gpu_buffer_total(const std::vector<BufferSpec>& table) {
 
 // Room for what is not in the table: the CUDA context's own allocations after cudaMemGetInfo was
 // read, cuBLAS/cuDNN handles and the kernels' images. A margin, not a measurement.
+// --offload optimizer (llmc/optim/offload.cuh): the parameters whose master, m, v moved to pinned host
+// memory (what the rows above would hold on the GPU), and the host bytes each of them costs: master,
+// m, v (12), the gradient widened to fp32 for the CPU's AdamW (4), the bf16 staging array (2).
+constexpr size_t OFFLOAD_HOST_BYTES_PER_PARAM = 4 + 4 + 4 + 4 + 2;
+inline size_t gpu_offloaded_elements(GPURunShape s) {
+    if (!s.offload_optimizer) return 0;
+    s.offload_optimizer = false;
+    return gpu_buffer_table(s)[GB_ADAM_M].elements;
+}
+
 constexpr size_t GPU_MEMORY_MARGIN_BYTES = 512u << 20;
 
 // Whether the table of `s` with micro-batch B fits in `free_bytes`, margin included. Before the cuDNN

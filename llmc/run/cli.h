@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 #include <unistd.h>
@@ -74,6 +75,7 @@ struct TrainOptions {
     int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
+    std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
@@ -201,6 +203,9 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
+        {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
+         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1, no tensor/pipeline "
+         "parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
@@ -411,7 +416,11 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
             usage_fail("unknown flag --%s (see --help)", name.c_str());
         }
         if (!flag_applies(*spec, trainer)) {
-            usage_fail("--%s applies only to the %s trainer", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU");
+            // the help may say why after "trainer only: " (--offload: the CPU's state is already on the host)
+            const char* why = strstr(spec->help, "trainer only: ");
+            std::string reason = why ? std::string(": ") + (why + strlen("trainer only: ")) : std::string();
+            if (!reason.empty() && reason.back() == ')') reason.pop_back();
+            usage_fail("--%s applies only to the %s trainer%s", spec->name, trainer == Trainer::CPU ? "GPU" : "CPU", reason.c_str());
         }
         if (spec->kind == FlagSpec::Switch) {
             if (has_inline_value) usage_fail("--%s takes no value", spec->name);
@@ -563,6 +572,7 @@ inline void validate_options(const TrainOptions& o) {
     if (o.json && !prompt_given && !file_given) usage_fail("--json prints generated samples: it needs --generate TEXT or --prompt-file FILE");
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
+    if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
     if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);

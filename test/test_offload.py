@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""--offload optimizer (llmc/optim/offload.cuh) on the GPU trainer, on the CPU emulation of CUDA (or a GPU).
+
+  same as on-device   a run with the optimizer offloaded equals the on-device run, accumulating 2
+                      micro-batches per step (the micro-batches after the first must reach the host:
+                      DeepSpeed PR 7967 dropped them): under the emulation bit for bit (weights, last
+                      gradients, losses; the checkpoints' master, m, v under "resume"), since adamw.h and adamw.cuh's kernel do the same fp32
+                      operations in the same order and round to bf16 with the same random bits. On a
+                      real GPU nvcc may fuse multiply-adds the host compiler does not: there the bound
+                      is the losses within 1e-3 and the weights' change within 2% (relative L2; a
+                      flipped stochastic rounding moves a weight by one bf16 ulp), not yet measured.
+                      The accumulation-1 run must differ, or the check could not see a lost micro-batch.
+  ZeRO-1, 2 ranks     each rank offloads its shard: equal to the on-device ZeRO-1 run, bit for bit
+  resume              4 steps == 2 + resume + 2 with offload, and across: an offloaded run's checkpoint
+                      resumed on the device, and an on-device checkpoint resumed offloaded (same file
+                      format, same arithmetic: bit for bit)
+  memory cap          CUDA_EMU_DEVICE_MEMORY between the two runs' needs: refused up front without
+                      offload (the trainer's out-of-memory line), trains with it
+  --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
+  bad input           one line, exit 2: an unknown value, --zero 2, --master-weights 0, tensor
+                      parallelism, the fp32 build, and the CPU trainer (its state is already on the host)
+
+Planted bugs this caught (by hand, then reverted): copying only half of the gradient to the host
+(the on-device comparison failed); skipping the bf16 copy-back (the comparison failed).
+"""
+import os, re, shutil, subprocess, sys, tempfile
+import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import report, exit_code  # noqa: E402
+from safetensors_io import read_safetensors  # noqa: E402
+from test_gpu import CPU, GPU, GPU32, MODE, EMULATED, DEFAULT_ATTENTION, Setup, run, same_bytes, rel  # noqa: E402
+
+B, T = 2, 32
+STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-steps", "1"] + DEFAULT_ATTENTION
+ACCUM2 = ["--total-batch-tokens", str(2 * B * T)]
+OFF = ["--offload", "optimizer"]
+
+
+def same_dumps(a, b):
+    """Which of the dumped weights, gradients, losses differ (empty: bit for bit)."""
+    return [k for k in ("params", "grads", "losses") if not np.array_equal(a[k], b[k])]
+
+
+def same_as_on_device(S):
+    flags = STEPS + ACCUM2 + ["--steps", "3"]
+    on, off = S.dump(GPU, "tiny", flags), S.dump(GPU, "tiny", flags + OFF)
+    one_micro = S.dump(GPU, "tiny", STEPS + ["--steps", "3"] + OFF)
+    if EMULATED:
+        differ = same_dumps(off, on)
+        report(not differ, "offloaded AdamW == on-device AdamW bit for bit, 2 micro-batches per step, 3 steps",
+               f"differ: {differ}; losses {off['losses']} vs {on['losses']}, weights rel {rel(off['params'], on['params']):.2e}")
+    else:
+        init = S.models["tiny"]
+        loss, change = float(np.max(np.abs(off["losses"] - on["losses"]))), rel(off["params"] - init, on["params"] - init)
+        report(loss <= 1e-3 and change <= 2e-2, f"offloaded AdamW == on-device AdamW within bounds (losses {loss:.1e}, "
+               f"weight change rel {change:.1e}), 2 micro-batches per step", "beyond losses 1e-3, weight change 2e-2")
+    report(not np.array_equal(one_micro["params"], off["params"]),
+           "the second micro-batch changes the result (a dropped micro-batch would be seen)", "one micro-batch == two")
+
+
+def zero1_two_ranks(S):
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("SKIP: ZeRO-1 over 2 ranks with offload (no mpirun)")
+        return
+    dumps = []
+    for i, extra in enumerate(([], OFF)):
+        path = f"{S.tmp}/zero1_{i}.st"
+        run(["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", GPU,
+             "--model", f"{S.tmp}/tiny.bin", "--zero", "1", "--steps", "3", "--dump-state", path, "--out-dir",
+             f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + extra)
+        dumps.append(read_safetensors(path)[0])
+    differ = same_dumps(dumps[1], dumps[0])
+    report(not differ, "ZeRO-1 on 2 ranks, each offloading its shard == on-device ZeRO-1, bit for bit", f"differ: {differ}")
+
+
+def resume(S):
+    tmp = S.tmp
+    flags = STEPS + ACCUM2 + ["--steps", "4", "--checkpoint-every", "2"]
+    straight = S.dump(GPU, "tiny", flags + OFF + ["--out-dir", f"{tmp}/off_a"])
+    on_device = S.dump(GPU, "tiny", flags + ["--out-dir", f"{tmp}/on_a"])
+    for i, (src, extra, name) in enumerate((("off_a", OFF, "offloaded checkpoint resumed offloaded"),
+                             ("off_a", [], "offloaded checkpoint resumed on the device"),
+                             ("on_a", OFF, "on-device checkpoint resumed offloaded"))):
+        out = f"{tmp}/resume_{i}"
+        shutil.copytree(f"{tmp}/{src}", out)
+        shutil.rmtree(f"{out}/ckpt_00000004")
+        resumed = read_safetensors(S.dump_path(GPU, "tiny", flags + extra + ["--out-dir", out, "--resume", "latest"]))[0]
+        differ = [] if np.array_equal(resumed["params"], straight["params"]) else ["params"]
+        if not np.array_equal(resumed["losses"], straight["losses"][2:]):
+            differ.append("losses")
+        same_files = same_bytes(f"{out}/ckpt_00000004/state.bin", f"{tmp}/{src}/ckpt_00000004/state.bin")
+        report(not differ and same_files, f"resume: {name} == the straight run (4 steps == 2 + resume + 2), bit for bit",
+               f"differ: {differ}; step-4 state.bin same: {same_files}")
+    # the checkpoints hold master, m and v: the same bytes show the host's AdamW state equals the GPU's
+    same_state = same_bytes(f"{tmp}/on_a/ckpt_00000004/state.bin", f"{tmp}/off_a/ckpt_00000004/state.bin")
+    report(not same_dumps(straight, on_device) and same_state,
+           "the on-device and offloaded 4-step runs agree: weights, losses, and state.bin (master, m, v) byte for byte",
+           f"differ: {same_dumps(straight, on_device)}; state.bin same: {same_state}")
+
+
+def table_total(exe, flags):
+    p = run([exe, "--estimate"] + flags)
+    return int(re.search(r"^  total +([\d,]+)", p.stdout, re.M).group(1).replace(",", ""))
+
+
+def memory_cap(S):
+    base = ["--model", f"{S.tmp}/tiny.bin"] + STEPS
+    on, off = table_total(GPU, base), table_total(GPU, base + OFF)
+    margin = 512 << 20  # GPU_MEMORY_MARGIN_BYTES: the trainer wants the table plus this free
+    cap = {"CUDA_EMU_DEVICE_MEMORY": str(margin + (on + off) // 2)}
+    flags = base + S.data["tiny"] + ["--steps", "2"]
+    p = run([GPU] + flags, expect_ok=False, env=cap)
+    report(p.returncode == 1 and "of GPU memory" in p.stderr and "step" not in p.stdout,
+           f"memory cap {(on + off) // 2} B + margin: refused up front without offload (needs {on} B)",
+           f"exit {p.returncode}: {p.stderr[-500:]}")
+    p = run([GPU] + flags + OFF, expect_ok=False, env=cap)
+    held = re.search(r"GPU memory bytes: table (\d+), .* peak minus before (\d+)", p.stdout)
+    report(p.returncode == 0 and "step     2/2" in p.stdout and held is not None and int(held.group(1)) == off
+           and int(held.group(2)) <= off, f"the same cap: trains with --offload optimizer, holding at most its table "
+           f"({held.group(2) if held else '?'} <= {off} B on the device)", f"exit {p.returncode}: {p.stderr[-500:]}")
+
+
+def estimate(S):
+    d12 = ["--model", "d12", "--batch-size", "4", "--seq-len", "1024", "--estimate"]
+    on, off = run([GPU] + d12).stdout, run([GPU] + d12 + OFF).stdout
+    total = lambda s: int(re.search(r"^  total +([\d,]+)", s, re.M).group(1).replace(",", ""))  # noqa: E731
+    host = re.search(r"host \(pinned, --offload optimizer\) ([\d,]+)", off)
+    n = 124475904  # d12's parameters with the vocabulary padded to 50304: every one updated on one rank
+    ok = host is not None and int(host.group(1).replace(",", "")) == 18 * n and total(on) - total(off) == 12 * n
+    report(ok, "--estimate: offload moves 12 bytes/param off the GPU and puts 18 on the host (d12)",
+           f"totals {total(on)} -> {total(off)}; {host.group(0) if host else 'no host line'}")
+
+
+def bad_input(S):
+    base = ["--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + STEPS + ["--steps", "1"]
+    cases = [(GPU, ["--offload", "disk"], "--offload must be none or optimizer"),
+             (GPU, OFF + ["--zero", "2"], "--zero 2"),
+             (GPU, OFF + ["--master-weights", "0"], "--master-weights 0"),
+             (GPU, OFF + ["--tensor-parallel", "2"], "tensor or pipeline"),
+             (CPU, OFF, "applies only to the GPU trainer")]
+    if os.path.exists(GPU32):
+        cases.append((GPU32, OFF, "fp32 build"))
+    for exe, flags, words in cases:
+        p = run([exe] + base + flags, expect_ok=False)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and words in lines[0],
+               f"{os.path.basename(exe)} {' '.join(flags)}: one line, exit 2", f"exit {p.returncode}: {p.stderr[-400:]}")
+
+
+def main():
+    if MODE is None:
+        print(f"SKIP: every offload check ({GPU})")
+        sys.exit(exit_code())
+    tmp = tempfile.mkdtemp(prefix="llmc_offload_test_")
+    try:
+        S = Setup(tmp)
+        S.shape("tiny", 2, 128, 2, 64, 500, 1)
+        for fn in (same_as_on_device, zero1_two_ranks, resume, memory_cap, estimate, bad_input):
+            try:
+                fn(S)
+            except Exception as e:  # noqa: BLE001 - one failing group does not hide the others
+                report(False, fn.__name__, f"{type(e).__name__}: {e}"[-3000:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(exit_code())
+
+
+if __name__ == "__main__":
+    main()

@@ -1058,6 +1058,7 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
+    validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)

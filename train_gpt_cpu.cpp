@@ -1042,6 +1042,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     double loss = forward_backward(model, par, train, plan, step);
+    inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = model->slice.last_stage && grid.tp_rank == 0;

@@ -33,6 +33,8 @@
 // disagreed and the run hung. Our trainers already all-reduce the squared gradient norm over every
 // rank that holds gradients (finish_gradients), and an inf or nan anywhere makes that sum inf or
 // nan on every rank: the norm is the flag, and step_is_sound (llmc/run/step.h) reads it.
+// test/test_overflow_skip.py shows it: an inf on rank 1 of 2 (data- or tensor-parallel) leaves rank
+// 0's weights bit for bit those before the step.
 //
 // Memory: two numbers. Speed: one multiply per gradient (folded into the norm pass on a GPU).
 // Hook points: the loss seed (gpt2_loss's dlogits), finish_gradients (unscale, then the norm),

@@ -437,7 +437,6 @@ inline bool flag_given(const TrainOptions& o, const char* name) {
 // --generate or --prompt-file: the trainer generates from a prompt and exits (llmc/run/generate.h).
 inline bool generation_mode(const TrainOptions& o) { return flag_given(o, "generate") || flag_given(o, "prompt-file"); }
 
-// Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
 // --precision names the binary's own element type or is refused, naming the binary that has the one
 // asked for. The type is a compile-time choice (floatX in llmc/kernels/cuda_common.cuh: every kernel
 // is compiled for it), not a run-time switch: one binary per precision keeps the kernels free of
@@ -459,6 +458,7 @@ inline void validate_precision(const TrainOptions& o, Trainer trainer, const cha
     usage_fail("--precision %s: this binary is built for %s; run %s, or drop --precision", p.c_str(), built, binary);
 }
 
+// Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
 inline void validate_options(const TrainOptions& o) {
     auto positive = [](const char* name, long long v) {
         if (v <= 0) usage_fail("--%s must be positive, got %lld", name, v);

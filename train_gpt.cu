@@ -1298,6 +1298,7 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
     check_offload_options(o);
+    validate_precision(o, Trainer::GPU, FLOATX_IS_FP32 ? "fp32" : "bf16");
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master

@@ -1083,6 +1083,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     double loss = forward_backward(model, par, train, plan, step);
+    inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = model->slice.last_stage && grid.tp_rank == 0;
@@ -1106,6 +1107,7 @@ int main(int argc, char** argv) {
         usage_fail("--moe-experts %d: the MoE layer (llmc/model/moe.h) is not wired into the CPU trainer yet (issue 24); drop "
                    "the --moe-* flags to train the dense model", o.moe_experts);
     }
+    validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)

@@ -25,6 +25,8 @@ seconds; or, where the run can go on correctly, go on and say what it did.
   pipelines        --pipeline-schedule zigzag, --virtual-stages 0, chunks for 1f1b, interleaved with
                    one chunk, interleaved trained (printout only so far), 2 layers cut into 2 x 2
                    chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
+  precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt) and
+                   fp8 (not a choice): one line, exit 2; --precision fp32, the CPU trainer's own, trains
 """
 import os, shutil, struct, subprocess, sys, tempfile, time
 from checks import report, exit_code
@@ -130,6 +132,15 @@ def main():
     # ---- --offload: the CPU trainer's optimizer state is already in host memory (test/test_offload.py: the GPU's)
     one_line_error("--offload optimizer", ["--model", "L=2,C=64,H=4,T=32,V=512", "--offload", "optimizer"] + base, 2,
                    "--offload applies only to the GPU trainer", "already in host memory")
+    # ---- --precision (llmc/run/cli.h, validate_precision): the CPU trainer is fp32; fp16 and bf16 are
+    # refused naming why and what to run, a typo naming the choices; fp32 (its own) trains
+    for args, needles in [(["--precision", "fp16"], ["--precision fp16", "fp32 only", "loss scaling means nothing"]),
+                          (["--precision", "bf16"], ["--precision bf16", "./train_gpt"]),
+                          (["--precision", "fp8"], ["bf16, fp16 or fp32", "'fp8'"])]:
+        one_line_error(" ".join(args), ["--model", MODEL, "--steps", "1"] + args + base, 2, *needles)
+    rc, out, err, _ = run(["--model", MODEL, "--batch-size", "2", "--seq-len", "32", "--steps", "1", "--precision", "fp32",
+                           "--out-dir", os.path.join(tmp, "fp32")] + base)
+    report(rc == 0, "--precision fp32 (the CPU trainer's own) trains", f"exit {rc}, {err[-300:]!r}")
 
     # ---- runs that cannot fit in this machine's memory: refused before allocating
     for args in (["--batch-size", "1000000000", "--seq-len", "16"], ["--model", "L=2000,C=8192,H=64"],

@@ -19,6 +19,7 @@ no GPU (flags, --estimate, the no-GPU error) run everywhere. With one:
   recompute        --recompute 0, 1, 2: bit-identical (recompute is exact)
   attention        --attention cudnn vs simple agree within bf16 tolerance
   memory           a batch that cannot fit fails before training, naming the largest that would
+  precision        --precision other than the binary's build (fp16: none yet): one line, exit 2
 
 Without a GPU, the same checks run on the CPU emulation of CUDA (test/emu/: build/emu/train_gpt,
 every kernel executed thread by thread, cuBLAS and NCCL stood in for) with three differences:
@@ -363,6 +364,19 @@ def memory_check(S):
            "memory check: a batch that does not fit fails up front", p.stderr[-500:])
 
 
+def precision_refused():
+    """--precision must name the binary's build (llmc/run/cli.h, validate_precision): another value is
+    one line naming the binary to run, exit 2, before anything is allocated; fp16 has no build yet."""
+    for exe, asked, needles in [(GPU, "fp16", ["no fp16 build", "./train_gpt"]), (GPU, "fp32", ["built for bf16", "./train_gpt_fp32"]),
+                                (GPU32, "bf16", ["built for fp32", "./train_gpt "]), (GPU, "fp8", ["bf16, fp16 or fp32"])]:
+        p = run([exe, "--model", "L=2,C=64,H=4,T=64", "--precision", asked], expect_ok=False)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),
+               f"{os.path.basename(exe)} --precision {asked}: one line naming what to run, exit 2", p.stderr[-500:])
+    p = run([GPU, "--model", "L=2,C=64,H=4,T=64", "--precision", "bf16", "--estimate"], expect_ok=False)
+    report(p.returncode == 0, f"{os.path.basename(GPU)} --precision bf16 (its own) is accepted", p.stderr[-500:])
+
+
 def main():
     checks_without_gpu()
     if MODE != "gpu" and os.path.exists(NATIVE_GPU):
@@ -376,6 +390,7 @@ def main():
         if not os.path.exists(exe):
             report(False, "binaries", f"{exe} is missing: run make")
             sys.exit(1)
+    check("precision refused", precision_refused)
 
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_test_")
     try:

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,4 +31,15 @@ inline void comm_inject_fault(const Comm* c, int step) {
     fflush(stderr);
     if (!strcmp(kind, "exit")) _exit(3);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Testing the overflow skip (llmc/optim/loss_scaler.h): LLMC_TEST_GRAD_INF=<rank>:<step> makes that
+// rank's first gradient inf after the backward pass of that step, as an fp16 overflow would, so the
+// test can check that every rank, not only this one, skips the update.
+inline void inject_grad_inf(const Comm* c, int step, float* grads) {
+    static const char* spec = getenv("LLMC_TEST_GRAD_INF");
+    if (!spec || !*spec) return;
+    int rank = -1, at_step = -1;
+    if (sscanf(spec, "%d:%d", &rank, &at_step) != 2) fail("LLMC_TEST_GRAD_INF='%s' should be <rank>:<step>", spec);
+    if (rank == c->rank && at_step == step) grads[0] = INFINITY;
 }

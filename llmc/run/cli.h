@@ -76,6 +76,7 @@ struct TrainOptions {
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
+    std::string precision;           // bf16 | fp16 | fp32; "" = the binary's own (validate_precision)
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
@@ -220,6 +221,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
         {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
+        {"precision", "KIND", "Machine", "bf16 | fp16 | fp32: the element type of weights, activations and gradients. It is "
+         "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp32 and ./train_gpt_cpu "
+         "fp32; fp16 (with dynamic loss scaling, llmc/optim/loss_scaler.h) has no build yet (default: the binary's own)",
+         K::String, &o.precision, Scope::Both},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
         {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
@@ -501,6 +506,27 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.grad_compression != "none")
         usage_fail("--moe-experts with --grad-compression %s: the experts' gradients are not compressed yet; use --grad-compression none",
                    o.grad_compression.c_str());
+}
+
+// --precision names the binary's own element type or is refused, naming the binary that has the one
+// asked for. The type is a compile-time choice (floatX in llmc/kernels/cuda_common.cuh: every kernel
+// is compiled for it), not a run-time switch: one binary per precision keeps the kernels free of
+// branches on the type, and a script that asks for a precision fails at once on the wrong binary
+// instead of training in another one. `built` is "bf16" or "fp32".
+inline void validate_precision(const TrainOptions& o, Trainer trainer, const char* built) {
+    const std::string& p = o.precision;
+    if (p.empty() || p == built) return;
+    if (p != "bf16" && p != "fp16" && p != "fp32") usage_fail("--precision must be bf16, fp16 or fp32, got '%s'", p.c_str());
+    if (p == "fp16" && trainer == Trainer::CPU)
+        usage_fail("--precision fp16: the CPU trainer computes in fp32 only, where loss scaling means nothing; drop "
+                   "--precision (fp16 mixed precision is the GPU trainer's, when built)");
+    if (p == "fp16")
+        usage_fail("--precision fp16: there is no fp16 build of the GPU trainer yet (its loss scaler is "
+                   "llmc/optim/loss_scaler.h); run ./train_gpt for bf16, whose range needs no loss scaling");
+    const char* binary = p == "bf16" ? "./train_gpt (the GPU trainer)" : trainer == Trainer::GPU ? "./train_gpt_fp32" : "";
+    if (trainer == Trainer::CPU)
+        usage_fail("--precision %s: the CPU trainer computes in fp32 only; run %s, or drop --precision", p.c_str(), binary);
+    usage_fail("--precision %s: this binary is built for %s; run %s, or drop --precision", p.c_str(), built, binary);
 }
 
 // Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.

@@ -674,6 +674,8 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipeline_test_delay(2);
             gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
             break;
+        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
+            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
         }
         if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)

@@ -596,6 +596,8 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             par->times.busy_seconds += seconds_since(busy);
             break;
         }
+        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
+            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
         }
         // the end of a run of sends and receives: its sends complete now, after its receives
         // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)

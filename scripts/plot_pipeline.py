@@ -17,7 +17,7 @@ sleep-injected compute (LLMC_TEST_PIPE_DELAY_MS) it approaches the schedule's pr
 """
 import argparse, json, sys
 
-COLOURS = {"F": "#4c72b0", "B": "#dd8452", "gradient sums": "#55a868", "optimizer": "#8172b2"}
+COLOURS = {"F": "#4c72b0", "B": "#dd8452", "W": "#c44e52", "gradient sums": "#55a868", "optimizer": "#8172b2"}
 
 
 def load_spans(paths):
@@ -38,7 +38,7 @@ def load_spans(paths):
 
 
 def is_compute(name):
-    return name[:1] in "FB" and name[1:].isdigit()
+    return name[:1] in "FBW" and name[1:].isdigit()  # W: ZB-H1's weight-gradient passes (pipeline_schedule.h)
 
 
 def bubbles(ranks):

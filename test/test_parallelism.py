@@ -301,6 +301,15 @@ def main():
                stages[0][:4] == ["F0c0", "a0c0>1", "F1c0", "a1c0>1"] and "bubble 1/9 = 11.1%" in pr.stdout,
                "--pipeline-print-schedule: interleaved, v=2: both stages forward and backward all 4 micro-batches on both "
                "chunks; bubble (p-1)/(vm+p-1) = 1/9", pr.stdout[-1200:] + pr.stderr)
+        # ZB-H1 (pipeline_schedule.h derives it): stage 1 runs W(i) after B(i+1), its gradient send waits
+        # for that W and goes with the next receive; 1 idle slot of 3m + p - 1 = 13
+        pr = subprocess.run([TRAINER] + base + ["--pipeline-schedule", "zb-h1"], capture_output=True, text=True, cwd=work)
+        want = ["stage 0: F0 a0>1 F1 a1>1 g0<1 B0 W0 F2 a2>1 g1<1 B1 W1 F3 a3>1 g2<1 B2 W2 g3<1 B3 W3",
+                "stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 W0 g1>0 a2<0 F2 B2 W1 g2>0 a3<0 F3 B3 g3>0 W2 W3"]
+        stages = [line for line in pr.stdout.splitlines() if line.startswith("stage ")]
+        report(pr.returncode == 0 and stages == want and "bubble 1/13 = 7.7%" in pr.stdout and "1F1B's there: 3/15" in pr.stdout,
+               "--pipeline-print-schedule: pp2 ZB-H1, m=4, as derived by hand; bubble 1/13 against 1F1B's 3/15 at F = B = W",
+               pr.stdout[-1200:] + pr.stderr)
 
         # ---- impossible grids: one line, exit 2
         for ranks, flags, expect in IMPOSSIBLE_GRIDS:

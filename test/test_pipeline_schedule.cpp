@@ -18,6 +18,10 @@
 //   - with unit costs (F = B = 1 per chunk) every stage idles exactly pipeline_bubble_fraction of the
 //     step: (p-1)/(m+p-1), interleaved (p-1)/(v m + p - 1), which is the paper's (p-1)/(v m) of the
 //     ideal time; also with B = 2 F for GPipe and 1F1B.
+//   ZB-H1 (p = 2, 3, 4; m = p, 2p, 3p, p + 1), the same checks, and: each W(i) after B(i) on its
+//   stage, W's in micro-batch order (the accumulation order), a micro-batch held from F to W with
+//   the peak at min(m, p) on every stage; with F = B = W = 1 every stage idles exactly p - 1 slots of
+//   a step of 3m + p - 1 (Qi et al.'s (p-1)(F+B-W)), where 1F1B with B + W = 2 idles 3(p - 1).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -45,22 +49,31 @@ static Lists lists_of(const Case& c) {
 static std::string order_problem(const Case& c, const Lists& lists) {
     for (int s = 0; s < c.p; s++) {
         std::vector<int> state((size_t)(c.m * c.v), 0), next_backward((size_t)c.v, 0);
-        int held = 0, peak = 0;
+        int held = 0, peak = 0, next_weight = 0;
+        bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
         for (const PipeAction& a : lists[(size_t)s]) {
             if (!pipe_is_compute(a.op)) continue;
             if (a.micro < 0 || a.micro >= c.m || a.chunk < 0 || a.chunk >= c.v)
                 return strprintf("stage %d: micro-batch %d chunk %d out of range", s, a.micro, a.chunk);
             int& st = state[(size_t)(a.micro * c.v + a.chunk)];
+            if (a.op == PipeOp::Weight) {  // ZB-H1: after its B, in micro-batch order; frees the micro-batch
+                if (!zb) return strprintf("stage %d: a W in a schedule without split backwards", s);
+                if (st != 2) return strprintf("stage %d: W%d before its B (or twice)", s, a.micro);
+                if (a.micro != next_weight++) return strprintf("stage %d: W%d not in micro-batch order", s, a.micro);
+                st++;
+                held--;
+                continue;
+            }
             bool forward = a.op == PipeOp::Forward;
             if (st != (forward ? 0 : 1)) return strprintf("stage %d: %s out of order", s, pipe_action_text(a, c.v).c_str());
             if (!forward && a.micro != next_backward[(size_t)a.chunk]++)
                 return strprintf("stage %d: chunk %d's backwards not in micro-batch order (%s)", s, a.chunk, pipe_action_text(a, c.v).c_str());
             st++;
-            held += forward ? 1 : -1;
+            held += forward ? 1 : zb ? 0 : -1;
             peak = std::max(peak, held);
         }
         for (int st : state)
-            if (st != 2) return strprintf("stage %d: a micro-batch misses its forward or backward", s);
+            if (st != (zb ? 3 : 2)) return strprintf("stage %d: a micro-batch misses its forward, backward%s", s, zb ? " or W" : "");
         int closed = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
         if (peak != closed) return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak, closed);
     }
@@ -99,7 +112,7 @@ struct Timing {
     std::map<std::tuple<int, int, int, bool>, std::pair<double, double>> when;  // (virtual stage, micro, forward?) -> start, end
 };
 
-static std::string simulate(const Case& c, const Lists& lists, double f, double b, Timing* t, bool grouped = true) {
+static std::string simulate(const Case& c, const Lists& lists, double f, double b, Timing* t, bool grouped = true, double w = 1.0) {
     int p = c.p;
     // the groups of each stage, in list order; a compute action is a group of its own
     struct Op { size_t index; int ordinal; };  // into the list; which send a->b / receive at b from a
@@ -136,9 +149,10 @@ static std::string simulate(const Case& c, const Lists& lists, double f, double 
                 const std::vector<Op>& g = groups[(size_t)s][at[(size_t)s]];
                 const PipeAction& first = lists[(size_t)s][g[0].index];
                 if (pipe_is_compute(first.op)) {
-                    double cost = first.op == PipeOp::Forward ? f : b;
+                    double cost = first.op == PipeOp::Forward ? f : first.op == PipeOp::Backward ? b : w;
                     int u = first.chunk * p + s;
-                    t->when[{u, first.micro, 0, first.op == PipeOp::Forward}] = {clock[(size_t)s], clock[(size_t)s] + cost};
+                    if (first.op != PipeOp::Weight)  // (W's order on its stage: order_problem)
+                        t->when[{u, first.micro, 0, first.op == PipeOp::Forward}] = {clock[(size_t)s], clock[(size_t)s] + cost};
                     clock[(size_t)s] += cost;
                     t->busy[(size_t)s] += cost;
                     at[(size_t)s]++;
@@ -196,8 +210,9 @@ int main() {
         for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
             for (int m : {p, 2 * p, 3 * p, p + 1}) cases.push_back({kind, p, m, 1});
         for (int m : {p, 2 * p, 3 * p}) cases.push_back({PipelineSchedule::Interleaved, p, m, 2});
+        for (int m : {p, 2 * p, 3 * p, p + 1}) cases.push_back({PipelineSchedule::ZeroBubbleH1, p, m, 1});
     }
-    std::string order, pairing, deadlock, deps, bubble, bubble_b2;
+    std::string order, pairing, deadlock, deps, bubble, bubble_b2, zb_slots;
     for (const Case& c : cases) {
         Lists lists = lists_of(c);
         std::string why = order_problem(c, lists);
@@ -212,25 +227,38 @@ int main() {
         }
         why = dependency_problem(c, t);
         if (!why.empty() && deps.empty()) deps = c.name() + ": " + why;
-        double want = pipeline_bubble_fraction(c.p, c.m, c.v);
+        bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
+        double want = zb ? pipeline_zb_h1_bubble_fraction(c.p, c.m) : pipeline_bubble_fraction(c.p, c.m, c.v);
         for (int s = 0; s < c.p && bubble.empty(); s++) {
             double idle = 1.0 - t.busy[(size_t)s] / t.total;
             if (std::fabs(idle - want) > 1e-12)
                 bubble = c.name() + strprintf(": stage %d idles %.4f of the step (%g of %g slots), the formula says %.4f", s, idle,
                                               t.total - t.busy[(size_t)s], t.total, want);
         }
-        if (c.v == 1 && simulate(c, lists, 1.0, 2.0, &t).empty())  // B twice F: the same fraction
+        if (zb) {  // by slot count, not only the ratio: p - 1 idle slots in 3m + p - 1, and 1F1B's 3(p-1) with B + W = 2
+            Case one = {PipelineSchedule::OneFOneB, c.p, c.m, 1};
+            Timing t1;
+            bool ran = simulate(one, lists_of(one), 1.0, 2.0, &t1).empty();
+            for (int s = 0; s < c.p && zb_slots.empty(); s++)
+                if (t.total != 3 * c.m + c.p - 1 || t.total - t.busy[(size_t)s] != c.p - 1 || !ran ||
+                    t1.total - t1.busy[(size_t)s] != 3 * (c.p - 1))
+                    zb_slots = c.name() + strprintf(": stage %d idles %g of %g slots, 1F1B %g of %g", s, t.total - t.busy[(size_t)s],
+                                                    t.total, t1.total - t1.busy[(size_t)s], t1.total);
+        }
+        if (c.v == 1 && !zb && simulate(c, lists, 1.0, 2.0, &t).empty())  // B twice F: the same fraction
             for (int s = 0; s < c.p && bubble_b2.empty(); s++)
                 if (std::fabs(1.0 - t.busy[(size_t)s] / t.total - want) > 1e-12)
                     bubble_b2 = c.name() + strprintf(": stage %d idles %.4f with B = 2F", s, 1.0 - t.busy[(size_t)s] / t.total);
     }
-    std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, interleaved v=2; p = 2, 3, 4)", cases.size());
+    std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, interleaved v=2, ZB-H1; p = 2, 3, 4)", cases.size());
     check(order.empty(), "every (micro-batch, chunk) forward then backward, backwards in micro-batch order, peak in flight = "
                          "pipeline_live_micro_batches" + n, order);
     check(pairing.empty(), "the k-th send from a to b is the k-th receive at b from a, same tag and kind, every pair" + n, pairing);
     check(deadlock.empty(), "blocking sends completing with the next receive (the trainers' rule): every stage finishes" + n, deadlock);
     check(deps.empty(), "forward of (i, u+1) after (i, u), backward of (i, u) after (i, u+1), on the simulated clock" + n, deps);
     check(bubble.empty(), "F = B = 1: every stage idles exactly (p-1)/(vm+p-1) of the step" + n, bubble);
+    check(zb_slots.empty(), "ZB-H1, F = B = W = 1: every stage idles p - 1 slots of 3m + p - 1 = (p-1)(F+B-W); 1F1B with "
+                            "B + W = 2 idles 3(p - 1) = (p-1)(F+B+W)", zb_slots);
     check(bubble_b2.empty(), "B = 2F, GPipe and 1F1B: every stage idles exactly (p-1)/(m+p-1) of the step", bubble_b2);
     // the control: the same simulator, every send blocking on its own (a send not paired with the
     // receive after it), deadlocks 1F1B on 2 stages: each stage's forward sends, the other waits to
@@ -242,5 +270,10 @@ int main() {
     check(std::fabs(pipeline_bubble_fraction(4, 4) - 3.0 / 7.0) < 1e-15 && pipeline_bubble_fraction(1, 8) == 0.0 &&
               std::fabs(pipeline_bubble_fraction(4, 8, 2) - 3.0 / 19.0) < 1e-15,
           "bubble: p=4, m=4 -> 3/7; one stage -> 0; interleaved p=4, m=8, v=2 -> 3/19", "");
+    // ZB-H1 on 2 stages, 3 micro-batches, derived by hand on the unit clock: stage 1 lags its W's by one
+    std::string zb;
+    for (const PipeAction& a : pipeline_schedule(PipelineSchedule::ZeroBubbleH1, 1, 2, 3))
+        if (pipe_is_compute(a.op)) zb += pipe_action_text(a, 1) + " ";
+    check(zb == "F0 B0 F1 B1 W0 F2 B2 W1 W2 ", "ZB-H1 p=2 m=3, stage 1: F0 B0 F1 B1 W0 F2 B2 W1 W2 (by hand)", zb);
     return check_exit_code();
 }

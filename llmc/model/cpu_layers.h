@@ -88,12 +88,18 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
 }
 
 // dinp = dout * weight (overwritten); dweight += dout^T * inp; dbias += column sums of dout.
-inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC) {
-    if (dinp) {
-        LAYER_PROFILE("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
-        matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
-    }
+//
+// The backward is two independent jobs, split here for ZB-H1 (llmc/parallel/pipeline_schedule.h):
+// the input gradient (B, what the previous layer and stage wait for) and the weight gradient (W,
+// which only the optimizer waits for). W needs the matmul's input and its output gradient dout:
+// a schedule that runs W later must keep dout, N x OC floats, until then (the input is kept for
+// the backward anyway). matmul_backward is B then W, as before the split.
+inline void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int IC, int OC) {
+    LAYER_PROFILE("backward, data", 2.0 * N * IC * OC, 0, N, IC, OC);
+    matmul(N, IC, OC, dout, OC, 1, weight, IC, 1, dinp, IC, false);
+}
+
+inline void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC) {
     LAYER_PROFILE("backward, weight", 2.0 * N * IC * OC, 0, OC, IC, N);
     matmul(OC, IC, N, dout, 1, OC, inp, IC, 1, dweight, IC, true);
     if (dbias) {  // 64 columns at a time, so the loop reads dout row by row (a column is strided)
@@ -106,6 +112,12 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
             for (int j = 0; j < width; j++) dbias[o0 + j] += sum[j];
         }
     }
+}
+
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC) {
+    if (dinp) matmul_backward_input(dinp, dout, weight, N, IC, OC);
+    matmul_backward_weight(dweight, dbias, dout, inp, N, IC, OC);
 }
 
 // ==============================================================================================
@@ -211,10 +223,10 @@ inline void layernorm_recompute(float* out, const float* inp, const float* mean,
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))      (the two means come from d mean, d var)
 //   dw += sum over rows of dy * xhat,   db += sum over rows of dy
 // dx is ADDED to dinp: the input of a LayerNorm is the residual stream, whose gradient collects
-// contributions from every block above.
-inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
-    LAYER_PROFILE("layernorm backward", 0, 4.0 * N * C * sizeof(float));
+// contributions from every block above. Split like the matmul's (B: dx; W: dw, db): W needs dy,
+// x and the row statistics, so a deferred W keeps dy (N x C floats) beyond what the backward keeps.
+inline void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                                     const float* mean, const float* rstd, int N, int C) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* dy = dout + (size_t)n * C;
@@ -234,6 +246,10 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
             dx[c] += s * (dy[c] * weight[c] - mean_g - xhat * mean_g_xhat);
         }
     }
+}
+
+inline void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
+                                      const float* rstd, int N, int C) {
     // parameter gradients: threads own channels, 64 at a time so rows are read in order (a column
     // is strided); each channel sums its rows in order
     #pragma omp parallel for schedule(static)
@@ -253,6 +269,13 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
             dbias[c0 + j] += db[j];
         }
     }
+}
+
+inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+    LAYER_PROFILE("layernorm backward", 0, 4.0 * N * C * sizeof(float));
+    layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 // ==============================================================================================

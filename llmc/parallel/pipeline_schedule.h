@@ -49,8 +49,24 @@
 //     when m = p; the cap at v m is enough (the test finds no deadlock and the exact bubble at m = p).
 //     In flight on rank r: min(v m, warm-up + 1) (micro-batch, chunk) activations, each 1/v of a
 //     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p.
-//   Coming (issue 26): ZB-H1 splits B into the input gradient (B) and the weight gradient (W, an
-//     action of its own here, deferred into the cool-down); PipeDream-2BW keeps two weight versions.
+//   ZB-H1 (Qi et al., 2023, "Zero Bubble Pipeline Parallelism", section 2): a layer's backward is
+//     two jobs. B, the input gradient dx = dy W^T, is what the previous stage waits for; W, the
+//     weight gradient dW = x^T dy, nobody waits for. So B alone travels the critical path and W
+//     fills the holes. The order here: 1F1B's warm-up (p-1-s forwards on stage s) and its F/B
+//     alternation, and stage s runs W(k) after B(k + s): a lag of s micro-batches, the last W's at
+//     the very end. With unit costs F = B = W = 1 (1F1B's backward is then B + W = 2) derive the
+//     step: stage s starts its first forward at s and, holding p - s forwards, waits for B0, which
+//     starts there at 2p - 1 - s: p - 1 idle slots in all, the same p - 1 as at the start of 1F1B
+//     but with one-slot backwards. After that nothing waits: the lag makes stage s end with s + 1
+//     W's while B(m-1) walks back one slot per stage, so every stage ends at 3m + p - 1. Idle:
+//         ZB-H1  (p-1)(F + B - W) = p - 1      of a step of 3m + p - 1    (the paper's Table 2)
+//         1F1B   (p-1)(F + B + W) = 3(p - 1)   of a step of 3m + 3(p - 1)
+//     (test_pipeline_schedule checks both on the simulated clock, p = 2..4.) The price: a stage
+//     keeps what W needs (each matmul's input and output gradient, LayerNorm's normalised input)
+//     from B(k) until W(k): s micro-batches longer, so stage s holds p, not p - s, micro-batches
+//     from F to W. Stage 0, the peak, holds p as in 1F1B: the peak activation memory is 1F1B's.
+//     Trained: not yet (the CPU layers' backward is not split into B and W; cli.h refuses it, one
+//     line); --pipeline-print-schedule prints it. PipeDream-2BW (two weight versions): coming.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
@@ -65,22 +81,26 @@
 #include <vector>
 #include "llmc/utils.h"
 
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 
 inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out) {
     if (s == "gpipe") *out = PipelineSchedule::GPipe;
     else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
     else if (s == "interleaved") *out = PipelineSchedule::Interleaved;
+    else if (s == "zb-h1") *out = PipelineSchedule::ZeroBubbleH1;
     else return false;
     return true;
 }
 
 inline const char* pipeline_schedule_name(PipelineSchedule s) {
-    return s == PipelineSchedule::GPipe ? "GPipe" : s == PipelineSchedule::OneFOneB ? "1F1B" : "interleaved 1F1B";
+    return s == PipelineSchedule::GPipe ? "GPipe" : s == PipelineSchedule::OneFOneB ? "1F1B"
+         : s == PipelineSchedule::ZeroBubbleH1 ? "ZB-H1" : "interleaved 1F1B";
 }
 
 enum class PipeOp {
     Forward, Backward,              // compute: the stage's (chunk's) layers on one micro-batch
+    Weight,                         // ZB-H1 only: the weight gradients of a micro-batch whose Backward
+                                    // computed only the input gradients (there: B, not B + W)
     SendActivation, RecvActivation, // the forward's output to the next stage / the input from the previous
     SendGradient, RecvGradient,     // the backward's input gradient to the previous stage / from the next
 };
@@ -93,7 +113,7 @@ struct PipeAction {
     int tag = -1;   // sends and receives: the message's tag, unique within a step
 };
 
-inline bool pipe_is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward; }
+inline bool pipe_is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward || op == PipeOp::Weight; }
 inline bool pipe_is_send(PipeOp op) { return op == PipeOp::SendActivation || op == PipeOp::SendGradient; }
 inline bool pipe_is_receive(PipeOp op) { return op == PipeOp::RecvActivation || op == PipeOp::RecvGradient; }
 
@@ -106,7 +126,7 @@ inline int pipe_tag(int micro, int chunk, int chunks, bool gradient) { return 2 
 inline int pipeline_warmup(PipelineSchedule kind, int stage, int stages, int m, int chunks) {
     if (stages == 1) return 0;
     if (kind == PipelineSchedule::GPipe) return m;
-    if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - 1 - stage);
+    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages - 1 - stage);
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages);
 }
 
@@ -132,12 +152,24 @@ inline std::vector<PipeAction> pipeline_compute_order(PipelineSchedule kind, int
         order.push_back(nth(backwards++, false));
     }
     while (backwards < total) order.push_back(nth(backwards++, false));  // cool-down
+    if (kind == PipelineSchedule::ZeroBubbleH1 && stages > 1) {
+        // W(k) right after B(k + stage), the rest at the end (the lesson above derives the lag)
+        std::vector<PipeAction> split;
+        int weights = 0;
+        for (const PipeAction& a : order) {
+            split.push_back(a);
+            if (a.op == PipeOp::Backward && a.micro - stage >= 0) split.push_back({PipeOp::Weight, weights++, 0});
+        }
+        while (weights < m) split.push_back({PipeOp::Weight, weights++, 0});
+        return split;
+    }
     return order;
 }
 
 // The receive of compute action a's input on `stage` (false if it has none: the first virtual
 // stage's forward, the last one's backward), and the send of its output (false at the other ends).
 inline bool pipe_receive_of(const PipeAction& a, int stage, int stages, int v, PipeAction* out) {
+    if (a.op == PipeOp::Weight) return false;  // local: its inputs were kept by F and B on this stage
     int at = a.chunk * stages + stage;  // virtual stage
     bool forward = a.op == PipeOp::Forward;
     int from = forward ? at - 1 : at + 1;
@@ -148,6 +180,7 @@ inline bool pipe_receive_of(const PipeAction& a, int stage, int stages, int v, P
     return true;
 }
 inline bool pipe_send_of(const PipeAction& a, int stage, int stages, int v, PipeAction* out) {
+    if (a.op == PipeOp::Weight) return false;  // its output, dW, stays on the stage
     int at = a.chunk * stages + stage;
     bool forward = a.op == PipeOp::Forward;
     int to = forward ? at + 1 : at - 1;
@@ -175,6 +208,12 @@ inline std::vector<PipeAction> pipeline_schedule(PipelineSchedule kind, int stag
     PipeAction x;
     for (size_t i = 0; i < compute.size();) {
         size_t unit = kind == PipelineSchedule::Interleaved && i >= (size_t)warmup && i < steady_end ? 2 : 1;
+        // ZB-H1's steady state: B then W, then the next forward's receive. B's gradient leaves after
+        // the W, with that receive, in one group: sent alone it would block the stage until the
+        // previous stage, busy with a forward, posts its receive (one idle slot per step, the simulator)
+        if (kind == PipelineSchedule::ZeroBubbleH1 && compute[i].op == PipeOp::Backward && i + 2 < compute.size() &&
+            compute[i + 1].op == PipeOp::Weight && compute[i + 2].op == PipeOp::Forward)
+            unit = 2;
         for (size_t j = i; j < i + unit; j++)
             if (pipe_receive_of(compute[j], stage, stages, v, &x)) list.push_back(x);
         for (size_t j = i; j < i + unit; j++) list.push_back(compute[j]);
@@ -196,8 +235,8 @@ inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
 }
 
 // How many (micro-batch, chunk) activations a stage holds at once: the peak of forwards not yet
-// backwarded in its list. m for GPipe, min(m, p - stage) for 1F1B, min(v m, warm-up + 1) for
-// interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
+// backwarded in its list (for ZB-H1: not yet through W). m for GPipe, min(m, p - stage) for 1F1B,
+// min(m, p) for ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
 // for every micro-batch count up to the step's, and a step of 2^30 micro-batches must not build a
 // list of 2^31 actions to answer (test_pipeline_schedule checks it against the walk's peak).
 inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m, int chunks = 1) {
@@ -205,6 +244,7 @@ inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int sta
     if (stages == 1) return 1;
     if (kind == PipelineSchedule::GPipe) return m;
     if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - stage);
+    if (kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages);  // F to W: p - s + s (the lag)
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
 }
 
@@ -212,6 +252,11 @@ inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int sta
 // (p-1)/(m+p-1); interleaved (p-1)/(v m + p - 1), the paper's (p-1)/(v m) of the ideal time.
 inline double pipeline_bubble_fraction(int stages, int m, int chunks = 1) {
     return (double)(stages - 1) / (double)(chunks * m + stages - 1);
+}
+// ZB-H1's with F = B = W (the lesson above): (p-1)/(3m+p-1). 1F1B's at the same costs is the one
+// above, (p-1)/(m+p-1): three times the idle slots in a step of 3m + 3(p-1).
+inline double pipeline_zb_h1_bubble_fraction(int stages, int m) {
+    return (double)(stages - 1) / (double)(3 * m + stages - 1);
 }
 
 // Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the
@@ -241,6 +286,7 @@ inline std::string pipe_action_text(const PipeAction& a, int chunks) {
     switch (a.op) {
         case PipeOp::Forward: return strprintf("F%d", a.micro) + chunk;
         case PipeOp::Backward: return strprintf("B%d", a.micro) + chunk;
+        case PipeOp::Weight: return strprintf("W%d", a.micro) + chunk;
         case PipeOp::SendActivation: return strprintf("a%d%s>%d", a.micro, chunk.c_str(), a.peer);
         case PipeOp::RecvActivation: return strprintf("a%d%s<%d", a.micro, chunk.c_str(), a.peer);
         case PipeOp::SendGradient: return strprintf("g%d%s>%d", a.micro, chunk.c_str(), a.peer);
@@ -252,11 +298,16 @@ inline std::string pipe_action_text(const PipeAction& a, int chunks) {
 // --pipeline-print-schedule: every stage's list, one line each, with a legend.
 inline std::string pipeline_schedule_text(PipelineSchedule kind, int stages, int m, int chunks) {
     int v = kind == PipelineSchedule::Interleaved ? chunks : 1;
-    std::string out = strprintf("# %s, %d stages, %d micro-batches%s: bubble %d/%d = %.1f%% of the step\n",
+    bool zb = kind == PipelineSchedule::ZeroBubbleH1;
+    std::string costs = zb ? strprintf(" with F = B = W (1F1B's there: %d/%d)", 3 * (stages - 1), 3 * (m + stages - 1)) : "";
+    std::string out = strprintf("# %s, %d stages, %d micro-batches%s: bubble %d/%d = %.1f%% of the step%s\n",
                                 pipeline_schedule_name(kind), stages, m,
                                 v > 1 ? strprintf(", %d model chunks per stage", v).c_str() : "", stages - 1,
-                                v * m + stages - 1, 100.0 * pipeline_bubble_fraction(stages, m, v));
-    out += "# F3 / B3: forward / backward of micro-batch 3";
+                                (zb ? 3 : v) * m + stages - 1,
+                                100.0 * (zb ? pipeline_zb_h1_bubble_fraction(stages, m) : pipeline_bubble_fraction(stages, m, v)),
+                                costs.c_str());
+    out += zb ? "# F3 / B3 / W3: forward / input gradient / weight gradient of micro-batch 3"
+              : "# F3 / B3: forward / backward of micro-batch 3";
     out += v > 1 ? " (F3c1: on this stage's model chunk 1)" : "";
     out += "; a3>1 / a3<0: send its activation to stage 1 / receive it from stage 0; g3: its gradient\n";
     for (int s = 0; s < stages; s++) {

@@ -104,6 +104,7 @@ inline const char* trace_kind(PipeOp op) {
     switch (op) {
         case PipeOp::Forward: return "F";
         case PipeOp::Backward: return "B";
+        case PipeOp::Weight: return "W";
         case PipeOp::SendActivation: return "send act ";
         case PipeOp::RecvActivation: return "recv act ";
         case PipeOp::SendGradient: return "send grad ";

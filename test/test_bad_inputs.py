@@ -42,22 +42,28 @@ MODEL = "L=2,C=64,H=4,T=64,V=512"
 STATE_STEP, STATE_SHARD_INDEX, STATE_POSITION = 8, 72, 80
 
 
-def run(args, timeout=60):
+def run(args, timeout=60, binary=BIN):
     start = time.time()
     try:
-        p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, "", f"timed out after {timeout} s", timeout
     return p.returncode, p.stdout, p.stderr, time.time() - start
 
 
-def one_line_error(name, args, code, *needles, seconds=30):
+def one_line_error(name, args, code, *needles, seconds=30, binary=BIN):
     """The run ends within `seconds` with exit `code` and exactly one stderr line holding every needle."""
-    rc, out, err, took = run(args)
+    rc, out, err, took = run(args, binary=binary)
     lines = err.strip().splitlines()
     ok = rc == code and len(lines) == 1 and lines[0].startswith("error: ") and all(n in lines[0] for n in needles) and took < seconds
     report(ok, f"{name} -> one line, exit {code} ({took:.1f} s)", f"exit {rc}, {took:.1f} s, stderr {err[-600:]!r}")
     return lines[0] if lines else ""
+
+
+def gpu_trainer():
+    """The GPU trainer the refusal checks run: the emulated build, else the native one, else None (a SKIP)."""
+    return next((p for p in (os.path.join(ROOT, "build", "emu", "train_gpt"), os.path.join(ROOT, "train_gpt"))
+                 if os.path.exists(p)), None)
 
 
 def write_model_header(path, maxT, V, L, NH, C, Vp, total_bytes):

@@ -43,7 +43,7 @@ from checks import report, exit_code
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from test_parallelism import Runner, check_bitwise, differences  # noqa: E402
-from test_bad_inputs import one_line_error  # noqa: E402
+from test_bad_inputs import gpu_trainer, one_line_error  # noqa: E402
 from token_shards import write_shard  # noqa: E402
 
 MODEL = "L=2,C=64,H=4,T=64,V=501"
@@ -283,13 +283,12 @@ def main():
             code, out, err = r.run(ranks, *batch, "--grad-compression", "powersgd", *flags, model=MODEL, steps=1, env=env)
             report(code == 2 and err.count("error:") == 1 and needle in err,
                    f"powersgd with {' '.join(flags)} on {ranks} ranks -> one line, exit 2", f"exit {code}: {err[-500:]}")
-        emu = os.path.join(ROOT, "build", "emu", "train_gpt")
-        if os.path.exists(emu):
-            p = subprocess.run([emu, "--grad-compression", "powersgd"], capture_output=True, text=True, timeout=60)
-            report(p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "only to the CPU trainer" in p.stderr,
-                   "the GPU trainer refuses --grad-compression with one line, exit 2", f"exit {p.returncode}: {p.stderr[-300:]}")
+        gpu = gpu_trainer()
+        if gpu:
+            one_line_error("the GPU trainer: --grad-compression powersgd", ["--grad-compression", "powersgd"], 2,
+                           "only to the CPU trainer", binary=gpu)
         else:
-            print("SKIP: the GPU trainer's refusal (build/emu/train_gpt not built: make emu)")
+            print("SKIP: the GPU trainer's refusal (no build/emu/train_gpt or train_gpt: make emu)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

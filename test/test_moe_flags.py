@@ -15,11 +15,11 @@ and the fix and exit 2:
                    is the dense model and trains
   GPU trainer      --moe-experts refused with one line (build/emu/train_gpt or ./train_gpt, when built)
 """
-import os, subprocess, sys, tempfile
+import os, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 from token_shards import write_shard
-from test_bad_inputs import BIN, MODEL, ROOT, one_line_error, run
+from test_bad_inputs import BIN, MODEL, ROOT, gpu_trainer, one_line_error, run
 
 NOT_WIRED = "not wired into the CPU trainer yet"
 
@@ -64,15 +64,12 @@ def main():
     rc, out, err, _ = run(base + ["--moe-experts", "0", "--steps", "1"])
     report(rc == 0 and "done: step 1 " in out, "--moe-experts 0 is the dense model: it trains", f"exit {rc}: {err[-300:]}")
 
-    gpu = next((p for p in (os.path.join(ROOT, "build", "emu", "train_gpt"), os.path.join(ROOT, "train_gpt"))
-                if os.path.exists(p)), None)
+    gpu = gpu_trainer()
     if gpu is None:
         print("SKIP: the GPU trainer refuses --moe-experts (neither build/emu/train_gpt nor train_gpt is built)")
     else:
-        p = subprocess.run([gpu, "--model", MODEL, "--moe-experts", "4"], capture_output=True, text=True)
-        lines = p.stderr.strip().splitlines()
-        report(p.returncode == 2 and len(lines) == 1 and "--moe-experts" in lines[0] and "GPU trainer" in lines[0],
-               f"{os.path.relpath(gpu, ROOT)} refuses --moe-experts with one line, exit 2", f"exit {p.returncode}: {p.stderr!r}")
+        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --moe-experts 4", ["--model", MODEL, "--moe-experts", "4"], 2,
+                       "--moe-experts", "GPU trainer", binary=gpu)
     return exit_code()
 
 

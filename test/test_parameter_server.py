@@ -20,14 +20,14 @@ not adding it (1 fails at 2 and 3 ranks); adding in another order, ((g1 + g2) + 
 ranks; at 2 ranks a + b == b + a). Not caught, and harmless: the norm's squares summed over the
 whole array at once instead of shard by shard (accumulated in fp64, the fp32 norm rounds the same).
 """
-import os, re, shutil, subprocess, sys, tempfile
+import os, re, shutil, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from test_parallelism import Runner, check_bitwise, check_predictions  # noqa: E402
-from test_bad_inputs import one_line_error  # noqa: E402
+from test_bad_inputs import gpu_trainer, one_line_error  # noqa: E402
 from token_shards import write_shard  # noqa: E402
 
 MODEL = "L=2,C=64,H=4,T=64,V=501"
@@ -99,13 +99,12 @@ def main():
             code, out, err = r.run(2, "--total-batch-tokens", "64", *server, *flags, model=MODEL, steps=1)
             report(code == 2 and err.count("error:") == 1 and needle in err,
                    f"server with {' '.join(flags)} on 2 ranks -> one line, exit 2", f"exit {code}: {err[-500:]}")
-        emu = os.path.join(ROOT, "build", "emu", "train_gpt")
-        if os.path.exists(emu):
-            p = subprocess.run([emu, "--data-parallel", "server"], capture_output=True, text=True, timeout=60)
-            report(p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "NCCL's all-reduce" in p.stderr,
-                   "the GPU trainer refuses --data-parallel server with one line, exit 2", f"exit {p.returncode}: {p.stderr[-300:]}")
+        gpu = gpu_trainer()
+        if gpu:
+            one_line_error("the GPU trainer: --data-parallel server", ["--data-parallel", "server"], 2, "NCCL's all-reduce",
+                           binary=gpu)
         else:
-            print("SKIP: the GPU trainer's refusal (build/emu/train_gpt not built: make emu)")
+            print("SKIP: the GPU trainer's refusal (no build/emu/train_gpt or train_gpt: make emu)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

@@ -128,8 +128,16 @@ def main():
     helptext = run(["--help"]).stdout
     flags = [l.split()[0] for l in helptext.splitlines() if l.startswith("  --")]
     cli_source = open(os.path.join(ROOT, "llmc", "run", "cli.h")).read()
-    table_flags = ["--" + line.split('"')[1] for line in cli_source.splitlines()
-                   if line.strip().startswith('{"') and "Scope::GPUOnly" not in line]
+    rows, row = [], None  # a table row starts with {" and may run over several lines, to its Scope::
+    for line in cli_source.splitlines():
+        if row is None and line.strip().startswith('{"'):
+            row = ""
+        if row is not None:
+            row += line
+            if "Scope::" in line:
+                rows.append(row)
+                row = None
+    table_flags = ["--" + r.split('"')[1] for r in rows if "Scope::GPUOnly" not in r]
     report(sorted(flags) == sorted(table_flags) and "[default: 6e-04]" not in helptext and "[default: 0.0006]" in helptext,
            "--help lists every CPU flag of the table with its default", f"{sorted(set(flags) ^ set(table_flags))}")
     # --recompute applies to both trainers with different defaults: the CPU trainer keeps everything (0)

@@ -116,6 +116,19 @@ struct Workspace {
     std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
 
+// What the MoE blocks report over one step: the auxiliary losses (summed over the blocks, averaged
+// over the micro-batches and ranks as the optimised loss averages them), the dropped assignments
+// (summed), and the least and most loaded expert of any block, micro-batch and rank.
+struct MoEStepStats {
+    double aux_loss = 0.0, z_loss = 0.0, dropped = 0.0;
+    int min_load = INT_MAX, max_load = 0;
+};
+
+// --moe-experts: the layer's settings from the flags.
+static MoEShape run_moe_shape(const TrainOptions& o) {
+    return MoEShape{o.moe_experts, o.moe_top_k, moe_capacity_factor_value(o), o.moe_aux_alpha, o.moe_z_loss};
+}
+
 struct GPT2 {
     GPT2Config config;
     ModelSlice slice;              // the part of the model this rank holds: all of it on one rank
@@ -141,6 +154,15 @@ struct GPT2 {
     ParameterServer server;        // --data-parallel server: the sum and the step on rank 0 (off: the all-reduce)
     // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
     std::vector<float> lent_wte, lent_wte_grad;
+    // --moe-experts (llmc/model/moe.h, docs/moe.md): the MoE table (llmc/model/model.h: the routers and
+    // experts 1 .. E-1; expert 0 of a block is its MLP in the flat array above), its gradient and AdamW
+    // moments, what each MoE block's forward keeps for its backward, and the step's routing statistics
+    MoEConfig moe;                 // experts 0: the dense model, and everything below is empty
+    MoEShape moe_shape;
+    MoELayout moe_layout;
+    std::vector<float> moe_params, moe_grads, moe_m, moe_v, moe_sum_scratch;
+    std::vector<MoEActivations> moe_acts;   // one per MoE block (MoE runs without a pipeline: one micro-batch in flight)
+    MoEStepStats moe_stats;
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
@@ -172,6 +194,9 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_COMPRESSION_STATE: return &m->compression.state;
         case CB_COMPRESSION_WORK: return &m->compression.work;
         case CB_COMPRESSION_SCRATCH: return &m->compression.scratch;
+        case CB_MOE_PARAMS: return &m->moe_params; case CB_MOE_GRADS: return &m->moe_grads;
+        case CB_MOE_ADAM_M: return &m->moe_m;     case CB_MOE_ADAM_V: return &m->moe_v;
+        case CB_MOE_SUM_SCRATCH: return &m->moe_sum_scratch;
         default: return nullptr;
     }
 }
@@ -216,6 +241,11 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
         a.targets.assign((size_t)shape.B * shape.T, 0);
     }
     matmul_scratch_reserve(model->table[CB_MATMUL_PACK_A].elements, model->table[CB_MATMUL_PACK_B].elements);
+    model->moe = shape.moe;
+    model->moe_layout = moe_layout(model->config, shape.moe);
+    model->moe_acts.resize((size_t)moe_block_count(shape.moe, model->config.num_layers));
+    for (MoEActivations& a : model->moe_acts)  // (the table's CB_MOE_ACTIVATIONS row counts these vectors)
+        moe_allocate(&a, MoEShape{shape.moe.experts, shape.moe_top_k}, shape.B * shape.T, model->config.channels, 4 * model->config.channels);
     model->p = point_into(model->params.data(), model->layout);
     model->g = point_into(model->grads.data(), model->layout);
     model->max_B = shape.B;
@@ -267,6 +297,30 @@ static const float* lm_head_weights(GPT2* model, const ParamTensors<float>& ends
 }
 static float* lm_head_grads(GPT2* model, const ParamTensors<float>& ends) {
     return model->slice.first_stage ? ends[WTE] : model->lent_wte_grad.data();
+}
+
+// --moe-experts: the weights of MoE block l (b-th of the MoE blocks) as llmc/model/moe.h takes them:
+// expert 0 is the block's MLP in the flat array (w: its unit's view), the router and the other experts
+// are in the MoE table. The same for their gradients (g, the MoE table's gradient).
+template <typename T>
+static MoEWeights<T> moe_block_weights(const ParamTensors<float>& w, float* table, const MoELayout& layout, int b) {
+    return {moe_tensor(table, layout, MOE_ROUTER, b), w[FCW], w[FCB], w[FCPROJW], w[FCPROJB],
+            moe_tensor(table, layout, MOE_FCW, b), moe_tensor(table, layout, MOE_FCB, b),
+            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b)};
+}
+
+// The MLP of MoE block l: y (BT, C) = the experts' mixture of ln2, its statistics into the step's.
+static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, const float* ln2, float* y, int BT) {
+    int b = moe_block_index(model->moe, l);
+    MoEActivations* a = &model->moe_acts[(size_t)b];
+    a->N = BT;  // sized for max_B x max_T; an evaluation or a sample may route fewer tokens
+    MoEStats st = moe_forward(y, a, model->moe_shape, moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b), ln2);
+    MoEStepStats* s = &model->moe_stats;
+    s->aux_loss += st.aux_loss;
+    s->z_loss += st.z_loss;
+    s->dropped += st.dropped;
+    s->min_load = std::min(s->min_load, st.min_load);
+    s->max_load = std::max(s->max_load, st.max_load);
 }
 
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
@@ -325,13 +379,17 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         layernorm_forward(ln2, layer_slice(a.ln2_mean, l, Rmax), layer_slice(a.ln2_rstd, l, Rmax), residual2,
                           w[LN2W], w[LN2B], (int)R, C);
-        const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-        matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
-        gelu_forward(fch_gelu, fch, BT * Cf);
-        proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
-        matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
-        tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
-        add_bias(residual3, w[FCPROJB], (int)R, C);
+        if (is_moe_block(model->moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (one rank's rows)
+            moe_block_forward(model, w, l, ln2, residual3, (int)BT);
+        } else {
+            const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
+            matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
+            gelu_forward(fch_gelu, fch, BT * Cf);
+            proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
+            matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
+            tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
+            add_bias(residual3, w[FCPROJB], (int)R, C);
+        }
         residual_forward(residual3, residual3, residual2, R * C);
         release_unit_weights(model, unit_of_layer(L, l));
     }
@@ -424,14 +482,24 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
-        if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
-        matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
-        gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
-        // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
-        // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
-        if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
-        const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-        matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
+        if (is_moe_block(model->moe, l)) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c
+            int b = moe_block_index(model->moe, l);
+            // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
+            // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
+            float aux_scale = (float)((double)loss_scale * (double)BT);
+            moe_backward(dbuf_c, moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b), &model->moe_acts[(size_t)b],
+                         model->moe_shape, moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b), ln2, dout,
+                         aux_scale);
+        } else {
+            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
+            matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
+            gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
+            // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
+            // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
+            if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
+            const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
+            matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
+        }
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -504,6 +572,13 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
         adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
+    }
+    // --moe-experts: the MoE table, whole on every rank (no ZeRO with MoE), decayed as llmc/model/model.h says
+    const MoELayout& ml = model->moe_layout;
+    for (int t2 = 0; t2 < NUM_MOE_TENSORS; t2++) {
+        size_t at = ml.offset[t2];
+        adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at, model->moe_v.data() + at,
+                     ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, moe_tensor_decays(t2) ? o.weight_decay : 0.0f, t, grad_scale);
     }
 }
 
@@ -653,9 +728,16 @@ static float finish_gradients(GPT2* model, Parallel* par) {
         grad_compression_test_dump(&par->comms.world, step, "local", mo.grads);
         grad_compression_reduce(&mo.compression, &mo.zero, &mo.grads);
         grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
+        // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens)
+        if (!mo.moe_grads.empty() && par->grid.dp > 1)
+            comm_allreduce_sum_identical(&par->comms.dp, mo.moe_grads.data(), mo.moe_grads.size(), &mo.moe_sum_scratch,
+                                         "all-reduce of the MoE table's gradients");
     }
     double squares = 0.0;
     for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
+    // every rank holds the whole summed MoE gradient: rank 0 counts it, once (after the dense part, so
+    // that with one expert, whose router gradient is exactly 0, the norm is the dense model's bits)
+    if (par->grid.rank == 0) squares += sum_of_squares(mo.moe_grads.data(), mo.moe_grads.size());
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
 
@@ -747,6 +829,7 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
     float* dst = weight_storage(model);
     if (new_model) {
         for (const StateRun& r : runs) init_gpt2_params(cfg, o.seed, dst + r.weight_at, r.global, r.global + r.count);
+        init_moe_params(cfg, model->moe, o.seed, model->moe_params.data());  // (--moe-experts; refused with a file or a checkpoint)
         return;
     }
     if (!resume_dir.empty() && read_state_runs(resume_dir, param_layout(cfg).total, wanted(runs, true), nullptr, nullptr, dst)
@@ -821,6 +904,13 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
+    for (const MoEActivations& a : model->moe_acts) {  // its floats' and ints' vectors: 4 bytes a value either way
+        for (const std::vector<float>* v : {&a.logits, &a.probs, &a.lse, &a.gate, &a.xg, &a.fch, &a.fch_gelu, &a.eout, &a.drow,
+                                            &a.dh, &a.dxg, &a.dgate, &a.dprobs, &a.dlogits, &a.dx_router})
+            held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(float);
+        for (const std::vector<int>* v : {&a.choice, &a.row, &a.routed, &a.kept, &a.first_row, &a.token_of_row})
+            held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(int);
+    }
     if (model->bf16_moments) {
         held[CB_ADAM_M] = model->adam_m16.capacity() * sizeof(uint16_t);
         held[CB_ADAM_V] = model->adam_v16.capacity() * sizeof(uint16_t);
@@ -888,6 +978,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     sizes.optimizer = run_optimizer(o);
     sizes.bf16_moments = o.optimizer_state == "bf16";
     sizes.compression = compression;
+    sizes.moe = MoEConfig{o.moe_experts, o.moe_every};
+    sizes.moe_top_k = o.moe_top_k;
+    if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
     gpt2_allocate(model, sizes);
     grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
     model->server.on = o.data_parallel == "server";
@@ -897,6 +990,8 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
     }
+    if (!model->moe_params.empty())
+        comm_broadcast(&par->comms.dp, model->moe_params.data(), model->moe_params.size() * sizeof(float), 0, "broadcast of the MoE table");
     pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
                       (size_t)slice.vocab_rows * cfg.channels);
 }
@@ -937,6 +1032,15 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     const ProcessGrid& grid = par.grid;
     int B = plan.B, T = plan.T, first_step = (int)resumed.step;
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
+    if (model->moe.experts > 0) {
+        const MoEShape& m = model->moe_shape;
+        printf("mixture of experts: %d of %d blocks, %d experts, top-%d, capacity factor %s, aux alpha %g, z-loss %g: "
+               "%zu + %zu (the MoE table) = %zu parameters, %zu active per token\n",
+               moe_block_count(model->moe, cfg.num_layers), cfg.num_layers, m.experts, m.top_k,
+               m.capacity_factor > 0 ? strprintf("%g", m.capacity_factor).c_str() : "none (no dropping)", m.aux_alpha, m.z_loss,
+               param_layout(cfg).total, model->moe_layout.total, param_layout(cfg).total + model->moe_layout.total,
+               moe_active_params(cfg, model->moe, m.top_k));
+    }
     printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps; %d threads per rank\n",
            B, T, grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps, plan.accumulation_steps == 1 ? "" : "s",
            (long long)plan.total_batch_tokens, plan.steps, omp_get_max_threads());
@@ -1073,6 +1177,19 @@ static void zero_gradients(GPT2* model) {
     if (model->zero.stage <= 1) std::fill(model->grads.begin(), model->grads.end(), 0.0f);
     std::fill(model->zero.grad_shard.begin(), model->zero.grad_shard.end(), 0.0f);
     std::fill(model->lent_wte_grad.begin(), model->lent_wte_grad.end(), 0.0f);
+    std::fill(model->moe_grads.begin(), model->moe_grads.end(), 0.0f);
+}
+
+// --moe-experts: the step's routing statistics over every micro-batch and rank: the auxiliary losses
+// averaged (the optimised loss's weighting of them), the drops summed, the loads' extremes.
+static void moe_step_stats(MoEStepStats* s, Comm* world, int micro_batches, int dp) {
+    s->aux_loss = comm_sum(world, s->aux_loss, "sum of the MoE load-balancing losses") / ((double)micro_batches * dp);
+    s->z_loss = comm_sum(world, s->z_loss, "sum of the MoE z-losses") / ((double)micro_batches * dp);
+    s->dropped = comm_sum(world, s->dropped, "sum of the MoE drops");
+    float loads[2] = {(float)-s->min_load, (float)s->max_load};  // (counts below 2^24: exact in a float)
+    comm_allreduce_max(world, loads, 2, "the MoE loads' extremes");
+    s->min_load = (int)-loads[0];
+    s->max_load = (int)loads[1];
 }
 
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt.cu's) on every rank:
@@ -1084,7 +1201,9 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
+    model->moe_stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(model, par, train, plan, step);
+    if (!model->moe_acts.empty()) moe_step_stats(&model->moe_stats, &par->comms.world, plan.accumulation_steps, grid.dp);
     inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
@@ -1098,17 +1217,31 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
 }
 
 
+// --moe-experts: the layer's own checks first (moe_shape_problem, so a bad shape is named), then what
+// the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
+// (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
+static void refuse_moe_problems(const TrainOptions& o) {
+    std::string problem = moe_shape_problem(run_moe_shape(o));
+    if (!problem.empty()) usage_fail(problem);
+    auto refuse = [&](const char* what, const char* fix) {
+        usage_fail("--moe-experts with %s: %s", what, fix);
+    };
+    if (!o.resume.empty() || o.checkpoint_every > 0)
+        refuse(o.resume.empty() ? "--checkpoint-every" : "--resume",
+               "checkpoints and model files do not hold the MoE table yet (issue 24); use --checkpoint-every 0 and no --resume");
+    GPT2Config described;
+    if (!parse_model_descriptor(o.model, &described))
+        refuse("a model file", "a model file holds a dense model; start MoE from a descriptor (--model d12, L=2,C=64,H=4, ...)");
+    if (generation_mode(o)) refuse("--generate", "generation reads a model file, which cannot hold the MoE table yet; drop --moe-*");
+    if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
+    if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
-    if (o.moe_experts > 0) {  // the layer's own checks first, so a bad shape is named; then the honest refusal
-        MoEShape moe{o.moe_experts, o.moe_top_k, moe_capacity_factor_value(o), o.moe_aux_alpha, o.moe_z_loss};
-        std::string problem = moe_shape_problem(moe);
-        if (!problem.empty()) usage_fail(problem);
-        usage_fail("--moe-experts %d: the MoE layer (llmc/model/moe.h) is not wired into the CPU trainer yet (issue 24); drop "
-                   "the --moe-* flags to train the dense model", o.moe_experts);
-    }
+    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
@@ -1154,6 +1287,8 @@ int main(int argc, char** argv) {
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     predicted.compression = compression;
     predicted.parameter_server = o.data_parallel == "server";
+    predicted.moe = MoEConfig{o.moe_experts, o.moe_every};
+    predicted.moe_top_k = o.moe_top_k;
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
@@ -1212,9 +1347,17 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
         dump_step_loss(&dump_probe, r.loss);
         if (leader) {
+            // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
+            const MoEStepStats& ms = model.moe_stats;
+            bool moe = model.moe.experts > 0;
+            std::string moe_line = moe ? strprintf(" | aux %.6f | z %.6f | dropped %.0f | load %d..%d", ms.aux_loss, ms.z_loss,
+                                                   ms.dropped, ms.min_load, ms.max_load) : "";
+            std::string moe_fields = moe ? strprintf(",\"moe_aux\":%s,\"moe_z\":%s,\"moe_dropped\":%.0f,\"moe_load_min\":%d,"
+                                                     "\"moe_load_max\":%d", json_number(ms.aux_loss).c_str(),
+                                                     json_number(ms.z_loss).c_str(), ms.dropped, ms.min_load, ms.max_load) : "";
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1));
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes());
+                            seconds * (plan.steps - step - 1), moe_line);
+            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_fields);
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
             fail_unless_weights_finite(&model, &par, step + 1);

@@ -36,8 +36,12 @@ struct Layer {
     int N, C, H;
     std::vector<float> router, fcw, fcb, projw, projb;
     std::vector<float> grouter, gfcw, gfcb, gprojw, gprojb;
-    MoEWeights<const float> w() const { return {router.data(), fcw.data(), fcb.data(), projw.data(), projb.data()}; }
-    MoEWeights<float> g() { return {grouter.data(), gfcw.data(), gfcb.data(), gprojw.data(), gprojb.data()}; }
+    MoEWeights<const float> w() const {
+        return moe_weights_stacked(router.data(), fcw.data(), fcb.data(), projw.data(), projb.data(), C, H);
+    }
+    MoEWeights<float> g() {
+        return moe_weights_stacked(grouter.data(), gfcw.data(), gfcb.data(), gprojw.data(), gprojb.data(), C, H);
+    }
     void zero_grads() {
         for (auto* v : {&grouter, &gfcw, &gfcb, &gprojw, &gprojb}) std::fill(v->begin(), v->end(), 0.0f);
     }

@@ -70,6 +70,8 @@ struct CPURunShape {
     Optimizer optimizer = Optimizer::AdamW;
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
     GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
+    MoEConfig moe;                     // --moe-experts, --moe-every (llmc/model/model.h's MoE table)
+    int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -115,6 +117,9 @@ enum CPUBuffer {
     // gradient compression: PowerSGD's error feedback and Q (each twice: this step's wait for its
     // verdict), P and the exactly summed values, or bf16's send and receive arrays; the all-reduce's scratch
     CB_COMPRESSION_STATE, CB_COMPRESSION_WORK, CB_COMPRESSION_SCRATCH,
+    // mixture of experts: the MoE table (router, experts 1 .. E-1), its gradient and AdamW moments;
+    // what each MoE block keeps for its backward (llmc/model/moe.h's MoEActivations, one per block)
+    CB_MOE_PARAMS, CB_MOE_GRADS, CB_MOE_ADAM_M, CB_MOE_ADAM_V, CB_MOE_ACTIVATIONS, CB_MOE_SUM_SCRATCH,
     CB_COUNT
 };
 
@@ -209,6 +214,17 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q", gc.state, F};
     t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};
     t[CB_COMPRESSION_SCRATCH] = {"compression_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", gc.scratch, F};
+    // (MoE runs on one slice: cli.h refuses it with tensor, pipeline parallelism and ZeRO)
+    size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers);
+    t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, F};
+    t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
+    t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params", moe, F};
+    t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params", moe, F};
+    t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)",
+                             Lm * (s.moe.experts > 0 ? moe_activation_values(BT, C, s.moe.experts, s.moe_top_k) : 0), F};
+    // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself)
+    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard",
+                             moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0, F};
     return t;
 }
 

@@ -67,6 +67,8 @@ struct EstimateSetup {
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
+    MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
+    int moe_top_k = 1;                    // --moe-top-k
     // the GPU trainer's choices
     bool master_weights = true;
     bool offload_optimizer = false;     // --offload optimizer
@@ -111,6 +113,8 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     shape.optimizer = e.optimizer;
     shape.bf16_moments = e.bf16_moments;
     shape.compression = e.compression;
+    shape.moe = e.moe;
+    shape.moe_top_k = e.moe_top_k;
     return cpu_buffer_table(shape);
 }
 
@@ -527,6 +531,8 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     parse_optimizer(o.optimizer, &e.optimizer);
     e.bf16_moments = o.optimizer_state == "bf16";
     e.compression = grad_compression_settings(o);
+    e.moe = MoEConfig{o.moe_experts, o.moe_every};
+    e.moe_top_k = o.moe_top_k;
     e.master_weights = master_weights;
     e.offload_optimizer = o.offload == "optimizer";
     e.simple_attention = simple_attention;
@@ -605,6 +611,13 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("model: %s; N = %s parameters (%s with the real vocabulary)\n", describe_config(c).c_str(),
            with_commas((double)P).c_str(),
            with_commas(literature_param_count(c.vocab_size, c.max_seq_len, c.num_layers, c.channels, true)).c_str());
+    if (e.moe.experts > 0) {
+        size_t total = P + moe_layout(c, e.moe).total;
+        printf("mixture of experts: %d of %d blocks, %d experts, top-%d: %s parameters in all (the %s above + the MoE table's "
+               "%s), %s active per token\n", moe_block_count(e.moe, c.num_layers), c.num_layers, e.moe.experts, e.moe_top_k,
+               with_commas((double)total).c_str(), with_commas((double)P).c_str(), with_commas((double)(total - P)).c_str(),
+               with_commas((double)moe_active_params(c, e.moe, e.moe_top_k)).c_str());
+    }
     printf("run: %s\n", estimate_run_description(e).c_str());
 
     printf("\nmemory of rank 0, buffer by buffer (%s, the table the trainer allocates from)\n",

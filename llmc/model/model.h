@@ -217,6 +217,100 @@ inline void init_gpt2_params(const GPT2Config& cfg, uint64_t seed, float* params
     }
 }
 
+// ----------------------------------------------------------------------------------------------
+// Mixture of experts: the MoE blocks' own tensors (docs/moe.md; the layer is llmc/model/moe.h)
+//
+// With --moe-experts E, blocks every-1, 2 every-1, ... (counting from 0) are MoE blocks: their MLP is
+// E experts and a router. Expert 0 of an MoE block IS that block's MLP in the table above (its
+// fcw, fcb, fcprojw, fcprojb at layer l): same place, same counters, same initial values, so the
+// dense model is the special case E = 1 (docs/moe.md proves it bit for bit over a run), and the
+// model has no dead weights. (Sparse upcycling, Komatsuzaki et al. 2022, starts EVERY expert from a
+// trained dense MLP; here only expert 0 is, the others are drawn fresh.) What a dense model has no
+// place for goes to a second flat array, the MoE table, each tensor stacked over the Lm MoE blocks:
+//
+//   tensor          shape               role
+//   router          (Lm, E, C)          logits = x W_r^T, no bias (Switch)
+//   fcw, fcb        (Lm, E-1, 4C, C), (Lm, E-1, 4C)    experts 1 .. E-1: the MLP's up-projection
+//   fcprojw, fcprojb (Lm, E-1, C, 4C), (Lm, E-1, C)    and down-projection
+//
+// Its initialisation continues the counter-based scheme: element i of the MoE table gets the
+// counter (dense table's total) + i, a counter no dense element uses; the same standard deviations
+// as the dense tensors (0.02, the projection 0.02/sqrt(2L), biases 0; the router 0.02).
+struct MoEConfig {
+    int experts = 0;  // E; 0 = dense, no MoE block
+    int every = 1;    // blocks every-1, 2 every-1, ... are MoE blocks
+};
+
+inline bool is_moe_block(const MoEConfig& m, int l) { return m.experts > 0 && (l + 1) % m.every == 0; }
+inline int moe_block_count(const MoEConfig& m, int L) { return m.experts > 0 ? L / m.every : 0; }
+inline int moe_block_index(const MoEConfig& m, int l) { return (l + 1) / m.every - 1; }  // of an MoE block
+
+constexpr int NUM_MOE_TENSORS = 5;
+enum MoETensor { MOE_ROUTER, MOE_FCW, MOE_FCB, MOE_FCPROJW, MOE_FCPROJB };
+
+inline const char* moe_tensor_name(int t) {
+    static const char* names[NUM_MOE_TENSORS] = {"router", "fcw", "fcb", "fcprojw", "fcprojb"};
+    return names[t];
+}
+
+// Weight decay as for the dense tensors: the matrices (the router among them), not the biases.
+inline bool moe_tensor_decays(int t) { return t == MOE_ROUTER || t == MOE_FCW || t == MOE_FCPROJW; }
+
+struct MoELayout {
+    std::array<size_t, NUM_MOE_TENSORS> per_block{};  // elements of each tensor in one MoE block
+    std::array<size_t, NUM_MOE_TENSORS> count{};      // ... in all Lm of them
+    std::array<size_t, NUM_MOE_TENSORS> offset{};     // element offset of each tensor in the MoE table
+    size_t total = 0;
+};
+
+inline MoELayout moe_layout(const GPT2Config& cfg, const MoEConfig& m) {
+    size_t C = cfg.channels, E = m.experts, Lm = moe_block_count(m, cfg.num_layers), more = E > 0 ? E - 1 : 0;
+    MoELayout p;
+    p.per_block = {E * C, more * 4 * C * C, more * 4 * C, more * C * 4 * C, more * C};
+    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
+        p.count[t] = Lm * p.per_block[t];
+        p.offset[t] = p.total;
+        p.total += p.count[t];
+    }
+    return p;
+}
+
+// Tensor t of MoE block b (its index among the MoE blocks) inside the MoE table.
+template <typename T>
+inline T* moe_tensor(T* table, const MoELayout& layout, int t, int b) {
+    return table + layout.offset[t] + (size_t)b * layout.per_block[t];
+}
+
+// Parameters a token passes through: the dense table (expert 0 of every MoE block included), each
+// MoE block's router, and its k-1 other chosen experts: top-k of E experts, E/k times fewer than the model holds.
+inline size_t moe_active_params(const GPT2Config& cfg, const MoEConfig& m, int top_k) {
+    size_t C = cfg.channels, expert = 8 * C * C + 5 * C, Lm = moe_block_count(m, cfg.num_layers);
+    return param_layout(cfg).total + Lm * ((size_t)m.experts * C + (size_t)(top_k - 1) * expert);
+}
+
+// What one MoE block keeps for one micro-batch of N tokens (its forward's routing and rows, its
+// backward's scratch): the sizes moe_allocate (llmc/model/moe.h) gives its vectors, in 4-byte values
+// (floats and ints), counted here so the size tables need no layer header. H = 4C, k = top-k.
+inline size_t moe_activation_values(size_t N, size_t C, size_t E, size_t k) {
+    size_t H = 4 * C, rows = k * N;
+    size_t floats = 4 * N * E + N + 2 * rows + rows * (4 * C + 3 * H) + N * C;  // logits probs dprobs dlogits, lse,
+                                                                                 // gate dgate, xg eout drow dxg + fch fch_gelu dh, dx_router
+    size_t ints = 3 * rows + 3 * E + 1;                                          // choice row token_of_row, routed kept first_row
+    return floats + ints;
+}
+
+inline void init_moe_params(const GPT2Config& cfg, const MoEConfig& m, uint64_t seed, float* params) {
+    MoELayout layout = moe_layout(cfg, m);
+    size_t first_counter = param_layout(cfg).total;  // after every counter the dense table uses
+    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
+        size_t lo = layout.offset[t], hi = lo + layout.count[t];
+        float stddev = t == MOE_FCPROJW ? 0.02f / std::sqrt(2.0f * cfg.num_layers) : 0.02f;
+        bool is_matrix = moe_tensor_decays(t);
+        #pragma omp parallel for schedule(static)
+        for (size_t i = lo; i < hi; i++) params[i] = is_matrix ? stddev * normal_from_counter(seed, first_counter + i) : 0.0f;
+    }
+}
+
 // FLOPs of one training step per token, the convention used to report MFU (model FLOPs
 // utilisation): 6 per parameter (2 in the forward matmuls, 4 in the backward) plus attention's
 // 6*L*C*T for QK^T and AV (counted in full, although causal masking skips half). N is the whole

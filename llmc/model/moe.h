@@ -80,15 +80,25 @@ struct MoEShape {
     float z_loss = 1e-3f;          // c_z of the router z-loss
 };
 
-// The weights of one MoE layer, expert e's tensors at e * (their size): the dense MLP's, stacked over E.
+// The weights of one MoE layer: the router, expert 0's four tensors, and experts 1 .. E-1's stacked
+// (expert e >= 1 at (e - 1) * (its size)). Two places, not one array of E, because in the trainer
+// expert 0 is the dense table's MLP of the block (llmc/model/model.h) and the others are in the MoE
+// table; moe_weights_stacked points at E experts that lie one after another.
 template <typename T>
 struct MoEWeights {
-    T* router;   // (E, C)
-    T* fcw;      // (E, H, C)   H = 4C hidden units
-    T* fcb;      // (E, H)
-    T* projw;    // (E, C, H)
-    T* projb;    // (E, C)
+    T* router;                           // (E, C)
+    T* fcw; T* fcb; T* projw; T* projb;  // expert 0: (H, C), (H), (C, H), (C)   H = 4C hidden units
+    T* more_fcw; T* more_fcb; T* more_projw; T* more_projb;  // experts 1 .. E-1: (E-1, H, C), ...
 };
+
+template <typename T>
+inline MoEWeights<T> moe_weights_stacked(T* router, T* fcw, T* fcb, T* projw, T* projb, size_t C, size_t H) {
+    return {router, fcw, fcb, projw, projb, fcw + H * C, fcb + H, projw + C * H, projb + C};
+}
+
+// Expert e's piece of one tensor: expert 0's, or the e-th of the stacked others.
+template <typename T>
+inline T* expert_tensor(T* first, T* more, int e, size_t size) { return e == 0 ? first : more + (size_t)(e - 1) * size; }
 
 // What one micro-batch's forward leaves for its backward (sized once by moe_allocate for N tokens:
 // nothing grows while training), and the backward's scratch.
@@ -223,9 +233,11 @@ inline MoEStats moe_forward(float* y, MoEActivations* a, const MoEShape& s, cons
         int n = a->kept[e];
         if (n == 0) continue;   // an expert no token reached: no work, and its gradient stays zero
         size_t r0 = a->first_row[e];
-        matmul_forward(&a->fch[r0 * H], &a->xg[r0 * C], w.fcw + (size_t)e * H * C, w.fcb + (size_t)e * H, n, C, H);
+        matmul_forward(&a->fch[r0 * H], &a->xg[r0 * C], expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C),
+                       expert_tensor(w.fcb, w.more_fcb, e, H), n, C, H);
         gelu_forward(&a->fch_gelu[r0 * H], &a->fch[r0 * H], (size_t)n * H);
-        matmul_forward(&a->eout[r0 * C], &a->fch_gelu[r0 * H], w.projw + (size_t)e * C * H, w.projb + (size_t)e * C, n, H, C);
+        matmul_forward(&a->eout[r0 * C], &a->fch_gelu[r0 * H], expert_tensor(w.projw, w.more_projw, e, (size_t)C * H),
+                       expert_tensor(w.projb, w.more_projb, e, C), n, H, C);
     }
     // combine: y_t = sum of gate * expert output over the kept choices (0 for a token all dropped)
     #pragma omp parallel for schedule(static)
@@ -284,11 +296,13 @@ inline void moe_backward(float* dx, const MoEWeights<float>& g, MoEActivations* 
         int n = a->kept[e];
         if (n == 0) continue;
         size_t r0 = a->first_row[e];
-        matmul_backward(&a->dh[r0 * H], g.projw + (size_t)e * C * H, g.projb + (size_t)e * C, &a->drow[r0 * C],
-                        &a->fch_gelu[r0 * H], w.projw + (size_t)e * C * H, n, H, C);
+        matmul_backward(&a->dh[r0 * H], expert_tensor(g.projw, g.more_projw, e, (size_t)C * H),
+                        expert_tensor(g.projb, g.more_projb, e, C), &a->drow[r0 * C], &a->fch_gelu[r0 * H],
+                        expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), n, H, C);
         gelu_backward(&a->dh[r0 * H], &a->fch[r0 * H], &a->dh[r0 * H], (size_t)n * H);
-        matmul_backward(&a->dxg[r0 * C], g.fcw + (size_t)e * H * C, g.fcb + (size_t)e * H, &a->dh[r0 * H], &a->xg[r0 * C],
-                        w.fcw + (size_t)e * H * C, n, C, H);
+        matmul_backward(&a->dxg[r0 * C], expert_tensor(g.fcw, g.more_fcw, e, (size_t)H * C),
+                        expert_tensor(g.fcb, g.more_fcb, e, H), &a->dh[r0 * H], &a->xg[r0 * C],
+                        expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), n, C, H);
     }
     // the probabilities' gradient: through the gates, the load-balancing loss, then the softmax and
     // the z-loss onto the logits

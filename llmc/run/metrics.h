@@ -120,18 +120,18 @@ inline void metrics_open(MetricsLog* log, TrainOptions& o, bool leader, const ch
 
 // One optimizer step. `mem_bytes`: the CPU's peak resident memory, or the GPU's memory in use.
 inline void metrics_step(MetricsLog* log, int step, double loss, float lr, float norm, double seconds, double mfu_percent,
-                         double mem_bytes) {
+                         double mem_bytes, const std::string& extra_fields = "") {
     log->last_step = step;
     log->steps_run++;
     log->train_seconds += seconds;
     log->last_loss = loss;
     metrics_write_line(log, strprintf("{\"type\":\"step\",\"step\":%d,\"tokens\":%lld,\"loss\":%s,\"lr\":%s,\"norm\":%s,"
-                                      "\"ms\":%s,\"tok_s\":%s,\"mfu\":%s,\"mem_mb\":%s}",
+                                      "\"ms\":%s,\"tok_s\":%s,\"mfu\":%s,\"mem_mb\":%s%s}",
                                       step, (long long)(step * log->tokens_per_step), json_number(loss).c_str(),
                                       json_number(lr).c_str(), json_number(norm).c_str(), json_number(seconds * 1e3).c_str(),
                                       json_number(log->tokens_per_step / seconds).c_str(),
                                       json_number(mfu_percent >= 0 ? mfu_percent : NAN).c_str(),
-                                      json_number(mem_bytes / (1 << 20)).c_str()));
+                                      json_number(mem_bytes / (1 << 20)).c_str(), extra_fields.c_str()));
 }
 
 // The validation loss after `step` steps: printed as "step N | val loss X" and logged.

@@ -95,7 +95,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
 // "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345 | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
 // (scripts parse "<number> ms" and "<number> tok/s" from this line).
 inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
-                            double mfu_percent, double eta_seconds) {
+                            double mfu_percent, double eta_seconds, const std::string& extra = "") {
     printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step, steps, loss, lr, norm,
            seconds * 1e3, tokens / seconds);
     if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
@@ -104,7 +104,7 @@ inline void print_step_line(int step, int steps, double loss, float lr, float no
         if (s >= 3600) printf(" | ETA %dh%02dm", s / 3600, (s % 3600) / 60);
         else printf(" | ETA %dm%02ds", s / 60, s % 60);
     }
-    printf("\n");
+    printf("%s\n", extra.c_str());  // a technique's own numbers (--moe-experts: its auxiliary losses and loads)
     fflush(stdout);
 }
 

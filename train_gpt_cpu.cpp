@@ -932,6 +932,8 @@ static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
     d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
     dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads,
                           !model->server.on || parameter_server_is_server(model->server));
+    // --moe-experts: then the MoE table's, summed, whole on every rank
+    d->state.grads.insert(d->state.grads.end(), model->moe_grads.begin(), model->moe_grads.end());
     d->first_step = false;
 }
 
@@ -940,6 +942,7 @@ static void dump_at_end(GPT2* model, Parallel* par, const std::string& path, int
     if (!d->on) return;
     dump_gather_weights(&par->comms.world, model->zero, model->config, model->slice, weight_storage(model), model->lent_wte,
                         &d->state.params);
+    d->state.params.insert(d->state.params.end(), model->moe_params.begin(), model->moe_params.end());  // --moe-experts
     if (par->grid.rank == 0) {
         write_dump_state(path, d->state, model->config, B, T, "cpu");
         printf("dumped state to %s\n", path.c_str());
@@ -1370,7 +1373,7 @@ int main(int argc, char** argv) {
     if (grid.world > 1 && plan.steps > first_step)
         report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
     if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
-        compression.kind == GradCompressionKind::None)
+        compression.kind == GradCompressionKind::None && model.moe.experts == 0)  // (its arithmetic knows the dense table only)
         parameter_server_report(model.server, last_step[0], model.layout.total);  // --data-parallel: server vs all-reduce
     if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 

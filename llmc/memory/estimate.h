@@ -146,6 +146,13 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                                g.zero_stage);
     c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
+    size_t moe = moe_layout(e.cfg, e.moe).total;
+    if (moe > 0 && g.dp > 1) {  // the MoE table's gradient: a reduce-scatter and an all-gather of padded shards
+        uint64_t shard = (moe + g.dp - 1) / g.dp;
+        c.bytes[0] += 2 * (uint64_t)(g.dp - 1) * shard * sizeof(float);
+    }
+    if (e.moe.experts > 0 && g.world > 1)  // the routing statistics: three comm_sum's, a maximum of two floats
+        c.bytes[3] += 3 * (uint64_t)(g.world - 1) * sizeof(double) + 2 * (uint64_t)(g.world - 1) * 2 * sizeof(float) / g.world;
     return c;
 }
 

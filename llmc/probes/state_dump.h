@@ -23,6 +23,7 @@
 //   logits [B, T, V]  first micro-batch's logits, padding dropped     loss [1]  its mean loss
 //   grads  [P]        the first step's gradient, before clipping      losses [steps]  each step's loss
 //   params [P]        the weights after the last step
+// (--moe-experts: grads and params go on with the MoE table's, llmc/model/model.h, after the P dense ones)
 struct DumpState {
     std::vector<float> logits, grads, losses, params;
     float loss = 0.0f;

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""test_moe_trainer.py — the mixture-of-experts layer inside the CPU trainer (issue 24; docs/moe.md).
+
+The layer itself is proven against PyTorch in test_moe.py; this tests the wiring: the parameter
+table, the step, the loss normalisation, data parallelism, the estimate. Tiny model (L=2 or 4, C=64).
+
+  dense        --moe-experts 1, top-1, no dropping, z-loss 0 (alpha at its default: its gradient is
+               exactly 0 with one expert) IS the dense model: losses, step-1 logits and gradient and
+               final weights bit for bit over 6 steps of 2 accumulated micro-batches, and the router's
+               gradient exactly 0. Expert 0 of a block is the dense block's MLP (llmc/model/model.h).
+  learns       E = 4, top-2, capacity 1.25, 10 steps on a periodic stream: the LM loss finite and
+               falling by more than 0.3 nats; the aux and z losses and the loads in the step line
+               and in metrics.jsonl, the same numbers.
+  aux values   step 1's auxiliary losses against the papers' equations at near-uniform routing (the
+               router starts at std 0.02, so p ~ 1/E): L_aux = alpha E sum f_i P_i ~ alpha per MoE
+               block (Switch), L_z = c_z mean lse^2 ~ c_z (ln E)^2 per block (ST-MoE); and both
+               exactly proportional to alpha and c_z (step 1's forward does not depend on them).
+  accumulate   the loss normalisation: on a stream of period B*T tokens every micro-batch is the same,
+               so 2 accumulated micro-batches must give 1 micro-batch's step (aux_scale = 1/(m dp):
+               the step's aux loss is the mean of its micro-batches'), with alpha = 1 and c_z = 0.1 so
+               that the auxiliary gradients weigh; to fp32 rounding (test_parallelism's tolerances).
+  ranks        2 MPI ranks == 1 rank accumulating the same micro-batches (E = 4, top-2, no dropping:
+               with a capacity, each rank's would be of its own tokens), within test_parallelism's
+               tolerances; every rank's memory and bytes sent = --estimate's.
+  estimate     one rank: every buffer allocated (the MoE table, its gradient, moments and the MoE
+               blocks' activations among them) = --estimate's row, to the byte; --estimate's
+               parameter counts (total, active per token) = the trainer's.
+Planted by hand and caught (see docs/moe.md): aux_scale without the accumulation division
+("accumulate" failed); expert 0's initial weights differing from the dense MLP's ("dense" failed).
+"""
+import json, os, re, shutil, subprocess, sys, tempfile
+import numpy as np
+from checks import report, exit_code
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+from safetensors_io import read_safetensors  # noqa: E402
+from token_shards import write_shard  # noqa: E402
+from test_parallelism import Runner, check_close, check_predictions, differences  # noqa: E402
+from test_parallelism import TOL_LOSS_REL, TOL_GRAD_REL, TOL_PARAM_ABS  # noqa: E402
+from test_estimate import parse_estimate, parse_allocations, compare  # noqa: E402
+
+BIN = os.path.join(ROOT, "train_gpt_cpu")
+MODEL = "L=2,C=64,H=4,T=32,V=501"
+L, C, T = 2, 64, 32
+
+
+def train(tmp, name, *flags, steps=6, data="train.bin"):
+    """Runs the trainer; returns (exit code, stdout + stderr, the dump or None, metrics.jsonl's step lines)."""
+    dump, metrics = os.path.join(tmp, name + ".st"), os.path.join(tmp, name + ".jsonl")
+    cmd = [BIN, "--model", MODEL, "--train-data", os.path.join(tmp, data), "--val-data", "none", "--seq-len", str(T),
+           "--batch-size", "2", "--steps", str(steps), "--lr", "1e-3", "--threads", "1", "--out-dir", os.path.join(tmp, "out"),
+           "--dump-state", dump, "--metrics", metrics] + [str(f) for f in flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 or not os.path.exists(dump):
+        return p.returncode, p.stdout + p.stderr, None, []
+    steps_logged = [json.loads(l) for l in open(metrics) if '"type":"step"' in l]
+    return p.returncode, p.stdout, read_safetensors(dump)[0], steps_logged
+
+
+def step_lines(out):
+    return re.findall(r"^step +\d+/\d+ \| loss ([\d.]+) .*\| aux ([\d.]+) \| z ([\d.]+) \| dropped (\d+) \| load (\d+)\.\.(\d+)$",
+                      out, re.M)
+
+
+def check_dense(tmp):
+    code, out, dense, _ = train(tmp, "dense", "--total-batch-tokens", 4 * T)
+    code1, out1, moe1, _ = train(tmp, "moe1", "--total-batch-tokens", 4 * T, "--moe-experts", 1, "--moe-z-loss", 0)
+    if dense is None or moe1 is None:
+        report(False, "dense: E = 1 runs", (out + out1)[-1500:])
+        return
+    P = dense["params"].size
+    same = [k for k in ("losses", "logits", "loss") if np.array_equal(dense[k], moe1[k])]
+    same += [k for k in ("params", "grads") if np.array_equal(dense[k], moe1[k][:P])]
+    router_grad = moe1["grads"][P:]
+    report(len(same) == 5 and router_grad.size == L * C and not np.any(router_grad),
+           "dense: --moe-experts 1 top-1, no dropping, z-loss 0 == the dense model bit for bit (6 steps of 2 micro-batches: "
+           "losses, step-1 logits and gradient, final weights); the router's gradient exactly 0",
+           f"bit-identical: {same}; router gradient max |g| {np.max(np.abs(router_grad)) if router_grad.size else 'absent'}")
+
+
+def check_learns(tmp):
+    code, out, d, logged = train(tmp, "learns", "--moe-experts", 4, "--moe-top-k", 2, "--moe-capacity-factor", 1.25,
+                                 steps=10, data="periodic97.bin")
+    lines = step_lines(out)
+    if d is None or len(lines) != 10 or len(logged) != 10:
+        report(False, "learns: E = 4 top-2 trains and reports", out[-1500:])
+        return
+    losses = d["losses"].astype(np.float64)
+    report(bool(np.all(np.isfinite(losses))) and losses[-1] < losses[0] - 0.3,
+           f"learns: E = 4 top-2, capacity 1.25: the LM loss finite and falling ({losses[0]:.3f} -> {losses[-1]:.3f})",
+           f"losses {losses}")
+    same = all(abs(float(a) - s["loss"]) < 5e-6 and abs(float(aux) - s["moe_aux"]) < 5e-7 and abs(float(z) - s["moe_z"]) < 5e-7
+               and int(dr) == s["moe_dropped"] and int(lo) == s["moe_load_min"] and int(hi) == s["moe_load_max"]
+               for (a, aux, z, dr, lo, hi), s in zip(lines, logged))
+    # loads: k N = 2 x 64 assignments per micro-batch over 4 experts, capacity ceil(2 * 64 * 1.25 / 4) = 40
+    loads_ok = all(0 <= int(lo) <= int(hi) <= 40 for (_, _, _, _, lo, hi) in lines)
+    report(same and loads_ok, "learns: the step line and metrics.jsonl carry the same LM loss, aux and z losses, drops "
+           "and loads (every load within the capacity of 40)", "\n".join(out.splitlines()[-12:]))
+
+
+def check_aux_values(tmp):
+    def first_step(alpha, cz):
+        code, out, d, logged = train(tmp, f"aux{alpha}_{cz}", "--moe-experts", 4, "--moe-aux-alpha", alpha,
+                                     "--moe-z-loss", cz, steps=1)
+        return logged[0] if logged else None, out
+    a, out = first_step(0.01, 0.001)
+    b, out2 = first_step(0.02, 0.002)
+    if a is None or b is None:
+        report(False, "aux values: runs", (out + out2)[-1500:])
+        return
+    # near-uniform routing: per MoE block L_aux ~ alpha, L_z ~ c_z (ln E)^2; 2 blocks
+    want_aux, want_z = 2 * 0.01, 2 * 0.001 * np.log(4) ** 2
+    near = abs(a["moe_aux"] - want_aux) < 0.02 * want_aux and abs(a["moe_z"] - want_z) < 0.05 * want_z
+    report(near, f"aux values: step 1's L_aux {a['moe_aux']:.6f} ~ alpha x 2 blocks = {want_aux} (2%), L_z {a['moe_z']:.6f} "
+           f"~ c_z (ln 4)^2 x 2 blocks = {want_z:.6f} (5%)", json.dumps(a))
+    report(abs(b["moe_aux"] - 2 * a["moe_aux"]) <= 1e-6 * a["moe_aux"] and abs(b["moe_z"] - 2 * a["moe_z"]) <= 1e-6 * a["moe_z"]
+           and b["loss"] == a["loss"],
+           "aux values: doubling alpha and c_z doubles step 1's aux and z losses and leaves the LM loss alone",
+           f"{json.dumps(a)}\n{json.dumps(b)}")
+
+
+def check_accumulation(tmp):
+    flags = ["--moe-experts", 4, "--moe-top-k", 2, "--moe-aux-alpha", 1, "--moe-z-loss", 0.1]
+    _, out1, one, _ = train(tmp, "accum1", "--total-batch-tokens", 2 * T, *flags, data="periodic64.bin")
+    _, out2, two, _ = train(tmp, "accum2", "--total-batch-tokens", 4 * T, *flags, data="periodic64.bin")
+    if one is None or two is None:
+        report(False, "accumulate: runs", (out1 + out2)[-1500:])
+        return
+    loss, grad, param, _ = differences(two, one)
+    report(loss <= TOL_LOSS_REL and grad <= TOL_GRAD_REL and param <= TOL_PARAM_ABS,
+           f"accumulate: 2 identical micro-batches == 1 (alpha 1, c_z 0.1; losses {loss:.1e}, step-1 grads {grad:.1e} of max, "
+           f"weights {param:.1e}): the auxiliary losses are averaged over the micro-batches",
+           f"beyond tolerance (losses {TOL_LOSS_REL}, grads {TOL_GRAD_REL}, weights {TOL_PARAM_ABS})")
+
+
+def check_ranks(tmp):
+    if not shutil.which("mpirun") or "libmpi" not in subprocess.run(["ldd", BIN], capture_output=True, text=True).stdout:
+        print("SKIP: ranks (no mpirun, or train_gpt_cpu built without MPI)")
+        return
+    work = os.path.join(tmp, "ranks")
+    os.makedirs(work)
+    rng = np.random.default_rng(0)
+    write_shard(os.path.join(work, "train_000.bin"), rng.integers(0, 501, 16384))
+    r = Runner(work)
+    flags = ["--moe-experts", 4, "--moe-top-k", 2]
+    one, _ = r.dump("one", 1, *flags, steps=5)
+    two, out = r.dump("two", 2, *flags, steps=5)
+    check_close("ranks: E = 4 top-2 on dp2", two, one)
+    check_predictions("ranks: E = 4 top-2 on dp2", out, 2)
+
+
+def check_estimate(tmp):
+    shape = ["--model", MODEL, "--batch-size", "2", "--seq-len", str(T), "--moe-experts", "4", "--moe-top-k", "2",
+             "--moe-every", "2", "--moe-capacity-factor", "1.5"]
+    p = subprocess.run([BIN] + shape + ["--estimate"], capture_output=True, text=True, cwd=tmp)
+    rows, ranks = parse_estimate(p.stdout)
+    q = subprocess.run([BIN] + shape + ["--train-data", os.path.join(tmp, "train.bin"), "--val-data", "none", "--steps", "2",
+                        "--threads", "1", "--print-allocations", "--metrics", "none", "--out-dir", os.path.join(tmp, "out")],
+                       capture_output=True, text=True)
+    why = compare(rows, ranks, parse_allocations(q.stdout), 0) if q.returncode == 0 else q.stderr[-400:]
+    moe_rows = [name for name in rows if name.startswith("moe_") and rows[name][1] > 0]
+    report(p.returncode == 0 and not why and len(moe_rows) == 5,
+           f"estimate: every buffer allocated = --estimate's, to the byte, the MoE rows among them ({', '.join(moe_rows)})", why)
+    est = re.search(r"^mixture of experts: .*: ([\d,]+) parameters in all .* ([\d,]+) active per token", p.stdout, re.M)
+    got = re.search(r"^mixture of experts: .*= (\d+) parameters, (\d+) active per token", q.stdout, re.M)
+    # by hand: dense 134,912 (V=501 -> Vp=512); 1 MoE block (every 2 of 2): router 4 x 64, 3 more experts of
+    # 8 C^2 + 5 C = 33,088 each; a token passes through the router and k - 1 = 1 more expert
+    total, active = 134912 + 4 * 64 + 3 * 33088, 134912 + 4 * 64 + 33088
+    report(est is not None and got is not None and int(est.group(1).replace(",", "")) == int(got.group(1)) == total
+           and int(est.group(2).replace(",", "")) == int(got.group(2)) == active,
+           f"estimate: {total} parameters in all, {active} active per token, in --estimate and in the trainer's header",
+           f"{est.group(0) if est else p.stdout[:800]}\n{got.group(0) if got else q.stdout[:800]}")
+
+
+def main():
+    if not os.path.exists(BIN):
+        print("FAIL: moe trainer: train_gpt_cpu is not built (run make)")
+        return 1
+    tmp = tempfile.mkdtemp(prefix="llmc_moe_trainer_")
+    try:
+        rng = np.random.default_rng(0)
+        write_shard(os.path.join(tmp, "train.bin"), rng.integers(0, 501, 8192))
+        # a stream of period 97 (learnable), and one of period B*T = 64 (every micro-batch the same)
+        write_shard(os.path.join(tmp, "periodic97.bin"), np.tile(rng.integers(0, 501, 97), 60))
+        write_shard(os.path.join(tmp, "periodic64.bin"), np.tile(rng.integers(0, 501, 64), 60))
+        check_dense(tmp)
+        check_learns(tmp)
+        check_aux_values(tmp)
+        check_accumulation(tmp)
+        check_ranks(tmp)
+        check_estimate(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

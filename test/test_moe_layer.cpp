@@ -1,4 +1,4 @@
-// test_moe_layer.cpp — the mixture-of-experts layer (llmc/model/moe.h) on its own, not yet in a trainer.
+// test_moe_layer.cpp — the mixture-of-experts layer (llmc/model/moe.h) on its own (test_moe_trainer.py tests it in the CPU trainer).
 //
 // Run with no arguments (as test/run_tests.py does), it checks what needs no other program:
 //   dense     E = 1, top-1, no dropping, z-loss 0 is the dense MLP (the trainer's own calls:

@@ -57,9 +57,10 @@
 // and scatter are memory copies a dense layer does not need; the matmuls are per expert, on fewer
 // rows each, so less efficient than one big one.
 //
-// Hook points: none yet. It replaces the dense MLP's two matmuls and GELU (between the second
-// LayerNorm and the residual add); expert parallelism's dispatch and combine will be a pair of hooks
-// around the experts' matmuls (docs/adding-a-technique.md section 2).
+// Hook points: none yet. train_gpt_cpu.cpp calls it in place of the dense MLP's two matmuls and GELU
+// (between the second LayerNorm and the residual add) of every MoE block; expert parallelism's
+// dispatch and combine will be a pair of hooks around the experts' matmuls (docs/adding-a-technique.md
+// section 2).
 #pragma once
 
 #include <algorithm>

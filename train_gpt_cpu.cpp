@@ -832,15 +832,18 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
         init_moe_params(cfg, model->moe, o.seed, model->moe_params.data());  // (--moe-experts; refused with a file or a checkpoint)
         return;
     }
+    // (an MoE model's state files never hold the weights: MoE runs on no grid that splits them)
     if (!resume_dir.empty() && read_state_runs(resume_dir, param_layout(cfg).total, wanted(runs, true), nullptr, nullptr, dst)
                                    .has_master_weights) {
         return;
     }
-    // a model file holds the full model: read it whole, keep this rank's runs
+    // a model file holds the full model: read it whole, keep this rank's runs (and an MoE model's table:
+    // main checked that the file's MoE settings are this run's, so the sizes agree)
     GPT2Config file_cfg;
-    std::vector<float> full;
-    read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full);
+    std::vector<float> full, moe_full;
+    read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full, &moe_full);
     for (const StateRun& r : runs) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+    std::copy(moe_full.begin(), moe_full.end(), model->moe_params.begin());
 }
 
 // A sound loss and gradient norm can still carry a weight past FLT_MAX (an enormous learning rate):
@@ -865,7 +868,10 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
     CheckpointParts parts;
-    parts.write_model_bin = [&](const std::string& path) { write_model_file(path, cfg, model->params.data(), false); };
+    parts.write_model_bin = [&](const std::string& path) {
+        if (model->moe.experts == 0) write_model_file(path, cfg, model->params.data(), false);
+        else write_moe_model_file(path, cfg, model->moe, model->moe_shape.top_k, model->params.data(), model->moe_params.data());
+    };
     parts.fill_state = [&](TrainState* s) {
         if (model->optimizer != Optimizer::AdamW) {  // its blocks' factored state (docs/formats.md, version 3)
             s->header.optimizer = (int)model->optimizer;
@@ -884,7 +890,11 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
         barrier("the barrier before assembling model.bin");
         if (par->grid.rank == 0) assemble_model_file(dir, cfg);
     };
-    parts.write_rank_files = [&](const std::string& dir) { grad_compression_save(model->compression, dir, step); };
+    parts.write_rank_files = [&](const std::string& dir) {
+        grad_compression_save(model->compression, dir, step);
+        if (model->moe.experts > 0 && par->grid.rank == 0)  // (every rank holds the same)
+            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, model->moe_m, model->moe_v);
+    };
     write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
 
@@ -1021,6 +1031,8 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
                                    model->adam_m.data(), model->adam_v.data(), nullptr);
     }
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
+    if (model->moe.experts > 0)  // --moe-experts: the MoE table's moments (its weights came with model.bin)
+        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, &model->moe_m, &model->moe_v);
     grad_compression_load(&model->compression, resume_dir, resumed->step);  // its error feedback and Q, or a refusal
     model->compression.steps_done = resumed->step;
     *sampler_rng = resumed->sampler_rng;
@@ -1229,13 +1241,7 @@ static void refuse_moe_problems(const TrainOptions& o) {
     auto refuse = [&](const char* what, const char* fix) {
         usage_fail("--moe-experts with %s: %s", what, fix);
     };
-    if (!o.resume.empty() || o.checkpoint_every > 0)
-        refuse(o.resume.empty() ? "--checkpoint-every" : "--resume",
-               "checkpoints and model files do not hold the MoE table yet (issue 24); use --checkpoint-every 0 and no --resume");
-    GPT2Config described;
-    if (!parse_model_descriptor(o.model, &described))
-        refuse("a model file", "a model file holds a dense model; start MoE from a descriptor (--model d12, L=2,C=64,H=4, ...)");
-    if (generation_mode(o)) refuse("--generate", "generation reads a model file, which cannot hold the MoE table yet; drop --moe-*");
+    if (generation_mode(o)) refuse("--generate", "generation has no MoE layer in its KV-cache forward yet; drop --moe-*");
     if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
     if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
 }
@@ -1276,7 +1282,15 @@ int main(int argc, char** argv) {
     std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
-    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
+    ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
+    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
+    if (!new_model && (file.moe.experts != o.moe_experts ||
+                       (o.moe_experts > 0 && (file.moe.every != o.moe_every || file.moe_top_k != o.moe_top_k)))) {
+        grid_usage_fail(&world, strprintf("%s holds %s, and this run asks for %s: pass the model's --moe-* flags (the capacity "
+                                          "factor, aux alpha and z-loss may change)", model_source.c_str(),
+                                          describe_moe_flags(file.moe, file.moe_top_k).c_str(),
+                                          describe_moe_flags(MoEConfig{o.moe_experts, o.moe_every}, o.moe_top_k).c_str()));
+    }
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);

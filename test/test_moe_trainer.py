@@ -22,6 +22,11 @@ table, the step, the loss normalisation, data parallelism, the estimate. Tiny mo
   ranks        2 MPI ranks == 1 rank accumulating the same micro-batches (E = 4, top-2, no dropping:
                with a capacity, each rank's would be of its own tokens), within test_parallelism's
                tolerances; every rank's memory and bytes sent = --estimate's.
+  resume       5 steps straight == 3 steps, checkpoint (model.bin version 7 + moe_state.bin), resume,
+               2 more: bit for bit (losses and weights, the MoE table's included), with a capacity
+               factor (tokens dropped); resuming with other --moe-* flags, or as a dense model, refused
+               in one line (exit 2); readers that hold dense GPT-2 only refuse the file in one line:
+               hf_convert export, --generate, and the GPU trainer (build/emu/train_gpt, when built)
   estimate     one rank: every buffer allocated (the MoE table, its gradient, moments and the MoE
                blocks' activations among them) = --estimate's row, to the byte; --estimate's
                parameter counts (total, active per token) = the trainer's.
@@ -39,6 +44,7 @@ from token_shards import write_shard  # noqa: E402
 from test_parallelism import Runner, check_close, check_predictions, differences  # noqa: E402
 from test_parallelism import TOL_LOSS_REL, TOL_GRAD_REL, TOL_PARAM_ABS  # noqa: E402
 from test_estimate import parse_estimate, parse_allocations, compare  # noqa: E402
+from test_bad_inputs import one_line_error, gpu_trainer  # noqa: E402
 
 BIN = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=32,V=501"
@@ -150,6 +156,39 @@ def check_ranks(tmp):
     check_predictions("ranks: E = 4 top-2 on dp2", out, 2)
 
 
+def check_resume(tmp):
+    flags = ["--total-batch-tokens", 4 * T, "--moe-experts", 4, "--moe-top-k", 2, "--moe-capacity-factor", 1.25]
+    out_dir = os.path.join(tmp, "out")  # train()'s --out-dir
+    _, out, straight, _ = train(tmp, "straight", *flags, "--checkpoint-every", 3, steps=5)
+    ckpt = os.path.join(out_dir, "ckpt_00000003")
+    _, out2, resumed, _ = train(tmp, "resumed", *flags, "--resume", ckpt, steps=5)
+    if straight is None or resumed is None:
+        report(False, "resume: runs", (out + out2)[-1500:])
+        return
+    header = np.fromfile(os.path.join(ckpt, "model.bin"), dtype=np.int32, count=11)
+    dropped = sum(int(d) for (_, _, _, d, _, _) in step_lines(out))
+    report(np.array_equal(straight["losses"][3:], resumed["losses"]) and np.array_equal(straight["params"], resumed["params"])
+           and list(header[[1, 8, 9, 10]]) == [7, 4, 2, 1] and os.path.exists(os.path.join(ckpt, "moe_state.bin")) and dropped > 0,
+           f"resume: 3 + 2 steps == 5 bit for bit (losses, weights and the MoE table; {dropped} assignments dropped); model.bin "
+           "is version 7 with E, top-k, every in its header",
+           f"losses {straight['losses']} vs {resumed['losses']}; header {header}")
+    base = ["--model", MODEL, "--train-data", os.path.join(tmp, "train.bin"), "--seq-len", str(T), "--steps", "5",
+            "--out-dir", out_dir, "--resume", ckpt]
+    one_line_error("resume: with --moe-top-k 1 instead of the checkpoint's 2", base + ["--moe-experts", "4", "--moe-top-k", "1"],
+                   2, "--moe-top-k 2", "--moe-top-k 1", "pass the model's --moe-* flags", seconds=10)
+    one_line_error("resume: an MoE checkpoint as a dense model", base, 2, "--moe-experts 4", "a dense model", seconds=10)
+    one_line_error("hf_convert export of an MoE checkpoint", ["export", ckpt, os.path.join(tmp, "hf")], 1,
+                   "mixture-of-experts", "dense GPT-2 only", binary=os.path.join(ROOT, "hf_convert"), seconds=10)
+    one_line_error("--generate from an MoE checkpoint", ["--generate", "4", "--resume", ckpt], 1, "mixture-of-experts",
+                   "dense GPT-2 only", seconds=10)
+    gpu = gpu_trainer()
+    if gpu is None:
+        print("SKIP: the GPU trainer refuses an MoE checkpoint (neither build/emu/train_gpt nor train_gpt is built)")
+    else:
+        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --resume of an MoE checkpoint", base, 1, "mixture-of-experts",
+                       "dense GPT-2 only", binary=gpu, seconds=60)
+
+
 def check_estimate(tmp):
     shape = ["--model", MODEL, "--batch-size", "2", "--seq-len", str(T), "--moe-experts", "4", "--moe-top-k", "2",
              "--moe-every", "2", "--moe-capacity-factor", "1.5"]
@@ -189,6 +228,7 @@ def main():
         check_aux_values(tmp)
         check_accumulation(tmp)
         check_ranks(tmp)
+        check_resume(tmp)
         check_estimate(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

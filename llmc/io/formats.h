@@ -3,6 +3,10 @@
 //   model file    llm.c's format: 256 x int32 header (magic 20240326, version 3 = fp32 or 5 = bf16,
 //                 maxT, V, L, NH, C, Vp), then every parameter in the order of model.h. So llm.c's
 //                 gpt2_124M.bin loads here and our checkpoints load in llm.c.
+//                 Version 7 (ours) is a mixture-of-experts model: version 3's header with E, top-k
+//                 and every in h[8..10], the 16 tensors, then the MoE table (model.h). Only the CPU
+//                 trainer's training reads it; every other reader refuses it in one line.
+//   MoE state     ours (moe_state.bin in a checkpoint of an MoE model): AdamW's m and v of the MoE table.
 //   token shard   llm.c's format: 256 x int32 header (magic 20240520, version 1, token count), then
 //                 the tokens as uint16. Any shard llm.c's data scripts wrote loads unchanged.
 //   train state   ours: what, beyond the weights, makes a resumed run continue bit-identically:
@@ -26,6 +30,9 @@
 constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
+constexpr int32_t MODEL_VERSION_MOE = 7;  // fp32, + E, top-k, every and the MoE table (docs/formats.md)
+constexpr int32_t MOE_STATE_MAGIC = 20261126;
+constexpr int32_t MOE_STATE_VERSION = 1;
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 constexpr int32_t STATE_MAGIC = 20241121;
@@ -42,6 +49,7 @@ inline const char* describe_magic(int32_t magic) {
         case MODEL_MAGIC: return "a model file";
         case SHARD_MAGIC: return "a token shard";
         case STATE_MAGIC: return "a training-state file";
+        case MOE_STATE_MAGIC: return "an MoE training-state file";
         default: return "not a file of this project";
     }
 }
@@ -52,15 +60,30 @@ inline const char* describe_magic(int32_t magic) {
 struct ModelHeader {
     GPT2Config config;
     int version = MODEL_VERSION_FP32;
+    MoEConfig moe;        // version 7: experts and every (experts 0: a dense model)
+    int moe_top_k = 0;    // version 7: experts per token
 };
 
-inline ModelHeader parse_model_header(const int32_t* h, const std::string& path) {
+// What a model's MoE settings are called on the command line (for the messages that compare them).
+inline std::string describe_moe_flags(const MoEConfig& m, int top_k) {
+    if (m.experts == 0) return "a dense model (no --moe-experts)";
+    return strprintf("--moe-experts %d --moe-top-k %d --moe-every %d", m.experts, top_k, m.every);
+}
+
+// `holds_moe`: the caller can hold a mixture-of-experts model (the CPU trainer's training). Every
+// other reader (the GPU trainer, hf_convert, generation) refuses a version 7 file here, in one line.
+inline ModelHeader parse_model_header(const int32_t* h, const std::string& path, bool holds_moe = false) {
     if (h[0] != MODEL_MAGIC) {
         fail("'%s' is not a model file (magic %d, expected %d; it looks like %s). "
              "Pass a model .bin written by this project or llm.c, or a descriptor such as d12",
              path.c_str(), h[0], MODEL_MAGIC, describe_magic(h[0]));
     }
-    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16) {
+    if (h[1] == MODEL_VERSION_MOE && !holds_moe) {
+        fail("model file '%s' is a mixture-of-experts model (version %d: %d experts): this reader holds dense GPT-2 only "
+             "(versions %d and %d); train it on with train_gpt_cpu --resume, which reads it", path.c_str(), h[1], h[8],
+             MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16 && h[1] != MODEL_VERSION_MOE) {
         fail("model file '%s' has version %d; this program reads version %d (fp32) and %d (bf16)",
              path.c_str(), h[1], MODEL_VERSION_FP32, MODEL_VERSION_BF16);
     }
@@ -77,6 +100,14 @@ inline ModelHeader parse_model_header(const int32_t* h, const std::string& path)
         fail("model file '%s' has an impossible shape (%s): %s", path.c_str(),
              describe_config(mh.config).c_str(), why.c_str());
     }
+    if (mh.version == MODEL_VERSION_MOE) {
+        mh.moe = MoEConfig{h[8], h[10]};
+        mh.moe_top_k = h[9];
+        if (h[8] < 1 || h[8] > (1 << 20) || (h[9] != 1 && h[9] != 2) || h[9] > h[8] || h[10] < 1) {
+            fail("model file '%s' has an impossible mixture of experts (%d experts, top-%d, every %d): its header is damaged",
+                 path.c_str(), h[8], h[9], h[10]);
+        }
+    }
     return mh;
 }
 
@@ -88,8 +119,10 @@ inline int64_t model_file_bytes(const ModelHeader& mh) {
     const GPT2Config& c = mh.config;
     double C = c.channels, bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
     double n = ((double)c.padded_vocab_size + c.max_seq_len) * C + (double)c.num_layers * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    if (mh.version == MODEL_VERSION_MOE) n += (double)c.num_layers * mh.moe.experts * (8.0 * C * C + 6.0 * C);  // (a bound)
     if (n * bytes_per > 4.0e18) return -1;
-    return (int64_t)(HEADER_INTS * sizeof(int32_t)) + (int64_t)(param_layout(c).total * (size_t)bytes_per);
+    size_t moe = mh.version == MODEL_VERSION_MOE ? moe_layout(c, mh.moe).total : 0;
+    return (int64_t)(HEADER_INTS * sizeof(int32_t)) + (int64_t)((param_layout(c).total + moe) * (size_t)bytes_per);
 }
 
 // A model file's length must be what its header promises, checked before anything is allocated from
@@ -104,30 +137,35 @@ inline void check_model_file_size(FILE* f, const ModelHeader& mh, const std::str
     if (actual != expected) {
         fail("model file '%s' has %lld bytes but its header (%s, %s) implies %lld: the file is %s",
              path.c_str(), (long long)actual, describe_config(mh.config).c_str(),
-             mh.version == MODEL_VERSION_BF16 ? "bf16" : "fp32", (long long)expected,
+             mh.version == MODEL_VERSION_BF16 ? "bf16" : mh.version == MODEL_VERSION_MOE ? "fp32 MoE" : "fp32", (long long)expected,
              actual < expected ? "truncated or its header is damaged" : "followed by unexpected bytes");
     }
 }
 
 // The header of a model file whose length has been checked against it.
-inline ModelHeader read_model_header(const std::string& path) {
+inline ModelHeader read_model_header(const std::string& path, bool holds_moe = false) {
     FILE* f = open_for_reading(path, "model file");
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "model file");
-    ModelHeader mh = parse_model_header(h, path);
+    ModelHeader mh = parse_model_header(h, path, holds_moe);
     check_model_file_size(f, mh, path);
     fclose(f);
     return mh;
 }
 
-// Reads all parameters as fp32 (bf16 files are widened exactly).
-inline void read_model_file(const std::string& path, GPT2Config* config, std::vector<float>* params) {
+// Reads all parameters as fp32 (bf16 files are widened exactly). With `moe_params` a version 7 file
+// is read too: the 16 tensors into params, the MoE table into *moe_params (left empty for a dense file).
+inline void read_model_file(const std::string& path, GPT2Config* config, std::vector<float>* params,
+                            std::vector<float>* moe_params = nullptr) {
     FILE* f = open_for_reading(path, "model file");
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "model file");
-    ModelHeader mh = parse_model_header(h, path);
+    ModelHeader mh = parse_model_header(h, path, moe_params != nullptr);
     check_model_file_size(f, mh, path);
     size_t n = param_layout(mh.config).total;
+    if (moe_params) {
+        moe_params->resize(mh.version == MODEL_VERSION_MOE ? moe_layout(mh.config, mh.moe).total : 0);
+    }
     size_t bytes_per = mh.version == MODEL_VERSION_BF16 ? 2 : 4;
     params->resize(n);
     if (bytes_per == 4) {
@@ -137,6 +175,7 @@ inline void read_model_file(const std::string& path, GPT2Config* config, std::ve
         read_exactly(f, half.data(), n * 2, path, "model file");
         for (size_t i = 0; i < n; i++) (*params)[i] = bf16_to_float(half[i]);
     }
+    if (moe_params && !moe_params->empty()) read_exactly(f, moe_params->data(), moe_params->size() * 4, path, "model file");
     fclose(f);
     *config = mh.config;
 }
@@ -172,6 +211,60 @@ inline void write_model_file(const std::string& path, const GPT2Config& c, const
         }
     }
     out.commit();
+}
+
+// Writes a mixture-of-experts model as version 7: fp32, the dense table, then the MoE table.
+inline void write_moe_model_file(const std::string& path, const GPT2Config& c, const MoEConfig& moe, int top_k, const float* params,
+                                 const float* moe_params) {
+    int32_t h[HEADER_INTS];
+    fill_model_header(h, c, MODEL_VERSION_MOE);
+    h[8] = moe.experts;
+    h[9] = top_k;
+    h[10] = moe.every;
+    AtomicFile out(path, "model file");
+    out.write(h, sizeof(h));
+    out.write(params, param_layout(c).total * sizeof(float));
+    out.write(moe_params, moe_layout(c, moe).total * sizeof(float));
+    out.commit();
+}
+
+// The MoE table's AdamW moments (moe_state.bin): 256 int32 header (magic, version, E, top-k, every,
+// then the table's size as an int64 in h[5..6]), m, then v, fp32. Written by rank 0: every
+// data-parallel rank holds the same.
+inline void write_moe_state(const std::string& path, const MoEConfig& moe, int top_k, const std::vector<float>& m,
+                            const std::vector<float>& v) {
+    int32_t h[HEADER_INTS] = {};
+    h[0] = MOE_STATE_MAGIC;
+    h[1] = MOE_STATE_VERSION;
+    h[2] = moe.experts, h[3] = top_k, h[4] = moe.every;
+    int64_t n = (int64_t)m.size();
+    memcpy(&h[5], &n, sizeof(n));
+    AtomicFile out(path, "MoE training-state file");
+    out.write(h, sizeof(h));
+    out.write(m.data(), m.size() * sizeof(float));
+    out.write(v.data(), v.size() * sizeof(float));
+    out.commit();
+}
+
+// Reads them back into m and v (sized already); the settings and the size must be this run's.
+inline void read_moe_state(const std::string& path, const MoEConfig& moe, int top_k, std::vector<float>* m, std::vector<float>* v) {
+    FILE* f = open_for_reading(path, "MoE training-state file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "MoE training-state file");
+    int64_t n = 0;
+    memcpy(&n, &h[5], sizeof(n));
+    if (h[0] != MOE_STATE_MAGIC || h[1] != MOE_STATE_VERSION) {
+        fail("'%s' is not an MoE training-state file of version %d (it looks like %s): resume from a checkpoint written by "
+             "this program", path.c_str(), MOE_STATE_VERSION, describe_magic(h[0]));
+    }
+    if (h[2] != moe.experts || h[3] != top_k || h[4] != moe.every || n != (int64_t)m->size() ||
+        file_size(f) != (int64_t)sizeof(h) + 8 * n) {
+        fail("'%s' holds the moments of %s (%lld values), not this model's: it does not belong with this checkpoint", path.c_str(),
+             describe_moe_flags(MoEConfig{h[2], h[4]}, h[3]).c_str(), (long long)n);
+    }
+    read_exactly(f, m->data(), m->size() * sizeof(float), path, "MoE training-state file");
+    read_exactly(f, v->data(), v->size() * sizeof(float), path, "MoE training-state file");
+    fclose(f);
 }
 
 // Writes bf16 parameters (raw bf16 bits, as the GPU trainer holds them) as version 5, unchanged.

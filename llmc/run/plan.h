@@ -21,8 +21,11 @@
 
 // The model's shape, from the checkpoint (when resuming), a model file, or a descriptor, without
 // reading any weights (a rank of a process grid reads only its slice of them). Sets *new_model when
-// the weights are to be initialised. Returns a description of the source, for the log.
-inline std::string load_model_config(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg, bool* new_model) {
+// the weights are to be initialised. Returns a description of the source, for the log. A caller
+// that can hold a mixture-of-experts model (the CPU trainer) passes `file`: the file's header, whose
+// MoE settings it checks; without it an MoE model file is refused in one line (llmc/io/formats.h).
+inline std::string load_model_config(const TrainOptions& o, const std::string& resume_dir, GPT2Config* cfg, bool* new_model,
+                                     ModelHeader* file = nullptr) {
     *new_model = resume_dir.empty() && parse_model_descriptor(o.model, cfg);
     if (*new_model) {
         std::string why;
@@ -33,7 +36,9 @@ inline std::string load_model_config(const TrainOptions& o, const std::string& r
     if (!file_exists(path)) {
         fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
     }
-    *cfg = read_model_header(path).config;
+    ModelHeader mh = read_model_header(path, file != nullptr);
+    *cfg = mh.config;
+    if (file) *file = mh;
     return path;
 }
 

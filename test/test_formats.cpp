@@ -92,6 +92,29 @@ int main() {
         read_model_file(bf16_path, &back, &again);
         check(again == loaded, "bf16 values survive a second bf16 round trip exactly");
     }
+    {   // version 7, a mixture-of-experts model: E, top-k, every in h[8..10], the MoE table after the 16 tensors
+        MoEConfig moe{3, 2};  // 3 experts in block 1 of 2
+        std::vector<float> table(moe_layout(cfg, moe).total);
+        init_moe_params(cfg, moe, 7, table.data());
+        std::string moe_path = dir + "/model_moe.bin";
+        write_moe_model_file(moe_path, cfg, moe, 2, params.data(), table.data());
+        std::vector<char> raw = read_whole_file(moe_path, "model");
+        const int32_t* h = (const int32_t*)raw.data();
+        size_t expected = 1024 + (layout.total + 1 * (3 * C + 2 * (8 * C * C + 5 * C))) * 4;  // docs/formats.md's size
+        check(raw.size() == expected && h[1] == 7 && h[8] == 3 && h[9] == 2 && h[10] == 2, "model v7 (MoE): header and size");
+        GPT2Config back;
+        std::vector<float> loaded, loaded_moe;
+        read_model_file(moe_path, &back, &loaded, &loaded_moe);
+        check(loaded == params && loaded_moe == table, "model v7 round trip is exact (dense table and MoE table)");
+        check_fails("a dense-only reader refuses model v7", [&] { GPT2Config c; std::vector<float> p; read_model_file(moe_path, &c, &p); },
+                    "is a mixture-of-experts model (version 7: 3 experts)");
+        std::vector<float> m(table.size(), 0.5f), v(table.size(), 0.25f), m2(table.size()), v2(table.size());
+        write_moe_state(dir + "/moe_state.bin", moe, 2, m, v);
+        read_moe_state(dir + "/moe_state.bin", moe, 2, &m2, &v2);
+        check(m2 == m && v2 == v, "moe_state.bin round trip is exact");
+        check_fails("moe_state.bin of another top-k is refused", [&] { read_moe_state(dir + "/moe_state.bin", moe, 1, &m2, &v2); },
+                    "does not belong with this checkpoint");
+    }
     check(float_to_bf16_round_nearest(1.0f + 1.0f / 256.0f) == 0x3f80 && float_to_bf16_round_nearest(1.0f + 3.0f / 256.0f) == 0x3f82,
           "bf16 rounding is round-half-to-even");
 

@@ -829,7 +829,7 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
     float* dst = weight_storage(model);
     if (new_model) {
         for (const StateRun& r : runs) init_gpt2_params(cfg, o.seed, dst + r.weight_at, r.global, r.global + r.count);
-        init_moe_params(cfg, model->moe, o.seed, model->moe_params.data());  // (--moe-experts; refused with a file or a checkpoint)
+        init_moe_params(cfg, model->moe, o.seed, model->moe_params.data());  // --moe-experts: the MoE table (empty if dense)
         return;
     }
     // (an MoE model's state files never hold the weights: MoE runs on no grid that splits them)

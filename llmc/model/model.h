@@ -248,11 +248,6 @@ inline int moe_block_index(const MoEConfig& m, int l) { return (l + 1) / m.every
 constexpr int NUM_MOE_TENSORS = 5;
 enum MoETensor { MOE_ROUTER, MOE_FCW, MOE_FCB, MOE_FCPROJW, MOE_FCPROJB };
 
-inline const char* moe_tensor_name(int t) {
-    static const char* names[NUM_MOE_TENSORS] = {"router", "fcw", "fcb", "fcprojw", "fcprojb"};
-    return names[t];
-}
-
 // Weight decay as for the dense tensors: the matrices (the router among them), not the biases.
 inline bool moe_tensor_decays(int t) { return t == MOE_ROUTER || t == MOE_FCW || t == MOE_FCPROJW; }
 
@@ -281,8 +276,8 @@ inline T* moe_tensor(T* table, const MoELayout& layout, int t, int b) {
     return table + layout.offset[t] + (size_t)b * layout.per_block[t];
 }
 
-// Parameters a token passes through: the dense table (expert 0 of every MoE block included), each
-// MoE block's router, and its k-1 other chosen experts: top-k of E experts, E/k times fewer than the model holds.
+// Parameters a token passes through: the dense table (counting expert 0 of every MoE block as one
+// of its k experts), each MoE block's router, and k-1 more experts: what its FLOPs scale with.
 inline size_t moe_active_params(const GPT2Config& cfg, const MoEConfig& m, int top_k) {
     size_t C = cfg.channels, expert = 8 * C * C + 5 * C, Lm = moe_block_count(m, cfg.num_layers);
     return param_layout(cfg).total + Lm * ((size_t)m.experts * C + (size_t)(top_k - 1) * expert);

@@ -45,6 +45,7 @@
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/model/moe.h"
+#include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/run/plan.h"
@@ -163,6 +164,10 @@ struct GPT2 {
     std::vector<float> moe_params, moe_grads, moe_m, moe_v, moe_sum_scratch;
     std::vector<MoEActivations> moe_acts;   // one per MoE block (MoE runs without a pipeline: one micro-batch in flight)
     MoEStepStats moe_stats;
+    // --expert-parallel (llmc/parallel/expert_parallel.h): this rank's expert group (null: every rank
+    // runs every expert), and what each MoE block's exchange keeps for its backward
+    Comm* ep = nullptr;
+    std::vector<ExpertParallelBlock> ep_blocks;
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
@@ -314,7 +319,15 @@ static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, 
     int b = moe_block_index(model->moe, l);
     MoEActivations* a = &model->moe_acts[(size_t)b];
     a->N = BT;  // sized for max_B x max_T; an evaluation or a sample may route fewer tokens
-    MoEStats st = moe_forward(y, a, model->moe_shape, moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b), ln2);
+    MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
+    MoEStats st;
+    if (!model->ep) {
+        st = moe_forward(y, a, model->moe_shape, mw, ln2);
+    } else {  // --expert-parallel: route here, the experts on their owners, combine here
+        moe_forward_route(a, model->moe_shape, mw, ln2);
+        ep_experts_forward(&model->ep_blocks[(size_t)b], model->ep, a, model->moe_shape, mw);
+        st = moe_forward_combine(y, a, model->moe_shape);
+    }
     MoEStepStats* s = &model->moe_stats;
     s->aux_loss += st.aux_loss;
     s->z_loss += st.z_loss;
@@ -487,9 +500,16 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
             // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
             float aux_scale = (float)((double)loss_scale * (double)BT);
-            moe_backward(dbuf_c, moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b), &model->moe_acts[(size_t)b],
-                         model->moe_shape, moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b), ln2, dout,
-                         aux_scale);
+            MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
+            MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
+            MoEActivations* ma = &model->moe_acts[(size_t)b];
+            if (!model->ep) {
+                moe_backward(dbuf_c, mg, ma, model->moe_shape, mw, ln2, dout, aux_scale);
+            } else {  // --expert-parallel: the transpose of the forward's exchange
+                moe_backward_rows(ma, model->moe_shape, dout);
+                ep_experts_backward(&model->ep_blocks[(size_t)b], model->ep, ma, mg, mw);
+                moe_backward_input(dbuf_c, mg, ma, model->moe_shape, mw, ln2, aux_scale);
+            }
         } else {
             if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
             matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
@@ -608,6 +628,7 @@ struct Parallel {
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
+    Comm ep;                                         // --expert-parallel: this rank's expert group
 };
 
 static const float* stage_output(GPT2* model, int slot) {
@@ -1003,6 +1024,14 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
     }
+    if (o.expert_parallel > 1) {  // --expert-parallel: consecutive data-parallel ranks form an expert group
+        comm_split(&par->comms.dp, grid.dp_rank / o.expert_parallel, grid.dp_rank % o.expert_parallel, &par->ep,
+                   "creating the expert-parallel groups");
+        model->ep = &par->ep;
+        model->ep_blocks.resize(model->moe_acts.size());
+        for (ExpertParallelBlock& eb : model->ep_blocks)
+            ep_allocate(&eb, o.expert_parallel, o.moe_experts, o.moe_top_k, shape.B * shape.T, cfg.channels, 4 * cfg.channels);
+    }
     if (!model->moe_params.empty())
         comm_broadcast(&par->comms.dp, model->moe_params.data(), model->moe_params.size() * sizeof(float), 0, "broadcast of the MoE table");
     pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
@@ -1276,7 +1305,12 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&world, why);
     const ProcessGrid& grid = par.grid;
     parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
-    par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3;
+    // (--expert-parallel: a forward pass's all-to-all needs every rank of the expert group)
+    par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
+    if (grid.dp % o.expert_parallel != 0)
+        grid_usage_fail(&world, strprintf("--expert-parallel %d must divide the data-parallel degree %d (the ranks): run on a "
+                                          "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, grid.dp,
+                                          o.expert_parallel, grid.dp));
 
     // ---- the model's shape, and whether this grid, batch and memory budget can train it
     std::string resume_dir = resolve_resume_dir(o, leader);

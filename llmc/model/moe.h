@@ -219,27 +219,47 @@ inline void moe_dispatch(MoEActivations* a, const MoEShape& s) {
     }
 }
 
-// Forward: y (N, C) = the MoE MLP of x (N, C), the layer's input (kept by the caller for the
-// backward, as the dense MLP's ln2). Returns the routing's statistics and the two auxiliary losses.
-inline MoEStats moe_forward(float* y, MoEActivations* a, const MoEShape& s, const MoEWeights<const float>& w,
-                            const float* x) {
-    int N = a->N, C = a->C, H = a->H, E = s.experts, k = s.top_k;
+// One expert's MLP over n rows x (n, C): its hidden units before and after GELU (n, H), kept for
+// the backward, and its output (n, C). The rows may be this rank's own (moe_forward) or, with expert
+// parallelism, those other ranks sent to the expert's owner (llmc/parallel/expert_parallel.h).
+inline void moe_expert_forward(const MoEWeights<const float>& w, int e, int n, int C, int H, const float* x, float* fch,
+                               float* fch_gelu, float* out) {
+    if (n == 0) return;   // an expert no token reached: no work, and its gradient stays zero
+    matmul_forward(fch, x, expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), expert_tensor(w.fcb, w.more_fcb, e, H), n, C, H);
+    gelu_forward(fch_gelu, fch, (size_t)n * H);
+    matmul_forward(out, fch_gelu, expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), expert_tensor(w.projb, w.more_projb, e, C),
+                   n, H, C);
+}
+
+// Its backward: dx (n, C) from the rows' output gradients dout (n, C); the weights' gradients added
+// to g's expert e; dh (n, H) scratch.
+inline void moe_expert_backward(const MoEWeights<float>& g, const MoEWeights<const float>& w, int e, int n, int C, int H,
+                                const float* dout, const float* x, const float* fch, const float* fch_gelu, float* dh, float* dx) {
+    if (n == 0) return;
+    matmul_backward(dh, expert_tensor(g.projw, g.more_projw, e, (size_t)C * H), expert_tensor(g.projb, g.more_projb, e, C), dout,
+                    fch_gelu, expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), n, H, C);
+    gelu_backward(dh, fch, dh, (size_t)n * H);
+    matmul_backward(dx, expert_tensor(g.fcw, g.more_fcw, e, (size_t)H * C), expert_tensor(g.fcb, g.more_fcb, e, H), dh, x,
+                    expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), n, C, H);
+}
+
+// The forward in three parts, so expert parallelism can run the middle one on other ranks:
+//   moe_forward_route    route x, drop over capacity, gather each expert's rows into a->xg
+//   (the experts)        a->eout's rows = each expert's MLP of a->xg's
+//   moe_forward_combine  y = the gated sum of the outputs; the step's statistics
+inline void moe_forward_route(MoEActivations* a, const MoEShape& s, const MoEWeights<const float>& w, const float* x) {
+    int C = a->C;
     moe_route(a, s, x, w.router);
     moe_dispatch(a, s);
-    int rows = a->first_row[E];
+    int rows = a->first_row[s.experts];
     // gather: each expert's tokens into contiguous rows, so it runs as one matmul
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) memcpy(&a->xg[(size_t)r * C], x + (size_t)a->token_of_row[r] * C, C * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int n = a->kept[e];
-        if (n == 0) continue;   // an expert no token reached: no work, and its gradient stays zero
-        size_t r0 = a->first_row[e];
-        matmul_forward(&a->fch[r0 * H], &a->xg[r0 * C], expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C),
-                       expert_tensor(w.fcb, w.more_fcb, e, H), n, C, H);
-        gelu_forward(&a->fch_gelu[r0 * H], &a->fch[r0 * H], (size_t)n * H);
-        matmul_forward(&a->eout[r0 * C], &a->fch_gelu[r0 * H], expert_tensor(w.projw, w.more_projw, e, (size_t)C * H),
-                       expert_tensor(w.projb, w.more_projb, e, C), n, H, C);
-    }
+}
+
+inline MoEStats moe_forward_combine(float* y, MoEActivations* a, const MoEShape& s) {
+    int N = a->N, C = a->C, E = s.experts, k = s.top_k;
+    int rows = a->first_row[E];
     // combine: y_t = sum of gate * expert output over the kept choices (0 for a token all dropped)
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
@@ -271,11 +291,26 @@ inline MoEStats moe_forward(float* y, MoEActivations* a, const MoEShape& s, cons
     return st;
 }
 
-// Backward: dx (N, C) = d loss / d x (overwritten); the weights' gradients ADDED to g (micro-batches
-// accumulate). dy = d loss / d y; aux_scale = d(optimised loss) / d(L_aux + L_z) of this micro-batch.
-inline void moe_backward(float* dx, const MoEWeights<float>& g, MoEActivations* a, const MoEShape& s,
-                         const MoEWeights<const float>& w, const float* x, const float* dy, float aux_scale) {
-    int N = a->N, C = a->C, H = a->H, E = s.experts, k = s.top_k;
+
+// Forward: y (N, C) = the MoE MLP of x (N, C), the layer's input (kept by the caller for the
+// backward, as the dense MLP's ln2). Returns the routing's statistics and the two auxiliary losses.
+inline MoEStats moe_forward(float* y, MoEActivations* a, const MoEShape& s, const MoEWeights<const float>& w,
+                            const float* x) {
+    int C = a->C, H = a->H;
+    moe_forward_route(a, s, w, x);
+    for (int e = 0; e < s.experts; e++) {
+        size_t r0 = a->first_row[e];
+        moe_expert_forward(w, e, a->kept[e], C, H, &a->xg[r0 * C], &a->fch[r0 * H], &a->fch_gelu[r0 * H], &a->eout[r0 * C]);
+    }
+    return moe_forward_combine(y, a, s);
+}
+
+// The backward in three parts, as the forward:
+//   moe_backward_rows   each kept row's output gradient a->drow, and the gates' gradients
+//   (the experts)       a->dxg's rows = each expert's backward of a->drow's
+//   moe_backward_input  the router's gradient, dx = the rows scattered back plus the router's
+inline void moe_backward_rows(MoEActivations* a, const MoEShape& s, const float* dy) {
+    int N = a->N, C = a->C, k = s.top_k;
     // each kept row's output gradient, gate times dy; and the gate's gradient, dy . expert output
     std::vector<float>& dgate = a->dgate;
     #pragma omp parallel for schedule(static)
@@ -293,18 +328,12 @@ inline void moe_backward(float* dx, const MoEWeights<float>& g, MoEActivations* 
             dgate[c] = dg;
         }
     }
-    for (int e = 0; e < E; e++) {
-        int n = a->kept[e];
-        if (n == 0) continue;
-        size_t r0 = a->first_row[e];
-        matmul_backward(&a->dh[r0 * H], expert_tensor(g.projw, g.more_projw, e, (size_t)C * H),
-                        expert_tensor(g.projb, g.more_projb, e, C), &a->drow[r0 * C], &a->fch_gelu[r0 * H],
-                        expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), n, H, C);
-        gelu_backward(&a->dh[r0 * H], &a->fch[r0 * H], &a->dh[r0 * H], (size_t)n * H);
-        matmul_backward(&a->dxg[r0 * C], expert_tensor(g.fcw, g.more_fcw, e, (size_t)H * C),
-                        expert_tensor(g.fcb, g.more_fcb, e, H), &a->dh[r0 * H], &a->xg[r0 * C],
-                        expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), n, C, H);
-    }
+}
+
+inline void moe_backward_input(float* dx, const MoEWeights<float>& g, MoEActivations* a, const MoEShape& s,
+                               const MoEWeights<const float>& w, const float* x, float aux_scale) {
+    int N = a->N, C = a->C, E = s.experts, k = s.top_k;
+    const std::vector<float>& dgate = a->dgate;
     // the probabilities' gradient: through the gates, the load-balancing loss, then the softmax and
     // the z-loss onto the logits
     #pragma omp parallel for schedule(static)
@@ -343,6 +372,21 @@ inline void moe_backward(float* dx, const MoEWeights<float>& g, MoEActivations* 
         }
         for (int i = 0; i < C; i++) dxt[i] = first ? dr[i] : dxt[i] + dr[i];
     }
+}
+
+
+// Backward: dx (N, C) = d loss / d x (overwritten); the weights' gradients ADDED to g (micro-batches
+// accumulate). dy = d loss / d y; aux_scale = d(optimised loss) / d(L_aux + L_z) of this micro-batch.
+inline void moe_backward(float* dx, const MoEWeights<float>& g, MoEActivations* a, const MoEShape& s,
+                         const MoEWeights<const float>& w, const float* x, const float* dy, float aux_scale) {
+    int C = a->C, H = a->H;
+    moe_backward_rows(a, s, dy);
+    for (int e = 0; e < s.experts; e++) {
+        size_t r0 = a->first_row[e];
+        moe_expert_backward(g, w, e, a->kept[e], C, H, &a->drow[r0 * C], &a->xg[r0 * C], &a->fch[r0 * H], &a->fch_gelu[r0 * H],
+                            &a->dh[r0 * H], &a->dxg[r0 * C]);
+    }
+    moe_backward_input(dx, g, a, s, w, x, aux_scale);
 }
 
 }  // namespace cpu

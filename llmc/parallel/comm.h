@@ -381,6 +381,33 @@ inline void comm_all_to_all(Comm* c, const void* send, void* recv, size_t block_
 #endif
 }
 
+// All-to-all of unequal blocks (expert parallelism's rows: as many as the router sent each expert):
+// send_counts[j] floats of `send` go to rank j, recv_counts[j] floats from rank j land in `recv`, each
+// side's blocks one after another in rank order. Both sides must agree on the counts (the caller
+// exchanged them first with comm_all_to_all). Bytes: what leaves this rank for the others.
+inline void comm_all_to_all_v(Comm* c, const float* send, const int* send_counts, float* recv, const int* recv_counts,
+                              const char* what) {
+    int N = c->world_size;
+    std::vector<int> sdispl((size_t)N + 1, 0), rdispl((size_t)N + 1, 0);
+    for (int j = 0; j < N; j++) {
+        sdispl[(size_t)j + 1] = sdispl[(size_t)j] + send_counts[j];
+        rdispl[(size_t)j + 1] = rdispl[(size_t)j] + recv_counts[j];
+    }
+    if (N == 1) {
+        memcpy(recv, send, (size_t)send_counts[0] * sizeof(float));
+        return;
+    }
+    comm_require_mpi(c, what);
+    uint64_t out = (uint64_t)(sdispl[(size_t)N] - send_counts[c->rank]) * sizeof(float);
+    comm_count(c, COMM_ALL_TO_ALL, out);
+#ifdef USE_MPI
+    MPI_Request r;
+    MPI_CHECK(MPI_Ialltoallv(send, send_counts, sdispl.data(), MPI_FLOAT, recv, recv_counts, rdispl.data(), MPI_FLOAT, c->handle, &r),
+              what);
+    comm_wait(c, &r, what);
+#endif
+}
+
 // The sum over ranks of one number, bit-identical on every rank: the values are gathered and added
 // in rank order. (An MPI all-reduce may add them in a different order on different ranks, and a
 // gradient norm that differs in its last bit between ranks would make their weights drift apart.)

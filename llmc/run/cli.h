@@ -93,6 +93,7 @@ struct TrainOptions {
     std::string moe_capacity_factor = "none";  // f of ceil(k N f / E); none or 0: no dropping
     float moe_aux_alpha = 1e-2f;     // alpha of the load-balancing loss (Switch)
     float moe_z_loss = 1e-3f;        // c_z of the router z-loss (ST-MoE)
+    int expert_parallel = 1;         // experts of each MoE block split over this many data-parallel ranks (llmc/parallel/expert_parallel.h)
     // the estimate (--estimate): what it assumes
     float estimate_memory_gib = 0;   // memory per rank to fit (0: 80 GiB on the GPU, this machine's RAM on the CPU)
     float estimate_mfu = 0.4f;       // model FLOPs utilisation for the predicted step time
@@ -155,6 +156,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
         {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping", K::String, &o.moe_capacity_factor, Scope::Both},
         {"moe-aux-alpha", "A", "Model", "--moe-experts: weight of the load-balancing loss A E sum_i f_i P_i (Switch)", K::Float, &o.moe_aux_alpha, Scope::Both},
+        {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h; CPU trainer; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
         {"moe-z-loss", "C", "Model", "--moe-experts: weight of the router z-loss C mean logsumexp(logits)^2 (ST-MoE)", K::Float, &o.moe_z_loss, Scope::Both},
         {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
@@ -451,6 +453,10 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
                    o->optimizer.c_str());
     }
+    if (trainer == Trainer::GPU && o->expert_parallel != 1) {
+        usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
+                   "(train_gpt_cpu), or drop the flag", o->expert_parallel);
+    }
     if (trainer == Trainer::GPU && o->moe_experts != 0) {
         usage_fail("--moe-experts: the GPU trainer has no mixture-of-experts layer yet (issue 24); drop the --moe-* flags to "
                    "train the dense model");
@@ -488,10 +494,13 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (std::isnan(moe_capacity_factor_value(o)))
         usage_fail("--moe-capacity-factor must be none, 0 (no dropping) or a positive number, got '%s'", o.moe_capacity_factor.c_str());
     if (o.moe_experts == 0) {
-        for (const char* flag : {"moe-top-k", "moe-every", "moe-capacity-factor", "moe-aux-alpha", "moe-z-loss"})
+        for (const char* flag : {"moe-top-k", "moe-every", "moe-capacity-factor", "moe-aux-alpha", "moe-z-loss", "expert-parallel"})
             if (flag_given(o, flag)) usage_fail("--%s shapes MoE blocks, and there are none: add --moe-experts E, or drop it", flag);
         return;
     }
+    if (o.expert_parallel < 1 || o.moe_experts % o.expert_parallel != 0)
+        usage_fail("--expert-parallel %d: the %d experts of a block must split evenly over the ranks; pick a divisor of --moe-experts "
+                   "(1 = no split)", o.expert_parallel, o.moe_experts);
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
                    "ranks (nor experts across ranks) yet; train MoE with data parallelism only", o.tensor_parallel, o.pipeline_parallel);

@@ -1,0 +1,153 @@
+// expert_parallel.h — expert parallelism (--expert-parallel N): the experts of every MoE block split
+// across N ranks of the data-parallel group, the tokens sent to their expert's rank and back.
+//
+// What it teaches: why mixture-of-experts layers are trained with an all-to-all. Data parallelism
+// gives every rank the whole layer and its own tokens; with E experts the experts' matmuls are spread
+// thin (each rank runs all E on few rows). Expert parallelism (GShard, Lepikhin et al. 2020; Switch,
+// Fedus et al. 2021) gives each rank E/N experts and brings it every token that chose them: each rank
+// routes its own tokens (llmc/model/moe.h), then
+//   dispatch   a first all-to-all of the counts (how many rows for each of the receiver's experts),
+//              then MPI_Alltoallv of the rows themselves (the LayerNorm's output, C floats each)
+//   experts    the owner runs each of its experts over the rows it received, in a fixed order: by
+//              expert, then source rank, then the source's own (token) order, so the result does not
+//              depend on which message came first
+//   combine    the reverse all-to-all returns the outputs to the token's rank, which adds them with
+//              their gates as on one rank
+// The backward is the transpose: the output gradients (gate x dy) go out along the dispatch's path,
+// the input gradients come back along the combine's. An all-to-all, not an all-gather, because each
+// row is wanted by one rank only: every rank sends k N rows and receives about as many, and no rank
+// is a hub (the parameter server's lesson, llmc/parallel/parameter_server.h).
+//
+// Bytes per MoE block per micro-batch, this rank's N tokens, top-k, C channels, fp32, no dropping:
+//   forward   k N C 4 out (dispatch) + k N C 4 back (combine), of which the share (N_ep - 1)/N_ep
+//   backward  the same again            leaves the rank when the router spreads evenly
+// so 2 x k x N x C x 4 bytes each way forward and backward, plus N_ep ints of counts per expert.
+// Load imbalance: the router decides the rows, so an owner may receive anything from 0 to N_ep k N
+// rows; the buffers below are sized for the worst (N_ep k N rows), and the step waits for the most
+// loaded rank. The capacity factor (moe.h) bounds it: each rank drops its own overflow before the
+// dispatch (per source rank, GShard's per-group capacity), so an owner receives at most N_ep x cap
+// rows per expert.
+//
+// Choices, to keep it simple:
+//   ownership  rank q of the expert group runs experts q E/N_ep .. (q+1) E/N_ep - 1. Expert 0 (the
+//              block's dense MLP, in the dense table) is group 0's like any other: its gradient is
+//              zero on the other ranks, so the dense table's all-reduce over every rank sums exactly
+//              the owners' contributions. The same holds for the MoE table.
+//   weights    every rank still holds every expert's weights and moments (the MoE table whole), and
+//              the gradients are summed over all data-parallel ranks (non-owners add zeros). So the
+//              weights stay identical everywhere, checkpoints are the same files at any N_ep, and the
+//              gradient norm counts each expert once. What is not done yet: the memory half (each
+//              rank keeping only its experts, the gradients summed only among an expert's replicas):
+//              this version splits the experts' compute and their activations, not their weights.
+//   groups     the N_ep consecutive data-parallel ranks dp_rank / N_ep form one expert group.
+//
+// Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
+// and the backward's three parts), called from train_gpt_cpu.cpp's MoE block in place of the local loop.
+#pragma once
+
+#include <vector>
+#include "llmc/model/moe.h"
+#include "llmc/parallel/comm.h"
+
+namespace cpu {
+
+// What one MoE block's expert-parallel forward keeps for its backward, and the exchange's scratch.
+// Rows received are stored expert-major (expert, source rank, token order).
+struct ExpertParallelBlock {
+    int local_experts = 0, rows = 0;     // E / N_ep; rows received this micro-batch
+    std::vector<int> send_rows, recv_rows;   // (N_ep * local_experts): rows to / from each rank for each of ITS / MY experts
+    std::vector<int> send_floats, recv_floats;  // (N_ep): floats in each block of the row all-to-all
+    std::vector<int> expert_row;             // (N_ep * local_experts): where each received block starts, expert-major (ep_arrange)
+    std::vector<float> staging;              // (N_ep k N, C): rows in the order the all-to-all delivers them
+    std::vector<float> x, fch, fch_gelu, out, dout, dh, dx;  // expert-major rows: (R, C), (R, H), (R, H), (R, C), ...
+};
+
+// The rows' sizes are fixed once: N_ep k N rows at most (every rank's every choice to one owner).
+inline void ep_allocate(ExpertParallelBlock* b, int ranks, int experts, int top_k, int N, int C, int H) {
+    size_t R = (size_t)ranks * top_k * N;
+    b->local_experts = experts / ranks;
+    b->send_rows.assign((size_t)ranks * b->local_experts, 0);
+    b->recv_rows.assign((size_t)ranks * b->local_experts, 0);
+    b->send_floats.assign((size_t)ranks, 0);
+    b->recv_floats.assign((size_t)ranks, 0);
+    b->expert_row.assign((size_t)ranks * b->local_experts, 0);
+    for (std::vector<float>* v : {&b->staging, &b->x, &b->out, &b->dout, &b->dx}) v->assign(R * C, 0.0f);
+    for (std::vector<float>* v : {&b->fch, &b->fch_gelu, &b->dh}) v->assign(R * H, 0.0f);
+}
+
+// Rows of my local expert j received from rank s start at expert_row[s * El + j] in the expert-major
+// order; in the staging (source-major) order they follow one another by source, then expert.
+inline void ep_arrange(ExpertParallelBlock* b, int ranks, int C) {
+    int El = b->local_experts, r = 0;
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < ranks; s++) {
+            b->expert_row[(size_t)s * El + j] = r;
+            r += b->recv_rows[(size_t)s * El + j];
+        }
+    b->rows = r;
+    for (int s = 0; s < ranks; s++) {
+        int n = 0;
+        for (int j = 0; j < El; j++) n += b->recv_rows[(size_t)s * El + j];
+        b->recv_floats[(size_t)s] = n * C;
+    }
+}
+
+// Copies between the staging order (source, expert, token) and the expert-major one, either way.
+inline void ep_reorder(ExpertParallelBlock* b, int ranks, int C, const float* from, float* to, bool to_expert_major) {
+    int El = b->local_experts;
+    size_t staged = 0;
+    for (int s = 0; s < ranks; s++)
+        for (int j = 0; j < El; j++) {
+            size_t n = (size_t)b->recv_rows[(size_t)s * El + j] * C, at = (size_t)b->expert_row[(size_t)s * El + j] * C;
+            if (to_expert_major) memcpy(to + at, from + staged, n * sizeof(float));
+            else memcpy(to + staged, from + at, n * sizeof(float));
+            staged += n;
+        }
+}
+
+// Forward of the experts with the rows on their owners: a->xg (this rank's rows, grouped by expert in
+// expert order, moe_forward_route's) out, a->eout's rows back. `ep`: this rank's expert group.
+inline void ep_experts_forward(ExpertParallelBlock* b, Comm* ep, MoEActivations* a, const MoEShape& s,
+                               const MoEWeights<const float>& w) {
+    int ranks = ep->world_size, El = b->local_experts, C = a->C, H = a->H;
+    // the counts: my rows for each expert, sent to its owner; each owner learns its rows per source
+    for (int e = 0; e < s.experts; e++) b->send_rows[(size_t)e] = a->kept[(size_t)e];  // owner e / El, its local e % El
+    comm_all_to_all(ep, b->send_rows.data(), b->recv_rows.data(), (size_t)El * sizeof(int), "all-to-all of the MoE row counts");
+    for (int q = 0; q < ranks; q++) b->send_floats[(size_t)q] = (a->first_row[(size_t)(q + 1) * El] - a->first_row[(size_t)q * El]) * C;
+    ep_arrange(b, ranks, C);
+    comm_all_to_all_v(ep, a->xg.data(), b->send_floats.data(), b->staging.data(), b->recv_floats.data(),
+                      "all-to-all of the MoE rows to their experts");
+    ep_reorder(b, ranks, C, b->staging.data(), b->x.data(), true);
+    for (int j = 0; j < El; j++) {
+        int e = ep->rank * El + j;
+        size_t r0 = b->expert_row[(size_t)j], n = 0;   // (source 0's rows of expert j come first)
+        for (int q = 0; q < ranks; q++) n += b->recv_rows[(size_t)q * El + j];
+        moe_expert_forward(w, e, (int)n, C, H, &b->x[r0 * C], &b->fch[r0 * H], &b->fch_gelu[r0 * H], &b->out[r0 * C]);
+    }
+    // the outputs home: the reverse exchange, each block as many floats as came in
+    ep_reorder(b, ranks, C, b->out.data(), b->staging.data(), false);
+    comm_all_to_all_v(ep, b->staging.data(), b->recv_floats.data(), a->eout.data(), b->send_floats.data(),
+                      "all-to-all of the MoE outputs to their tokens");
+}
+
+// Backward, the transpose: a->drow's rows (gate x dy) out to the owners, their input gradients back
+// into a->dxg; the owned experts' weight gradients added to g.
+inline void ep_experts_backward(ExpertParallelBlock* b, Comm* ep, MoEActivations* a, const MoEWeights<float>& g,
+                                const MoEWeights<const float>& w) {
+    int ranks = ep->world_size, El = b->local_experts, C = a->C, H = a->H;
+    comm_all_to_all_v(ep, a->drow.data(), b->send_floats.data(), b->staging.data(), b->recv_floats.data(),
+                      "all-to-all of the MoE output gradients to their experts");
+    ep_reorder(b, ranks, C, b->staging.data(), b->dout.data(), true);
+    for (int j = 0; j < El; j++) {
+        int e = ep->rank * El + j;
+        size_t r0 = b->expert_row[(size_t)j], n = 0;
+        for (int q = 0; q < ranks; q++) n += b->recv_rows[(size_t)q * El + j];
+        moe_expert_backward(g, w, e, (int)n, C, H, &b->dout[r0 * C], &b->x[r0 * C], &b->fch[r0 * H], &b->fch_gelu[r0 * H],
+                            &b->dh[r0 * H], &b->dx[r0 * C]);
+    }
+    ep_reorder(b, ranks, C, b->dx.data(), b->staging.data(), false);
+    comm_all_to_all_v(ep, b->staging.data(), b->recv_floats.data(), a->dxg.data(), b->send_floats.data(),
+                      "all-to-all of the MoE input gradients to their tokens");
+}
+
+}  // namespace cpu

@@ -503,7 +503,7 @@ inline void validate_moe_options(const TrainOptions& o) {
                    "(1 = no split)", o.expert_parallel, o.moe_experts);
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
-                   "ranks (nor experts across ranks) yet; train MoE with data parallelism only", o.tensor_parallel, o.pipeline_parallel);
+                   "ranks yet; train MoE with data parallelism only (--expert-parallel splits the experts over its ranks)", o.tensor_parallel, o.pipeline_parallel);
     if (o.zero_stage > 0)
         usage_fail("--moe-experts with --zero %d: ZeRO's shards are not laid out over the experts' tensors yet; use --zero 0", o.zero_stage);
     if (o.recompute > 0)

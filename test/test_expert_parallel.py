@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""test_expert_parallel.py — --expert-parallel N on the CPU trainer over MPI (issue 24 item 2;
+llmc/parallel/expert_parallel.h, docs/moe.md).
+
+The reference is the one-rank run of the same global batch (4 micro-batches of 32 tokens,
+test_parallelism's Runner), which routes every token itself and runs every expert locally; the MoE
+layer itself is proven against PyTorch in test_moe.py. Tolerances are test_parallelism's (fp32
+rounding: the owner's matmuls see the rows of several ranks in one call).
+
+  ep2          2 ranks, E = 4 top-2, experts split 2 + 2, no dropping == 1 rank: losses, step-1
+               gradients (summed: non-owners add zeros), final weights after 5 AdamW steps, logits
+  ep2 x dp2    4 ranks, two expert groups of 2, E = 4 top-2 == 1 rank
+  starved      4 ranks, E = 8 top-1, experts split 2 per rank: some step has an expert with no token
+               on some rank (load 0..), and the run neither hangs nor differs from 1 rank
+  capacity     capacity is per source rank (each rank drops its own overflow before the dispatch):
+               EP 2 with --moe-capacity-factor 1.0 == plain data parallelism on the same 2 ranks
+               (same drops, same losses and weights); the drops are logged (> 0)
+  resume       EP 2: 3 steps, checkpoint, 2 more == 5 straight, bit for bit; the checkpoint is the same
+               file at any EP degree (every rank holds the whole MoE table), so resuming it with EP 1
+               == the EP 2 run, within tolerance
+  refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree,
+               --expert-parallel without --moe-experts, with --zero / --tensor-parallel /
+               --pipeline-parallel, and the GPU trainer (when built)
+Planted by hand and caught (docs/moe.md): see the end of docs/moe.md's expert-parallel section.
+"""
+import os, re, shutil, subprocess, sys, tempfile
+import numpy as np
+from checks import report, exit_code
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+from token_shards import write_shard  # noqa: E402
+from test_parallelism import Runner, check_close, check_bitwise  # noqa: E402
+from test_bad_inputs import one_line_error, gpu_trainer  # noqa: E402
+
+BIN = os.path.join(ROOT, "train_gpt_cpu")
+STEP = re.compile(r"^step +\d+/\d+ \| loss [\d.]+ .*\| dropped (\d+) \| load (\d+)\.\.(\d+)$", re.M)
+
+
+def check_equivalence(r):
+    top2 = ["--moe-experts", 4, "--moe-top-k", 2]
+    one, _ = r.dump("one", 1, *top2, steps=5)
+    two, _ = r.dump("ep2", 2, *top2, "--expert-parallel", 2, steps=5)
+    check_close("ep2: E = 4 top-2, experts split over 2 ranks", two, one)
+    four, _ = r.dump("ep2dp2", 4, *top2, "--expert-parallel", 2, steps=5)
+    check_close("ep2 x dp2: 4 ranks, two expert groups", four, one)
+
+    top1 = ["--moe-experts", 8, "--moe-top-k", 1]
+    one8, _ = r.dump("one8", 1, *top1, steps=4)
+    four8, out = r.dump("ep4", 4, *top1, "--expert-parallel", 4, steps=4)
+    loads = [int(lo) for (_, lo, _) in STEP.findall(out)]
+    report(0 in loads, f"starved: an expert with no token on a rank happened (loads' minima per step {loads})",
+           out[-1500:])
+    check_close("starved: E = 8 top-1 over 4 ranks (EP 4)", four8, one8)
+
+
+def check_capacity(r):
+    flags = ["--moe-experts", 4, "--moe-top-k", 2, "--moe-capacity-factor", 1.0]
+    dp, out_dp = r.dump("cap_dp", 2, *flags, steps=5)
+    ep, out_ep = r.dump("cap_ep", 2, *flags, "--expert-parallel", 2, steps=5)
+    drops_dp = [int(d) for (d, _, _) in STEP.findall(out_dp)]
+    drops_ep = [int(d) for (d, _, _) in STEP.findall(out_ep)]
+    report(len(drops_ep) == 5 and drops_ep == drops_dp and sum(drops_ep) > 0,
+           f"capacity: per source rank, drops logged and the same as plain data parallelism's ({drops_ep})",
+           f"EP {drops_ep} vs DP {drops_dp}")
+    check_close("capacity 1.0: EP 2 vs plain dp 2", ep, dp)
+
+
+def check_resume(r):
+    flags = ["--moe-experts", 4, "--moe-top-k", 2, "--expert-parallel", 2]
+    out_dir = os.path.join(r.work, "out")
+    straight, _ = r.dump("straight", 2, *flags, "--checkpoint-every", 3, steps=5)
+    ckpt = os.path.join(out_dir, "ckpt_00000003")
+    resumed, _ = r.dump("resumed", 2, *flags, "--resume", ckpt, steps=5)
+    if straight is not None and resumed is not None:
+        straight["losses"] = straight["losses"][3:]
+        check_bitwise("resume: EP 2, 3 + 2 steps == 5, bit for bit (losses, weights)", resumed, straight, keys=("losses", "params"))
+    at1, _ = r.dump("resumed_ep1", 2, *flags[:-2], "--resume", ckpt, steps=5)
+    if straight is not None and at1 is not None:
+        check_close("resume: an EP 2 checkpoint resumed with EP 1", at1, resumed)
+
+
+def check_refusals(tmp):
+    base = ["--model", "L=2,C=64,H=4,T=32,V=501", "--train-data", os.path.join(tmp, "train_000.bin"), "--seq-len", "32",
+            "--steps", "1", "--out-dir", os.path.join(tmp, "out")]
+    moe = ["--moe-experts", "4"]
+    one_line_error("--expert-parallel 3 with 4 experts", base + moe + ["--expert-parallel", "3"], 2,
+                   "--expert-parallel 3", "divisor of --moe-experts", seconds=10)
+    one_line_error("--expert-parallel 0", base + moe + ["--expert-parallel", "0"], 2, "--expert-parallel 0", seconds=10)
+    one_line_error("--expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2"], 2,
+                   "must divide the data-parallel degree 1", seconds=10)
+    one_line_error("--expert-parallel without --moe-experts", base + ["--expert-parallel", "2"], 2,
+                   "--expert-parallel", "add --moe-experts", seconds=10)
+    for flag in (["--zero", "1"], ["--tensor-parallel", "2"], ["--pipeline-parallel", "2"]):
+        one_line_error(f"--expert-parallel 2 with {' '.join(flag)}", base + moe + ["--expert-parallel", "2"] + flag, 2,
+                       "--moe-experts with", " ".join(flag), seconds=10)
+    gpu = gpu_trainer()
+    if gpu is None:
+        print("SKIP: the GPU trainer refuses --expert-parallel (neither build/emu/train_gpt nor train_gpt is built)")
+    else:
+        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --expert-parallel 2", base + ["--expert-parallel", "2"], 2,
+                       "--expert-parallel 2", "GPU trainer", binary=gpu, seconds=60)
+
+
+def main():
+    if not os.path.exists(BIN):
+        print("FAIL: expert parallel: train_gpt_cpu is not built (run make)")
+        return 1
+    tmp = tempfile.mkdtemp(prefix="llmc_expert_parallel_")
+    try:
+        write_shard(os.path.join(tmp, "train_000.bin"), np.random.default_rng(0).integers(0, 501, 16384))
+        check_refusals(tmp)
+        if not shutil.which("mpirun") or "libmpi" not in subprocess.run(["ldd", BIN], capture_output=True, text=True).stdout:
+            print("SKIP: expert parallelism over ranks (no mpirun, or train_gpt_cpu built without MPI)")
+            return exit_code()
+        r = Runner(tmp)
+        check_equivalence(r)
+        check_capacity(r)
+        check_resume(r)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1420,6 +1420,15 @@ int main(int argc, char** argv) {
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
     if (grid.world > 1 && plan.steps > first_step)
         report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
+    if (model.ep && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved (not in --estimate: the router decides)
+        const CommCounters& ec = par.ep.counters;
+        double bytes = comm_sum(&world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+        if (leader)
+            printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step, %.0f a step and "
+                   "rank (%llu calls a rank: counts and rows, forward and backward, evaluations included)\n", bytes,
+                   plan.steps - first_step, bytes / (plan.steps - first_step), bytes / (plan.steps - first_step) / grid.world,
+                   (unsigned long long)ec.calls[COMM_ALL_TO_ALL]);
+    }
     if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
         compression.kind == GradCompressionKind::None && model.moe.experts == 0)  // (its arithmetic knows the dense table only)
         parameter_server_report(model.server, last_step[0], model.layout.total);  // --data-parallel: server vs all-reduce

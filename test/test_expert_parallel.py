@@ -9,6 +9,8 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
 
   ep2          2 ranks, E = 4 top-2, experts split 2 + 2, no dropping == 1 rank: losses, step-1
                gradients (summed: non-owners add zeros), final weights after 5 AdamW steps, logits
+  traffic      the all-to-alls' bytes (the trainer's counters) = counts + 4 crossings x C x 4 bytes per
+               crossing row, at most every assignment; their calls = 5 per block and micro-batch
   ep2 x dp2    4 ranks, two expert groups of 2, E = 4 top-2 == 1 rank
   starved      4 ranks, E = 8 top-1, experts split 2 per rank: some step has an expert with no token
                on some rank (load 0..), and the run neither hangs nor differs from 1 rank
@@ -42,6 +44,8 @@ def check_equivalence(r):
     one, _ = r.dump("one", 1, *top2, steps=5)
     two, _ = r.dump("ep2", 2, *top2, "--expert-parallel", 2, steps=5)
     check_close("ep2: E = 4 top-2, experts split over 2 ranks", two, one)
+    _, out, err = r.run(2, *top2, "--expert-parallel", 2, steps=5)  # (without --dump-state: its extra passes move rows too)
+    check_traffic(out + err)
     four, _ = r.dump("ep2dp2", 4, *top2, "--expert-parallel", 2, steps=5)
     check_close("ep2 x dp2: 4 ranks, two expert groups", four, one)
 
@@ -52,6 +56,25 @@ def check_equivalence(r):
     report(0 in loads, f"starved: an expert with no token on a rank happened (loads' minima per step {loads})",
            out[-1500:])
     check_close("starved: E = 8 top-1 over 4 ranks (EP 4)", four8, one8)
+
+
+def check_traffic(out):
+    """The bytes the all-to-alls sent (the trainer's counters, every rank summed, 5 steps) against the
+    lesson's arithmetic: per MoE block (L = 4) and micro-batch (2 per rank) each rank sends its counts
+    (E/N = 2 ints to the other rank: 8 bytes), and a row that crosses to the other rank crosses 4 times
+    (dispatch, combine, the output gradient out, the input gradient back), C x 4 bytes each; at most
+    all k x 128 assignments of a step cross. 5 all-to-alls a block and micro-batch (3 forward, 2 back)."""
+    m = re.search(r"^expert parallel: the all-to-alls sent (\d+) bytes from all ranks over 5 steps, .*\((\d+) calls", out, re.M)
+    if not m:
+        report(False, "traffic: the expert-parallel line", out[-800:])
+        return
+    total, calls = int(m.group(1)), int(m.group(2))
+    blocks, steps, counts, row = 4, 5, 4 * 2 * 2 * 8 * 5, 4 * 64 * 4
+    crossing = (total - counts) / row  # rows that crossed to the other rank, all blocks and steps
+    report(calls == 5 * blocks * 2 * steps and (total - counts) % row == 0 and 0 < crossing <= blocks * steps * 256,
+           f"traffic: {total} bytes over 5 steps = counts {counts} + {crossing:.0f} crossing rows x 4 crossings x C x 4 "
+           f"({100 * crossing / (blocks * steps * 256):.0f}% of the 4 x 5 x 256 assignments), {calls} all-to-alls a rank",
+           f"{total} bytes, {calls} calls")
 
 
 def check_capacity(r):

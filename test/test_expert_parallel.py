@@ -23,7 +23,9 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
   refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree,
                --expert-parallel without --moe-experts, with --zero / --tensor-parallel /
                --pipeline-parallel, and the GPU trainer (when built)
-Planted by hand and caught (docs/moe.md): see the end of docs/moe.md's expert-parallel section.
+Planted by hand and caught (docs/moe.md, its expert-parallel section): the owner running its local expert
+index as the global one; the combine with the counts not transposed; the backward without the
+reorder to expert-major.
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

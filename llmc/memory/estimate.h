@@ -405,8 +405,10 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
                     "recomputes them";
     if (e.bf16_stash) {  // llmc/memory/stash_precision.h: their layer's fp32 scratch is in the workspace
         std::string stashed = "bf16 stash (--stash-precision bf16): 2 bytes per value, the paper's; one layer in fp32 in the workspace";
-        for (int i : {1, 2, 3, 4, 7, 8, 9})
+        for (int i : {1, 2, 4, 7, 8, 9})
             if (lines[(size_t)i].ours > 0) lines[(size_t)i].why = stashed;
+        lines[3].why = "the probabilities, materialised (L, B, NH, T, T) in bf16 (the stash; one layer in fp32 in the "
+                       "workspace); no dropout, so no mask and no second copy";
     }
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",

@@ -36,6 +36,7 @@
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/memory/stash_precision.h"
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/probes/grad_compression_probe.h"
@@ -100,6 +101,9 @@ struct Activations {
     std::vector<float> logits;                        // (B,T,Vp), overwritten by dlogits in backward
     std::vector<float> losses, logsumexp;             // (B,T), (B,T): per-position loss, softmax normaliser
     std::vector<float> dresidual;                     // (R,C) gradient of the residual stream (pipelines: received)
+    // --stash-precision bf16 (llmc/memory/stash_precision.h): the backward's copies of ln1, qkv, att, atty, ln2, fch
+    // and fch_gelu in bf16, same shapes; the fp32 arrays above are then empty, their layer computed in Workspace
+    struct BF16Stash { std::vector<uint16_t> ln1, qkv, att, atty, ln2, fch, fch_gelu; } stash;
     // pipelines: the micro-batch's tokens, kept until its backward pass; sends from these buffers
     std::vector<int> inputs, targets;
     std::vector<CommSend> sends;
@@ -112,6 +116,9 @@ struct Workspace {
     // writes and reads it within a layer; the backward refills it right before each use.
     std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
     std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
+    // --stash-precision bf16: the current layer of the stashed tensors in fp32, the forward's and the
+    // backward's (ln1, ln2 in ln_recompute, fch_gelu in gelu_recompute)
+    std::vector<float> stash_qkv, stash_att, stash_atty, stash_fch;  // (B,T,3Ca), (B,NH,T,T), (B,T,Ca), (B,T,Cf)
     std::vector<float> gathered;                      // (B,T,C) sequence parallelism: all ranks' rows, or partial sums
     std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
@@ -166,15 +173,15 @@ struct GPT2 {
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
-// micro-batch has its own of); null for the rows held elsewhere (the matmul's packed panels) or
-// not held at all (ZeRO's units, gathered and freed as the step goes).
+// micro-batch has its own of); null for the rows held elsewhere (the matmul's packed panels), not
+// held at all (ZeRO's units, gathered and freed as the step goes), or held in bf16 (gpt2_buffer16).
 static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
+    if (m->table[(size_t)b].element_bytes == 2) return nullptr;
     Activations& a = m->acts[(size_t)slot];
     switch (b) {
         case CB_PARAMS: return m->zero.stage == 3 ? &m->zero.param_shard : &m->params;
         case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
-        case CB_ADAM_M: return m->bf16_moments ? nullptr : &m->adam_m;
-        case CB_ADAM_V: return m->bf16_moments ? nullptr : &m->adam_v;
+        case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
         case CB_OPTIMIZER_STATE: return &m->optimizer_state; case CB_OPTIMIZER_SCRATCH: return &m->optimizer_scratch;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
@@ -190,6 +197,8 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_DBUF_3C: return &m->work.dbuf_3c; case CB_DBUF_4C: return &m->work.dbuf_4c;
         case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
         case CB_LN_RECOMPUTE: return &m->work.ln_recompute; case CB_GELU_RECOMPUTE: return &m->work.gelu_recompute;
+        case CB_STASH_QKV: return &m->work.stash_qkv; case CB_STASH_ATT: return &m->work.stash_att;
+        case CB_STASH_ATTY: return &m->work.stash_atty; case CB_STASH_FCH: return &m->work.stash_fch;
         case CB_LENT_WTE: return &m->lent_wte;    case CB_LENT_WTE_GRAD: return &m->lent_wte_grad;
         case CB_COMPRESSION_STATE: return &m->compression.state;
         case CB_COMPRESSION_WORK: return &m->compression.work;
@@ -197,6 +206,21 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_MOE_PARAMS: return &m->moe_params; case CB_MOE_GRADS: return &m->moe_grads;
         case CB_MOE_ADAM_M: return &m->moe_m;     case CB_MOE_ADAM_V: return &m->moe_v;
         case CB_MOE_SUM_SCRATCH: return &m->moe_sum_scratch;
+        default: return nullptr;
+    }
+}
+
+// The rows of 2-byte values: AdamW's m and v with --optimizer-state bf16, the stashed activations with
+// --stash-precision bf16 (null where the row is fp32).
+static std::vector<uint16_t>* gpt2_buffer16(GPT2* m, int b, int slot = 0) {
+    if (m->table[(size_t)b].element_bytes != 2) return nullptr;
+    Activations::BF16Stash& st = m->acts[(size_t)slot].stash;
+    switch (b) {
+        case CB_ADAM_M: return &m->adam_m16;      case CB_ADAM_V: return &m->adam_v16;
+        case CB_LN1: return &st.ln1;              case CB_QKV: return &st.qkv;
+        case CB_ATT: return &st.att;              case CB_ATTY: return &st.atty;
+        case CB_LN2: return &st.ln2;              case CB_FCH: return &st.fch;
+        case CB_FCH_GELU: return &st.fch_gelu;
         default: return nullptr;
     }
 }
@@ -219,17 +243,14 @@ void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, c
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
     model->bf16_moments = shape.bf16_moments;
-    if (shape.bf16_moments) {  // the two rows of 2-byte values (gpt2_buffer leaves them out)
-        std::vector<uint16_t>(model->table[CB_ADAM_M].elements, 0).swap(model->adam_m16);
-        std::vector<uint16_t>(model->table[CB_ADAM_V].elements, 0).swap(model->adam_v16);
-    }
     model->acts.resize((size_t)shape.micro_batches_in_flight);
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
+            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
+            if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
-            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
             if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
             std::vector<float> exact(n, 0.0f);
             if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
@@ -263,6 +284,22 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 
 // One block's slice of a stacked per-layer tensor.
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
+
+// Where the passes find layer l's fp32 copy of an activation: its slice of the stack when it is kept
+// per layer in fp32, else (the stack is empty: --recompute does not keep it, or --stash-precision bf16
+// keeps it in bf16) the one layer of scratch that the forward computes into and the backward refills.
+static float* layer_or_scratch(std::vector<float>& stacked, std::vector<float>& scratch, int l, size_t per_layer) {
+    return stacked.empty() ? scratch.data() : layer_slice(stacked, l, per_layer);
+}
+// --stash-precision bf16 (llmc/memory/stash_precision.h): the forward has read the n fp32 values x for the
+// last time; layer l's slice of the bf16 stack keeps them, rounded, for the backward. And the backward
+// widens them again before its first read. Both do nothing at fp32, where the bf16 stack is empty.
+static void stash(std::vector<uint16_t>& stack, int l, size_t per_layer, const float* x, size_t n) {
+    if (!stack.empty()) stash_round(stack.data() + (size_t)l * per_layer, x, n);
+}
+static void unstash(float* x, const std::vector<uint16_t>& stack, int l, size_t per_layer, size_t n) {
+    if (!stack.empty()) stash_widen(x, stack.data() + (size_t)l * per_layer, n);
+}
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
 // llmc/parallel/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
@@ -339,8 +376,10 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
-    // --recompute (llmc/model/recompute.h): what is not kept per layer goes to one layer of scratch
-    RecomputePlan keep = recompute_plan(model->recompute);
+    // what is not kept per layer in fp32 (--recompute, llmc/model/recompute.h; --stash-precision bf16,
+    // llmc/memory/stash_precision.h) is computed into one layer of scratch
+    Activations::BF16Stash& st = a.stash;
+    size_t att_n = (size_t)B * NH * T * T;
 
     if (s.first_stage) {
         ParamTensors<float> w = unit_weights(model, ends);
@@ -355,14 +394,14 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     for (int l = 0; l < L; l++) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
-        float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
-        float* att = layer_slice(a.att, l, att_per_layer);
-        float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
+        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
+        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
+        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
         float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
-        float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
+        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);  // (ln1 is dead by then)
+        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
+        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
         float* residual3 = layer_slice(a.residual3, l, Rmax * C);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -370,9 +409,13 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
                           w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_forward(qkv, ln1_all, w[QKVW], w[QKVB], (int)BT, C, 3 * Ca);
+        stash(st.ln1, l, Rmax * C, ln1, R * C);  // each tensor's bf16 copy right after its last read: here ln1's
         attention_forward(atty, att, qkv, B, T, Ca, NH);
+        stash(st.qkv, l, BTmax * 3 * Ca, qkv, BT * 3 * Ca);
+        stash(st.att, l, att_per_layer, att, att_n);
         float* proj = tp_partial_buffer(*tp, residual2, work.gathered.data());
         matmul_forward(proj, atty, w[ATTPROJW], nullptr, (int)BT, Ca, C);   // tensor parallel: a partial sum
+        stash(st.atty, l, BTmax * Ca, atty, BT * Ca);
         tp_sum_rows(tp, proj, residual2, BT, C, "all-reduce after the attention projection");
         add_bias(residual2, w[ATTPROJB], (int)R, C);
         residual_forward(residual2, residual2, residual, R * C);
@@ -381,12 +424,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
                           w[LN2W], w[LN2B], (int)R, C);
         if (is_moe_block(model->moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (one rank's rows)
             moe_block_forward(model, w, l, ln2, residual3, (int)BT);
+            stash(st.ln2, l, Rmax * C, ln2, R * C);  // the experts' own activations stay fp32 (moe_acts)
         } else {
             const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
             matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
+            stash(st.ln2, l, Rmax * C, ln2, R * C);
             gelu_forward(fch_gelu, fch, BT * Cf);
+            stash(st.fch, l, BTmax * Cf, fch, BT * Cf);
             proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
             matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
+            stash(st.fch_gelu, l, BTmax * Cf, fch_gelu, BT * Cf);
             tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
             add_bias(residual3, w[FCPROJB], (int)R, C);
         }
@@ -460,11 +507,11 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = L - 1; l >= 0; l--) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        const float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
-        const float* att = layer_slice(a.att, l, att_per_layer);
-        const float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
+        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
+        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
         const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        const float* fch = layer_slice(a.fch, l, BTmax * Cf);
+        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
         const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
         const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
         float* dbuf_c = work.dbuf_c.data();
@@ -474,11 +521,13 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         // its one use below, with the forward's own function on the forward's own inputs: the same
         // floats. Whatever the scratch held before (another layer, or in a pipeline another
         // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
+        // What --stash-precision bf16 keeps in bf16 is widened into the same scratch (unstash), as late.
         float* ln_scratch = work.ln_recompute.data();
         float* gelu_scratch = work.gelu_recompute.data();
-        const float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
-        const float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
-        const float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
+        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
+        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);
+        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
+        const Activations::BF16Stash& st = a.stash;
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
@@ -487,16 +536,21 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
             // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
             float aux_scale = (float)((double)loss_scale * (double)BT);
+            unstash(ln2, st.ln2, l, Rmax * C, R * C);
             moe_backward(dbuf_c, moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b), &model->moe_acts[(size_t)b],
                          model->moe_shape, moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b), ln2, dout,
                          aux_scale);
         } else {
-            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
+            unstash(fch, st.fch, l, BTmax * Cf, BT * Cf);
+            unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, BT * Cf);
+            // level 1+: the projection's input, GELU(fch) (with a bf16 stash: of the widened fch)
+            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);
             matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
             gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
             // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
             // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
             if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
+            unstash(ln2, st.ln2, l, Rmax * C, R * C);
             const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
             matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
         }
@@ -504,10 +558,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
+        unstash(atty, st.atty, l, BTmax * Ca, BT * Ca);
         matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
+        unstash(qkv, st.qkv, l, BTmax * 3 * Ca, BT * 3 * Ca);
+        unstash(att, st.att, l, att_per_layer, (size_t)B * NH * T * T);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
         // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
         if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
+        unstash(ln1, st.ln1, l, Rmax * C, R * C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
@@ -909,8 +967,10 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 static std::vector<size_t> held_bytes(GPT2* model) {
     std::vector<size_t> held(CB_COUNT, 0);
     for (int b = 0; b < CB_COUNT; b++)
-        for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++)
+        for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++) {
             if (std::vector<float>* v = gpt2_buffer(model, b, (int)slot)) held[b] += v->capacity() * sizeof(float);
+            if (std::vector<uint16_t>* v = gpt2_buffer16(model, b, (int)slot)) held[b] += v->capacity() * sizeof(uint16_t);
+        }
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
@@ -920,10 +980,6 @@ static std::vector<size_t> held_bytes(GPT2* model) {
             held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(float);
         for (const std::vector<int>* v : {&a.choice, &a.row, &a.routed, &a.kept, &a.first_row, &a.token_of_row})
             held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(int);
-    }
-    if (model->bf16_moments) {
-        held[CB_ADAM_M] = model->adam_m16.capacity() * sizeof(uint16_t);
-        held[CB_ADAM_V] = model->adam_v16.capacity() * sizeof(uint16_t);
     }
     return held;
 }
@@ -990,6 +1046,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
     sizes.optimizer = run_optimizer(o);
     sizes.bf16_moments = o.optimizer_state == "bf16";
+    sizes.bf16_stash = o.stash_precision == "bf16";
     sizes.compression = compression;
     sizes.moe = MoEConfig{o.moe_experts, o.moe_every};
     sizes.moe_top_k = o.moe_top_k;
@@ -1076,6 +1133,10 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (o.recompute > 0) {
         printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
                recompute_what(o.recompute));
+    }
+    if (o.stash_precision == "bf16") {
+        printf("stash bf16: ln1, ln2, qkv, att, atty, fch, fch_gelu kept for the backward in bf16 (where kept), one layer "
+               "in fp32\n");
     }
     if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
     if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
@@ -1303,6 +1364,7 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     predicted.compression = compression;
+    predicted.bf16_stash = o.stash_precision == "bf16";
     predicted.parameter_server = o.data_parallel == "server";
     predicted.moe = MoEConfig{o.moe_experts, o.moe_every};
     predicted.moe_top_k = o.moe_top_k;

@@ -26,6 +26,11 @@
 // (B, T, 4C), level 2 also ln1 and ln2 for ln_recompute (R, C), one buffer for both. The scratch
 // rows are not per micro-batch (the backward refills them before every use).
 //
+// --stash-precision bf16 (llmc/memory/stash_precision.h) stores ln1, ln2, qkv, att, atty, fch and
+// fch_gelu in 2 bytes a value (their rows' element size), and adds ONE layer of each in fp32 as
+// scratch: the forward computes into it, the backward widens into it (ln1 and ln2 share
+// ln_recompute, fch_gelu uses gelu_recompute, the others the stash_* rows).
+//
 // On a process grid (llmc/parallel/process_grid.h) every row is for this rank's slice: its pipeline stage's
 // layers (activations of as many micro-batches as its schedule keeps in flight, llmc/parallel/pipeline_parallel.h),
 // its tensor rank's heads, hidden units and vocabulary rows (B*T/t rows of the residual stream with
@@ -72,6 +77,7 @@ struct CPURunShape {
     GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     MoEConfig moe;                     // --moe-experts, --moe-every (llmc/model/model.h's MoE table)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
+    bool bf16_stash = false;           // --stash-precision bf16 (llmc/memory/stash_precision.h)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -111,6 +117,8 @@ enum CPUBuffer {
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
     // recompute: one layer of what the levels above 0 do not keep per layer
     CB_LN_RECOMPUTE, CB_GELU_RECOMPUTE,
+    // --stash-precision bf16: one layer in fp32 of the other stashed tensors (llmc/memory/stash_precision.h)
+    CB_STASH_QKV, CB_STASH_ATT, CB_STASH_ATTY, CB_STASH_FCH,
     // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
     // a pipeline's last stage: its copy of the tied embedding
     CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
@@ -143,6 +151,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     RecomputePlan keep = recompute_plan(s.recompute);
+    size_t A = s.bf16_stash ? 2 : F;  // the stashed activations' bytes per value
+    std::string a16 = s.bf16_stash ? " bf16" : "";
+    size_t one_layer = s.bf16_stash ? 1 : 0;  // the stash's fp32 scratch rows
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
     // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
     size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
@@ -172,18 +183,18 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                                 s.zero_stage == 1 ? ", this rank's blocks" : ""), factored, F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
-    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x + a16, keep.ln ? M * L * R * C : 0, A};
     t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
-    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
-    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
-    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
+    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x + a16, M * L * BT * 3 * Ca, A};
+    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x + a16, M * L * B * NH * T * T, A};
+    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x + a16, M * L * BT * Ca, A};
     t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
-    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x + a16, keep.ln ? M * L * R * C : 0, A};
     t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
-    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
-    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep.gelu ? M * L * BT * Cf : 0, F};
+    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, M * L * BT * Cf, A};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, keep.gelu ? M * L * BT * Cf : 0, A};
     t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
     t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
     t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
@@ -202,8 +213,13 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                            matmul_pack_b_floats(max_columns), F};
     t[CB_OPTIMIZER_SCRATCH] = {"optimizer_scratch", MEM_WORKSPACE, "SM3: the widest matrix's columns",
                                s.optimizer == Optimizer::SM3 ? factored_scratch_floats(c) : 0, F};
-    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln ? 0 : R * C, F};
-    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, F};
+    // (ln1, ln2 or fch_gelu: recomputed, or widened from the bf16 stash)
+    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln && !s.bf16_stash ? 0 : R * C, F};
+    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu && !s.bf16_stash ? 0 : BT * Cf, F};
+    t[CB_STASH_QKV] = {"stash_qkv", MEM_WORKSPACE, "(B, T, 3C" + tp + ") one layer", one_layer * BT * 3 * Ca, F};
+    t[CB_STASH_ATT] = {"stash_att", MEM_WORKSPACE, "(B, NH" + tp + ", T, T) one layer", one_layer * B * NH * T * T, F};
+    t[CB_STASH_ATTY] = {"stash_atty", MEM_WORKSPACE, "(B, T, C" + tp + ") one layer", one_layer * BT * Ca, F};
+    t[CB_STASH_FCH] = {"stash_fch", MEM_WORKSPACE, "(B, T, 4C" + tp + ") one layer", one_layer * BT * Cf, F};
 
     t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
     t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};

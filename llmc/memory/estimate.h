@@ -65,6 +65,7 @@ struct EstimateSetup {
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
+    bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
     GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
@@ -112,6 +113,7 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
     shape.optimizer = e.optimizer;
     shape.bf16_moments = e.bf16_moments;
+    shape.bf16_stash = e.bf16_stash;
     shape.compression = e.compression;
     shape.moe = e.moe;
     shape.moe_top_k = e.moe_top_k;
@@ -412,6 +414,13 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[9].why = keep.gelu ? values : "--recompute >= 1: recomputed as GELU(fch), one layer at a time, in the backward";
     lines[10].why = "two fp32 per row and LayerNorm, so the backward needs no reduction to recover them; the paper "
                     "recomputes them";
+    if (e.bf16_stash) {  // llmc/memory/stash_precision.h: their layer's fp32 scratch is in the workspace
+        std::string stashed = "bf16 stash (--stash-precision bf16): 2 bytes per value, the paper's; one layer in fp32 in the workspace";
+        for (int i : {1, 2, 4, 7, 8, 9})
+            if (lines[(size_t)i].ours > 0) lines[(size_t)i].why = stashed;
+        lines[3].why = "the probabilities, materialised (L, B, NH, T, T) in bf16 (the stash; one layer in fp32 in the "
+                       "workspace); no dropout, so no mask and no second copy";
+    }
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
@@ -537,6 +546,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.recompute = o.recompute;
     parse_optimizer(o.optimizer, &e.optimizer);
     e.bf16_moments = o.optimizer_state == "bf16";
+    e.bf16_stash = o.stash_precision == "bf16";
     e.compression = grad_compression_settings(o);
     e.moe = MoEConfig{o.moe_experts, o.moe_every};
     e.moe_top_k = o.moe_top_k;
@@ -592,6 +602,7 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
     std::string what;
     if (e.trainer == Trainer::CPU) {
         what = e.recompute ? strprintf("CPU trainer, fp32, recompute %d", e.recompute) : "CPU trainer, fp32";
+        if (e.bf16_stash) what += ", bf16 stash";
     } else {
         what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? "bf16" : "fp32",
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",

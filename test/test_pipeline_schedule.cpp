@@ -49,7 +49,7 @@ static Lists lists_of(const Case& c) {
 static std::string order_problem(const Case& c, const Lists& lists) {
     for (int s = 0; s < c.p; s++) {
         std::vector<int> state((size_t)(c.m * c.v), 0), next_backward((size_t)c.v, 0);
-        int held = 0, peak = 0, next_weight = 0;
+        int held = 0, peak = 0, next_weight = 0, pending = 0, pending_peak = 0;  // pending: B done, W not yet
         bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
         for (const PipeAction& a : lists[(size_t)s]) {
             if (!pipe_is_compute(a.op)) continue;
@@ -62,6 +62,7 @@ static std::string order_problem(const Case& c, const Lists& lists) {
                 if (a.micro != next_weight++) return strprintf("stage %d: W%d not in micro-batch order", s, a.micro);
                 st++;
                 held--;
+                pending--;
                 continue;
             }
             bool forward = a.op == PipeOp::Forward;
@@ -71,11 +72,16 @@ static std::string order_problem(const Case& c, const Lists& lists) {
             st++;
             held += forward ? 1 : zb ? 0 : -1;
             peak = std::max(peak, held);
+            if (zb && !forward && c.p > 1) pending_peak = std::max(pending_peak, ++pending);
         }
         for (int st : state)
             if (st != (zb ? 3 : 2)) return strprintf("stage %d: a micro-batch misses its forward, backward%s", s, zb ? " or W" : "");
         int closed = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
         if (peak != closed) return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak, closed);
+        // ZB-H1's output-gradient stashes (the trainer allocates this many): B done, W not yet
+        int stashes = pipeline_pending_weight_passes(c.kind, s, c.p, c.m);
+        if (pending_peak != stashes)
+            return strprintf("stage %d has %d W passes pending at its peak, pipeline_pending_weight_passes says %d", s, pending_peak, stashes);
     }
     return "";
 }

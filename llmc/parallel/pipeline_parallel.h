@@ -69,9 +69,11 @@
 // The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
 // bubble (p-1)/(m+p-1) it predicts.
 inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches, double bubble) {
-    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+    bool zb = s == PipelineSchedule::ZeroBubbleH1;  // its W fills the bubble: counted with F = B = W (pipeline_schedule.h)
+    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble %s = %d/%d = %.1f%%\n",
                      pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
-                     stages - 1, micro_batches + stages - 1, 100.0 * bubble);
+                     zb ? "(p-1)/(3m+p-1) at F = B = W" : "(p-1)/(m+p-1)", stages - 1, (zb ? 3 : 1) * micro_batches + stages - 1,
+                     100.0 * bubble);
 }
 
 // The tied embedding, after the backward pass: the last stage's LM-head gradient (n floats) is

@@ -65,8 +65,12 @@
 //     keeps what W needs (each matmul's input and output gradient, LayerNorm's normalised input)
 //     from B(k) until W(k): s micro-batches longer, so stage s holds p, not p - s, micro-batches
 //     from F to W. Stage 0, the peak, holds p as in 1F1B: the peak activation memory is 1F1B's.
-//     Trained: not yet (the CPU layers' backward is not split into B and W; cli.h refuses it, one
-//     line); --pipeline-print-schedule prints it. PipeDream-2BW (two weight versions): coming.
+//     What W needs beyond the activations is each matmul's and LayerNorm's output gradient, which B
+//     computes and would otherwise overwrite at the next layer: kept from B(k) to W(k), which on
+//     stage s is at most s + 1 micro-batches at once (pipeline_pending_weight_passes below).
+//     Trained by the CPU trainer (its passes: train_gpt_cpu.cpp's gpt2_backward with the `defer`
+//     of llmc/model/cpu_layers.h's split, then gpt2_backward_weights); the GPU trainer refuses it
+//     (its kernels' backward is not split). PipeDream-2BW (two weight versions): coming.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
@@ -246,6 +250,15 @@ inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int sta
     if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - stage);
     if (kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages);  // F to W: p - s + s (the lag)
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
+}
+
+// ZB-H1: how many micro-batches' W a stage has pending at once (B done, W not yet), each keeping
+// the output gradients W needs: stage s runs W(k) right after B(k + s), so s + 1 of them (and never
+// more than m); 0 for the schedules whose backward is whole. test_pipeline_schedule checks it
+// against the lists' walk.
+inline int pipeline_pending_weight_passes(PipelineSchedule kind, int stage, int stages, int m) {
+    if (kind != PipelineSchedule::ZeroBubbleH1 || stages == 1 || m <= 0) return 0;
+    return std::min(m, stage + 1);
 }
 
 // The part of the step each stage idles, F and B of equal cost ratio on every stage:

@@ -1135,7 +1135,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
                grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);

@@ -1023,7 +1023,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
@@ -1245,11 +1245,8 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
-    if (par.schedule == PipelineSchedule::ZeroBubbleH1 && grid.pp > 1) {  // with F = B = W (pipeline_schedule.h)
-        par.times.predicted_bubble = pipeline_zb_h1_bubble_fraction(grid.pp, plan.accumulation_steps);
-        par.times.bubble_formula = "(p-1)/(3m+p-1) at F = B = W";
-    }
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps);
+    if (par.schedule == PipelineSchedule::ZeroBubbleH1) par.times.bubble_formula = "(p-1)/(3m+p-1) at F = B = W";
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;

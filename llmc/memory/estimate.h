@@ -672,9 +672,9 @@ inline void print_estimate(const EstimateSetup& e) {
     }
     if (e.pp > 1) {
         int m = estimate_micro_batches(e, e.B);
-        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
-               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1,
-               100.0 * pipeline_bubble_fraction(e.pp, m));
+        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble %s of each stage's step\n",
+               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
+               pipeline_bubble_text(e.schedule, e.pp, m).c_str());
     }
 
     ComputeEstimate comp = estimate_compute(e);

@@ -272,6 +272,17 @@ inline double pipeline_zb_h1_bubble_fraction(int stages, int m) {
     return (double)(stages - 1) / (double)(3 * m + stages - 1);
 }
 
+// The bubble the trainers and --estimate print for GPipe, 1F1B and ZB-H1: its formula, the fraction
+// and the percentage, "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%").
+inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m) {
+    return kind == PipelineSchedule::ZeroBubbleH1 ? pipeline_zb_h1_bubble_fraction(stages, m) : pipeline_bubble_fraction(stages, m);
+}
+inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m) {
+    bool zb = kind == PipelineSchedule::ZeroBubbleH1;
+    return strprintf("%s = %d/%d = %.1f%%", zb ? "(p-1)/(3m+p-1) at F = B = W" : "(p-1)/(m+p-1)", stages - 1,
+                     (zb ? 3 : 1) * m + stages - 1, 100.0 * pipeline_predicted_bubble(kind, stages, m));
+}
+
 // Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the
 // nearest values that would. GPipe and 1F1B run any m >= p (process_grid.h checks that);
 // interleaving cuts the layers into p*v equal blocks and runs micro-batches in groups of p.

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""test_pipeline_zb_h1.py — ZB-H1 trained by the CPU trainer: the same bits as 1F1B, its memory, its bubble.
+
+ZB-H1 (llmc/parallel/pipeline_schedule.h) splits each backward into B (input gradients, on the
+critical path) and W (weight gradients, deferred: stage s runs W(k) after B(k + s)); B keeps each
+matmul's and LayerNorm's output gradient for W in a weight stash (llmc/model/zero_bubble_backward.h).
+The model and data are test_parallelism.py's (L=4 C=64 H=4 T=32 V=501, B=1, 4 AdamW steps).
+
+The reference is 1F1B on the same grid, and the demand is the same bits: W runs in micro-batch
+order on every stage, so every weight gradient collects its micro-batches' additions in 1F1B's
+order (the whole backward adds them in the same order), and nothing else changes.
+  - zb-h1 == 1f1b bit for bit (losses, the step-1 gradient, the final weights, the first logits):
+    2 stages with m = p = 2 and m = 2p = 4; 4 stages with m = 4 and 8; dp2 x pp2 with ZeRO-1 (the
+    data-parallel sum after the schedule); at --recompute 0 and 2 as well as the default 1 (W
+    rebuilds the GELU and LayerNorm outputs --recompute dropped, as B does);
+  - every rank holds exactly what its size table says, weight stash included, and sends the bytes
+    --estimate predicts (check_predictions); --estimate lists the stash: one on stage 0, p on the last;
+  - resume: 3 steps + checkpoint + 2 resumed == 5 straight, bit for bit;
+  - compute made of sleeps (F = B = W = 50 ms; 1F1B's whole backward 100 ms), pp2 m=4: the measured
+    bubble of both stages is ZB-H1's (p-1)/(3m+p-1) = 1/13 = 7.7% +- 5 points, and 1F1B's 1/5 = 20% +- 8
+    in the same conditions; the --trace of the ZB-H1 run lists each stage's F, B and W in the printed order.
+Planted bugs caught (by hand, then reverted): W skipped for micro-batch 1 (forward_backward's
+PipeOp::Weight case breaking before gpt2_backward_weights when act.micro == 1): every bitwise check
+failed (losses, weights, step-1 gradients), and the measured ZB-H1 bubble rose to 17%; W reading
+micro-batch k+1's stash (index (act.micro + 1) mod pending_weights, which moves only on the stages
+past the first, where several stashes are pending): every bitwise check failed.
+"""
+import json, os, re, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+from test_parallelism import (Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise,  # noqa: E402
+                              check_predictions)
+from test_data_parallel import write_shard  # noqa: E402
+
+STEPS = 4
+
+
+def pipe(p, m, schedule):
+    return ["--pipeline-parallel", p, "--pipeline-schedule", schedule, "--total-batch-tokens", m * T]
+
+
+def measured_bubble(out):
+    """(predicted %, [measured % per stage]) from the trainer's report."""
+    m = re.search(r"pipeline bubble: predicted .*? = ([\d.]+)%.*?not computing: ([\d.% ]+)", out)
+    return (float(m.group(1)), [float(x) for x in m.group(2).replace("%", "").split()]) if m else (None, [])
+
+
+def main():
+    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
+        print("SKIP: ZB-H1 (needs mpirun and a built train_gpt_cpu)")
+        return 0
+    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout:
+        print("SKIP: ZB-H1 (train_gpt_cpu was built without MPI)")
+        return 0
+    work = tempfile.mkdtemp(prefix="llmc_zb_")
+    try:
+        rng = np.random.default_rng(0)
+        pattern = rng.integers(0, 501, size=97)
+        tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
+        write_shard(os.path.join(work, "train_000.bin"), tokens)
+        r = Runner(work)
+
+        # ---- the same bits as 1F1B on 2 and 4 stages, m = p and 2p
+        for p, m in [(2, 2), (2, 4), (4, 4), (4, 8)]:
+            ref, _ = r.dump(f"pp{p}_m{m}_1f1b", p, *pipe(p, m, "1f1b"), steps=STEPS)
+            zb, out = r.dump(f"pp{p}_m{m}_zb", p, *pipe(p, m, "zb-h1"), steps=STEPS)
+            check_bitwise(f"pp{p}, m={m}: ZB-H1 == 1F1B bit for bit over {STEPS} AdamW steps (W in micro-batch order)", zb, ref)
+            if m == 2 * p:
+                check_predictions(f"pp{p} ZB-H1, m={m} (weight stash included)", out, p)
+            if p == 2 and m == 4:
+                for level in (0, 2):  # the default is --recompute 1; the levels give 1F1B's bits (test_parallelism.py)
+                    rc, _ = r.dump(f"pp2_zb_recompute{level}", 2, *pipe(2, 4, "zb-h1"), "--recompute", level, steps=STEPS)
+                    check_bitwise(f"pp2, m=4: ZB-H1 --recompute {level} == 1F1B --recompute 1 bit for bit", rc, ref)
+
+        # ---- data parallelism around the pipeline: dp2 x pp2, ZeRO-1, 2 micro-batches per data-parallel rank
+        flags = ["--pipeline-parallel", 2, "--zero", 1]
+        ref, _ = r.dump("dp2pp2_1f1b", 4, *flags, "--pipeline-schedule", "1f1b", steps=STEPS)
+        zb, out = r.dump("dp2pp2_zb", 4, *flags, "--pipeline-schedule", "zb-h1", steps=STEPS)
+        check_bitwise("dp2 x pp2, ZeRO-1: ZB-H1 == 1F1B bit for bit", zb, ref)
+        check_predictions("dp2 x pp2 ZB-H1", out, 4)
+
+        # ---- --estimate lists the stash: stage s keeps s + 1 (11 x B*T*C floats per layer, + B*T*C on the last)
+        est = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] +
+                             [str(f) for f in pipe(2, 4, "zb-h1")], capture_output=True, text=True, cwd=work)
+        stash = re.search(r"^  weight_stash\s+activations\s+.*?x (\d+)\s+(\d+)", est.stdout, re.M)
+        per_layer = 11 * 32 * 64 * 4
+        report(est.returncode == 0 and stash is not None and stash.groups() == ("1", str(2 * per_layer)) and
+               "bubble (p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%" in est.stdout,
+               f"--estimate, pp2 ZB-H1: rank 0's weight stash is 1 x (2 layers x 11 x B*T*C floats) = {2 * per_layer} bytes; "
+               "the bubble 1/13", est.stdout[:3000] + est.stderr)
+
+        # ---- resume: 3 steps, checkpoint, 2 more == 5 straight
+        straight, _ = r.dump("pp2_zb_ckpt", 2, *pipe(2, 4, "zb-h1"), "--checkpoint-every", 3, steps=5)
+        ckpt = os.path.join(work, "out", "ckpt_00000003")
+        resumed, out = r.dump("pp2_zb_resumed", 2, *pipe(2, 4, "zb-h1"), "--resume", ckpt, steps=5)
+        if straight is not None and resumed is not None:
+            report("resumed from" in out and np.array_equal(resumed["params"], straight["params"]) and
+                   np.array_equal(resumed["losses"], straight["losses"][3:]),
+                   "pp2 ZB-H1: 3 steps + checkpoint + resume + 2 steps == 5 straight, bit for bit", out[-800:])
+
+        # ---- the bubble with compute made of sleeps (the transport of test_parallelism.py's bubble check)
+        delay = {"LLMC_TEST_PIPE_DELAY_MS": "50", **SENDER_DRIVEN_MPI}
+        trace = os.path.join(work, "zb.json")
+        _, out_zb, err = r.run(2, *pipe(2, 4, "zb-h1"), "--trace", trace, steps=3, env=delay)
+        _, out_1, err1 = r.run(2, *pipe(2, 4, "1f1b"), steps=3, env=delay)
+        pz, mz = measured_bubble(out_zb)
+        p1, m1 = measured_bubble(out_1)
+        report(pz == 7.7 and len(mz) == 2 and all(abs(x - 7.7) <= 5.0 for x in mz),
+               f"ZB-H1, p=2, m=4, F = B = W = 50 ms: measured bubble {mz} = (p-1)/(3m+p-1) = 7.7% +- 5 points",
+               out_zb[-600:] + err[-300:])
+        report(p1 == 20.0 and len(m1) == 2 and all(abs(x - 20.0) <= 8.0 for x in m1) and mz and max(mz) < min(m1),
+               f"1F1B in the same conditions (B + W = 100 ms): {m1} = 1/5 = 20% +- 8 points, above ZB-H1's {mz}",
+               out_1[-600:] + err1[-300:])
+        printed = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1",
+                                  "--pipeline-print-schedule"] + [str(f) for f in pipe(2, 4, "zb-h1")],
+                                 capture_output=True, text=True, cwd=work).stdout
+        for k in range(2):
+            want = [a for line in printed.splitlines() if line.startswith(f"stage {k}:")
+                    for a in line.split()[2:] if re.fullmatch(r"[FBW]\d+", a)]
+            try:
+                events = json.load(open(os.path.join(work, f"zb.rank{k}.json")))["traceEvents"]
+                got = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
+                       if e.get("ph") == "X" and e["args"].get("step") == 2 and re.fullmatch(r"[FBW]\d+", e["name"])]
+            except (OSError, ValueError, KeyError) as e:
+                got = [str(e)]
+            report(want and got == want, f"stage {k}: the trace's F, B and W of step 2 in the printed order", f"{got} vs {want}")
+        print(f"({r.seconds:.0f} s in the trainer)", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,15 @@
 // 12 x 11 x 4096 x 768 x 4 bytes = 1.66 GB per pending micro-batch: the price of ZB-H1 in memory
 // (--estimate prints it beside the activations, docs/parallelism.md compares them).
 //
+// The memory it costs here. W reads the forward's inputs (ln1, atty, ln2, GELU's output, the
+// residuals) from micro-batch k's activation slot, so the slot lives from F(k) to W(k): p slots on
+// every stage (pipeline_live_micro_batches), not 1F1B's p - s, and the last stage's slots carry the
+// logits. At d12 on 4 stages (m = 8, B = 4, T = 1024, --estimate) the last stage holds 9.94 GB of
+// activations against 1F1B's peak of 4.88 GB (stage 0). The paper's accounting (its "same peak
+// memory as 1F1B") keeps, between B and W, only what W reads: a stash holding W's inputs as well as
+// dy (about 20 N C floats per layer), the slots back at p - s, and the LM head's W in B (so no stage
+// keeps more than one slot of logits). Not written yet.
+//
 // How many. Stage s runs W(k) right after B(k + s), so s + 1 stashes at once
 // (pipeline_pending_weight_passes): one on the first stage, which holds the most activations, p on
 // the last, which holds the fewest. Micro-batch k uses stash k mod (s + 1): B(k + s + 1), the next

@@ -64,13 +64,15 @@
 //     (test_pipeline_schedule checks both on the simulated clock, p = 2..4.) The price: a stage
 //     keeps what W needs (each matmul's input and output gradient, LayerNorm's normalised input)
 //     from B(k) until W(k): s micro-batches longer, so stage s holds p, not p - s, micro-batches
-//     from F to W. Stage 0, the peak, holds p as in 1F1B: the peak activation memory is 1F1B's.
-//     What W needs beyond the activations is each matmul's and LayerNorm's output gradient, which B
-//     computes and would otherwise overwrite at the next layer: kept from B(k) to W(k), which on
-//     stage s is at most s + 1 micro-batches at once (pipeline_pending_weight_passes below).
-//     Trained by the CPU trainer (its passes: train_gpt_cpu.cpp's gpt2_backward with the `defer`
-//     of llmc/model/cpu_layers.h's split, then gpt2_backward_weights); the GPU trainer refuses it
-//     (its kernels' backward is not split). PipeDream-2BW (two weight versions): coming.
+//     from F to W. In slots stage 0 holds p as in 1F1B; the paper's "same peak memory" counts a
+//     micro-batch between B and W as only what W reads. The CPU trainer keeps whole slots (W reads
+//     its inputs there), so every stage holds p of them, plus what W needs beyond the activations:
+//     each matmul's and LayerNorm's output gradient, which B computes and would otherwise overwrite
+//     at the next layer, kept from B(k) to W(k), at most s + 1 micro-batches at once on stage s
+//     (pipeline_pending_weight_passes below; llmc/model/zero_bubble_backward.h: the passes, the
+//     stash, and why the peak is then the last stage's, twice 1F1B's at d12 on 4 stages). The GPU
+//     trainer prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
+//     PipeDream-2BW (two weight versions): coming.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and

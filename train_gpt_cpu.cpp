@@ -376,9 +376,10 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
-// ZB-H1 (llmc/model/zero_bubble_backward.h): with a `stash`, only B, the input gradients: each matmul's
-// and LayerNorm's output gradient goes into the stash instead of into its weight gradient, which
-// gpt2_backward_weights adds later. Without one (every other schedule), the whole backward.
+// ZB-H1 (llmc/model/zero_bubble_backward.h): with a `stash`, B, the input gradients: each block's
+// matmul and LayerNorm copies its output gradient and input into the stash instead of adding its
+// weight gradient, which gpt2_backward_weights adds later (the LM head's and the embedding's are
+// added here). Without one (every other schedule), the whole backward.
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
                    float* stash = nullptr) {
     const GPT2Config& cfg = model->config;
@@ -400,12 +401,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
                                       s.vocab_begin);
         const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
-        if (stash) {  // ZB-H1: the LM head's dout, dlogits, stays in a.logits for W: nothing to copy
-            matmul_backward_input(work.dbuf_c.data(), a.logits.data(), lm_head_weights(model, w), (int)BT, C, Vp);
-        } else {
-            matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all,
-                            lm_head_weights(model, w), (int)BT, C, Vp);
-        }
+        // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
+        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
+                        (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
         float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
@@ -428,7 +426,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         float* dbuf_c = work.dbuf_c.data();
         float* dbuf_3c = work.dbuf_3c.data();
         float* dbuf_4c = work.dbuf_4c.data();
-        LayerWeightStash k = {};  // ZB-H1: where this layer's output gradients wait for W (null: none)
+        LayerWeightStash k = {};  // ZB-H1: where what this layer's W reads waits for it (null: no W)
         if (stash) k = layer_weight_stash(stash, l, BT, C, Ca, Cf);
         // What --recompute did not keep, the backward rebuilds in the layer's scratch right before
         // its one use below, with the forward's own function on the forward's own inputs: the same
@@ -443,25 +441,25 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
         if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
-        matmul_backward_or_defer(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C, k.dfcproj);
+        matmul_backward_or_defer(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C, k.fcproj);
         gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
         // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
         // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
         if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
         const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-        matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.dfc);
+        matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.fc);
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward_or_defer(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C, k.dln2);
+        layernorm_backward_or_defer(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C, k.ln2);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
-        matmul_backward_or_defer(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C, k.dattproj);
+        matmul_backward_or_defer(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C, k.attproj);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
         // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
         if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
-        matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.dqkv);
+        matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.dln1);
+        layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.ln1);
         unit_grads_done(model, unit_of_layer(L, l));
         release_unit_weights(model, unit_of_layer(L, l));
     }
@@ -473,48 +471,34 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     unit_grads_done(model, ends);
 }
 
-// ZB-H1's W of the micro-batch in slot `slot`, whose B (gpt2_backward with `stash`) kept the output
-// gradients there: every weight and bias gradient of the stage B left out, from those and the
-// forward's kept inputs, in B's order. Runs in micro-batch order, so every gradient collects the
-// micro-batches' additions in the order the whole backward adds them: the same bits. What --recompute
-// did not keep, W rebuilds as B did, with the forward's function on its inputs. (zero_bubble_problem
-// keeps tensor parallelism and ZeRO-2/3 away: the rows are this rank's, the gradients a flat array.)
-void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) {
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each deferred
+// matmul's and LayerNorm's output gradient and input: every weight and bias gradient of the stage
+// but the LM head's and the embedding's (B did those), in B's order. Runs in micro-batch order, so
+// every gradient collects the micro-batches' additions in the order the whole backward adds them:
+// the same bits. It reads nothing but the stash: the micro-batch's activation slot was free after B.
+// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
+void gpt2_backward_weights(GPT2* model, int B, int T, float* stash) {
     const ModelSlice& s = model->slice;
-    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels, Vp = s.vocab_rows;
-    size_t BT = (size_t)B * T, BTmax = (size_t)model->max_B * model->max_T;
-    Activations& a = model->acts[(size_t)slot];
-    int ends = ends_unit(L);
-    RecomputePlan keep = recompute_plan(model->recompute);
-    float* ln_scratch = model->work.ln_recompute.data();
-    float* gelu_scratch = model->work.gelu_recompute.data();
-    if (s.last_stage) {  // the LM head (dlogits still in a.logits) and the final LayerNorm
-        ParamTensors<float> g = unit_grads(model, ends);
-        const float* last = L > 0 ? layer_slice(a.residual3, L - 1, BTmax * C) : a.encoded.data();
-        matmul_backward_weight(lm_head_grads(model, g), nullptr, a.logits.data(), a.lnf.data(), (int)BT, C, Vp);
-        layernorm_backward_weight(g[LNFW], g[LNFB], final_norm_weight_stash(stash, L, BT, C, Ca, Cf), last, a.lnf_mean.data(),
-                                  a.lnf_rstd.data(), (int)BT, C);
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    size_t N = (size_t)B * T;
+    // a block of the stash: dy then the input (zero_bubble_backward.h); a LayerNorm's then its mean, rstd
+    auto input = [N](const float* block, size_t out_width) { return block + N * out_width; };
+    auto norm = [&](float* dw, float* db, const float* block) {
+        layernorm_backward_weight(dw, db, block, block + N * C, block + 2 * N * C, block + 2 * N * C + N, (int)N, C);
+    };
+    if (s.last_stage) {
+        ParamTensors<float> g = unit_grads(model, ends_unit(L));
+        norm(g[LNFW], g[LNFB], final_norm_weight_stash(stash, L, N, C, Ca, Cf));
     }
     for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
-        LayerWeightStash k = layer_weight_stash(stash, l, BT, C, Ca, Cf);
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, BTmax * C);
-        const float* residual2 = layer_slice(a.residual2, l, BTmax * C);
-        const float* ln1_mean = layer_slice(a.ln1_mean, l, BTmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, BTmax);
-        const float* ln2_mean = layer_slice(a.ln2_mean, l, BTmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, BTmax);
-        const float* ln1 = keep.ln ? layer_slice(a.ln1, l, BTmax * C) : ln_scratch;
-        const float* ln2 = keep.ln ? layer_slice(a.ln2, l, BTmax * C) : ln_scratch;
-        const float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
-        if (!keep.gelu) gelu_forward(gelu_scratch, layer_slice(a.fch, l, BTmax * Cf), BT * Cf);
-        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.dfcproj, fch_gelu, (int)BT, Cf, C);
-        if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)BT, C);
-        matmul_backward_weight(g[FCW], g[FCB], k.dfc, ln2, (int)BT, C, Cf);
-        layernorm_backward_weight(g[LN2W], g[LN2B], k.dln2, residual2, ln2_mean, ln2_rstd, (int)BT, C);
-        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.dattproj, layer_slice(a.atty, l, BTmax * Ca), (int)BT, Ca, C);
-        if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)BT, C);
-        matmul_backward_weight(g[QKVW], g[QKVB], k.dqkv, ln1, (int)BT, C, 3 * Ca);
-        layernorm_backward_weight(g[LN1W], g[LN1B], k.dln1, residual, ln1_mean, ln1_rstd, (int)BT, C);
-        release_unit_weights(model, unit_of_layer(L, l));
+        ParamTensors<float> g = unit_grads(model, unit_of_layer(L, l));
+        LayerWeightStash k = layer_weight_stash(stash, l, N, C, Ca, Cf);
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, input(k.fcproj, C), (int)N, Cf, C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, input(k.fc, Cf), (int)N, C, Cf);
+        norm(g[LN2W], g[LN2B], k.ln2);
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, input(k.attproj, C), (int)N, Ca, C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, input(k.qkv, 3 * Ca), (int)N, C, 3 * Ca);
+        norm(g[LN1W], g[LN1B], k.ln1);
     }
 }
 
@@ -619,7 +603,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         const PipeAction& act = list[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
-        // ZB-H1: micro-batch i's output gradients wait in stash i mod pending_weights from its B to its W
+        // ZB-H1: what micro-batch i's W reads waits in stash i mod pending_weights from its B to its W
         // (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
         float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
                                                         (model->weight_stash.size() / (size_t)model->pending_weights)
@@ -667,7 +651,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
-            gpt2_backward_weights(model, B, T, slot, stash);
+            gpt2_backward_weights(model, B, T, stash);
             par->times.busy_seconds += seconds_since(busy);
             break;
         }

@@ -14,16 +14,18 @@ order (the whole backward adds them in the same order), and nothing else changes
     data-parallel sum after the schedule); at --recompute 0 and 2 as well as the default 1 (W
     rebuilds the GELU and LayerNorm outputs --recompute dropped, as B does);
   - every rank holds exactly what its size table says, weight stash included, and sends the bytes
-    --estimate predicts (check_predictions); --estimate lists the stash: one on stage 0, p on the last;
+    --estimate predicts (check_predictions); on stage s the table holds exactly 1F1B's activations
+    (freed at B, p - s micro-batches) plus s + 1 stashes of what W reads, (20C + 4) floats per token
+    and layer (+ (2C + 2) on the last stage);
   - resume: 3 steps + checkpoint + 2 resumed == 5 straight, bit for bit;
   - compute made of sleeps (F = B = W = 50 ms; 1F1B's whole backward 100 ms), pp2 m=4: the measured
     bubble of both stages is ZB-H1's (p-1)/(3m+p-1) = 1/13 = 7.7% +- 5 points, and 1F1B's 1/5 = 20% +- 8
     in the same conditions; the --trace of the ZB-H1 run lists each stage's F, B and W in the printed order.
 Planted bugs caught (by hand, then reverted): W skipped for micro-batch 1 (forward_backward's
-PipeOp::Weight case breaking before gpt2_backward_weights when act.micro == 1): every bitwise check
-failed (losses, weights, step-1 gradients), and the measured ZB-H1 bubble rose to 17%; W reading
-micro-batch k+1's stash (index (act.micro + 1) mod pending_weights, which moves only on the stages
-past the first, where several stashes are pending): every bitwise check failed.
+PipeOp::Weight case calling gpt2_backward_weights only when act.micro != 1): all 7 bitwise checks
+failed; W reading micro-batch k+1's stash (index (act.micro + 1) mod pending_weights): 5 of 7 failed,
+all but the two runs with m = 2, where the swap only adds the same two terms the other way round
+(a + b == b + a exactly in IEEE arithmetic; with three or more the grouping changes and the bits do).
 """
 import json, os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -46,6 +48,13 @@ def measured_bubble(out):
     """(predicted %, [measured % per stage]) from the trainer's report."""
     m = re.search(r"pipeline bubble: predicted .*? = ([\d.]+)%.*?not computing: ([\d.% ]+)", out)
     return (float(m.group(1)), [float(x) for x in m.group(2).replace("%", "").split()]) if m else (None, [])
+
+
+def estimate(work, schedule, p, m):
+    """Each rank's activation bytes as --estimate predicts them (the size table the trainer allocates)."""
+    out = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] +
+                         [str(f) for f in pipe(p, m, schedule)], capture_output=True, text=True, cwd=work).stdout
+    return [int(x) for x in re.findall(r"^  rank \d+: .*? activations=(\d+)", out, re.M)]
 
 
 def main():
@@ -82,15 +91,15 @@ def main():
         check_bitwise("dp2 x pp2, ZeRO-1: ZB-H1 == 1F1B bit for bit", zb, ref)
         check_predictions("dp2 x pp2 ZB-H1", out, 4)
 
-        # ---- --estimate lists the stash: stage s keeps s + 1 (11 x B*T*C floats per layer, + B*T*C on the last)
-        est = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] +
-                             [str(f) for f in pipe(2, 4, "zb-h1")], capture_output=True, text=True, cwd=work)
-        stash = re.search(r"^  weight_stash\s+activations\s+.*?x (\d+)\s+(\d+)", est.stdout, re.M)
-        per_layer = 11 * 32 * 64 * 4
-        report(est.returncode == 0 and stash is not None and stash.groups() == ("1", str(2 * per_layer)) and
-               "bubble (p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%" in est.stdout,
-               f"--estimate, pp2 ZB-H1: rank 0's weight stash is 1 x (2 layers x 11 x B*T*C floats) = {2 * per_layer} bytes; "
-               "the bubble 1/13", est.stdout[:3000] + est.stderr)
+        # ---- memory: stage s holds 1F1B's activations (p - s micro-batches, freed at B) plus s + 1 stashes of
+        # what W reads: per layer (20C + 4) floats per token, + (2C + 2) on the last stage (zero_bubble_backward.h)
+        N, C = T, 64
+        stash = [(2 * (20 * C + 4) * N + (2 * C + 2) * N * (s == 1)) * 4 for s in range(2)]  # bytes; 2 layers a stage
+        est = {k: estimate(work, k, 2, 4) for k in ("1f1b", "zb-h1")}
+        extra = [z - o for z, o in zip(est["zb-h1"], est["1f1b"])] if all(len(v) == 2 for v in est.values()) else []
+        report(extra == [1 * stash[0], 2 * stash[1]],
+               f"--estimate, pp2, m=4: ZB-H1's activations per stage = 1F1B's + (s + 1) weight stashes "
+               f"({est['zb-h1']} = {est['1f1b']} + {[1 * stash[0], 2 * stash[1]]} bytes)", f"{est} {extra}")
 
         # ---- resume: 3 steps, checkpoint, 2 more == 5 straight
         straight, _ = r.dump("pp2_zb_ckpt", 2, *pipe(2, 4, "zb-h1"), "--checkpoint-every", 3, steps=5)

@@ -108,7 +108,7 @@ enum CPUBuffer {
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
-    // ZB-H1: the output gradients B keeps for the deferred W (llmc/model/zero_bubble_backward.h)
+    // ZB-H1: what B keeps for the deferred W, its output gradients and inputs (llmc/model/zero_bubble_backward.h)
     CB_WEIGHT_STASH,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
@@ -192,7 +192,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     size_t stashes = s.pending_weight_passes;
-    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1: 11 (B, T, C) per layer%s x %zu", head ? " + 1" : "", stashes),
+    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy and inputs: (20C+4) x B x T per layer%s x %zu",
+                                                              head ? " + (2C+2) x B x T" : "", stashes),
                           stashes * weight_stash_floats(L, BT, C, Ca, Cf, head), F};
 
     t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};

@@ -6,33 +6,33 @@
 // layer y = x W^T + b with output gradient dy (cpu_layers.h's matmul_backward, split there):
 //     B:  dx  = dy W                 the previous layer (and stage) waits for this
 //     W:  dW += dy^T x,  db += sum over rows of dy            only the optimizer waits for these
-// and for a LayerNorm: B is dx, W is dw += sum dy * xhat, db += sum dy. W reads x, which the forward
-// kept for the backward anyway, and dy, which B computes and then overwrites at the next layer
-// down: a deferred W needs dy kept. Per micro-batch, per layer of a stage (N = B*T rows):
-//     qkv's dy     N x 3C      the attention projection's dy   N x C
-//     fc's dy      N x 4C      the MLP projection's dy         N x C
-//     ln1's dy     N x C       ln2's dy                        N x C      = 11 N C floats per layer
-// plus the final LayerNorm's dy (N x C) on the last stage. The LM head's dy, dlogits, is already
-// kept: the loss's backward writes it over the logits, which live until the slot's next forward.
-// The embedding's scatter-add stays in B on the first stage (its dy is the stage's dresidual,
-// cheap to apply, and nothing else on the stage waits for it). At d12 (C = 768, N = 4 x 1024):
-// 12 x 11 x 4096 x 768 x 4 bytes = 1.66 GB per pending micro-batch: the price of ZB-H1 in memory
-// (--estimate prints it beside the activations, docs/parallelism.md compares them).
+// and for a LayerNorm: B is dx, W is dw += sum dy * xhat, db += sum dy. W reads dy, which B computes
+// and then overwrites at the next layer down, and x, which the forward kept in the micro-batch's
+// activation slot. Keeping the whole slot until W would keep it s micro-batches longer on stage s:
+// p slots on every stage instead of 1F1B's p - s, and p slots of logits on the last (this file's
+// first version did, commit 7cb5738: 9.94 GB of activations on the last of 4 stages at d12, twice
+// 1F1B's peak of 4.88 GB, --estimate).
+// So B copies exactly what W reads into a "weight stash", and the slot is free after B as in 1F1B.
+// Per micro-batch, per layer of a stage (N = B*T rows, the dy first, then the input):
+//     MLP projection   dy N x C,  input GELU(fch) N x 4C      fc    dy N x 4C, input ln2 N x C
+//     attention proj.  dy N x C,  input atty N x C            qkv   dy N x 3C, input ln1 N x C
+//     ln2, ln1         dy N x C,  input x N x C, mean and rstd N each
+//   = 20 N C + 4 N floats per layer, plus the final LayerNorm's 2 N C + 2 N on the last stage,
+// against 12 N C + NH T N + 4 N of a slot's layer at --recompute 1 (NH T: the attention probabilities).
+// The LM head's W stays in B (its dy is dlogits, N x Vp: keeping it would cost more than the
+// whole slot), and so does the embedding's scatter-add on the first stage (its dy is the stage's
+// dresidual; nothing on the stage waits for it). With --recompute, what B rebuilt (GELU's output,
+// ln1, ln2) is what it copies: W recomputes nothing.
 //
-// The memory it costs here. W reads the forward's inputs (ln1, atty, ln2, GELU's output, the
-// residuals) from micro-batch k's activation slot, so the slot lives from F(k) to W(k): p slots on
-// every stage (pipeline_live_micro_batches), not 1F1B's p - s, and the last stage's slots carry the
-// logits. At d12 on 4 stages (m = 8, B = 4, T = 1024, --estimate) the last stage holds 9.94 GB of
-// activations against 1F1B's peak of 4.88 GB (stage 0). The paper's accounting (its "same peak
-// memory as 1F1B") keeps, between B and W, only what W reads: a stash holding W's inputs as well as
-// dy (about 20 N C floats per layer), the slots back at p - s, and the LM head's W in B (so no stage
-// keeps more than one slot of logits). Not written yet.
-//
-// How many. Stage s runs W(k) right after B(k + s), so s + 1 stashes at once
-// (pipeline_pending_weight_passes): one on the first stage, which holds the most activations, p on
-// the last, which holds the fewest. Micro-batch k uses stash k mod (s + 1): B(k + s + 1), the next
-// user of that stash, comes after W(k). The rows are CB_WEIGHT_STASH in llmc/memory/cpu_buffers.h,
-// so --estimate prints them.
+// How many, and the memory. Stage s runs W(k) right after B(k + s), so s + 1 stashes at once
+// (pipeline_pending_weight_passes): one on the first stage, p on the last. Micro-batch k uses stash
+// k mod (s + 1): B(k + s + 1), the next user of that stash, comes after W(k). With 1F1B's p - s
+// slots, stage s holds p - s slots and s + 1 stashes, a stash about 2/3 of a slot: the first stage,
+// the peak of 1F1B, gains one stash (at d12 on 4 stages 720 MiB: 5.64 GB against 4.88, docs/
+// parallelism.md), where the
+// paper, counting a micro-batch between B and W as only what W reads, gains nothing (the copy is
+// our price for slots of one size). The rows are CB_WEIGHT_STASH in llmc/memory/cpu_buffers.h, so
+// --estimate prints them.
 //
 // Bit for bit with 1F1B. Each weight gradient collects one addition per micro-batch (matmul's
 // accumulate, LayerNorm's dw += ...), and each addition depends only on the gradient's value before
@@ -51,29 +51,37 @@
 
 #include <cstddef>
 
-// The floats of one stash for a stage of L layers (N rows of C channels, 3Ca and Cf the local
-// widths of qkv and the MLP; `head`: the stage has the final LayerNorm).
-inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) { return N * (3 * Ca + C + Cf + C + C + C); }
-inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf, bool head) {
-    return L * weight_stash_layer_floats(N, C, Ca, Cf) + (head ? N * C : 0);
-}
+// A stash is a run of blocks, one per deferred matmul or LayerNorm, each holding what its W reads:
+// a matmul's dy (N x OC) then its input (N x IC); a LayerNorm's dy, its input x (N x C each), then
+// its mean and rstd (N each). B fills a block (matmul_backward_or_defer, layernorm_backward_or_defer
+// in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in train_gpt_cpu.cpp).
+inline size_t matmul_stash_floats(size_t N, size_t IC, size_t OC) { return N * (OC + IC); }
+inline size_t layernorm_stash_floats(size_t N, size_t C) { return N * (2 * C + 2); }
 
-// Layer l's output gradients inside one stash, in the order the backward computes them.
+// One layer's blocks, in the order the backward computes them (Ca, Cf: the local widths of the
+// attention and the MLP), and the stage's stash: L layers, then the final LayerNorm's block if
+// the stage has the head.
 struct LayerWeightStash {
-    float *dfcproj, *dfc, *dln2, *dattproj, *dqkv, *dln1;
+    float *fcproj, *fc, *ln2, *attproj, *qkv, *ln1;
 };
+inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) {
+    return matmul_stash_floats(N, Cf, C) + matmul_stash_floats(N, C, Cf) + layernorm_stash_floats(N, C) +
+           matmul_stash_floats(N, Ca, C) + matmul_stash_floats(N, C, 3 * Ca) + layernorm_stash_floats(N, C);
+}
+inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf, bool head) {
+    return L * weight_stash_layer_floats(N, C, Ca, Cf) + (head ? layernorm_stash_floats(N, C) : 0);
+}
 inline LayerWeightStash layer_weight_stash(float* stash, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
     float* p = stash + (size_t)l * weight_stash_layer_floats(N, C, Ca, Cf);
     LayerWeightStash s;
-    s.dfcproj = p, p += N * C;
-    s.dfc = p, p += N * Cf;
-    s.dln2 = p, p += N * C;
-    s.dattproj = p, p += N * C;
-    s.dqkv = p, p += N * 3 * Ca;
-    s.dln1 = p;
+    s.fcproj = p, p += matmul_stash_floats(N, Cf, C);
+    s.fc = p, p += matmul_stash_floats(N, C, Cf);
+    s.ln2 = p, p += layernorm_stash_floats(N, C);
+    s.attproj = p, p += matmul_stash_floats(N, Ca, C);
+    s.qkv = p, p += matmul_stash_floats(N, C, 3 * Ca);
+    s.ln1 = p;
     return s;
 }
-// The final LayerNorm's dy, after the L layers' stashes.
 inline float* final_norm_weight_stash(float* stash, size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
     return stash + L * weight_stash_layer_floats(N, C, Ca, Cf);
 }

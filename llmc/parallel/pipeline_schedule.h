@@ -62,16 +62,14 @@
 //         ZB-H1  (p-1)(F + B - W) = p - 1      of a step of 3m + p - 1    (the paper's Table 2)
 //         1F1B   (p-1)(F + B + W) = 3(p - 1)   of a step of 3m + 3(p - 1)
 //     (test_pipeline_schedule checks both on the simulated clock, p = 2..4.) The price: a stage
-//     keeps what W needs (each matmul's input and output gradient, LayerNorm's normalised input)
-//     from B(k) until W(k): s micro-batches longer, so stage s holds p, not p - s, micro-batches
-//     from F to W. In slots stage 0 holds p as in 1F1B; the paper's "same peak memory" counts a
-//     micro-batch between B and W as only what W reads. The CPU trainer keeps whole slots (W reads
-//     its inputs there), so every stage holds p of them, plus what W needs beyond the activations:
-//     each matmul's and LayerNorm's output gradient, which B computes and would otherwise overwrite
-//     at the next layer, kept from B(k) to W(k), at most s + 1 micro-batches at once on stage s
-//     (pipeline_pending_weight_passes below; llmc/model/zero_bubble_backward.h: the passes, the
-//     stash, and why the peak is then the last stage's, twice 1F1B's at d12 on 4 stages). The GPU
-//     trainer prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
+//     keeps what W needs (each matmul's input and output gradient, LayerNorm's input and output
+//     gradient) from B(k) until W(k), s micro-batches longer: s + 1 micro-batches' worth at once on
+//     stage s (pipeline_pending_weight_passes below). The forward's activations are free after B
+//     as in 1F1B (p - s micro-batches from F to B), so stage s holds p - s whole micro-batches and
+//     s + 1 of W's part: the paper's "same peak memory as 1F1B" when, as there, W's part is counted
+//     as a part of the activations; the CPU trainer copies it into a stash of its own
+//     (llmc/model/zero_bubble_backward.h: the passes, the stash, its cost at d12). The GPU trainer
+//     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
 //     PipeDream-2BW (two weight versions): coming.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
@@ -241,16 +239,15 @@ inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
 }
 
 // How many (micro-batch, chunk) activations a stage holds at once: the peak of forwards not yet
-// backwarded in its list (for ZB-H1: not yet through W). m for GPipe, min(m, p - stage) for 1F1B,
-// min(m, p) for ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
+// backwarded in its list (ZB-H1's W's part: pipeline_pending_weight_passes). m for GPipe, min(m, p - stage)
+// for 1F1B and ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
 // for every micro-batch count up to the step's, and a step of 2^30 micro-batches must not build a
 // list of 2^31 actions to answer (test_pipeline_schedule checks it against the walk's peak).
 inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m, int chunks = 1) {
     if (m <= 0) return 0;
     if (stages == 1) return 1;
     if (kind == PipelineSchedule::GPipe) return m;
-    if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - stage);
-    if (kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages);  // F to W: p - s + s (the lag)
+    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages - stage);
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
 }
 

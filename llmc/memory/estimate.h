@@ -354,6 +354,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
         {"LayerNorm statistics (mean, 1/std)", 0, 0, {"ln1_mean", "ln1_rstd", "ln2_mean", "ln2_rstd"}},
         {"after the blocks: final LayerNorm, logits, loss", 0, 0,
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
+        {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
     };
     return terms;
 }
@@ -404,6 +405,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
+    lines[12].why = "a pipeline schedule, not a layer's: each block's output gradients and inputs from B to W, s + 1 "
+                    "micro-batches on stage s (llmc/model/zero_bubble_backward.h); 0 with the other schedules";
     return lines;
 }
 

@@ -58,8 +58,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gpu import (DEFAULT_ATTENTION, EMULATED, GPU, MODE, NATIVE_GPU, RANDOM, REVERSED, cosine,  # noqa: E402
                       read_safetensors, rel)
-from test_data_parallel import write_shard  # noqa: E402
-from test_parallelism import IMPOSSIBLE_GRIDS, SENDER_DRIVEN_MPI, bubble  # noqa: E402
+from test_parallelism import IMPOSSIBLE_GRIDS, SENDER_DRIVEN_MPI, bubble, write_pattern_shard  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "L=4,C=128,H=4,T=32,V=501"
@@ -173,10 +172,7 @@ def main():
         return 0
     work = tempfile.mkdtemp(prefix="llmc_gpu_par_")
     try:
-        rng = np.random.default_rng(0)
-        pattern = rng.integers(0, 501, size=97)
-        tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
-        write_shard(os.path.join(work, "train_000.bin"), tokens)
+        write_pattern_shard(work)
         checks_without_gpu(work)
         r = Runner(work)
 

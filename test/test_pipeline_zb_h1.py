@@ -34,8 +34,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from test_parallelism import (Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise,  # noqa: E402
-                              check_predictions)
-from test_data_parallel import write_shard  # noqa: E402
+                              check_predictions, write_pattern_shard)
 
 STEPS = 4
 
@@ -66,10 +65,7 @@ def main():
         return 0
     work = tempfile.mkdtemp(prefix="llmc_zb_")
     try:
-        rng = np.random.default_rng(0)
-        pattern = rng.integers(0, 501, size=97)
-        tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
-        write_shard(os.path.join(work, "train_000.bin"), tokens)
+        write_pattern_shard(work)
         r = Runner(work)
 
         # ---- the same bits as 1F1B on 2 and 4 stages, m = p and 2p

@@ -132,7 +132,7 @@ struct GPT2 {
     std::vector<uint16_t> adam_m16, adam_v16;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
-    // ZB-H1: the output gradients kept from B to W, pending_weights stashes (llmc/model/zero_bubble_backward.h)
+    // ZB-H1: what W reads (output gradients, inputs), kept from B to W: pending_weights stashes (llmc/model/zero_bubble_backward.h)
     std::vector<float> weight_stash;
     int pending_weights = 0;
     Workspace work;

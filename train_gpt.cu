@@ -674,7 +674,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipeline_test_delay(2);
             gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
             break;
-        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
+        case PipeOp::Weight:  // ZB-H1's: main() refuses it here until the kernels' backward is split (issue 26)
             fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
         }
         if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
@@ -1135,7 +1135,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
                grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
@@ -1300,6 +1300,10 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
     check_offload_options(o);
+    // ZB-H1 defers each layer's weight gradient (llmc/model/zero_bubble_backward.h): the kernels' backward is one pass
+    if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
+                   "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
     validate_precision(o, Trainer::GPU, FLOATX_IS_FP32 ? "fp32" : "bf16");
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);

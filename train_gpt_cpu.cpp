@@ -53,6 +53,7 @@
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/parameter_server.h"
 #include "llmc/model/recompute.h"
+#include "llmc/model/zero_bubble_backward.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
@@ -151,6 +152,9 @@ struct GPT2 {
     std::vector<uint16_t> adam_m16, adam_v16;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
+    // ZB-H1: what W reads (output gradients, inputs), kept from B to W: pending_weights stashes (llmc/model/zero_bubble_backward.h)
+    std::vector<float> weight_stash;
+    int pending_weights = 0;
     Workspace work;
     std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/memory/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
@@ -193,6 +197,7 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_LNF: return &a.lnf;               case CB_LNF_MEAN: return &a.lnf_mean;
         case CB_LNF_RSTD: return &a.lnf_rstd;     case CB_LOGITS: return &a.logits;
         case CB_LOSSES: return &a.losses;         case CB_LOGSUMEXP: return &a.logsumexp;
+        case CB_WEIGHT_STASH: return &m->weight_stash;
         case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &m->work.dbuf_c;
         case CB_DBUF_3C: return &m->work.dbuf_3c; case CB_DBUF_4C: return &m->work.dbuf_4c;
         case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
@@ -244,6 +249,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
     model->bf16_moments = shape.bf16_moments;
     model->acts.resize((size_t)shape.micro_batches_in_flight);
+    model->pending_weights = shape.pending_weight_passes;
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
@@ -475,7 +481,12 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0) {
+// ZB-H1 (llmc/model/zero_bubble_backward.h): with a `stash`, B, the input gradients: each block's
+// matmul and LayerNorm copies its output gradient and input into the stash instead of adding its
+// weight gradient, which gpt2_backward_weights adds later (the LM head's and the embedding's are
+// added here). Without one (every other schedule), the whole backward.
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
+                   float* stash = nullptr) {
     const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
     TensorParallel* tp = &model->tp;
@@ -495,11 +506,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
                                       s.vocab_begin);
         const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+        // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
         matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
                         (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
-        layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(), (int)R, C);
+        float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
+        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(),
+                                    (int)R, C, keep);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
 
@@ -517,6 +531,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         float* dbuf_c = work.dbuf_c.data();
         float* dbuf_3c = work.dbuf_3c.data();
         float* dbuf_4c = work.dbuf_4c.data();
+        LayerWeightStash k = {};  // ZB-H1: where what this layer's W reads waits for it (null: no W)
+        if (stash) k = layer_weight_stash(stash, l, BT, C, Ca, Cf);
         // What --recompute did not keep, the backward rebuilds in the layer's scratch right before
         // its one use below, with the forward's own function on the forward's own inputs: the same
         // floats. Whatever the scratch held before (another layer, or in a pipeline another
@@ -545,21 +561,21 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, BT * Cf);
             // level 1+: the projection's input, GELU(fch) (with a bf16 stash: of the widened fch)
             if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);
-            matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
+            matmul_backward_or_defer(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C, k.fcproj);
             gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
             // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
             // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
             if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
             unstash(ln2, st.ln2, l, Rmax * C, R * C);
             const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-            matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
+            matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.fc);
         }
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
+        layernorm_backward_or_defer(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C, k.ln2);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
         unstash(atty, st.atty, l, BTmax * Ca, BT * Ca);
-        matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
+        matmul_backward_or_defer(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C, k.attproj);
         unstash(qkv, st.qkv, l, BTmax * 3 * Ca, BT * 3 * Ca);
         unstash(att, st.att, l, att_per_layer, (size_t)B * NH * T * T);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
@@ -567,9 +583,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
         unstash(ln1, st.ln1, l, Rmax * C, R * C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
-        matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
+        matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C);
+        layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.ln1);
         unit_grads_done(model, unit_of_layer(L, l));
         release_unit_weights(model, unit_of_layer(L, l));
     }
@@ -579,6 +595,37 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the embeddings' gradient");
     encoder_backward(g[WTE], g[WPE], dout, inputs, B, T, C, s.vocab_begin, s.vocab_rows);
     unit_grads_done(model, ends);
+}
+
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each deferred
+// matmul's and LayerNorm's output gradient and input: every weight and bias gradient of the stage
+// but the LM head's and the embedding's (B did those), in B's order. Runs in micro-batch order, so
+// every gradient collects the micro-batches' additions in the order the whole backward adds them:
+// the same bits. It reads nothing but the stash: the micro-batch's activation slot was free after B.
+// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
+void gpt2_backward_weights(GPT2* model, int B, int T, float* stash) {
+    const ModelSlice& s = model->slice;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    size_t N = (size_t)B * T;
+    // a block of the stash: dy then the input (zero_bubble_backward.h); a LayerNorm's then its mean, rstd
+    auto input = [N](const float* block, size_t out_width) { return block + N * out_width; };
+    auto norm = [&](float* dw, float* db, const float* block) {
+        layernorm_backward_weight(dw, db, block, block + N * C, block + 2 * N * C, block + 2 * N * C + N, (int)N, C);
+    };
+    if (s.last_stage) {
+        ParamTensors<float> g = unit_grads(model, ends_unit(L));
+        norm(g[LNFW], g[LNFB], final_norm_weight_stash(stash, L, N, C, Ca, Cf));
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        ParamTensors<float> g = unit_grads(model, unit_of_layer(L, l));
+        LayerWeightStash k = layer_weight_stash(stash, l, N, C, Ca, Cf);
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, input(k.fcproj, C), (int)N, Cf, C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, input(k.fc, Cf), (int)N, C, Cf);
+        norm(g[LN2W], g[LN2B], k.ln2);
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, input(k.attproj, C), (int)N, Ca, C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, input(k.qkv, 3 * Ca), (int)N, C, 3 * Ca);
+        norm(g[LN1W], g[LN1B], k.ln1);
+    }
 }
 
 // ==============================================================================================
@@ -689,6 +736,11 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         const PipeAction& act = list[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
+        // ZB-H1: what micro-batch i's W reads waits in stash i mod pending_weights from its B to its W
+        // (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
+        float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
+                                                        (model->weight_stash.size() / (size_t)model->pending_weights)
+                                                  : nullptr;
         TraceSpan span(trace_kind(act.op), act.micro);  // --trace (llmc/probes/trace.h): this action's span
         switch (act.op) {
         case PipeOp::RecvActivation:
@@ -722,15 +774,20 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
         case PipeOp::Backward: {
             auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(2);
+            pipeline_test_delay(stash ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
+            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash);
             par->times.busy_seconds += seconds_since(busy);
             break;
         }
-        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
-            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
+        case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
+            auto busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(1);
+            gpt2_backward_weights(model, B, T, stash);
+            par->times.busy_seconds += seconds_since(busy);
+            break;
+        }
         }
         // the end of a run of sends and receives: its sends complete now, after its receives
         // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
@@ -1126,7 +1183,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
@@ -1311,6 +1368,8 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
+    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
+        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -1384,7 +1443,8 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps);
+    if (par.schedule == PipelineSchedule::ZeroBubbleH1) par.times.bubble_formula = "(p-1)/(3m+p-1) at F = B = W";
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;

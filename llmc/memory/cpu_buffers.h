@@ -56,6 +56,7 @@
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
+#include "llmc/model/zero_bubble_backward.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
@@ -71,6 +72,7 @@ struct CPURunShape {
     int pipeline_parallel = 1, pipeline_rank = 0;
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
@@ -93,6 +95,7 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
     s.sequence_parallel = g.sequence_parallel;
     s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
     s.recompute = recompute;
     return s;
 }
@@ -113,6 +116,8 @@ enum CPUBuffer {
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
+    // ZB-H1: what B keeps for the deferred W, its output gradients and inputs (llmc/model/zero_bubble_backward.h)
+    CB_WEIGHT_STASH,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
     // recompute: one layer of what the levels above 0 do not keep per layer
@@ -202,6 +207,10 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, M * head * BT * Vp, F};
     t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+    size_t stashes = s.pending_weight_passes;
+    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy and inputs: (20C+4) x B x T per layer%s x %zu",
+                                                              head ? " + (2C+2) x B x T" : "", stashes),
+                          stashes * weight_stash_floats(L, BT, C, Ca, Cf, head), F};
 
     t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_DBUF_C] = {"dbuf_c", MEM_WORKSPACE, "(B, T, C)", BT * C, F};

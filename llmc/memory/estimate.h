@@ -367,6 +367,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
         {"LayerNorm statistics (mean, 1/std)", 0, 0, {"ln1_mean", "ln1_rstd", "ln2_mean", "ln2_rstd"}},
         {"after the blocks: final LayerNorm, logits, loss", 0, 0,
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
+        {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
     };
     return terms;
 }
@@ -424,6 +425,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
+    lines[12].why = "a pipeline schedule, not a layer's: each block's output gradients and inputs from B to W, s + 1 "
+                    "micro-batches on stage s (llmc/model/zero_bubble_backward.h); 0 with the other schedules";
     return lines;
 }
 
@@ -703,9 +706,9 @@ inline void print_estimate(const EstimateSetup& e) {
     }
     if (e.pp > 1) {
         int m = estimate_micro_batches(e, e.B);
-        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
-               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1,
-               100.0 * pipeline_bubble_fraction(e.pp, m));
+        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble %s of each stage's step\n",
+               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
+               pipeline_bubble_text(e.schedule, e.pp, m).c_str());
     }
 
     ComputeEstimate comp = estimate_compute(e);

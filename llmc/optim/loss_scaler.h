@@ -58,6 +58,7 @@ struct LossScaler {
     float scale = 1.0f;     // S; 1 = off (bf16, fp32)
     int clean_steps = 0;    // steps since the last overflow or growth
     int window = LOSS_SCALE_WINDOW;
+    int overflows = 0;      // steps skipped for an overflow: AdamW's t is the step minus these
 };
 
 inline bool is_power_of_two(float s) {
@@ -96,6 +97,7 @@ inline bool loss_scaler_update(LossScaler* s, bool overflow, int step) {
                  "train in bf16 (--precision bf16, ./train_gpt)", step, (double)s->scale);
         s->scale *= 0.5f;  // exact: still a power of two
         s->clean_steps = 0;
+        s->overflows++;
         return false;
     }
     if (++s->clean_steps == s->window) {

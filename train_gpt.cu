@@ -624,6 +624,17 @@ static void check_same_weights(GpuComm* data, const std::vector<float>& weights)
     }
 }
 
+// LLMC_TEST_GRAD_INF=<rank>:<step> (llmc/probes/fault_injection.h): an inf in that rank's first
+// gradient element, as an fp16 overflow there would leave, put in before the step's last backward
+// adds to it (inf + g = inf), so it is there before any sum over ranks. (GB_GRADS: ZeRO-0/1.)
+static void inject_gradient_overflow(GPT2* m, Parallel* par, int step) {
+    float first = 0.0f;
+    inject_grad_inf(&par->world, step, &first);
+    if (std::isfinite(first)) return;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    upload_rounded(B_<floatX>(m, GB_GRADS), &first, 1);
+}
+
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
 // elsewhere). The last backward hands the data group its units (ZeRO-0/1).
@@ -671,15 +682,14 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
                 // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
                 // the loss scale S, so every gradient of the backward is S times larger (exactly: a
                 // power of two), lifted above fp16's underflow; train_step divides it out again.
-                float seed = m->scaler.scale / (float)plan.total_batch_tokens;
-                inject_grad_inf(&par->world, step, &seed);  // tests only: an overflow on one rank (llmc/probes/fault_injection.h)
-                float micro_loss = gpt2_loss(m, seed, true);
+                float micro_loss = gpt2_loss(m, m->scaler.scale / (float)plan.total_batch_tokens, true);
                 if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
             }
             break;
         case PipeOp::Backward:
+            if (act.micro == mb - 1) inject_gradient_overflow(m, par, step);  // tests only
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);

@@ -18,13 +18,17 @@ CPU emulation of CUDA) and its dynamic loss scaling (llmc/optim/loss_scaler.h; M
                    other gradients of this model underflow (at 2^16 vs 2^17, 6 elements of the step-1
                    gradient differ), above 2^19 some overflow. Control: S = 1 gives other weights
                    than the default 65536 (fp16 flushes the small gradients that S lifts).
-  overflow skip    2 data-parallel ranks; LLMC_TEST_GRAD_INF=1:2 (llmc/probes/fault_injection.h)
-                   makes rank 1's loss-gradient seed inf at step 2, as an overflow in its backward
-                   would. Every batch is the same (a shard with period B*T) and the learning rate
-                   constant, so: the 3-step run with the overflow equals the clean 2-step run bit for
-                   bit but for the key biases (step 2 touched neither weights nor moments, and AdamW's
-                   t held at 1, so step 3 is the clean run's step 2; S = 2^19, then 2^18); step 3's
-                   loss equals step 2's; the run says it skipped and step 3 runs at S/2.
+  overflow skip    2 data-parallel ranks, and 2 tensor-parallel ranks; LLMC_TEST_GRAD_INF=1:2
+                   (llmc/probes/fault_injection.h) makes rank 1's first gradient element inf at step
+                   2, as an overflow in its backward would. With data parallelism the gradient sum
+                   carries the inf to rank 0; with tensor parallelism that element (a row of rank 1's
+                   vocabulary shard) is rank 1's alone, and only the all-reduced norm tells rank 0
+                   (ColossalAI's bug: a flag reduced over too few ranks). Every batch is the same (a
+                   shard with period B*T) and the learning rate constant, so: the 3-step run with the
+                   overflow equals the clean 2-step run bit for bit but for the key biases (step 2
+                   touched neither weights nor moments, and AdamW's t held at 1, so step 3 is the
+                   clean run's step 2; S = 2^18, then 2^17); step 3's loss equals step 2's; the run
+                   says it skipped and step 3 runs at S/2.
   resume           --loss-scale-init 1024 --loss-scale-window 3, 12 steps (S doubles 4 times):
                    12 straight == 6 + resume + 6, bit for bit: weights, losses, the S of each step
                    line, and the step-12 state.bin (where S, its clean steps and the skipped steps
@@ -111,18 +115,20 @@ def overflow_skip(r, model, work):
     # S = 2^18, halved to 2^17 by the overflow (2^19 overflows at step 2 in this run)
     flags = ("--train-data", os.path.join(work, "same_*.bin"), "--batch-size", 2, "--lr-schedule", "constant",
              "--warmup-steps", 0, "--loss-scale-init", 2 ** 18)
-    clean, _ = r.dump("clean2", 2, *flags, "--steps", 2, exe=FP16)
-    skipped, out = r.dump("inf3", 2, *flags, "--steps", 3, exe=FP16, env={"LLMC_TEST_GRAD_INF": "1:2"})
-    report("step 2: the fp16 gradients overflowed at loss scale 262144: update skipped, the scale halved to 131072" in out
-           and scales(out) == ["262144", "262144", "131072"], "an inf on rank 1 at step 2: the run says it skipped, S halves",
-           out[-1200:])
-    # step n's loss is the forward of the weights after step n-1
-    report(skipped["losses"][2] == skipped["losses"][1], "the skipped step left the weights: step 3's loss == step 2's "
-           "(the same batch)", f"losses {skipped['losses']}")
-    differ = (skipped["params"] != clean["params"]) & ~key_bias_mask(model)
-    report(not np.any(differ) and skipped["losses"][2] == clean["losses"][1],
-           "rank 0 skipped too, and AdamW's t held: 3 steps with step 2 skipped == 2 clean steps, bit for bit (all but the "
-           "key biases)", f"{int(differ.sum())} weights differ; losses {skipped['losses']} vs {clean['losses']}")
+    for name, grid in [("2 data-parallel ranks", ()), ("2 tensor-parallel ranks", ("--tensor-parallel", 2))]:
+        clean, _ = r.dump("clean2", 2, *flags, *grid, "--steps", 2, exe=FP16)
+        skipped, out = r.dump("inf3", 2, *flags, *grid, "--steps", 3, exe=FP16, env={"LLMC_TEST_GRAD_INF": "1:2"})
+        report("step 2: the fp16 gradients overflowed at loss scale 262144: update skipped, the scale halved to 131072" in out
+               and scales(out) == ["262144", "262144", "131072"],
+               f"{name}: an inf on rank 1 at step 2: the run says it skipped, S halves", out[-1200:])
+        # step n's loss is the forward of the weights after step n-1
+        report(skipped["losses"][2] == skipped["losses"][1], f"{name}: the skipped step left the weights: step 3's loss "
+               "== step 2's (the same batch)", f"losses {skipped['losses']}")
+        differ = (skipped["params"] != clean["params"]) & ~key_bias_mask(model)
+        report(not np.any(differ) and skipped["losses"][2] == clean["losses"][1],
+               f"{name}: every rank skipped, and AdamW's t held: 3 steps with step 2 skipped == 2 clean steps, bit for "
+               "bit (all but the key biases)", f"{int(differ.sum())} weights differ; losses {skipped['losses']} vs "
+               f"{clean['losses']}")
 
 
 def resume(r, work):

@@ -9,7 +9,8 @@
 // fp32, and the tensor cores' fast input type); every matmul and reduction accumulates in fp32;
 // AdamW keeps m and v in fp32 and, with --master-weights 1, an fp32 copy of the weights, from which
 // the bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
-// builds the same code with fp32 everywhere, to debug against the CPU reference.
+// builds the same code with fp32 everywhere, to debug against the CPU reference; `make train_gpt_fp16`
+// with fp16, whose narrow range needs dynamic loss scaling (llmc/optim/loss_scaler.h, train_step).
 //
 // Memory: every buffer comes from one table (llmc/memory/gpu_buffers.h), sized before anything is
 // allocated and printed at start; a batch that does not fit fails before training with the largest
@@ -767,7 +768,7 @@ static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const To
 // Checkpoints
 
 // model.bin from this rank's weights, when it holds them all: the bf16 weights bit for bit (fp32 in
-// the fp32 build).
+// the fp32 build; the fp16 weights widened to fp32, exactly, in the fp16 build).
 static void write_params_file(GPT2* m, const std::string& path) {
     size_t P = m->layout.total;
     if constexpr (FLOATX_IS_FP32 || FLOATX_IS_FP16) {  // fp16 widened to fp32 (exact): model.bin has no fp16 format
@@ -966,7 +967,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
         bool overflow = !std::isfinite(r.norm);
         r.applied = loss_scaler_update(&m->scaler, overflow, step);
         if (overflow && grid.rank == 0)
-            printf("step %d: the fp16 gradients overflowed at loss scale %g: update skipped, the scale halved to %g\n", step,
+            printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
                    (double)r.loss_scale, (double)m->scaler.scale);
     } else {
         r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);

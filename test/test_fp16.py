@@ -33,6 +33,8 @@ CPU emulation of CUDA) and its dynamic loss scaling (llmc/optim/loss_scaler.h; M
                    12 straight == 6 + resume + 6, bit for bit: weights, losses, the S of each step
                    line, and the step-12 state.bin (where S, its clean steps and the skipped steps
                    are kept: docs/formats.md).
+  real overflow    --loss-scale-init 2^24: the backward overflows fp16 by itself; the first steps
+                   are skipped, S halving each time, until it fits (2^19 here), then they apply.
   flags            --loss-scale-init 3 and --loss-scale-window 0 are refused in one line (exit 2);
                    the loss-scale flags are refused by the bf16 build and the CPU trainer.
 
@@ -59,7 +61,7 @@ from test_gpu_data_parallel import CPU, Runner  # noqa: E402
 
 FP16 = os.path.join(ROOT, "train_gpt_fp16") if MODE == "gpu" else os.path.join(ROOT, "build", "emu", "train_gpt_fp16")
 FP16_TOL = dict(logits=4e-3, loss=2e-3, grads=6e-3, cosine=0.99995, losses=5e-3, update=0.06)
-CHECKS = ["fp16 vs cpu", "S invariance", "overflow skip", "resume", "flags"]
+CHECKS = ["fp16 vs cpu", "S invariance", "overflow skip", "resume", "real overflow", "flags"]
 
 
 def scales(out):
@@ -131,6 +133,17 @@ def overflow_skip(r, model, work):
                f"{clean['losses']}")
 
 
+def real_overflow(r):
+    """Not injected: S = 2^24 overflows fp16 in this model's backward; S halves each step until it fits."""
+    run, out = r.dump("s2e24", 1, "--batch-size", 4, "--steps", 8, "--loss-scale-init", 2 ** 24, exe=FP16)
+    s = [int(x) for x in scales(out)]
+    skips = out.count("fp16 gradients overflowed")
+    report(skips >= 1 and s[skips] == 2 ** 24 >> skips and all(x == s[skips] for x in s[skips:]) and
+           all(s[k] == 2 ** 24 >> k for k in range(skips)) and np.all(np.isfinite(run["params"])) and
+           skips < len(s), f"a real overflow at S = 2^24: {skips} steps skipped, S halved each time to 2^{s[-1].bit_length() - 1}, "
+           "then the steps apply", out[-1500:])
+
+
 def resume(r, work):
     flags = ("--batch-size", 4, "--steps", 12, "--loss-scale-init", 1024, "--loss-scale-window", 3, "--checkpoint-every", 6)
     a, b = os.path.join(work, "run_a"), os.path.join(work, "run_b")
@@ -182,7 +195,7 @@ def main():
         except RuntimeError as e:
             report(False, "fp16 vs cpu", str(e)[-2000:])
         for name, fn, args in [("S invariance", s_invariance, (r, (init, names, off), default)), ("overflow skip", overflow_skip, (r, (init, names, off), work)),
-                               ("resume", resume, (r, work))]:
+                               ("resume", resume, (r, work)), ("real overflow", real_overflow, (r,))]:
             try:
                 if default is None and name == "S invariance":
                     raise RuntimeError("the default-S run failed")

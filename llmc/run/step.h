@@ -99,7 +99,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
 inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
                             double mfu_percent, double eta_seconds, float loss_scale = 0.0f) {
     printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f", step, steps, loss, lr, norm);
-    if (loss_scale > 0) printf(" | scale %g", (double)loss_scale);
+    if (loss_scale > 0) printf(" | scale %.0f", (double)loss_scale);  // a power of two >= 1: exact
     printf(" | %.1f ms | %.0f tok/s", seconds * 1e3, tokens / seconds);
     if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
     if (eta_seconds >= 0) {

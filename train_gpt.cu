@@ -1376,6 +1376,7 @@ int main(int argc, char** argv) {
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate || o.plan > 0) {  // no GPU needed: arithmetic (llmc/memory/estimate.h, llmc/parallel/grid_planner.h)
         EstimateSetup setup = estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention);
+        setup.half_name = FLOATX_IS_FP16 ? "fp16" : "bf16";
         if (o.plan > 0) print_plan(o, setup);
         else print_estimate(setup);
         return 0;

@@ -1495,7 +1495,7 @@ int main(int argc, char** argv) {
                                                      "\"moe_load_max\":%d", json_number(ms.aux_loss).c_str(),
                                                      json_number(ms.z_loss).c_str(), ms.dropped, ms.min_load, ms.max_load) : "";
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1), moe_line);
+                            seconds * (plan.steps - step - 1), 0.0f, moe_line);
             metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_fields);
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {

@@ -62,6 +62,7 @@ struct EstimateSetup {
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
+    std::string half_name = "bf16";     // the 2-byte type: bf16, or fp16 in ./train_gpt_fp16
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
@@ -383,7 +384,7 @@ inline int activation_term_of(const std::string& name) {
 
 inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
     double s = e.T, b = e.B, h = e.cfg.channels, a = e.cfg.num_heads, L = e.cfg.num_layers;
-    std::string width = e.dtype_bytes == 4 ? "fp32" : "bf16";
+    std::string width = e.dtype_bytes == 4 ? "fp32" : e.half_name;
     std::vector<ActivationLine> lines;
     for (const ActivationTerm& t : activation_terms()) {
         ActivationLine line;
@@ -399,7 +400,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     // the reasons, in the order of the lines
     bool cudnn = e.trainer == Trainer::GPU && !e.simple_attention;
     RecomputePlan keep = recompute_plan(e.recompute);
-    std::string values = e.dtype_bytes == 2 ? "the same (bf16: 2 bytes per value)" : "fp32: 4 bytes per value, the paper's 2";
+    std::string values = e.dtype_bytes == 2 ? "the same (" + e.half_name + ": 2 bytes per value)"
+                                            : "fp32: 4 bytes per value, the paper's 2";
     lines[0].why = "L+1 slices: the last block's output is kept too, as the final LayerNorm's input; " + values;
     lines[1].why = keep.ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
     lines[2].why = values;
@@ -607,7 +609,7 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
         what = e.recompute ? strprintf("CPU trainer, fp32, recompute %d", e.recompute) : "CPU trainer, fp32";
         if (e.bf16_stash) what += ", bf16 stash";
     } else {
-        what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? "bf16" : "fp32",
+        what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? e.half_name.c_str() : "fp32",
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
                          e.recompute, e.simple_attention ? "simple" : "cuDNN");
     }

@@ -27,6 +27,7 @@ struct AdamWParams {
     float lr, beta1, beta2, eps, weight_decay;
     float bias_correction1, bias_correction2_sqrt;
     float max_norm;       // clip to this global norm (0 = no clipping)
+    float grad_scale = 1.0f;  // 1/S: fp16's loss scale divided out (llmc/optim/loss_scaler.h); 1 otherwise
     uint64_t seed;        // stochastic-rounding seed; mixed with the step
     int step;             // t, from 1
     size_t tensor_offset[NUM_PARAM_TENSORS];
@@ -41,6 +42,7 @@ __device__ __forceinline__ void adamw_update8(floatX* params, float* master, con
                                               const AdamWParams& a) {
     float clip = 1.0f;
     if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (*grad_norm + 1e-6f));
+    clip *= a.grad_scale;  // (*grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
     float step_size = a.lr / a.bias_correction1;
 
     x128 p8 = load128(params + at), g8 = load128cs(grads + at);

@@ -78,8 +78,8 @@ inline uint16_t offload_round_bf16(float x, uint32_t random) {
 // `params` and `grads` are the GPU's flat arrays; `layout` gives each tensor's offset (its decay).
 inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout, float norm,
                           const AdamWParams& a, cudaStream_t stream) {
-    // The fp32 build compiles this too, but refuses --offload at start-up (check_offload_options).
-    if (sizeof(floatX) != 2) fail("internal: --offload optimizer needs the bf16 build");
+    // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (check_offload_options).
+    if (!std::is_same<floatX, __nv_bfloat16>::value) fail("internal: --offload optimizer needs the bf16 build");
     size_t n = o->n, begin = o->begin;
     if (n == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(o->staging, grads + begin, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));

@@ -78,6 +78,8 @@ struct TrainOptions {
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
     std::string precision;           // bf16 | fp16 | fp32; "" = the binary's own (validate_precision)
+    float loss_scale_init = 0;       // fp16 build: S at the start (0 = LOSS_SCALE_INIT, llmc/optim/loss_scaler.h)
+    int loss_scale_window = 0;       // fp16 build: clean steps before S doubles (0 = LOSS_SCALE_WINDOW)
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
@@ -229,9 +231,13 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"precision", "KIND", "Machine", "bf16 | fp16 | fp32: the element type of weights, activations and gradients. It is "
-         "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp32 and ./train_gpt_cpu "
-         "fp32; fp16 (with dynamic loss scaling, llmc/optim/loss_scaler.h) has no build yet (default: the binary's own)",
+         "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "
+         "loss scaling, llmc/optim/loss_scaler.h), ./train_gpt_fp32 and ./train_gpt_cpu fp32 (default: the binary's own)",
          K::String, &o.precision, Scope::Both},
+        {"loss-scale-init", "S", "Machine", "fp16 build (./train_gpt_fp16) only: the initial loss scale, a power of two >= 1 "
+         "(0 = 65536, PyTorch's GradScaler)", K::Float, &o.loss_scale_init, Scope::GPUOnly},
+        {"loss-scale-window", "N", "Machine", "fp16 build only: clean steps before the loss scale doubles (0 = 2000, PyTorch's "
+         "growth interval); an overflow halves it and skips the step", K::Int, &o.loss_scale_window, Scope::GPUOnly},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
         {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
@@ -522,15 +528,18 @@ inline void validate_moe_options(const TrainOptions& o) {
 // instead of training in another one. `built` is "bf16" or "fp32".
 inline void validate_precision(const TrainOptions& o, Trainer trainer, const char* built) {
     const std::string& p = o.precision;
+    // the loss scaler's flags mean something in the fp16 build only (bf16 and fp32 run at S = 1)
+    if ((o.loss_scale_init != 0 || o.loss_scale_window != 0) && strcmp(built, "fp16") != 0)
+        usage_fail("--loss-scale-init and --loss-scale-window set fp16's loss scaler; this binary is built for %s, which "
+                   "needs none: run ./train_gpt_fp16, or drop them", built);
     if (p.empty() || p == built) return;
     if (p != "bf16" && p != "fp16" && p != "fp32") usage_fail("--precision must be bf16, fp16 or fp32, got '%s'", p.c_str());
     if (p == "fp16" && trainer == Trainer::CPU)
         usage_fail("--precision fp16: the CPU trainer computes in fp32 only, where loss scaling means nothing; drop "
-                   "--precision (fp16 mixed precision is the GPU trainer's, when built)");
-    if (p == "fp16")
-        usage_fail("--precision fp16: there is no fp16 build of the GPU trainer yet (its loss scaler is "
-                   "llmc/optim/loss_scaler.h); run ./train_gpt for bf16, whose range needs no loss scaling");
-    const char* binary = p == "bf16" ? "./train_gpt (the GPU trainer)" : trainer == Trainer::GPU ? "./train_gpt_fp32" : "";
+                   "--precision, or run ./train_gpt_fp16 (fp16 with dynamic loss scaling)");
+    const char* binary = p == "bf16"   ? "./train_gpt (the GPU trainer)"
+                         : p == "fp16" ? "./train_gpt_fp16"
+                         : trainer == Trainer::GPU ? "./train_gpt_fp32" : "";
     if (trainer == Trainer::CPU)
         usage_fail("--precision %s: the CPU trainer computes in fp32 only; run %s, or drop --precision", p.c_str(), binary);
     usage_fail("--precision %s: this binary is built for %s; run %s, or drop --precision", p.c_str(), built, binary);

@@ -16,7 +16,7 @@
 //   GELU input, in D's type, into the aux matrix); DGELU (D = result * GELU'(aux)); DGELU_BGRAD
 //   (and bias[i] = sum over the row of D, before rounding); BGRADA / BGRADB (bias gradient = sums
 //   of op(A)'s rows, length m / of op(B)'s columns, length n, over k). The bias-gradient outputs are
-//   overwritten, not accumulated. Data types bf16 and fp32 for A, B, C, D, bias and aux.
+//   overwritten, not accumulated. Data types bf16, fp16 and fp32 for A, B, C, D, bias and aux.
 //   Rules the real library enforces and this one checks, so a mistake fails here and not first on a
 //   GPU: layout shapes agree with m, n, k and the transposes; ld >= rows; equal batch counts; the
 //   aux leading dimension a multiple of 8; pointers aligned as the heuristic's preference promised
@@ -32,9 +32,10 @@
 //
 // What it does not prove: speed; the exact bits of real cuBLASLt, whose accumulation order, split-K
 // and tensor-core internals (e.g. the order of additions within an MMA instruction) are not
-// documented; that a real GPU picks an algorithm for a shape; fp8, fp16, TF32 or any other mode.
+// documented; that a real GPU picks an algorithm for a shape; fp8, TF32 or any other mode.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdarg>
@@ -114,7 +115,7 @@ const char* type_name(int t) {
     default: return "(this cudaDataType_t value)";
     }
 }
-bool type_supported(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
+bool type_supported(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
 size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
 
 const char* compute_name(int c) {
@@ -193,12 +194,17 @@ uint16_t float_to_bf16(float f) {  // round to nearest, ties to even; NaN stays 
     return (uint16_t)(bits >> 16);
 }
 
+// fp16 (train_gpt_fp16) through CUDA's own host conversions (cuda_fp16.h): round to nearest even,
+// subnormals kept, above 65504 inf, as a GPU's fp16 output.
 float load(const void* p, cudaDataType_t t, size_t i) {
+    if (t == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
     return t == CUDA_R_32F ? ((const float*)p)[i] : bf16_to_float(((const uint16_t*)p)[i]);
 }
 void store(void* p, cudaDataType_t t, size_t i, float v) {
     if (t == CUDA_R_32F)
         ((float*)p)[i] = v;
+    else if (t == CUDA_R_16F)
+        ((__half*)p)[i] = __float2half_rn(v);
     else
         ((uint16_t*)p)[i] = float_to_bf16(v);
 }
@@ -292,7 +298,7 @@ cublasStatus_t check_problem(const Desc* d, const Layout* a, const Layout* b, co
     const char* names[4] = {"A", "B", "C", "D"};
     for (int x = 0; x < 4; x++) {
         if (!type_supported(all[x]->type)) {
-            refuse("data type %s for %s is not implemented (CUDA_R_16BF and CUDA_R_32F are)", type_name(all[x]->type),
+            refuse("data type %s for %s is not implemented (CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are)", type_name(all[x]->type),
                    names[x]);
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
@@ -578,7 +584,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
         if (!check_size(size, 4, name)) return CUBLAS_STATUS_INVALID_VALUE;
         int32_t t = read_i32(buf);
         if (!type_supported(t)) {
-            refuse("%s = %s is not implemented (CUDA_R_16BF and CUDA_R_32F are)", name, type_name(t));
+            refuse("%s = %s is not implemented (CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are)", name, type_name(t));
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
         (bias ? d->bias_type : d->aux_type) = t;

@@ -17,7 +17,7 @@ EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu dev/comm/comm_bench.cu dev/c
 EMU_STAMP    := $(EMU_SRC)/.rewritten
 EMU_LIBS     := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o $(EMU_DIR)/cudnn_standin.o \
                 $(EMU_DIR)/nccl_standin.o
-EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/gpu_comm_check $(EMU_DIR)/comm_bench_gpu
+EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/train_gpt_fp16 $(EMU_DIR)/gpu_comm_check $(EMU_DIR)/comm_bench_gpu
 # The kernel lab (dev/cuda/*.cu) in build/emu/dev/, each program with the CPU trainer's layers
 # (llmc/model/cpu_layers.h) as its reference and no MPI, as on a GPU.
 EMU_DEV_PROGRAMS := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/dev/%,$(wildcard dev/cuda/*.cu))
@@ -43,6 +43,9 @@ $(EMU_DIR)/train_gpt: $(EMU_STAMP) $(EMU_LIBS)
 
 $(EMU_DIR)/train_gpt_fp32: $(EMU_STAMP) $(EMU_LIBS)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) -DLLMC_FP32 $(EMU_SRC)/train_gpt.cu -x none $(EMU_LIBS) -o $@
+
+$(EMU_DIR)/train_gpt_fp16: $(EMU_STAMP) $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) -DLLMC_FP16 $(EMU_SRC)/train_gpt.cu -x none $(EMU_LIBS) -o $@
 
 $(EMU_DIR)/gpu_comm_check: $(EMU_STAMP) $(EMU_LIBS)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/test/gpu_comm_check.cu -x none $(EMU_LIBS) -o $@

@@ -26,7 +26,7 @@
 // tolerances (or, like gpu_comm_check, inputs whose sums are exact), never bit-equality, unless the
 // code guarantees the bits itself: comm_nccl.cuh's gpu_all_reduce_identical (a reduce-scatter, each
 // sum computed by one rank, then an all-gather) does, on NCCL as here. Maxima are exact in any
-// order (a NaN anywhere gives NaN). Reductions exist for float32, float64 and bfloat16 with sum and
+// order (a NaN anywhere gives NaN). Reductions exist for float32, float64, bfloat16 and float16 (as bf16) with sum and
 // max, the ones the repo uses; any other type or operation is refused with a message naming it.
 // Copies (all-gather, broadcast, send, receive) take every type. Large arrays go in chunks of
 // LLMC_EMU_NCCL_CHUNK_BYTES per rank (default 4 MiB), which bounds the scratch memory at N chunks.
@@ -63,6 +63,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>
+#include <cuda_fp16.h>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -207,6 +208,11 @@ static void reduce_buffers(const void* in, size_t n, int nranks, ncclDataType_t 
     if (t == ncclBfloat16) {
         reduce_ranks<uint16_t, float>((const uint16_t*)in, n, nranks, n, op, (uint16_t*)out, bf16_to_float,
                                       float_to_bf16_round_nearest);
+    }
+    if (t == ncclFloat16) {  // (train_gpt_fp16) as bf16: widened, summed in fp32, rounded once
+        auto widen = [](uint16_t h) { return __half2float(__ushort_as_half(h)); };
+        auto narrow = [](float x) { return __half_as_ushort(__float2half_rn(x)); };
+        reduce_ranks<uint16_t, float>((const uint16_t*)in, n, nranks, n, op, (uint16_t*)out, widen, narrow);
     }
 }
 
@@ -475,8 +481,8 @@ static ncclResult_t check_op(const Op& o, bool reduces, size_t send_count, size_
     const CallDescription& d = o.call;
     size_t es = type_bytes((ncclDataType_t)d.type);
     if (es == 0) return bad_argument(c, d, strprintf("data type %d is not one of NCCL's", d.type));
-    if (reduces && d.type != ncclFloat32 && d.type != ncclFloat64 && d.type != ncclBfloat16) {
-        return bad_argument(c, d, "the stand-in reduces float32, float64 and bfloat16 only (add the type to test/emu/nccl_standin.cpp)");
+    if (reduces && d.type != ncclFloat32 && d.type != ncclFloat64 && d.type != ncclBfloat16 && d.type != ncclFloat16) {
+        return bad_argument(c, d, "the stand-in reduces float32, float64, bfloat16 and float16 only (add the type to test/emu/nccl_standin.cpp)");
     }
     if (reduces && d.op != ncclSum && d.op != ncclMax) {
         return bad_argument(c, d, "the stand-in implements ncclSum and ncclMax only (add the operation to test/emu/nccl_standin.cpp)");

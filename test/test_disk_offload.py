@@ -28,9 +28,9 @@ boundaries) everywhere, and 234,880 = 917 x 256 + 128, so the last chunk is a pa
                    checkpointing every 2 steps: exit 1, one line; ckpt 2 is the last checkpoint, whole
                    (its checksums verify when resumed) and resuming it gives the straight run's bits.
 
-Planted bugs these checks caught (by hand, once): the prefetch reading chunk k+2 in place of k+1 (bit
-for bit, resume and ZeRO failed); the last, partial chunk not written back (bit for bit failed: the
-weights drift by 1e-3 in the last 128 parameters); see the commit.
+Planted bugs these checks caught (by hand, once): the helper reading chunk k+2 in place of k+1 (10
+checks failed: bit for bit, both checkpoints, resume, ZeRO; weights 3e-3 off); the last, partial chunk
+not written back (9 failed, weights 1.6e-3 off).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

@@ -12,9 +12,10 @@
 //
 // The step, for the n moments this rank updates, in chunks of c floats (--offload-chunk-kib):
 //   read chunk 0 of m and v
-//   for k = 0, 1, ...:   a helper thread reads chunk k+1 into the other slot   } overlapped
+//   for k = 0, 1, ...:   a helper thread writes chunk k-1 back, then reads     } overlapped
+//                        chunk k+1 into the slot k-1 used                      }
 //                        AdamW updates chunk k (adamw_update, the same code)   }
-//                        chunk k is written back; the helper is joined
+//   write the last chunk back
 // The update of chunk k is adamw_update on the parts of the rank's pieces (one per tensor, for
 // weight decay) that fall in [k c, (k+1) c), which is why the weights come out bit for bit those of
 // the run in RAM: the same function, on the same floats, in pieces (each element's update is alone).
@@ -155,30 +156,33 @@ inline std::string disk_offload_io(const DiskOffload& d, int which, bool write, 
 }
 
 // Walks the moments in chunks: visit(begin, count, m, v) sees floats [begin, begin + count) of m and
-// v (null for a file not read or written). `read` and `write` say which files (bit 0: m, bit 1: v)
-// are read before the visit and written back after it. Chunk k+1 is read by a helper thread while
-// chunk k is visited and written here: the slot the helper fills held chunk k-1, already written.
+// v (null for a file neither read nor written). `read` and `write` say which files (bit 0: m, bit 1:
+// v) are read before the visit and written back after it. While chunk k is visited, a helper thread
+// writes chunk k-1 back and then reads chunk k+1 into the same slot (k-1 and k+1 share one: two
+// slots), so the disk works while AdamW does; the last chunk is written after the loop.
 template <class Visit>
 inline void disk_offload_stream(DiskOffload* d, int read, int write, Visit visit) {
     size_t chunks = (d->n + d->chunk - 1) / d->chunk;
     auto slot = [&](int which, size_t k) { return d->slots[which] + (k % 2) * d->chunk; };
-    auto span = [&](size_t k) { return std::min(d->chunk, d->n - k * d->chunk); };
-    auto read_chunk = [&](size_t k) {
+    auto io = [&](int files, bool writing, size_t k) {
         std::string error;
         for (int which = 0; which < 2 && error.empty(); which++)
-            if (read & (1 << which)) error = disk_offload_io(*d, which, false, k * d->chunk, span(k), slot(which, k));
+            if (files & (1 << which))
+                error = disk_offload_io(*d, which, writing, k * d->chunk, std::min(d->chunk, d->n - k * d->chunk), slot(which, k));
         return error;
     };
-    std::string error = chunks > 0 ? read_chunk(0) : "";
+    std::string error = chunks > 0 ? io(read, false, 0) : "";
     for (size_t k = 0; k < chunks && error.empty(); k++) {
-        std::string prefetch_error;
-        std::thread prefetch;
-        if (k + 1 < chunks) prefetch = std::thread([&, k] { prefetch_error = read_chunk(k + 1); });
-        visit(k * d->chunk, span(k), (read | write) & 1 ? slot(0, k) : nullptr, (read | write) & 2 ? slot(1, k) : nullptr);
-        for (int which = 0; which < 2 && error.empty(); which++)
-            if (write & (1 << which)) error = disk_offload_io(*d, which, true, k * d->chunk, span(k), slot(which, k));
-        if (prefetch.joinable()) prefetch.join();
-        if (error.empty()) error = prefetch_error;
+        std::string helper_error;
+        std::thread helper([&, k] {
+            if (k > 0) helper_error = io(write, true, k - 1);
+            if (helper_error.empty() && k + 1 < chunks) helper_error = io(read, false, k + 1);
+        });
+        visit(k * d->chunk, std::min(d->chunk, d->n - k * d->chunk), (read | write) & 1 ? slot(0, k) : nullptr,
+              (read | write) & 2 ? slot(1, k) : nullptr);
+        helper.join();
+        error = helper_error;
+        if (error.empty() && k + 1 == chunks) error = io(write, true, k);
     }
     if (!error.empty()) fail(error);
 }

@@ -27,18 +27,20 @@
 // of one: rewriting preallocated blocks needs no new space.
 //
 // The page cache: the files are read and written through it (no O_DIRECT, which would need
-// aligned buffers and offsets). When RAM is free the kernel keeps the files' pages, and the step
-// runs at memory speed; under memory pressure it writes them out and drops them, and the step runs
-// at the disk's. Either way the pages are the kernel's to reclaim, not the process's: they are not
-// in its resident set, and a run that would not fit with m and v in its own memory can train.
+// aligned buffers and offsets). When RAM is free the kernel keeps the files' pages and the reads
+// come from memory; the writes still go to the disk, in the background, and once enough written
+// pages wait for it the kernel makes the writer wait too: so the step runs at the disk's write speed
+// (docs/benchmarks.md measures it). The cached pages are the kernel's to reclaim, not the process's:
+// they are not in its resident set, and a run that would not fit with m and v in its memory trains.
 //
 // What the files are not: the checkpoint. A step overwrites them in place, so a run killed in the
 // middle of a step leaves them half old, half new; a checkpoint copies them (through the same chunk
 // buffer) into its own state file, and a resumed run rebuilds the files from the checkpoint. So the
 // last checkpoint is whole whenever the run dies, and the files are scratch.
 //
-// Hook points: none in the passes; optimizer_step (llmc/run/step.h) calls disk_offload_stream in
-// place of its loop over the moments; checkpoints write and read the moments through it.
+// Hook points: none in the passes. In optimizer_step (llmc/run/step.h), the trainer's AdamW loop over
+// its pieces (gpt2_update) runs inside disk_offload_stream; checkpoints write and read m and v
+// through it too (TrainState::moments, llmc/io/formats.h).
 #pragma once
 
 #include <fcntl.h>

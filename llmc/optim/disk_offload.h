@@ -24,7 +24,7 @@
 // 4 slots of c floats (m and v, two each: the one updated and the one being read), 16 MiB at the
 // default 4 MiB chunk, whatever the model's size. Disk: 8n bytes per rank, preallocated
 // at start (posix_fallocate), so that a full disk is found before the first step, not in the middle
-// of one: rewriting preallocated blocks needs no new space.
+// of one: rewriting preallocated blocks needs no new space (in place, as ext4 rewrites them).
 //
 // The page cache: the files are read and written through it (no O_DIRECT, which would need
 // aligned buffers and offsets). When RAM is free the kernel keeps the files' pages and the reads

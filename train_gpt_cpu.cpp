@@ -32,6 +32,7 @@
 #include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
+#include "llmc/optim/disk_offload.h"
 #include "llmc/optim/sm3.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
@@ -150,6 +151,8 @@ struct GPT2 {
     // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
     bool bf16_moments = false;
     std::vector<uint16_t> adam_m16, adam_v16;
+    // --offload-dir: m and v in files, streamed through adam_m and adam_v, two chunks each (llmc/optim/disk_offload.h)
+    DiskOffload offload;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
     // ZB-H1: what W reads (output gradients, inputs), kept from B to W: pending_weights stashes (llmc/model/zero_bubble_backward.h)
@@ -666,6 +669,21 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
         return;
     }
     Zero& z = model->zero;
+    if (model->offload.on) {  // the same AdamW, on the parts of each piece in the chunk the stream holds now
+        std::vector<ZeroPiece> pieces = zero_owned_pieces(z);
+        disk_offload_check(model->offload);
+        disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, float* m, float* v) {
+            for (const ZeroPiece& piece : pieces) {
+                size_t lo = std::max(piece.stored, begin), hi = std::min(piece.stored + piece.count, begin + count);
+                if (lo >= hi) continue;
+                float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+                size_t in_piece = lo - piece.stored;
+                adamw_update(zero_param_of(z, piece, model->params) + in_piece, zero_grad_of(z, piece, model->grads) + in_piece,
+                             m + (lo - begin), v + (lo - begin), hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+            }
+        });
+        return;
+    }
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
         if (model->bf16_moments) {  // the element's index in the flat array keys its random rounding
@@ -994,6 +1012,19 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             s->factored = model->optimizer_state;
             return;
         }
+        if (model->offload.on) {  // m and v from the files, chunk by chunk, straight into the state file
+            std::vector<StateRun> runs = zero_state_runs(model->zero, slice_runs(cfg, model->slice), true);
+            zero_fill_state(s, par->grid, runs, nullptr, nullptr, weight_storage(model), false);
+            // ZeRO-0/1 without model parallelism (validate_options): a rank writes all of its files or nothing
+            if (s->header.shard_count != 0 && (size_t)s->header.shard_count != model->offload.n)
+                fail("internal: --offload-dir's checkpoint would write %lld of %zu moments", (long long)s->header.shard_count, model->offload.n);
+            s->moments = [model](int which, const std::function<void(const float*, size_t)>& write) {
+                disk_offload_stream(&model->offload, 1 << which, 0, [&](size_t, size_t count, const float* m, const float* v) {
+                    write(which == 0 ? m : v, count);
+                });
+            };
+            return;
+        }
         // bf16 moments are saved as fp32 (exact), so the file is the same format either way
         std::vector<float> m16_wide(model->adam_m16.size()), v16_wide(model->adam_v16.size());
         for (size_t i = 0; i < m16_wide.size(); i++) m16_wide[i] = bf16_to_float(model->adam_m16[i]), v16_wide[i] = bf16_to_float(model->adam_v16[i]);
@@ -1090,6 +1121,21 @@ static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicte
     if (!why.empty()) grid_usage_fail(world, why);
 }
 
+// --offload-dir: before anything is allocated, the directory must hold every rank's m and v files
+// (rank r's: the moments of what it updates; llmc/optim/disk_offload.h).
+static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
+                                           const Parallel& par) {
+    if (o.offload_dir.empty()) return;
+    std::vector<size_t> floats;
+    for (int r = 0; r < par.grid.world; r++) {
+        CPURunShape s = cpu_run_shape(cfg, shape.B, shape.T, par.grid, par.schedule, shape.accumulation_steps, o.recompute);
+        s.rank = r, s.offload_chunk_kib = o.offload_chunk_kib;  // (data parallelism only: rank r is data-parallel rank r)
+        floats.push_back(cpu_offloaded_moments(s));
+    }
+    std::string why = disk_offload_dir_problem(o.offload_dir, floats, offload_test_free_bytes());
+    if (!why.empty()) grid_usage_fail(world, why);
+}
+
 // This rank's slice, every buffer from the size table (what --estimate prints), then the weights:
 // from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
 // group's rank 0's copy, so that they start bit-identical.
@@ -1108,7 +1154,11 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     sizes.moe = MoEConfig{o.moe_experts, o.moe_every};
     sizes.moe_top_k = o.moe_top_k;
     if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
+    sizes.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     gpt2_allocate(model, sizes);
+    if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
+        disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
+                          model->adam_m.data(), model->adam_v.data());
     grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
     model->server.on = o.data_parallel == "server";
     model->server.dp = &par->comms.dp;
@@ -1133,6 +1183,17 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
         *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, f.state.back().end,
                                        f.state[model->zero.whole_gradient ? (size_t)model->zero.dp->rank : 0].begin,
                                        model->optimizer_state.size(), model->optimizer_state.data());
+    } else if (model->offload.on) {  // into the files, chunk by chunk: each chunk's part of what this rank keeps
+        std::vector<WantedRun> all = wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false);
+        *resumed = read_state_runs(resume_dir, param_layout(cfg).total, {}, nullptr, nullptr, nullptr);  // the header
+        disk_offload_stream(&model->offload, 0, 3, [&](size_t begin, size_t count, float* m, float* v) {
+            std::vector<WantedRun> part;
+            for (const WantedRun& w : all) {
+                size_t lo = std::max(w.dst, begin), hi = std::min(w.dst + w.count, begin + count);
+                if (lo < hi) part.push_back({w.global + (lo - w.dst), hi - lo, lo - begin});
+            }
+            read_state_runs(resume_dir, param_layout(cfg).total, part, m, v, nullptr);
+        });
     } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
         std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
@@ -1362,6 +1423,7 @@ static void refuse_moe_problems(const TrainOptions& o) {
     if (generation_mode(o)) refuse("--generate", "generation has no MoE layer in its KV-cache forward yet; drop --moe-*");
     if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
     if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
+    if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
 }
 
 int main(int argc, char** argv) {
@@ -1427,7 +1489,9 @@ int main(int argc, char** argv) {
     predicted.parameter_server = o.data_parallel == "server";
     predicted.moe = MoEConfig{o.moe_experts, o.moe_every};
     predicted.moe_top_k = o.moe_top_k;
+    predicted.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
+    refuse_unless_offload_dir_fits(&world, o, cfg, shape, par);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
@@ -1472,6 +1536,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
+        inject_offload_removal(&world, step + 1, model.offload.path[0]);  // (tests: --offload-dir's file vanishing)
         tracer.step = step + 1;
         if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
@@ -1514,6 +1579,7 @@ int main(int argc, char** argv) {
     if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
     dump_at_end(&model, &par, o.dump_state, B, T);
+    disk_offload_close(&model.offload);
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include "llmc/model/model.h"
@@ -380,6 +381,9 @@ struct TrainState {
     std::vector<int64_t> runs;        // with a run table: (global index, count) pairs
     std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
     std::vector<float> factored;      // version 3, a factored optimizer: optimizer_state_floats values
+    // instead of m and v in memory: writes m (which = 0) or v (1), shard_count floats, piece by piece
+    // through `write` (--offload-dir streams them from its files: llmc/optim/disk_offload.h)
+    std::function<void(int which, const std::function<void(const float*, size_t)>& write)> moments;
 };
 
 // The bytes after the header and the run table: m and v (and the master weights), or a factored
@@ -395,7 +399,7 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     size_t n = (size_t)s.header.shard_count;
     bool factored = s.header.optimizer != 0;
     if ((factored ? s.factored.size() != (size_t)s.header.optimizer_state_floats || !s.m.empty() || !s.v.empty()
-                  : s.m.size() != n || s.v.size() != n) ||
+                  : !s.moments && (s.m.size() != n || s.v.size() != n)) ||
         (s.header.has_master_weights && s.master.size() != n) ||
         (s.header.has_run_table && s.runs.size() != 2 * (size_t)s.header.num_runs)) {
         fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
@@ -407,6 +411,11 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     if (s.header.has_run_table) out.write(s.runs.data(), s.runs.size() * sizeof(int64_t));
     if (factored) {
         out.write(s.factored.data(), s.factored.size() * 4);
+    } else if (s.moments) {
+        size_t written[2] = {0, 0};
+        for (int which = 0; which < 2; which++)
+            s.moments(which, [&](const float* p, size_t count) { out.write(p, count * 4), written[which] += count; });
+        if (written[0] != n || written[1] != n) fail("internal: streamed %zu and %zu moments into '%s', not %zu", written[0], written[1], path.c_str(), n);
     } else {
         out.write(s.m.data(), n * 4);
         out.write(s.v.data(), n * 4);

@@ -13,6 +13,7 @@
 //   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
 //                       shard (ZeRO-1, about N / ranks). No master copy: fp32 weights are their own master
 //                       (--optimizer-state bf16: 2 bytes each, llmc/optim/adamw_bf16.h)
+//                       (--offload-dir: two chunks each, the moments themselves on disk, llmc/optim/disk_offload.h)
 //   optimizer_state     instead of m and v, with --optimizer adafactor or sm3: rows + columns per weight
 //                       matrix, one per element of a vector (llmc/optim/optimizer_state.h), on every rank
 //                       (ZeRO-1: of this rank's whole blocks, llmc/optim/factored_sharding.h)
@@ -50,6 +51,7 @@
 #include "llmc/memory/size_table.h"
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
+#include "llmc/optim/disk_offload.h"
 #include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/optimizer_state.h"
 #include "llmc/parallel/grad_compression.h"
@@ -80,6 +82,7 @@ struct CPURunShape {
     MoEConfig moe;                     // --moe-experts, --moe-every (llmc/model/model.h's MoE table)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
     bool bf16_stash = false;           // --stash-precision bf16 (llmc/memory/stash_precision.h)
+    int offload_chunk_kib = 0;         // --offload-dir: m and v on disk, streamed in chunks of this (0: in RAM)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -179,8 +182,15 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t moments = adamw ? z.optimizer / 2 : 0;
     size_t moment_bytes = s.bf16_moments ? 2 : F;
     const char* moment_type = s.bf16_moments ? " bf16" : "";
-    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
-    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    if (s.offload_chunk_kib > 0) {  // the moments are in files; RAM holds two chunks of each
+        size_t slots = disk_offload_buffer_floats(moments, s.offload_chunk_kib);
+        std::string where = sh("2 chunks; the (%zu) on disk", moments);
+        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, where, slots, F};
+        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, where, slots, F};
+    } else {
+        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    }
     // (ZeRO-1: the rows and columns of this rank's whole blocks only, llmc/optim/factored_sharding.h)
     size_t factored = adamw ? 0 : s.zero_stage == 1 ? factored_state_floats_of(c, s.world_size, s.rank) : factored_state_floats(c);
     t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER,
@@ -251,6 +261,12 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard",
                              moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0, F};
     return t;
+}
+
+// --offload-dir: the floats of m (and of v) this rank keeps on disk (0 without it).
+inline size_t cpu_offloaded_moments(const CPURunShape& s) {
+    bool adamw = s.optimizer == Optimizer::AdamW;
+    return s.offload_chunk_kib > 0 && adamw ? cpu_updated_range(s).size() : 0;
 }
 
 // The CPU allocator is asked for exactly each row's bytes (std::vector of that many floats).

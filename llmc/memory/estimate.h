@@ -67,6 +67,7 @@ struct EstimateSetup {
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
+    int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
     GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
@@ -118,6 +119,7 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     shape.compression = e.compression;
     shape.moe = e.moe;
     shape.moe_top_k = e.moe_top_k;
+    shape.offload_chunk_kib = e.offload_chunk_kib;
     return cpu_buffer_table(shape);
 }
 
@@ -504,6 +506,10 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         lines[3].why = strprintf("m and v in bf16 (--optimizer-state bf16): %.4f bytes per parameter against 8",
                                  ours.bytes[MEM_OPTIMIZER] / N);
     }
+    if (e.offload_chunk_kib > 0 && e.optimizer == Optimizer::AdamW) {
+        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, 8 bytes per parameter "
+                                 "on disk", e.offload_chunk_kib);
+    }
     if (e.optimizer != Optimizer::AdamW) {
         lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
                                  "(%.4f bytes per parameter against AdamW's 8)", optimizer_name((int)e.optimizer),
@@ -552,6 +558,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     parse_optimizer(o.optimizer, &e.optimizer);
     e.bf16_moments = o.optimizer_state == "bf16";
     e.bf16_stash = o.stash_precision == "bf16";
+    e.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     e.compression = grad_compression_settings(o);
     e.moe = MoEConfig{o.moe_experts, o.moe_every};
     e.moe_top_k = o.moe_top_k;
@@ -664,6 +671,14 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(), OFFLOAD_HOST_BYTES_PER_PARAM,
                format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
     }
+    if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
+        CPURunShape shape = cpu_run_shape(e.cfg, e.B, e.T, estimate_grid(e, 0), e.schedule, estimate_micro_batches(e, e.B), e.recompute);
+        shape.optimizer = e.optimizer, shape.offload_chunk_kib = e.offload_chunk_kib;
+        double disk = 8.0 * cpu_offloaded_moments(shape);
+        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
+               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(),
+               (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());
+    }
     if (estimate_overhead(e) > 0) {
         printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
                format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());
@@ -743,14 +758,16 @@ inline void print_estimate(const EstimateSetup& e) {
     if (e.trainer == Trainer::CPU && !grid) {
         // the optimizers' state as the CPU trainer's table holds it (rank 0), in bytes per parameter
         printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
-        for (int choice = 0; choice < 4; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3
+        for (int choice = 0; choice < 5; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3, adamw on disk
             EstimateSetup other = e;
-            other.optimizer = choice <= 1 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
+            other.optimizer = choice <= 1 || choice == 4 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
             other.bf16_moments = choice == 1;
+            other.offload_chunk_kib = choice < 4 ? 0 : e.offload_chunk_kib > 0 ? e.offload_chunk_kib : DISK_OFFLOAD_DEFAULT_CHUNK_KIB;
+            if (choice == 4 && e.zero_stage > 1) continue;  // refused (validate_options)
             if (choice >= 2 && e.zero_stage > 1) continue;  // refused: the CLI says why (ZeRO-1: factored_sharding.h)
             size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
             printf("%s %s%s %s (%.4f B/param)", choice == 0 ? "" : ";", optimizer_name((int)other.optimizer),
-                   choice == 1 ? " bf16" : "", format_bytes((double)bytes).c_str(), bytes / N);
+                   choice == 1 ? " bf16" : choice == 4 ? " --offload-dir (in RAM; 8 B/param on disk)" : "", format_bytes((double)bytes).c_str(), bytes / N);
         }
         printf("\n");
     }

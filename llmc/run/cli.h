@@ -77,6 +77,8 @@ struct TrainOptions {
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
+    std::string offload_dir;         // CPU: AdamW's m and v in files here, streamed (llmc/optim/disk_offload.h)
+    int offload_chunk_kib = 4096;    // CPU: the chunk --offload-dir streams them in (DISK_OFFLOAD_DEFAULT_CHUNK_KIB)
     std::string precision;           // bf16 | fp16 | fp32; "" = the binary's own (validate_precision)
     float loss_scale_init = 0;       // fp16 build: S at the start (0 = LOSS_SCALE_INIT, llmc/optim/loss_scaler.h)
     int loss_scale_window = 0;       // fp16 build: clean steps before S doubles (0 = LOSS_SCALE_WINDOW)
@@ -216,6 +218,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
          "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1, no tensor/pipeline "
          "parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
+        {"offload-dir", "DIR", "Machine", "keep AdamW's m and v in files DIR/rank<r>_m.bin, _v.bin, streamed through the step in "
+         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk; the same weights bit for bit); AdamW fp32 state, --zero "
+         "0|1, no tensor/pipeline parallelism; CPU trainer only: the GPU trainer has --offload optimizer", K::String, &o.offload_dir, Scope::CPUOnly},
+        {"offload-chunk-kib", "KIB", "Machine", "the chunk --offload-dir streams m and v in (RAM: 4 chunks)", K::Int, &o.offload_chunk_kib, Scope::CPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
@@ -621,6 +627,22 @@ inline void validate_options(const TrainOptions& o) {
                    o.pipeline_parallel);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
+    positive("offload-chunk-kib", o.offload_chunk_kib);
+    if (o.offload_chunk_kib > (1 << 22)) usage_fail("--offload-chunk-kib %d is over 4 GiB: the buffer holds 4 chunks; give at most 4194304", o.offload_chunk_kib);
+    if (flag_given(o, "offload-chunk-kib") && o.offload_dir.empty())
+        usage_fail("--offload-chunk-kib sizes --offload-dir's chunks: give --offload-dir DIR too, or drop it");
+    if (!o.offload_dir.empty()) {  // (DIR itself is checked by the trainer, per rank, before it allocates)
+        if (o.optimizer != "adamw")
+            usage_fail("--offload-dir streams AdamW's m and v; --optimizer %s keeps only row and column statistics (well under 1 "
+                       "byte per parameter), which stay in RAM: drop --offload-dir", o.optimizer.c_str());
+        if (o.optimizer_state != "fp32")
+            usage_fail("--offload-dir with --optimizer-state %s: the disk offload streams fp32 moments only (not built for bf16 "
+                       "ones); drop one of them", o.optimizer_state.c_str());
+        if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+            usage_fail("--offload-dir with --zero %d --tensor-parallel %d --pipeline-parallel %d: the disk offload is built for "
+                       "data parallelism with --zero 0 or 1; drop --offload-dir or the other flags", o.zero_stage,
+                       o.tensor_parallel, o.pipeline_parallel);
+    }
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
     if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);

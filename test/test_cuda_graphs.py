@@ -11,7 +11,7 @@
                    (--dump-state) bit for bit. The graphs replay the captured AdamW launch, so a learning
                    rate, step count or bias correction passed to it by value would stay at step 2's, and
                    a data-dependent launch shape (the encoder backward's grid) would stay at step 2's
-                   batch: both were seen to fail this check (planted by hand; see docs/gpu.md)
+                   batch: both were seen to fail this check (planted by hand; docs/benchmarks.md)
   resume           12 graphed steps == 6 graphed + checkpoint + resume + 6 graphed, and == 12 eager:
                    weights, losses, model.bin and state.bin bit for bit
   refused          --cuda-graphs on 2 ranks, with gradient accumulation, --offload optimizer, --zero 2,

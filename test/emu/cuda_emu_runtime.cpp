@@ -14,7 +14,8 @@
 //
 // Streams and events: every operation runs when it is issued, in issue order. That is one legal
 // order of a real GPU's work, so results are right, but a missing cudaStreamWaitEvent between
-// two streams cannot show up here: only a real GPU can test concurrency.
+// two streams cannot show up here: only a real GPU can test concurrency. A stream being captured
+// into a CUDA graph records its operations instead ("Stream capture" below).
 //
 // Schedules: CUDA_EMU_THREADS = forward | reverse | random:SEED orders the threads of a block;
 // CUDA_EMU_BLOCKS the same for the blocks of a grid. A kernel whose output depends on either is

@@ -7,7 +7,8 @@
                    cudaStreamSynchronize and cudaDeviceSynchronize during a capture return
                    cudaErrorStreamCaptureUnsupported and invalidate it, as the real runtime documents
   graphed = eager  30 steps with --cuda-graphs against 30 without, the learning rate changing at every
-                   step (5 steps of warmup, then the cosine decay to 10%): losses and final weights
+                   step (5 steps of warmup, then the cosine decay to 10%), a sample drawn every 10
+                   steps (eager forwards between the replays): losses and final weights
                    (--dump-state) bit for bit. The graphs replay the captured AdamW launch, so a learning
                    rate, step count or bias correction passed to it by value would stay at step 2's, and
                    a data-dependent launch shape (the encoder backward's grid) would stay at step 2's
@@ -45,7 +46,8 @@ def emulation():
 
 
 def graphed_equals_eager(S):
-    flags = STEPS + ["--steps", "30"] + DEFAULT_ATTENTION
+    # sampling every 10 steps: eager forwards between the replays, on the buffers the graphs use
+    flags = STEPS + ["--steps", "30", "--sample-every", "10", "--sample-tokens", "4"] + DEFAULT_ATTENTION
     eager = S.dump(GPU, "tiny", flags)
     graphed_path = S.dump_path(GPU, "tiny", flags + ["--cuda-graphs"])
     graphed = S.dump(GPU, "tiny", flags + ["--cuda-graphs"])

@@ -43,7 +43,7 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
-#include "test/emu/stream_capture.h"
+#include "stream_capture.h"
 
 // The handles are pointers to structs the headers leave incomplete: the stand-in completes them.
 struct cublasLtContext {
@@ -445,6 +445,10 @@ cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t transa, cublasOp
 }
 
 }  // namespace
+
+// Linked without the emulated CUDA runtime (test/test_emu_cublas.py drives the stand-in alone), no
+// stream is ever captured: the work runs at once. The runtime's definition replaces this one.
+__attribute__((weak)) void emu::stream_work(cudaStream_t, const char*, int, std::function<void()> work) { work(); }
 
 extern "C" {
 

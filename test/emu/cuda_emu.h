@@ -27,7 +27,7 @@
 #include <memory>
 #include <tuple>
 #include <type_traits>
-#include "test/emu/stream_capture.h"
+#include "stream_capture.h"
 
 namespace emu {
 

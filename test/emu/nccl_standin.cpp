@@ -68,7 +68,7 @@
 #include <memory>
 #include <thread>
 #include "llmc/utils.h"
-#include "test/emu/stream_capture.h"
+#include "stream_capture.h"
 
 struct ncclComm {
     MPI_Comm mpi = MPI_COMM_NULL;
@@ -549,6 +549,10 @@ static ncclComm* make_comm(MPI_Comm mpi, const ncclConfig_t* config, bool parent
 
 // What a non-blocking communicator's set-up answers: NCCL's answer while it is still connecting.
 static ncclResult_t settled(const ncclComm* c) { return c->blocking ? ncclSuccess : ncclInProgress; }
+
+// Linked without the emulated CUDA runtime, as test/emu/nccl_standin_check.cpp is, no stream is
+// ever captured; the runtime's definition replaces this one.
+__attribute__((weak)) bool emu::stream_capturing(cudaStream_t) { return false; }
 
 extern "C" {
 

@@ -21,10 +21,6 @@
 #include <cmath>
 #include <thread>
 #include "llmc/utils.h"
-#include "test/emu/stream_capture.h"
-
-// This driver links the stand-in without the emulated CUDA runtime: no stream is ever captured.
-bool emu::stream_capturing(cudaStream_t) { return false; }
 
 static int world_rank = 0, world_size = 1;
 

@@ -539,11 +539,6 @@ struct Parallel {
 
 // The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
 // fixed order), added here in block order, in fp64.
-static double read_sum_of_squares(GPT2* m);
-static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
-    global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, n, m->stream);
-    return read_sum_of_squares(m);
-}
 static double read_sum_of_squares(GPT2* m) {  // (--cuda-graphs reads them after the graph ran)
     float* partials = B_<float>(m, GB_NORM_PARTIALS);
     std::vector<float> host(GLOBAL_NORM_BLOCKS);
@@ -552,6 +547,10 @@ static double read_sum_of_squares(GPT2* m) {  // (--cuda-graphs reads them after
     double total = 0.0;
     for (float p : host) total += p;
     return total;
+}
+static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+    global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, n, m->stream);
+    return read_sum_of_squares(m);
 }
 
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
@@ -1443,8 +1442,8 @@ int main(int argc, char** argv) {
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
-        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         double seconds = seconds_since(start);
+        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and

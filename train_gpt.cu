@@ -63,6 +63,7 @@
 #include "llmc/optim/adamw.cuh"
 #include "llmc/optim/loss_scaler.h"
 #include "llmc/optim/offload.cuh"
+#include "llmc/run/cuda_graphs.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/encoder.cuh"
 #include "llmc/kernels/fused_classifier.cuh"
@@ -150,6 +151,7 @@ struct GPT2 {
     OptimizerOffload offload;           // --offload optimizer: master, m, v on the host (llmc/optim/offload.cuh)
     ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/parallel/zero.cuh); one rank: nothing to send
     LossScaler scaler;                  // fp16: dynamic loss scaling (llmc/optim/loss_scaler.h); bf16, fp32: S = 1 always
+    StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -210,6 +212,7 @@ static void gpt2_free(GPT2* m) {
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
     offload_free(&m->offload);
+    graphs_free(&m->graphs);
     for (int i = 0; i < GB_COUNT; i++)
         if (m->buf[i]) CUDA_CHECK(cudaFree(m->buf[i]));
     CUDA_CHECK(cudaFreeHost(m->host_inputs));
@@ -363,7 +366,7 @@ static void gpt2_forward(GPT2* m) {
 // (summed on the host in double, as the CPU does). With write_grad, the logits become
 // d(loss)/d(logits) * dloss, in place: the first step of gpt2_backward, fused into the loss's kernel.
 // With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
-static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
+static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     const GPT2Config& c = m->config;
     int BT = m->B * m->T;
     if (m->tp.host.degree == 1) {
@@ -373,11 +376,21 @@ static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
         tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, m->slice,
                       write_grad, m->stream);
     }
+}
+
+// The mean of the losses gpt2_loss_kernels wrote (--cuda-graphs reads them after the graph ran).
+static float gpt2_read_loss(GPT2* m) {
+    int BT = m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->host_losses, A_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double total = 0.0;
     for (int i = 0; i < BT; i++) total += m->host_losses[i];
     return (float)(total / BT);
+}
+
+static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
+    gpt2_loss_kernels(m, dloss, write_grad);
+    return gpt2_read_loss(m);
 }
 
 // Backward pass of the last forward + gpt2_loss(write_grad). Gradients are ADDED to GB_GRADS (or
@@ -530,15 +543,18 @@ struct Parallel {
 
 // The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
 // fixed order), added here in block order, in fp64.
-static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+static double read_sum_of_squares(GPT2* m) {  // (--cuda-graphs reads them after the graph ran)
     float* partials = B_<float>(m, GB_NORM_PARTIALS);
-    global_norm_partials(partials, grads, n, m->stream);
     std::vector<float> host(GLOBAL_NORM_BLOCKS);
     CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, GLOBAL_NORM_BLOCKS * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double total = 0.0;
     for (float p : host) total += p;
     return total;
+}
+static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+    global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, n, m->stream);
+    return read_sum_of_squares(m);
 }
 
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
@@ -578,30 +594,32 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     // AdamW's t: the steps it has taken. fp16's overflow skips do not count (as PyTorch's GradScaler
     // skips optimizer.step()); a bf16 step skipped by step_is_sound does.
-    int t = step - m->scaler.overflows;
-    float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
-    CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
+    int adam_t = step - m->scaler.overflows;
     AdamWParams a;
-    a.lr = lr;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.adam_eps;
     a.weight_decay = o.weight_decay;
-    a.bias_correction1 = 1.0f - powf(o.beta1, (float)t);
-    a.bias_correction2_sqrt = sqrtf(1.0f - powf(o.beta2, (float)t));
     a.max_norm = o.grad_clip;
     a.grad_scale = 1.0f / m->scaler.scale;  // the gradients are S times the true ones (exact: S is a power of two)
     a.seed = o.seed;
-    a.step = t;
     a.decay_mask = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
+    AdamWStep now = adamw_step_values(a, adam_t, lr, norm);
+    // the step's values where the kernels read them (copied out of `now` at once): never baked into
+    // a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh)
+    static_assert(sizeof(AdamWStep) <= GPU_STEP_VALUES_BYTES, "GB_STEP_VALUES must hold AdamWStep");
+    AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
+    CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, norm, a, m->stream);
-    else zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
-               m->stream);
+    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, now, a, m->stream);
+    else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
+        zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
+                   m->stream);
+    });
     zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
@@ -972,6 +990,38 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     } else {
         r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
     }
+    if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    return r;
+}
+
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU with one micro-batch per step:
+// the same kernels in the same order, the passes' from a graph (captured at the run's second step),
+// the host's reads of the loss and the norm after it; optimizer_step replays the update's graph.
+static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                                     int step, BadSteps* bad_steps) {
+    StepResult r;
+    r.lr = learning_rate(plan.schedule, step - 1);
+    auto start = std::chrono::steady_clock::now();
+    dataloader_next_batch(train);
+    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());  // waits for its copies: before the graph
+    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+    m->buckets[0] = m->B * m->T;
+    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;  // one rank: the whole gradient in one piece
+    size_t count = zero_norm_pieces(m->zero).at(0).second;
+    graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
+        zero_gradients(m);
+        gpt2_forward(m);
+        gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+        gpt2_backward(m, true);
+        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
+    });
+    float loss = gpt2_read_loss(m);
+    print_micro_step(step, 0, 1, loss, seconds_since(start));
+    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses");
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms"));
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, true);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1412,6 +1462,8 @@ int main(int argc, char** argv) {
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
+    std::string graphs_problem = cuda_graphs_problem(o, comm.world_size, plan.accumulation_steps);  // before any allocation
+    if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
@@ -1461,8 +1513,11 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
-        StepResult r = train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
+        m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
+        StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
+                                        : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
+        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and

@@ -76,8 +76,8 @@ inline uint16_t offload_round_bf16(float x, uint32_t random) {
 
 // One AdamW step on the host: gradient down, AdamW on the CPU tensor by tensor, weights up.
 // `params` and `grads` are the GPU's flat arrays; `layout` gives each tensor's offset (its decay).
-inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout, float norm,
-                          const AdamWParams& a, cudaStream_t stream) {
+inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout,
+                          const AdamWStep& now, const AdamWParams& a, cudaStream_t stream) {
     // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (check_offload_options).
     if (!std::is_same<floatX, __nv_bfloat16>::value) fail("internal: --offload optimizer needs the bf16 build");
     size_t n = o->n, begin = o->begin;
@@ -89,7 +89,7 @@ inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* gra
         uint32_t bits = (uint32_t)o->staging[i] << 16;  // bf16 -> fp32 is exact
         memcpy(&o->grads[i], &bits, sizeof(float));
     }
-    float clip = cpu::clip_coefficient(norm, a.max_norm);
+    float clip = cpu::clip_coefficient(now.grad_norm, a.max_norm);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         // Tensor t's part of [begin, begin + n). The last tensor runs to the end: ZeRO's padding past
         // the model is updated as the GPU kernel updates it (as the last tensor; its gradient is zero).
@@ -98,10 +98,10 @@ inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* gra
         if (lo >= hi) continue;
         size_t k = lo - begin;
         float wd = param_tensor_decays(t) ? a.weight_decay : 0.0f;  // 1 - lr * 0 = 1: the kernel's "no decay"
-        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, hi - lo, a.lr, a.beta1, a.beta2, a.eps, wd,
-                          a.step, clip);
+        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, hi - lo, now.lr, a.beta1, a.beta2, a.eps, wd,
+                          now.step, clip);
     }
-    uint64_t seed_stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)a.step << 40);  // as adamw_update8
+    uint64_t seed_stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);  // as adamw_update8
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) o->staging[i] = offload_round_bf16(o->master[i], hash_u32(seed_stream ^ (uint64_t)(begin + i)));
     CUDA_CHECK(cudaMemcpyAsync(params + begin, o->staging, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));

@@ -1,7 +1,8 @@
 // cublas_standin.cpp — cuBLASLt and cuBLAS for the CPU emulator of CUDA: the functions that the real
 // <cublasLt.h> and <cublas_v2.h> declare, exactly the subset this repository calls, defined on the host.
 // Link it instead of -lcublasLt -lcublas. Device memory is host memory under the emulator, every
-// stream operation runs at the call, so a GEMM here is a plain loop that has finished on return.
+// stream operation runs at the call (or, captured into a CUDA graph, when the graph is launched: see
+// stream_capture.h), so a GEMM here is a plain loop that has finished on return.
 //
 // What it implements, from NVIDIA's documented semantics:
 //   D = epilogue(alpha * op(A) op(B) + beta * C), every matrix column-major; op(A) is m x k, op(B) is
@@ -43,6 +44,7 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include "stream_capture.h"
 
 // The handles are pointers to structs the headers leave incomplete: the stand-in completes them.
 struct cublasLtContext {
@@ -428,24 +430,31 @@ cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t transa, cublasOp
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     float al = *(const float*)alpha, be = *(const float*)beta;
-    std::vector<float> acc((size_t)m * n), pa, pb;
-    for (int bi = 0; bi < batch; bi++) {
-        const char* ab = batch_offset(A, bi, sa, at);
-        const char* bb = batch_offset(B, bi, sb, bt);
-        char* cb = (char*)batch_offset(C, bi, sc, ct);
-        gemm_fp32(acc.data(), m, n, k, operand(ab, at, lda, ta), operand(bb, bt, ldb, tb), &pa, &pb);
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                size_t ci = (size_t)i + (size_t)j * ldc;
-                float v = al * acc[(size_t)j * m + i];
-                if (be != 0.0f) v += be * load(cb, ct, ci);
-                store(cb, ct, ci, v);
-            }
-    }
+    // now, or when a graph replays it (stream capture), with alpha and beta read at this call
+    emu::stream_work(handle->stream, "cublasGemmEx", cudaGraphNodeTypeKernel, [=]() {
+        std::vector<float> acc((size_t)m * n), pa, pb;
+        for (int bi = 0; bi < batch; bi++) {
+            const char* ab = batch_offset(A, bi, sa, at);
+            const char* bb = batch_offset(B, bi, sb, bt);
+            char* cb = (char*)batch_offset(C, bi, sc, ct);
+            gemm_fp32(acc.data(), m, n, k, operand(ab, at, lda, ta), operand(bb, bt, ldb, tb), &pa, &pb);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    size_t ci = (size_t)i + (size_t)j * ldc;
+                    float v = al * acc[(size_t)j * m + i];
+                    if (be != 0.0f) v += be * load(cb, ct, ci);
+                    store(cb, ct, ci, v);
+                }
+        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
+
+// Linked without the emulated CUDA runtime (test/test_emu_cublas.py drives the stand-in alone), no
+// stream is ever captured: the work runs at once. The runtime's definition replaces this one.
+__attribute__((weak)) void emu::stream_work(cudaStream_t, const char*, int, std::function<void()> work) { work(); }
 
 extern "C" {
 
@@ -755,45 +764,55 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             }
         }
     }
-    (void)workspace, (void)workspace_bytes, (void)stream;  // no workspace needed; everything is synchronous
+    (void)workspace, (void)workspace_bytes;  // no workspace needed
 
-    int m = pr.m, n = pr.n, k = pr.k;
-    bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
-    std::vector<float> acc((size_t)m * n), pa, pb, rowsum(m);
-    for (int bi = 0; bi < pr.batch; bi++) {
-        const char* ab = batch_offset(A, bi, la->batch_stride, la->type);
-        const char* bb = batch_offset(B, bi, lb->batch_stride, lb->type);
-        const char* cb = batch_offset(C, bi, lc->batch_stride, lc->type);
-        char* db = (char*)batch_offset(D, bi, ld->batch_stride, ld->type);
-        char* bias = (char*)batch_offset(d->bias, bi, d->bias_batch_stride, pr.bias_type);
-        char* aux = (char*)batch_offset(d->aux, bi, d->aux_batch_stride, pr.aux_type);
-        gemm_fp32(acc.data(), m, n, k, operand(ab, la->type, la->ld, ta), operand(bb, lb->type, lb->ld, tb), &pa, &pb);
-        // pa holds op(A)'s rows, pb op(B)'s columns: the BGRADA / BGRADB sums run over them in k order
-        if (ep.bgrad_a || ep.bgrad_b) {
-            int len = ep.bgrad_a ? m : n;
-            const std::vector<float>& src = ep.bgrad_a ? pa : pb;
-            for (int r = 0; r < len; r++) {
-                float sum = 0.0f;
-                for (int p = 0; p < k; p++) sum += src[(size_t)r * k + p];
-                store(bias, pr.bias_type, r, sum);
+    // Runs now, or when a graph replays it (stream capture): with the descriptors, layouts and alpha,
+    // beta as they are at this call, as the library keeps them (the caller may destroy the descriptors
+    // right after), and the matrices as they are when it runs.
+    Desc dv = *d;
+    Layout lav = *la, lbv = *lb, lcv = *lc, ldv = *ld;
+    emu::stream_work(stream, "cublasLtMatmul", cudaGraphNodeTypeKernel, [=]() {
+        const Desc* d = &dv;
+        const Layout *la = &lav, *lb = &lbv, *lc = &lcv, *ld = &ldv;
+        const Epilogue& ep = pr.ep;
+        int m = pr.m, n = pr.n, k = pr.k;
+        bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
+        std::vector<float> acc((size_t)m * n), pa, pb, rowsum(m);
+        for (int bi = 0; bi < pr.batch; bi++) {
+            const char* ab = batch_offset(A, bi, la->batch_stride, la->type);
+            const char* bb = batch_offset(B, bi, lb->batch_stride, lb->type);
+            const char* cb = batch_offset(C, bi, lc->batch_stride, lc->type);
+            char* db = (char*)batch_offset(D, bi, ld->batch_stride, ld->type);
+            char* bias = (char*)batch_offset(d->bias, bi, d->bias_batch_stride, pr.bias_type);
+            char* aux = (char*)batch_offset(d->aux, bi, d->aux_batch_stride, pr.aux_type);
+            gemm_fp32(acc.data(), m, n, k, operand(ab, la->type, la->ld, ta), operand(bb, lb->type, lb->ld, tb), &pa, &pb);
+            // pa holds op(A)'s rows, pb op(B)'s columns: the BGRADA / BGRADB sums run over them in k order
+            if (ep.bgrad_a || ep.bgrad_b) {
+                int len = ep.bgrad_a ? m : n;
+                const std::vector<float>& src = ep.bgrad_a ? pa : pb;
+                for (int r = 0; r < len; r++) {
+                    float sum = 0.0f;
+                    for (int p = 0; p < k; p++) sum += src[(size_t)r * k + p];
+                    store(bias, pr.bias_type, r, sum);
+                }
             }
+            std::fill(rowsum.begin(), rowsum.end(), 0.0f);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    float v = al * acc[(size_t)j * m + i];
+                    if (be != 0.0f) v += be * load(cb, lc->type, (size_t)i + (size_t)j * lc->ld);
+                    if (ep.bias) v += load(bias, pr.bias_type, i);
+                    size_t ai = (size_t)i + (size_t)j * d->aux_ld;
+                    if (ep.aux_out) store(aux, pr.aux_type, ai, v);
+                    if (ep.gelu) v = gelu(v);
+                    if (ep.dgelu) v *= gelu_grad(load(aux, pr.aux_type, ai));
+                    if (ep.bgrad_d) rowsum[i] += v;
+                    store(db, ld->type, (size_t)i + (size_t)j * ld->ld, v);
+                }
+            if (ep.bgrad_d)
+                for (int i = 0; i < m; i++) store(bias, pr.bias_type, i, rowsum[i]);
         }
-        std::fill(rowsum.begin(), rowsum.end(), 0.0f);
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                float v = al * acc[(size_t)j * m + i];
-                if (be != 0.0f) v += be * load(cb, lc->type, (size_t)i + (size_t)j * lc->ld);
-                if (ep.bias) v += load(bias, pr.bias_type, i);
-                size_t ai = (size_t)i + (size_t)j * d->aux_ld;
-                if (ep.aux_out) store(aux, pr.aux_type, ai, v);
-                if (ep.gelu) v = gelu(v);
-                if (ep.dgelu) v *= gelu_grad(load(aux, pr.aux_type, ai));
-                if (ep.bgrad_d) rowsum[i] += v;
-                store(db, ld->type, (size_t)i + (size_t)j * ld->ld, v);
-            }
-        if (ep.bgrad_d)
-            for (int i = 0; i < m; i++) store(bias, pr.bias_type, i, rowsum[i]);
-    }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -69,6 +69,7 @@
 #include <memory>
 #include <thread>
 #include "llmc/utils.h"
+#include "stream_capture.h"
 
 struct ncclComm {
     MPI_Comm mpi = MPI_COMM_NULL;
@@ -555,6 +556,10 @@ static ncclComm* make_comm(MPI_Comm mpi, const ncclConfig_t* config, bool parent
 // What a non-blocking communicator's set-up answers: NCCL's answer while it is still connecting.
 static ncclResult_t settled(const ncclComm* c) { return c->blocking ? ncclSuccess : ncclInProgress; }
 
+// Linked without the emulated CUDA runtime, as test/emu/nccl_standin_check.cpp is, no stream is
+// ever captured; the runtime's definition replaces this one.
+__attribute__((weak)) bool emu::stream_capturing(cudaStream_t) { return false; }
+
 extern "C" {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
@@ -711,18 +716,28 @@ const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
 // ----------------------------------------------------------------------------------------------
 // Collectives and point to point
 
+// The real NCCL records a collective issued on a capturing stream into the CUDA graph; the stand-in
+// runs each one over MPI at the call and does not record it (the GPU trainer refuses --cuda-graphs
+// on more than one rank), so such a call is refused, naming it, rather than run at capture time.
+static ncclResult_t not_captured(cudaStream_t stream, const char* call) {
+    if (!emu::stream_capturing(stream)) return ncclSuccess;
+    return failure(nullptr, ncclInvalidUsage, true, strprintf("%s on a stream being captured into a CUDA graph: not emulated", call));
+}
+
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_ALL_REDUCE, datatype, op, 0, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclAllReduce");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclAllReduce");
     if (r == ncclSuccess) r = check_op(o, true, count, count, nullptr);
     return r == ncclSuccess ? issue(o) : r;
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
+                        int root, ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_REDUCE, datatype, op, root, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclReduce");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclReduce");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     bool is_root = comm->rank == root;  // recvbuff matters (and may be NULL elsewhere) only at the root
@@ -731,9 +746,10 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_REDUCE_SCATTER, datatype, op, 0, recvcount}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclReduceScatter");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclReduceScatter");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff - (size_t)comm->rank * recvcount * type_bytes(datatype);
     r = check_op(o, true, (size_t)comm->nranks * recvcount, recvcount, in_place);
@@ -741,9 +757,10 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_ALL_GATHER, datatype, 0, 0, sendcount}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclAllGather");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclAllGather");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff + (size_t)comm->rank * sendcount * type_bytes(datatype);
     r = check_op(o, false, sendcount, (size_t)comm->nranks * sendcount, in_place);
@@ -751,9 +768,10 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_BROADCAST, datatype, 0, root, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclBroadcast");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclBroadcast");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     r = check_op(o, false, comm->rank == root ? count : 0, count, nullptr);  // sendbuff is read at the root only
@@ -761,21 +779,22 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 }
 
 static ncclResult_t point_to_point(Kind kind, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm) {
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
     Op o{{kind, datatype, 0, peer, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
+    if (r == ncclSuccess) r = not_captured(stream, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
     if (r != ncclSuccess) return r;
     if (peer < 0 || peer >= comm->nranks) return bad_argument(comm, o.call, "the peer is not a rank of the communicator");
     r = check_op(o, false, kind == KIND_SEND ? count : 0, kind == KIND_RECV ? count : 0, nullptr);
     return r == ncclSuccess ? issue(o) : r;
 }
 
-ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
-    return point_to_point(KIND_SEND, sendbuff, nullptr, count, datatype, peer, comm);
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return point_to_point(KIND_SEND, sendbuff, nullptr, count, datatype, peer, comm, stream);
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
-    return point_to_point(KIND_RECV, nullptr, recvbuff, count, datatype, peer, comm);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return point_to_point(KIND_RECV, nullptr, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclGroupStart() {

@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "llmc/utils.h"  // bf16_round_stochastic
+
 // ----------------------------------------------------------------------------------------------
 // Checks
 
@@ -119,9 +121,7 @@ __host__ __device__ __forceinline__ uint32_t hash_u32(uint64_t x) {  // host too
 
 __device__ __forceinline__ void stochastic_round(float* out, float x, uint32_t random) { *out = x; }
 __device__ __forceinline__ void stochastic_round(__nv_bfloat16* out, float x, uint32_t random) {
-    uint32_t bits = __float_as_uint(x);
-    if ((bits & 0x7f800000u) != 0x7f800000u) bits += random & 0xffffu;  // Inf/NaN: leave as they are
-    *out = __ushort_as_bfloat16((unsigned short)(bits >> 16));
+    *out = __ushort_as_bfloat16(bf16_round_stochastic(x, random));  // llmc/utils.h: the host's too
 }
 // fp16 drops 13 bits of fp32's mantissa where it is normal and more below 2^-14 (subnormal), so the
 // bf16 trick of adding random low bits does not carry over; instead: the value toward zero, and

@@ -65,15 +65,6 @@ inline void offload_free(OptimizerOffload* o) {
     *o = OptimizerOffload{};
 }
 
-// The bf16 rounding of adamw_update8 (stochastic_round in cuda_common.cuh), on the host: the same
-// random bits for the same (seed, step, index), so the weights match the on-device run's.
-inline uint16_t offload_round_bf16(float x, uint32_t random) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof(bits));
-    if ((bits & 0x7f800000u) != 0x7f800000u) bits += random & 0xffffu;  // Inf/NaN: leave as they are
-    return (uint16_t)(bits >> 16);
-}
-
 // One AdamW step on the host: gradient down, AdamW on the CPU tensor by tensor, weights up.
 // `params` and `grads` are the GPU's flat arrays; `layout` gives each tensor's offset (its decay).
 inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout,
@@ -103,7 +94,8 @@ inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* gra
     }
     uint64_t seed_stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);  // as adamw_update8
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) o->staging[i] = offload_round_bf16(o->master[i], hash_u32(seed_stream ^ (uint64_t)(begin + i)));
+    for (size_t i = 0; i < n; i++) o->staging[i] = bf16_round_stochastic(o->master[i],  // as adamw_update8 rounds: the same bits
+                                                                  hash_u32(seed_stream ^ (uint64_t)(begin + i)));
     CUDA_CHECK(cudaMemcpyAsync(params + begin, o->staging, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging array is reused by the next step's gradient
 }

@@ -37,7 +37,7 @@ $(warning NCCL not found (no nccl.h in $(CUDA_HOME)/include or /usr/include): no
 endif
 endif
 # CI has nvcc: it compiles every CUDA file, so the GPU code cannot rot on machines without a GPU.
-GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp32 comm_bench_gpu))
+GPU_TARGETS := $(if $(NVCC),$(if $(NCCL_H),train_gpt train_gpt_fp16 train_gpt_fp32 comm_bench_gpu))
 # ... and the kernel lab: every program in dev/cuda/, into build/dev/ (for sm_90 alone without a GPU)
 DEV_TARGETS := $(if $(NVCC),dev)
 
@@ -76,12 +76,16 @@ all: train_gpt_cpu prepare_data tokenize_text hf_convert comm_bench $(CPU_TESTS)
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
 
-# the GPU trainer (bf16), and the same code in fp32 for debugging against the CPU reference
+# the GPU trainer (bf16), the same code in fp32 for debugging against the CPU reference, and in fp16
 train_gpt: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ $(GPU_LDLIBS) -lnccl
 
 train_gpt_fp32: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) -DLLMC_FP32 $< -o $@ $(GPU_LDLIBS) -lnccl
+
+# fp16 with dynamic loss scaling (Micikevicius et al. 2018; llmc/optim/loss_scaler.h)
+train_gpt_fp16: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) -DLLMC_FP16 $< -o $@ $(GPU_LDLIBS) -lnccl
 
 # The communication benchmark (dev/comm/comm_bench.h): every collective timed and checked, over MPI
 # on the host (comm.h, as the CPU trainer) and over NCCL on GPUs (comm_nccl.cuh, as the GPU trainer).
@@ -153,4 +157,4 @@ test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt train_gpt_fp32 prepare_data tokenize_text hf_convert comm_bench comm_bench_gpu
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp16 train_gpt_fp32 prepare_data tokenize_text hf_convert comm_bench comm_bench_gpu

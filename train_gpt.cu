@@ -9,7 +9,8 @@
 // fp32, and the tensor cores' fast input type); every matmul and reduction accumulates in fp32;
 // AdamW keeps m and v in fp32 and, with --master-weights 1, an fp32 copy of the weights, from which
 // the bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
-// builds the same code with fp32 everywhere, to debug against the CPU reference.
+// builds the same code with fp32 everywhere, to debug against the CPU reference; `make train_gpt_fp16`
+// with fp16, whose narrow range needs dynamic loss scaling (llmc/optim/loss_scaler.h, train_step).
 //
 // Memory: every buffer comes from one table (llmc/memory/gpu_buffers.h), sized before anything is
 // allocated and printed at start; a batch that does not fit fails before training with the largest
@@ -60,7 +61,9 @@
 
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/optim/adamw.cuh"
+#include "llmc/optim/loss_scaler.h"
 #include "llmc/optim/offload.cuh"
+#include "llmc/run/cuda_graphs.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/encoder.cuh"
 #include "llmc/kernels/fused_classifier.cuh"
@@ -82,7 +85,8 @@ static void upload_rounded(floatX* dst, const float* src, size_t n) {
         CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
     } else {
         std::vector<uint16_t> half(n);
-        for (size_t i = 0; i < n; i++) half[i] = float_to_bf16_round_nearest(src[i]);
+        for (size_t i = 0; i < n; i++)
+            half[i] = FLOATX_IS_FP16 ? __half_as_ushort(__float2half_rn(src[i])) : float_to_bf16_round_nearest(src[i]);
         CUDA_CHECK(cudaMemcpy(dst, half.data(), n * 2, cudaMemcpyHostToDevice));
     }
 }
@@ -94,7 +98,7 @@ static std::vector<float> download_as_float(const floatX* src, size_t n) {
     } else {
         std::vector<uint16_t> half(n);
         CUDA_CHECK(cudaMemcpy(half.data(), src, n * 2, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
+        for (size_t i = 0; i < n; i++) out[i] = FLOATX_IS_FP16 ? __half2float(__ushort_as_half(half[i])) : bf16_to_float(half[i]);
     }
     return out;
 }
@@ -146,6 +150,8 @@ struct GPT2 {
     TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
     OptimizerOffload offload;           // --offload optimizer: master, m, v on the host (llmc/optim/offload.cuh)
     ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/parallel/zero.cuh); one rank: nothing to send
+    LossScaler scaler;                  // fp16: dynamic loss scaling (llmc/optim/loss_scaler.h); bf16, fp32: S = 1 always
+    StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -206,6 +212,7 @@ static void gpt2_free(GPT2* m) {
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
     offload_free(&m->offload);
+    graphs_free(&m->graphs);
     for (int i = 0; i < GB_COUNT; i++)
         if (m->buf[i]) CUDA_CHECK(cudaFree(m->buf[i]));
     CUDA_CHECK(cudaFreeHost(m->host_inputs));
@@ -359,7 +366,7 @@ static void gpt2_forward(GPT2* m) {
 // (summed on the host in double, as the CPU does). With write_grad, the logits become
 // d(loss)/d(logits) * dloss, in place: the first step of gpt2_backward, fused into the loss's kernel.
 // With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
-static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
+static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     const GPT2Config& c = m->config;
     int BT = m->B * m->T;
     if (m->tp.host.degree == 1) {
@@ -369,11 +376,21 @@ static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
         tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, m->slice,
                       write_grad, m->stream);
     }
+}
+
+// The mean of the losses gpt2_loss_kernels wrote (--cuda-graphs reads them after the graph ran).
+static float gpt2_read_loss(GPT2* m) {
+    int BT = m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->host_losses, A_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double total = 0.0;
     for (int i = 0; i < BT; i++) total += m->host_losses[i];
     return (float)(total / BT);
+}
+
+static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
+    gpt2_loss_kernels(m, dloss, write_grad);
+    return gpt2_read_loss(m);
 }
 
 // Backward pass of the last forward + gpt2_loss(write_grad). Gradients are ADDED to GB_GRADS (or
@@ -526,15 +543,18 @@ struct Parallel {
 
 // The sum of squares of grads[0, n): GLOBAL_NORM_BLOCKS partial sums on the GPU (a fixed grid, so a
 // fixed order), added here in block order, in fp64.
-static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+static double read_sum_of_squares(GPT2* m) {  // (--cuda-graphs reads them after the graph ran)
     float* partials = B_<float>(m, GB_NORM_PARTIALS);
-    global_norm_partials(partials, grads, n, m->stream);
     std::vector<float> host(GLOBAL_NORM_BLOCKS);
     CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, GLOBAL_NORM_BLOCKS * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double total = 0.0;
     for (float p : host) total += p;
     return total;
+}
+static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
+    global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, n, m->stream);
+    return read_sum_of_squares(m);
 }
 
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
@@ -572,28 +592,34 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 // then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
 // to the last (the tied LM head). Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
-    float* norm_on_gpu = B_<float>(m, GB_NORM_PARTIALS) + GLOBAL_NORM_BLOCKS;  // the kernel reads it for the clip factor
-    CUDA_CHECK(cudaMemcpyAsync(norm_on_gpu, &norm, sizeof(float), cudaMemcpyHostToDevice, m->stream));  // copied out at once
+    // AdamW's t: the steps it has taken. fp16's overflow skips do not count (as PyTorch's GradScaler
+    // skips optimizer.step()); a bf16 step skipped by step_is_sound does.
+    int adam_t = step - m->scaler.overflows;
     AdamWParams a;
-    a.lr = lr;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.adam_eps;
     a.weight_decay = o.weight_decay;
-    a.bias_correction1 = 1.0f - powf(o.beta1, (float)step);
-    a.bias_correction2_sqrt = sqrtf(1.0f - powf(o.beta2, (float)step));
     a.max_norm = o.grad_clip;
+    a.grad_scale = 1.0f / m->scaler.scale;  // the gradients are S times the true ones (exact: S is a power of two)
     a.seed = o.seed;
-    a.step = step;
     a.decay_mask = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
+    AdamWStep now = adamw_step_values(a, adam_t, lr, norm);
+    // the step's values where the kernels read them (copied out of `now` at once): never baked into
+    // a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh)
+    static_assert(sizeof(AdamWStep) <= GPU_STEP_VALUES_BYTES, "GB_STEP_VALUES must hold AdamWStep");
+    AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
+    CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, norm, a, m->stream);
-    else zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), norm_on_gpu, a,
-               m->stream);
+    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, now, a, m->stream);
+    else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
+        zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
+                   m->stream);
+    });
     zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
@@ -615,6 +641,17 @@ static void check_same_weights(GpuComm* data, const std::vector<float>& weights)
                  "differs between nodes?): every rank must see the same --model and --out-dir", r);
         }
     }
+}
+
+// LLMC_TEST_GRAD_INF=<rank>:<step> (llmc/probes/fault_injection.h): an inf in that rank's first
+// gradient element, as an fp16 overflow there would leave, put in before the step's last backward
+// adds to it (inf + g = inf), so it is there before any sum over ranks. (GB_GRADS: ZeRO-0/1.)
+static void inject_gradient_overflow(GPT2* m, Parallel* par, int step) {
+    float first = 0.0f;
+    inject_grad_inf(&par->world, step, &first);
+    if (std::isfinite(first)) return;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    upload_rounded(B_<floatX>(m, GB_GRADS), &first, 1);
 }
 
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
@@ -661,20 +698,23 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
                 std::vector<float> first_logits;
                 if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
                 // the optimised loss is the mean over all tokens of the step, all ranks together:
-                // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
+                // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
+                // the loss scale S, so every gradient of the backward is S times larger (exactly: a
+                // power of two), lifted above fp16's underflow; train_step divides it out again.
+                float micro_loss = gpt2_loss(m, m->scaler.scale / (float)plan.total_batch_tokens, true);
                 if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
             }
             break;
         case PipeOp::Backward:
+            if (act.micro == mb - 1) inject_gradient_overflow(m, par, step);  // tests only
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
             gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
             break;
-        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
+        case PipeOp::Weight:  // ZB-H1's: main() refuses it here until the kernels' backward is split (issue 26)
             fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
         }
         if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
@@ -746,11 +786,11 @@ static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const To
 // Checkpoints
 
 // model.bin from this rank's weights, when it holds them all: the bf16 weights bit for bit (fp32 in
-// the fp32 build).
+// the fp32 build; the fp16 weights widened to fp32, exactly, in the fp16 build).
 static void write_params_file(GPT2* m, const std::string& path) {
     size_t P = m->layout.total;
-    if constexpr (FLOATX_IS_FP32) {
-        std::vector<float> params = download_floats((const float*)m->buf[GB_PARAMS], P);
+    if constexpr (FLOATX_IS_FP32 || FLOATX_IS_FP16) {  // fp16 widened to fp32 (exact): model.bin has no fp16 format
+        std::vector<float> params = download_as_float(B_<floatX>(m, GB_PARAMS), P);
         write_model_file(path, m->config, params.data(), false);
     } else {
         std::vector<uint16_t> params(P);
@@ -825,11 +865,16 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
                                                              : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
         zero_fill_state(s, par->grid, zero_state_runs(m->zero.plan, slice_runs(cfg, m->slice), true), adam_m.data(),
                         adam_v.data(), weights.data(), m->shape.master_weights);
+        if (FLOATX_IS_FP16) {  // the loss scaler's state (docs/formats.md; 0 in bf16 and fp32 files)
+            s->header.loss_scale = m->scaler.scale;
+            s->header.loss_scale_clean_steps = m->scaler.clean_steps;
+            s->header.loss_scale_overflows = m->scaler.overflows;
+        }
     };
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
         if (par->grid.rank != 0) return;
-        if constexpr (FLOATX_IS_FP32) {
+        if constexpr (FLOATX_IS_FP32 || FLOATX_IS_FP16) {  // (fp16: widened, exact)
             write_model_file(dir + "/model.bin", cfg, all.data(), false);
         } else {
             std::vector<uint16_t> half(P);
@@ -907,8 +952,10 @@ static void zero_gradients(GPT2* m) {
 // loss (the last stage, tensor rank 0 of data-parallel rank 0).
 static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     if (!dump_probe.first_step) return;
+    std::vector<float> grads = download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements);
+    for (float& g : grads) g /= m->scaler.scale;  // fp16: the true gradient (exact); S = 1 otherwise
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
-                            reports, download_as_float(B_<floatX>(m, GB_GRADS), m->table[GB_GRADS].elements));
+                            reports, std::move(grads));
 }
 
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
@@ -925,9 +972,56 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = m->slice.last_stage && grid.tp_rank == 0;
     r.loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
-    r.norm = finish_gradients(m, par);
+    // fp16: the norm of the scaled gradient over S is the true gradient's norm, bit for bit (S is a
+    // power of two), so clipping compares the true norm with --grad-clip; AdamW divides the gradients
+    // by S in the same pass (AdamWParams::grad_scale). bf16, fp32: S = 1.
+    r.loss_scale = m->scaler.scale;
+    r.norm = finish_gradients(m, par) / m->scaler.scale;
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
-    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    // fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
+    // anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
+    // of the scaled backward (S does not touch the forward): step_is_sound judges it, as in bf16.
+    if (FLOATX_IS_FP16 && std::isfinite(r.loss)) {
+        bool overflow = !std::isfinite(r.norm);
+        r.applied = loss_scaler_update(&m->scaler, overflow, step);
+        if (overflow && grid.rank == 0)
+            printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
+                   (double)r.loss_scale, (double)m->scaler.scale);
+    } else {
+        r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    }
+    if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    return r;
+}
+
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU with one micro-batch per step:
+// the same kernels in the same order, the passes' from a graph (captured at the run's second step),
+// the host's reads of the loss and the norm after it; optimizer_step replays the update's graph.
+static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                                     int step, BadSteps* bad_steps) {
+    StepResult r;
+    r.lr = learning_rate(plan.schedule, step - 1);
+    auto start = std::chrono::steady_clock::now();
+    dataloader_next_batch(train);
+    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());  // waits for its copies: before the graph
+    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+    m->buckets[0] = m->B * m->T;
+    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;  // one rank: the whole gradient in one piece
+    size_t count = zero_norm_pieces(m->zero).at(0).second;
+    graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
+        zero_gradients(m);
+        gpt2_forward(m);
+        gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+        gpt2_backward(m, true);
+        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
+    });
+    float loss = gpt2_read_loss(m);
+    print_micro_step(step, 0, 1, loss, seconds_since(start));
+    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses");
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms"));
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, true);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1057,11 +1151,13 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
 }
 
-// --attention simple, or the fp32 build, where cuDNN's fused attention (bf16-only) cannot serve.
+// --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
+// bf16-only) does not serve; the simple attention's kernels and matmuls run in any floatX.
 static bool wants_simple_attention(const TrainOptions& o) {
     if (o.attention == "simple") return true;
-    if (FLOATX_IS_FP32) printf("fp32 build: cuDNN's fused attention is bf16-only, using --attention simple\n");
-    return FLOATX_IS_FP32;
+    if (!std::is_same<floatX, __nv_bfloat16>::value)
+        printf("%s build: cuDNN's fused attention is bf16-only here, using --attention simple\n", FLOATX_NAME);
+    return !std::is_same<floatX, __nv_bfloat16>::value;
 }
 
 // The device memory in use (by us and every library), for the run's peak.
@@ -1114,7 +1210,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
            props.major, props.minor, peak_tflops > 0 ? strprintf("%.0f TFLOP/s dense bf16 peak", peak_tflops).c_str()
                                                      : "unknown GPU: no MFU reported");
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
-    printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_IS_FP32 ? "fp32" : "bf16",
+    printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_NAME,
            m->shape.master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
     if (m->shape.offload_optimizer)
         printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU\n",
@@ -1135,7 +1231,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
                grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
@@ -1284,11 +1380,28 @@ static int generate_main(const TrainOptions& o) {
     return 0;
 }
 
+// fp16's loss scaler (llmc/optim/loss_scaler.h): S and its window from the flags (0: PyTorch's
+// defaults), or where a checkpoint left them (a file without them, bf16's or an older one, starts
+// afresh). bf16 and fp32 need none: S = 1, never changes.
+static LossScaler start_loss_scaler(const TrainOptions& o, const TrainStateHeader& resumed) {
+    LossScaler s;
+    if (!FLOATX_IS_FP16) return s;
+    s.scale = o.loss_scale_init > 0 ? o.loss_scale_init : LOSS_SCALE_INIT;
+    s.window = o.loss_scale_window > 0 ? o.loss_scale_window : LOSS_SCALE_WINDOW;
+    if (resumed.loss_scale > 0) {
+        s.scale = resumed.loss_scale;
+        s.clean_steps = resumed.loss_scale_clean_steps;
+        s.overflows = (int)resumed.loss_scale_overflows;
+    }
+    return s;
+}
+
 // --offload optimizer holds what llmc/optim/offload.cuh can: AdamW's fp32 master weights of a bf16
 // build, updated over the flat array (ZeRO-0/1) of a model held whole (no tensor or pipeline slices).
 static void check_offload_options(const TrainOptions& o) {
     if (o.offload != "optimizer") return;
     if (FLOATX_IS_FP32) usage_fail("--offload optimizer moves fp32 master weights off a bf16 GPU: the fp32 build has none; use train_gpt");
+    if (FLOATX_IS_FP16) usage_fail("--offload optimizer is bf16-only for now (its host copies round to bf16): use train_gpt");
     if (o.master_weights != 1) usage_fail("--offload optimizer keeps the fp32 master weights on the host: drop --master-weights 0");
     if (o.zero_stage > 1) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0 or 1", o.zero_stage);
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
@@ -1300,7 +1413,16 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
     check_offload_options(o);
-    validate_precision(o, Trainer::GPU, FLOATX_IS_FP32 ? "fp32" : "bf16");
+    // ZB-H1 defers each layer's weight gradient (llmc/model/zero_bubble_backward.h): the kernels' backward is one pass
+    if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
+                   "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    validate_precision(o, Trainer::GPU, FLOATX_NAME);
+    if (FLOATX_IS_FP16) {  // (0: the default)
+        std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,
+                                             o.loss_scale_window == 0 ? LOSS_SCALE_WINDOW : o.loss_scale_window);
+        if (!bad.empty()) usage_fail("%s (--loss-scale-init, --loss-scale-window)", bad.c_str());
+    }
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
@@ -1308,6 +1430,7 @@ int main(int argc, char** argv) {
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate || o.plan > 0) {  // no GPU needed: arithmetic (llmc/memory/estimate.h, llmc/parallel/grid_planner.h)
         EstimateSetup setup = estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention);
+        setup.half_name = FLOATX_IS_FP16 ? "fp16" : "bf16";
         if (o.plan > 0) print_plan(o, setup);
         else print_estimate(setup);
         return 0;
@@ -1339,6 +1462,8 @@ int main(int argc, char** argv) {
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
+    std::string graphs_problem = cuda_graphs_problem(o, comm.world_size, plan.accumulation_steps);  // before any allocation
+    if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
@@ -1351,6 +1476,7 @@ int main(int argc, char** argv) {
     gpt2_build(m, &par, cfg, B, T, in_flight, o, master_weights, &simple_attention);
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
+    m->scaler = start_loss_scaler(o, resumed);
     int first_step = (int)resumed.step;
     if (!resume_dir.empty()) {
         check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
@@ -1387,8 +1513,11 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
-        StepResult r = train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
+        m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
+        StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
+                                        : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
+        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and
@@ -1398,7 +1527,7 @@ int main(int argc, char** argv) {
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, mfu,
-                            seconds * (plan.steps - step - 1));
+                            seconds * (plan.steps - step - 1), FLOATX_IS_FP16 ? r.loss_scale : 0.0f);
             metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, mfu, (double)peak_used);
         }
 

@@ -32,10 +32,12 @@
 #include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
+#include "llmc/optim/disk_offload.h"
 #include "llmc/optim/sm3.h"
 #include "llmc/probes/cpu_memory_report.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
+#include "llmc/memory/stash_precision.h"
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/probes/grad_compression_probe.h"
@@ -53,6 +55,7 @@
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/parameter_server.h"
 #include "llmc/model/recompute.h"
+#include "llmc/model/zero_bubble_backward.h"
 #include "llmc/run/run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/probes/state_dump.h"
@@ -101,6 +104,9 @@ struct Activations {
     std::vector<float> logits;                        // (B,T,Vp), overwritten by dlogits in backward
     std::vector<float> losses, logsumexp;             // (B,T), (B,T): per-position loss, softmax normaliser
     std::vector<float> dresidual;                     // (R,C) gradient of the residual stream (pipelines: received)
+    // --stash-precision bf16 (llmc/memory/stash_precision.h): the backward's copies of ln1, qkv, att, atty, ln2, fch
+    // and fch_gelu in bf16, same shapes; the fp32 arrays above are then empty, their layer computed in Workspace
+    struct BF16Stash { std::vector<uint16_t> ln1, qkv, att, atty, ln2, fch, fch_gelu; } stash;
     // pipelines: the micro-batch's tokens, kept until its backward pass; sends from these buffers
     std::vector<int> inputs, targets;
     std::vector<CommSend> sends;
@@ -113,6 +119,9 @@ struct Workspace {
     // writes and reads it within a layer; the backward refills it right before each use.
     std::vector<float> ln_recompute;                  // (R,C)     level 2: ln1 or ln2 of the current layer
     std::vector<float> gelu_recompute;                // (B,T,Cf)  level 1+: GELU(fch) of the current layer
+    // --stash-precision bf16: the current layer of the stashed tensors in fp32, the forward's and the
+    // backward's (ln1, ln2 in ln_recompute, fch_gelu in gelu_recompute)
+    std::vector<float> stash_qkv, stash_att, stash_atty, stash_fch;  // (B,T,3Ca), (B,NH,T,T), (B,T,Ca), (B,T,Cf)
     std::vector<float> gathered;                      // (B,T,C) sequence parallelism: all ranks' rows, or partial sums
     std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
@@ -143,8 +152,13 @@ struct GPT2 {
     // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
     bool bf16_moments = false;
     std::vector<uint16_t> adam_m16, adam_v16;
+    // --offload-dir: m and v in files, streamed through adam_m and adam_v, two chunks each (llmc/optim/disk_offload.h)
+    DiskOffload offload;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
+    // ZB-H1: what W reads (output gradients, inputs), kept from B to W: pending_weights stashes (llmc/model/zero_bubble_backward.h)
+    std::vector<float> weight_stash;
+    int pending_weights = 0;
     Workspace work;
     std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/memory/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
@@ -171,15 +185,15 @@ struct GPT2 {
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
-// micro-batch has its own of); null for the rows held elsewhere (the matmul's packed panels) or
-// not held at all (ZeRO's units, gathered and freed as the step goes).
+// micro-batch has its own of); null for the rows held elsewhere (the matmul's packed panels), not
+// held at all (ZeRO's units, gathered and freed as the step goes), or held in bf16 (gpt2_buffer16).
 static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
+    if (m->table[(size_t)b].element_bytes == 2) return nullptr;
     Activations& a = m->acts[(size_t)slot];
     switch (b) {
         case CB_PARAMS: return m->zero.stage == 3 ? &m->zero.param_shard : &m->params;
         case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
-        case CB_ADAM_M: return m->bf16_moments ? nullptr : &m->adam_m;
-        case CB_ADAM_V: return m->bf16_moments ? nullptr : &m->adam_v;
+        case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
         case CB_OPTIMIZER_STATE: return &m->optimizer_state; case CB_OPTIMIZER_SCRATCH: return &m->optimizer_scratch;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
@@ -191,10 +205,13 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_LNF: return &a.lnf;               case CB_LNF_MEAN: return &a.lnf_mean;
         case CB_LNF_RSTD: return &a.lnf_rstd;     case CB_LOGITS: return &a.logits;
         case CB_LOSSES: return &a.losses;         case CB_LOGSUMEXP: return &a.logsumexp;
+        case CB_WEIGHT_STASH: return &m->weight_stash;
         case CB_DRESIDUAL: return &a.dresidual;   case CB_DBUF_C: return &m->work.dbuf_c;
         case CB_DBUF_3C: return &m->work.dbuf_3c; case CB_DBUF_4C: return &m->work.dbuf_4c;
         case CB_GATHERED: return &m->work.gathered; case CB_DLOCAL: return &m->work.dlocal;
         case CB_LN_RECOMPUTE: return &m->work.ln_recompute; case CB_GELU_RECOMPUTE: return &m->work.gelu_recompute;
+        case CB_STASH_QKV: return &m->work.stash_qkv; case CB_STASH_ATT: return &m->work.stash_att;
+        case CB_STASH_ATTY: return &m->work.stash_atty; case CB_STASH_FCH: return &m->work.stash_fch;
         case CB_LENT_WTE: return &m->lent_wte;    case CB_LENT_WTE_GRAD: return &m->lent_wte_grad;
         case CB_COMPRESSION_STATE: return &m->compression.state;
         case CB_COMPRESSION_WORK: return &m->compression.work;
@@ -202,6 +219,21 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_MOE_PARAMS: return &m->moe_params; case CB_MOE_GRADS: return &m->moe_grads;
         case CB_MOE_ADAM_M: return &m->moe_m;     case CB_MOE_ADAM_V: return &m->moe_v;
         case CB_MOE_SUM_SCRATCH: return &m->moe_sum_scratch;
+        default: return nullptr;
+    }
+}
+
+// The rows of 2-byte values: AdamW's m and v with --optimizer-state bf16, the stashed activations with
+// --stash-precision bf16 (null where the row is fp32).
+static std::vector<uint16_t>* gpt2_buffer16(GPT2* m, int b, int slot = 0) {
+    if (m->table[(size_t)b].element_bytes != 2) return nullptr;
+    Activations::BF16Stash& st = m->acts[(size_t)slot].stash;
+    switch (b) {
+        case CB_ADAM_M: return &m->adam_m16;      case CB_ADAM_V: return &m->adam_v16;
+        case CB_LN1: return &st.ln1;              case CB_QKV: return &st.qkv;
+        case CB_ATT: return &st.att;              case CB_ATTY: return &st.atty;
+        case CB_LN2: return &st.ln2;              case CB_FCH: return &st.fch;
+        case CB_FCH_GELU: return &st.fch_gelu;
         default: return nullptr;
     }
 }
@@ -224,17 +256,15 @@ void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, c
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
     model->bf16_moments = shape.bf16_moments;
-    if (shape.bf16_moments) {  // the two rows of 2-byte values (gpt2_buffer leaves them out)
-        std::vector<uint16_t>(model->table[CB_ADAM_M].elements, 0).swap(model->adam_m16);
-        std::vector<uint16_t>(model->table[CB_ADAM_V].elements, 0).swap(model->adam_v16);
-    }
     model->acts.resize((size_t)shape.micro_batches_in_flight);
+    model->pending_weights = shape.pending_weight_passes;
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
+            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
+            if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
-            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
             if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
             std::vector<float> exact(n, 0.0f);
             if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
@@ -268,6 +298,22 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 
 // One block's slice of a stacked per-layer tensor.
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
+
+// Where the passes find layer l's fp32 copy of an activation: its slice of the stack when it is kept
+// per layer in fp32, else (the stack is empty: --recompute does not keep it, or --stash-precision bf16
+// keeps it in bf16) the one layer of scratch that the forward computes into and the backward refills.
+static float* layer_or_scratch(std::vector<float>& stacked, std::vector<float>& scratch, int l, size_t per_layer) {
+    return stacked.empty() ? scratch.data() : layer_slice(stacked, l, per_layer);
+}
+// --stash-precision bf16 (llmc/memory/stash_precision.h): the forward has read the n fp32 values x for the
+// last time; layer l's slice of the bf16 stack keeps them, rounded, for the backward. And the backward
+// widens them again before its first read. Both do nothing at fp32, where the bf16 stack is empty.
+static void stash(std::vector<uint16_t>& stack, int l, size_t per_layer, const float* x, size_t n) {
+    if (!stack.empty()) stash_round(stack.data() + (size_t)l * per_layer, x, n);
+}
+static void unstash(float* x, const std::vector<uint16_t>& stack, int l, size_t per_layer, size_t n) {
+    if (!stack.empty()) stash_widen(x, stack.data() + (size_t)l * per_layer, n);
+}
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
 // llmc/parallel/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
@@ -352,8 +398,10 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
-    // --recompute (llmc/model/recompute.h): what is not kept per layer goes to one layer of scratch
-    RecomputePlan keep = recompute_plan(model->recompute);
+    // what is not kept per layer in fp32 (--recompute, llmc/model/recompute.h; --stash-precision bf16,
+    // llmc/memory/stash_precision.h) is computed into one layer of scratch
+    Activations::BF16Stash& st = a.stash;
+    size_t att_n = (size_t)B * NH * T * T;
 
     if (s.first_stage) {
         ParamTensors<float> w = unit_weights(model, ends);
@@ -368,14 +416,14 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     for (int l = 0; l < L; l++) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : work.ln_recompute.data();
-        float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
-        float* att = layer_slice(a.att, l, att_per_layer);
-        float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
+        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
+        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
+        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
         float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : work.ln_recompute.data();  // (ln1 is dead by then)
-        float* fch = layer_slice(a.fch, l, BTmax * Cf);
-        float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : work.gelu_recompute.data();
+        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);  // (ln1 is dead by then)
+        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
+        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
         float* residual3 = layer_slice(a.residual3, l, Rmax * C);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
@@ -383,9 +431,13 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
                           w[LN1W], w[LN1B], (int)R, C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_forward(qkv, ln1_all, w[QKVW], w[QKVB], (int)BT, C, 3 * Ca);
+        stash(st.ln1, l, Rmax * C, ln1, R * C);  // each tensor's bf16 copy right after its last read: here ln1's
         attention_forward(atty, att, qkv, B, T, Ca, NH);
+        stash(st.qkv, l, BTmax * 3 * Ca, qkv, BT * 3 * Ca);
+        stash(st.att, l, att_per_layer, att, att_n);
         float* proj = tp_partial_buffer(*tp, residual2, work.gathered.data());
         matmul_forward(proj, atty, w[ATTPROJW], nullptr, (int)BT, Ca, C);   // tensor parallel: a partial sum
+        stash(st.atty, l, BTmax * Ca, atty, BT * Ca);
         tp_sum_rows(tp, proj, residual2, BT, C, "all-reduce after the attention projection");
         add_bias(residual2, w[ATTPROJB], (int)R, C);
         residual_forward(residual2, residual2, residual, R * C);
@@ -394,12 +446,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
                           w[LN2W], w[LN2B], (int)R, C);
         if (is_moe_block(model->moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (one rank's rows)
             moe_block_forward(model, w, l, ln2, residual3, (int)BT);
+            stash(st.ln2, l, Rmax * C, ln2, R * C);  // the experts' own activations stay fp32 (moe_acts)
         } else {
             const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
             matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
+            stash(st.ln2, l, Rmax * C, ln2, R * C);
             gelu_forward(fch_gelu, fch, BT * Cf);
+            stash(st.fch, l, BTmax * Cf, fch, BT * Cf);
             proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
             matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
+            stash(st.fch_gelu, l, BTmax * Cf, fch_gelu, BT * Cf);
             tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
             add_bias(residual3, w[FCPROJB], (int)R, C);
         }
@@ -441,7 +497,12 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0) {
+// ZB-H1 (llmc/model/zero_bubble_backward.h): with a `stash`, B, the input gradients: each block's
+// matmul and LayerNorm copies its output gradient and input into the stash instead of adding its
+// weight gradient, which gpt2_backward_weights adds later (the LM head's and the embedding's are
+// added here). Without one (every other schedule), the whole backward.
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
+                   float* stash = nullptr) {
     const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
     TensorParallel* tp = &model->tp;
@@ -461,11 +522,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
                                       s.vocab_begin);
         const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+        // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
         matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
                         (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
-        layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(), (int)R, C);
+        float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
+        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(),
+                                    (int)R, C, keep);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
 
@@ -473,25 +537,29 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = L - 1; l >= 0; l--) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        const float* qkv = layer_slice(a.qkv, l, BTmax * 3 * Ca);
-        const float* att = layer_slice(a.att, l, att_per_layer);
-        const float* atty = layer_slice(a.atty, l, BTmax * Ca);
+        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
+        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
+        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
         const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        const float* fch = layer_slice(a.fch, l, BTmax * Cf);
+        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
         const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
         const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
         float* dbuf_c = work.dbuf_c.data();
         float* dbuf_3c = work.dbuf_3c.data();
         float* dbuf_4c = work.dbuf_4c.data();
+        LayerWeightStash k = {};  // ZB-H1: where what this layer's W reads waits for it (null: no W)
+        if (stash) k = layer_weight_stash(stash, l, BT, C, Ca, Cf);
         // What --recompute did not keep, the backward rebuilds in the layer's scratch right before
         // its one use below, with the forward's own function on the forward's own inputs: the same
         // floats. Whatever the scratch held before (another layer, or in a pipeline another
         // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
+        // What --stash-precision bf16 keeps in bf16 is widened into the same scratch (unstash), as late.
         float* ln_scratch = work.ln_recompute.data();
         float* gelu_scratch = work.gelu_recompute.data();
-        const float* ln1 = keep.ln ? layer_slice(a.ln1, l, Rmax * C) : ln_scratch;
-        const float* ln2 = keep.ln ? layer_slice(a.ln2, l, Rmax * C) : ln_scratch;
-        const float* fch_gelu = keep.gelu ? layer_slice(a.fch_gelu, l, BTmax * Cf) : gelu_scratch;
+        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
+        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);
+        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
+        const Activations::BF16Stash& st = a.stash;
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
@@ -500,6 +568,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
             // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
             float aux_scale = (float)((double)loss_scale * (double)BT);
+            unstash(ln2, st.ln2, l, Rmax * C, R * C);
             MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
             MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
             MoEActivations* ma = &model->moe_acts[(size_t)b];
@@ -511,27 +580,35 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                 moe_backward_input(dbuf_c, mg, ma, model->moe_shape, mw, ln2, aux_scale);
             }
         } else {
-            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);  // level 1+: the projection's input, GELU(fch)
-            matmul_backward(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C);
+            unstash(fch, st.fch, l, BTmax * Cf, BT * Cf);
+            unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, BT * Cf);
+            // level 1+: the projection's input, GELU(fch) (with a bf16 stash: of the widened fch)
+            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);
+            matmul_backward_or_defer(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C, k.fcproj);
             gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
             // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
             // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
             if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
+            unstash(ln2, st.ln2, l, Rmax * C, R * C);
             const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-            matmul_backward(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf);
+            matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.fc);
         }
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
+        layernorm_backward_or_defer(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C, k.ln2);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
-        matmul_backward(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C);
+        unstash(atty, st.atty, l, BTmax * Ca, BT * Ca);
+        matmul_backward_or_defer(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C, k.attproj);
+        unstash(qkv, st.qkv, l, BTmax * 3 * Ca, BT * 3 * Ca);
+        unstash(att, st.att, l, att_per_layer, (size_t)B * NH * T * T);
         attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
         // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
         if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
+        unstash(ln1, st.ln1, l, Rmax * C, R * C);
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
-        matmul_backward(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca);
+        matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C);
+        layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.ln1);
         unit_grads_done(model, unit_of_layer(L, l));
         release_unit_weights(model, unit_of_layer(L, l));
     }
@@ -541,6 +618,37 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the embeddings' gradient");
     encoder_backward(g[WTE], g[WPE], dout, inputs, B, T, C, s.vocab_begin, s.vocab_rows);
     unit_grads_done(model, ends);
+}
+
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each deferred
+// matmul's and LayerNorm's output gradient and input: every weight and bias gradient of the stage
+// but the LM head's and the embedding's (B did those), in B's order. Runs in micro-batch order, so
+// every gradient collects the micro-batches' additions in the order the whole backward adds them:
+// the same bits. It reads nothing but the stash: the micro-batch's activation slot was free after B.
+// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
+void gpt2_backward_weights(GPT2* model, int B, int T, float* stash) {
+    const ModelSlice& s = model->slice;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    size_t N = (size_t)B * T;
+    // a block of the stash: dy then the input (zero_bubble_backward.h); a LayerNorm's then its mean, rstd
+    auto input = [N](const float* block, size_t out_width) { return block + N * out_width; };
+    auto norm = [&](float* dw, float* db, const float* block) {
+        layernorm_backward_weight(dw, db, block, block + N * C, block + 2 * N * C, block + 2 * N * C + N, (int)N, C);
+    };
+    if (s.last_stage) {
+        ParamTensors<float> g = unit_grads(model, ends_unit(L));
+        norm(g[LNFW], g[LNFB], final_norm_weight_stash(stash, L, N, C, Ca, Cf));
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        ParamTensors<float> g = unit_grads(model, unit_of_layer(L, l));
+        LayerWeightStash k = layer_weight_stash(stash, l, N, C, Ca, Cf);
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, input(k.fcproj, C), (int)N, Cf, C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, input(k.fc, Cf), (int)N, C, Cf);
+        norm(g[LN2W], g[LN2B], k.ln2);
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, input(k.attproj, C), (int)N, Ca, C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, input(k.qkv, 3 * Ca), (int)N, C, 3 * Ca);
+        norm(g[LN1W], g[LN1B], k.ln1);
+    }
 }
 
 // ==============================================================================================
@@ -581,6 +689,21 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
         return;
     }
     Zero& z = model->zero;
+    if (model->offload.on) {  // the same AdamW, on the parts of each piece in the chunk the stream holds now
+        std::vector<ZeroPiece> pieces = zero_owned_pieces(z);
+        disk_offload_check(model->offload);
+        disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, float* m, float* v) {
+            for (const ZeroPiece& piece : pieces) {
+                size_t lo = std::max(piece.stored, begin), hi = std::min(piece.stored + piece.count, begin + count);
+                if (lo >= hi) continue;
+                float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+                size_t in_piece = lo - piece.stored;
+                adamw_update(zero_param_of(z, piece, model->params) + in_piece, zero_grad_of(z, piece, model->grads) + in_piece,
+                             m + (lo - begin), v + (lo - begin), hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+            }
+        });
+        return;
+    }
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
         if (model->bf16_moments) {  // the element's index in the flat array keys its random rounding
@@ -652,6 +775,11 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         const PipeAction& act = list[k];
         int slot = act.micro % (int)model->acts.size();
         Activations& a = model->acts[(size_t)slot];
+        // ZB-H1: what micro-batch i's W reads waits in stash i mod pending_weights from its B to its W
+        // (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
+        float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
+                                                        (model->weight_stash.size() / (size_t)model->pending_weights)
+                                                  : nullptr;
         TraceSpan span(trace_kind(act.op), act.micro);  // --trace (llmc/probes/trace.h): this action's span
         switch (act.op) {
         case PipeOp::RecvActivation:
@@ -685,15 +813,20 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
         case PipeOp::Backward: {
             auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(2);
+            pipeline_test_delay(stash ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot);
+            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash);
             par->times.busy_seconds += seconds_since(busy);
             break;
         }
-        case PipeOp::Weight:  // ZB-H1's: cli.h refuses it for training until the backward is split (issue 26)
-            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
+        case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
+            auto busy = std::chrono::steady_clock::now();
+            pipeline_test_delay(1);
+            gpt2_backward_weights(model, B, T, stash);
+            par->times.busy_seconds += seconds_since(busy);
+            break;
+        }
         }
         // the end of a run of sends and receives: its sends complete now, after its receives
         // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
@@ -900,6 +1033,19 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             s->factored = model->optimizer_state;
             return;
         }
+        if (model->offload.on) {  // m and v from the files, chunk by chunk, straight into the state file
+            std::vector<StateRun> runs = zero_state_runs(model->zero, slice_runs(cfg, model->slice), true);
+            zero_fill_state(s, par->grid, runs, nullptr, nullptr, weight_storage(model), false);
+            // ZeRO-0/1 without model parallelism (validate_options): a rank writes all of its files or nothing
+            if (s->header.shard_count != 0 && (size_t)s->header.shard_count != model->offload.n)
+                fail("internal: --offload-dir's checkpoint would write %lld of %zu moments", (long long)s->header.shard_count, model->offload.n);
+            s->moments = [model](int which, const std::function<void(const float*, size_t)>& write) {
+                disk_offload_stream(&model->offload, 1 << which, 0, [&](size_t, size_t count, const float* m, const float* v) {
+                    write(which == 0 ? m : v, count);
+                });
+            };
+            return;
+        }
         // bf16 moments are saved as fp32 (exact), so the file is the same format either way
         std::vector<float> m16_wide(model->adam_m16.size()), v16_wide(model->adam_v16.size());
         for (size_t i = 0; i < m16_wide.size(); i++) m16_wide[i] = bf16_to_float(model->adam_m16[i]), v16_wide[i] = bf16_to_float(model->adam_v16[i]);
@@ -930,8 +1076,10 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
 static std::vector<size_t> held_bytes(GPT2* model) {
     std::vector<size_t> held(CB_COUNT, 0);
     for (int b = 0; b < CB_COUNT; b++)
-        for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++)
+        for (size_t slot = 0; slot < (cpu_buffer_per_micro_batch(b) ? model->acts.size() : 1); slot++) {
             if (std::vector<float>* v = gpt2_buffer(model, b, (int)slot)) held[b] += v->capacity() * sizeof(float);
+            if (std::vector<uint16_t>* v = gpt2_buffer16(model, b, (int)slot)) held[b] += v->capacity() * sizeof(uint16_t);
+        }
     held[CB_MATMUL_PACK_A] = matmul_scratch.a_pack.capacity() * sizeof(Floats16);
     held[CB_MATMUL_PACK_B] = matmul_scratch.b_pack.capacity() * sizeof(Floats16);
     held[CB_ZERO_UNITS] = model->zero.transient_peak * sizeof(float);
@@ -941,10 +1089,6 @@ static std::vector<size_t> held_bytes(GPT2* model) {
             held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(float);
         for (const std::vector<int>* v : {&a.choice, &a.row, &a.routed, &a.kept, &a.first_row, &a.token_of_row})
             held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(int);
-    }
-    if (model->bf16_moments) {
-        held[CB_ADAM_M] = model->adam_m16.capacity() * sizeof(uint16_t);
-        held[CB_ADAM_V] = model->adam_v16.capacity() * sizeof(uint16_t);
     }
     return held;
 }
@@ -998,6 +1142,21 @@ static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicte
     if (!why.empty()) grid_usage_fail(world, why);
 }
 
+// --offload-dir: before anything is allocated, the directory must hold every rank's m and v files
+// (rank r's: the moments of what it updates; llmc/optim/disk_offload.h).
+static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
+                                           const Parallel& par) {
+    if (o.offload_dir.empty()) return;
+    std::vector<size_t> floats;
+    for (int r = 0; r < par.grid.world; r++) {
+        CPURunShape s = cpu_run_shape(cfg, shape.B, shape.T, par.grid, par.schedule, shape.accumulation_steps, o.recompute);
+        s.rank = r, s.offload_chunk_kib = o.offload_chunk_kib;  // (data parallelism only: rank r is data-parallel rank r)
+        floats.push_back(cpu_offloaded_moments(s));
+    }
+    std::string why = disk_offload_dir_problem(o.offload_dir, floats, offload_test_free_bytes());
+    if (!why.empty()) grid_usage_fail(world, why);
+}
+
 // This rank's slice, every buffer from the size table (what --estimate prints), then the weights:
 // from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
 // group's rank 0's copy, so that they start bit-identical.
@@ -1011,11 +1170,16 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
     sizes.optimizer = run_optimizer(o);
     sizes.bf16_moments = o.optimizer_state == "bf16";
+    sizes.bf16_stash = o.stash_precision == "bf16";
     sizes.compression = compression;
     sizes.moe = MoEConfig{o.moe_experts, o.moe_every};
     sizes.moe_top_k = o.moe_top_k;
     if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
+    sizes.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     gpt2_allocate(model, sizes);
+    if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
+        disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
+                          model->adam_m.data(), model->adam_v.data());
     grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
     model->server.on = o.data_parallel == "server";
     model->server.dp = &par->comms.dp;
@@ -1048,6 +1212,17 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
         *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, f.state.back().end,
                                        f.state[model->zero.whole_gradient ? (size_t)model->zero.dp->rank : 0].begin,
                                        model->optimizer_state.size(), model->optimizer_state.data());
+    } else if (model->offload.on) {  // into the files, chunk by chunk: each chunk's part of what this rank keeps
+        std::vector<WantedRun> all = wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false);
+        *resumed = read_state_runs(resume_dir, param_layout(cfg).total, {}, nullptr, nullptr, nullptr);  // the header
+        disk_offload_stream(&model->offload, 0, 3, [&](size_t begin, size_t count, float* m, float* v) {
+            std::vector<WantedRun> part;
+            for (const WantedRun& w : all) {
+                size_t lo = std::max(w.dst, begin), hi = std::min(w.dst + w.count, begin + count);
+                if (lo < hi) part.push_back({w.global + (lo - w.dst), hi - lo, lo - begin});
+            }
+            read_state_runs(resume_dir, param_layout(cfg).total, part, m, v, nullptr);
+        });
     } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
         std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total,
@@ -1098,13 +1273,17 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.times.predicted_bubble).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
     if (o.recompute > 0) {
         printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
                recompute_what(o.recompute));
+    }
+    if (o.stash_precision == "bf16") {
+        printf("stash bf16: ln1, ln2, qkv, att, atty, fch, fch_gelu kept for the backward in bf16 (where kept), one layer "
+               "in fp32\n");
     }
     if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
     if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
@@ -1273,12 +1452,15 @@ static void refuse_moe_problems(const TrainOptions& o) {
     if (generation_mode(o)) refuse("--generate", "generation has no MoE layer in its KV-cache forward yet; drop --moe-*");
     if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
     if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
+    if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
 }
 
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
+    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
+        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -1337,10 +1519,13 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&world, why);
     EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
     predicted.compression = compression;
+    predicted.bf16_stash = o.stash_precision == "bf16";
     predicted.parameter_server = o.data_parallel == "server";
     predicted.moe = MoEConfig{o.moe_experts, o.moe_every};
     predicted.moe_top_k = o.moe_top_k;
+    predicted.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
+    refuse_unless_offload_dir_fits(&world, o, cfg, shape, par);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
@@ -1356,7 +1541,8 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps);
+    if (par.schedule == PipelineSchedule::ZeroBubbleH1) par.times.bubble_formula = "(p-1)/(3m+p-1) at F = B = W";
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;
@@ -1384,6 +1570,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last = step == plan.steps - 1;
         comm_inject_fault(&world, step + 1);
+        inject_offload_removal(&world, step + 1, model.offload.path[0]);  // (tests: --offload-dir's file vanishing)
         tracer.step = step + 1;
         if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
@@ -1407,7 +1594,7 @@ int main(int argc, char** argv) {
                                                      "\"moe_load_max\":%d", json_number(ms.aux_loss).c_str(),
                                                      json_number(ms.z_loss).c_str(), ms.dropped, ms.min_load, ms.max_load) : "";
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1), moe_line);
+                            seconds * (plan.steps - step - 1), 0.0f, moe_line);
             metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_fields);
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
@@ -1435,6 +1622,7 @@ int main(int argc, char** argv) {
     if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
 
     dump_at_end(&model, &par, o.dump_state, B, T);
+    disk_offload_close(&model.offload);
     profile_finish();
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);

@@ -190,6 +190,21 @@ inline uint16_t float_to_bf16_round_nearest(float x) {
     return (uint16_t)((bits + rounding) >> 16);
 }
 
+// Stochastic rounding to bf16: add 16 random bits below the kept ones, then cut them off, so the
+// magnitude rounds up with probability (dropped bits) / 2^16 = (x - down) / (up - down) and
+// E[round(x)] = x. Inf and NaN are left as they are. One definition for the CPU's bf16 moments
+// (optim/adamw_bf16.h), the GPU's bf16 weights (kernels/cuda_common.cuh's stochastic_round) and the
+// offloaded update that must round as the GPU does (optim/offload.cuh): same bits in, same bits out.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline uint16_t bf16_round_stochastic(float x, uint32_t random) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    if ((bits & 0x7f800000u) != 0x7f800000u) bits += random & 0xffffu;
+    return (uint16_t)(bits >> 16);
+}
+
 inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float x;

@@ -74,6 +74,11 @@ def run_and_parse(command, warmup, label, cwd=None):
 
 
 def time_ours(binary, args, shard, work_dir, extra_flags=""):
+    # --precision is fixed when the trainer is built (llmc/run/cli.h): a variant asking for fp16 or
+    # fp32 runs that build, train_gpt_fp16 / train_gpt_fp32 beside train_gpt
+    precision = re.search(r"--precision (fp16|fp32)\b", extra_flags)
+    if precision:
+        binary = os.path.join(os.path.dirname(binary), f"train_gpt_{precision.group(1)}")
     command = [binary, "--model", args.model, "--train-data", shard, "--val-data", "none",
                "--batch-size", str(args.batch), "--seq-len", str(args.seq_len),
                "--steps", str(args.warmup + args.steps), "--lr", repr(LR), "--lr-schedule", "constant",

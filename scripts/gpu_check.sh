@@ -3,7 +3,8 @@
 #   1. build the GPU trainer (bf16 and fp32) and the tests for THIS machine's GPU (sm_90 on H100/H200)
 #   2. "tests": the GPU tests of one rank (test_gpu.py: against the CPU reference, determinism,
 #      resume, recompute, attention paths, memory check; test_gpu_buffers; test_gpu_host;
-#      test_generate.py: --generate's KV cache against recomputing, and against PyTorch)
+#      test_generate.py: --generate's KV cache against recomputing, and against PyTorch;
+#      test_cuda_graphs.py: --cuda-graphs equal to the eager run bit for bit, with cuDNN's attention)
 #   3. "parallel": several ranks sharing this GPU (host-staged): test_gpu_data_parallel.py (2 and 4
 #      ranks against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks) and test_gpu_parallelism.py
 #      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
@@ -40,7 +41,7 @@ nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 # 1. build for the local GPU (the Makefile reads the compute capability from nvidia-smi)
 if part build; then
     echo "== build"
-    if make -B -j"$JOBS" train_gpt train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j"$JOBS" all >>"$OUT/build.log" 2>&1; then
+    if make -B -j"$JOBS" train_gpt train_gpt_fp16 train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j"$JOBS" all >>"$OUT/build.log" 2>&1; then
         row PASS "build for the local GPU" "$(grep -o 'arch=compute_[0-9]*' "$OUT/build.log" | sort -u | tr '\n' ' ')"
     else
         tail -30 "$OUT/build.log"
@@ -65,7 +66,7 @@ gpu_tests() {  # name, log, test name substrings...
         esac
     done < <(grep -E "^   (PASS|FAIL|SKIP):" "$log")
 }
-if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate; fi
+if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_cuda_graphs; fi
 if part parallel; then
     gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism
 fi

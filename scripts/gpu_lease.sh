@@ -4,7 +4,7 @@
 # second of the lease goes to building.
 #
 #   scripts/gpu_lease.sh prepare LLMC_CHECKOUT CUDNN_FRONTEND_CHECKOUT
-#       here, on the development machine (no GPU needed): builds the GPU trainer (bf16 and fp32), the
+#       here, on the development machine (no GPU needed): builds the GPU trainer (bf16, fp16, fp32), the
 #       GPU tests' programs, the communication check and the kernel lab for Hopper (sm_90), the CPU
 #       reference for any x86-64-v3 CPU (the GPU machine's CPU is another), and llm.c's train_gpt2cu
 #       (scripts/build_llmc_gpu.sh) into .lease/ (git-ignored; ~30 MiB): carry that one folder.
@@ -14,7 +14,7 @@
 #       "bash scripts/gpu_lease.sh run", carry [".lease"], timeout 560): installs the carried binaries,
 #       then, in order of what matters most, each phase under its own timeout and skipped when the
 #       time left (GPU_LEASE_BUDGET seconds, default 500) cannot hold it:
-#         1. bench16   d12 B=16 T=1024: train_gpt (bf16; and each of --precision fp16, --cuda-graphs,
+#         1. bench16   d12 B=16 T=1024: train_gpt (bf16; and each of --precision fp16 (train_gpt_fp16), --cuda-graphs,
 #                      --precision fp8 that this commit's --help offers) beside PyTorch eager,
 #                      torch.compile and llm.c (scripts/bench_gpu_vs_peers.py), and the goals of
 #                      issue 28: >= 1.15x llm.c, >= 1.5x PyTorch eager, MFU >= 50%
@@ -40,14 +40,14 @@ prepare() {
     local cpu="-O3 -march=x86-64-v3 -ffp-contract=fast -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -fopenmp -I."
     echo "== building for sm_90 and x86-64-v3 in $src (several minutes on 2 cores)"
     make -C "$src" -j"$(nproc)" CUDA_ARCH="$sm90" CXXFLAGS="$cpu" \
-        train_gpt train_gpt_fp32 train_gpt_cpu build/test_gpu_host build/test_gpu_buffers build/gpu_comm_check \
+        train_gpt train_gpt_fp16 train_gpt_fp32 train_gpt_cpu build/test_gpu_host build/test_gpu_buffers build/gpu_comm_check \
         || { echo "error: the build failed (above)" >&2; exit 1; }
     make -C "$src/dev/cuda" -j"$(nproc)" -B CUDA_ARCH="$sm90" \
         HOST_FLAGS="-Xcompiler -march=x86-64-v3,-ffp-contract=fast,-fno-math-errno -diag-suppress 1675" \
         || { echo "error: the kernel lab's build failed (above)" >&2; exit 1; }
     rm -rf "$LEASE"
     mkdir -p "$LEASE/bin/build/dev"
-    cp "$src"/train_gpt "$src"/train_gpt_fp32 "$src"/train_gpt_cpu "$LEASE/bin/"
+    cp "$src"/train_gpt "$src"/train_gpt_fp16 "$src"/train_gpt_fp32 "$src"/train_gpt_cpu "$LEASE/bin/"
     cp "$src"/build/test_gpu_host "$src"/build/test_gpu_buffers "$src"/build/gpu_comm_check "$LEASE/bin/build/"
     cp -r "$src"/build/dev/. "$LEASE/bin/build/dev/"
     if [ -n "$llmc" ] && [ -n "$frontend" ]; then

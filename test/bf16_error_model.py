@@ -12,6 +12,12 @@ test_): run it when a tolerance is in doubt, e.g. for the shapes test_gpu.py use
 
   python3 test/bf16_error_model.py 2 128 2 64 500 4 10          # tiny: L C H T V B steps [lr]
   python3 test/bf16_error_model.py 12 768 12 64 50257 1 2 1e-4   # d12 (a few minutes)
+  python3 test/bf16_error_model.py 2 128 2 64 500 4 10 --fp16   # the fp16 build (test/test_fp16.py)
+
+With --fp16 it rounds to fp16 instead (11 significant bits, 2^-24..65504), the gradients as the fp16
+build stores them: S times larger (the loss scale, 65536), rounded, divided by S again; and the
+parameters are rounded to the nearest fp16 after each step (the trainer rounds them stochastically:
+the same size of error, in expectation).
 
 What it leaves out (the libraries' summation orders, cuDNN's internal rounding, bf16 accumulation of
 the parameter gradients across layers) is why test_gpu.py's limits are several times these numbers.
@@ -21,9 +27,18 @@ import numpy as np
 import torch
 
 
+FP16 = "--fp16" in sys.argv
+LOSS_SCALE = 65536.0 if FP16 else 1.0  # fp16's gradients are stored S times larger (llmc/optim/loss_scaler.h)
+
+
 def bf16(x):
-    """Round to the nearest bf16, kept in an fp32 tensor."""
-    return x.to(torch.bfloat16).to(torch.float32)
+    """Round to the nearest bf16 (with --fp16: fp16), kept in an fp32 tensor."""
+    return x.to(torch.float16 if FP16 else torch.bfloat16).to(torch.float32)
+
+
+def stored_grad(g):
+    """A gradient as the trainer stores it: times S, rounded, and (to compare) divided by S again."""
+    return bf16(g * LOSS_SCALE) / LOSS_SCALE
 
 
 class StoreBF16(torch.autograd.Function):
@@ -34,7 +49,7 @@ class StoreBF16(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return bf16(g)
+        return stored_grad(g)
 
 
 def stochastic_bf16(x, gen):
@@ -45,8 +60,9 @@ def stochastic_bf16(x, gen):
 
 
 def main():
-    L, C, H, T, V, B, steps = [int(a) for a in sys.argv[1:8]]
-    max_lr = float(sys.argv[8]) if len(sys.argv) > 8 else 1e-3
+    args = [a for a in sys.argv[1:] if a != "--fp16"]
+    L, C, H, T, V, B, steps = [int(a) for a in args[:7]]
+    max_lr = float(args[7]) if len(args) > 7 else 1e-3
     Vp, hs = (V + 127) // 128 * 128, C // H
     rng = np.random.default_rng(1)
     shapes = dict(wte=(Vp, C), wpe=(T, C), ln1w=(L, C), ln1b=(L, C), qkvw=(L, 3 * C, C), qkvb=(L, 3 * C),
@@ -95,7 +111,7 @@ def main():
             chunk = torch.tensor(tokens[step * B * T: (step + 1) * B * T + 1].astype(np.int64))
             logits, loss = forward(p, chunk[:-1].view(B, T), chunk[1:].view(B, T), s)
             loss.backward()
-            grads = {n: bf16(p[n].grad) if low_precision else p[n].grad for n in p}
+            grads = {n: stored_grad(p[n].grad) if low_precision else p[n].grad for n in p}
             if step == 0:
                 out.update(logits=logits.detach(), loss=loss.item(), grads=grads)
             out["losses"].append(loss.item())
@@ -107,7 +123,10 @@ def main():
                 v[n] = 0.95 * v[n] + 0.05 * g * g
                 decay = 1 - lr * 0.1 if n in decays else 1.0
                 master[n] = master[n] * decay - lr / (1 - 0.9 ** t) * m[n] / (v[n].sqrt() / math.sqrt(1 - 0.95 ** t) + 1e-8)
-                params[n] = stochastic_bf16(master[n], gen) if low_precision else master[n].clone()
+                if not low_precision:
+                    params[n] = master[n].clone()
+                else:
+                    params[n] = bf16(master[n]) if FP16 else stochastic_bf16(master[n], gen)
         out["params"] = master
         return out
 
@@ -116,7 +135,7 @@ def main():
         return float((a - b).norm() / b.norm())
 
     low, exact = train(True), train(False)
-    print(f"L={L} C={C} H={H} T={T} V={V} B={B}, {steps} steps")
+    print(f"{'fp16, loss scale 65536' if FP16 else 'bf16'}: L={L} C={C} H={H} T={T} V={V} B={B}, {steps} steps")
     print(f"logits: relative L2 error {rel(low['logits'], exact['logits']):.2e}; loss difference {abs(low['loss'] - exact['loss']):.2e}")
     for n in shapes:
         if exact["grads"][n].norm() > 0:

@@ -23,7 +23,8 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    saying which and why. (Header pokes remove checksums.txt, as in a checkpoint
                    written before checksums: the header's own checks must catch those.)
   pipelines        --pipeline-schedule zigzag, --virtual-stages 0, chunks for 1f1b, interleaved with
-                   one chunk, interleaved or zb-h1 trained (printout only so far), 2 layers cut into 2 x 2
+                   one chunk, interleaved trained (printout only so far), zb-h1 with tensor parallelism
+                   (not written yet), 2 layers cut into 2 x 2
                    chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
   precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt) and
                    fp8 (not a choice): one line, exit 2; --precision fp32, the CPU trainer's own, trains
@@ -125,7 +126,8 @@ def main():
     # for a schedule without them, interleaving that cannot cut the layers or group the micro-batches
     pipe = ["--model", "L=2,C=64,H=4,T=32,V=512", "--batch-size", "1", "--seq-len", "32", "--pipeline-parallel", "2"]
     for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b, interleaved or zb-h1", "zigzag"]),
-                          (["--pipeline-schedule", "zb-h1"], ["zb-h1 is not trained yet", "--pipeline-print-schedule", "1f1b"]),
+                          (["--pipeline-schedule", "zb-h1", "--tensor-parallel", "2"], ["zb-h1 with --tensor-parallel",
+                                                                                         "--tensor-parallel 1", "1f1b"]),
                           (["--virtual-stages", "0"], ["--virtual-stages must be at least 1"]),
                           (["--virtual-stages", "2"], ["needs --pipeline-schedule interleaved", "1f1b"]),
                           (["--pipeline-schedule", "interleaved"], ["--virtual-stages 2 or more"]),

@@ -4,6 +4,7 @@
 // trainers should) and checks that the child exited non-zero and that its message names the
 // problem. The byte layouts are also checked against the documented headers directly, so a writer
 // and a reader that were wrong in the same way would still be caught.
+#include <cstddef>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cstdio>
@@ -232,6 +233,21 @@ int main() {
         std::vector<char> cut(raw.begin(), raw.end() - 4);
         write_bytes(dir + "/state_cut.bin", cut);
         check_fails("truncated training state", [&] { read_train_state(dir + "/state_cut.bin"); }, "damaged or truncated");
+    }
+    {  // fp16's loss scaler (docs/formats.md, bytes 144..159): kept exactly; a scale that is no power of two refused
+        TrainState s = read_train_state(dir + "/state.bin");
+        s.header.loss_scale = 8192.0f;
+        s.header.loss_scale_clean_steps = 17;
+        s.header.loss_scale_overflows = 5;
+        write_train_state(dir + "/state_fp16.bin", s);
+        TrainState r = read_train_state(dir + "/state_fp16.bin");
+        check(offsetof(TrainStateHeader, loss_scale) == 144 && offsetof(TrainStateHeader, loss_scale_overflows) == 152 &&
+              r.header.loss_scale == 8192.0f && r.header.loss_scale_clean_steps == 17 && r.header.loss_scale_overflows == 5,
+              "the loss scaler's state round trip is exact, at bytes 144..159");
+        s.header.loss_scale = 3.0f;
+        write_train_state(dir + "/state_scale3.bin", s);
+        check_fails("a loss scale of 3 in a training state", [&] { read_train_state(dir + "/state_scale3.bin"); },
+                    "a loss scale of 3");
     }
 
     // ---- data loader: rank slicing covers the stream exactly once per step

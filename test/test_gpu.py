@@ -19,7 +19,7 @@ no GPU (flags, --estimate, the no-GPU error) run everywhere. With one:
   recompute        --recompute 0, 1, 2: bit-identical (recompute is exact)
   attention        --attention cudnn vs simple agree within bf16 tolerance
   memory           a batch that cannot fit fails before training, naming the largest that would
-  precision        --precision other than the binary's build (fp16: none yet): one line, exit 2
+  precision        --precision other than the binary's build: one line naming the build to run, exit 2
 
 Without a GPU, the same checks run on the CPU emulation of CUDA (test/emu/: build/emu/train_gpt,
 every kernel executed thread by thread, cuBLAS and NCCL stood in for) with three differences:
@@ -366,8 +366,8 @@ def memory_check(S):
 
 def precision_refused():
     """--precision must name the binary's build (llmc/run/cli.h, validate_precision): another value is
-    one line naming the binary to run, exit 2, before anything is allocated; fp16 has no build yet."""
-    for exe, asked, needles in [(GPU, "fp16", ["no fp16 build", "./train_gpt"]), (GPU, "fp32", ["built for bf16", "./train_gpt_fp32"]),
+    one line naming the binary to run, exit 2, before anything is allocated (test_fp16.py: the fp16 build's)."""
+    for exe, asked, needles in [(GPU, "fp16", ["built for bf16", "./train_gpt_fp16"]), (GPU, "fp32", ["built for bf16", "./train_gpt_fp32"]),
                                 (GPU32, "bf16", ["built for fp32", "./train_gpt "]), (GPU, "fp8", ["bf16, fp16 or fp32"])]:
         p = run([exe, "--model", "L=2,C=64,H=4,T=64", "--precision", asked], expect_ok=False)
         lines = p.stderr.strip().splitlines()

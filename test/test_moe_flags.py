@@ -54,6 +54,7 @@ def main():
         ("--moe-experts with --generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),
         ("--moe-experts with --optimizer-state bf16", moe + ["--optimizer-state", "bf16"], ["--optimizer-state fp32"]),
         ("--moe-experts with --data-parallel server", moe + ["--data-parallel", "server"], ["--data-parallel allreduce"]),
+        ("--moe-experts with --offload-dir", moe + ["--offload-dir", "/tmp"], ["--offload-dir", "drop --offload-dir"]),
     ]:
         one_line_error(name, args, 2, *needles, seconds=10)
 

@@ -70,20 +70,43 @@ def step_lines(out):
                       out, re.M)
 
 
-def check_dense(tmp):
-    code, out, dense, _ = train(tmp, "dense", "--total-batch-tokens", 4 * T)
-    code1, out1, moe1, _ = train(tmp, "moe1", "--total-batch-tokens", 4 * T, "--moe-experts", 1, "--moe-z-loss", 0)
+def check_dense(tmp, *extra):
+    tag = " ".join(str(f) for f in extra)
+    name = "dense" + (" (" + tag + ")" if extra else "")
+    code, out, dense, _ = train(tmp, "dense", "--total-batch-tokens", 4 * T, *extra)
+    code1, out1, moe1, _ = train(tmp, "moe1", "--total-batch-tokens", 4 * T, "--moe-experts", 1, "--moe-z-loss", 0, *extra)
     if dense is None or moe1 is None:
-        report(False, "dense: E = 1 runs", (out + out1)[-1500:])
+        report(False, f"{name}: E = 1 runs", (out + out1)[-1500:])
         return
     P = dense["params"].size
     same = [k for k in ("losses", "logits", "loss") if np.array_equal(dense[k], moe1[k])]
     same += [k for k in ("params", "grads") if np.array_equal(dense[k], moe1[k][:P])]
     router_grad = moe1["grads"][P:]
     report(len(same) == 5 and router_grad.size == L * C and not np.any(router_grad),
-           "dense: --moe-experts 1 top-1, no dropping, z-loss 0 == the dense model bit for bit (6 steps of 2 micro-batches: "
+           f"{name}: --moe-experts 1 top-1, no dropping, z-loss 0 == the dense model bit for bit (6 steps of 2 micro-batches: "
            "losses, step-1 logits and gradient, final weights); the router's gradient exactly 0",
            f"bit-identical: {same}; router gradient max |g| {np.max(np.abs(router_grad)) if router_grad.size else 'absent'}")
+
+
+def check_stash(tmp):
+    """--stash-precision bf16 with MoE: the experts keep their own activations in fp32 (moe_acts), only the
+    block's ln2 goes through the bf16 stash. So E = 1 equals the dense model's forward bit for bit (the
+    stash never changes a forward) but not its gradient: the dense MLP widens a rounded fch, the expert
+    reads its fp32 one. The step-1 gradients differ by bf16's rounding, not more."""
+    flags = ("--total-batch-tokens", 4 * T, "--stash-precision", "bf16")
+    _, out, dense, _ = train(tmp, "dense_stash", *flags, steps=1)
+    _, out1, moe1, _ = train(tmp, "moe1_stash", *flags, "--moe-experts", 1, "--moe-z-loss", 0, steps=1)
+    if dense is None or moe1 is None:
+        report(False, "stash: MoE with --stash-precision bf16 runs", (out + out1)[-1500:])
+        return
+    P = dense["params"].size
+    forward_same = all(np.array_equal(dense[k], moe1[k]) for k in ("logits", "loss"))
+    g0, g1 = dense["grads"].astype(np.float64), moe1["grads"][:P].astype(np.float64)
+    rel = np.linalg.norm(g1 - g0) / np.linalg.norm(g0)
+    report(forward_same and 0 < rel < 2.0 ** -7,
+           "stash: --moe-experts 1 with --stash-precision bf16: step-1 logits and loss == the dense model's bit for bit; "
+           "gradient within bf16's rounding of it (0 < |dg|/|g| < 2^-7: the expert reads fp32 fch, the dense MLP bf16)",
+           f"forward bit-identical {forward_same}; |dg|/|g| = {rel:.3g}")
 
 
 def check_learns(tmp):
@@ -225,6 +248,7 @@ def main():
         write_shard(os.path.join(tmp, "periodic97.bin"), np.tile(rng.integers(0, 501, 97), 60))
         write_shard(os.path.join(tmp, "periodic64.bin"), np.tile(rng.integers(0, 501, 64), 60))
         check_dense(tmp)
+        check_stash(tmp)
         check_learns(tmp)
         check_aux_values(tmp)
         check_accumulation(tmp)

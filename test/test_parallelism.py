@@ -96,6 +96,14 @@ class Runner:
         return read_safetensors(path)[0], out
 
 
+def write_pattern_shard(work):
+    """The grid tests' data: 16384 tokens of V=501, 80% a repeating 97-token pattern (so the loss falls)."""
+    rng = np.random.default_rng(0)
+    pattern = rng.integers(0, 501, size=97)
+    tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
+    write_shard(os.path.join(work, "train_000.bin"), tokens)
+
+
 def differences(a, b):
     loss = float(np.max(np.abs(a["losses"].astype(np.float64) - b["losses"]) / np.abs(b["losses"])))
     grad = float(np.max(np.abs(a["grads"].astype(np.float64) - b["grads"])) / np.max(np.abs(b["grads"])))
@@ -155,10 +163,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="llmc_par_")
     try:
-        rng = np.random.default_rng(0)
-        pattern = rng.integers(0, 501, size=97)
-        tokens = np.where(rng.random(16384) < 0.8, pattern[np.arange(16384) % 97], rng.integers(0, 501, size=16384))
-        write_shard(os.path.join(work, "train_000.bin"), tokens)
+        write_pattern_shard(work)
         r = Runner(work)
 
         one, _ = r.dump("one", 1)

@@ -19,8 +19,9 @@
 //     step: (p-1)/(m+p-1), interleaved (p-1)/(v m + p - 1), which is the paper's (p-1)/(v m) of the
 //     ideal time; also with B = 2 F for GPipe and 1F1B.
 //   ZB-H1 (p = 2, 3, 4; m = p, 2p, 3p, p + 1), the same checks, and: each W(i) after B(i) on its
-//   stage, W's in micro-batch order (the accumulation order), a micro-batch held from F to W with
-//   the peak at min(m, p) on every stage; with F = B = W = 1 every stage idles exactly p - 1 slots of
+//   stage, W's in micro-batch order (the accumulation order), activations held from F to B with
+//   1F1B's peak, min(m, p - s), and W's part from B to W with the peak at pipeline_pending_weight_
+//   passes, min(m, s + 1) (the trainer's stashes); with F = B = W = 1 every stage idles exactly p - 1 slots of
 //   a step of 3m + p - 1 (Qi et al.'s (p-1)(F+B-W)), where 1F1B with B + W = 2 idles 3(p - 1).
 #include <cmath>
 #include <cstdio>
@@ -49,19 +50,19 @@ static Lists lists_of(const Case& c) {
 static std::string order_problem(const Case& c, const Lists& lists) {
     for (int s = 0; s < c.p; s++) {
         std::vector<int> state((size_t)(c.m * c.v), 0), next_backward((size_t)c.v, 0);
-        int held = 0, peak = 0, next_weight = 0;
+        int held = 0, peak = 0, next_weight = 0, pending = 0, pending_peak = 0;  // pending: B done, W not yet
         bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
         for (const PipeAction& a : lists[(size_t)s]) {
             if (!pipe_is_compute(a.op)) continue;
             if (a.micro < 0 || a.micro >= c.m || a.chunk < 0 || a.chunk >= c.v)
                 return strprintf("stage %d: micro-batch %d chunk %d out of range", s, a.micro, a.chunk);
             int& st = state[(size_t)(a.micro * c.v + a.chunk)];
-            if (a.op == PipeOp::Weight) {  // ZB-H1: after its B, in micro-batch order; frees the micro-batch
+            if (a.op == PipeOp::Weight) {  // ZB-H1: after its B, in micro-batch order; frees what W reads
                 if (!zb) return strprintf("stage %d: a W in a schedule without split backwards", s);
                 if (st != 2) return strprintf("stage %d: W%d before its B (or twice)", s, a.micro);
                 if (a.micro != next_weight++) return strprintf("stage %d: W%d not in micro-batch order", s, a.micro);
                 st++;
-                held--;
+                pending--;
                 continue;
             }
             bool forward = a.op == PipeOp::Forward;
@@ -69,13 +70,18 @@ static std::string order_problem(const Case& c, const Lists& lists) {
             if (!forward && a.micro != next_backward[(size_t)a.chunk]++)
                 return strprintf("stage %d: chunk %d's backwards not in micro-batch order (%s)", s, a.chunk, pipe_action_text(a, c.v).c_str());
             st++;
-            held += forward ? 1 : zb ? 0 : -1;
+            held += forward ? 1 : -1;  // (ZB-H1's B frees the activations too: W's part is in `pending`)
             peak = std::max(peak, held);
+            if (zb && !forward && c.p > 1) pending_peak = std::max(pending_peak, ++pending);
         }
         for (int st : state)
             if (st != (zb ? 3 : 2)) return strprintf("stage %d: a micro-batch misses its forward, backward%s", s, zb ? " or W" : "");
         int closed = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
         if (peak != closed) return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak, closed);
+        // ZB-H1's output-gradient stashes (the trainer allocates this many): B done, W not yet
+        int stashes = pipeline_pending_weight_passes(c.kind, s, c.p, c.m);
+        if (pending_peak != stashes)
+            return strprintf("stage %d has %d W passes pending at its peak, pipeline_pending_weight_passes says %d", s, pending_peak, stashes);
     }
     return "";
 }

@@ -28,38 +28,40 @@ static const std::vector<Version> VERSIONS = {
 
 // One parameter: the trainer's formulas (llmc/optim/adamw.cuh), scalar.
 __device__ __forceinline__ void adamw_one(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t i,
-                                          float decay, float clip, const AdamWParams& a) {
+                                          float decay, float clip, const AdamWStep& now, const AdamWParams& a) {
     float g = __bfloat162float(grads[i]) * clip;
     float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
     float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    float w = master[i] * decay - a.lr / a.bias_correction1 * mi / (sqrtf(vi) / a.bias_correction2_sqrt + a.eps);
+    float w = master[i] * decay - now.lr / now.bias_correction1 * mi / (sqrtf(vi) / now.bias_correction2_sqrt + a.eps);
     m[i] = mi;
     v[i] = vi;
     master[i] = w;
-    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)a.step << 40);
+    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
     stochastic_round(&params[i], w, hash_u32(stream ^ (uint64_t)i));
 }
 
-__device__ __forceinline__ float clip_factor(const float* grad_norm, float max_norm) {
-    return max_norm > 0.0f ? fminf(1.0f, max_norm / (*grad_norm + 1e-6f)) : 1.0f;
+__device__ __forceinline__ float clip_factor(float grad_norm, float max_norm) {
+    return max_norm > 0.0f ? fminf(1.0f, max_norm / (grad_norm + 1e-6f)) : 1.0f;
 }
 
 // ---- 1: the elements [begin, begin + count) of one tensor
 __global__ void adamw_tensor(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t begin,
-                             size_t count, float decay, const float* grad_norm, AdamWParams a) {
+                             size_t count, float decay, const AdamWStep* step_values, AdamWParams a) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count) adamw_one(params, master, grads, m, v, begin + i, decay, clip_factor(grad_norm, a.max_norm), a);
+    AdamWStep now = *step_values;
+    if (i < count) adamw_one(params, master, grads, m, v, begin + i, decay, clip_factor(now.grad_norm, a.max_norm), now, a);
 }
 
 // ---- 2: everything, tensor looked up per element
 __global__ void adamw_all_scalar(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
-                                 const float* grad_norm, AdamWParams a) {
+                                 const AdamWStep* step_values, AdamWParams a) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    AdamWStep now = *step_values;
     int tensor = NUM_PARAM_TENSORS - 1;
     while (i < a.tensor_offset[tensor]) tensor--;
-    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - a.lr * a.weight_decay : 1.0f;
-    adamw_one(params, master, grads, m, v, i, decay, clip_factor(grad_norm, a.max_norm), a);
+    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
+    adamw_one(params, master, grads, m, v, i, decay, clip_factor(now.grad_norm, a.max_norm), now, a);
 }
 
 int main(int argc, char** argv) {
@@ -80,14 +82,10 @@ int main(int argc, char** argv) {
     for (float& x : v) x = x * x;  // a second moment is positive
 
     AdamWParams a;
-    a.lr = 6e-4f;
     a.beta1 = 0.9f;
     a.beta2 = 0.95f;
     a.eps = 1e-8f;
     a.weight_decay = 0.1f;
-    a.step = 10;
-    a.bias_correction1 = 1.0f - powf(a.beta1, (float)a.step);
-    a.bias_correction2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.step));
     a.max_norm = 1.0f;
     a.seed = lab.seed;
     a.decay_mask = 0;
@@ -96,14 +94,15 @@ int main(int argc, char** argv) {
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
     float norm = cpu::global_grad_norm(grads.data(), n);
+    AdamWStep now = adamw_step_values(a, 10, 6e-4f, norm);  // step 10
     float clip = cpu::clip_coefficient(norm, a.max_norm);
     printf("gradient norm %.3f, clip factor %.4f\n", norm, clip);
     std::vector<float> master_ref = master, m_ref = m, v_ref = v;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off = layout.offset[t];
         cpu::adamw_update(master_ref.data() + off, grads.data() + off, m_ref.data() + off, v_ref.data() + off,
-                          layout.count[t], a.lr, a.beta1, a.beta2, a.eps, param_tensor_decays(t) ? a.weight_decay : 0.0f,
-                          a.step, clip);
+                          layout.count[t], now.lr, a.beta1, a.beta2, a.eps, param_tensor_decays(t) ? a.weight_decay : 0.0f,
+                          now.step, clip);
     }
 
     // device state and its pristine copies (every output is updated in place)
@@ -116,7 +115,9 @@ int main(int argc, char** argv) {
     float* master_start = to_device<float>(master, 1)[0];
     float* m_start = to_device<float>(m, 1)[0];
     float* v_start = to_device<float>(v, 1)[0];
-    float* d_norm = to_device<float>(std::vector<float>{norm}, 1)[0];
+    AdamWStep* d_now;  // the step's values, in device memory as the trainer keeps them
+    CUDA_CHECK(cudaMalloc(&d_now, sizeof(AdamWStep)));
+    CUDA_CHECK(cudaMemcpy(d_now, &now, sizeof(AdamWStep), cudaMemcpyHostToDevice));
     Case base;
     base.kernel = "adamw";
     base.bytes = 30.0 * n;
@@ -133,21 +134,21 @@ int main(int argc, char** argv) {
     c.version = 1;
     c.run = [&](int) {
         for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            float decay = param_tensor_decays(t) ? 1.0f - a.lr * a.weight_decay : 1.0f;
+            float decay = param_tensor_decays(t) ? 1.0f - now.lr * a.weight_decay : 1.0f;
             adamw_tensor<<<ceil_div(layout.count[t], 256), 256, 0, lab.stream>>>(
-                d_params, d_master, d_grads, d_m, d_v, layout.offset[t], layout.count[t], decay, d_norm, a);
+                d_params, d_master, d_grads, d_m, d_v, layout.offset[t], layout.count[t], decay, d_now, a);
             CUDA_CHECK_LAUNCH();
         }
     };
     lab_case(&lab, c);
     c.version = 2;
     c.run = [&](int) {
-        adamw_all_scalar<<<ceil_div(n, 256), 256, 0, lab.stream>>>(d_params, d_master, d_grads, d_m, d_v, n, d_norm, a);
+        adamw_all_scalar<<<ceil_div(n, 256), 256, 0, lab.stream>>>(d_params, d_master, d_grads, d_m, d_v, n, d_now, a);
         CUDA_CHECK_LAUNCH();
     };
     lab_case(&lab, c);
     c.version = 3;
-    c.run = [&](int) { adamw_update(d_params, d_master, d_grads, d_m, d_v, 0, n, d_norm, a, lab.stream); };
+    c.run = [&](int) { adamw_update(d_params, d_master, d_grads, d_m, d_v, 0, n, d_now, a, lab.stream); };
     lab_case(&lab, c);
     return lab_end(&lab);
 }

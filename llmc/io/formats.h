@@ -21,7 +21,9 @@
 // Every writer goes through AtomicFile: a crash mid-write leaves the previous file intact.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include "llmc/model/model.h"
@@ -364,7 +366,13 @@ struct TrainStateHeader {
     // the order of param_blocks(), and shard_count is 0: no per-element state)
     int32_t optimizer = 0, reserved_pad = 0;
     int64_t optimizer_state_floats = 0;
-    int32_t reserved[256 - 36] = {0};  // room to grow without changing the version
+    // fp16's loss scaler (llmc/optim/loss_scaler.h), in the reserved space (readers of any version
+    // take the zeros of older files as "no scaler state"): S (0 = none), the clean steps since the
+    // last change of S, and the steps skipped for an overflow (AdamW's t = step - these)
+    float loss_scale = 0;
+    int32_t loss_scale_clean_steps = 0;
+    int64_t loss_scale_overflows = 0;
+    int32_t reserved[256 - 40] = {0};  // room to grow without changing the version
 };
 static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
 
@@ -373,6 +381,9 @@ struct TrainState {
     std::vector<int64_t> runs;        // with a run table: (global index, count) pairs
     std::vector<float> m, v, master;  // shard_count elements each (master may be empty)
     std::vector<float> factored;      // version 3, a factored optimizer: optimizer_state_floats values
+    // instead of m and v in memory: writes m (which = 0) or v (1), shard_count floats, piece by piece
+    // through `write` (--offload-dir streams them from its files: llmc/optim/disk_offload.h)
+    std::function<void(int which, const std::function<void(const float*, size_t)>& write)> moments;
 };
 
 // The bytes after the header and the run table: m and v (and the master weights), or a factored
@@ -388,7 +399,7 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     size_t n = (size_t)s.header.shard_count;
     bool factored = s.header.optimizer != 0;
     if ((factored ? s.factored.size() != (size_t)s.header.optimizer_state_floats || !s.m.empty() || !s.v.empty()
-                  : s.m.size() != n || s.v.size() != n) ||
+                  : !s.moments && (s.m.size() != n || s.v.size() != n)) ||
         (s.header.has_master_weights && s.master.size() != n) ||
         (s.header.has_run_table && s.runs.size() != 2 * (size_t)s.header.num_runs)) {
         fail("internal: train state for '%s' has inconsistent sizes", path.c_str());
@@ -400,6 +411,11 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
     if (s.header.has_run_table) out.write(s.runs.data(), s.runs.size() * sizeof(int64_t));
     if (factored) {
         out.write(s.factored.data(), s.factored.size() * 4);
+    } else if (s.moments) {
+        size_t written[2] = {0, 0};
+        for (int which = 0; which < 2; which++)
+            s.moments(which, [&](const float* p, size_t count) { out.write(p, count * 4), written[which] += count; });
+        if (written[0] != n || written[1] != n) fail("internal: streamed %zu and %zu moments into '%s', not %zu", written[0], written[1], path.c_str(), n);
     } else {
         out.write(s.m.data(), n * 4);
         out.write(s.v.data(), n * 4);
@@ -414,6 +430,7 @@ inline void write_train_state(const std::string& path, const TrainState& s) {
 // reader list two billion file names.
 inline std::string train_state_header_problem(const TrainStateHeader& h) {
     const LoaderPosition& p = h.train_loader;
+    int exponent = 0;
     if (h.step < 0 || h.step > INT32_MAX) return strprintf("step %lld is not a step count", (long long)h.step);
     if (h.num_params <= 0) return strprintf("it counts %lld parameters", (long long)h.num_params);
     if (h.shard_begin < 0 || h.shard_begin > h.num_params - h.shard_count)
@@ -426,6 +443,11 @@ inline std::string train_state_header_problem(const TrainStateHeader& h) {
     if (h.optimizer != 0 && (h.version < 3 || h.shard_count != 0))
         return "a factored optimizer's state in a version 2 file, or beside per-element state";
     if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
+    if (h.loss_scale != 0 && (!(h.loss_scale >= 1.0f && h.loss_scale <= 3e38f) || std::frexp(h.loss_scale, &exponent) != 0.5f))
+        return strprintf("a loss scale of %g (0, or a power of two of at least 1)", (double)h.loss_scale);
+    if (h.loss_scale_clean_steps < 0 || h.loss_scale_overflows < 0 || h.loss_scale_overflows > h.step)
+        return strprintf("%d clean steps and %lld overflows of the loss scaler in %lld steps", h.loss_scale_clean_steps,
+                         (long long)h.loss_scale_overflows, (long long)h.step);
     if (p.shard_index < 0 || p.position < 0 || p.epoch < 0)
         return strprintf("the data position (shard %lld, token %lld, epoch %lld) is negative", (long long)p.shard_index,
                          (long long)p.position, (long long)p.epoch);

@@ -53,7 +53,7 @@ inline void cudnn_check(cudnnStatus_t status, const char* call, const char* file
 }
 #define CUDNN_CHECK(call) cudnn_check((call), #call, __FILE__, __LINE__)
 
-constexpr cudnnDataType_t CUDNN_FLOATX = FLOATX_IS_FP32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
+constexpr cudnnDataType_t CUDNN_FLOATX = FLOATX_IS_FP32 ? CUDNN_DATA_FLOAT : FLOATX_IS_FP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
 
 // The unique ids of the tensors that live in memory (the variant pack maps them to pointers).
 enum CudnnAttentionUid : int64_t {

@@ -14,10 +14,14 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
+
+#include "llmc/utils.h"  // bf16_round_stochastic
 
 // ----------------------------------------------------------------------------------------------
 // Checks
@@ -36,23 +40,33 @@ inline void cuda_check(cudaError_t err, const char* call, const char* file, int 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // ----------------------------------------------------------------------------------------------
-// The element type of parameters, activations and gradients: bf16, or fp32 in the debugging build
-// (make train_gpt_fp32), which is slower but agrees with the CPU reference to ~1e-5.
+// The element type of parameters, activations and gradients: bf16; fp16 in the loss-scaled build
+// (make train_gpt_fp16: 3 more mantissa bits than bf16, a range of 2^-24..65504 that the loss scaler
+// of llmc/optim/loss_scaler.h keeps the gradients inside); or fp32 in the debugging build (make
+// train_gpt_fp32), which is slower but agrees with the CPU reference to ~1e-5. Every kernel is
+// written for floatX, through to_float / from_float / stochastic_round below: these and the
+// libraries' type tags (CUDA_FLOATX in matmul.cuh, NCCL_FLOATX in comm_nccl.cuh) are all that differ.
 
-#ifdef LLMC_FP32
+#if defined(LLMC_FP32)
 typedef float floatX;
-constexpr bool FLOATX_IS_FP32 = true;
+#elif defined(LLMC_FP16)
+typedef __half floatX;
 #else
 typedef __nv_bfloat16 floatX;
-constexpr bool FLOATX_IS_FP32 = false;
 #endif
+constexpr bool FLOATX_IS_FP32 = sizeof(floatX) == 4;
+constexpr bool FLOATX_IS_FP16 = std::is_same<floatX, __half>::value;
+constexpr const char* FLOATX_NAME = FLOATX_IS_FP32 ? "fp32" : FLOATX_IS_FP16 ? "fp16" : "bf16";
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-// Round to nearest even: used everywhere except the optimizer's parameter write.
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+// Round to nearest even: used everywhere except the optimizer's parameter write. fp16: above 65504
+// it gives inf, the overflow the loss scaler looks for.
 template <class T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
 // ----------------------------------------------------------------------------------------------
 // 16-byte vectors. Pointers must be 16-byte aligned: every buffer is a cudaMalloc (256-byte aligned)
@@ -107,9 +121,21 @@ __host__ __device__ __forceinline__ uint32_t hash_u32(uint64_t x) {  // host too
 
 __device__ __forceinline__ void stochastic_round(float* out, float x, uint32_t random) { *out = x; }
 __device__ __forceinline__ void stochastic_round(__nv_bfloat16* out, float x, uint32_t random) {
-    uint32_t bits = __float_as_uint(x);
-    if ((bits & 0x7f800000u) != 0x7f800000u) bits += random & 0xffffu;  // Inf/NaN: leave as they are
-    *out = __ushort_as_bfloat16((unsigned short)(bits >> 16));
+    *out = __ushort_as_bfloat16(bf16_round_stochastic(x, random));  // llmc/utils.h: the host's too
+}
+// fp16 drops 13 bits of fp32's mantissa where it is normal and more below 2^-14 (subnormal), so the
+// bf16 trick of adding random low bits does not carry over; instead: the value toward zero, and
+// the next one away from zero with probability (distance / the gap between them).
+__device__ __forceinline__ void stochastic_round(__half* out, float x, uint32_t random) {
+    __half low = __float2half_rz(x);
+    float rest = fabsf(x - __half2float(low));  // exact: low is x with its low bits cut
+    if ((__float_as_uint(x) & 0x7f800000u) == 0x7f800000u || rest == 0.0f) {  // inf/nan, or exactly representable
+        *out = __float2half_rn(x);
+        return;
+    }
+    __half high = __ushort_as_half((unsigned short)(__half_as_ushort(low) + 1));  // one ulp further from zero
+    float gap = fabsf(__half2float(high) - __half2float(low));
+    *out = (float)(random >> 8) * 0x1p-24f * gap < rest ? high : low;
 }
 
 // ----------------------------------------------------------------------------------------------

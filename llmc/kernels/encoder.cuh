@@ -54,7 +54,9 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
 
 // The buckets, as the host lays them out in one int array of 3*BT+1 (see encoder_buckets_build):
 //   [0, BT)                 positions, sorted by token, ascending within a token
-//   [BT, BT + U + 1)        bucket u holds positions [start[u], start[u+1])
+//   [BT, 2BT + 1)           bucket u holds positions [start[u], start[u+1]); past U, every start is
+//                           the end, so a grid of more than U blocks (CUDA graphs: a grid fixed at
+//                           capture, llmc/run/cuda_graphs.cuh) finds empty buckets there
 //   [2BT + 1, 2BT + 1 + U)  the token of bucket u
 __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* buckets, int BT, int C) {
     int u = blockIdx.x;
@@ -62,6 +64,7 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
     const int* start = buckets + BT;
     const int* token_of = buckets + 2 * BT + 1;
     int begin = start[u], end = start[u + 1];
+    if (begin == end) return;  // past the last bucket (a grid sized for the most buckets a batch can have)
     floatX* row = dwte + (size_t)token_of[u] * C;
     for (int c = threadIdx.x * x128::size; c < C; c += blockDim.x * x128::size) {
         float sum[x128::size] = {};
@@ -101,7 +104,7 @@ inline int encoder_buckets_build(const int* tokens, int BT, int vocab, std::vect
             U++;
         }
     }
-    start[U] = count[vocab];  // BT on one rank
+    for (int u = U; u <= BT; u++) start[u] = count[vocab];  // the end (BT on one rank), and empty buckets past it
     for (int i = 0; i < BT; i++)  // ascending i: stable within a token
         if (row_of(i) >= 0 && row_of(i) < vocab) positions[count[row_of(i)]++] = i;
     return U;

@@ -37,7 +37,7 @@ inline void cublas_check(cublasStatus_t status, const char* call, const char* fi
 }
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
 
-constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : CUDA_R_16BF;
+constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : FLOATX_IS_FP16 ? CUDA_R_16F : CUDA_R_16BF;
 
 // One cached heuristic answer.
 struct MatmulAlgo {
@@ -117,7 +117,7 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (found == 0) {
             fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d bias=%d): the shape "
-                 "or the GPU is not supported", FLOATX_IS_FP32 ? "fp32" : "bf16", m, n, k, trans_a, trans_b, bias != nullptr);
+                 "or the GPU is not supported", FLOATX_NAME, m, n, k, trans_a, trans_b, bias != nullptr);
         }
         ctx->algos.push_back({m, n, k, trans_a, trans_b, bias != nullptr, accumulate, result.algo});
         cached = &ctx->algos.back();

@@ -30,3 +30,7 @@ constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;
 // llmc/kernels/global_norm.cuh: a fixed grid, so the sum's order never depends on the GPU; one
 // partial per block, and the norm after them (GLOBAL_NORM_BLOCKS + 1 floats).
 constexpr int GLOBAL_NORM_BLOCKS = 512;
+
+// llmc/optim/adamw.cuh: the step's values AdamW reads from device memory (AdamWStep, 20 bytes),
+// in a buffer of their own (GB_STEP_VALUES).
+constexpr size_t GPU_STEP_VALUES_BYTES = 32;

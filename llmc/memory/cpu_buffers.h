@@ -13,6 +13,7 @@
 //   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
 //                       shard (ZeRO-1, about N / ranks). No master copy: fp32 weights are their own master
 //                       (--optimizer-state bf16: 2 bytes each, llmc/optim/adamw_bf16.h)
+//                       (--offload-dir: two chunks each, the moments themselves on disk, llmc/optim/disk_offload.h)
 //   optimizer_state     instead of m and v, with --optimizer adafactor or sm3: rows + columns per weight
 //                       matrix, one per element of a vector (llmc/optim/optimizer_state.h), on every rank
 //                       (ZeRO-1: of this rank's whole blocks, llmc/optim/factored_sharding.h)
@@ -25,6 +26,11 @@
 // per-layer activation for ONE layer of scratch: level 1 drops fch_gelu for gelu_recompute
 // (B, T, 4C), level 2 also ln1 and ln2 for ln_recompute (R, C), one buffer for both. The scratch
 // rows are not per micro-batch (the backward refills them before every use).
+//
+// --stash-precision bf16 (llmc/memory/stash_precision.h) stores ln1, ln2, qkv, att, atty, fch and
+// fch_gelu in 2 bytes a value (their rows' element size), and adds ONE layer of each in fp32 as
+// scratch: the forward computes into it, the backward widens into it (ln1 and ln2 share
+// ln_recompute, fch_gelu uses gelu_recompute, the others the stash_* rows).
 //
 // On a process grid (llmc/parallel/process_grid.h) every row is for this rank's slice: its pipeline stage's
 // layers (activations of as many micro-batches as its schedule keeps in flight, llmc/parallel/pipeline_parallel.h),
@@ -45,12 +51,14 @@
 #include "llmc/memory/size_table.h"
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
+#include "llmc/optim/disk_offload.h"
 #include "llmc/optim/factored_sharding.h"
 #include "llmc/optim/optimizer_state.h"
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
+#include "llmc/model/zero_bubble_backward.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/parallel/zero.h"
 #include "llmc/utils.h"
@@ -66,12 +74,15 @@ struct CPURunShape {
     int pipeline_parallel = 1, pipeline_rank = 0;
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
     GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     MoEConfig moe;                     // --moe-experts, --moe-every (llmc/model/model.h's MoE table)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
+    bool bf16_stash = false;           // --stash-precision bf16 (llmc/memory/stash_precision.h)
+    int offload_chunk_kib = 0;         // --offload-dir: m and v on disk, streamed in chunks of this (0: in RAM)
 };
 
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
@@ -87,6 +98,7 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
     s.sequence_parallel = g.sequence_parallel;
     s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
     s.recompute = recompute;
     return s;
 }
@@ -107,10 +119,14 @@ enum CPUBuffer {
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
+    // ZB-H1: what B keeps for the deferred W, its output gradients and inputs (llmc/model/zero_bubble_backward.h)
+    CB_WEIGHT_STASH,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
     // recompute: one layer of what the levels above 0 do not keep per layer
     CB_LN_RECOMPUTE, CB_GELU_RECOMPUTE,
+    // --stash-precision bf16: one layer in fp32 of the other stashed tensors (llmc/memory/stash_precision.h)
+    CB_STASH_QKV, CB_STASH_ATT, CB_STASH_ATTY, CB_STASH_FCH,
     // parallelism: sequence-parallel rows; ZeRO-2/3's gathered units and open buckets at the peak;
     // a pipeline's last stage: its copy of the tied embedding
     CB_GATHERED, CB_DLOCAL, CB_ZERO_UNITS, CB_LENT_WTE, CB_LENT_WTE_GRAD,
@@ -143,6 +159,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     RecomputePlan keep = recompute_plan(s.recompute);
+    size_t A = s.bf16_stash ? 2 : F;  // the stashed activations' bytes per value
+    std::string a16 = s.bf16_stash ? " bf16" : "";
+    size_t one_layer = s.bf16_stash ? 1 : 0;  // the stash's fp32 scratch rows
     // the largest matmul: M is B*T rows in the forward and the data gradient, the output width
     // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
     size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
@@ -163,8 +182,15 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t moments = adamw ? z.optimizer / 2 : 0;
     size_t moment_bytes = s.bf16_moments ? 2 : F;
     const char* moment_type = s.bf16_moments ? " bf16" : "";
-    t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
-    t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    if (s.offload_chunk_kib > 0) {  // the moments are in files; RAM holds two chunks of each
+        size_t slots = disk_offload_buffer_floats(moments, s.offload_chunk_kib);
+        std::string where = sh("2 chunks; the (%zu) on disk", moments);
+        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, where, slots, F};
+        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, where, slots, F};
+    } else {
+        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
+    }
     // (ZeRO-1: the rows and columns of this rank's whole blocks only, llmc/optim/factored_sharding.h)
     size_t factored = adamw ? 0 : s.zero_stage == 1 ? factored_state_floats_of(c, s.world_size, s.rank) : factored_state_floats(c);
     t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER,
@@ -172,18 +198,18 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                                 s.zero_stage == 1 ? ", this rank's blocks" : ""), factored, F};
 
     t[CB_ENCODED] = {"encoded", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * R * C, F};
-    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN1] = {"ln1", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x + a16, keep.ln ? M * L * R * C : 0, A};
     t[CB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
-    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x, M * L * BT * 3 * Ca, F};
-    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x, M * L * B * NH * T * T, F};
-    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x, M * L * BT * Ca, F};
+    t[CB_QKV] = {"qkv", MEM_ACTIVATIONS, "(L, B, T, 3C" + tp + ")" + x + a16, M * L * BT * 3 * Ca, A};
+    t[CB_ATT] = {"att", MEM_ACTIVATIONS, "(L, B, NH" + tp + ", T, T)" + x + a16, M * L * B * NH * T * T, A};
+    t[CB_ATTY] = {"atty", MEM_ACTIVATIONS, "(L, B, T, C" + tp + ")" + x + a16, M * L * BT * Ca, A};
     t[CB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
-    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, keep.ln ? M * L * R * C : 0, F};
+    t[CB_LN2] = {"ln2", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x + a16, keep.ln ? M * L * R * C : 0, A};
     t[CB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
     t[CB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, "(L, " + rows + ")" + x, M * L * R, F};
-    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, M * L * BT * Cf, F};
-    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x, keep.gelu ? M * L * BT * Cf : 0, F};
+    t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, M * L * BT * Cf, A};
+    t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, keep.gelu ? M * L * BT * Cf : 0, A};
     t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
     t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
     t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
@@ -191,6 +217,10 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, M * head * BT * Vp, F};
     t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+    size_t stashes = s.pending_weight_passes;
+    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy and inputs: (20C+4) x B x T per layer%s x %zu",
+                                                              head ? " + (2C+2) x B x T" : "", stashes),
+                          stashes * weight_stash_floats(L, BT, C, Ca, Cf, head), F};
 
     t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_DBUF_C] = {"dbuf_c", MEM_WORKSPACE, "(B, T, C)", BT * C, F};
@@ -202,8 +232,13 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                            matmul_pack_b_floats(max_columns), F};
     t[CB_OPTIMIZER_SCRATCH] = {"optimizer_scratch", MEM_WORKSPACE, "SM3: the widest matrix's columns",
                                s.optimizer == Optimizer::SM3 ? factored_scratch_floats(c) : 0, F};
-    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln ? 0 : R * C, F};
-    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu ? 0 : BT * Cf, F};
+    // (ln1, ln2 or fch_gelu: recomputed, or widened from the bf16 stash)
+    t[CB_LN_RECOMPUTE] = {"ln_recompute", MEM_WORKSPACE, "(" + rows + ", C) ln1 or ln2", keep.ln && !s.bf16_stash ? 0 : R * C, F};
+    t[CB_GELU_RECOMPUTE] = {"gelu_recompute", MEM_WORKSPACE, "(B, T, 4C" + tp + ")", keep.gelu && !s.bf16_stash ? 0 : BT * Cf, F};
+    t[CB_STASH_QKV] = {"stash_qkv", MEM_WORKSPACE, "(B, T, 3C" + tp + ") one layer", one_layer * BT * 3 * Ca, F};
+    t[CB_STASH_ATT] = {"stash_att", MEM_WORKSPACE, "(B, NH" + tp + ", T, T) one layer", one_layer * B * NH * T * T, F};
+    t[CB_STASH_ATTY] = {"stash_atty", MEM_WORKSPACE, "(B, T, C" + tp + ") one layer", one_layer * BT * Ca, F};
+    t[CB_STASH_FCH] = {"stash_fch", MEM_WORKSPACE, "(B, T, 4C" + tp + ") one layer", one_layer * BT * Cf, F};
 
     t[CB_GATHERED] = {"sp_gathered", MEM_WORKSPACE, "(B, T, C) all ranks' rows", sp > 1 ? BT * C : 0, F};
     t[CB_DLOCAL] = {"sp_dlocal", MEM_WORKSPACE, "(R, C) reduce-scattered", sp > 1 ? R * C : 0, F};
@@ -226,6 +261,12 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard",
                              moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0, F};
     return t;
+}
+
+// --offload-dir: the floats of m (and of v) this rank keeps on disk (0 without it).
+inline size_t cpu_offloaded_moments(const CPURunShape& s) {
+    bool adamw = s.optimizer == Optimizer::AdamW;
+    return s.offload_chunk_kib > 0 && adamw ? cpu_updated_range(s).size() : 0;
 }
 
 // The CPU allocator is asked for exactly each row's bytes (std::vector of that many floats).

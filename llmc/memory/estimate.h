@@ -62,9 +62,12 @@ struct EstimateSetup {
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
+    std::string half_name = "bf16";     // the 2-byte type: bf16, or fp16 in ./train_gpt_fp16
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
+    bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
+    int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
     GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
@@ -112,9 +115,11 @@ inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int
     CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
     shape.optimizer = e.optimizer;
     shape.bf16_moments = e.bf16_moments;
+    shape.bf16_stash = e.bf16_stash;
     shape.compression = e.compression;
     shape.moe = e.moe;
     shape.moe_top_k = e.moe_top_k;
+    shape.offload_chunk_kib = e.offload_chunk_kib;
     return cpu_buffer_table(shape);
 }
 
@@ -365,6 +370,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
         {"LayerNorm statistics (mean, 1/std)", 0, 0, {"ln1_mean", "ln1_rstd", "ln2_mean", "ln2_rstd"}},
         {"after the blocks: final LayerNorm, logits, loss", 0, 0,
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
+        {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
     };
     return terms;
 }
@@ -380,7 +386,7 @@ inline int activation_term_of(const std::string& name) {
 
 inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
     double s = e.T, b = e.B, h = e.cfg.channels, a = e.cfg.num_heads, L = e.cfg.num_layers;
-    std::string width = e.dtype_bytes == 4 ? "fp32" : "bf16";
+    std::string width = e.dtype_bytes == 4 ? "fp32" : e.half_name;
     std::vector<ActivationLine> lines;
     for (const ActivationTerm& t : activation_terms()) {
         ActivationLine line;
@@ -396,7 +402,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     // the reasons, in the order of the lines
     bool cudnn = e.trainer == Trainer::GPU && !e.simple_attention;
     RecomputePlan keep = recompute_plan(e.recompute);
-    std::string values = e.dtype_bytes == 2 ? "the same (bf16: 2 bytes per value)" : "fp32: 4 bytes per value, the paper's 2";
+    std::string values = e.dtype_bytes == 2 ? "the same (" + e.half_name + ": 2 bytes per value)"
+                                            : "fp32: 4 bytes per value, the paper's 2";
     lines[0].why = "L+1 slices: the last block's output is kept too, as the final LayerNorm's input; " + values;
     lines[1].why = keep.ln ? values : "--recompute 2: recomputed in the backward from the block input and the saved statistics";
     lines[2].why = values;
@@ -412,9 +419,18 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[9].why = keep.gelu ? values : "--recompute >= 1: recomputed as GELU(fch), one layer at a time, in the backward";
     lines[10].why = "two fp32 per row and LayerNorm, so the backward needs no reduction to recover them; the paper "
                     "recomputes them";
+    if (e.bf16_stash) {  // llmc/memory/stash_precision.h: their layer's fp32 scratch is in the workspace
+        std::string stashed = "bf16 stash (--stash-precision bf16): 2 bytes per value, the paper's; one layer in fp32 in the workspace";
+        for (int i : {1, 2, 4, 7, 8, 9})
+            if (lines[(size_t)i].ours > 0) lines[(size_t)i].why = stashed;
+        lines[3].why = "the probabilities, materialised (L, B, NH, T, T) in bf16 (the stash; one layer in fp32 in the "
+                       "workspace); no dropout, so no mask and no second copy";
+    }
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
+    lines[12].why = "a pipeline schedule, not a layer's: each block's output gradients and inputs from B to W, s + 1 "
+                    "micro-batches on stage s (llmc/model/zero_bubble_backward.h); 0 with the other schedules";
     return lines;
 }
 
@@ -490,6 +506,10 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
         lines[3].why = strprintf("m and v in bf16 (--optimizer-state bf16): %.4f bytes per parameter against 8",
                                  ours.bytes[MEM_OPTIMIZER] / N);
     }
+    if (e.offload_chunk_kib > 0 && e.optimizer == Optimizer::AdamW) {
+        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, 8 bytes per parameter "
+                                 "on disk", e.offload_chunk_kib);
+    }
     if (e.optimizer != Optimizer::AdamW) {
         lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
                                  "(%.4f bytes per parameter against AdamW's 8)", optimizer_name((int)e.optimizer),
@@ -537,6 +557,8 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.recompute = o.recompute;
     parse_optimizer(o.optimizer, &e.optimizer);
     e.bf16_moments = o.optimizer_state == "bf16";
+    e.bf16_stash = o.stash_precision == "bf16";
+    e.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     e.compression = grad_compression_settings(o);
     e.moe = MoEConfig{o.moe_experts, o.moe_every};
     e.moe_top_k = o.moe_top_k;
@@ -592,8 +614,9 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
     std::string what;
     if (e.trainer == Trainer::CPU) {
         what = e.recompute ? strprintf("CPU trainer, fp32, recompute %d", e.recompute) : "CPU trainer, fp32";
+        if (e.bf16_stash) what += ", bf16 stash";
     } else {
-        what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? "bf16" : "fp32",
+        what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? e.half_name.c_str() : "fp32",
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
                          e.recompute, e.simple_attention ? "simple" : "cuDNN");
     }
@@ -648,6 +671,14 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(), OFFLOAD_HOST_BYTES_PER_PARAM,
                format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
     }
+    if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
+        CPURunShape shape = cpu_run_shape(e.cfg, e.B, e.T, estimate_grid(e, 0), e.schedule, estimate_micro_batches(e, e.B), e.recompute);
+        shape.optimizer = e.optimizer, shape.offload_chunk_kib = e.offload_chunk_kib;
+        double disk = 8.0 * cpu_offloaded_moments(shape);
+        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
+               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(),
+               (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());
+    }
     if (estimate_overhead(e) > 0) {
         printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
                format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());
@@ -692,9 +723,9 @@ inline void print_estimate(const EstimateSetup& e) {
     }
     if (e.pp > 1) {
         int m = estimate_micro_batches(e, e.B);
-        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%% of each stage's step\n",
-               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m, e.pp - 1, m + e.pp - 1,
-               100.0 * pipeline_bubble_fraction(e.pp, m));
+        printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble %s of each stage's step\n",
+               e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
+               pipeline_bubble_text(e.schedule, e.pp, m).c_str());
     }
 
     ComputeEstimate comp = estimate_compute(e);
@@ -727,14 +758,16 @@ inline void print_estimate(const EstimateSetup& e) {
     if (e.trainer == Trainer::CPU && !grid) {
         // the optimizers' state as the CPU trainer's table holds it (rank 0), in bytes per parameter
         printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
-        for (int choice = 0; choice < 4; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3
+        for (int choice = 0; choice < 5; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3, adamw on disk
             EstimateSetup other = e;
-            other.optimizer = choice <= 1 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
+            other.optimizer = choice <= 1 || choice == 4 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
             other.bf16_moments = choice == 1;
+            other.offload_chunk_kib = choice < 4 ? 0 : e.offload_chunk_kib > 0 ? e.offload_chunk_kib : DISK_OFFLOAD_DEFAULT_CHUNK_KIB;
+            if (choice == 4 && e.zero_stage > 1) continue;  // refused (validate_options)
             if (choice >= 2 && e.zero_stage > 1) continue;  // refused: the CLI says why (ZeRO-1: factored_sharding.h)
             size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
             printf("%s %s%s %s (%.4f B/param)", choice == 0 ? "" : ";", optimizer_name((int)other.optimizer),
-                   choice == 1 ? " bf16" : "", format_bytes((double)bytes).c_str(), bytes / N);
+                   choice == 1 ? " bf16" : choice == 4 ? " --offload-dir (in RAM; 8 B/param on disk)" : "", format_bytes((double)bytes).c_str(), bytes / N);
         }
         printf("\n");
     }

@@ -86,7 +86,7 @@ enum GPUBuffer {
     GB_LNF, GB_LNF_MEAN, GB_LNF_RSTD, GB_LOGITS, GB_LOSSES,
     // scratch: one layer's worth, reused by every layer, forward and backward
     GB_LN_RECOMPUTE, GB_GELU_RECOMPUTE, GB_SCRATCH_C, GB_DRESIDUAL, GB_SCRATCH_3C, GB_SCRATCH_4C,
-    GB_REDUCE_PARTIALS, GB_NORM_PARTIALS, GB_INPUTS, GB_TARGETS, GB_ENCODER_BUCKETS,
+    GB_REDUCE_PARTIALS, GB_NORM_PARTIALS, GB_STEP_VALUES, GB_INPUTS, GB_TARGETS, GB_ENCODER_BUCKETS,
     GB_CUBLASLT_WORKSPACE,
     // attention: simple path
     GB_ATT_QKV, GB_ATT_DQKV, GB_ATT_O, GB_ATT_SCORES,
@@ -196,6 +196,7 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_REDUCE_PARTIALS] = {"reduce_partials", MEM_WORKSPACE, "column sums per row block, fp32",
                              std::max(ln_partials, bias_partials), F};
     t[GB_NORM_PARTIALS] = {"norm_partials", MEM_WORKSPACE, sh("(%d+1) fp32", GLOBAL_NORM_BLOCKS), GLOBAL_NORM_BLOCKS + 1, F};
+    t[GB_STEP_VALUES] = {"step_values", MEM_WORKSPACE, "the step's lr, bias corrections, norm, t", GPU_STEP_VALUES_BYTES, 1};
     t[GB_INPUTS] = {"inputs", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
     t[GB_TARGETS] = {"targets", MEM_WORKSPACE, "(B, T) int32" + x, per(BT), I};
     t[GB_ENCODER_BUCKETS] = {"encoder_buckets", MEM_WORKSPACE, "(3BT+1) int32" + x, per((3 * BT + 1)), I};

@@ -1,7 +1,8 @@
 // adamw.cuh — gradient clipping and the AdamW update of every parameter, in ONE launch.
 //
 // For each parameter p with gradient g (scaled by the clip factor min(1, max_norm / (norm + 1e-6)),
-// computed here from the norm global_norm() left on the GPU):
+// computed here from the step's norm, which the kernel reads from device memory with the learning
+// rate and the bias corrections: AdamWStep below):
 //   m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2                       (fp32 state)
 //   p <- p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // in PyTorch's order of operations, as the CPU reference writes it. Weight decay is per tensor
@@ -23,25 +24,41 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/model/model.h"
 
+// The settings of the run, the same at every step: passed to the kernels by value.
 struct AdamWParams {
-    float lr, beta1, beta2, eps, weight_decay;
-    float bias_correction1, bias_correction2_sqrt;
+    float beta1, beta2, eps, weight_decay;
     float max_norm;       // clip to this global norm (0 = no clipping)
+    float grad_scale = 1.0f;  // 1/S: fp16's loss scale divided out (llmc/optim/loss_scaler.h); 1 otherwise
     uint64_t seed;        // stochastic-rounding seed; mixed with the step
-    int step;             // t, from 1
     size_t tensor_offset[NUM_PARAM_TENSORS];
     unsigned decay_mask;  // bit t set: tensor t decays
 };
+
+// What changes from step to step. The kernels read it from device memory, which the host fills
+// with one cudaMemcpyAsync before the update: a CUDA graph that captured the update once
+// (--cuda-graphs, llmc/run/cuda_graphs.cuh) then applies each step's values. Passed by value, they
+// would be baked into the graph: every replay would use the learning rate of the captured step.
+struct AdamWStep {
+    float grad_norm;      // the global norm of the gradient, before clipping
+    float lr;
+    float bias_correction1, bias_correction2_sqrt;  // 1 - beta1^t, sqrt(1 - beta2^t)
+    int step;             // t, from 1
+};
+
+inline AdamWStep adamw_step_values(const AdamWParams& a, int step, float lr, float norm) {
+    return AdamWStep{norm, lr, 1.0f - powf(a.beta1, (float)step), sqrtf(1.0f - powf(a.beta2, (float)step)), step};
+}
 
 // AdamW on 8 consecutive parameters: params[at..at+8) with gradients grads[at..], their fp32 state
 // at master[local..], m[local..], v[local..]; `index` is the first one's index in the model, which
 // seeds its stochastic rounding.
 __device__ __forceinline__ void adamw_update8(floatX* params, float* master, const floatX* grads, float* m, float* v,
-                                              size_t local, size_t at, size_t index, float decay, const float* grad_norm,
+                                              size_t local, size_t at, size_t index, float decay, const AdamWStep& now,
                                               const AdamWParams& a) {
     float clip = 1.0f;
-    if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (*grad_norm + 1e-6f));
-    float step_size = a.lr / a.bias_correction1;
+    if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (now.grad_norm + 1e-6f));
+    clip *= a.grad_scale;  // (now.grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
+    float step_size = now.lr / now.bias_correction1;
 
     x128 p8 = load128(params + at), g8 = load128cs(grads + at);
     float p[x128::size];
@@ -52,7 +69,7 @@ __device__ __forceinline__ void adamw_update8(floatX* params, float* master, con
             for (int k = 0; k < f128::size; k++) p[h + k] = w4[k];
         }
     }
-    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)a.step << 40);
+    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
     for (int h = 0; h < x128::size; h += f128::size) {
         f128 m4 = load128(m + local + h), v4 = load128(v + local + h), w4;
         for (int k = 0; k < f128::size; k++) {
@@ -60,7 +77,7 @@ __device__ __forceinline__ void adamw_update8(floatX* params, float* master, con
             float g = to_float(g8[j]) * clip;
             m4[k] = a.beta1 * m4[k] + (1.0f - a.beta1) * g;
             v4[k] = a.beta2 * v4[k] + (1.0f - a.beta2) * g * g;
-            float denom = sqrtf(v4[k]) / a.bias_correction2_sqrt + a.eps;
+            float denom = sqrtf(v4[k]) / now.bias_correction2_sqrt + a.eps;
             p[j] = p[j] * decay - step_size * m4[k] / denom;
             w4[k] = p[j];
             stochastic_round(&p8[j], p[j], hash_u32(stream ^ (uint64_t)(index + j)));
@@ -73,21 +90,23 @@ __device__ __forceinline__ void adamw_update8(floatX* params, float* master, con
 }
 
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t begin,
-                             size_t count, const float* grad_norm, AdamWParams a) {
+                             size_t count, const AdamWStep* step_values, AdamWParams a) {
     size_t local = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (local >= count) return;
+    AdamWStep now = *step_values;
     size_t i = begin + local;  // index into the whole model's flat arrays
     int tensor = NUM_PARAM_TENSORS - 1;
     while (i < a.tensor_offset[tensor]) tensor--;
-    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - a.lr * a.weight_decay : 1.0f;
-    adamw_update8(params, master, grads, m, v, local, i, i, decay, grad_norm, a);
+    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
+    adamw_update8(params, master, grads, m, v, local, i, i, decay, now, a);
 }
 
 // params/grads are the whole model's arrays; master/m/v hold only the slice [begin, begin + count).
+// step_values: device memory holding this step's AdamWStep.
 inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t begin,
-                         size_t count, const float* grad_norm, const AdamWParams& a, cudaStream_t stream) {
+                         size_t count, const AdamWStep* step_values, const AdamWParams& a, cudaStream_t stream) {
     adamw_kernel<<<ceil_div(count / x128::size, 256), 256, 0, stream>>>(params, master, grads, m, v, begin, count,
-                                                                       grad_norm, a);
+                                                                       step_values, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -96,17 +115,19 @@ inline void adamw_update(floatX* params, float* master, const floatX* grads, flo
 // arrays). `index` is the piece's first element in the rank's flat array, the same index the flat
 // kernel above would use for it, so both give an element the same stochastic rounding.
 __global__ void adamw_piece_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t count,
-                                   size_t index, float decay, const float* grad_norm, AdamWParams a) {
+                                   size_t index, bool decays, const AdamWStep* step_values, AdamWParams a) {
     size_t k = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (k >= count) return;
-    adamw_update8(params, master, grads, m, v, k, k, index + k, decay, grad_norm, a);
+    AdamWStep now = *step_values;
+    float decay = decays ? 1.0f - now.lr * a.weight_decay : 1.0f;
+    adamw_update8(params, master, grads, m, v, k, k, index + k, decay, now, a);
 }
 
 // count must be a multiple of 8 (every tensor's per-layer size is, and so are the shard boundaries).
 inline void adamw_update_piece(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t count,
-                               size_t index, bool decays, const float* grad_norm, const AdamWParams& a, cudaStream_t stream) {
-    float decay = decays ? 1.0f - a.lr * a.weight_decay : 1.0f;
+                               size_t index, bool decays, const AdamWStep* step_values, const AdamWParams& a,
+                               cudaStream_t stream) {
     adamw_piece_kernel<<<ceil_div(count / x128::size, 256), 256, 0, stream>>>(params, master, grads, m, v, count, index,
-                                                                             decay, grad_norm, a);
+                                                                             decays, step_values, a);
     CUDA_CHECK_LAUNCH();
 }

@@ -38,15 +38,8 @@
 
 namespace cpu {
 
-// (bf16 is fp32's upper 16 bits: llmc/utils.h widens it and rounds to nearest.) Stochastic
-// rounding: add 16 random bits below the kept ones, then cut them off. The magnitude
-// rounds up with probability (dropped bits) / 2^16, which is (x - down) / (up - down).
-inline uint16_t bf16_round_stochastic(float f, uint32_t random16) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += random16 & 0xFFFFu;
-    return (uint16_t)(u >> 16);
-}
+// (bf16 is fp32's upper 16 bits: llmc/utils.h widens it, rounds to nearest, and rounds
+// stochastically: bf16_round_stochastic, the GPU's rounding too.)
 
 enum class BF16Rounding { Nearest, Stochastic };
 

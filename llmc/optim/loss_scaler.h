@@ -37,11 +37,12 @@
 // 0's weights bit for bit those before the step.
 //
 // Memory: two numbers. Speed: one multiply per gradient (folded into the norm pass on a GPU).
-// Hook points: the loss seed (gpt2_loss's dlogits), finish_gradients (unscale, then the norm),
-// step_is_sound (skip and update S). With bf16 and fp32 the scaler is off: S = 1, never changes.
-//
-// Status: this file and its test; --precision refuses fp16 on both trainers until the fp16 build
-// (floatX = __half in llmc/kernels/cuda_common.cuh) exists. See docs/memory.md "fp16 or bf16".
+// Hook points (train_gpt.cu, the fp16 build ./train_gpt_fp16): the loss seed (forward_backward's
+// gpt2_loss writes dlogits times S / tokens); train_step (the all-reduced norm divided by S, then
+// loss_scaler_update instead of step_is_sound when the loss is finite); optimizer_step (AdamW's
+// t = step - overflows, its clip factor times 1/S). With bf16 and fp32 the scaler is off: S = 1,
+// never changes. The CPU trainer computes in fp32 and has none; test/test_loss_scaler.cpp checks
+// this file on its own, test/test_fp16.py the fp16 build. See docs/memory.md "fp16 or bf16".
 #pragma once
 
 #include <cmath>
@@ -58,6 +59,7 @@ struct LossScaler {
     float scale = 1.0f;     // S; 1 = off (bf16, fp32)
     int clean_steps = 0;    // steps since the last overflow or growth
     int window = LOSS_SCALE_WINDOW;
+    int overflows = 0;      // steps skipped for an overflow: AdamW's t is the step minus these
 };
 
 inline bool is_power_of_two(float s) {
@@ -96,6 +98,7 @@ inline bool loss_scaler_update(LossScaler* s, bool overflow, int step) {
                  "train in bf16 (--precision bf16, ./train_gpt)", step, (double)s->scale);
         s->scale *= 0.5f;  // exact: still a power of two
         s->clean_steps = 0;
+        s->overflows++;
         return false;
     }
     if (++s->clean_steps == s->window) {

@@ -65,21 +65,12 @@ inline void offload_free(OptimizerOffload* o) {
     *o = OptimizerOffload{};
 }
 
-// The bf16 rounding of adamw_update8 (stochastic_round in cuda_common.cuh), on the host: the same
-// random bits for the same (seed, step, index), so the weights match the on-device run's.
-inline uint16_t offload_round_bf16(float x, uint32_t random) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof(bits));
-    if ((bits & 0x7f800000u) != 0x7f800000u) bits += random & 0xffffu;  // Inf/NaN: leave as they are
-    return (uint16_t)(bits >> 16);
-}
-
 // One AdamW step on the host: gradient down, AdamW on the CPU tensor by tensor, weights up.
 // `params` and `grads` are the GPU's flat arrays; `layout` gives each tensor's offset (its decay).
-inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout, float norm,
-                          const AdamWParams& a, cudaStream_t stream) {
-    // The fp32 build compiles this too, but refuses --offload at start-up (check_offload_options).
-    if (sizeof(floatX) != 2) fail("internal: --offload optimizer needs the bf16 build");
+inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout,
+                          const AdamWStep& now, const AdamWParams& a, cudaStream_t stream) {
+    // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (check_offload_options).
+    if (!std::is_same<floatX, __nv_bfloat16>::value) fail("internal: --offload optimizer needs the bf16 build");
     size_t n = o->n, begin = o->begin;
     if (n == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(o->staging, grads + begin, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream));
@@ -89,7 +80,7 @@ inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* gra
         uint32_t bits = (uint32_t)o->staging[i] << 16;  // bf16 -> fp32 is exact
         memcpy(&o->grads[i], &bits, sizeof(float));
     }
-    float clip = cpu::clip_coefficient(norm, a.max_norm);
+    float clip = cpu::clip_coefficient(now.grad_norm, a.max_norm);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         // Tensor t's part of [begin, begin + n). The last tensor runs to the end: ZeRO's padding past
         // the model is updated as the GPU kernel updates it (as the last tensor; its gradient is zero).
@@ -98,12 +89,13 @@ inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* gra
         if (lo >= hi) continue;
         size_t k = lo - begin;
         float wd = param_tensor_decays(t) ? a.weight_decay : 0.0f;  // 1 - lr * 0 = 1: the kernel's "no decay"
-        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, hi - lo, a.lr, a.beta1, a.beta2, a.eps, wd,
-                          a.step, clip);
+        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, hi - lo, now.lr, a.beta1, a.beta2, a.eps, wd,
+                          now.step, clip);
     }
-    uint64_t seed_stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)a.step << 40);  // as adamw_update8
+    uint64_t seed_stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);  // as adamw_update8
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) o->staging[i] = offload_round_bf16(o->master[i], hash_u32(seed_stream ^ (uint64_t)(begin + i)));
+    for (size_t i = 0; i < n; i++) o->staging[i] = bf16_round_stochastic(o->master[i],  // as adamw_update8 rounds: the same bits
+                                                                  hash_u32(seed_stream ^ (uint64_t)(begin + i)));
     CUDA_CHECK(cudaMemcpyAsync(params + begin, o->staging, n * sizeof(uint16_t), cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging array is reused by the next step's gradient
 }

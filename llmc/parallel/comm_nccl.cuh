@@ -63,7 +63,7 @@
 #include "llmc/parallel/sharding.h"
 
 // The trainer's element type (bf16, or fp32 in the debugging build), as NCCL names it.
-constexpr ncclDataType_t NCCL_FLOATX = FLOATX_IS_FP32 ? ncclFloat32 : ncclBfloat16;
+constexpr ncclDataType_t NCCL_FLOATX = FLOATX_IS_FP32 ? ncclFloat32 : FLOATX_IS_FP16 ? ncclFloat16 : ncclBfloat16;
 
 struct GpuComm {
     Comm* host = nullptr;
@@ -218,12 +218,12 @@ inline void gpu_comm_finalize(GpuComm* g) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Collectives on device arrays: fp32 or bf16 (ncclFloat32 / ncclBfloat16). Host staging sums in
-// fp32: bf16 values are widened on the host, summed, and rounded back to bf16 (round to nearest).
+// Collectives on device arrays: fp32, bf16 or fp16 (ncclFloat32 / ncclBfloat16 / ncclFloat16). Host
+// staging sums in fp32: bf16 and fp16 values are widened on the host, summed, and rounded back (to nearest).
 
-inline size_t gpu_dtype_bytes(ncclDataType_t t) { return t == ncclBfloat16 ? 2 : 4; }
+inline size_t gpu_dtype_bytes(ncclDataType_t t) { return t == ncclBfloat16 || t == ncclFloat16 ? 2 : 4; }
 
-// Device -> host fp32 (widening bf16), for host staging. Waits for the copy.
+// Device -> host fp32 (widening bf16 or fp16), for host staging. Waits for the copy.
 inline void gpu_stage_to_host(GpuComm* g, const void* src, size_t n, ncclDataType_t t, float* dst, const char* what) {
     if (t == ncclFloat32) {
         GPU_COMM_CUDA(g, cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToHost, g->stream), what);
@@ -233,7 +233,10 @@ inline void gpu_stage_to_host(GpuComm* g, const void* src, size_t n, ncclDataTyp
     std::vector<uint16_t> half(n);
     GPU_COMM_CUDA(g, cudaMemcpyAsync(half.data(), src, n * 2, cudaMemcpyDeviceToHost, g->stream), what);
     gpu_comm_wait(g, what);
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(half[i]);
+    if (t == ncclFloat16)
+        for (size_t i = 0; i < n; i++) dst[i] = __half2float(__ushort_as_half(half[i]));
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(half[i]);
 }
 
 inline void gpu_stage_to_device(GpuComm* g, const float* src, size_t n, ncclDataType_t t, void* dst, const char* what) {
@@ -241,7 +244,10 @@ inline void gpu_stage_to_device(GpuComm* g, const float* src, size_t n, ncclData
         GPU_COMM_CUDA(g, cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, g->stream), what);
     } else {
         std::vector<uint16_t> half(n);
-        for (size_t i = 0; i < n; i++) half[i] = float_to_bf16_round_nearest(src[i]);
+        if (t == ncclFloat16)
+            for (size_t i = 0; i < n; i++) half[i] = __half_as_ushort(__float2half_rn(src[i]));
+        else
+            for (size_t i = 0; i < n; i++) half[i] = float_to_bf16_round_nearest(src[i]);
         GPU_COMM_CUDA(g, cudaMemcpyAsync(dst, half.data(), n * 2, cudaMemcpyHostToDevice, g->stream), what);
     }
     gpu_comm_wait(g, what);  // the host buffer must outlive the copy

@@ -68,10 +68,10 @@
 
 // The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
 // bubble (p-1)/(m+p-1) it predicts.
-inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches, double bubble) {
-    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble (p-1)/(m+p-1) = %d/%d = %.1f%%\n",
+inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches) {
+    return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble %s\n",
                      pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
-                     stages - 1, micro_batches + stages - 1, 100.0 * bubble);
+                     pipeline_bubble_text(s, stages, micro_batches).c_str());
 }
 
 // The tied embedding, after the backward pass: the last stage's LM-head gradient (n floats) is

@@ -62,11 +62,15 @@
 //         ZB-H1  (p-1)(F + B - W) = p - 1      of a step of 3m + p - 1    (the paper's Table 2)
 //         1F1B   (p-1)(F + B + W) = 3(p - 1)   of a step of 3m + 3(p - 1)
 //     (test_pipeline_schedule checks both on the simulated clock, p = 2..4.) The price: a stage
-//     keeps what W needs (each matmul's input and output gradient, LayerNorm's normalised input)
-//     from B(k) until W(k): s micro-batches longer, so stage s holds p, not p - s, micro-batches
-//     from F to W. Stage 0, the peak, holds p as in 1F1B: the peak activation memory is 1F1B's.
-//     Trained: not yet (the CPU layers' backward is not split into B and W; cli.h refuses it, one
-//     line); --pipeline-print-schedule prints it. PipeDream-2BW (two weight versions): coming.
+//     keeps what W needs (each matmul's input and output gradient, LayerNorm's input and output
+//     gradient) from B(k) until W(k), s micro-batches longer: s + 1 micro-batches' worth at once on
+//     stage s (pipeline_pending_weight_passes below). The forward's activations are free after B
+//     as in 1F1B (p - s micro-batches from F to B), so stage s holds p - s whole micro-batches and
+//     s + 1 of W's part: the paper's "same peak memory as 1F1B" when, as there, W's part is counted
+//     as a part of the activations; the CPU trainer copies it into a stash of its own
+//     (llmc/model/zero_bubble_backward.h: the passes, the stash, its cost at d12). The GPU trainer
+//     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
+//     PipeDream-2BW (two weight versions): coming.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
@@ -235,17 +239,25 @@ inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
 }
 
 // How many (micro-batch, chunk) activations a stage holds at once: the peak of forwards not yet
-// backwarded in its list (for ZB-H1: not yet through W). m for GPipe, min(m, p - stage) for 1F1B,
-// min(m, p) for ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
+// backwarded in its list (ZB-H1's W's part: pipeline_pending_weight_passes). m for GPipe, min(m, p - stage)
+// for 1F1B and ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
 // for every micro-batch count up to the step's, and a step of 2^30 micro-batches must not build a
 // list of 2^31 actions to answer (test_pipeline_schedule checks it against the walk's peak).
 inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int stages, int m, int chunks = 1) {
     if (m <= 0) return 0;
     if (stages == 1) return 1;
     if (kind == PipelineSchedule::GPipe) return m;
-    if (kind == PipelineSchedule::OneFOneB) return std::min(m, stages - stage);
-    if (kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages);  // F to W: p - s + s (the lag)
+    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages - stage);
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
+}
+
+// ZB-H1: how many micro-batches' W a stage has pending at once (B done, W not yet), each keeping
+// the output gradients W needs: stage s runs W(k) right after B(k + s), so s + 1 of them (and never
+// more than m); 0 for the schedules whose backward is whole. test_pipeline_schedule checks it
+// against the lists' walk.
+inline int pipeline_pending_weight_passes(PipelineSchedule kind, int stage, int stages, int m) {
+    if (kind != PipelineSchedule::ZeroBubbleH1 || stages == 1 || m <= 0) return 0;
+    return std::min(m, stage + 1);
 }
 
 // The part of the step each stage idles, F and B of equal cost ratio on every stage:
@@ -257,6 +269,17 @@ inline double pipeline_bubble_fraction(int stages, int m, int chunks = 1) {
 // above, (p-1)/(m+p-1): three times the idle slots in a step of 3m + 3(p-1).
 inline double pipeline_zb_h1_bubble_fraction(int stages, int m) {
     return (double)(stages - 1) / (double)(3 * m + stages - 1);
+}
+
+// The bubble the trainers and --estimate print for GPipe, 1F1B and ZB-H1: its formula, the fraction
+// and the percentage, "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%").
+inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m) {
+    return kind == PipelineSchedule::ZeroBubbleH1 ? pipeline_zb_h1_bubble_fraction(stages, m) : pipeline_bubble_fraction(stages, m);
+}
+inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m) {
+    bool zb = kind == PipelineSchedule::ZeroBubbleH1;
+    return strprintf("%s = %d/%d = %.1f%%", zb ? "(p-1)/(3m+p-1) at F = B = W" : "(p-1)/(m+p-1)", stages - 1,
+                     (zb ? 3 : 1) * m + stages - 1, 100.0 * pipeline_predicted_bubble(kind, stages, m));
 }
 
 // Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the

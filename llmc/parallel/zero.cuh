@@ -246,17 +246,17 @@ inline std::vector<std::pair<const floatX*, size_t>> zero_norm_pieces(const Zero
 // owned piece; the weights are in the flat array (`params`, stage 2) or in the weight shard (stage
 // 3), gradients, master, m and v in the shards, and each piece's stochastic rounding is seeded by
 // its index in the flat array, as the one launch would seed it.
-inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, float* v, const float* grad_norm,
+inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, float* v, const AdamWStep* step_values,
                        const AdamWParams& a, cudaStream_t compute) {
     if (z->plan.stage <= 1) {
         const ShardRange& r = z->plan.updated;
-        if (r.size() > 0) adamw_update(params, master, z->grads, m, v, r.begin, r.size(), grad_norm, a, compute);
+        if (r.size() > 0) adamw_update(params, master, z->grads, m, v, r.begin, r.size(), step_values, a, compute);
         return;
     }
     for (const ZeroPiece& p : zero_owned_pieces(z->plan)) {
         floatX* w = z->plan.stage == 3 ? z->weights + p.stored : params + p.local;
         adamw_update_piece(w, master ? master + p.stored : nullptr, z->grads + p.stored, m + p.stored, v + p.stored, p.count,
-                           p.local, param_tensor_decays(p.tensor), grad_norm, a, compute);
+                           p.local, param_tensor_decays(p.tensor), step_values, a, compute);
     }
 }
 

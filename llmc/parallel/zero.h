@@ -448,12 +448,12 @@ inline void zero_fill_state(TrainState* s, const ProcessGrid& g, std::vector<Sta
             s->runs.push_back((int64_t)r.global);
             s->runs.push_back((int64_t)r.count);
         }
-        s->m.insert(s->m.end(), m + r.state_at, m + r.state_at + r.count);
-        s->v.insert(s->v.end(), v + r.state_at, v + r.state_at + r.count);
+        if (m) s->m.insert(s->m.end(), m + r.state_at, m + r.state_at + r.count);  // (null: streamed, TrainState::moments)
+        if (v) s->v.insert(s->v.end(), v + r.state_at, v + r.state_at + r.count);
+        s->header.shard_count += (int64_t)r.count;
         size_t at = weights_at_state ? r.state_at : r.weight_at;
         if (s->header.has_master_weights) s->master.insert(s->master.end(), weights + at, weights + at + r.count);
     }
-    s->header.shard_count = (int64_t)s->m.size();
     if (s->runs.size() <= 2) {  // one run (a ZeRO-1 shard) or none: the plain slice of version 1
         s->header.shard_begin = s->runs.empty() ? 0 : s->runs[0];
         s->runs.clear();

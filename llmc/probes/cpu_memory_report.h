@@ -72,7 +72,8 @@ inline void print_allocations(const std::vector<size_t>& held, const std::vector
 // starts first and finishes last, is the step's pipeline time).
 struct PipelineTimes {
     double busy_seconds = 0, schedule_seconds = 0;
-    double predicted_bubble = 0;  // (p-1)/(m+p-1)
+    double predicted_bubble = 0;  // (p-1)/(m+p-1); ZB-H1's (p-1)/(3m+p-1) at F = B = W
+    const char* bubble_formula = "(p-1)/(m+p-1)";
 };
 
 // Every rank's memory by kind and bytes sent in the last step, measured, and whether they are what
@@ -119,8 +120,8 @@ inline void report_costs(const std::vector<size_t>& held, const std::vector<Buff
     }
     if (g.pp > 1) {
         // the step's pipeline time: the first stage's schedule, which starts first and finishes last
-        printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-               "schedule in which each stage was not computing:", 100.0 * times.predicted_bubble, steps);
+        printf("pipeline bubble: predicted %s = %.1f%%; measured over %d steps, the part of the first stage's "
+               "schedule in which each stage was not computing:", times.bubble_formula, 100.0 * times.predicted_bubble, steps);
         for (int stage = 0; stage < g.pp; stage++) {
             printf(" %.1f%%", 100.0 * (1.0 - all[(size_t)grid_rank(g, 0, 0, stage) * K + MEM_KINDS + 6] / times.schedule_seconds));
         }

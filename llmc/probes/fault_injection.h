@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include "llmc/parallel/comm.h"
 #include "llmc/utils.h"
@@ -42,4 +43,20 @@ inline void inject_grad_inf(const Comm* c, int step, float* grads) {
     int rank = -1, at_step = -1;
     if (sscanf(spec, "%d:%d", &rank, &at_step) != 2) fail("LLMC_TEST_GRAD_INF='%s' should be <rank>:<step>", spec);
     if (rank == c->rank && at_step == step) grads[0] = INFINITY;
+}
+
+// Testing --offload-dir (llmc/optim/disk_offload.h) without a small or failing disk:
+// LLMC_TEST_OFFLOAD_FREE_BYTES=<bytes> makes its directory report that much free space (-1: unset);
+// LLMC_TEST_OFFLOAD_REMOVE=<rank>:<step> makes that rank remove its m file at the start of that step,
+// as a user deleting the directory would.
+inline int64_t offload_test_free_bytes() {
+    const char* spec = getenv("LLMC_TEST_OFFLOAD_FREE_BYTES");
+    return spec && *spec ? (int64_t)strtoll(spec, nullptr, 10) : -1;
+}
+inline void inject_offload_removal(const Comm* c, int step, const std::string& path) {
+    static const char* spec = getenv("LLMC_TEST_OFFLOAD_REMOVE");
+    if (!spec || !*spec || path.empty()) return;
+    int rank = -1, at_step = -1;
+    if (sscanf(spec, "%d:%d", &rank, &at_step) != 2) fail("LLMC_TEST_OFFLOAD_REMOVE='%s' should be <rank>:<step>", spec);
+    if (rank == c->rank && at_step == step) unlink(path.c_str());
 }

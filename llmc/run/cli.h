@@ -73,11 +73,17 @@ struct TrainOptions {
     // machine
     int threads = 0;                 // CPU: 0 = all cores
     int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
+    std::string stash_precision = "fp32";  // CPU: fp32 | bf16 activations kept for the backward (llmc/memory/stash_precision.h)
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
+    std::string offload_dir;         // CPU: AdamW's m and v in files here, streamed (llmc/optim/disk_offload.h)
+    int offload_chunk_kib = 4096;    // CPU: the chunk --offload-dir streams them in (DISK_OFFLOAD_DEFAULT_CHUNK_KIB)
     std::string precision;           // bf16 | fp16 | fp32; "" = the binary's own (validate_precision)
+    float loss_scale_init = 0;       // fp16 build: S at the start (0 = LOSS_SCALE_INIT, llmc/optim/loss_scaler.h)
+    int loss_scale_window = 0;       // fp16 build: clean steps before S doubles (0 = LOSS_SCALE_WINDOW)
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
+    bool cuda_graphs = false;        // GPU: the step captured into CUDA graphs once, replayed (llmc/run/cuda_graphs.cuh)
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
@@ -108,7 +114,7 @@ struct TrainOptions {
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
-    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 (the last two printout only so far)
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 (interleaved: printout only so far)
     int virtual_stages = 1;          // model chunks per pipeline stage (interleaved)
     float max_memory_mib = 0;        // CPU: refuse to start if a rank would need more (0 = no limit)
     // switches
@@ -205,15 +211,25 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::CPUOnly},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
+        {"stash-precision", "fp32|bf16", "Machine", "the activations kept for the backward (LayerNorm outputs, q k v, the "
+         "attention probabilities, its output, the GELU input and output): fp32, or bf16 once the forward has used them in "
+         "fp32 (Gist's delayed precision reduction: the same logits and loss, 2 bytes a value instead of 4, 24% less "
+         "memory for d12 at B=4 T=1024, gradients within bf16's 2^-8; no tensor/pipeline parallelism yet) (CPU trainer "
+         "only: the GPU trainer's stash, fp8 with a per-tensor scale, is not built yet)", K::String, &o.stash_precision,
+         Scope::CPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
          "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1, no tensor/pipeline "
          "parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
+        {"offload-dir", "DIR", "Machine", "keep AdamW's m and v in files DIR/rank<r>_m.bin, _v.bin, streamed through the step in "
+         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk; the same weights bit for bit); AdamW fp32 state, --zero "
+         "0|1, no tensor/pipeline parallelism; CPU trainer only: the GPU trainer has --offload optimizer", K::String, &o.offload_dir, Scope::CPUOnly},
+        {"offload-chunk-kib", "KIB", "Machine", "the chunk --offload-dir streams m and v in (RAM: 4 chunks)", K::Int, &o.offload_chunk_kib, Scope::CPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
         {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
-        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward) | interleaved (1F1B over --virtual-stages chunks per stage) | zb-h1 (1F1B with the backward split into input and weight gradients, the weight gradients deferred into the bubble); the last two --pipeline-print-schedule only, not trained yet", K::String, &o.pipeline_schedule, Scope::Both},
+        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward) | interleaved (1F1B over --virtual-stages chunks per stage) | zb-h1 (1F1B with the backward split into input and weight gradients, the weight gradients deferred into the bubble; the CPU trainer only); interleaved: --pipeline-print-schedule only, not trained yet", K::String, &o.pipeline_schedule, Scope::Both},
         {"virtual-stages", "V", "Parallelism", "model chunks per pipeline stage for --pipeline-schedule interleaved (chunk c of stage r = layer block c*p + r)", K::Int, &o.virtual_stages, Scope::Both},
         {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
@@ -224,10 +240,17 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"precision", "KIND", "Machine", "bf16 | fp16 | fp32: the element type of weights, activations and gradients. It is "
-         "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp32 and ./train_gpt_cpu "
-         "fp32; fp16 (with dynamic loss scaling, llmc/optim/loss_scaler.h) has no build yet (default: the binary's own)",
+         "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "
+         "loss scaling, llmc/optim/loss_scaler.h), ./train_gpt_fp32 and ./train_gpt_cpu fp32 (default: the binary's own)",
          K::String, &o.precision, Scope::Both},
+        {"loss-scale-init", "S", "Machine", "fp16 build (./train_gpt_fp16) only: the initial loss scale, a power of two >= 1 "
+         "(0 = 65536, PyTorch's GradScaler)", K::Float, &o.loss_scale_init, Scope::GPUOnly},
+        {"loss-scale-window", "N", "Machine", "fp16 build only: clean steps before the loss scale doubles (0 = 2000, PyTorch's "
+         "growth interval); an overflow halves it and skips the step", K::Int, &o.loss_scale_window, Scope::GPUOnly},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
+        {"cuda-graphs", nullptr, "Machine", "capture the step's kernels into CUDA graphs at the second step and replay them at every later "
+         "one: 2 graph launches instead of a d12 step's 543 (--attention simple), the same results bit for bit (one GPU, no gradient accumulation, no --offload; "
+         "GPU trainer only: the CPU trainer launches no kernels)", K::Switch, &o.cuda_graphs, Scope::GPUOnly},
         {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
         {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},
         {"estimate-mfu", "F", "Estimate", "model FLOPs utilisation assumed for the predicted step time, in (0, 1]", K::Float, &o.estimate_mfu, Scope::Both},
@@ -524,15 +547,18 @@ inline void validate_moe_options(const TrainOptions& o) {
 // instead of training in another one. `built` is "bf16" or "fp32".
 inline void validate_precision(const TrainOptions& o, Trainer trainer, const char* built) {
     const std::string& p = o.precision;
+    // the loss scaler's flags mean something in the fp16 build only (bf16 and fp32 run at S = 1)
+    if ((o.loss_scale_init != 0 || o.loss_scale_window != 0) && strcmp(built, "fp16") != 0)
+        usage_fail("--loss-scale-init and --loss-scale-window set fp16's loss scaler; this binary is built for %s, which "
+                   "needs none: run ./train_gpt_fp16, or drop them", built);
     if (p.empty() || p == built) return;
     if (p != "bf16" && p != "fp16" && p != "fp32") usage_fail("--precision must be bf16, fp16 or fp32, got '%s'", p.c_str());
     if (p == "fp16" && trainer == Trainer::CPU)
         usage_fail("--precision fp16: the CPU trainer computes in fp32 only, where loss scaling means nothing; drop "
-                   "--precision (fp16 mixed precision is the GPU trainer's, when built)");
-    if (p == "fp16")
-        usage_fail("--precision fp16: there is no fp16 build of the GPU trainer yet (its loss scaler is "
-                   "llmc/optim/loss_scaler.h); run ./train_gpt for bf16, whose range needs no loss scaling");
-    const char* binary = p == "bf16" ? "./train_gpt (the GPU trainer)" : trainer == Trainer::GPU ? "./train_gpt_fp32" : "";
+                   "--precision, or run ./train_gpt_fp16 (fp16 with dynamic loss scaling)");
+    const char* binary = p == "bf16"   ? "./train_gpt (the GPU trainer)"
+                         : p == "fp16" ? "./train_gpt_fp16"
+                         : trainer == Trainer::GPU ? "./train_gpt_fp32" : "";
     if (trainer == Trainer::CPU)
         usage_fail("--precision %s: the CPU trainer computes in fp32 only; run %s, or drop --precision", p.c_str(), binary);
     usage_fail("--precision %s: this binary is built for %s; run %s, or drop --precision", p.c_str(), built, binary);
@@ -606,8 +632,30 @@ inline void validate_options(const TrainOptions& o) {
     if (prompt_given && o.generate.empty()) usage_fail("--generate: the prompt is empty; give some text to continue");
     if (o.json && !prompt_given && !file_given) usage_fail("--json prints generated samples: it needs --generate TEXT or --prompt-file FILE");
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
+    if (o.stash_precision != "fp32" && o.stash_precision != "bf16")
+        usage_fail("--stash-precision must be fp32 or bf16, got '%s'", o.stash_precision.c_str());
+    if (o.stash_precision == "bf16" && (o.tensor_parallel > 1 || o.pipeline_parallel > 1))
+        usage_fail("--stash-precision bf16 with --tensor-parallel %d --pipeline-parallel %d: the bf16 stash is not tested on "
+                   "model-parallel grids yet; use data parallelism only, or --stash-precision fp32", o.tensor_parallel,
+                   o.pipeline_parallel);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
+    positive("offload-chunk-kib", o.offload_chunk_kib);
+    if (o.offload_chunk_kib > (1 << 22)) usage_fail("--offload-chunk-kib %d is over 4 GiB: the buffer holds 4 chunks; give at most 4194304", o.offload_chunk_kib);
+    if (flag_given(o, "offload-chunk-kib") && o.offload_dir.empty())
+        usage_fail("--offload-chunk-kib sizes --offload-dir's chunks: give --offload-dir DIR too, or drop it");
+    if (!o.offload_dir.empty()) {  // (DIR itself is checked by the trainer, per rank, before it allocates)
+        if (o.optimizer != "adamw")
+            usage_fail("--offload-dir streams AdamW's m and v; --optimizer %s keeps only row and column statistics (well under 1 "
+                       "byte per parameter), which stay in RAM: drop --offload-dir", o.optimizer.c_str());
+        if (o.optimizer_state != "fp32")
+            usage_fail("--offload-dir with --optimizer-state %s: the disk offload streams fp32 moments only (not built for bf16 "
+                       "ones); drop one of them", o.optimizer_state.c_str());
+        if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+            usage_fail("--offload-dir with --zero %d --tensor-parallel %d --pipeline-parallel %d: the disk offload is built for "
+                       "data parallelism with --zero 0 or 1; drop --offload-dir or the other flags", o.zero_stage,
+                       o.tensor_parallel, o.pipeline_parallel);
+    }
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
     if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);
@@ -639,10 +687,6 @@ inline void validate_options(const TrainOptions& o) {
     if (interleaved && !o.pipeline_print_schedule)
         usage_fail("--pipeline-schedule interleaved is not trained yet (issue 26): see it with --pipeline-print-schedule, or train "
                    "with --pipeline-schedule 1f1b");
-    // (both trainers: neither splits its layers' backward into the input and the weight gradient yet)
-    if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule zb-h1 is not trained yet (issue 26: the backward is not split into input and weight "
-                   "gradients): see it with --pipeline-print-schedule, or train with --pipeline-schedule 1f1b");
     if (o.max_memory_mib < 0) usage_fail("--max-memory must be zero or positive, got %g", o.max_memory_mib);
     if (o.grad_compression != "none" && o.grad_compression != "bf16" && o.grad_compression != "powersgd") {
         usage_fail("--grad-compression must be none, bf16 or powersgd, got '%s'", o.grad_compression.c_str());

@@ -49,6 +49,7 @@ struct StepResult {
     float norm = 0.0f;     // the global norm of the summed gradient, before clipping
     float lr = 0.0f;       // the learning rate the step used
     bool applied = false;  // false when the loss or the norm was not finite and the update was skipped
+    float loss_scale = 1.0f;  // the S of this step's backward (fp16, llmc/optim/loss_scaler.h; 1 otherwise)
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -92,12 +93,15 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345 | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
-// (scripts parse "<number> ms" and "<number> tok/s" from this line).
+// "step    3/10 | loss 10.951200 | lr 1.00e-04 | norm 1.2345[ | scale 65536] | 812.3 ms | 315 tok/s[ | MFU 48.1% | ETA 1h02m]"
+// (scripts parse "<number> ms" and "<number> tok/s" from this line). The scale: fp16's loss scale,
+// when `loss_scale` > 0; `extra` ends the line with a technique's own numbers (--moe-experts').
 inline void print_step_line(int step, int steps, double loss, float lr, float norm, double seconds, int64_t tokens,
-                            double mfu_percent, double eta_seconds, const std::string& extra = "") {
-    printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step, steps, loss, lr, norm,
-           seconds * 1e3, tokens / seconds);
+                            double mfu_percent, double eta_seconds, float loss_scale = 0.0f,
+                            const std::string& extra = "") {
+    printf("step %5d/%d | loss %.6f | lr %.2e | norm %.4f", step, steps, loss, lr, norm);
+    if (loss_scale > 0) printf(" | scale %.0f", (double)loss_scale);  // a power of two >= 1: exact
+    printf(" | %.1f ms | %.0f tok/s", seconds * 1e3, tokens / seconds);
     if (mfu_percent >= 0) printf(" | MFU %.1f%%", mfu_percent);
     if (eta_seconds >= 0) {
         int s = (int)eta_seconds;

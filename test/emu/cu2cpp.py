@@ -5,9 +5,12 @@ Four rewrites, nothing else; line numbers are kept (a `#line` at the top, and ev
 keeps its newlines), so compiler errors and __FILE__/__LINE__ point into the original file:
 
     K<<<grid, block, smem, stream>>>(args);
-        -> emu::launch(emu::kernel_address(K), "K", __FILE__, __LINE__, [&]() { K(args); }, grid, block, smem, stream);
-       Each CUDA thread runs the lambda on its own fiber, so each gets its own copy of the
-       parameters, as on a GPU. The kernel's address keys cudaFuncSetAttribute's opt-ins.
+        -> emu::launch(emu::kernel_address(K), "K", __FILE__, __LINE__, emu::bind_args(K, args), grid, block, smem, stream);
+       The arguments are evaluated and converted to the kernel's parameter types at the launch,
+       and kept by value (as the real runtime does: a CUDA graph replays a kernel with the values
+       its arguments had when it was captured). Each CUDA thread calls the kernel on its own
+       fiber with its own copy of them, as on a GPU. The kernel's address keys
+       cudaFuncSetAttribute's opt-ins.
     __shared__ T a[N], b[M];
         -> static T a[N], b[M]; emu::shared_first_touch(a, ...); emu::shared_first_touch(b, ...);
        One copy, reused by the blocks one after another; each block's first touch fills it with NaN.
@@ -107,8 +110,9 @@ def rewrite_launches(text):
         args = text[paren + 1:args_end - 1]
         name = re.sub(r"\s+", " ", callee)
         out.append(text[pos:start])
+        bound = f"{callee}, {args}" if args.strip() else callee
         out.append(f'emu::launch(emu::kernel_address({callee}), "{name}", __FILE__, __LINE__, '
-                   f'[&]() {{ {callee}({args}); }}, {config})')
+                   f'emu::bind_args({bound}), {config})')
         pos = args_end
         i = text.find("<<<", args_end)
     out.append(text[pos:])

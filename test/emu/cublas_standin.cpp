@@ -1,7 +1,8 @@
 // cublas_standin.cpp — cuBLASLt and cuBLAS for the CPU emulator of CUDA: the functions that the real
 // <cublasLt.h> and <cublas_v2.h> declare, exactly the subset this repository calls, defined on the host.
 // Link it instead of -lcublasLt -lcublas. Device memory is host memory under the emulator, every
-// stream operation runs at the call, so a GEMM here is a plain loop that has finished on return.
+// stream operation runs at the call (or, captured into a CUDA graph, when the graph is launched: see
+// stream_capture.h), so a GEMM here is a plain loop that has finished on return.
 //
 // What it implements, from NVIDIA's documented semantics:
 //   D = epilogue(alpha * op(A) op(B) + beta * C), every matrix column-major; op(A) is m x k, op(B) is
@@ -16,7 +17,7 @@
 //   GELU input, in D's type, into the aux matrix); DGELU (D = result * GELU'(aux)); DGELU_BGRAD
 //   (and bias[i] = sum over the row of D, before rounding); BGRADA / BGRADB (bias gradient = sums
 //   of op(A)'s rows, length m / of op(B)'s columns, length n, over k). The bias-gradient outputs are
-//   overwritten, not accumulated. Data types bf16 and fp32 for A, B, C, D, bias and aux.
+//   overwritten, not accumulated. Data types bf16, fp16 and fp32 for A, B, C, D, bias and aux.
 //   Rules the real library enforces and this one checks, so a mistake fails here and not first on a
 //   GPU: layout shapes agree with m, n, k and the transposes; ld >= rows; equal batch counts; the
 //   aux leading dimension a multiple of 8; pointers aligned as the heuristic's preference promised
@@ -32,9 +33,10 @@
 //
 // What it does not prove: speed; the exact bits of real cuBLASLt, whose accumulation order, split-K
 // and tensor-core internals (e.g. the order of additions within an MMA instruction) are not
-// documented; that a real GPU picks an algorithm for a shape; fp8, fp16, TF32 or any other mode.
+// documented; that a real GPU picks an algorithm for a shape; fp8, TF32 or any other mode.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdarg>
@@ -42,6 +44,7 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include "stream_capture.h"
 
 // The handles are pointers to structs the headers leave incomplete: the stand-in completes them.
 struct cublasLtContext {
@@ -114,7 +117,7 @@ const char* type_name(int t) {
     default: return "(this cudaDataType_t value)";
     }
 }
-bool type_supported(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
+bool type_supported(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
 size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
 
 const char* compute_name(int c) {
@@ -193,12 +196,17 @@ uint16_t float_to_bf16(float f) {  // round to nearest, ties to even; NaN stays 
     return (uint16_t)(bits >> 16);
 }
 
+// fp16 (train_gpt_fp16) through CUDA's own host conversions (cuda_fp16.h): round to nearest even,
+// subnormals kept, above 65504 inf, as a GPU's fp16 output.
 float load(const void* p, cudaDataType_t t, size_t i) {
+    if (t == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
     return t == CUDA_R_32F ? ((const float*)p)[i] : bf16_to_float(((const uint16_t*)p)[i]);
 }
 void store(void* p, cudaDataType_t t, size_t i, float v) {
     if (t == CUDA_R_32F)
         ((float*)p)[i] = v;
+    else if (t == CUDA_R_16F)
+        ((__half*)p)[i] = __float2half_rn(v);
     else
         ((uint16_t*)p)[i] = float_to_bf16(v);
 }
@@ -292,7 +300,7 @@ cublasStatus_t check_problem(const Desc* d, const Layout* a, const Layout* b, co
     const char* names[4] = {"A", "B", "C", "D"};
     for (int x = 0; x < 4; x++) {
         if (!type_supported(all[x]->type)) {
-            refuse("data type %s for %s is not implemented (CUDA_R_16BF and CUDA_R_32F are)", type_name(all[x]->type),
+            refuse("data type %s for %s is not implemented (CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are)", type_name(all[x]->type),
                    names[x]);
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
@@ -422,24 +430,31 @@ cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t transa, cublasOp
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     float al = *(const float*)alpha, be = *(const float*)beta;
-    std::vector<float> acc((size_t)m * n), pa, pb;
-    for (int bi = 0; bi < batch; bi++) {
-        const char* ab = batch_offset(A, bi, sa, at);
-        const char* bb = batch_offset(B, bi, sb, bt);
-        char* cb = (char*)batch_offset(C, bi, sc, ct);
-        gemm_fp32(acc.data(), m, n, k, operand(ab, at, lda, ta), operand(bb, bt, ldb, tb), &pa, &pb);
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                size_t ci = (size_t)i + (size_t)j * ldc;
-                float v = al * acc[(size_t)j * m + i];
-                if (be != 0.0f) v += be * load(cb, ct, ci);
-                store(cb, ct, ci, v);
-            }
-    }
+    // now, or when a graph replays it (stream capture), with alpha and beta read at this call
+    emu::stream_work(handle->stream, "cublasGemmEx", cudaGraphNodeTypeKernel, [=]() {
+        std::vector<float> acc((size_t)m * n), pa, pb;
+        for (int bi = 0; bi < batch; bi++) {
+            const char* ab = batch_offset(A, bi, sa, at);
+            const char* bb = batch_offset(B, bi, sb, bt);
+            char* cb = (char*)batch_offset(C, bi, sc, ct);
+            gemm_fp32(acc.data(), m, n, k, operand(ab, at, lda, ta), operand(bb, bt, ldb, tb), &pa, &pb);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    size_t ci = (size_t)i + (size_t)j * ldc;
+                    float v = al * acc[(size_t)j * m + i];
+                    if (be != 0.0f) v += be * load(cb, ct, ci);
+                    store(cb, ct, ci, v);
+                }
+        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
+
+// Linked without the emulated CUDA runtime (test/test_emu_cublas.py drives the stand-in alone), no
+// stream is ever captured: the work runs at once. The runtime's definition replaces this one.
+__attribute__((weak)) void emu::stream_work(cudaStream_t, const char*, int, std::function<void()> work) { work(); }
 
 extern "C" {
 
@@ -578,7 +593,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
         if (!check_size(size, 4, name)) return CUBLAS_STATUS_INVALID_VALUE;
         int32_t t = read_i32(buf);
         if (!type_supported(t)) {
-            refuse("%s = %s is not implemented (CUDA_R_16BF and CUDA_R_32F are)", name, type_name(t));
+            refuse("%s = %s is not implemented (CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are)", name, type_name(t));
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
         (bias ? d->bias_type : d->aux_type) = t;
@@ -749,45 +764,55 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             }
         }
     }
-    (void)workspace, (void)workspace_bytes, (void)stream;  // no workspace needed; everything is synchronous
+    (void)workspace, (void)workspace_bytes;  // no workspace needed
 
-    int m = pr.m, n = pr.n, k = pr.k;
-    bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
-    std::vector<float> acc((size_t)m * n), pa, pb, rowsum(m);
-    for (int bi = 0; bi < pr.batch; bi++) {
-        const char* ab = batch_offset(A, bi, la->batch_stride, la->type);
-        const char* bb = batch_offset(B, bi, lb->batch_stride, lb->type);
-        const char* cb = batch_offset(C, bi, lc->batch_stride, lc->type);
-        char* db = (char*)batch_offset(D, bi, ld->batch_stride, ld->type);
-        char* bias = (char*)batch_offset(d->bias, bi, d->bias_batch_stride, pr.bias_type);
-        char* aux = (char*)batch_offset(d->aux, bi, d->aux_batch_stride, pr.aux_type);
-        gemm_fp32(acc.data(), m, n, k, operand(ab, la->type, la->ld, ta), operand(bb, lb->type, lb->ld, tb), &pa, &pb);
-        // pa holds op(A)'s rows, pb op(B)'s columns: the BGRADA / BGRADB sums run over them in k order
-        if (ep.bgrad_a || ep.bgrad_b) {
-            int len = ep.bgrad_a ? m : n;
-            const std::vector<float>& src = ep.bgrad_a ? pa : pb;
-            for (int r = 0; r < len; r++) {
-                float sum = 0.0f;
-                for (int p = 0; p < k; p++) sum += src[(size_t)r * k + p];
-                store(bias, pr.bias_type, r, sum);
+    // Runs now, or when a graph replays it (stream capture): with the descriptors, layouts and alpha,
+    // beta as they are at this call, as the library keeps them (the caller may destroy the descriptors
+    // right after), and the matrices as they are when it runs.
+    Desc dv = *d;
+    Layout lav = *la, lbv = *lb, lcv = *lc, ldv = *ld;
+    emu::stream_work(stream, "cublasLtMatmul", cudaGraphNodeTypeKernel, [=]() {
+        const Desc* d = &dv;
+        const Layout *la = &lav, *lb = &lbv, *lc = &lcv, *ld = &ldv;
+        const Epilogue& ep = pr.ep;
+        int m = pr.m, n = pr.n, k = pr.k;
+        bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
+        std::vector<float> acc((size_t)m * n), pa, pb, rowsum(m);
+        for (int bi = 0; bi < pr.batch; bi++) {
+            const char* ab = batch_offset(A, bi, la->batch_stride, la->type);
+            const char* bb = batch_offset(B, bi, lb->batch_stride, lb->type);
+            const char* cb = batch_offset(C, bi, lc->batch_stride, lc->type);
+            char* db = (char*)batch_offset(D, bi, ld->batch_stride, ld->type);
+            char* bias = (char*)batch_offset(d->bias, bi, d->bias_batch_stride, pr.bias_type);
+            char* aux = (char*)batch_offset(d->aux, bi, d->aux_batch_stride, pr.aux_type);
+            gemm_fp32(acc.data(), m, n, k, operand(ab, la->type, la->ld, ta), operand(bb, lb->type, lb->ld, tb), &pa, &pb);
+            // pa holds op(A)'s rows, pb op(B)'s columns: the BGRADA / BGRADB sums run over them in k order
+            if (ep.bgrad_a || ep.bgrad_b) {
+                int len = ep.bgrad_a ? m : n;
+                const std::vector<float>& src = ep.bgrad_a ? pa : pb;
+                for (int r = 0; r < len; r++) {
+                    float sum = 0.0f;
+                    for (int p = 0; p < k; p++) sum += src[(size_t)r * k + p];
+                    store(bias, pr.bias_type, r, sum);
+                }
             }
+            std::fill(rowsum.begin(), rowsum.end(), 0.0f);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    float v = al * acc[(size_t)j * m + i];
+                    if (be != 0.0f) v += be * load(cb, lc->type, (size_t)i + (size_t)j * lc->ld);
+                    if (ep.bias) v += load(bias, pr.bias_type, i);
+                    size_t ai = (size_t)i + (size_t)j * d->aux_ld;
+                    if (ep.aux_out) store(aux, pr.aux_type, ai, v);
+                    if (ep.gelu) v = gelu(v);
+                    if (ep.dgelu) v *= gelu_grad(load(aux, pr.aux_type, ai));
+                    if (ep.bgrad_d) rowsum[i] += v;
+                    store(db, ld->type, (size_t)i + (size_t)j * ld->ld, v);
+                }
+            if (ep.bgrad_d)
+                for (int i = 0; i < m; i++) store(bias, pr.bias_type, i, rowsum[i]);
         }
-        std::fill(rowsum.begin(), rowsum.end(), 0.0f);
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                float v = al * acc[(size_t)j * m + i];
-                if (be != 0.0f) v += be * load(cb, lc->type, (size_t)i + (size_t)j * lc->ld);
-                if (ep.bias) v += load(bias, pr.bias_type, i);
-                size_t ai = (size_t)i + (size_t)j * d->aux_ld;
-                if (ep.aux_out) store(aux, pr.aux_type, ai, v);
-                if (ep.gelu) v = gelu(v);
-                if (ep.dgelu) v *= gelu_grad(load(aux, pr.aux_type, ai));
-                if (ep.bgrad_d) rowsum[i] += v;
-                store(db, ld->type, (size_t)i + (size_t)j * ld->ld, v);
-            }
-        if (ep.bgrad_d)
-            for (int i = 0; i < m; i++) store(bias, pr.bias_type, i, rowsum[i]);
-    }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

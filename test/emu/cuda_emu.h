@@ -24,7 +24,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <tuple>
 #include <type_traits>
+#include "stream_capture.h"
 
 namespace emu {
 
@@ -69,11 +72,33 @@ void launch_grid(const void* kernel, const char* name, const char* file, int lin
 
 template <class F> void call_closure(void* f) { (*(F*)f)(); }
 
+// The launch's arguments, evaluated now and converted to the kernel's parameter types, as the real
+// runtime copies them at the launch (cu2cpp.py writes `emu::bind_args(K, args)` for `K<<<...>>>(args)`).
+// So a captured launch replays with the values its arguments had at capture, on a GPU and here.
+template <class... P, class... A> auto bind_args(void (*kernel)(P...), A&&... args) {
+    return [kernel, values = std::tuple<typename std::decay<P>::type...>(std::forward<A>(args)...)]() {
+        std::apply(kernel, values);  // each CUDA thread gets its own copy of the parameters
+    };
+}
+
+// The launch checks the real runtime makes at the launch (captured or not); false: reported
+// through cudaGetLastError. A captured launch is recorded with its arguments (`body`, by value).
+bool launch_config_ok(const void* kernel, const char* name, const char* file, int line, dim3 grid, dim3 block,
+                      size_t dynamic_smem);
+
 template <class F>
 void launch(const void* kernel, const char* name, const char* file, int line, F&& body, dim3 grid, dim3 block,
             size_t dynamic_smem = 0, cudaStream_t stream = 0) {
-    launch_grid(kernel, name, file, line, &call_closure<typename std::remove_reference<F>::type>, (void*)&body, grid,
-                block, dynamic_smem, stream);
+    using Body = typename std::remove_reference<F>::type;
+    if (stream_capturing(stream)) {
+        if (!launch_config_ok(kernel, name, file, line, grid, block, dynamic_smem)) return;
+        auto kept = std::make_shared<Body>(body);
+        stream_work(stream, name, cudaGraphNodeTypeKernel, [=]() {
+            launch_grid(kernel, name, file, line, &call_closure<Body>, (void*)kept.get(), grid, block, dynamic_smem, 0);
+        });
+        return;
+    }
+    launch_grid(kernel, name, file, line, &call_closure<Body>, (void*)&body, grid, block, dynamic_smem, stream);
 }
 template <class K> const void* kernel_address(K* k) { return (const void*)k; }
 

@@ -14,7 +14,8 @@
 //
 // Streams and events: every operation runs when it is issued, in issue order. That is one legal
 // order of a real GPU's work, so results are right, but a missing cudaStreamWaitEvent between
-// two streams cannot show up here: only a real GPU can test concurrency.
+// two streams cannot show up here: only a real GPU can test concurrency. A stream being captured
+// into a CUDA graph records its operations instead ("Stream capture" below).
 //
 // Schedules: CUDA_EMU_THREADS = forward | reverse | random:SEED orders the threads of a block;
 // CUDA_EMU_BLOCKS the same for the blocks of a grid. A kernel whose output depends on either is
@@ -25,6 +26,7 @@
 #include <cstdarg>
 #include <csignal>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -402,22 +404,18 @@ static void run_block(std::vector<int>& order) {
 
 static void check_padding(const char* found);  // (Device memory, below)
 
-void launch_grid(const void* kernel, const char* name, const char* file, int line, ThreadEntry entry, void* closure,
-                 dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream) {
-    if (!orders_read) {
-        read_order("CUDA_EMU_THREADS", &thread_order);
-        read_order("CUDA_EMU_BLOCKS", &block_order);
-        orders_read = true;
-    }
+// The launch checks the real runtime makes at the launch (also when the launch is captured into a
+// graph); it reports them through cudaGetLastError.
+bool launch_config_ok(const void* kernel, const char* name, const char* file, int line, dim3 grid, dim3 block,
+                      size_t dynamic_smem_bytes) {
     if (current) fail("a kernel launch from device code (%s): dynamic parallelism is not used here", name);
-    // The launch checks the real runtime makes; it reports them through cudaGetLastError.
     unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x > 1024 ||
         block.y > 1024 || block.z > 64 || nthreads > 1024 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
         fprintf(stderr, "CUDA emulator: %s at %s:%d: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)\n", name, file,
                 line, grid.x, grid.y, grid.z, block.x, block.y, block.z);
         last_error = cudaErrorInvalidConfiguration;
-        return;
+        return false;
     }
     size_t allowed = SMEM_DEFAULT;
     auto it = max_dynamic_smem.find(kernel);
@@ -428,8 +426,20 @@ void launch_grid(const void* kernel, const char* name, const char* file, int lin
                 "needs cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes))\n",
                 name, file, line, dynamic_smem_bytes, allowed);
         last_error = cudaErrorInvalidValue;
-        return;
+        return false;
     }
+    return true;
+}
+
+void launch_grid(const void* kernel, const char* name, const char* file, int line, ThreadEntry entry, void* closure,
+                 dim3 grid, dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream) {
+    if (!orders_read) {
+        read_order("CUDA_EMU_THREADS", &thread_order);
+        read_order("CUDA_EMU_BLOCKS", &block_order);
+        orders_read = true;
+    }
+    if (!launch_config_ok(kernel, name, file, line, grid, block, dynamic_smem_bytes)) return;
+    unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     char before[256];  // a library stand-in or host code wrote it, not this kernel: say so
     snprintf(before, sizeof(before), "before %s was launched (by host code or a library call)", name);
     check_padding(before);
@@ -618,7 +628,52 @@ static bool check_range(const void* p, size_t bytes, bool device, const char* ca
     return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Stream capture: CUDA graphs (README.md, "Stream capture")
+//
+// One capture at a time, in cudaStreamCaptureModeGlobal (what our code asks for). While it is on,
+// the captured stream's work (stream_work: kernels, async copies and sets, the library stand-ins'
+// calls) is appended to the graph instead of run. The calls the real runtime forbids during a
+// global-mode capture (anything that would wait for the captured work, or allocate) return
+// cudaErrorStreamCaptureUnsupported, as there, and invalidate the capture: cudaStreamEndCapture then
+// returns cudaErrorStreamCaptureInvalidated and no graph. A graph replays its nodes in capture order.
+
+struct GraphNode {
+    std::string what;  // the kernel's or the call's name
+    int type;          // cudaGraphNodeType, for cudaGraphNodeGetType
+    std::function<void()> run;
+};
+
+static cudaStream_t capture_stream = nullptr;  // the stream being captured, or none
+static bool capture_valid = false;
+static std::vector<GraphNode> captured;         // the nodes recorded so far
+
+bool stream_capturing(cudaStream_t stream) { return capture_stream && stream == capture_stream && capture_valid; }
+
+void stream_work(cudaStream_t stream, const char* what, int node_type, std::function<void()> work) {
+    if (capture_stream && stream == capture_stream) {
+        if (capture_valid) captured.push_back(GraphNode{what, node_type, std::move(work)});
+        return;  // an invalidated capture records nothing more; its end reports it
+    }
+    work();
+}
+
+// A call the real runtime refuses while a global-mode capture is on: says which, and invalidates it.
+static bool refused_in_capture(const char* call) {
+    if (!capture_stream) return false;
+    fprintf(stderr, "CUDA emulator: %s during stream capture: cudaErrorStreamCaptureUnsupported (a graph cannot wait "
+            "for its own work, allocate or copy synchronously); the capture is invalidated\n", call);
+    capture_valid = false;
+    last_error = cudaErrorStreamCaptureUnsupported;
+    return true;
+}
+
 }  // namespace emu
+
+// cudaGraph_t and cudaGraphExec_t are pointers to these (the headers leave them incomplete); a
+// cudaGraphNode_t points at one of a graph's nodes.
+struct CUgraph_st { std::vector<emu::GraphNode> nodes; };
+struct CUgraphExec_st { std::vector<emu::GraphNode> nodes; };
 
 using namespace emu;
 
@@ -627,13 +682,27 @@ using namespace emu;
 
 extern "C" {
 
-cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, true); }
-cudaError_t cudaFree(void* p) { return release(p, true); }
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocate(p, bytes, false); }
-cudaError_t cudaFreeHost(void* p) { return release(p, false); }
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return allocate(p, bytes, false); }
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    if (refused_in_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
+    return allocate(p, bytes, true);
+}
+cudaError_t cudaFree(void* p) {
+    if (refused_in_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
+    return release(p, true);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    if (refused_in_capture("cudaMallocHost")) return cudaErrorStreamCaptureUnsupported;
+    return allocate(p, bytes, false);
+}
+cudaError_t cudaFreeHost(void* p) {
+    if (refused_in_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
+    return release(p, false);
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return cudaMallocHost(p, bytes); }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+// The checks and the copy, done now or when a graph replays it.
+static cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
+                        const char* call) {
     if (bytes == 0) return cudaSuccess;
     bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -646,22 +715,34 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     } else if (kind == cudaMemcpyHostToHost) {
         dst_device = src_device = false;
     }
-    if (!check_range(dst, bytes, dst_device, "cudaMemcpy", "destination") ||
-        !check_range(src, bytes, src_device, "cudaMemcpy", "source"))
+    if (!check_range(dst, bytes, dst_device, call, "destination") || !check_range(src, bytes, src_device, call, "source"))
         return last_error = cudaErrorInvalidValue;
-    memmove(dst, src, bytes);
+    // captured: the bytes at `src` when the graph runs, not now (a host source is read at each replay)
+    stream_work(stream, call, cudaGraphNodeTypeMemcpy, [=]() { memmove(dst, src, bytes); });
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy(dst, src, bytes, kind);
+static cudaError_t set(void* p, int value, size_t bytes, cudaStream_t stream, const char* call) {
+    if (bytes == 0) return cudaSuccess;
+    if (!check_range(p, bytes, true, call, "pointer")) return last_error = cudaErrorInvalidValue;
+    stream_work(stream, call, cudaGraphNodeTypeMemset, [=]() { memset(p, value, bytes); });
+    return cudaSuccess;
+}
+
+// The synchronous ones wait for the device: refused during a capture.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (refused_in_capture("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
+    return copy(dst, src, bytes, kind, nullptr, "cudaMemcpy");
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    return copy(dst, src, bytes, kind, stream, "cudaMemcpyAsync");
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-    if (bytes == 0) return cudaSuccess;
-    if (!check_range(p, bytes, true, "cudaMemset", "pointer")) return last_error = cudaErrorInvalidValue;
-    memset(p, value, bytes);
-    return cudaSuccess;
+    if (refused_in_capture("cudaMemset")) return cudaErrorStreamCaptureUnsupported;
+    return set(p, value, bytes, nullptr, "cudaMemset");
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+    return set(p, value, bytes, stream, "cudaMemsetAsync");
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     init_device();
@@ -685,7 +766,10 @@ cudaError_t cudaGetDevice(int* device) {
     *device = device_current;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+    if (refused_in_capture("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceReset() { return cudaSuccess; }
 
 // An H100 SXM's properties, the ones our code reads.
@@ -758,6 +842,11 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
         case cudaErrorNotReady: return "cudaErrorNotReady";
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorIllegalState: return "cudaErrorIllegalState";
+        case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+        case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+        case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
         default: return "cudaError (emulated)";
     }
 }
@@ -770,12 +859,17 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorInvalidDevice: return "invalid device ordinal";
         case cudaErrorNotReady: return "device not ready";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorIllegalState: return "the resource is not valid in its current state";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+        case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
         default: return "emulated error";
     }
 }
 
 // Streams and events: handles with nothing behind them but a time stamp.
-struct CUevent_st { std::chrono::steady_clock::time_point when; bool recorded; };
+struct CUevent_st { std::chrono::steady_clock::time_point when; bool recorded; bool in_capture; };
 struct CUstream_st { int unused; };
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
@@ -788,12 +882,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     delete (CUstream_st*)s;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if ((s == capture_stream || s == nullptr) && refused_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if ((s == capture_stream || s == nullptr) && refused_in_capture("cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-    *e = (cudaEvent_t) new CUevent_st{std::chrono::steady_clock::now(), false};
+    *e = (cudaEvent_t) new CUevent_st{std::chrono::steady_clock::now(), false, false};
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
@@ -801,19 +901,104 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete (CUevent_st*)e;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+// Recorded into a capture, an event only orders the graph's nodes (every stream here runs in issue
+// order: nothing to record); until recorded outside one again, the host may not wait on it.
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return cudaErrorInvalidResourceHandle;
-    ((CUevent_st*)e)->when = std::chrono::steady_clock::now();
-    ((CUevent_st*)e)->recorded = true;
+    auto* ev = (CUevent_st*)e;
+    ev->in_capture = capture_stream && s == capture_stream;
+    if (ev->in_capture) return cudaSuccess;
+    ev->when = std::chrono::steady_clock::now();
+    ev->recorded = true;
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (e && ((CUevent_st*)e)->in_capture) return last_error = cudaErrorCapturedEvent;
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     auto* x = (CUevent_st*)a;
     auto* y = (CUevent_st*)b;
     if (!x->recorded || !y->recorded) return cudaErrorInvalidResourceHandle;
     *ms = std::chrono::duration<float, std::milli>(y->when - x->when).count();
+    return cudaSuccess;
+}
+
+// ---- CUDA graphs: capture, instantiate, launch (see "Stream capture" above)
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    if (mode != cudaStreamCaptureModeGlobal) fail("cudaStreamBeginCapture: only cudaStreamCaptureModeGlobal is emulated");
+    if (s == nullptr) return last_error = cudaErrorStreamCaptureUnsupported;  // the legacy stream cannot be captured
+    if (capture_stream) return last_error = cudaErrorIllegalState;            // one capture at a time here
+    capture_stream = s;
+    capture_valid = true;
+    captured.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+    if (!graph) return cudaErrorInvalidValue;
+    *graph = nullptr;
+    if (!capture_stream || s != capture_stream) return last_error = cudaErrorStreamCaptureUnmatched;
+    bool valid = capture_valid;
+    capture_stream = nullptr;
+    capture_valid = false;
+    if (!valid) {
+        captured.clear();
+        return last_error = cudaErrorStreamCaptureInvalidated;
+    }
+    *graph = new CUgraph_st{std::move(captured)};
+    captured.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+    if (!status) return cudaErrorInvalidValue;
+    *status = !capture_stream || s != capture_stream ? cudaStreamCaptureStatusNone
+              : capture_valid                        ? cudaStreamCaptureStatusActive
+                                                     : cudaStreamCaptureStatusInvalidated;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+    if (!graph || !count) return cudaErrorInvalidValue;
+    if (nodes) {
+        for (size_t i = 0; i < *count && i < graph->nodes.size(); i++) nodes[i] = (cudaGraphNode_t)&graph->nodes[i];
+        *count = std::min(*count, graph->nodes.size());
+    } else {
+        *count = graph->nodes.size();
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* type) {
+    if (!node || !type) return cudaErrorInvalidValue;
+    *type = (cudaGraphNodeType)((GraphNode*)node)->type;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+    if (!exec || !graph) return cudaErrorInvalidValue;
+    if (refused_in_capture("cudaGraphInstantiate")) return cudaErrorStreamCaptureUnsupported;
+    *exec = new CUgraphExec_st{graph->nodes};
+    return cudaSuccess;
+}
+
+// Replays the graph's nodes in capture order (into a capture, as one node: a child graph).
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return cudaErrorInvalidValue;
+    stream_work(s, "cudaGraphLaunch", cudaGraphNodeTypeGraph, [exec]() {
+        for (const GraphNode& n : exec->nodes) n.run();
+    });
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete graph;
     return cudaSuccess;
 }
 

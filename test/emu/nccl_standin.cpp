@@ -26,7 +26,7 @@
 // tolerances (or, like gpu_comm_check, inputs whose sums are exact), never bit-equality, unless the
 // code guarantees the bits itself: comm_nccl.cuh's gpu_all_reduce_identical (a reduce-scatter, each
 // sum computed by one rank, then an all-gather) does, on NCCL as here. Maxima are exact in any
-// order (a NaN anywhere gives NaN). Reductions exist for float32, float64 and bfloat16 with sum and
+// order (a NaN anywhere gives NaN). Reductions exist for float32, float64, bfloat16 and float16 (as bf16) with sum and
 // max, the ones the repo uses; any other type or operation is refused with a message naming it.
 // Copies (all-gather, broadcast, send, receive) take every type. Large arrays go in chunks of
 // LLMC_EMU_NCCL_CHUNK_BYTES per rank (default 4 MiB), which bounds the scratch memory at N chunks.
@@ -63,11 +63,13 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>
+#include <cuda_fp16.h>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <thread>
 #include "llmc/utils.h"
+#include "stream_capture.h"
 
 struct ncclComm {
     MPI_Comm mpi = MPI_COMM_NULL;
@@ -207,6 +209,11 @@ static void reduce_buffers(const void* in, size_t n, int nranks, ncclDataType_t 
     if (t == ncclBfloat16) {
         reduce_ranks<uint16_t, float>((const uint16_t*)in, n, nranks, n, op, (uint16_t*)out, bf16_to_float,
                                       float_to_bf16_round_nearest);
+    }
+    if (t == ncclFloat16) {  // (train_gpt_fp16) as bf16: widened, summed in fp32, rounded once
+        auto widen = [](uint16_t h) { return __half2float(__ushort_as_half(h)); };
+        auto narrow = [](float x) { return __half_as_ushort(__float2half_rn(x)); };
+        reduce_ranks<uint16_t, float>((const uint16_t*)in, n, nranks, n, op, (uint16_t*)out, widen, narrow);
     }
 }
 
@@ -475,8 +482,8 @@ static ncclResult_t check_op(const Op& o, bool reduces, size_t send_count, size_
     const CallDescription& d = o.call;
     size_t es = type_bytes((ncclDataType_t)d.type);
     if (es == 0) return bad_argument(c, d, strprintf("data type %d is not one of NCCL's", d.type));
-    if (reduces && d.type != ncclFloat32 && d.type != ncclFloat64 && d.type != ncclBfloat16) {
-        return bad_argument(c, d, "the stand-in reduces float32, float64 and bfloat16 only (add the type to test/emu/nccl_standin.cpp)");
+    if (reduces && d.type != ncclFloat32 && d.type != ncclFloat64 && d.type != ncclBfloat16 && d.type != ncclFloat16) {
+        return bad_argument(c, d, "the stand-in reduces float32, float64, bfloat16 and float16 only (add the type to test/emu/nccl_standin.cpp)");
     }
     if (reduces && d.op != ncclSum && d.op != ncclMax) {
         return bad_argument(c, d, "the stand-in implements ncclSum and ncclMax only (add the operation to test/emu/nccl_standin.cpp)");
@@ -548,6 +555,10 @@ static ncclComm* make_comm(MPI_Comm mpi, const ncclConfig_t* config, bool parent
 
 // What a non-blocking communicator's set-up answers: NCCL's answer while it is still connecting.
 static ncclResult_t settled(const ncclComm* c) { return c->blocking ? ncclSuccess : ncclInProgress; }
+
+// Linked without the emulated CUDA runtime, as test/emu/nccl_standin_check.cpp is, no stream is
+// ever captured; the runtime's definition replaces this one.
+__attribute__((weak)) bool emu::stream_capturing(cudaStream_t) { return false; }
 
 extern "C" {
 
@@ -705,18 +716,28 @@ const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
 // ----------------------------------------------------------------------------------------------
 // Collectives and point to point
 
+// The real NCCL records a collective issued on a capturing stream into the CUDA graph; the stand-in
+// runs each one over MPI at the call and does not record it (the GPU trainer refuses --cuda-graphs
+// on more than one rank), so such a call is refused, naming it, rather than run at capture time.
+static ncclResult_t not_captured(cudaStream_t stream, const char* call) {
+    if (!emu::stream_capturing(stream)) return ncclSuccess;
+    return failure(nullptr, ncclInvalidUsage, true, strprintf("%s on a stream being captured into a CUDA graph: not emulated", call));
+}
+
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_ALL_REDUCE, datatype, op, 0, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclAllReduce");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclAllReduce");
     if (r == ncclSuccess) r = check_op(o, true, count, count, nullptr);
     return r == ncclSuccess ? issue(o) : r;
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
+                        int root, ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_REDUCE, datatype, op, root, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclReduce");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclReduce");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     bool is_root = comm->rank == root;  // recvbuff matters (and may be NULL elsewhere) only at the root
@@ -725,9 +746,10 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_REDUCE_SCATTER, datatype, op, 0, recvcount}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclReduceScatter");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclReduceScatter");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff - (size_t)comm->rank * recvcount * type_bytes(datatype);
     r = check_op(o, true, (size_t)comm->nranks * recvcount, recvcount, in_place);
@@ -735,9 +757,10 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_ALL_GATHER, datatype, 0, 0, sendcount}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclAllGather");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclAllGather");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff + (size_t)comm->rank * sendcount * type_bytes(datatype);
     r = check_op(o, false, sendcount, (size_t)comm->nranks * sendcount, in_place);
@@ -745,9 +768,10 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     Op o{{KIND_BROADCAST, datatype, 0, root, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, "ncclBroadcast");
+    if (r == ncclSuccess) r = not_captured(stream, "ncclBroadcast");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     r = check_op(o, false, comm->rank == root ? count : 0, count, nullptr);  // sendbuff is read at the root only
@@ -755,21 +779,22 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 }
 
 static ncclResult_t point_to_point(Kind kind, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm) {
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
     Op o{{kind, datatype, 0, peer, count}, comm, sendbuff, recvbuff};
     ncclResult_t r = check_comm(comm, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
+    if (r == ncclSuccess) r = not_captured(stream, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
     if (r != ncclSuccess) return r;
     if (peer < 0 || peer >= comm->nranks) return bad_argument(comm, o.call, "the peer is not a rank of the communicator");
     r = check_op(o, false, kind == KIND_SEND ? count : 0, kind == KIND_RECV ? count : 0, nullptr);
     return r == ncclSuccess ? issue(o) : r;
 }
 
-ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
-    return point_to_point(KIND_SEND, sendbuff, nullptr, count, datatype, peer, comm);
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return point_to_point(KIND_SEND, sendbuff, nullptr, count, datatype, peer, comm, stream);
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
-    return point_to_point(KIND_RECV, nullptr, recvbuff, count, datatype, peer, comm);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return point_to_point(KIND_RECV, nullptr, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclGroupStart() {

@@ -1,0 +1,129 @@
+// cuda_graphs.cuh — --cuda-graphs: the step's device work captured once into CUDA graphs and
+// replayed at every later step (GPU trainer only; the CPU trainer launches no kernels).
+//
+// What it teaches. Every kernel launch costs host time: the driver checks and packs the
+// arguments and pushes the launch to the GPU. A GPU step is a long chain of short kernels; where a
+// kernel runs for less time than the host takes to launch the next, the GPU waits for the host.
+// A d12 step (12 layers, --attention simple) is 541 kernels, cuBLAS's matmuls among them, and 2
+// memsets: 44 launches per layer and 15 around them, counted by the emulation from the captured
+// graph (the line print_graphs_captured prints; cuDNN's fused attention, not emulated, replaces
+// some of each layer's). Every step launches the same ones with the same arguments. A CUDA graph records that chain once (stream capture: between
+// cudaStreamBeginCapture and cudaStreamEndCapture the stream's work is recorded, not run),
+// instantiates it, and cudaGraphLaunch then submits the whole chain with one call. The GPU's
+// arithmetic is unchanged, so a graphed run equals an eager one bit for bit (test/test_cuda_graphs.py);
+// only the launches are cheaper. This is what torch.compile's "reduce-overhead" mode and
+// Megatron's --enable-cuda-graph do; NVIDIA's CUDA Programming Guide, "CUDA Graphs", is the reference.
+//
+// The catch: a graph replays its kernels with the arguments they had at capture. A value passed by
+// value that changes from step to step (the learning rate of a schedule, AdamW's step count and bias
+// corrections, the stochastic-rounding seed's step) would be baked in: every replay would use the
+// captured step's. So every per-step value lives in device memory (AdamWStep, llmc/optim/adamw.cuh,
+// in the GB_STEP_VALUES buffer), written by a cudaMemcpyAsync before the launch, and the kernels read
+// it there. Pointers are baked in too: the graph reads and writes the same buffers every step, which
+// the trainer's size table guarantees (one allocation for the whole run, and on one rank the
+// micro-batch always lands in slot 0).
+//
+// What cannot be captured, and why: anything that waits for the GPU or allocates (a synchronous
+// cudaMemcpy, cudaStreamSynchronize, cudaMalloc: the real runtime refuses them during a capture with
+// cudaErrorStreamCaptureUnsupported and invalidates it, and the emulation does the same), and any
+// host decision in the middle of the step. Our step has two: the loss and the gradient norm are
+// read by the host to decide whether the update may be applied (step_is_sound, llmc/run/step.h).
+// So the step is two graphs with the host's reads between them:
+//   upload the batch (host -> device, eager)
+//   graph "passes":  zero the gradient, forward, loss, backward, the norm's partial sums
+//   host: read the loss and the partial sums, step_is_sound
+//   upload AdamWStep (cudaMemcpyAsync)
+//   graph "update":  AdamW
+// The first step of a run is eager (it also builds cuBLASLt's and cuDNN's plans, and --dump-state
+// reads its logits in the middle); the second captures; every later one replays.
+//
+// Not handled yet, refused with one line by cuda_graphs_problem: more than one rank (the NCCL
+// collectives and ZeRO's buckets between the passes), gradient accumulation (a loss read per
+// micro-batch), --offload optimizer (AdamW runs on the host), ZeRO-2/3 (their per-unit buckets),
+// the fp16 build (its loss scale would have to be read from device memory too).
+//
+// Memory: nothing in the size table (the graphs hold no buffers of ours; the driver keeps the
+// instantiated graphs, a few KiB per node). Hook points: none inside the passes; train_step's
+// graphed twin in train_gpt.cu (train_step_graphed) and optimizer_step's update call graph_run.
+#pragma once
+
+#include <string>
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/run/cli.h"
+
+// Why --cuda-graphs cannot run this configuration ("" = it can). `ranks`: the world size;
+// `accumulation_steps`: micro-batches per optimizer step.
+inline std::string cuda_graphs_problem(const TrainOptions& o, int ranks, int accumulation_steps) {
+    if (!o.cuda_graphs) return "";
+    if (ranks > 1)
+        return strprintf("--cuda-graphs runs on one GPU for now, got %d ranks (the data-parallel sums and the tensor and "
+                         "pipeline exchanges are not captured yet): run one rank, or drop --cuda-graphs", ranks);
+    if (accumulation_steps > 1)
+        return strprintf("--cuda-graphs with gradient accumulation (%d micro-batches per step) is not supported yet: each "
+                         "micro-batch's loss is read by the host; set --total-batch-tokens to one micro-batch's tokens, or "
+                         "drop --cuda-graphs", accumulation_steps);
+    if (o.offload != "none")
+        return "--cuda-graphs with --offload optimizer: the update runs on the host, there is nothing to capture; drop one of them";
+    if (o.zero_stage >= 2)
+        return strprintf("--cuda-graphs with --zero %d is not supported yet (ZeRO-2/3's gradient buckets): use --zero 0 or 1 "
+                         "(on one GPU they are the same), or drop --cuda-graphs", o.zero_stage);
+    if (FLOATX_IS_FP16)  // the build, not the flag: train_gpt_fp16 scales with or without --precision fp16
+        return "--cuda-graphs in the fp16 build is not supported yet (the loss scale changes from step to step and is passed "
+               "to the loss and AdamW kernels by value, not read from device memory): run train_gpt (bf16), or drop --cuda-graphs";
+    return "";
+}
+
+// One captured piece of the step.
+struct StepGraph {
+    const char* name = "";
+    cudaGraphExec_t exec = nullptr;  // null until captured
+    size_t nodes = 0, kernels = 0;   // what the capture recorded (kernels: ours and the libraries')
+};
+
+struct StepGraphs {
+    bool replay = false;  // this step runs from the graphs (--cuda-graphs, after the run's first step)
+    StepGraph passes{"passes"}, update{"update"};
+};
+
+// Runs the device work that `work` issues on `stream`: directly when the step is eager; otherwise by
+// launching g's graph, which the first call captures from `work` (which then issues nothing that
+// waits for the GPU or allocates: the runtime would refuse it, and the capture fails naming it).
+template <class Work> void graph_run(const StepGraphs& graphs, StepGraph* g, cudaStream_t stream, Work&& work) {
+    if (!graphs.replay) {
+        work();
+        return;
+    }
+    if (!g->exec) {
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        work();
+        cudaGraph_t graph = nullptr;
+        cudaError_t err = cudaStreamEndCapture(stream, &graph);
+        if (err != cudaSuccess)
+            fail("--cuda-graphs: capturing the step's %s failed (%s: %s); run without --cuda-graphs", g->name,
+                 cudaGetErrorName(err), cudaGetErrorString(err));
+        CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g->nodes));
+        std::vector<cudaGraphNode_t> nodes(g->nodes);
+        CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &g->nodes));
+        for (cudaGraphNode_t n : nodes) {
+            cudaGraphNodeType type;
+            CUDA_CHECK(cudaGraphNodeGetType(n, &type));
+            g->kernels += type == cudaGraphNodeTypeKernel;
+        }
+        CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
+}
+
+// Once, after the step that captured them (rank 0).
+inline void print_graphs_captured(const StepGraphs& g, int step) {
+    printf("cuda graphs: step %d captured the passes (%zu nodes, %zu of them kernels) and the update (%zu nodes, %zu "
+           "kernels); each later step replays them: 2 graph launches instead of %zu\n", step, g.passes.nodes,
+           g.passes.kernels, g.update.nodes, g.update.kernels, g.passes.nodes + g.update.nodes);
+}
+
+inline void graphs_free(StepGraphs* g) {
+    for (StepGraph* s : {&g->passes, &g->update})
+        if (s->exec) CUDA_CHECK(cudaGraphExecDestroy(s->exec));
+    *g = StepGraphs{};
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""test_cuda_graphs.py — --cuda-graphs (llmc/run/cuda_graphs.cuh) and the emulation's stream capture.
+
+  emulation        build/emu/capture_check (test/emu/capture_check.cu): work on a capturing stream is
+                   recorded, not run; a graph replays it twice; a kernel's argument keeps its value at
+                   capture while memory is read at the replay; cudaMalloc, a synchronous cudaMemcpy,
+                   cudaStreamSynchronize and cudaDeviceSynchronize during a capture return
+                   cudaErrorStreamCaptureUnsupported and invalidate it, as the real runtime documents
+  graphed = eager  30 steps with --cuda-graphs against 30 without, the learning rate changing at every
+                   step (5 steps of warmup, then the cosine decay to 10%), a sample drawn every 10
+                   steps (eager forwards between the replays): losses and final weights
+                   (--dump-state) bit for bit. The graphs replay the captured AdamW launch, so a learning
+                   rate, step count or bias correction passed to it by value would stay at step 2's, and
+                   a data-dependent launch shape (the encoder backward's grid) would stay at step 2's
+                   batch: both were seen to fail this check (planted by hand; docs/benchmarks.md)
+  resume           12 graphed steps == 6 graphed + checkpoint + resume + 6 graphed, and == 12 eager:
+                   weights, losses, model.bin and state.bin bit for bit
+  refused          --cuda-graphs on 2 ranks, with gradient accumulation, --offload optimizer, --zero 2,
+                   and on the CPU trainer: one line naming the problem, exit 2
+
+Runs on the CPU emulation of CUDA (test/emu/), or on a GPU where ./train_gpt is built and one is there.
+"""
+import os, shutil, subprocess, sys, tempfile
+from checks import report, exit_code
+import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_gpu import GPU, CPU, MODE, DEFAULT_ATTENTION, Setup, check, run, same_bytes, skip  # noqa: E402
+from test_bad_inputs import one_line_error  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAPTURE_CHECK = os.path.join(ROOT, "build", "emu", "capture_check")
+# tiny: 2 layers, C=64; the learning rate changes at every one of the 30 steps
+STEPS = ["--batch-size", "2", "--seq-len", "32", "--lr", "1e-3", "--warmup-steps", "5", "--final-lr-fraction", "0.1"]
+
+
+def emulation():
+    if not os.path.exists(CAPTURE_CHECK):
+        skip("stream capture under the emulation", "build/emu/capture_check is not built (make emu)")
+        return
+    p = subprocess.run([CAPTURE_CHECK], capture_output=True, text=True, timeout=120)
+    lines = [line for line in p.stdout.splitlines() if line.startswith(("PASS:", "FAIL:"))]
+    for line in lines:
+        report(line.startswith("PASS:"), "emulation: " + line.split(": ", 1)[1], line)
+    report(p.returncode == 0 and len(lines) >= 10, "emulation: capture_check ran every check and exited 0",
+           f"exit {p.returncode}, {len(lines)} checks: {p.stderr[-500:]}")
+
+
+def graphed_equals_eager(S):
+    # sampling every 10 steps: eager forwards between the replays, on the buffers the graphs use
+    flags = STEPS + ["--steps", "30", "--sample-every", "10", "--sample-tokens", "4"] + DEFAULT_ATTENTION
+    eager = S.dump(GPU, "tiny", flags)
+    graphed_path = S.dump_path(GPU, "tiny", flags + ["--cuda-graphs"])
+    graphed = S.dump(GPU, "tiny", flags + ["--cuda-graphs"])
+    p = run([GPU, "--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + STEPS + ["--steps", "4", "--cuda-graphs",
+                                                                              "--out-dir", f"{S.tmp}/lines"] + DEFAULT_ATTENTION)
+    lrs = {line.split("| lr ")[1].split()[0] for line in p.stdout.splitlines() if line.startswith("step ")}
+    report("cuda graphs: step 2 captured the passes" in p.stdout and len(lrs) == 4,
+           "--cuda-graphs: step 2 captures, the later steps replay, each at its own learning rate",
+           f"learning rates {sorted(lrs)}: {p.stdout[-1500:]}")
+    same_losses = np.array_equal(eager["losses"], graphed["losses"])
+    same_weights = np.array_equal(eager["params"], graphed["params"])
+    first = next((i for i in range(len(eager["losses"])) if eager["losses"][i] != graphed["losses"][i]), None)
+    report(same_losses and same_weights and len(eager["losses"]) == 30 and os.path.exists(graphed_path),
+           "30 graphed steps == 30 eager steps bit for bit (losses and weights; the learning rate changing every step)",
+           f"losses equal {same_losses} (first difference at step {None if first is None else first + 1}), "
+           f"weights equal {same_weights}")
+
+
+def resume(S):
+    tmp, data = S.tmp, S.data["tiny"]
+    flags = STEPS + ["--steps", "12", "--checkpoint-every", "6"] + DEFAULT_ATTENTION
+    eager = S.dump(GPU, "tiny", flags + ["--out-dir", f"{tmp}/eager"])
+    straight = S.dump(GPU, "tiny", flags + ["--cuda-graphs", "--out-dir", f"{tmp}/graphed"])
+    # a second graphed run loses its step-12 checkpoint and resumes from step 6, with graphs again
+    run([GPU, "--model", f"{tmp}/tiny.bin"] + data + flags + ["--cuda-graphs", "--out-dir", f"{tmp}/resumed"])
+    shutil.rmtree(f"{tmp}/resumed/ckpt_00000012")
+    resumed = S.dump(GPU, "tiny", flags + ["--cuda-graphs", "--out-dir", f"{tmp}/resumed", "--resume", "latest"])
+    same = {"weights": np.array_equal(straight["params"], resumed["params"]) and
+            np.array_equal(eager["params"], resumed["params"]),
+            "losses": np.array_equal(straight["losses"][6:], resumed["losses"]) and
+            np.array_equal(eager["losses"][6:], resumed["losses"])}
+    for f in ("model.bin", "state.bin"):
+        same[f] = all(same_bytes(f"{tmp}/{run_dir}/ckpt_00000012/{f}", f"{tmp}/resumed/ckpt_00000012/{f}")
+                      for run_dir in ("eager", "graphed"))
+    report(all(same.values()), "resume with graphs is bit-exact: 6 + resume + 6 graphed == 12 graphed == 12 eager",
+           f"differ: {[k for k, v in same.items() if not v]}")
+
+
+def refused(S):
+    base = ["--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + ["--batch-size", "2", "--seq-len", "32", "--steps", "2",
+                                                               "--cuda-graphs", "--out-dir", f"{S.tmp}/refused"]
+    for extra, needle in [(["--total-batch-tokens", "128"], "gradient accumulation (2 micro-batches"),
+                          (["--offload", "optimizer"], "--offload optimizer"),
+                          (["--zero", "2"], "--zero 2")]:
+        one_line_error(f"train_gpt --cuda-graphs {' '.join(extra)}", base + extra, 2, "--cuda-graphs", needle, binary=GPU)
+    one_line_error("train_gpt_fp16 --cuda-graphs", base, 2, "--cuda-graphs in the fp16 build", "train_gpt (bf16)",
+                   binary=os.path.join(os.path.dirname(GPU), "train_gpt_fp16"))
+    one_line_error("train_gpt_cpu --cuda-graphs", ["--model", "L=2,C=64,H=4,T=64", "--cuda-graphs"], 2,
+                   "--cuda-graphs applies only to the GPU trainer", "launches no kernels", binary=CPU)
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        skip("train_gpt --cuda-graphs on 2 ranks", "no mpirun")
+        return
+    p = subprocess.run(["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
+                        GPU] + base, capture_output=True, text=True, cwd=ROOT)
+    report(p.returncode == 2 and p.stderr.count("error:") == 1 and "--cuda-graphs runs on one GPU for now, got 2 ranks" in p.stderr,
+           "train_gpt --cuda-graphs on 2 ranks: exit 2, one line naming the ranks", f"exit {p.returncode}: {p.stderr[-600:]}")
+
+
+def main():
+    check("emulation", emulation)
+    if MODE is None:
+        skip("--cuda-graphs on the trainer", GPU)
+        sys.exit(exit_code())
+    for exe in (GPU, CPU):
+        if not os.path.exists(exe):
+            report(False, "binaries", f"{exe} is missing: run make")
+            sys.exit(1)
+    tmp = tempfile.mkdtemp(prefix="llmc_graphs_test_")
+    try:
+        S = Setup(tmp)
+        S.shape("tiny", 2, 64, 4, 64, 500, 1)
+        check("graphed == eager", graphed_equals_eager, S)
+        check("resume with graphs", resume, S)
+        check("refused", refused, S)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(exit_code())
+
+
+if __name__ == "__main__":
+    main()

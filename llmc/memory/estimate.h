@@ -371,6 +371,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
         {"after the blocks: final LayerNorm, logits, loss", 0, 0,
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
         {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
+        {"MoE blocks: the router's and the experts' rows", 0, 0, {"moe_activations"}},
     };
     return terms;
 }
@@ -431,6 +432,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
     lines[12].why = "a pipeline schedule, not a layer's: each block's output gradients and inputs from B to W, s + 1 "
                     "micro-batches on stage s (llmc/model/zero_bubble_backward.h); 0 with the other schedules";
+    lines[13].why = "outside the dense formula: each MoE block's routing (logits, probabilities, choices) and the k B T "
+                    "rows its experts gather, with their fc, GELU and gradient rows (llmc/model/moe.h); 0 without --moe-experts";
     return lines;
 }
 

@@ -655,13 +655,6 @@ void gpt2_backward_weights(GPT2* model, int B, int T, float* stash) {
 // The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h), or
 // --optimizer adafactor (llmc/optim/adafactor.h) or sm3 (llmc/optim/sm3.h) on the whole model.
 
-// --optimizer, checked by validate_options.
-static Optimizer run_optimizer(const TrainOptions& o) {
-    Optimizer chosen = Optimizer::AdamW;
-    parse_optimizer(o.optimizer, &chosen);
-    return chosen;
-}
-
 // The learning rate of step `step` (from 1): the schedule's (llmc/optim/schedule.h counts from 0), or
 // with --optimizer adafactor and no --lr the paper's relative step min(1e-2, 1/sqrt(t)).
 static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int step) {
@@ -1144,15 +1137,10 @@ static void refuse_unless_memory_fits(Comm* world, const EstimateSetup& predicte
 
 // --offload-dir: before anything is allocated, the directory must hold every rank's m and v files
 // (rank r's: the moments of what it updates; llmc/optim/disk_offload.h).
-static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
-                                           const Parallel& par) {
+static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, const EstimateSetup& predicted, int B) {
     if (o.offload_dir.empty()) return;
     std::vector<size_t> floats;
-    for (int r = 0; r < par.grid.world; r++) {
-        CPURunShape s = cpu_run_shape(cfg, shape.B, shape.T, par.grid, par.schedule, shape.accumulation_steps, o.recompute);
-        s.rank = r, s.offload_chunk_kib = o.offload_chunk_kib;  // (data parallelism only: rank r is data-parallel rank r)
-        floats.push_back(cpu_offloaded_moments(s));
-    }
+    for (int r = 0; r < estimate_world(predicted); r++) floats.push_back(cpu_offloaded_moments(estimate_cpu_shape(predicted, B, r)));
     std::string why = disk_offload_dir_problem(o.offload_dir, floats, offload_test_free_bytes());
     if (!why.empty()) grid_usage_fail(world, why);
 }
@@ -1161,26 +1149,19 @@ static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, c
 // from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
 // group's rank 0's copy, so that they start bit-identical.
 static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
-                        const GradCompressionSettings& compression, const std::string& resume_dir, bool new_model) {
+                        const EstimateSetup& predicted, const std::string& resume_dir, bool new_model) {
     const ProcessGrid& grid = par->grid;
     ModelSlice slice = model_slice(cfg, grid);
     gpt2_build(model, cfg, {}, &slice);
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
-    CPURunShape sizes = cpu_run_shape(cfg, shape.B, shape.T, grid, par->schedule, shape.accumulation_steps, o.recompute);
-    sizes.optimizer = run_optimizer(o);
-    sizes.bf16_moments = o.optimizer_state == "bf16";
-    sizes.bf16_stash = o.stash_precision == "bf16";
-    sizes.compression = compression;
-    sizes.moe = MoEConfig{o.moe_experts, o.moe_every};
-    sizes.moe_top_k = o.moe_top_k;
+    CPURunShape sizes = estimate_cpu_shape(predicted, shape.B, grid.rank);  // every buffer as --estimate counts it
     if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
-    sizes.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     gpt2_allocate(model, sizes);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
                           model->adam_m.data(), model->adam_v.data());
-    grad_compression_setup(&model->compression, compression, &par->comms.dp, cfg, o.seed);
+    grad_compression_setup(&model->compression, predicted.compression, &par->comms.dp, cfg, o.seed);
     model->server.on = o.data_parallel == "server";
     model->server.dp = &par->comms.dp;
     model->server.sends.reserve(model->layout.total / std::max<size_t>(1, model->zero.grad_shard.size()) + 1);
@@ -1517,22 +1498,19 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&world, why);
     why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
     if (!why.empty()) grid_usage_fail(&world, why);
-    EstimateSetup predicted = run_estimate(cfg, shape, grid, par.schedule, o.recompute, run_optimizer(o), o.optimizer_state == "bf16");
-    predicted.compression = compression;
-    predicted.bf16_stash = o.stash_precision == "bf16";
-    predicted.parameter_server = o.data_parallel == "server";
-    predicted.moe = MoEConfig{o.moe_experts, o.moe_every};
-    predicted.moe_top_k = o.moe_top_k;
-    predicted.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
+    // What every rank will allocate: the same setup --estimate prints, from which build_model sizes
+    // every buffer (llmc/memory/estimate.h's estimate_cpu_shape)
+    EstimateSetup predicted = run_estimate(o, cfg, shape, grid, par.schedule);
+    predicted.compression = compression;  // (with the tests' every-matrix switch)
     refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
-    refuse_unless_offload_dir_fits(&world, o, cfg, shape, par);
+    refuse_unless_offload_dir_fits(&world, o, predicted, shape.B);
     DataLoader train, val;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     grid_comms_init(&par.comms, world, grid);
 
     trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
     GPT2 model;
-    build_model(&model, &par, o, cfg, shape, compression, resume_dir, new_model);
+    build_model(&model, &par, o, cfg, shape, predicted, resume_dir, new_model);
     const ModelSlice& slice = model.slice;
 
     // ---- the shape of the run

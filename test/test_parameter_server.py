@@ -10,7 +10,7 @@ The model is L=2 C=64 H=4 T=64 V=501 at --seq-len 32, one micro-batch of 32 toke
    and not a promise; if another MPI sums otherwise, this check says so).
 2. The traffic, from the counters: through the server (rank 0) 2 (N-1) x P x 4 bytes per step
    (received + sent), each worker sends P x 4; the all-reduce's rank sends 2 (N-1)/N x P x 4; every
-   rank's bytes are what --estimate predicts.
+   rank's bytes are what the run's prediction says, and what --estimate prints without running.
 3. A checkpoint at step 3 resumed to step 6 equals the straight 6-step server run bit for bit.
 4. Bad values and combinations: one line, exit 2 (unknown value; with --zero 1, --tensor-parallel 2,
    --grad-compression bf16; on the GPU trainer when build/emu/train_gpt is built).
@@ -20,7 +20,7 @@ not adding it (1 fails at 2 and 3 ranks); adding in another order, ((g1 + g2) + 
 ranks; at 2 ranks a + b == b + a). Not caught, and harmless: the norm's squares summed over the
 whole array at once instead of shard by shard (accumulated in fp64, the fp32 norm rounds the same).
 """
-import os, re, shutil, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 
@@ -79,6 +79,17 @@ def main():
             report(ring_sent == 2 * (N - 1) * shard * 4,
                    f"{N} ranks: an all-reduce rank sends 2 (N-1) x shard x 4 = {ring_sent} bytes ({ring_sent / (P * 4):.3f} x "
                    f"the weights; the shard is P/N padded to {GRANULE} floats)", f"sent {ring_sent}: {ring_out[-800:]}")
+
+        # --estimate (no run) predicts what the run counts: rank 0 sends the weights to N-1 workers,
+        # each worker its gradient once. (It printed the all-reduce's bytes until --estimate and the run
+        # took their techniques from the one translation, estimate.h's estimate_take_techniques.)
+        est = subprocess.run([os.path.join(ROOT, "train_gpt_cpu"), "--estimate", "--estimate-ranks", "3", *server,
+                              "--model", MODEL, "--batch-size", "1", "--seq-len", "32", "--total-batch-tokens", "96"],
+                             capture_output=True, text=True).stdout
+        sends = {int(a): int(b) for a, b in re.findall(r"rank (\d+) sends: data=(\d+)", est)}
+        report(sends.get(0) == 2 * P * 4 and sends.get(1) == P * 4 and sends.get(2) == P * 4,
+               f"--estimate, 3 ranks, server: rank 0 sends 2 x P x 4 = {2 * P * 4} bytes, each worker P x 4 = {P * 4}",
+               f"sends {sends}: {est[-800:]}")
 
         # ---- 3. checkpoint and resume
         batch = ["--total-batch-tokens", "64"]

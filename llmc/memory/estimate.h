@@ -107,20 +107,26 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     return s;
 }
 
+// The CPU trainer's shape for rank `rank` of the grid with micro-batch B: what build_model allocates
+// from (its `predicted` setup) and what --estimate prints, so the two cannot drift apart.
+inline CPURunShape estimate_cpu_shape(const EstimateSetup& e, int B, int rank) {
+    CPURunShape s = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
+    s.optimizer = e.optimizer;
+    s.bf16_moments = e.bf16_moments;
+    s.bf16_stash = e.bf16_stash;
+    s.compression = e.compression;
+    s.moe = e.moe;
+    s.moe_top_k = e.moe_top_k;
+    s.offload_chunk_kib = e.offload_chunk_kib;
+    return s;
+}
+
 // The trainer's own size table for rank `rank` with micro-batch B. Rank 0 holds the most: ZeRO's
 // shards are equal but the last, which also carries the padding that belongs to no parameter (and
 // rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
 inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
-    CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
-    shape.optimizer = e.optimizer;
-    shape.bf16_moments = e.bf16_moments;
-    shape.bf16_stash = e.bf16_stash;
-    shape.compression = e.compression;
-    shape.moe = e.moe;
-    shape.moe_top_k = e.moe_top_k;
-    shape.offload_chunk_kib = e.offload_chunk_kib;
-    return cpu_buffer_table(shape);
+    return cpu_buffer_table(estimate_cpu_shape(e, B, rank));
 }
 
 // Bytes rank `rank` sends per step to each of its groups: data, tensor, pipeline, and the world
@@ -540,6 +546,23 @@ inline GPT2Config estimate_config(const TrainOptions& o) {
     return read_model_header(path).config;
 }
 
+// The flags' techniques, as sizes see them: the one translation from TrainOptions, used by --estimate
+// (estimate_setup below) and by the CPU trainer's own run (its `predicted` setup, which build_model
+// allocates from). A technique that changes what is allocated adds its field here and in
+// estimate_cpu_shape, and nowhere else.
+inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
+    e->recompute = o.recompute;
+    parse_optimizer(o.optimizer, &e->optimizer);
+    e->bf16_moments = o.optimizer_state == "bf16";
+    e->bf16_stash = o.stash_precision == "bf16";
+    e->offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
+    e->compression = grad_compression_settings(o);
+    e->parameter_server = o.data_parallel == "server";
+    e->moe = MoEConfig{o.moe_experts, o.moe_every};
+    e->moe_top_k = o.moe_top_k;
+    e->offload_optimizer = o.offload == "optimizer";
+}
+
 // The setup the flags describe. The trainer passes what only it knows: its precision, whether it
 // keeps master weights, its attention path.
 inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int dtype_bytes, bool master_weights,
@@ -557,16 +580,8 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = dtype_bytes;
-    e.recompute = o.recompute;
-    parse_optimizer(o.optimizer, &e.optimizer);
-    e.bf16_moments = o.optimizer_state == "bf16";
-    e.bf16_stash = o.stash_precision == "bf16";
-    e.offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
-    e.compression = grad_compression_settings(o);
-    e.moe = MoEConfig{o.moe_experts, o.moe_every};
-    e.moe_top_k = o.moe_top_k;
+    estimate_take_techniques(&e, o);
     e.master_weights = master_weights;
-    e.offload_optimizer = o.offload == "optimizer";
     e.simple_attention = simple_attention;
     if (o.estimate_memory_gib > 0) {
         e.memory_budget_bytes = o.estimate_memory_gib * (double)(1ull << 30);
@@ -675,9 +690,7 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
-        CPURunShape shape = cpu_run_shape(e.cfg, e.B, e.T, estimate_grid(e, 0), e.schedule, estimate_micro_batches(e, e.B), e.recompute);
-        shape.optimizer = e.optimizer, shape.offload_chunk_kib = e.offload_chunk_kib;
-        double disk = 8.0 * cpu_offloaded_moments(shape);
+        double disk = 8.0 * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));
         printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
                "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(),
                (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());

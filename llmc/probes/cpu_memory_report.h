@@ -21,9 +21,10 @@
 #include "llmc/run/plan.h"
 #include "llmc/utils.h"
 
-// The prediction's setup for this run (what --estimate would be given for it).
-inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g, PipelineSchedule schedule,
-                                  int recompute, Optimizer optimizer, bool bf16_moments) {
+// The prediction's setup for this run (what --estimate would be given for it): the grid and batch
+// the trainer settled, the techniques from the flags (estimate.h's one translation).
+inline EstimateSetup run_estimate(const TrainOptions& o, const GPT2Config& cfg, const RunPlan& plan, const ProcessGrid& g,
+                                  PipelineSchedule schedule) {
     EstimateSetup e;
     e.trainer = Trainer::CPU;
     e.cfg = cfg;
@@ -32,9 +33,7 @@ inline EstimateSetup run_estimate(const GPT2Config& cfg, const RunPlan& plan, co
     e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = 4;
-    e.recompute = recompute;
-    e.optimizer = optimizer;
-    e.bf16_moments = bf16_moments;
+    estimate_take_techniques(&e, o);
     return e;
 }
 

@@ -170,7 +170,8 @@ inline void ep_experts_backward(ExpertParallelBlock* b, Comm* ep, MoEActivations
 // `router` floats) over every data-parallel rank, the held experts over their replicas.
 inline void ep_sum_gradients(Comm* dp, Comm* replicas, float* grads, size_t router, size_t total, std::vector<float>* scratch) {
     comm_allreduce_sum_identical(dp, grads, router, scratch, "all-reduce of the MoE routers' gradients");
-    comm_allreduce_sum_identical(replicas, grads + router, total - router, scratch, "all-reduce of the experts' gradients over their replicas");
+    comm_allreduce_sum_identical(replicas, grads + router, total - router, scratch,
+                                 "all-reduce of the experts' gradients over their replicas");
 }
 
 // The whole table (params, a gradient, m or v) on rank 0 of expert group `ep` from every member's

@@ -26,7 +26,8 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
   resume       EP 2: 3 steps, checkpoint, 2 more == 5 straight, bit for bit; the checkpoint is the same
                file at any EP degree (rank 0 gathers the experts), so resuming it with EP 1 == the EP 2
                run, within tolerance, and an EP 1 checkpoint resumed with EP 2 == the EP 1 run
-  refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree,
+  refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree (of a
+               run, or of --estimate's --estimate-ranks),
                --expert-parallel without --moe-experts, with --zero / --tensor-parallel /
                --pipeline-parallel, and the GPU trainer (when built)
 Planted by hand and caught (docs/moe.md, its expert-parallel section): the owner running its local expert
@@ -174,6 +175,8 @@ def check_refusals(tmp):
     one_line_error("--expert-parallel 0", base + moe + ["--expert-parallel", "0"], 2, "--expert-parallel 0", seconds=10)
     one_line_error("--expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2"], 2,
                    "must divide the data-parallel degree 1", seconds=10)
+    one_line_error("--estimate with --expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2", "--estimate"], 2,
+                   "--expert-parallel 2 must divide", "--estimate-ranks", seconds=10)
     one_line_error("--expert-parallel without --moe-experts", base + ["--expert-parallel", "2"], 2,
                    "--expert-parallel", "add --moe-experts", seconds=10)
     for flag in (["--zero", "1"], ["--tensor-parallel", "2"], ["--pipeline-parallel", "2"]):

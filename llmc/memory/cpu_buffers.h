@@ -256,8 +256,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     // --expert-parallel: a rank holds the routers and its own experts (llmc/parallel/expert_parallel.h)
     MoELayout held = moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
     size_t moe = held.total, router = held.count[MOE_ROUTER], Lm = moe_block_count(s.moe, c.num_layers);
-    std::string experts = s.expert_parallel > 1 ? strprintf("its experts %d..%d", held.first_expert, held.first_expert + held.held_experts - 1)
-                                                : std::string("experts 1..E-1");
+    std::string experts = s.expert_parallel == 1 ? std::string("experts 1..E-1")
+                        : held.held_experts == 0 ? std::string("no expert (its one is the dense MLP)")
+                                                 : strprintf("its experts %d..%d", held.first_expert, held.first_expert + held.held_experts - 1);
     t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + " + experts, moe, F};
     t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
     t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params", moe, F};

@@ -32,7 +32,7 @@
 //   ownership  rank q of the expert group runs experts q E/N_ep .. (q+1) E/N_ep - 1. Expert 0 (the
 //              block's dense MLP, in the dense table) is group 0's like any other: its gradient is
 //              zero on the other ranks, so the dense table's all-reduce over every rank sums exactly
-//              the owners' contributions. The same holds for the MoE table.
+//              its owners' contributions.
 //   weights    each rank holds only its experts (the memory half): the MoE table (llmc/model/model.h)
 //              on rank q of a group is every block's router, whole, then experts
 //              max(1, q E/N_ep) .. (q+1) E/N_ep - 1 of each block, each tensor stacked as in the
@@ -51,9 +51,12 @@
 //   norm       each expert counted once: the ranks of expert group 0 add their experts' squares (rank
 //              0 the routers' too); the other groups' replicas hold the same sums and add nothing.
 //   files      one layout at any N_ep: the model file and moe_state.bin hold the whole table, gathered
-//              on rank 0 from expert group 0 at each checkpoint (a transient whole table there; the
-//              other ranks send their slice); loading reads the whole table and keeps the held runs.
-//              So an EP 2 checkpoint resumes at EP 1 or 4, and one rank's at EP 2.
+//              on rank 0 from expert group 0 at each checkpoint (for a moment three whole tables
+//              there: weights, m, v; the other ranks send their slice); loading reads the whole table
+//              and keeps the held runs. So an EP 2 checkpoint resumes at EP 1 or 4, and one rank's at EP 2.
+//   exchange   the buffers below are sized once for the worst case, N_ep k N rows of 17 C floats per
+//              MoE block (llmc/memory/cpu_buffers.h's ep_exchange row): at a small C they can outweigh
+//              the experts saved (docs/moe.md measures both).
 //   groups     the N_ep consecutive data-parallel ranks dp_rank / N_ep form one expert group.
 //
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,

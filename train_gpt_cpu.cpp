@@ -277,7 +277,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     }
     matmul_scratch_reserve(model->table[CB_MATMUL_PACK_A].elements, model->table[CB_MATMUL_PACK_B].elements);
     model->moe = shape.moe;
-    model->moe_layout = moe_layout(model->config, shape.moe);
+    model->moe_layout = moe_layout(model->config, shape.moe, moe_held_experts(shape.moe, shape.expert_parallel, shape.expert_rank));
     model->moe_acts.resize((size_t)moe_block_count(shape.moe, model->config.num_layers));
     for (MoEActivations& a : model->moe_acts)  // (the table's CB_MOE_ACTIVATIONS row counts these vectors)
         moe_allocate(&a, MoEShape{shape.moe.experts, shape.moe_top_k}, shape.B * shape.T, model->config.channels, 4 * model->config.channels);
@@ -357,7 +357,8 @@ template <typename T>
 static MoEWeights<T> moe_block_weights(const ParamTensors<float>& w, float* table, const MoELayout& layout, int b) {
     return {moe_tensor(table, layout, MOE_ROUTER, b), w[FCW], w[FCB], w[FCPROJW], w[FCPROJB],
             moe_tensor(table, layout, MOE_FCW, b), moe_tensor(table, layout, MOE_FCB, b),
-            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b)};
+            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b),
+            layout.first_expert};  // (--expert-parallel: the table holds this rank's experts only)
 }
 
 // The MLP of MoE block l: y (BT, C) = the experts' mixture of ln2, its statistics into the step's.
@@ -745,6 +746,7 @@ struct Parallel {
     PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
     Comm ep;                                         // --expert-parallel: this rank's expert group
+    Comm ep_replicas;                                //   and the ranks holding the same experts (one per group)
 };
 
 static const float* stage_output(GPT2* model, int slot) {
@@ -875,16 +877,23 @@ static float finish_gradients(GPT2* model, Parallel* par) {
         grad_compression_test_dump(&par->comms.world, step, "local", mo.grads);
         grad_compression_reduce(&mo.compression, &mo.zero, &mo.grads);
         grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
-        // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens)
-        if (!mo.moe_grads.empty() && par->grid.dp > 1)
+        // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens);
+        // with --expert-parallel each rank holds its experts only: theirs over their replicas alone
+        if (mo.ep)
+            ep_sum_gradients(&par->comms.dp, &par->ep_replicas, mo.moe_grads.data(), mo.moe_layout.count[MOE_ROUTER],
+                             mo.moe_grads.size(), &mo.moe_sum_scratch);
+        else if (!mo.moe_grads.empty() && par->grid.dp > 1)
             comm_allreduce_sum_identical(&par->comms.dp, mo.moe_grads.data(), mo.moe_grads.size(), &mo.moe_sum_scratch,
                                          "all-reduce of the MoE table's gradients");
     }
     double squares = 0.0;
     for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
-    // every rank holds the whole summed MoE gradient: rank 0 counts it, once (after the dense part, so
-    // that with one expert, whose router gradient is exactly 0, the norm is the dense model's bits)
-    if (par->grid.rank == 0) squares += sum_of_squares(mo.moe_grads.data(), mo.moe_grads.size());
+    // the summed MoE gradient, each value once: rank 0 counts its table (after the dense part, so that
+    // with one expert, whose router gradient is exactly 0, the norm is the dense model's bits); with
+    // --expert-parallel the rest of expert group 0 adds its experts (the other groups are their replicas)
+    size_t counted_from = par->grid.rank == 0 ? 0 : mo.moe_layout.count[MOE_ROUTER];
+    if (par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
+        squares += sum_of_squares(mo.moe_grads.data() + counted_from, mo.moe_grads.size() - counted_from);
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
 
@@ -968,6 +977,22 @@ static std::vector<WantedRun> wanted(const std::vector<StateRun>& runs, bool wei
     return out;
 }
 
+// --moe-experts: this rank's part of a whole MoE table read from a file (all of it, unless
+// --expert-parallel: the routers and this rank's experts, llmc/parallel/expert_parallel.h).
+static void keep_held_experts(GPT2* model, const std::vector<float>& whole, std::vector<float>* held) {
+    for (const MoETableRun& r : moe_table_runs(moe_layout(model->config, model->moe), model->moe_layout))
+        memcpy(held->data() + r.held, whole.data() + r.whole, r.count * sizeof(float));
+}
+
+// The whole MoE table of `held` (weights, a gradient, m or v) on rank 0: this rank's own without
+// --expert-parallel; with it gathered from expert group 0 (its members must all call), into `whole`.
+static const float* whole_moe_table(GPT2* model, Parallel* par, const std::vector<float>& held, std::vector<float>* whole) {
+    if (!model->ep) return held.data();
+    if (par->grid.dp_rank < par->ep.world_size)
+        ep_gather_table(&par->ep, model->config, model->moe, held.data(), held.size(), whole);
+    return whole->data();
+}
+
 // Fills this rank's weights: from the counter-based initialisation (a new model), a model file, or
 // a checkpoint (the state files' weights when they have them, else its model.bin).
 static void load_weights(GPT2* model, const TrainOptions& o, const std::string& resume_dir, bool new_model) {
@@ -976,7 +1001,7 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
     float* dst = weight_storage(model);
     if (new_model) {
         for (const StateRun& r : runs) init_gpt2_params(cfg, o.seed, dst + r.weight_at, r.global, r.global + r.count);
-        init_moe_params(cfg, model->moe, o.seed, model->moe_params.data());  // --moe-experts: the MoE table (empty if dense)
+        init_moe_params(cfg, model->moe, model->moe_layout, o.seed, model->moe_params.data());  // --moe-experts (empty if dense)
         return;
     }
     // (an MoE model's state files never hold the weights: MoE runs on no grid that splits them)
@@ -990,7 +1015,7 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
     std::vector<float> full, moe_full;
     read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full, &moe_full);
     for (const StateRun& r : runs) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
-    std::copy(moe_full.begin(), moe_full.end(), model->moe_params.begin());
+    keep_held_experts(model, moe_full, &model->moe_params);
 }
 
 // A sound loss and gradient norm can still carry a weight past FLT_MAX (an enormous learning rate):
@@ -1014,10 +1039,15 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
                             const DataLoader& train, uint64_t sampler_rng) {
     const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
+    // --moe-experts: the whole MoE table and its moments on rank 0 (gathered, with --expert-parallel)
+    std::vector<float> whole_params, whole_m, whole_v;
+    const float* moe_params = whole_moe_table(model, par, model->moe_params, &whole_params);
+    const float* moe_m = whole_moe_table(model, par, model->moe_m, &whole_m);
+    const float* moe_v = whole_moe_table(model, par, model->moe_v, &whole_v);
     CheckpointParts parts;
     parts.write_model_bin = [&](const std::string& path) {
         if (model->moe.experts == 0) write_model_file(path, cfg, model->params.data(), false);
-        else write_moe_model_file(path, cfg, model->moe, model->moe_shape.top_k, model->params.data(), model->moe_params.data());
+        else write_moe_model_file(path, cfg, model->moe, model->moe_shape.top_k, model->params.data(), moe_params);
     };
     parts.fill_state = [&](TrainState* s) {
         if (model->optimizer != Optimizer::AdamW) {  // its blocks' factored state (docs/formats.md, version 3)
@@ -1052,8 +1082,8 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     };
     parts.write_rank_files = [&](const std::string& dir) {
         grad_compression_save(model->compression, dir, step);
-        if (model->moe.experts > 0 && par->grid.rank == 0)  // (every rank holds the same)
-            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, model->moe_m, model->moe_v);
+        if (model->moe.experts > 0 && par->grid.rank == 0)  // (the whole table: every replica holds the same)
+            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_m, moe_v, moe_layout(cfg, model->moe).total);
     };
     write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
@@ -1083,6 +1113,12 @@ static std::vector<size_t> held_bytes(GPT2* model) {
         for (const std::vector<int>* v : {&a.choice, &a.row, &a.routed, &a.kept, &a.first_row, &a.token_of_row})
             held[CB_MOE_ACTIVATIONS] += v->capacity() * sizeof(int);
     }
+    for (const ExpertParallelBlock& b : model->ep_blocks) {  // --expert-parallel's exchange buffers, 4 bytes a value
+        for (const std::vector<float>* v : {&b.staging, &b.x, &b.fch, &b.fch_gelu, &b.out, &b.dout, &b.dh, &b.dx})
+            held[CB_EP_EXCHANGE] += v->capacity() * sizeof(float);
+        for (const std::vector<int>* v : {&b.send_rows, &b.recv_rows, &b.send_floats, &b.recv_floats, &b.expert_row})
+            held[CB_EP_EXCHANGE] += v->capacity() * sizeof(int);
+    }
     return held;
 }
 
@@ -1100,8 +1136,10 @@ static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
     d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
     dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads,
                           !model->server.on || parameter_server_is_server(model->server));
-    // --moe-experts: then the MoE table's, summed, whole on every rank
-    d->state.grads.insert(d->state.grads.end(), model->moe_grads.begin(), model->moe_grads.end());
+    // --moe-experts: then the MoE table's, summed (whole on rank 0, which writes the file)
+    std::vector<float> whole;
+    const float* moe = whole_moe_table(model, par, model->moe_grads, &whole);
+    if (par->grid.rank == 0) d->state.grads.insert(d->state.grads.end(), moe, moe + moe_layout(model->config, model->moe).total);
     d->first_step = false;
 }
 
@@ -1110,7 +1148,9 @@ static void dump_at_end(GPT2* model, Parallel* par, const std::string& path, int
     if (!d->on) return;
     dump_gather_weights(&par->comms.world, model->zero, model->config, model->slice, weight_storage(model), model->lent_wte,
                         &d->state.params);
-    d->state.params.insert(d->state.params.end(), model->moe_params.begin(), model->moe_params.end());  // --moe-experts
+    std::vector<float> whole;  // --moe-experts: the whole MoE table
+    const float* moe = whole_moe_table(model, par, model->moe_params, &whole);
+    if (par->grid.rank == 0) d->state.params.insert(d->state.params.end(), moe, moe + moe_layout(model->config, model->moe).total);
     if (par->grid.rank == 0) {
         write_dump_state(path, d->state, model->config, B, T, "cpu");
         printf("dumped state to %s\n", path.c_str());
@@ -1157,6 +1197,11 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
     CPURunShape sizes = estimate_cpu_shape(predicted, shape.B, grid.rank);  // every buffer as --estimate counts it
     if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
+    if (o.expert_parallel > 1) {  // --expert-parallel: consecutive data-parallel ranks form an expert group;
+        int N = o.expert_parallel;  // the ranks at the same place of every group hold the same experts
+        comm_split(&par->comms.dp, grid.dp_rank / N, grid.dp_rank % N, &par->ep, "creating the expert-parallel groups");
+        comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
+    }
     gpt2_allocate(model, sizes);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
@@ -1169,16 +1214,15 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     if (grid.zero_stage < 3) {
         comm_broadcast(&par->comms.dp, model->params.data(), model->layout.total * sizeof(float), 0, "broadcast of the initial weights");
     }
-    if (o.expert_parallel > 1) {  // --expert-parallel: consecutive data-parallel ranks form an expert group
-        comm_split(&par->comms.dp, grid.dp_rank / o.expert_parallel, grid.dp_rank % o.expert_parallel, &par->ep,
-                   "creating the expert-parallel groups");
+    if (o.expert_parallel > 1) {
         model->ep = &par->ep;
         model->ep_blocks.resize(model->moe_acts.size());
         for (ExpertParallelBlock& eb : model->ep_blocks)
             ep_allocate(&eb, o.expert_parallel, o.moe_experts, o.moe_top_k, shape.B * shape.T, cfg.channels, 4 * cfg.channels);
     }
-    if (!model->moe_params.empty())
-        comm_broadcast(&par->comms.dp, model->moe_params.data(), model->moe_params.size() * sizeof(float), 0, "broadcast of the MoE table");
+    if (!model->moe_params.empty())  // (the ranks holding the same experts: every rank without --expert-parallel)
+        comm_broadcast(model->ep ? &par->ep_replicas : &par->comms.dp, model->moe_params.data(),
+                       model->moe_params.size() * sizeof(float), 0, "broadcast of the MoE table");
     pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
                       (size_t)slice.vocab_rows * cfg.channels);
 }
@@ -1216,8 +1260,12 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
                                    model->adam_m.data(), model->adam_v.data(), nullptr);
     }
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
-    if (model->moe.experts > 0)  // --moe-experts: the MoE table's moments (its weights came with model.bin)
-        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, &model->moe_m, &model->moe_v);
+    if (model->moe.experts > 0) {  // --moe-experts: the MoE table's moments (its weights came with model.bin), this rank's part
+        std::vector<float> m, v;
+        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_layout(cfg, model->moe).total, &m, &v);
+        keep_held_experts(model, m, &model->moe_m);
+        keep_held_experts(model, v, &model->moe_v);
+    }
     grad_compression_load(&model->compression, resume_dir, resumed->step);  // its error feedback and Q, or a refusal
     model->compression.steps_done = resumed->step;
     *sampler_rng = resumed->sampler_rng;
@@ -1452,6 +1500,9 @@ int main(int argc, char** argv) {
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
         if (launched.rank != 0) return 0;
         EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
+        if (setup.ranks % o.expert_parallel != 0)
+            usage_fail("--expert-parallel %d must divide the data-parallel ranks %d: pass --estimate-ranks with a multiple of %d",
+                       o.expert_parallel, setup.ranks, o.expert_parallel);
         if (o.plan > 0) print_plan(o, setup);
         else print_estimate(setup);
         return 0;
@@ -1555,12 +1606,15 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
 
         for (Comm* c : groups) c->counters = CommCounters{};
+        par.ep_replicas.counters = CommCounters{};
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
         StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
         profile_step_end(step + 1);
         for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
+        for (int op = 0; op < COMM_NUM_OPS; op++)  // --expert-parallel: the experts' sum over their replicas is a data-parallel sum
+            last_step[0].bytes[op] += par.ep_replicas.counters.bytes[op], last_step[0].calls[op] += par.ep_replicas.counters.calls[op];
         dump_step_loss(&dump_probe, r.loss);
         if (leader) {
             // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
@@ -1585,14 +1639,17 @@ int main(int argc, char** argv) {
     if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
     if (grid.world > 1 && plan.steps > first_step)
         report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
-    if (model.ep && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved (not in --estimate: the router decides)
+    if (model.ep && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved, and --estimate's bounds
         const CommCounters& ec = par.ep.counters;
         double bytes = comm_sum(&world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+        ExpertParallelBytes e = estimate_expert_parallel_bytes(predicted);
         if (leader)
             printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step, %.0f a step and "
-                   "rank (%llu calls a rank: counts and rows, forward and backward, evaluations included)\n", bytes,
+                   "rank (%llu calls a rank: counts and rows, forward and backward, evaluations included); --estimate a step "
+                   "and rank: counts %llu + rows at most %llu (%llu at even routing), %llu calls\n", bytes,
                    plan.steps - first_step, bytes / (plan.steps - first_step), bytes / (plan.steps - first_step) / grid.world,
-                   (unsigned long long)ec.calls[COMM_ALL_TO_ALL]);
+                   (unsigned long long)ec.calls[COMM_ALL_TO_ALL], (unsigned long long)e.counts, (unsigned long long)e.rows_at_most,
+                   (unsigned long long)e.rows_even, (unsigned long long)e.calls);
     }
     if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
         compression.kind == GradCompressionKind::None && model.moe.experts == 0)  // (its arithmetic knows the dense table only)

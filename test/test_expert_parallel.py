@@ -8,24 +8,32 @@ layer itself is proven against PyTorch in test_moe.py. Tolerances are test_paral
 rounding: the owner's matmuls see the rows of several ranks in one call).
 
   ep2          2 ranks, E = 4 top-2, experts split 2 + 2, no dropping == 1 rank: losses, step-1
-               gradients (summed: non-owners add zeros), final weights after 5 AdamW steps, logits
+               gradients (the whole table gathered on rank 0: each rank holds its experts only), final
+               weights after 5 AdamW steps, logits; the printed gradient norms, step by step
   traffic      the all-to-alls' bytes (the trainer's counters) = counts + 4 crossings x C x 4 bytes per
-               crossing row, at most every assignment; their calls = 5 per block and micro-batch
-  ep2 x dp2    4 ranks, two expert groups of 2, E = 4 top-2 == 1 rank
+               crossing row, at most every assignment; their calls = 5 per block and micro-batch; and
+               --estimate's counts, bound and calls (printed beside them) are those
+  ep2 x dp2    4 ranks, two expert groups of 2, E = 4 top-2 == 1 rank, norms included (each expert's
+               gradient summed over its 2 replicas, counted once in the norm)
+  memory       each rank's allocations = --estimate's, by kind, and the bytes each sends to its groups
+               (the trainer's report) at EP 2, EP 2 x DP 2 and EP 4; the MoE table per rank = the hand
+               count: the routers (Lm E C) + the experts it owns less expert 0 (Lm x held x (8C^2 + 5C))
   starved      4 ranks, E = 8 top-1, experts split 2 per rank: some step has an expert with no token
                on some rank (load 0..), and the run neither hangs nor differs from 1 rank
   capacity     capacity is per source rank (each rank drops its own overflow before the dispatch):
                EP 2 with --moe-capacity-factor 1.0 == plain data parallelism on the same 2 ranks
                (same drops, same losses and weights); the drops are logged (> 0)
   resume       EP 2: 3 steps, checkpoint, 2 more == 5 straight, bit for bit; the checkpoint is the same
-               file at any EP degree (every rank holds the whole MoE table), so resuming it with EP 1
-               == the EP 2 run, within tolerance
-  refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree,
+               file at any EP degree (rank 0 gathers the experts), so resuming it with EP 1 == the EP 2
+               run, within tolerance, and an EP 1 checkpoint resumed with EP 2 == the EP 1 run
+  refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree (of a
+               run, or of --estimate's --estimate-ranks),
                --expert-parallel without --moe-experts, with --zero / --tensor-parallel /
                --pipeline-parallel, and the GPU trainer (when built)
 Planted by hand and caught (docs/moe.md, its expert-parallel section): the owner running its local expert
 index as the global one; the combine with the counts not transposed; the backward without the
-reorder to expert-major.
+reorder to expert-major; the experts' gradients summed over all ranks (not their replicas); the norm
+counting every replica's experts.
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -34,11 +42,40 @@ from checks import report, exit_code
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from token_shards import write_shard  # noqa: E402
-from test_parallelism import Runner, check_close, check_bitwise  # noqa: E402
+from test_parallelism import Runner, check_close, check_bitwise, check_predictions  # noqa: E402
 from test_bad_inputs import one_line_error, gpu_trainer  # noqa: E402
 
 BIN = os.path.join(ROOT, "train_gpt_cpu")
 STEP = re.compile(r"^step +\d+/\d+ \| loss [\d.]+ .*\| dropped (\d+) \| load (\d+)\.\.(\d+)$", re.M)
+NORM = re.compile(r"^step +\d+/\d+ \| loss [\d.]+ \| lr \S+ \| norm ([\d.]+) ", re.M)
+
+
+def check_norms(name, out, reference):
+    """The gradient norms the step lines print (4 decimals) against the one-rank run's, step by step."""
+    a, b = [float(x) for x in NORM.findall(out)], [float(x) for x in NORM.findall(reference)]
+    report(len(a) == len(b) > 0 and all(abs(x - y) <= 2e-4 for x, y in zip(a, b)),
+           f"{name}: the gradient norms == one rank's, step by step ({a})", f"{a} vs one rank's {b}")
+
+
+def check_memory(name, out, ranks, experts, ep):
+    """The trainer's report: every rank's memory and bytes = --estimate's; and its MoE table (weights) =
+    the hand count. L = 4 MoE blocks of C = 64; rank q of a group owns experts q E/ep .. (q+1) E/ep - 1,
+    one of them (expert 0, on q = 0) in the dense table."""
+    check_predictions(name, out, ranks)
+    est = subprocess.run([BIN, "--model", "L=4,C=64,H=4,T=32,V=501", "--seq-len", "32", "--batch-size", "1",
+                          "--total-batch-tokens", str(4 * 32), "--moe-experts", str(experts), "--moe-top-k", "2" if experts == 4 else "1",
+                          "--expert-parallel", str(ep), "--estimate-ranks", str(ranks), "--estimate"], capture_output=True, text=True)
+    rows = {}
+    for m in re.finditer(r"^  ranks? (\d+)(?:-(\d+))?: params=(\d+)", est.stdout, re.M):
+        for q in range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1):
+            rows[q] = int(m.group(3))
+    L, C, E = 4, 64, experts
+    dense = rows.get(0, 0) - 4 * (L * E * C + L * (E // ep - 1) * (8 * C * C + 5 * C))
+    want = {q: dense + 4 * (L * E * C + L * (E // ep - (1 if q % ep == 0 else 0)) * (8 * C * C + 5 * C)) for q in range(ranks)}
+    whole = 4 * (L * E * C + L * (E - 1) * (8 * C * C + 5 * C))  # the MoE table on one rank
+    mine = rows.get(1, 0) - dense
+    report(rows == want and dense > 0, f"{name}: each rank's weights = the dense table + the routers + its own experts "
+           f"(rank 1's MoE table {mine:,} bytes, one rank's {whole:,})", f"{rows} vs {want}\n{est.stderr[-300:]}")
 
 
 def check_equivalence(r):
@@ -48,8 +85,13 @@ def check_equivalence(r):
     check_close("ep2: E = 4 top-2, experts split over 2 ranks", two, one)
     _, out, err = r.run(2, *top2, "--expert-parallel", 2, steps=5)  # (without --dump-state: its extra passes move rows too)
     check_traffic(out + err)
-    four, _ = r.dump("ep2dp2", 4, *top2, "--expert-parallel", 2, steps=5)
+    check_memory("memory: EP 2", out, 2, 4, 2)
+    _, out_one, _ = r.run(1, *top2, steps=5)
+    check_norms("ep2", out, out_one)
+    four, out = r.dump("ep2dp2", 4, *top2, "--expert-parallel", 2, steps=5)
     check_close("ep2 x dp2: 4 ranks, two expert groups", four, one)
+    check_norms("ep2 x dp2", out, out_one)
+    check_memory("memory: EP 2 x DP 2", out, 4, 4, 2)
 
     top1 = ["--moe-experts", 8, "--moe-top-k", 1]
     one8, _ = r.dump("one8", 1, *top1, steps=4)
@@ -58,6 +100,7 @@ def check_equivalence(r):
     report(0 in loads, f"starved: an expert with no token on a rank happened (loads' minima per step {loads})",
            out[-1500:])
     check_close("starved: E = 8 top-1 over 4 ranks (EP 4)", four8, one8)
+    check_memory("memory: EP 4, E = 8", out, 4, 8, 4)
 
 
 def check_traffic(out):
@@ -77,6 +120,17 @@ def check_traffic(out):
            f"traffic: {total} bytes over 5 steps = counts {counts} + {crossing:.0f} crossing rows x 4 crossings x C x 4 "
            f"({100 * crossing / (blocks * steps * 256):.0f}% of the 4 x 5 x 256 assignments), {calls} all-to-alls a rank",
            f"{total} bytes, {calls} calls")
+    e = re.search(r"--estimate a step and rank: counts (\d+) \+ rows at most (\d+) \((\d+) at even routing\), (\d+) calls", out)
+    if not e:
+        report(False, "traffic: --estimate's all-to-all line", out[-800:])
+        return
+    e_counts, e_most, e_even, e_calls = (int(x) for x in e.groups())
+    ranks = 2  # (2 micro-batches of k B T = 64 assignments a rank and step, each row 4 crossings x C x 4 bytes)
+    report(e_counts * steps * ranks == counts and e_calls * steps == calls and e_most == blocks * 2 * 64 * row
+           and e_even == e_most // 2 and total - counts <= e_most * steps * ranks,
+           f"traffic: --estimate's counts ({e_counts} a step and rank) and calls ({e_calls}) are the counters'; its rows "
+           f"bound {e_most} (every assignment leaving) holds ({(total - counts) / (steps * ranks):.0f} measured, "
+           f"{e_even} at even routing)", e.group(0))
 
 
 def check_capacity(r):
@@ -103,6 +157,13 @@ def check_resume(r):
     at1, _ = r.dump("resumed_ep1", 2, *flags[:-2], "--resume", ckpt, steps=5)
     if straight is not None and at1 is not None:
         check_close("resume: an EP 2 checkpoint resumed with EP 1", at1, resumed)
+    # the other direction: a plain data-parallel run's checkpoint (every rank held every expert) at EP 2
+    out1 = os.path.join(r.work, "out_ep1")
+    # (compared with the EP 2 checkpoint resumed with EP 2: both dump step 4's gradients, and the two
+    # checkpoints, EP 1's and EP 2's after 3 steps, agree within tolerance)
+    r.run(2, *flags[:-2], "--checkpoint-every", 3, "--out-dir", out1, steps=5)  # (5: the learning rate schedule's)
+    at2, _ = r.dump("resumed_ep2", 2, *flags, "--resume", os.path.join(out1, "ckpt_00000003"), steps=5)
+    check_close("resume: an EP 1 checkpoint resumed with EP 2", at2, resumed)
 
 
 def check_refusals(tmp):
@@ -114,6 +175,8 @@ def check_refusals(tmp):
     one_line_error("--expert-parallel 0", base + moe + ["--expert-parallel", "0"], 2, "--expert-parallel 0", seconds=10)
     one_line_error("--expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2"], 2,
                    "must divide the data-parallel degree 1", seconds=10)
+    one_line_error("--estimate with --expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2", "--estimate"], 2,
+                   "--expert-parallel 2 must divide", "--estimate-ranks", seconds=10)
     one_line_error("--expert-parallel without --moe-experts", base + ["--expert-parallel", "2"], 2,
                    "--expert-parallel", "add --moe-experts", seconds=10)
     for flag in (["--zero", "1"], ["--tensor-parallel", "2"], ["--pipeline-parallel", "2"]):

@@ -96,7 +96,7 @@ int main() {
     {   // version 7, a mixture-of-experts model: E, top-k, every in h[8..10], the MoE table after the 16 tensors
         MoEConfig moe{3, 2};  // 3 experts in block 1 of 2
         std::vector<float> table(moe_layout(cfg, moe).total);
-        init_moe_params(cfg, moe, 7, table.data());
+        init_moe_params(cfg, moe, moe_layout(cfg, moe), 7, table.data());
         std::string moe_path = dir + "/model_moe.bin";
         write_moe_model_file(moe_path, cfg, moe, 2, params.data(), table.data());
         std::vector<char> raw = read_whole_file(moe_path, "model");
@@ -110,11 +110,38 @@ int main() {
         check_fails("a dense-only reader refuses model v7", [&] { GPT2Config c; std::vector<float> p; read_model_file(moe_path, &c, &p); },
                     "is a mixture-of-experts model (version 7: 3 experts)");
         std::vector<float> m(table.size(), 0.5f), v(table.size(), 0.25f), m2(table.size()), v2(table.size());
-        write_moe_state(dir + "/moe_state.bin", moe, 2, m, v);
-        read_moe_state(dir + "/moe_state.bin", moe, 2, &m2, &v2);
+        write_moe_state(dir + "/moe_state.bin", moe, 2, m.data(), v.data(), m.size());
+        read_moe_state(dir + "/moe_state.bin", moe, 2, table.size(), &m2, &v2);
         check(m2 == m && v2 == v, "moe_state.bin round trip is exact");
-        check_fails("moe_state.bin of another top-k is refused", [&] { read_moe_state(dir + "/moe_state.bin", moe, 1, &m2, &v2); },
+        check_fails("moe_state.bin of another top-k is refused", [&] { read_moe_state(dir + "/moe_state.bin", moe, 1, table.size(), &m2, &v2); },
                     "does not belong with this checkpoint");
+    }
+    {   // --expert-parallel's slices of the MoE table (llmc/parallel/expert_parallel.h): E = 8 in 2 blocks of 2,
+        // over 4 ranks. Each rank's initialisation is the whole table's at its runs, and the 4 slices'
+        // runs cover every expert once and the routers on every rank
+        MoEConfig moe{8, 1};
+        MoELayout whole = moe_layout(cfg, moe);
+        std::vector<float> table(whole.total), cover(whole.total, 0.0f);
+        init_moe_params(cfg, moe, whole, 7, table.data());
+        bool same = true;
+        size_t held_total = 0;
+        for (int q = 0; q < 4; q++) {
+            MoELayout mine = moe_layout(cfg, moe, moe_held_experts(moe, 4, q));
+            std::vector<float> slice(mine.total);
+            init_moe_params(cfg, moe, mine, 7, slice.data());
+            for (const MoETableRun& r : moe_table_runs(whole, mine))
+                for (size_t i = 0; i < r.count; i++) {
+                    same = same && slice[r.held + i] == table[r.whole + i];
+                    cover[r.whole + i] += 1.0f;
+                }
+            held_total += mine.total - mine.count[MOE_ROUTER];
+            check(mine.held_experts == (q == 0 ? 1 : 2) && mine.first_expert == (q == 0 ? 1 : 2 * q),
+                  "expert parallel: rank q holds experts max(1, 2q) .. 2q + 1");
+        }
+        bool covered = held_total == whole.total - whole.count[MOE_ROUTER];
+        for (size_t i = 0; i < whole.total; i++) covered = covered && cover[i] == (i < whole.count[MOE_ROUTER] ? 4.0f : 1.0f);
+        check(same, "expert parallel: a rank's slice initialises to the whole table's values at its runs");
+        check(covered, "expert parallel: the 4 slices hold each expert once, the routers on every rank");
     }
     check(float_to_bf16_round_nearest(1.0f + 1.0f / 256.0f) == 0x3f80 && float_to_bf16_round_nearest(1.0f + 3.0f / 256.0f) == 0x3f82,
           "bf16 rounding is round-half-to-even");

@@ -231,25 +231,26 @@ inline void write_moe_model_file(const std::string& path, const GPT2Config& c, c
 }
 
 // The MoE table's AdamW moments (moe_state.bin): 256 int32 header (magic, version, E, top-k, every,
-// then the table's size as an int64 in h[5..6]), m, then v, fp32. Written by rank 0: every
-// data-parallel rank holds the same.
-inline void write_moe_state(const std::string& path, const MoEConfig& moe, int top_k, const std::vector<float>& m,
-                            const std::vector<float>& v) {
+// then the table's size as an int64 in h[5..6]), m, then v, fp32: the whole table's n values each,
+// whatever the expert-parallel degree. Written by rank 0 (which gathers the experts it does not hold).
+inline void write_moe_state(const std::string& path, const MoEConfig& moe, int top_k, const float* m, const float* v, size_t n_values) {
     int32_t h[HEADER_INTS] = {};
     h[0] = MOE_STATE_MAGIC;
     h[1] = MOE_STATE_VERSION;
     h[2] = moe.experts, h[3] = top_k, h[4] = moe.every;
-    int64_t n = (int64_t)m.size();
+    int64_t n = (int64_t)n_values;
     memcpy(&h[5], &n, sizeof(n));
     AtomicFile out(path, "MoE training-state file");
     out.write(h, sizeof(h));
-    out.write(m.data(), m.size() * sizeof(float));
-    out.write(v.data(), v.size() * sizeof(float));
+    out.write(m, n_values * sizeof(float));
+    out.write(v, n_values * sizeof(float));
     out.commit();
 }
 
-// Reads them back into m and v (sized already); the settings and the size must be this run's.
-inline void read_moe_state(const std::string& path, const MoEConfig& moe, int top_k, std::vector<float>* m, std::vector<float>* v) {
+// Reads them back into m and v (n_values each, the whole table); the settings and the size must be this run's.
+inline void read_moe_state(const std::string& path, const MoEConfig& moe, int top_k, size_t n_values, std::vector<float>* m,
+                           std::vector<float>* v) {
+    m->resize(n_values), v->resize(n_values);
     FILE* f = open_for_reading(path, "MoE training-state file");
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "MoE training-state file");

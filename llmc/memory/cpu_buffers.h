@@ -81,6 +81,7 @@ struct CPURunShape {
     GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     MoEConfig moe;                     // --moe-experts, --moe-every (llmc/model/model.h's MoE table)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
+    int expert_parallel = 1, expert_rank = 0;  // --expert-parallel: the expert group's size, this rank's place in it
     bool bf16_stash = false;           // --stash-precision bf16 (llmc/memory/stash_precision.h)
     int offload_chunk_kib = 0;         // --offload-dir: m and v on disk, streamed in chunks of this (0: in RAM)
 };
@@ -136,6 +137,8 @@ enum CPUBuffer {
     // mixture of experts: the MoE table (router, experts 1 .. E-1), its gradient and AdamW moments;
     // what each MoE block keeps for its backward (llmc/model/moe.h's MoEActivations, one per block)
     CB_MOE_PARAMS, CB_MOE_GRADS, CB_MOE_ADAM_M, CB_MOE_ADAM_V, CB_MOE_ACTIVATIONS, CB_MOE_SUM_SCRATCH,
+    // --expert-parallel: each MoE block's exchange buffers (llmc/parallel/expert_parallel.h's ExpertParallelBlock)
+    CB_EP_EXCHANGE,
     CB_COUNT
 };
 
@@ -250,16 +253,30 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};
     t[CB_COMPRESSION_SCRATCH] = {"compression_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", gc.scratch, F};
     // (MoE runs on one slice: cli.h refuses it with tensor, pipeline parallelism and ZeRO)
-    size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers);
-    t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, F};
+    // --expert-parallel: a rank holds the routers and its own experts (llmc/parallel/expert_parallel.h)
+    MoELayout held = moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
+    size_t moe = held.total, router = held.count[MOE_ROUTER], Lm = moe_block_count(s.moe, c.num_layers);
+    std::string experts = s.expert_parallel == 1 ? std::string("experts 1..E-1")
+                        : held.held_experts == 0 ? std::string("no expert (its one is the dense MLP)")
+                                                 : strprintf("its experts %d..%d", held.first_expert, held.first_expert + held.held_experts - 1);
+    t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + " + experts, moe, F};
     t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
     t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params", moe, F};
     t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params", moe, F};
     t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)",
                              Lm * (s.moe.experts > 0 ? moe_activation_values(BT, C, s.moe.experts, s.moe_top_k) : 0), F};
-    // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself)
-    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard",
-                             moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0, F};
+    // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself);
+    // with --expert-parallel two sums share it: the routers' over all ranks, the experts' over their replicas
+    int replicas = s.world_size / s.expert_parallel;
+    size_t sum_scratch = s.expert_parallel == 1 ? (moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0)
+                       : std::max(identical_scratch_floats(router, s.world_size),
+                                  replicas > 1 ? identical_scratch_floats(moe - router, replicas) : 0);
+    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", sum_scratch, F};
+    // per MoE block, sized for the worst case (every rank's k B T rows to one owner): R = N_ep k B T rows
+    // of staging, x, out, dout, dx (C) and fch, fch_gelu, dh (4C); the counts: 3 E + 2 N_ep ints
+    size_t ep_rows = (size_t)s.expert_parallel * s.moe_top_k * BT;
+    t[CB_EP_EXCHANGE] = {"ep_exchange", MEM_WORKSPACE, "Lm x (N_ep k B T rows x 17C + 3E + 2N_ep ints)",
+                         s.expert_parallel > 1 ? Lm * (ep_rows * 17 * C + 3 * (size_t)s.moe.experts + 2 * (size_t)s.expert_parallel) : 0, F};
     return t;
 }
 

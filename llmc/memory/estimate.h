@@ -72,6 +72,7 @@ struct EstimateSetup {
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
     int moe_top_k = 1;                    // --moe-top-k
+    int expert_parallel = 1;              // --expert-parallel (the CPU trainer's; llmc/parallel/expert_parallel.h)
     // the GPU trainer's choices
     bool master_weights = true;
     bool offload_optimizer = false;     // --offload optimizer
@@ -117,6 +118,8 @@ inline CPURunShape estimate_cpu_shape(const EstimateSetup& e, int B, int rank) {
     s.compression = e.compression;
     s.moe = e.moe;
     s.moe_top_k = e.moe_top_k;
+    s.expert_parallel = e.expert_parallel;
+    s.expert_rank = s.rank % e.expert_parallel;  // (consecutive data-parallel ranks form an expert group)
     s.offload_chunk_kib = e.offload_chunk_kib;
     return s;
 }
@@ -157,14 +160,37 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                                g.zero_stage);
     c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
-    size_t moe = moe_layout(e.cfg, e.moe).total;
-    if (moe > 0 && g.dp > 1) {  // the MoE table's gradient: a reduce-scatter and an all-gather of padded shards
-        uint64_t shard = (moe + g.dp - 1) / g.dp;
-        c.bytes[0] += 2 * (uint64_t)(g.dp - 1) * shard * sizeof(float);
-    }
+    MoELayout moe = moe_layout(e.cfg, e.moe, moe_held_experts(e.moe, e.expert_parallel, g.dp_rank % e.expert_parallel));
+    auto identical_sum = [](size_t n, int N) {  // comm_allreduce_sum_identical: a reduce-scatter and an all-gather of padded shards
+        return N > 1 && n > 0 ? 2 * (uint64_t)(N - 1) * ((n + N - 1) / N) * sizeof(float) : 0;
+    };
+    if (e.expert_parallel == 1) c.bytes[0] += identical_sum(moe.total, g.dp);  // the MoE table's gradient
+    else  // --expert-parallel: the routers' over every rank, the held experts' over their replicas (counted as data)
+        c.bytes[0] += identical_sum(moe.count[MOE_ROUTER], g.dp) + identical_sum(moe.total - moe.count[MOE_ROUTER], g.dp / e.expert_parallel);
     if (e.moe.experts > 0 && g.world > 1)  // the routing statistics: three comm_sum's, a maximum of two floats
         c.bytes[3] += 3 * (uint64_t)(g.world - 1) * sizeof(double) + 2 * (uint64_t)(g.world - 1) * 2 * sizeof(float) / g.world;
     return c;
+}
+
+// --expert-parallel: what one rank's all-to-alls send a step (llmc/parallel/expert_parallel.h's
+// arithmetic). The counts are exact: per MoE block and micro-batch E/N_ep ints to each other rank of
+// the group. The rows depend on the router: a row that leaves the rank leaves 4 times (dispatch,
+// combine, the output gradient out, the input gradient back), C floats each; at most all k B T of a
+// micro-batch leave, (N_ep - 1)/N_ep of them when the router spreads evenly.
+struct ExpertParallelBytes {
+    uint64_t counts = 0, rows_at_most = 0, rows_even = 0, calls = 0;
+};
+inline ExpertParallelBytes estimate_expert_parallel_bytes(const EstimateSetup& e) {
+    ExpertParallelBytes b;
+    int N = e.expert_parallel;
+    if (N <= 1 || e.moe.experts == 0) return b;
+    uint64_t blocks = (uint64_t)moe_block_count(e.moe, e.cfg.num_layers) * estimate_micro_batches(e, e.B);
+    uint64_t row_bytes = 4 * (uint64_t)e.cfg.channels * sizeof(float), rows = (uint64_t)e.moe_top_k * e.B * e.T;
+    b.counts = blocks * (uint64_t)(N - 1) * (e.moe.experts / N) * sizeof(int);
+    b.rows_at_most = blocks * rows * row_bytes;
+    b.rows_even = blocks * (rows * (N - 1) / N) * row_bytes;
+    b.calls = blocks * 5;  // the counts, then the rows out and back, forward and backward
+    return b;
 }
 
 inline size_t estimate_granule(const EstimateSetup& e) {
@@ -560,6 +586,7 @@ inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
     e->parameter_server = o.data_parallel == "server";
     e->moe = MoEConfig{o.moe_experts, o.moe_every};
     e->moe_top_k = o.moe_top_k;
+    e->expert_parallel = o.expert_parallel;
     e->offload_optimizer = o.offload == "optimizer";
 }
 
@@ -736,6 +763,12 @@ inline void print_estimate(const EstimateSetup& e) {
             for (int i = 0; i < 4; i++) printf(" %s=%llu", comm_group_name(i), (unsigned long long)c.bytes[i]);
             printf("  (%s)\n", format_bytes((double)(c.bytes[0] + c.bytes[1] + c.bytes[2] + c.bytes[3])).c_str());
         }
+    }
+    if (e.expert_parallel > 1) {  // --expert-parallel (llmc/parallel/expert_parallel.h): in its own group, the router decides
+        ExpertParallelBytes b = estimate_expert_parallel_bytes(e);
+        printf("  expert parallel (all-to-all, each rank, a step): counts %llu bytes + rows at most %llu bytes (every assignment "
+               "leaves the rank), %llu at even routing; %llu calls\n", (unsigned long long)b.counts,
+               (unsigned long long)b.rows_at_most, (unsigned long long)b.rows_even, (unsigned long long)b.calls);
     }
     if (e.pp > 1) {
         int m = estimate_micro_batches(e, e.B);

@@ -28,10 +28,12 @@
 // laid out by it, and --estimate counts bytes from it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include "llmc/utils.h"
 
 struct GPT2Config {
@@ -251,16 +253,29 @@ enum MoETensor { MOE_ROUTER, MOE_FCW, MOE_FCB, MOE_FCPROJW, MOE_FCPROJB };
 // Weight decay as for the dense tensors: the matrices (the router among them), not the biases.
 inline bool moe_tensor_decays(int t) { return t == MOE_ROUTER || t == MOE_FCW || t == MOE_FCPROJW; }
 
+// The table one rank holds: every router, and experts first .. first + held - 1 of each block (all of
+// 1 .. E-1, unless expert parallelism shards them: llmc/parallel/expert_parallel.h). Each tensor keeps
+// the shape above with E-1 replaced by `held`, so a rank's table is the full table's layout, thinner.
 struct MoELayout {
     std::array<size_t, NUM_MOE_TENSORS> per_block{};  // elements of each tensor in one MoE block
     std::array<size_t, NUM_MOE_TENSORS> count{};      // ... in all Lm of them
     std::array<size_t, NUM_MOE_TENSORS> offset{};     // element offset of each tensor in the MoE table
     size_t total = 0;
+    int first_expert = 1, held_experts = 0;           // the experts of each block this table holds
 };
 
-inline MoELayout moe_layout(const GPT2Config& cfg, const MoEConfig& m) {
-    size_t C = cfg.channels, E = m.experts, Lm = moe_block_count(m, cfg.num_layers), more = E > 0 ? E - 1 : 0;
+// The experts of the MoE table rank q of an expert group of `ranks` holds: its own, q E/ranks ..
+// (q+1) E/ranks - 1, less expert 0 (the dense table's). {first, count}; {1, E-1} on one rank.
+struct HeldExperts { int first = 1, count = 0; };
+inline HeldExperts moe_held_experts(const MoEConfig& m, int ranks, int q) {
+    int per = m.experts / ranks, first = std::max(1, q * per);
+    return {first, std::max(0, (q + 1) * per - first)};
+}
+
+inline MoELayout moe_layout(const GPT2Config& cfg, const MoEConfig& m, HeldExperts held) {
+    size_t C = cfg.channels, E = m.experts, Lm = moe_block_count(m, cfg.num_layers), more = E > 0 ? (size_t)held.count : 0;
     MoELayout p;
+    p.first_expert = held.first, p.held_experts = (int)more;
     p.per_block = {E * C, more * 4 * C * C, more * 4 * C, more * C * 4 * C, more * C};
     for (int t = 0; t < NUM_MOE_TENSORS; t++) {
         p.count[t] = Lm * p.per_block[t];
@@ -269,11 +284,35 @@ inline MoELayout moe_layout(const GPT2Config& cfg, const MoEConfig& m) {
     }
     return p;
 }
+// The whole table: every expert of every block (one rank's, and the files' layout at any N)
+inline MoELayout moe_layout(const GPT2Config& cfg, const MoEConfig& m) {
+    return moe_layout(cfg, m, HeldExperts{1, m.experts > 0 ? m.experts - 1 : 0});
+}
 
 // Tensor t of MoE block b (its index among the MoE blocks) inside the MoE table.
 template <typename T>
 inline T* moe_tensor(T* table, const MoELayout& layout, int t, int b) {
     return table + layout.offset[t] + (size_t)b * layout.per_block[t];
+}
+
+// Where a rank's table lies in the whole one: runs of `count` elements at `whole` in the whole table and
+// at `held` in the rank's (the routers whole, then each block's held experts, one run per tensor and
+// block). Initialisation, loading and gathering a checkpoint walk these.
+struct MoETableRun { int tensor; size_t whole, held, count; };
+inline std::vector<MoETableRun> moe_table_runs(const MoELayout& whole, const MoELayout& held) {
+    std::vector<MoETableRun> runs;
+    size_t Lm = whole.per_block[0] ? whole.count[0] / whole.per_block[0] : 0;
+    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
+        if (t == MOE_ROUTER) {
+            if (held.count[t]) runs.push_back({t, whole.offset[t], held.offset[t], held.count[t]});
+            continue;
+        }
+        size_t per_expert = whole.per_block[t] / (size_t)std::max(1, whole.held_experts);
+        for (size_t b = 0; b < Lm && held.per_block[t]; b++)
+            runs.push_back({t, whole.offset[t] + b * whole.per_block[t] + (size_t)(held.first_expert - 1) * per_expert,
+                            held.offset[t] + b * held.per_block[t], held.per_block[t]});
+    }
+    return runs;
 }
 
 // Parameters a token passes through: the dense table (counting expert 0 of every MoE block as one
@@ -294,15 +333,18 @@ inline size_t moe_activation_values(size_t N, size_t C, size_t E, size_t k) {
     return floats + ints;
 }
 
-inline void init_moe_params(const GPT2Config& cfg, const MoEConfig& m, uint64_t seed, float* params) {
+// The table `held` lays out (the whole one, or a rank's experts): each element from the counter of
+// its place in the whole table, so a sharded run starts from the very weights of a one-rank run.
+inline void init_moe_params(const GPT2Config& cfg, const MoEConfig& m, const MoELayout& held, uint64_t seed, float* params) {
     MoELayout layout = moe_layout(cfg, m);
     size_t first_counter = param_layout(cfg).total;  // after every counter the dense table uses
-    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
-        size_t lo = layout.offset[t], hi = lo + layout.count[t];
+    for (const MoETableRun& r : moe_table_runs(layout, held)) {
+        int t = r.tensor;
         float stddev = t == MOE_FCPROJW ? 0.02f / std::sqrt(2.0f * cfg.num_layers) : 0.02f;
         bool is_matrix = moe_tensor_decays(t);
         #pragma omp parallel for schedule(static)
-        for (size_t i = lo; i < hi; i++) params[i] = is_matrix ? stddev * normal_from_counter(seed, first_counter + i) : 0.0f;
+        for (size_t i = 0; i < r.count; i++)
+            params[r.held + i] = is_matrix ? stddev * normal_from_counter(seed, first_counter + r.whole + i) : 0.0f;
     }
 }
 

@@ -90,6 +90,7 @@ struct MoEWeights {
     T* router;                           // (E, C)
     T* fcw; T* fcb; T* projw; T* projb;  // expert 0: (H, C), (H), (C, H), (C)   H = 4C hidden units
     T* more_fcw; T* more_fcb; T* more_projw; T* more_projb;  // experts 1 .. E-1: (E-1, H, C), ...
+    int more_first = 1;   // the expert more_*[0] is: 1, or with expert parallelism the first this rank holds
 };
 
 template <typename T>
@@ -97,9 +98,16 @@ inline MoEWeights<T> moe_weights_stacked(T* router, T* fcw, T* fcb, T* projw, T*
     return {router, fcw, fcb, projw, projb, fcw + H * C, fcb + H, projw + C * H, projb + C};
 }
 
-// Expert e's piece of one tensor: expert 0's, or the e-th of the stacked others.
+// Expert e's four tensors: expert 0's, or its place among the stacked others (which start at expert
+// more_first: a rank that holds only its own experts never asks for another's).
 template <typename T>
-inline T* expert_tensor(T* first, T* more, int e, size_t size) { return e == 0 ? first : more + (size_t)(e - 1) * size; }
+struct Expert { T* fcw; T* fcb; T* projw; T* projb; };
+template <typename T>
+inline Expert<T> expert_of(const MoEWeights<T>& w, int e, size_t C, size_t H) {
+    if (e == 0) return {w.fcw, w.fcb, w.projw, w.projb};
+    size_t i = (size_t)(e - w.more_first);
+    return {w.more_fcw + i * H * C, w.more_fcb + i * H, w.more_projw + i * C * H, w.more_projb + i * C};
+}
 
 // What one micro-batch's forward leaves for its backward (sized once by moe_allocate for N tokens:
 // nothing grows while training), and the backward's scratch.
@@ -225,10 +233,10 @@ inline void moe_dispatch(MoEActivations* a, const MoEShape& s) {
 inline void moe_expert_forward(const MoEWeights<const float>& w, int e, int n, int C, int H, const float* x, float* fch,
                                float* fch_gelu, float* out) {
     if (n == 0) return;   // an expert no token reached: no work, and its gradient stays zero
-    matmul_forward(fch, x, expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), expert_tensor(w.fcb, w.more_fcb, e, H), n, C, H);
+    Expert<const float> p = expert_of(w, e, C, H);
+    matmul_forward(fch, x, p.fcw, p.fcb, n, C, H);
     gelu_forward(fch_gelu, fch, (size_t)n * H);
-    matmul_forward(out, fch_gelu, expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), expert_tensor(w.projb, w.more_projb, e, C),
-                   n, H, C);
+    matmul_forward(out, fch_gelu, p.projw, p.projb, n, H, C);
 }
 
 // Its backward: dx (n, C) from the rows' output gradients dout (n, C); the weights' gradients added
@@ -236,11 +244,11 @@ inline void moe_expert_forward(const MoEWeights<const float>& w, int e, int n, i
 inline void moe_expert_backward(const MoEWeights<float>& g, const MoEWeights<const float>& w, int e, int n, int C, int H,
                                 const float* dout, const float* x, const float* fch, const float* fch_gelu, float* dh, float* dx) {
     if (n == 0) return;
-    matmul_backward(dh, expert_tensor(g.projw, g.more_projw, e, (size_t)C * H), expert_tensor(g.projb, g.more_projb, e, C), dout,
-                    fch_gelu, expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), n, H, C);
+    Expert<const float> p = expert_of(w, e, C, H);
+    Expert<float> d = expert_of(g, e, C, H);
+    matmul_backward(dh, d.projw, d.projb, dout, fch_gelu, p.projw, n, H, C);
     gelu_backward(dh, fch, dh, (size_t)n * H);
-    matmul_backward(dx, expert_tensor(g.fcw, g.more_fcw, e, (size_t)H * C), expert_tensor(g.fcb, g.more_fcb, e, H), dh, x,
-                    expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), n, C, H);
+    matmul_backward(dx, d.fcw, d.fcb, dh, x, p.fcw, n, C, H);
 }
 
 // The forward in three parts, so expert parallelism can run the middle one on other ranks:

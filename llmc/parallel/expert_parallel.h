@@ -32,13 +32,31 @@
 //   ownership  rank q of the expert group runs experts q E/N_ep .. (q+1) E/N_ep - 1. Expert 0 (the
 //              block's dense MLP, in the dense table) is group 0's like any other: its gradient is
 //              zero on the other ranks, so the dense table's all-reduce over every rank sums exactly
-//              the owners' contributions. The same holds for the MoE table.
-//   weights    every rank still holds every expert's weights and moments (the MoE table whole), and
-//              the gradients are summed over all data-parallel ranks (non-owners add zeros). So the
-//              weights stay identical everywhere, checkpoints are the same files at any N_ep, and the
-//              gradient norm counts each expert once. What is not done yet: the memory half (each
-//              rank keeping only its experts, the gradients summed only among an expert's replicas):
-//              this version splits the experts' compute and their activations, not their weights.
+//              its owners' contributions.
+//   weights    each rank holds only its experts (the memory half): the MoE table (llmc/model/model.h)
+//              on rank q of a group is every block's router, whole, then experts
+//              max(1, q E/N_ep) .. (q+1) E/N_ep - 1 of each block, each tensor stacked as in the
+//              whole table, thinner: router (Lm, E, C) | fcw (Lm, held, 4C, C) | fcb (Lm, held, 4C) |
+//              fcprojw (Lm, held, C, 4C) | fcprojb (Lm, held, C). Rank 0 holds one expert fewer (its
+//              expert 0 is the dense table's). Its gradient and AdamW m and v have the same layout, so
+//              per rank the experts' bytes fall by N_ep (weights, gradients, moments: 16 bytes a value);
+//              the routers (E C a block) and the dense table stay whole on every rank.
+//   sums       the dense table (expert 0 among it) and the routers: summed over all data-parallel
+//              ranks, as without experts (every rank routes its own tokens). An expert's gradient:
+//              summed over its replicas only, the ranks of the same place q in every expert group (an
+//              all-reduce in a second group, `replicas`, built once beside `ep`). Summing it over every
+//              rank would add other experts' gradients into it: each rank's table is a different
+//              expert's now. Bytes per step and rank: the routers' all-reduce over D ranks, the held
+//              experts' over D/N_ep (none at N_ep = D).
+//   norm       each expert counted once: the ranks of expert group 0 add their experts' squares (rank
+//              0 the routers' too); the other groups' replicas hold the same sums and add nothing.
+//   files      one layout at any N_ep: the model file and moe_state.bin hold the whole table, gathered
+//              on rank 0 from expert group 0 at each checkpoint (for a moment three whole tables
+//              there: weights, m, v; the other ranks send their slice); loading reads the whole table
+//              and keeps the held runs. So an EP 2 checkpoint resumes at EP 1 or 4, and one rank's at EP 2.
+//   exchange   the buffers below are sized once for the worst case, N_ep k N rows of 17 C floats per
+//              MoE block (llmc/memory/cpu_buffers.h's ep_exchange row): at a small C they can outweigh
+//              the experts saved (docs/moe.md measures both).
 //   groups     the N_ep consecutive data-parallel ranks dp_rank / N_ep form one expert group.
 //
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
@@ -46,6 +64,7 @@
 #pragma once
 
 #include <vector>
+#include "llmc/model/model.h"  // the MoE table's layout: which experts a rank holds
 #include "llmc/model/moe.h"
 #include "llmc/parallel/comm.h"
 
@@ -148,6 +167,40 @@ inline void ep_experts_backward(ExpertParallelBlock* b, Comm* ep, MoEActivations
     ep_reorder(b, ranks, C, b->dx.data(), b->staging.data(), false);
     comm_all_to_all_v(ep, b->staging.data(), b->recv_floats.data(), a->dxg.data(), b->send_floats.data(),
                       "all-to-all of the MoE input gradients to their tokens");
+}
+
+// The MoE table's gradient summed over what shares it: the routers (the table's first
+// `router` floats) over every data-parallel rank, the held experts over their replicas.
+inline void ep_sum_gradients(Comm* dp, Comm* replicas, float* grads, size_t router, size_t total, std::vector<float>* scratch) {
+    comm_allreduce_sum_identical(dp, grads, router, scratch, "all-reduce of the MoE routers' gradients");
+    comm_allreduce_sum_identical(replicas, grads + router, total - router, scratch,
+                                 "all-reduce of the experts' gradients over their replicas");
+}
+
+// The whole table (params, a gradient, m or v) on rank 0 of expert group `ep` from every member's
+// held slice: rank q sends its table, rank 0 puts its runs in place. Called by every rank of the
+// group; `whole` is filled on its rank 0 only.
+inline void ep_gather_table(Comm* ep, const GPT2Config& cfg, const MoEConfig& m, const float* held, size_t held_count,
+                            std::vector<float>* whole) {
+    MoELayout all = moe_layout(cfg, m);
+    if (ep->rank != 0) {
+        std::vector<CommSend> pending;
+        comm_send(ep, held, held_count, 0, 0, &pending, "sending an expert slice to the checkpoint");
+        comm_wait_sends(ep, &pending);
+        return;
+    }
+    whole->assign(all.total, 0.0f);
+    std::vector<float> slice;
+    for (int q = 0; q < ep->world_size; q++) {
+        MoELayout theirs = moe_layout(cfg, m, moe_held_experts(m, ep->world_size, q));
+        const float* from = held;
+        if (q > 0) {
+            slice.resize(theirs.total);
+            comm_recv(ep, slice.data(), slice.size(), q, 0, "receiving an expert slice for the checkpoint");
+            from = slice.data();
+        }
+        for (const MoETableRun& r : moe_table_runs(all, theirs)) memcpy(whole->data() + r.whole, from + r.held, r.count * sizeof(float));
+    }
 }
 
 }  // namespace cpu

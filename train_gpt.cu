@@ -1417,6 +1417,10 @@ int main(int argc, char** argv) {
     if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
         usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
                    "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    // PipeDream-2BW keeps a second weight version per stage (llmc/parallel/pipedream_2bw.h): not on the GPU yet
+    if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule 2bw is not trained by the GPU trainer yet (it keeps no second weight version): train it "
+                   "with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
         std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,

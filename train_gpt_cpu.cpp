@@ -50,6 +50,7 @@
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/parallel/pipedream_2bw.h"
 #include "llmc/run/plan.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/grad_compression.h"
@@ -169,6 +170,7 @@ struct GPT2 {
     ParameterServer server;        // --data-parallel server: the sum and the step on rank 0 (off: the all-reduce)
     // pipelines: the last stage's copy of the tied wte (its LM head), owned by the first stage
     std::vector<float> lent_wte, lent_wte_grad;
+    PipeDream2BW versions;         // --pipeline-schedule 2bw: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.h)
     // --moe-experts (llmc/model/moe.h, docs/moe.md): the MoE table (llmc/model/model.h: the routers and
     // experts 1 .. E-1; expert 0 of a block is its MLP in the flat array above), its gradient and AdamW
     // moments, what each MoE block's forward keeps for its backward, and the step's routing statistics
@@ -195,6 +197,7 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_GRADS: return &m->grads;          case CB_GRAD_SHARD: return &m->zero.grad_shard;
         case CB_ADAM_M: return &m->adam_m;        case CB_ADAM_V: return &m->adam_v;
         case CB_OPTIMIZER_STATE: return &m->optimizer_state; case CB_OPTIMIZER_SCRATCH: return &m->optimizer_scratch;
+        case CB_OLDER_WEIGHTS: return &m->versions.older;
         case CB_ENCODED: return &a.encoded;       case CB_LN1: return &a.ln1;
         case CB_LN1_MEAN: return &a.ln1_mean;     case CB_LN1_RSTD: return &a.ln1_rstd;
         case CB_QKV: return &a.qkv;               case CB_ATT: return &a.att;
@@ -258,6 +261,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->bf16_moments = shape.bf16_moments;
     model->acts.resize((size_t)shape.micro_batches_in_flight);
     model->pending_weights = shape.pending_weight_passes;
+    model->versions.on = shape.two_weight_versions;
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
@@ -1082,6 +1086,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     };
     parts.write_rank_files = [&](const std::string& dir) {
         grad_compression_save(model->compression, dir, step);
+        pipedream_2bw_save(model->versions, dir, par->grid.rank, par->grid.world, step);  // every rank its stage's W(t-1)
         if (model->moe.experts > 0 && par->grid.rank == 0)  // (the whole table: every replica holds the same)
             write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_m, moe_v, moe_layout(cfg, model->moe).total);
     };
@@ -1225,6 +1230,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
                        model->moe_params.size() * sizeof(float), 0, "broadcast of the MoE table");
     pipe_tied_weights(&par->comms.pp, slice.first_stage, slice.last_stage, model->p[WTE], model->lent_wte.data(),
                       (size_t)slice.vocab_rows * cfg.channels);
+    pipedream_2bw_start(&model->versions, model->params, model->lent_wte);  // W(-1) = W(0); a resume reads W(t-1) below
 }
 
 // Resuming: each rank reads the optimizer state of the elements it updates, from whichever files
@@ -1454,7 +1460,10 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     model->moe_stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
+    // --pipeline-schedule 2bw: the passes run on W(t-1), the optimizer below updates W(t) (llmc/parallel/pipedream_2bw.h)
+    pipedream_2bw_before_passes(&model->versions, &model->params, &model->lent_wte);
     double loss = forward_backward(model, par, train, plan, step);
+    pipedream_2bw_after_passes(&model->versions, &model->params, &model->lent_wte);
     if (!model->moe_acts.empty()) moe_step_stats(&model->moe_stats, &par->comms.world, plan.accumulation_steps, grid.dp);
     inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
@@ -1490,6 +1499,8 @@ int main(int argc, char** argv) {
     validate_options(o);
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
+    if (o.pipeline_schedule == "2bw" && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
+        usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
     if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -1576,6 +1587,7 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;
     if (!resume_dir.empty()) resume_state(&model, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    if (!resume_dir.empty()) pipedream_2bw_load(&model.versions, resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
     int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 

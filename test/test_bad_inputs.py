@@ -24,8 +24,8 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    written before checksums: the header's own checks must catch those.)
   pipelines        --pipeline-schedule zigzag, --virtual-stages 0, chunks for 1f1b, interleaved with
                    one chunk, interleaved trained (printout only so far), zb-h1 with tensor parallelism
-                   (not written yet), 2 layers cut into 2 x 2
-                   chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
+                   (not written yet), 2bw with ZeRO-2 (the rest of 2bw's: test_pipeline_2bw.py), 2 layers
+                   cut into 2 x 2 chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
   precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt) and
                    fp8 (not a choice): one line, exit 2; --precision fp32, the CPU trainer's own, trains
 """
@@ -125,7 +125,8 @@ def main():
     # ---- pipeline schedules (llmc/parallel/pipeline_schedule.h): values that name no schedule, chunks
     # for a schedule without them, interleaving that cannot cut the layers or group the micro-batches
     pipe = ["--model", "L=2,C=64,H=4,T=32,V=512", "--batch-size", "1", "--seq-len", "32", "--pipeline-parallel", "2"]
-    for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b, interleaved or zb-h1", "zigzag"]),
+    for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b, interleaved, zb-h1 or 2bw", "zigzag"]),
+                          (["--pipeline-schedule", "2bw", "--zero", "2"], ["2bw with --zero 2", "--zero 0 or 1"]),
                           (["--pipeline-schedule", "zb-h1", "--tensor-parallel", "2"], ["zb-h1 with --tensor-parallel",
                                                                                          "--tensor-parallel 1", "1f1b"]),
                           (["--virtual-stages", "0"], ["--virtual-stages must be at least 1"]),

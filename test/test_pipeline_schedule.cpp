@@ -1,6 +1,7 @@
 // test_pipeline_schedule.cpp — the pipeline schedules of llmc/parallel/pipeline_schedule.h run
 // without a model: every stage's list of actions executed on a clock, with blocking sends, by a
-// simulator that knows nothing of how the lists were made. For GPipe and 1F1B (v = 1) and
+// simulator that knows nothing of how the lists were made. For GPipe, 1F1B and 2BW (v = 1; 2BW's
+// lists must be 1F1B's, action for action) and
 // interleaved 1F1B (v = 2), p = 2, 3, 4 stages and m = p, 2p, 3p micro-batches (and m = p + 1 where
 // the schedule allows it: interleaving needs m a multiple of p), it checks
 //   - every (micro-batch, chunk) is forwarded once, then backwarded once, and each chunk's backwards
@@ -213,7 +214,7 @@ static std::string dependency_problem(const Case& c, const Timing& t) {
 int main() {
     std::vector<Case> cases;
     for (int p : {2, 3, 4}) {
-        for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB})
+        for (PipelineSchedule kind : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::PipeDream2BW})
             for (int m : {p, 2 * p, 3 * p, p + 1}) cases.push_back({kind, p, m, 1});
         for (int m : {p, 2 * p, 3 * p}) cases.push_back({PipelineSchedule::Interleaved, p, m, 2});
         for (int m : {p, 2 * p, 3 * p, p + 1}) cases.push_back({PipelineSchedule::ZeroBubbleH1, p, m, 1});
@@ -256,7 +257,19 @@ int main() {
                 if (std::fabs(1.0 - t.busy[(size_t)s] / t.total - want) > 1e-12)
                     bubble_b2 = c.name() + strprintf(": stage %d idles %.4f with B = 2F", s, 1.0 - t.busy[(size_t)s] / t.total);
     }
-    std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, interleaved v=2, ZB-H1; p = 2, 3, 4)", cases.size());
+    std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, 2BW, interleaved v=2, ZB-H1; p = 2, 3, 4)", cases.size());
+    // PipeDream-2BW runs 1F1B's lists (its second weight version is not a matter of order: pipedream_2bw.h)
+    std::string same_as_1f1b;
+    for (const Case& c : cases)
+        if (c.kind == PipelineSchedule::PipeDream2BW)
+            for (int s = 0; s < c.p && same_as_1f1b.empty(); s++) {
+                std::vector<PipeAction> a = pipeline_schedule(c.kind, s, c.p, c.m), b = pipeline_schedule(PipelineSchedule::OneFOneB, s, c.p, c.m);
+                bool same = a.size() == b.size();
+                for (size_t k = 0; same && k < a.size(); k++)
+                    same = a[k].op == b[k].op && a[k].micro == b[k].micro && a[k].peer == b[k].peer && a[k].tag == b[k].tag;
+                if (!same) same_as_1f1b = c.name() + strprintf(": stage %d's list is not 1F1B's", s);
+            }
+    check(same_as_1f1b.empty(), "PipeDream-2BW's lists are 1F1B's, action for action (p = 2, 3, 4; m = p, 2p, 3p, p + 1)", same_as_1f1b);
     check(order.empty(), "every (micro-batch, chunk) forward then backward, backwards in micro-batch order, peak in flight = "
                          "pipeline_live_micro_batches" + n, order);
     check(pairing.empty(), "the k-th send from a to b is the k-th receive at b from a, same tag and kind, every pair" + n, pairing);

@@ -8,6 +8,8 @@
 // Everything is fp32 (4 bytes per value). Per rank:
 //   params, grads       the flat arrays (llmc/model/model.h), padded to the shard layout (llmc/parallel/sharding.h) so
 //                       the collectives move equal pieces: round_up(N, ranks * 64) values each
+//   older_weights       --pipeline-schedule 2bw: the weights one version older, W(t-1), as params (and the last
+//                       stage's wte copy) are W(t) (llmc/parallel/pipedream_2bw.h)
 //   grad_shard          the reduce-scatter's output, the summed gradient of this rank's shard
 //                       (one full copy of the gradient with one rank: the price of one code path)
 //   adam_m, adam_v      AdamW's moments for the parameters this rank updates: all N (ZeRO-0) or its
@@ -75,6 +77,7 @@ struct CPURunShape {
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
+    bool two_weight_versions = false;  // PipeDream-2BW: W(t-1) beside W(t) (llmc/parallel/pipedream_2bw.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.h)
@@ -100,6 +103,7 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.sequence_parallel = g.sequence_parallel;
     s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
     s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
+    s.two_weight_versions = schedule == PipelineSchedule::PipeDream2BW;
     s.recompute = recompute;
     return s;
 }
@@ -116,6 +120,8 @@ inline ProcessGrid cpu_shape_grid(const CPURunShape& s) {
 enum CPUBuffer {
     // the model, its gradient and its optimizer
     CB_PARAMS, CB_GRADS, CB_GRAD_SHARD, CB_ADAM_M, CB_ADAM_V, CB_OPTIMIZER_STATE,
+    // PipeDream-2BW's older weight version (llmc/parallel/pipedream_2bw.h)
+    CB_OLDER_WEIGHTS,
     // activations kept from the forward for the backward
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
@@ -248,6 +254,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_ZERO_UNITS] = {"zero_units", MEM_WORKSPACE, "gathered units + open buckets, peak", z.transient, F};
     t[CB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, F};
     t[CB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, F};
+    // (2BW refuses ZeRO-3: params is the whole stage's, z.params)
+    t[CB_OLDER_WEIGHTS] = {"older_weights", MEM_PARAMS, sh("2BW's W(t-1): params%s", lent ? " + lent_wte" : ""),
+                           s.two_weight_versions ? z.params + (lent ? Vp * C : 0) : 0, F};
     GradCompressionSizes gc = grad_compression_sizes(s.compression, c, s.world_size);
     t[CB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q", gc.state, F};
     t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};

@@ -70,7 +70,11 @@
 //     as a part of the activations; the CPU trainer copies it into a stash of its own
 //     (llmc/model/zero_bubble_backward.h: the passes, the stash, its cost at d12). The GPU trainer
 //     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
-//     PipeDream-2BW (two weight versions): coming.
+//   PipeDream-2BW (Narayanan et al., ICML 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
+//     1F1B's list, with two weight versions per stage (llmc/parallel/pipedream_2bw.h: the rule, why
+//     two suffice, what it costs). The paper's throughput comes from dropping the flush between steps
+//     (the next step's warm-up forwards on the new version while the cool-down backwards finish on the
+//     old one); here each step is still its own call, so the list, and the bubble, are 1F1B's.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
@@ -85,20 +89,22 @@
 #include <vector>
 #include "llmc/utils.h"
 
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, PipeDream2BW };
 
 inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out) {
     if (s == "gpipe") *out = PipelineSchedule::GPipe;
     else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
     else if (s == "interleaved") *out = PipelineSchedule::Interleaved;
     else if (s == "zb-h1") *out = PipelineSchedule::ZeroBubbleH1;
+    else if (s == "2bw") *out = PipelineSchedule::PipeDream2BW;
     else return false;
     return true;
 }
 
 inline const char* pipeline_schedule_name(PipelineSchedule s) {
     return s == PipelineSchedule::GPipe ? "GPipe" : s == PipelineSchedule::OneFOneB ? "1F1B"
-         : s == PipelineSchedule::ZeroBubbleH1 ? "ZB-H1" : "interleaved 1F1B";
+         : s == PipelineSchedule::ZeroBubbleH1 ? "ZB-H1" : s == PipelineSchedule::PipeDream2BW ? "PipeDream-2BW (1F1B's order)"
+         : "interleaved 1F1B";
 }
 
 enum class PipeOp {
@@ -130,7 +136,8 @@ inline int pipe_tag(int micro, int chunk, int chunks, bool gradient) { return 2 
 inline int pipeline_warmup(PipelineSchedule kind, int stage, int stages, int m, int chunks) {
     if (stages == 1) return 0;
     if (kind == PipelineSchedule::GPipe) return m;
-    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages - 1 - stage);
+    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1 ||
+        kind == PipelineSchedule::PipeDream2BW) return std::min(m, stages - 1 - stage);
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages);
 }
 
@@ -247,7 +254,8 @@ inline int pipeline_live_micro_batches(PipelineSchedule kind, int stage, int sta
     if (m <= 0) return 0;
     if (stages == 1) return 1;
     if (kind == PipelineSchedule::GPipe) return m;
-    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1) return std::min(m, stages - stage);
+    if (kind == PipelineSchedule::OneFOneB || kind == PipelineSchedule::ZeroBubbleH1 ||
+        kind == PipelineSchedule::PipeDream2BW) return std::min(m, stages - stage);
     return std::min(chunks * m, 2 * (stages - 1 - stage) + (chunks - 1) * stages + 1);
 }
 

@@ -1,0 +1,152 @@
+// pipedream_2bw.h — PipeDream-2BW: the gradient of a step taken on the weights one version older,
+// two weight versions per stage ("double-buffered weights"). --pipeline-schedule 2bw.
+//
+// What it teaches. A pipeline that never flushes (PipeDream, Narayanan et al., SOSP 2019) has
+// micro-batches of two optimizer steps in flight at once: stage 0 starts the forwards of step t+1
+// while the last stage still runs the backwards of step t. A backward must use the weights its
+// forward used (or the gradient is of no function at all), so PipeDream kept one weight version per
+// micro-batch in flight: up to p versions on stage 0. PipeDream-2BW (Narayanan et al., ICML 2021,
+// "Memory-Efficient Pipeline-Parallel DNN Training", section 3.1) coalesces the gradients of m >= p
+// micro-batches into one update, so a new version appears only every m micro-batches, and a
+// micro-batch's forward and backward on a stage are at most p - 1 <= m - 1 micro-batches apart: they
+// straddle at most one version change. So two versions are enough, and the update becomes
+//
+//     W(t+1) = W(t) - lr * grad f(W(t-1))                      (the paper's equation, plain SGD)
+//
+// the gradient of step t+1 is taken on the weights one version older than those it updates. With
+// AdamW the step's moments take that gradient, and its update (including the decoupled weight decay,
+// lr * wd * W(t)) is applied to W(t). The paper shows this one-step delay trains to the same
+// accuracy as the synchronous update (its section 3.2 and figure 6); it is not the same arithmetic:
+// the test compares it with a one-rank run of the same rule, not with 1F1B.
+//
+// The first step has no older version: W(-1) = W(0), so step 1 is exactly the synchronous step
+// (the paper's convention). A step the trainer skips (a NaN loss or norm, step_is_sound) leaves the
+// weights at W(t) and, since the older copy was refreshed to W(t) too, the next step's gradient is
+// taken at W(t): a skipped step collapses the two versions into one.
+//
+// What this trainer builds, and what not. The semantics: two versions per stage, the delayed
+// gradient, the older version in every checkpoint. Not the schedule's throughput: each step here is
+// still one call that runs 1F1B's list to its end (the flush), so the bubble is 1F1B's,
+// (p-1)/(m+p-1); the overlap of step t+1's warm-up forwards (on W(t+1)) with step t's cool-down
+// backwards (on W(t)), which is what the older version buys in the paper, is not built.
+//
+// How, with two buffers and no third: `params` holds W(t) between steps and `older` W(t-1). Before
+// the step's passes the two are swapped element by element (params = W(t-1), older = W(t)); after
+// them params takes older's copy back (both W(t)); the optimizer then moves params to W(t+1) and
+// older stays W(t): the next step's older version, with no copy made at the update. A pipeline's last
+// stage versions its copy of the tied embedding (its LM head) with the rest, in the same buffer.
+//
+// Memory: one more copy of the stage's parameters, 4 bytes each (the padded flat array, plus the
+// last stage's copy of wte): the size table's older_weights row (llmc/memory/cpu_buffers.h), in
+// --estimate. The paper's 2W against PipeDream's up to pW; with AdamW's 16 bytes a parameter here
+// (weights, gradient, m, v), 2BW adds a quarter.
+//
+// Checkpoint: the older version is state (a resumed run that lost it would take its next gradient
+// at W(t), not W(t-1)): every rank writes it, pipedream_2bw_rank<r>.bin (docs/formats.md), and a
+// 2bw run resumes only from a checkpoint of a 2bw run on the same grid.
+//
+// Hook points: none inside the passes. train_step calls pipedream_2bw_before_passes before
+// forward_backward and pipedream_2bw_after_passes after it; the optimizer is the usual one.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "llmc/utils.h"
+
+// Why 2BW cannot run with these settings ("" when it can), with the fix. Checked before anything is
+// allocated. (m >= p is every pipeline's rule already: process_grid.h refuses a pipeline it cannot fill.)
+inline std::string pipedream_2bw_problem(int zero_stage, int tensor_parallel, int moe_experts) {
+    if (zero_stage >= 2)
+        return strprintf("--pipeline-schedule 2bw with --zero %d is not supported: ZeRO-%d keeps only a shard of the gradients "
+                         "(and ZeRO-3 of the weights), and the older weight version is the whole stage's; use --zero 0 or 1",
+                         zero_stage, zero_stage);
+    if (tensor_parallel > 1)
+        return "--pipeline-schedule 2bw with --tensor-parallel is not supported yet (not tested); use --tensor-parallel 1, or "
+               "--pipeline-schedule 1f1b";
+    if (moe_experts > 0)
+        return "--pipeline-schedule 2bw with --moe-experts is not supported (the MoE table is not versioned); drop --moe-experts";
+    return "";
+}
+
+// The two versions of one stage: `older` holds W(t-1) of the flat parameters (params.size() floats)
+// followed by that of the last stage's wte copy (lent.size() floats; empty elsewhere).
+struct PipeDream2BW {
+    bool on = false;
+    std::vector<float> older;  // sized from the size table's older_weights row
+};
+
+// Step 1 has no older version: both are W(0) (after the weights were loaded and shared).
+inline void pipedream_2bw_start(PipeDream2BW* v, const std::vector<float>& params, const std::vector<float>& lent) {
+    if (!v->on) return;
+    if (v->older.size() != params.size() + lent.size())
+        fail("internal: the older weight version holds %zu floats, the stage %zu", v->older.size(), params.size() + lent.size());
+    std::copy(params.begin(), params.end(), v->older.begin());
+    std::copy(lent.begin(), lent.end(), v->older.begin() + (std::ptrdiff_t)params.size());
+}
+
+// Before the step's passes: the stage computes on W(t-1), and W(t) waits in `older`.
+inline void pipedream_2bw_before_passes(PipeDream2BW* v, std::vector<float>* params, std::vector<float>* lent) {
+    if (!v->on) return;
+    std::swap_ranges(params->begin(), params->end(), v->older.begin());
+    std::swap_ranges(lent->begin(), lent->end(), v->older.begin() + (std::ptrdiff_t)params->size());
+}
+
+// After them: the gradient is of W(t-1); the optimizer must update W(t), so params takes it back.
+// older keeps W(t) too: after the update it is the older version of W(t+1).
+inline void pipedream_2bw_after_passes(PipeDream2BW* v, std::vector<float>* params, std::vector<float>* lent) {
+    if (!v->on) return;
+    std::copy(v->older.begin(), v->older.begin() + (std::ptrdiff_t)params->size(), params->begin());
+    std::copy(v->older.begin() + (std::ptrdiff_t)params->size(), v->older.end(), lent->begin());
+}
+
+// ---- the checkpoint's file: a header, then `older` (docs/formats.md)
+constexpr int32_t PIPEDREAM_2BW_MAGIC = 20260126;
+constexpr int32_t PIPEDREAM_2BW_VERSION = 1;
+
+struct PipeDream2BWHeader {
+    int32_t magic = PIPEDREAM_2BW_MAGIC;
+    int32_t version = PIPEDREAM_2BW_VERSION;
+    int32_t rank = 0, world = 0;    // the world rank that wrote it, of how many
+    int64_t step = 0;               // the checkpoint's step: older is W(step - 1)
+    int64_t floats = 0;             // older's length
+};
+
+inline std::string pipedream_2bw_file(const std::string& dir, int rank) {
+    return dir + strprintf("/pipedream_2bw_rank%d.bin", rank);
+}
+
+inline void pipedream_2bw_save(const PipeDream2BW& v, const std::string& dir, int rank, int world, int step) {
+    if (!v.on) return;
+    PipeDream2BWHeader h;
+    h.rank = rank, h.world = world, h.step = step, h.floats = (int64_t)v.older.size();
+    AtomicFile out(pipedream_2bw_file(dir, rank), "PipeDream-2BW older-weights file");
+    out.write(&h, sizeof(h));
+    out.write(v.older.data(), v.older.size() * sizeof(float));
+    out.commit();
+}
+
+// Resuming: the older version is read back, so the next step's gradient is taken at W(t-1) as in the
+// run that wrote it. A checkpoint without it (a run of another schedule), or of another grid, is
+// refused: starting both versions at W(t) would silently change the run.
+inline void pipedream_2bw_load(PipeDream2BW* v, const std::string& dir, int rank, int world, int64_t step) {
+    if (!v->on) return;
+    std::string path = pipedream_2bw_file(dir, rank);
+    if (!file_exists(path))
+        fail("checkpoint '%s' has no older weight version (%s): it was not written by a --pipeline-schedule 2bw run; resume it "
+             "with the schedule that wrote it", dir.c_str(), path.c_str());
+    FILE* f = open_for_reading(path, "PipeDream-2BW older-weights file");
+    PipeDream2BWHeader h;
+    read_exactly(f, &h, sizeof(h), path, "PipeDream-2BW older-weights file");
+    if (h.magic != PIPEDREAM_2BW_MAGIC || h.version != PIPEDREAM_2BW_VERSION)
+        fail("'%s' is not a PipeDream-2BW older-weights file of version %d: resume from a checkpoint written by this program",
+             path.c_str(), PIPEDREAM_2BW_VERSION);
+    if (h.world != world || h.rank != rank || h.floats != (int64_t)v->older.size() || h.step != step)
+        fail("'%s' holds rank %d of %d's older weights (%lld floats, step %lld), this is rank %d of %d (%zu floats, step %lld): "
+             "resume a --pipeline-schedule 2bw checkpoint on the grid that wrote it", path.c_str(), h.rank, h.world,
+             (long long)h.floats, (long long)h.step, rank, world, v->older.size(), (long long)step);
+    read_exactly(f, v->older.data(), v->older.size() * sizeof(float), path, "PipeDream-2BW older-weights file");
+    fclose(f);
+}

@@ -18,7 +18,9 @@
 //                2^-9 relative, a few in a row), the CPU keeps fp32. Measured worst: see the ok lines.
 // Scenarios: top-1 and top-2, without dropping and with a capacity factor that binds (a skewed router
 // floods expert 0, and expert 1 is starved: an expert with no rows), N = 72 tokens (not a multiple of
-// any block), C = 64, 4C hidden units, E = 4.
+// any block), C = 64, 4C hidden units, E = 4; and E = 1 (top-1, no dropping, no z-loss), which must
+// also equal the GPU's own dense MLP (train_gpt.cu's calls) bit for bit: y, dx, the four gradients,
+// and a router gradient of exactly 0.
 //
 //   emu_moe_check [SCENARIO...]   prints per scenario `ok NAME (...) bits HASH` or `wrong NAME: ...`,
 //                                 exit 1 if any was wrong. HASH covers every GPU output's bits.
@@ -41,6 +43,7 @@ static const Scenario SCENARIOS[] = {
     {"top2", 4, 2, 0.0f},
     {"top1_capacity", 4, 1, 1.0f},
     {"top2_capacity", 4, 2, 1.25f},
+    {"e1_dense", 1, 1, 0.0f},   // also against the GPU's dense MLP, bit for bit (z-loss off)
 };
 static const int N = 72, C = 64, H = 4 * C;
 
@@ -105,6 +108,48 @@ struct Verdict {
     }
 };
 
+// E = 1, top-1, no dropping, no z-loss: the MoE kernels must give the dense MLP's bits (the gate is
+// exactly 1, the one expert's rows are x's rows in token order, the router's logit gradient exactly
+// 0). The dense MLP here is train_gpt.cu's calls for it, on the same device inputs.
+static void dense_equivalence(Verdict* v, MatmulContext* ctx, cudaStream_t stream, const floatX* x, const floatX* dy,
+                              const cpu::MoEWeights<const floatX>& w, const cpu::MoEWeights<floatX>& g_moe,
+                              const std::vector<int>& first_row, floatX* fch, floatX* fch_gelu, const floatX* y_moe,
+                              const floatX* dx_moe, float* partials) {
+    if (first_row[1] != N) { v->wrong = "E = 1 without dropping must keep every token"; return; }
+    std::vector<float> zeros((size_t)H * C);
+    floatX *y, *dh, *dx, *g_fcw = to_gpu_bf16(zeros), *g_projw = to_gpu_bf16(zeros);
+    floatX *g_fcb = to_gpu_bf16(std::vector<float>(H)), *g_projb = to_gpu_bf16(std::vector<float>(C));
+    CUDA_CHECK(cudaMalloc(&y, (size_t)N * C * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc(&dx, (size_t)N * C * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc(&dh, (size_t)N * H * sizeof(floatX)));
+    matmul_forward(ctx, fch, x, w.fcw, w.fcb, N, C, H, stream);
+    gelu_forward(fch_gelu, fch, (size_t)N * H, stream);
+    matmul_forward(ctx, y, fch_gelu, w.projw, w.projb, N, H, C, stream);
+    matmul_backward_data(ctx, dh, dy, w.projw, N, H, C, stream);
+    matmul_backward_weight(ctx, g_projw, dy, fch_gelu, N, H, C, stream);
+    bias_backward(g_projb, partials, dy, N, C, stream);
+    gelu_backward_inplace(dh, fch, (size_t)N * H, stream);
+    matmul_backward_data(ctx, dx, dh, w.fcw, N, C, H, stream);
+    matmul_backward_weight(ctx, g_fcw, dh, x, N, C, H, stream);
+    bias_backward(g_fcb, partials, dh, N, H, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    auto same_bits = [&](const char* what, const floatX* got, const floatX* want, size_t n) {
+        std::vector<floatX> a = from_gpu(got, n), b = from_gpu(want, n);
+        if (v->wrong.empty() && memcmp(a.data(), b.data(), n * sizeof(floatX)) != 0)
+            v->wrong = strprintf("E = 1: %s differs from the dense MLP's bits", what);
+    };
+    same_bits("y", y_moe, y, (size_t)N * C);
+    same_bits("dx", dx_moe, dx, (size_t)N * C);
+    same_bits("dfcw", g_moe.fcw, g_fcw, (size_t)H * C);
+    same_bits("dfcb", g_moe.fcb, g_fcb, H);
+    same_bits("dprojw", g_moe.projw, g_projw, (size_t)C * H);
+    same_bits("dprojb", g_moe.projb, g_projb, C);
+    std::vector<float> drouter = from_gpu_bf16(g_moe.router, C);
+    for (float d : drouter)
+        if (v->wrong.empty() && d != 0.0f) v->wrong = "E = 1: the router's gradient is not exactly 0";
+    if (v->wrong.empty()) v->worst_what += "; = the dense MLP bit for bit";
+}
+
 static const double FP32_BOUND = 1e-5, BF16_BOUND = 2e-2;
 
 static Verdict run_scenario(const Scenario& sc, MatmulContext* ctx, cudaStream_t stream) {
@@ -112,6 +157,7 @@ static Verdict run_scenario(const Scenario& sc, MatmulContext* ctx, cudaStream_t
     s.experts = sc.experts;
     s.top_k = sc.top_k;
     s.capacity_factor = sc.capacity_factor;
+    if (sc.experts == 1) s.z_loss = 0.0f;   // with it, one logit still has a gradient (moe.h)
     int E = s.experts, k = s.top_k;
     std::mt19937_64 rng(20261127 + E * 10 + k);
     // x: noise around a shared direction u; the router's row 1 leans away from u (a starved expert),
@@ -216,6 +262,7 @@ static Verdict run_scenario(const Scenario& sc, MatmulContext* ctx, cudaStream_t
     v.close("dprojb", from_gpu_bf16(dg_projb, projb.size()), g_projb.data(), projb.size(), BF16_BOUND);
     int ties = 0;   // choices of expert 2, each a tie with expert 3 (equal router rows) won by the lower index
     for (int c : a.choice) ties += c == 2;
+    if (E == 1 && v.wrong.empty()) dense_equivalence(&v, ctx, stream, d_x, d_dy, dw, dg, first_row, fch, fch_gelu, d_y, d_dx, partials);
     v.worst_what += strprintf("; loads %d..%d, %d dropped, %d ties", st.min_load, st.max_load, st.dropped, ties);
     return v;   // the device buffers go with the process: this program runs each scenario once
 }
@@ -244,7 +291,7 @@ int main(int argc, char** argv) {
         }
     }
     if (ran == 0) {
-        fprintf(stderr, "emu_moe_check: no scenario named %s (top1, top2, top1_capacity, top2_capacity)\n", argv[1]);
+        fprintf(stderr, "emu_moe_check: no scenario named %s (top1, top2, top1_capacity, top2_capacity, e1_dense)\n", argv[1]);
         return 2;
     }
     return wrong ? 1 : 0;

@@ -9,14 +9,16 @@ inputs hold exact ties between two experts, which both must give to the lower in
 fp32 outputs and both auxiliary losses within 1e-5, and the bf16 values (expert outputs, y, every
 gradient) within 2e-2 relative L2 (measured ~3.6e-3: a few bf16 roundings in a row). Four scenarios:
 top-1 and top-2, with no dropping and with a capacity factor that binds; an expert gets no token.
+And E = 1 (top-1, no dropping, no z-loss): also the GPU's own dense MLP, bit for bit.
 
   1. every scenario passes under three schedules of the emulated threads and blocks (forward,
      reverse, random), with bit-identical outputs: the dispatch is a scan, not atomics, so its order
      cannot depend on which thread runs first
   2. planted bugs in copies of the real kernels, each caught (the check names the tensor):
      a tie broken towards the higher index, capacity counted token by token instead of first
-     choices before second ones, the top-2 renormalisation's gradient with the wrong sign, and the
-     un-permute forgetting the router's share of dx
+     choices before second ones, the top-2 renormalisation's gradient with the wrong sign, the
+     un-permute forgetting the router's share of dx, and the softmax's backward without its p . dp
+     term (caught by E = 1's equality with the dense MLP)
 
 Built as test_emu_negative_controls.py builds its checks (cu2cpp.py, g++ -O1, the emulator's
 objects); without CUDA's headers it says why and skips. About 30 s on 2 cores.
@@ -40,6 +42,8 @@ MUTATIONS = [
      "dp[ch[1]] += p1 * (dg[1] - dg[0]) * inv;", "dp[ch[1]] += p1 * (dg[0] - dg[1]) * inv;", "top2"),
     ("the un-permute without the router's share of dx (dlogits W_r)", KERNELS,
      "out[v] = from_float<floatX>(acc[v] + router_dx[v]);", "out[v] = from_float<floatX>(acc[v]);", "top1"),
+    ("the softmax's backward without its - p . dp term", KERNELS,
+     "= p[e] * (dp[e] - dot) + zg * p[e];", "= p[e] * (dp[e] - 0.f) + zg * p[e];", "e1_dense"),
 ]
 
 

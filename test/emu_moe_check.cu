@@ -12,8 +12,9 @@
 //                must go to the lower index on both sides.
 //   fp32 (1e-5 relative L2)   logits, probabilities, logsumexp, gates, both auxiliary losses: fp32 on
 //                both sides from the same inputs
-//   bf16 (2e-2 relative L2)   xg (a copy: exact), the experts' outputs, y, the rows' and gates'
-//                gradients, the router's logit gradient, dx and every weight gradient: the GPU rounds
+//   bf16 (1e-2 relative L2, the kernel lab's bound)   xg (a copy: exact), the experts' outputs, y,
+//                the rows' and gates' gradients, the router's logit gradient, dx and every weight
+//                gradient: the GPU rounds
 //                fch, gelu(fch), the expert outputs and the gradients to bf16 on the way (each rounding
 //                2^-9 relative, a few in a row), the CPU keeps fp32. Measured worst: see the ok lines.
 // Scenarios: top-1 and top-2, without dropping and with a capacity factor that binds (a skewed router
@@ -150,7 +151,7 @@ static void dense_equivalence(Verdict* v, MatmulContext* ctx, cudaStream_t strea
     if (v->wrong.empty()) v->worst_what += "; = the dense MLP bit for bit";
 }
 
-static const double FP32_BOUND = 1e-5, BF16_BOUND = 2e-2;
+static const double FP32_BOUND = 1e-5, BF16_BOUND = 1e-2;
 
 static Verdict run_scenario(const Scenario& sc, MatmulContext* ctx, cudaStream_t stream) {
     cpu::MoEShape s;
@@ -167,7 +168,7 @@ static Verdict run_scenario(const Scenario& sc, MatmulContext* ctx, cudaStream_t
         for (int i = 0; i < C; i++) x[(size_t)t * C + i] = bf16_to_float(float_to_bf16_round_nearest(x[(size_t)t * C + i] + 0.5f * u[i]));
     std::vector<float> router = bf16_normal(&rng, (size_t)E * C, 0.05f);
     float lean = s.capacity_factor > 0.0f ? 0.01f : 0.0f;   // flood expert 0 where capacity is to bind
-    for (int i = 0; i < C; i++) {
+    for (int i = 0; i < C && E >= 4; i++) {   // (E = 1's one row is left as drawn)
         router[i] = bf16_to_float(float_to_bf16_round_nearest(router[i] + lean * u[i]));
         router[C + i] = bf16_to_float(float_to_bf16_round_nearest(router[C + i] - 0.06f * u[i]));
         router[3 * C + i] = router[2 * C + i];

@@ -164,16 +164,23 @@ def run(exe, check, schedule):
     return False, f"exit code {p.returncode}, no message"
 
 
+def make_objects():
+    """Builds the emulator's objects; None, or why they do not build (the caller skips)."""
+    mk = subprocess.run(["make", "-s"] + EMU_OBJECTS, cwd=ROOT, capture_output=True, text=True)
+    if mk.returncode == 0:
+        return None
+    return "the emulator's objects do not build: " + (mk.stderr.strip().splitlines() or ["make failed"])[-1]
+
+
 def main():
     inc = cuda_include()
     if not inc:
         print("SKIP: emulator negative controls (CUDA's headers not found: the emulation needs cuda_runtime.h; "
               "set CUDA_INCLUDE)", flush=True)
         return 0
-    mk = subprocess.run(["make", "-s"] + EMU_OBJECTS, cwd=ROOT, capture_output=True, text=True)
-    if mk.returncode != 0:
-        why = (mk.stderr.strip().splitlines() or ["make failed"])[-1]
-        print(f"SKIP: emulator negative controls (the emulator's objects do not build: {why})", flush=True)
+    why = make_objects()
+    if why:
+        print(f"SKIP: emulator negative controls ({why})", flush=True)
         return 0
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="emu_negctl_") as tmp:

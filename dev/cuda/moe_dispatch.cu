@@ -121,17 +121,21 @@ int main(int argc, char** argv) {
     floatX* xg = device_alloc<floatX>(rows * C);
     floatX* y = device_alloc<floatX>((size_t)N * C);
 
+    // versions 1 and 2: each expert's count by atomics, its first row by one thread's prefix sum
+    auto naive_offsets = [&]() {
+        CUDA_CHECK(cudaMemsetAsync(rt.routed, 0, E * sizeof(int), lab.stream));
+        moe_naive_count<<<ceil_div(rows, 256), 256, 0, lab.stream>>>(rt.routed, rt.choice, (int)rows);
+        CUDA_CHECK_LAUNCH();
+        moe_naive_offsets<<<1, 32, 0, lab.stream>>>(rt.first_row, cursor, rt.routed, E);
+        CUDA_CHECK_LAUNCH();
+    };
     Case c;
     c.kernel = "moe_dispatch";
     c.bytes = 2.0 * (2 + 2 * k) * (double)N * C;
     c.checks = {bf16_output("y", y, y_ref)};
     c.version = 1;
     c.run = [&](int) {
-        CUDA_CHECK(cudaMemsetAsync(rt.routed, 0, E * sizeof(int), lab.stream));
-        moe_naive_count<<<ceil_div(rows, 256), 256, 0, lab.stream>>>(rt.routed, rt.choice, (int)rows);
-        CUDA_CHECK_LAUNCH();
-        moe_naive_offsets<<<1, 32, 0, lab.stream>>>(rt.first_row, cursor, rt.routed, E);
-        CUDA_CHECK_LAUNCH();
+        naive_offsets();
         moe_naive_scatter<<<ceil_div(rows, 256), 256, 0, lab.stream>>>(xg, rt.row, d_x, rt.choice, rt.first_row, cursor,
                                                                         (int)rows, k, C);
         CUDA_CHECK_LAUNCH();
@@ -140,11 +144,7 @@ int main(int argc, char** argv) {
     lab_case(&lab, c);
     c.version = 2;
     c.run = [&](int) {
-        CUDA_CHECK(cudaMemsetAsync(rt.routed, 0, E * sizeof(int), lab.stream));
-        moe_naive_count<<<ceil_div(rows, 256), 256, 0, lab.stream>>>(rt.routed, rt.choice, (int)rows);
-        CUDA_CHECK_LAUNCH();
-        moe_naive_offsets<<<1, 32, 0, lab.stream>>>(rt.first_row, cursor, rt.routed, E);
-        CUDA_CHECK_LAUNCH();
+        naive_offsets();
         moe_naive_place<<<ceil_div(rows, 256), 256, 0, lab.stream>>>(rt.row, rt.token_of_row, rt.choice, rt.first_row, cursor,
                                                                       (int)rows, k);
         CUDA_CHECK_LAUNCH();

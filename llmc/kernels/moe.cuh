@@ -196,20 +196,28 @@ __global__ void moe_gather_kernel(floatX* xg, const floatX* x, const int* token_
     store128(xg + i, load128(x + (size_t)token_of_row[row] * C + c));
 }
 
+// Token t's kept rows of `rows` (columns c .. c+7), first choice first, each times its gate (or 1
+// where gate is null: the un-permute), summed in fp32 into acc: the combine and its transpose.
+__device__ __forceinline__ void moe_sum_rows(float* acc, const floatX* rows, const int* row, const float* gate, int t, int k,
+                                             int C, int c) {
+    for (int v = 0; v < x128::size; v++) acc[v] = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int rj = row[(size_t)t * k + j];
+        if (rj < 0) continue;
+        float g = gate ? gate[(size_t)t * k + j] : 1.0f;   // x 1 is exact: the un-permute's plain sum
+        x128 o = load128(rows + (size_t)rj * C + c);
+        for (int v = 0; v < x128::size; v++) acc[v] += g * to_float(o[v]);
+    }
+}
+
 // 4. combine: y_t = sum over t's kept choices, first choice first, of gate * eout's row; 0 when all
 // were dropped (the residual carries the token). fp32 sum, one rounding.
 __global__ void moe_combine_kernel(floatX* y, const floatX* eout, const int* row, const float* gate, int N, int C, int k) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     int t = (int)(i / C), c = (int)(i % C);
     if (t >= N) return;
-    float acc[x128::size] = {};
-    for (int j = 0; j < k; j++) {
-        int rj = row[(size_t)t * k + j];
-        if (rj < 0) continue;
-        float g = gate[(size_t)t * k + j];
-        x128 o = load128(eout + (size_t)rj * C + c);
-        for (int v = 0; v < x128::size; v++) acc[v] += g * to_float(o[v]);
-    }
+    float acc[x128::size];
+    moe_sum_rows(acc, eout, row, gate, t, k, C, c);
     x128 out;
     for (int v = 0; v < x128::size; v++) out[v] = from_float<floatX>(acc[v]);
     store128(y + i, out);
@@ -241,29 +249,17 @@ __global__ void moe_backward_rows_kernel(floatX* drow, float* dgate, const float
     if (lane == 0) dgate[c] = s;
 }
 
-// The router's backward, one thread per token, cpu::moe_backward_input's formulas in its order:
+// The router's backward, one thread per token: the CPU's own per-token function (llmc/model/moe.h's
+// moe_router_grad_token, __host__ __device__), so the formulas are written once:
 //   d p_e   = aux_scale alpha E f_e / N   (+ the gates' gradients: top-1 dg on the choice; top-2
 //             through the renormalisation g_i = p_i / (p1 + p2))
 //   d z_e   = p_e (d p_e - p . d p) + aux_scale 2 c_z lse p_e / N   (softmax, then the z-loss)
 __global__ void moe_router_backward_kernel(MoERouting r, int N, int E, int k, float alpha, float z_coef, float aux_scale) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) return;
-    const float* p = r.probs + (size_t)t * E;
     float dp[MOE_MAX_EXPERTS];
-    for (int e = 0; e < E; e++) dp[e] = aux_scale * alpha * E * ((float)r.routed[e] / ((float)k * N)) / N;
-    const int* ch = r.choice + (size_t)t * k;
-    const float* dg = r.dgate + (size_t)t * k;
-    if (k == 1) {
-        dp[ch[0]] += dg[0];
-    } else {
-        float p1 = p[ch[0]], p2 = p[ch[1]], s2 = p1 + p2, inv = 1.0f / (s2 * s2);
-        dp[ch[0]] += p2 * (dg[0] - dg[1]) * inv;
-        dp[ch[1]] += p1 * (dg[1] - dg[0]) * inv;
-    }
-    float dot = 0.0f;
-    for (int e = 0; e < E; e++) dot += p[e] * dp[e];
-    float zg = aux_scale * 2.0f * z_coef * r.lse[t] / N;
-    for (int e = 0; e < E; e++) r.dlogits[(size_t)t * E + e] = p[e] * (dp[e] - dot) + zg * p[e];
+    cpu::moe_router_grad_token(r.dlogits + (size_t)t * E, dp, r.probs + (size_t)t * E, r.choice + (size_t)t * k,
+                               r.dgate + (size_t)t * k, r.routed, r.lse[t], N, E, k, alpha, z_coef, aux_scale);
 }
 
 // dW_r (E, C) += dlogits^T x: one thread per weight, summing over the tokens in order (fp32, one
@@ -285,13 +281,8 @@ __global__ void moe_unpermute_kernel(floatX* dx, const floatX* dxg, const int* r
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     int t = (int)(i / C), c = (int)(i % C);
     if (t >= N) return;
-    float acc[x128::size] = {};
-    for (int j = 0; j < k; j++) {
-        int rj = row[(size_t)t * k + j];
-        if (rj < 0) continue;
-        x128 d = load128(dxg + (size_t)rj * C + c);
-        for (int v = 0; v < x128::size; v++) acc[v] += to_float(d[v]);
-    }
+    float acc[x128::size];
+    moe_sum_rows(acc, dxg, row, nullptr, t, k, C, c);
     float router_dx[x128::size] = {};
     for (int e = 0; e < E; e++) {
         float dz = dlogits[(size_t)t * E + e];

@@ -40,7 +40,9 @@
 // kernels) removes it; that is the next step, not this file's.
 //
 // Memory: per layer, for N tokens and k choices: kN rows of xg, fch, fch_gelu and eout (k times the
-// dense MLP's activations), plus N (3E + 4k + 1) fp32 and ints for the routing state.
+// dense MLP's activations, plus drow, dh and dxg for the backward), plus N (3E + 5k + 1) fp32 and
+// ints for the routing state (logits, probabilities and their gradient; choices, gates, rows, gate
+// gradients, tokens of rows; logsumexp).
 //
 // Hook points: none; the GPU trainer does not call these yet (it refuses --moe-* and version-7 model
 // files: docs/moe.md says what wiring remains). dev/cuda/moe_dispatch.cu times step 2-4 against the

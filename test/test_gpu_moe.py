@@ -24,7 +24,8 @@ And E = 1 (top-1, no dropping, no z-loss): also the GPU's own dense MLP, bit for
      catches those.
 
 Built as test_emu_negative_controls.py builds its checks (cu2cpp.py, g++ -O1, the emulator's
-objects); without CUDA's headers it says why and skips. About 30 s on 2 cores.
+objects); without CUDA's headers it says why and skips. About 60 s on the shared 2-core machine
+(six builds of the check program, ~7 s each, and their runs).
 """
 import os, sys, tempfile, time
 from checks import report, exit_code

@@ -102,18 +102,19 @@ MUTATIONS = [
 
 # ---------------------------------------------------------------------------------------------- build, run
 
-def sources():
+def sources(checks=CHECKS):
     """The files the checks program includes, relative to ROOT."""
     llmc = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(os.path.join(ROOT, "llmc"))
                   for f in files if f.endswith((".cuh", ".h")))
-    return [CHECKS] + llmc
+    return [checks] + llmc
 
 
-def build(work, inc, mutation=None):
+def build(work, inc, mutation=None, checks=CHECKS):
     """Copy the sources to work/orig (mutated), rewrite them with cu2cpp into work/src, compile.
-    Returns (the program, None) or (None, why)."""
+    Returns (the program, None) or (None, why). `checks`: the program (test/test_gpu_moe.py builds
+    test/emu_moe_check.cu the same way)."""
     orig, src = os.path.join(work, "orig"), os.path.join(work, "src")
-    for rel in sources():
+    for rel in sources(checks):
         os.makedirs(os.path.dirname(os.path.join(orig, rel)), exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, rel), os.path.join(orig, rel))
     if mutation:
@@ -127,13 +128,13 @@ def build(work, inc, mutation=None):
         assert old.count("\n") == new.count("\n")
         open(path, "w").write(text.replace(old, new))
     # run from orig, so the #line directives (and the emulator's messages) say llmc/..., not a temp path
-    subprocess.run([sys.executable, os.path.join(ROOT, "test/emu/cu2cpp.py"), ".", src] + sources(), cwd=orig,
+    subprocess.run([sys.executable, os.path.join(ROOT, "test/emu/cu2cpp.py"), ".", src] + sources(checks), cwd=orig,
                    check=True)
-    exe = os.path.join(work, "emu_kernel_checks")
+    exe = os.path.join(work, os.path.splitext(os.path.basename(checks))[0])
     # the flags of test/emu/emu.mk's EMU_FLAGS and EMU_KERNEL (no MPI: these checks make no NCCL call)
     cmd = ["g++", "-std=c++17", "-O1", "-g0", "-fno-strict-aliasing", "-Wno-attributes", "-I" + src, "-I" + ROOT,
            "-I" + inc, "-x", "c++", "-include", os.path.join(ROOT, "test/emu/cuda_emu.h"),
-           os.path.join(src, CHECKS), "-x", "none"] + [os.path.join(ROOT, o) for o in EMU_OBJECTS] + ["-o", exe]
+           os.path.join(src, checks), "-x", "none"] + [os.path.join(ROOT, o) for o in EMU_OBJECTS] + ["-o", exe]
     p = subprocess.run(cmd, cwd=orig, capture_output=True, text=True)
     if p.returncode != 0:
         return None, "does not compile: " + " | ".join(p.stderr.strip().splitlines()[:3])
@@ -163,16 +164,23 @@ def run(exe, check, schedule):
     return False, f"exit code {p.returncode}, no message"
 
 
+def make_objects():
+    """Builds the emulator's objects; None, or why they do not build (the caller skips)."""
+    mk = subprocess.run(["make", "-s"] + EMU_OBJECTS, cwd=ROOT, capture_output=True, text=True)
+    if mk.returncode == 0:
+        return None
+    return "the emulator's objects do not build: " + (mk.stderr.strip().splitlines() or ["make failed"])[-1]
+
+
 def main():
     inc = cuda_include()
     if not inc:
         print("SKIP: emulator negative controls (CUDA's headers not found: the emulation needs cuda_runtime.h; "
               "set CUDA_INCLUDE)", flush=True)
         return 0
-    mk = subprocess.run(["make", "-s"] + EMU_OBJECTS, cwd=ROOT, capture_output=True, text=True)
-    if mk.returncode != 0:
-        why = (mk.stderr.strip().splitlines() or ["make failed"])[-1]
-        print(f"SKIP: emulator negative controls (the emulator's objects do not build: {why})", flush=True)
+    why = make_objects()
+    if why:
+        print(f"SKIP: emulator negative controls ({why})", flush=True)
         return 0
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="emu_negctl_") as tmp:

@@ -338,6 +338,29 @@ inline void moe_backward_rows(MoEActivations* a, const MoEShape& s, const float*
     }
 }
 
+// One token's router gradient, the formulas above in this order: dz (E) = d loss / d logits from
+// its probabilities p (E), its k choices ch and their gates' gradients dg, and the experts' routed
+// counts; dp (E) is scratch. The GPU's moe_router_backward_kernel (llmc/kernels/moe.cuh) calls this
+// same function, so both trainers compute the same floats from the same inputs.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline void moe_router_grad_token(float* dz, float* dp, const float* p, const int* ch, const float* dg, const int* routed,
+                                  float lse, int N, int E, int k, float alpha, float z_coef, float aux_scale) {
+    for (int e = 0; e < E; e++) dp[e] = aux_scale * alpha * E * ((float)routed[e] / ((float)k * N)) / N;
+    if (k == 1) {
+        dp[ch[0]] += dg[0];
+    } else {
+        float p1 = p[ch[0]], p2 = p[ch[1]], s2 = p1 + p2, inv = 1.0f / (s2 * s2);
+        dp[ch[0]] += p2 * (dg[0] - dg[1]) * inv;
+        dp[ch[1]] += p1 * (dg[1] - dg[0]) * inv;
+    }
+    float dot = 0.0f;
+    for (int e = 0; e < E; e++) dot += p[e] * dp[e];
+    float zg = aux_scale * 2.0f * z_coef * lse / N;
+    for (int e = 0; e < E; e++) dz[e] = p[e] * (dp[e] - dot) + zg * p[e];
+}
+
 inline void moe_backward_input(float* dx, const MoEWeights<float>& g, MoEActivations* a, const MoEShape& s,
                                const MoEWeights<const float>& w, const float* x, float aux_scale) {
     int N = a->N, C = a->C, E = s.experts, k = s.top_k;
@@ -349,20 +372,8 @@ inline void moe_backward_input(float* dx, const MoEWeights<float>& g, MoEActivat
         const float* p = &a->probs[(size_t)t * E];
         float* dp = &a->dprobs[(size_t)t * E];
         float* dz = &a->dlogits[(size_t)t * E];
-        for (int e = 0; e < E; e++) dp[e] = aux_scale * s.aux_alpha * E * ((float)a->routed[e] / ((float)k * N)) / N;
-        const int* ch = &a->choice[(size_t)t * k];
-        const float* dg = &dgate[(size_t)t * k];
-        if (k == 1) {
-            dp[ch[0]] += dg[0];
-        } else {
-            float p1 = p[ch[0]], p2 = p[ch[1]], s2 = p1 + p2, inv = 1.0f / (s2 * s2);
-            dp[ch[0]] += p2 * (dg[0] - dg[1]) * inv;
-            dp[ch[1]] += p1 * (dg[1] - dg[0]) * inv;
-        }
-        float dot = 0.0f;
-        for (int e = 0; e < E; e++) dot += p[e] * dp[e];
-        float zg = aux_scale * 2.0f * s.z_loss * a->lse[t] / N;
-        for (int e = 0; e < E; e++) dz[e] = p[e] * (dp[e] - dot) + zg * p[e];
+        moe_router_grad_token(dz, dp, p, &a->choice[(size_t)t * k], &dgate[(size_t)t * k], a->routed.data(), a->lse[t], N, E, k,
+                              s.aux_alpha, s.z_loss, aux_scale);
     }
     // the input: the experts' dx rows scattered back to their tokens, plus the router's
     matmul_backward(a->dx_router.data(), g.router, nullptr, a->dlogits.data(), x, w.router, N, C, E);

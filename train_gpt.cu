@@ -889,6 +889,11 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             s->header.loss_scale_overflows = m->scaler.overflows;
         }
     };
+    if (m->fp8.on) {  // --precision fp8 (one GPU): the delayed scaling's histories and scales
+        parts.write_rank_files = [&](const std::string& dir) {
+            write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
+        };
+    }
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
         if (par->grid.rank != 0) return;
@@ -1530,6 +1535,16 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     m->scaler = start_loss_scaler(o, resumed);
+    if (m->fp8.on && !resume_dir.empty()) {  // a checkpoint of a bf16 run has none: step 1 after it calibrates
+        std::string path = resume_dir + "/fp8_state.bin";
+        if (file_exists(path)) {
+            std::vector<float> values(fp8_saved_floats(&m->fp8));
+            read_fp8_state(path, m->fp8.tensors, m->fp8.history, &values);
+            fp8_upload_state(&m->fp8, values);
+        } else if (leader) {
+            printf("note: the checkpoint has no fp8_state.bin (not an fp8 run): the first step measures its own scales\n");
+        }
+    }
     int first_step = (int)resumed.step;
     if (!resume_dir.empty()) {
         check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);

@@ -268,3 +268,19 @@ inline void fp8_linear_backward_weight(MatmulContext* ctx, Fp8Matmuls* f, int sl
     fp8_quantize(f, f->b8, dout, N, OC, true, slot + FP8_GRAD, stream);
     fp8_matmul_tn(ctx, f, dweight, f->a8, slot + FP8_INPUT, f->b8, slot + FP8_GRAD, nullptr, IC, OC, N, true, stream);
 }
+
+// ---- the checkpoint's share (fp8_state.bin, llmc/io/formats.h): the histories, scales and inverse
+// scales, tensors x (history + 2) floats. At a step's end this step's amax is already in the history
+// (fp8_end_step zeroed amax_now), so nothing else is needed to go on bit for bit.
+inline size_t fp8_saved_floats(const Fp8Matmuls* f) { return (size_t)f->tensors * (f->history + 2); }
+
+inline std::vector<float> fp8_download_state(const Fp8Matmuls* f) {
+    std::vector<float> values(fp8_saved_floats(f));
+    CUDA_CHECK(cudaMemcpy(values.data(), f->amax_history, values.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return values;
+}
+
+inline void fp8_upload_state(Fp8Matmuls* f, const std::vector<float>& values) {
+    CUDA_CHECK(cudaMemcpy(f->amax_history, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+    f->calibrating = false;  // the histories hold the steps before: no calibration pass
+}

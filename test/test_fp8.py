@@ -39,11 +39,14 @@ turn gradient noise into step noise). Limits, 2x the model: logits 0.1, gradient
 >= 0.985 (1 - 0.16^2 / 2), loss 0.01, losses 0.02, weight change 0.3. The control bound, logits 0.02:
 below fp8's floor (one e4m3 rounding alone is u4 / sqrt(3) = 0.036 RMS), above bf16's 0.0055.
 
-Planted bugs, each caught (by hand, once; see the commit): the gradients quantized in e4m3 instead
-of e5m2 (fp8_is_e5m2 always false) fails "quantizer" (the e5m2 codes) and "decode"; the dequantizing
-scale applied twice (scale_inv squared in fp8_calibrate_kernel / fp8_roll_kernel) fails "fp8 vs cpu"
-and "50 steps"; the history not rolled (fp8_roll_kernel's shift dropped) fails "delayed scale"; the
-fp8 state not restored on resume fails "resume".
+Planted bugs, each caught (by hand, once; see the commit):
+  - the scale applied twice (x s s in fp8_quantize_kernel): "quantizer" (378-512 codes differ) and
+    "fp8 vs cpu" (logits error 1.42, every gradient wrong);
+  - the forward's input in e5m2 (fp8_is_e5m2 true for FP8_INPUT): "quantizer" (the e4m3 codes) and
+    "fp8 vs cpu" (the weight gradients, rel 0.98: the backward reads those bytes as e4m3); the logits
+    alone (0.084) stay within 0.1, as the model says (sqrt(u4^2 + u3^2) / sqrt(3) = 0.081);
+  - the history not rolled (the shift in fp8_roll_kernel dropped): "delayed scale" (1, 256, 4, 128, ...);
+  - the fp8 state not restored on resume: "resume" (weights, losses and fp8_state.bin differ).
 """
 import math, os, shutil, subprocess, sys, tempfile
 import numpy as np

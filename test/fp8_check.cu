@@ -99,17 +99,11 @@ static int history(int argc, char** argv) {
     return 0;
 }
 
-// cublasLtMatmul as the library is called, without fp8.cuh's TN-only wrapper, so that the refused
-// layouts can be asked for: D (m x n, bf16) = sa sb op(A) op(B).
+// cublasLtMatmul with fp8.cuh's descriptor but not its TN-only wrapper, so that the refused layouts
+// can be asked for: D (m x n, bf16) = sa sb op(A) op(B).
 static cublasStatus_t raw_matmul(cublasLtHandle_t lt, bool ta, bool tb, cudaDataType_t at, cudaDataType_t bt, int m, int n,
                                  int k, const void* a, const void* b, floatX* d, const float* sa, const float* sb) {
-    cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtMatmulDesc_t desc;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    cublasLtMatmulDesc_t desc = fp8_matmul_desc(ta, tb, sa, sb);
     cublasLtMatrixLayout_t la, lb, ld;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, at, ta ? k : m, ta ? m : k, ta ? k : m));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, bt, tb ? n : k, tb ? k : n, tb ? n : k));
@@ -154,7 +148,7 @@ static int decode_and_refuse(bool decode) {
             std::vector<floatX> h((size_t)m * n);
             CUDA_CHECK(cudaMemcpy(h.data(), dd, h.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
             for (int i = 0; i < m; i++)  // D(i, 0) = 0.5 * 1 * code i
-                printf("%s %d %.17g\n", t == CUDA_R_8F_E4M3 ? "e4m3" : "e5m2", i, to_float(h[i]));
+                printf("%s %d %.17g\n", t == CUDA_R_8F_E4M3 ? "e4m3" : "e5m2", i, __bfloat162float(h[i]));
         }
         return 0;
     }

@@ -52,7 +52,7 @@ import math, os, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import MODE, GPU, ROOT, compare_dumps, rel, write_model, write_shard  # noqa: E402
+from test_gpu import MODE, GPU, ROOT, compare_dumps, rel, tiny_precision_fixture  # noqa: E402
 from test_gpu_data_parallel import CPU, Runner  # noqa: E402
 
 CHECK = os.path.join(ROOT, "build", "fp8_check") if MODE == "gpu" else os.path.join(ROOT, "build", "emu", "fp8_check")
@@ -252,8 +252,7 @@ def main():
         return exit_code()
     work = tempfile.mkdtemp(prefix="llmc_fp8_")
     try:
-        init, names, off = write_model(os.path.join(work, "tiny.bin"), 2, 128, 2, 64, 500, 1)
-        write_shard(os.path.join(work, "train_000000.bin"), np.tile(np.random.default_rng(1).integers(0, 500, 997), 60))
+        init, names, off = tiny_precision_fixture(work)
         r = Runner(work)
         for name, fn, args in [("quantizer", quantizer, (work,)), ("delayed scale", delayed_scale, ()),
                                ("decode", decode_table, ()), ("refusals", refusals, ()), ("flags", flags, (r,)),

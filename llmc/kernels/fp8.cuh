@@ -193,18 +193,23 @@ inline void fp8_end_step(Fp8Matmuls* f, cudaStream_t stream) {
 
 // D (m x n col-major, bf16) = sa sb A^T B [+ bias] [+ D]: A stored (k x m) col-major = row-major (m x k),
 // B stored (k x n) col-major; sa, sb the device floats 1/scale of A's and B's slots. A is e4m3.
-inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const uint8_t* a, int a_slot, const uint8_t* b,
-                          int b_slot, const floatX* bias, int m, int n, int k, bool accumulate, cudaStream_t stream) {
-    cudaDataType_t a_type = CUDA_R_8F_E4M3, b_type = fp8_is_e5m2(b_slot) ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
-    cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
-    const float* sa = f->scale_inv + a_slot;
-    const float* sb = f->scale_inv + b_slot;
+// The fp8 matmul's descriptor: fp32 accumulation and scale type, the transposes, the dequantizing
+// scales as device pointers (read when the matmul runs, so a new scale needs no new descriptor).
+inline cublasLtMatmulDesc_t fp8_matmul_desc(bool trans_a, bool trans_b, const float* sa, const float* sb) {
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDesc_t desc;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    return desc;
+}
+
+inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const uint8_t* a, int a_slot, const uint8_t* b,
+                          int b_slot, const floatX* bias, int m, int n, int k, bool accumulate, cudaStream_t stream) {
+    cudaDataType_t a_type = CUDA_R_8F_E4M3, b_type = fp8_is_e5m2(b_slot) ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    cublasLtMatmulDesc_t desc = fp8_matmul_desc(true, false, f->scale_inv + a_slot, f->scale_inv + b_slot);
     if (bias) {
         cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bias_type = CUDA_FLOATX;  // bf16 bias with a bf16 output
@@ -235,13 +240,7 @@ inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const ui
         f->algos.push_back({m, n, k, b_type, bias != nullptr, accumulate, result.algo});
         cached = &f->algos.back();
     }
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &cached->algo,
-                                ctx->workspace, ctx->workspace_bytes, stream));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
 }
 
 // The three matmuls of a linear layer (matmul.cuh's, same arguments, plus the layer's slot).

@@ -41,16 +41,17 @@
 // the classifier (logits feed the loss directly; the tied embedding is the largest, most sensitive
 // matrix) and the loss. The output of every fp8 matmul is bf16, accumulated in fp32.
 //
-// Trade-off. Memory: three fp8 scratch buffers (one layer's largest input, weight and gradient,
-// 1 byte each) and 12 floats of state per layer per history entry; the activations kept for the
-// backward stay bf16 (the backward quantizes them again). Speed: Hopper's fp8 tensor cores are 2x
-// its bf16 ones (990 vs 1979 dense TFLOP/s on an H100 SXM, NVIDIA's datasheet), paid for with the
-// quantize passes (a read of bf16 and a write of 1 byte per element, transposed ones uncoalesced
-// here: the readable version); not measured on a GPU yet.
+// Trade-off. Memory: two fp8 operand buffers (one matmul's largest input, weight or gradient, 1 byte
+// an element) and 12 x (N + 3) floats of state per layer; the activations kept for the backward stay
+// bf16 (the backward quantizes them again). Speed: Hopper's fp8 tensor cores do twice the dense
+// FLOP/s of its bf16 ones (NVIDIA's H100 datasheet), paid for with the quantize passes (a read of
+// bf16 and a write of 1 byte per element, 6 per linear layer per micro-batch; the transposed ones
+// write uncoalesced here: the readable version). Not measured on a GPU yet.
 //
 // Hook points: none of the step's; the trainer's four linear layers call fp8_linear_forward /
 // _backward_data / _backward_weight instead of matmul.cuh's functions (train_gpt.cu's linear_*),
-// and train_step calls fp8_end_step once per step. State: fp8_save / fp8_load (the checkpoint).
+// and train_step calls fp8_end_step once per step. The checkpoint: fp8_download_state /
+// fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -59,7 +60,7 @@
 #include "llmc/kernels/matmul.cuh"  // MatmulContext, CUBLAS_CHECK
 
 constexpr float FP8_E4M3_MAX = 448.0f, FP8_E5M2_MAX = 57344.0f;
-constexpr int FP8_AMAX_HISTORY = 16;  // --fp8-amax-history's default (Transformer Engine's is 1024 in recent versions)
+constexpr int FP8_AMAX_HISTORY = 16;  // --fp8-amax-history's default
 
 // The quantized tensors of one linear layer, and the layers of a block.
 enum Fp8Role { FP8_INPUT, FP8_WEIGHT, FP8_GRAD, FP8_ROLES };

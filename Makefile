@@ -100,6 +100,11 @@ build/gpu_comm_check: test/gpu_comm_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
 
+# fp8's quantizer and cuBLASLt's fp8 matmuls on a GPU (test/test_fp8.py runs it; the emulated twin is build/emu/fp8_check)
+build/fp8_check: test/fp8_check.cu $(HOST_HEADERS) $(GPU_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lcublasLt -lcublas
+
 dev: $(UNICODE_TABLES)
 	$(MAKE) -C dev/cuda NVCC="$(NVCC)"
 

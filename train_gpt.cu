@@ -73,6 +73,7 @@
 #include "llmc/kernels/kv_attention.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/kernels/fp8.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
@@ -139,6 +140,8 @@ struct GPT2 {
     int slot = 0, slots = 1;            // which micro-batch's activations the passes use, of how many (pipelines)
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
+    Fp8Matmuls fp8;                     // --precision fp8: the linear layers' matmuls in fp8 (llmc/kernels/fp8.cuh)
+    void* fp8_memory = nullptr;         // ... its state and operands, one allocation
     AttentionContext attention;
     // host side of a micro-batch, in pinned memory so the copies are true DMA
     int* host_inputs = nullptr;
@@ -209,6 +212,7 @@ static void gpt2_allocate(GPT2* m) {
 static void gpt2_free(GPT2* m) {
     attention_destroy(&m->attention);
     matmul_destroy(&m->matmul);
+    if (m->fp8_memory) CUDA_CHECK(cudaFree(m->fp8_memory));
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
     offload_free(&m->offload);
@@ -277,6 +281,24 @@ static floatX* lm_head_grads(GPT2* m, const ParamTensors<floatX>& ends) {
     return m->slice.first_stage ? ends[WTE] : B_<floatX>(m, GB_LENT_WTE_GRAD);
 }
 
+// The four linear layers' matmuls (qkv, attention projection, fc, fc projection): bf16 through
+// matmul.cuh, or with --precision fp8 through fp8.cuh (slot: the layer's three quantized tensors).
+static void linear_forward(GPT2* m, int l, Fp8Linear which, floatX* out, const floatX* inp, const floatX* w,
+                           const floatX* b, int N, int IC, int OC, cudaStream_t s) {
+    if (m->fp8.on) fp8_linear_forward(&m->matmul, &m->fp8, fp8_slot(l, which), out, inp, w, b, N, IC, OC, s);
+    else matmul_forward(&m->matmul, out, inp, w, b, N, IC, OC, s);
+}
+static void linear_backward(GPT2* m, int l, Fp8Linear which, floatX* dinp, floatX* dw, const floatX* dout,
+                            const floatX* inp, const floatX* w, int N, int IC, int OC, cudaStream_t s) {
+    if (m->fp8.on) {
+        fp8_linear_backward_data(&m->matmul, &m->fp8, fp8_slot(l, which), dinp, dout, w, N, IC, OC, s);
+        fp8_linear_backward_weight(&m->matmul, &m->fp8, fp8_slot(l, which), dw, dout, inp, N, IC, OC, s);
+    } else {
+        matmul_backward_data(&m->matmul, dinp, dout, w, N, IC, OC, s);
+        matmul_backward_weight(&m->matmul, dw, dout, inp, N, IC, OC, s);
+    }
+}
+
 // Forward pass of the uploaded micro-batch, up to the logits (B, T, Vp). A pipeline stage without
 // the embedding finds its input in the residual stream's layer 0; one without the head leaves its
 // output in layer L.
@@ -322,16 +344,16 @@ static void gpt2_forward(GPT2* m) {
                                              residual, nullptr, w[LN1W], w[LN1B], R, C, s);
         }
         const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        matmul_forward(&m->matmul, qkv, ln1_all, w[QKVW], w[QKVB], BT, C, 3 * Ca, s);
+        linear_forward(m, l, FP8_QKV, qkv, ln1_all, w[QKVW], w[QKVB], BT, C, 3 * Ca, s);
         attention_forward(&m->attention, atty, stats, att, qkv, B, T, Ca, NH, s);
-        matmul_forward(&m->matmul, scratch, atty, w[ATTPROJW], tp_bias(tp, w[ATTPROJB]), BT, Ca, C, s);  // tp: partial
+        linear_forward(m, l, FP8_ATTPROJ, scratch, atty, w[ATTPROJW], tp_bias(tp, w[ATTPROJB]), BT, Ca, C, s);  // tp: partial
         floatX* proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the attention projection");
         fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        matmul_forward(&m->matmul, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
+        linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
         gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
-        matmul_forward(&m->matmul, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
+        linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
@@ -456,21 +478,18 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
-        matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+        linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
         bias_backward(g[FCPROJB], partials, dout, BT, C, s);
         gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
-        matmul_backward_weight(&m->matmul, g[FCW], dbuf_4c, ln2_all, BT, C, Cf, s);
+        linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
         bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the attention's output gradient");
-        matmul_backward_data(&m->matmul, dbuf_c, dout, w[ATTPROJW], BT, Ca, C, s);
-        matmul_backward_weight(&m->matmul, g[ATTPROJW], dout, atty, BT, Ca, C, s);
+        linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
         bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
@@ -481,8 +500,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
             layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
         }
         const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, w[QKVW], BT, C, 3 * Ca, s);
-        matmul_backward_weight(&m->matmul, g[QKVW], dbuf_3c, ln1_all, BT, C, 3 * Ca, s);
+        linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
         bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
         floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
         layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
@@ -871,6 +889,11 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             s->header.loss_scale_overflows = m->scaler.overflows;
         }
     };
+    if (m->fp8.on) {  // --precision fp8 (one GPU): the delayed scaling's histories and scales
+        parts.write_rank_files = [&](const std::string& dir) {
+            write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
+        };
+    }
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
         if (par->grid.rank != 0) return;
@@ -968,6 +991,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     r.lr = learning_rate(plan.schedule, step - 1);
     zero_gradients(m);
     double loss = forward_backward(m, par, train, plan, step);
+    if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: roll the amax histories, next scales
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = m->slice.last_stage && grid.tp_rank == 0;
@@ -1119,6 +1143,16 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
+    if (o.precision == "fp8") {  // the state, then the two operand buffers: the largest input, weight or gradient
+        int L = m->slice.num_layers, tensors = L * FP8_LINEARS * FP8_ROLES;
+        int history = o.fp8_amax_history ? o.fp8_amax_history : FP8_AMAX_HISTORY;
+        size_t state_bytes = fp8_state_floats(tensors, history) * sizeof(float);
+        size_t operand = (size_t)m->slice.fc_channels * std::max((size_t)cfg.channels, (size_t)B * T);
+        state_bytes = ceil_div(state_bytes, (size_t)256) * 256;  // the operands 256-byte aligned
+        CUDA_CHECK(cudaMalloc(&m->fp8_memory, state_bytes + 2 * operand));
+        uint8_t* base = (uint8_t*)m->fp8_memory;
+        fp8_init(&m->fp8, L, history, (float*)base, base + state_bytes, base + state_bytes + operand, m->stream);
+    }
     if (*simple_attention) {
         attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
         m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
@@ -1212,6 +1246,9 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
     printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_NAME,
            m->shape.master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
+    if (m->fp8.on)
+        printf("fp8: the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2), delayed scaling over %d steps' amax\n",
+               m->fp8.history);
     if (m->shape.offload_optimizer)
         printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU\n",
                m->offload.n, format_bytes((double)m->offload.n * OFFLOAD_HOST_BYTES_PER_PARAM).c_str());
@@ -1408,6 +1445,26 @@ static void check_offload_options(const TrainOptions& o) {
         usage_fail("--offload optimizer with tensor or pipeline parallelism is not supported yet: use data parallelism (--zero 0|1)");
 }
 
+// --precision fp8 (llmc/kernels/fp8.cuh): what it runs on for now, refused in one line before any allocation.
+static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel& par, const RunPlan& plan) {
+    cudaDeviceProp props;
+    CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
+    std::string why;
+    if (props.major * 10 + props.minor < 89)
+        why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
+                        "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
+    else if (par.world.world_size > 1)
+        why = "--precision fp8 runs on one GPU for now (each rank's amax histories would need a max across the ranks): run "
+              "one process, or drop --precision fp8";
+    else if (o.cuda_graphs)
+        why = "--precision fp8 with --cuda-graphs is not supported yet (step 1's calibration is a host-side branch; the "
+              "scales are device memory, but the replay is untested): drop one of them";
+    else if (cfg.channels % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
+        why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C=%d, B*T=%d: "
+                        "change the shape, or drop --precision fp8", cfg.channels, plan.B * plan.T);
+    if (!why.empty()) grid_usage_fail(&par.world, why);
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
@@ -1466,6 +1523,7 @@ int main(int argc, char** argv) {
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
+    if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
     std::string graphs_problem = cuda_graphs_problem(o, comm.world_size, plan.accumulation_steps);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
@@ -1481,6 +1539,16 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     m->scaler = start_loss_scaler(o, resumed);
+    if (m->fp8.on && !resume_dir.empty()) {  // a checkpoint of a bf16 run has none: step 1 after it calibrates
+        std::string path = resume_dir + "/fp8_state.bin";
+        if (file_exists(path)) {
+            std::vector<float> values(fp8_saved_floats(&m->fp8));
+            read_fp8_state(path, m->fp8.tensors, m->fp8.history, &values);
+            fp8_upload_state(&m->fp8, values);
+        } else if (leader) {
+            printf("note: the checkpoint has no fp8_state.bin (not an fp8 run): the first step measures its own scales\n");
+        }
+    }
     int first_step = (int)resumed.step;
     if (!resume_dir.empty()) {
         check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);

@@ -41,7 +41,7 @@ nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 # 1. build for the local GPU (the Makefile reads the compute capability from nvidia-smi)
 if part build; then
     echo "== build"
-    if make -B -j"$JOBS" train_gpt train_gpt_fp16 train_gpt_fp32 >"$OUT/build.log" 2>&1 && make -j"$JOBS" all >>"$OUT/build.log" 2>&1; then
+    if make -B -j"$JOBS" train_gpt train_gpt_fp16 train_gpt_fp32 build/fp8_check >"$OUT/build.log" 2>&1 && make -j"$JOBS" all >>"$OUT/build.log" 2>&1; then
         row PASS "build for the local GPU" "$(grep -o 'arch=compute_[0-9]*' "$OUT/build.log" | sort -u | tr '\n' ' ')"
     else
         tail -30 "$OUT/build.log"
@@ -66,7 +66,7 @@ gpu_tests() {  # name, log, test name substrings...
         esac
     done < <(grep -E "^   (PASS|FAIL|SKIP):" "$log")
 }
-if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_cuda_graphs; fi
+if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs; fi
 if part parallel; then
     gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism
 fi

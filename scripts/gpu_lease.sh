@@ -40,7 +40,7 @@ prepare() {
     local cpu="-O3 -march=x86-64-v3 -ffp-contract=fast -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -fopenmp -I."
     echo "== building for sm_90 and x86-64-v3 in $src (several minutes on 2 cores)"
     make -C "$src" -j"$(nproc)" CUDA_ARCH="$sm90" CXXFLAGS="$cpu" \
-        train_gpt train_gpt_fp16 train_gpt_fp32 train_gpt_cpu build/test_gpu_host build/test_gpu_buffers build/gpu_comm_check \
+        train_gpt train_gpt_fp16 train_gpt_fp32 train_gpt_cpu build/test_gpu_host build/test_gpu_buffers build/gpu_comm_check build/fp8_check \
         || { echo "error: the build failed (above)" >&2; exit 1; }
     make -C "$src/dev/cuda" -j"$(nproc)" -B CUDA_ARCH="$sm90" \
         HOST_FLAGS="-Xcompiler -march=x86-64-v3,-ffp-contract=fast,-fno-math-errno -diag-suppress 1675" \
@@ -48,7 +48,7 @@ prepare() {
     rm -rf "$LEASE"
     mkdir -p "$LEASE/bin/build/dev"
     cp "$src"/train_gpt "$src"/train_gpt_fp16 "$src"/train_gpt_fp32 "$src"/train_gpt_cpu "$LEASE/bin/"
-    cp "$src"/build/test_gpu_host "$src"/build/test_gpu_buffers "$src"/build/gpu_comm_check "$LEASE/bin/build/"
+    cp "$src"/build/test_gpu_host "$src"/build/test_gpu_buffers "$src"/build/gpu_comm_check "$src"/build/fp8_check "$LEASE/bin/build/"
     cp -r "$src"/build/dev/. "$LEASE/bin/build/dev/"
     if [ -n "$llmc" ] && [ -n "$frontend" ]; then
         bash scripts/build_llmc_gpu.sh "$llmc" "$frontend" "$LEASE/llmc" 90 >"$LEASE/llmc_build.log" 2>&1 \
@@ -92,7 +92,8 @@ ours_variants() {  # the --ours-variant flags for the precisions and modes this 
     help=$(./train_gpt --help 2>&1)
     grep -q "fp16" <<<"$help" && printf '%s\0' --ours-variant "fp16=--precision fp16"
     grep -q -- "--cuda-graphs" <<<"$help" && printf '%s\0' --ours-variant "graphs=--cuda-graphs"
-    grep -q "fp8" <<<"$help" && printf '%s\0' --ours-variant "fp8=--precision fp8"
+    # (the flag, not the word: --stash-precision's help has said "fp8" since before fp8 matmuls existed)
+    grep -q -- "--fp8-amax-history" <<<"$help" && printf '%s\0' --ours-variant "fp8=--precision fp8"
 }
 
 goals() {  # issue 28's goals, read off the d12 B=16 table

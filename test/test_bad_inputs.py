@@ -26,8 +26,9 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    one chunk, interleaved trained (printout only so far), zb-h1 with tensor parallelism
                    (not written yet), 2bw with ZeRO-2 (the rest of 2bw's: test_pipeline_2bw.py), 2 layers
                    cut into 2 x 2 chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
-  precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt) and
-                   fp8 (not a choice): one line, exit 2; --precision fp32, the CPU trainer's own, trains
+  precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt), fp8
+                   (names ./train_gpt --precision fp8) and fp4 (not a choice): one line, exit 2;
+                   --precision fp32, the CPU trainer's own, trains
 """
 import os, shutil, struct, subprocess, sys, tempfile, time
 from checks import report, exit_code
@@ -146,7 +147,8 @@ def main():
     # refused naming why and what to run, a typo naming the choices; fp32 (its own) trains
     for args, needles in [(["--precision", "fp16"], ["--precision fp16", "fp32 only", "loss scaling means nothing"]),
                           (["--precision", "bf16"], ["--precision bf16", "./train_gpt"]),
-                          (["--precision", "fp8"], ["bf16, fp16 or fp32", "'fp8'"])]:
+                          (["--precision", "fp8"], ["--precision fp8", "./train_gpt --precision fp8"]),
+                          (["--precision", "fp4"], ["bf16, fp16, fp32 or fp8", "'fp4'"])]:
         one_line_error(" ".join(args), ["--model", MODEL, "--steps", "1"] + args + base, 2, *needles)
     rc, out, err, _ = run(["--model", MODEL, "--batch-size", "2", "--seq-len", "32", "--steps", "1", "--precision", "fp32",
                            "--out-dir", os.path.join(tmp, "fp32")] + base)

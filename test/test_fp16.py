@@ -56,7 +56,7 @@ import os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import MODE, GPU, ROOT, compare_dumps, write_model, write_shard  # noqa: E402
+from test_gpu import MODE, GPU, ROOT, compare_dumps, tiny_precision_fixture, write_shard  # noqa: E402
 from test_gpu_data_parallel import CPU, Runner  # noqa: E402
 
 FP16 = os.path.join(ROOT, "train_gpt_fp16") if MODE == "gpu" else os.path.join(ROOT, "build", "emu", "train_gpt_fp16")
@@ -184,8 +184,7 @@ def main():
         return exit_code()
     work = tempfile.mkdtemp(prefix="llmc_fp16_")
     try:
-        init, names, off = write_model(os.path.join(work, "tiny.bin"), 2, 128, 2, 64, 500, 1)
-        write_shard(os.path.join(work, "train_000000.bin"), np.tile(np.random.default_rng(1).integers(0, 500, 997), 60))
+        init, names, off = tiny_precision_fixture(work)
         r = Runner(work)
         for name, fn, args in [("flags", flags, ())]:
             fn(*args)

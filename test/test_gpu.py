@@ -128,6 +128,14 @@ def to_bf16_exact(x):
     return u.astype(np.uint32).view(np.float32)
 
 
+def tiny_precision_fixture(work):
+    """The precision tests' model and data (test_fp16.py, test_fp8.py): L=2 C=128 H=2 T=64 V=500 in
+    work/tiny.bin, a shard of 59,820 tokens; returns (init, names, offsets)."""
+    model = write_model(os.path.join(work, "tiny.bin"), 2, 128, 2, 64, 500, 1)
+    write_shard(os.path.join(work, "train_000000.bin"), np.tile(np.random.default_rng(1).integers(0, 500, 997), 60))
+    return model
+
+
 def write_model(path, L, C, H, T, V, seed):
     Vp = (V + 127) // 128 * 128
     names, off = layout(L, C, T, Vp)
@@ -368,7 +376,8 @@ def precision_refused():
     """--precision must name the binary's build (llmc/run/cli.h, validate_precision): another value is
     one line naming the binary to run, exit 2, before anything is allocated (test_fp16.py: the fp16 build's)."""
     for exe, asked, needles in [(GPU, "fp16", ["built for bf16", "./train_gpt_fp16"]), (GPU, "fp32", ["built for bf16", "./train_gpt_fp32"]),
-                                (GPU32, "bf16", ["built for fp32", "./train_gpt "]), (GPU, "fp8", ["bf16, fp16 or fp32"])]:
+                                (GPU32, "bf16", ["built for fp32", "./train_gpt "]), (GPU, "fp4", ["bf16, fp16, fp32 or fp8"]),
+                                (GPU32, "fp8", ["bf16 build", "./train_gpt --precision fp8"])]:
         p = run([exe, "--model", "L=2,C=64,H=4,T=64", "--precision", asked], expect_ok=False)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),

@@ -7,6 +7,8 @@
 //                 and every in h[8..10], the 16 tensors, then the MoE table (model.h). Only the CPU
 //                 trainer's training reads it; every other reader refuses it in one line.
 //   MoE state     ours (moe_state.bin in a checkpoint of an MoE model): AdamW's m and v of the MoE table.
+//   fp8 state     ours (fp8_state.bin in a checkpoint of a --precision fp8 run): the amax histories and
+//                 scales of delayed scaling (llmc/kernels/fp8.cuh).
 //   token shard   llm.c's format: 256 x int32 header (magic 20240520, version 1, token count), then
 //                 the tokens as uint16. Any shard llm.c's data scripts wrote loads unchanged.
 //   train state   ours: what, beyond the weights, makes a resumed run continue bit-identically:
@@ -35,6 +37,8 @@ constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t MODEL_VERSION_MOE = 7;  // fp32, + E, top-k, every and the MoE table (docs/formats.md)
 constexpr int32_t MOE_STATE_MAGIC = 20261126;
 constexpr int32_t MOE_STATE_VERSION = 1;
+constexpr int32_t FP8_STATE_MAGIC = 20261127;
+constexpr int32_t FP8_STATE_VERSION = 1;
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 constexpr int32_t STATE_MAGIC = 20241121;
@@ -52,6 +56,7 @@ inline const char* describe_magic(int32_t magic) {
         case SHARD_MAGIC: return "a token shard";
         case STATE_MAGIC: return "a training-state file";
         case MOE_STATE_MAGIC: return "an MoE training-state file";
+        case FP8_STATE_MAGIC: return "an fp8 scaling-state file";
         default: return "not a file of this project";
     }
 }
@@ -267,6 +272,33 @@ inline void read_moe_state(const std::string& path, const MoEConfig& moe, int to
     }
     read_exactly(f, m->data(), m->size() * sizeof(float), path, "MoE training-state file");
     read_exactly(f, v->data(), v->size() * sizeof(float), path, "MoE training-state file");
+    fclose(f);
+}
+
+// Delayed scaling's state (fp8_state.bin, llmc/kernels/fp8.cuh): 256 int32 header (magic, version,
+// tensors, history length), then fp32: the amax histories (tensors x history, newest first), the
+// scales, the inverse scales. `values` is all three, in that order.
+inline void write_fp8_state(const std::string& path, int tensors, int history, const std::vector<float>& values) {
+    int32_t h[HEADER_INTS] = {};
+    h[0] = FP8_STATE_MAGIC, h[1] = FP8_STATE_VERSION, h[2] = tensors, h[3] = history;
+    AtomicFile out(path, "fp8 scaling-state file");
+    out.write(h, sizeof(h));
+    out.write(values.data(), values.size() * sizeof(float));
+    out.commit();
+}
+
+// Reads it back into values (sized already, tensors x (history + 2)); the shape must be this run's.
+inline void read_fp8_state(const std::string& path, int tensors, int history, std::vector<float>* values) {
+    FILE* f = open_for_reading(path, "fp8 scaling-state file");
+    int32_t h[HEADER_INTS];
+    read_exactly(f, h, sizeof(h), path, "fp8 scaling-state file");
+    if (h[0] != FP8_STATE_MAGIC || h[1] != FP8_STATE_VERSION)
+        fail("'%s' is not an fp8 scaling-state file of version %d (it looks like %s): resume from a checkpoint written by "
+             "this program", path.c_str(), FP8_STATE_VERSION, describe_magic(h[0]));
+    if (h[2] != tensors || h[3] != history || file_size(f) != (int64_t)(sizeof(h) + values->size() * sizeof(float)))
+        fail("'%s' holds %d tensors' scaling over %d steps; this run has %d tensors and --fp8-amax-history %d: resume with "
+             "the checkpoint's model and --fp8-amax-history", path.c_str(), h[2], h[3], tensors, history);
+    read_exactly(f, values->data(), values->size() * sizeof(float), path, "fp8 scaling-state file");
     fclose(f);
 }
 

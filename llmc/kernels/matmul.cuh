@@ -64,6 +64,20 @@ inline void matmul_destroy(MatmulContext* ctx) {
     ctx->handle = nullptr;
 }
 
+// Runs D = op(A) op(B) (+ D if accumulate) with the algorithm chosen, then frees the descriptors
+// (cublaslt_matmul's, and fp8.cuh's fp8 matmul's).
+inline void cublaslt_run(MatmulContext* ctx, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                         cublasLtMatrixLayout_t ld, const void* a, const void* b, void* d, const cublasLtMatmulAlgo_t* algo,
+                         bool accumulate, cudaStream_t stream) {
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, algo, ctx->workspace,
+                                ctx->workspace_bytes, stream));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+}
+
 // D (m x n, col-major, ld = ldd) = op(A) op(B) [+ bias over rows] [+ D if accumulate]
 inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
                             int n, int k, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
@@ -122,13 +136,7 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         ctx->algos.push_back({m, n, k, trans_a, trans_b, bias != nullptr, accumulate, result.algo});
         cached = &ctx->algos.back();
     }
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &cached->algo,
-                                ctx->workspace, ctx->workspace_bytes, stream));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
 }
 
 // out (N x OC) = inp (N x IC) W^T (+ bias); W is (OC x IC) row-major as in nn.Linear.

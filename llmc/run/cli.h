@@ -79,7 +79,8 @@ struct TrainOptions {
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
     std::string offload_dir;         // CPU: AdamW's m and v in files here, streamed (llmc/optim/disk_offload.h)
     int offload_chunk_kib = 4096;    // CPU: the chunk --offload-dir streams them in (DISK_OFFLOAD_DEFAULT_CHUNK_KIB)
-    std::string precision;           // bf16 | fp16 | fp32; "" = the binary's own (validate_precision)
+    std::string precision;           // bf16 | fp16 | fp32 | fp8 (bf16 build); "" = the binary's own (validate_precision)
+    int fp8_amax_history = 0;        // --precision fp8: steps of amax per tensor (0 = FP8_AMAX_HISTORY, llmc/kernels/fp8.cuh)
     float loss_scale_init = 0;       // fp16 build: S at the start (0 = LOSS_SCALE_INIT, llmc/optim/loss_scaler.h)
     int loss_scale_window = 0;       // fp16 build: clean steps before S doubles (0 = LOSS_SCALE_WINDOW)
     std::string attention = "cudnn"; // GPU: cudnn (fused flash attention) | simple (materialised, for checking)
@@ -239,10 +240,13 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
         {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
-        {"precision", "KIND", "Machine", "bf16 | fp16 | fp32: the element type of weights, activations and gradients. It is "
+        {"precision", "KIND", "Machine", "bf16 | fp16 | fp32 | fp8: the element type of weights, activations and gradients. It is "
          "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "
-         "loss scaling, llmc/optim/loss_scaler.h), ./train_gpt_fp32 and ./train_gpt_cpu fp32 (default: the binary's own)",
-         K::String, &o.precision, Scope::Both},
+         "loss scaling, llmc/optim/loss_scaler.h), ./train_gpt_fp32 and ./train_gpt_cpu fp32 (default: the binary's own). "
+         "fp8: ./train_gpt (bf16) with the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2, delayed per-tensor "
+         "scaling, llmc/kernels/fp8.cuh); one GPU of compute capability 8.9+", K::String, &o.precision, Scope::Both},
+        {"fp8-amax-history", "N", "Machine", "--precision fp8: each tensor's scale comes from the max of its last N steps' "
+         "amax (1..1024; 0 = 16)", K::Int, &o.fp8_amax_history, Scope::GPUOnly},
         {"loss-scale-init", "S", "Machine", "fp16 build (./train_gpt_fp16) only: the initial loss scale, a power of two >= 1 "
          "(0 = 65536, PyTorch's GradScaler)", K::Float, &o.loss_scale_init, Scope::GPUOnly},
         {"loss-scale-window", "N", "Machine", "fp16 build only: clean steps before the loss scale doubles (0 = 2000, PyTorch's "
@@ -551,8 +555,21 @@ inline void validate_precision(const TrainOptions& o, Trainer trainer, const cha
     if ((o.loss_scale_init != 0 || o.loss_scale_window != 0) && strcmp(built, "fp16") != 0)
         usage_fail("--loss-scale-init and --loss-scale-window set fp16's loss scaler; this binary is built for %s, which "
                    "needs none: run ./train_gpt_fp16, or drop them", built);
+    if (o.fp8_amax_history != 0 && p != "fp8")
+        usage_fail("--fp8-amax-history sets fp8's delayed scaling: add --precision fp8, or drop it");
+    if (o.fp8_amax_history < 0 || o.fp8_amax_history > 1024)
+        usage_fail("--fp8-amax-history must be 1..1024 (0 = 16), got %d", o.fp8_amax_history);
     if (p.empty() || p == built) return;
-    if (p != "bf16" && p != "fp16" && p != "fp32") usage_fail("--precision must be bf16, fp16 or fp32, got '%s'", p.c_str());
+    if (p == "fp8") {  // a run-time choice of the bf16 build: its four linear layers' matmuls (llmc/kernels/fp8.cuh)
+        if (trainer == Trainer::CPU)
+            usage_fail("--precision fp8: the CPU trainer computes in fp32 only; fp8 matmuls are the GPU trainer's "
+                       "(./train_gpt --precision fp8), or drop --precision");
+        if (strcmp(built, "bf16") == 0) return;
+        usage_fail("--precision fp8 is an option of the bf16 build, around whose bf16 activations it quantizes: run "
+                   "./train_gpt --precision fp8, or drop --precision");
+    }
+    if (p != "bf16" && p != "fp16" && p != "fp32")
+        usage_fail("--precision must be bf16, fp16, fp32 or fp8, got '%s'", p.c_str());
     if (p == "fp16" && trainer == Trainer::CPU)
         usage_fail("--precision fp16: the CPU trainer computes in fp32 only, where loss scaling means nothing; drop "
                    "--precision, or run ./train_gpt_fp16 (fp16 with dynamic loss scaling)");

@@ -31,9 +31,16 @@
 // compiler fuses multiply-adds. Single-threaded on purpose: emulated runs may put several MPI ranks
 // on two cores.
 //
+// fp8 (--precision fp8, llmc/kernels/fp8.cuh): A and B may be CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, decoded
+// exactly by the OCP FP8 spec (fp8_to_float below), with C and D bf16 and the per-tensor dequantizing
+// scales CUBLASLT_MATMUL_DESC_A_SCALE_POINTER / B_SCALE_POINTER (device floats, read when the matmul
+// runs: D = alpha sa sb op(A) op(B) + beta C). Hopper's rules are refused as the real library
+// refuses them: anything but TN (A transposed, B not), m, n, k or a leading dimension not a multiple
+// of 16, e5m2 x e5m2, an fp8 operand beside a non-fp8 one.
+//
 // What it does not prove: speed; the exact bits of real cuBLASLt, whose accumulation order, split-K
 // and tensor-core internals (e.g. the order of additions within an MMA instruction) are not
-// documented; that a real GPU picks an algorithm for a shape; fp8, TF32 or any other mode.
+// documented; that a real GPU picks an algorithm for a shape; TF32 or any other mode.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -84,6 +91,8 @@ struct Desc {
     void* aux = nullptr;
     int64_t aux_ld = 0, aux_batch_stride = 0;
     int32_t aux_type = -1;  // -1: D's type
+    const float* a_scale = nullptr;  // fp8: device floats multiplying op(A) op(B) (null: 1)
+    const float* b_scale = nullptr;
 };
 
 struct Pref {
@@ -118,7 +127,8 @@ const char* type_name(int t) {
     }
 }
 bool type_supported(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
-size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : 2; }
+bool is_fp8(int t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+size_t type_bytes(int t) { return t == CUDA_R_32F ? 4 : is_fp8(t) ? 1 : 2; }
 
 const char* compute_name(int c) {
     switch (c) {
@@ -196,9 +206,24 @@ uint16_t float_to_bf16(float f) {  // round to nearest, ties to even; NaN stays 
     return (uint16_t)(bits >> 16);
 }
 
+// An fp8 code's value, from the OCP 8-bit floating point spec (v1.0), not from cuda_fp8.h:
+//   e4m3: bias 7, subnormals (exponent 0) m/8 * 2^-6, no infinities, S.1111.111 is NaN (max 448)
+//   e5m2: bias 15, subnormals m/4 * 2^-14, IEEE's inf (S.11111.00) and NaNs (max 57344)
+float fp8_to_float(uint8_t code, bool e5m2) {
+    int sign = code >> 7, mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    int e = (code & 0x7f) >> mbits, m = code & ((1 << mbits) - 1), top = e5m2 ? 31 : 15;
+    float v;
+    if (e5m2 && e == top) v = m == 0 ? INFINITY : NAN;
+    else if (!e5m2 && e == top && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, 1 - bias - mbits);
+    else v = ldexpf((float)((1 << mbits) + m), e - bias - mbits);
+    return sign ? -v : v;
+}
+
 // fp16 (train_gpt_fp16) through CUDA's own host conversions (cuda_fp16.h): round to nearest even,
 // subnormals kept, above 65504 inf, as a GPU's fp16 output.
 float load(const void* p, cudaDataType_t t, size_t i) {
+    if (is_fp8(t)) return fp8_to_float(((const uint8_t*)p)[i], t == CUDA_R_8F_E5M2);
     if (t == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
     return t == CUDA_R_32F ? ((const float*)p)[i] : bf16_to_float(((const uint16_t*)p)[i]);
 }
@@ -286,6 +311,52 @@ struct Problem {
     cudaDataType_t bias_type, aux_type;
 };
 
+// fp8's rules on Hopper (cuBLASLt's documentation of cublasLtMatmul, "FP8 requirements"), checked
+// before the general shape checks, to which it then hands over with the types' own rules passed.
+cublasStatus_t check_problem_shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c,
+                                    const Layout* dd, Problem* pr);
+cublasStatus_t check_fp8_problem(const Desc* d, const Layout* a, const Layout* b, const Layout* c, const Layout* dd,
+                                 Problem* pr) {
+    if (!is_fp8(a->type) || !is_fp8(b->type)) {
+        refuse("A is %s and B %s: an fp8 operand needs an fp8 partner", type_name(a->type), type_name(b->type));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2) {
+        refuse("A and B both CUDA_R_8F_E5M2: cuBLASLt has no e5m2 x e5m2 matmul (one of them must be e4m3)");
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (c->type != CUDA_R_16BF || dd->type != CUDA_R_16BF) {
+        refuse("fp8 inputs with C %s and D %s are not implemented (bf16 C and D are)", type_name(c->type), type_name(dd->type));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (d->compute != CUBLAS_COMPUTE_32F) {
+        refuse("fp8 inputs need CUBLAS_COMPUTE_32F, got %s", compute_name(d->compute));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (d->trans_a != CUBLAS_OP_T || d->trans_b != CUBLAS_OP_N) {
+        refuse("fp8 with transa=%s transb=%s: Hopper's fp8 kernels take only TN (A transposed, B not); quantize the "
+               "operand transposed instead", d->trans_a == CUBLAS_OP_T ? "T" : "N", d->trans_b == CUBLAS_OP_T ? "T" : "N");
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS) {
+        refuse("fp8 with epilogue %s is not implemented (DEFAULT and BIAS are)", epilogue_name(d->epilogue));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    const Layout* all[4] = {a, b, c, dd};
+    for (int x = 0; x < 4; x++) {
+        if (all[x]->rows % 16 != 0 || all[x]->cols % 16 != 0 || all[x]->ld % 16 != 0) {
+            refuse("fp8: %c is %llu x %llu with ld %lld; m, n, k and the leading dimensions must be multiples of 16",
+                   "ABCD"[x], (unsigned long long)all[x]->rows, (unsigned long long)all[x]->cols, (long long)all[x]->ld);
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        }
+        if (all[x]->batch != 1) {
+            refuse("fp8 batched matmuls are not implemented");
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        }
+    }
+    return check_problem_shapes(d, a, b, c, dd, pr);
+}
+
 cublasStatus_t check_problem(const Desc* d, const Layout* a, const Layout* b, const Layout* c, const Layout* dd,
                              Problem* pr) {
     if (!compute_supported(d->compute)) {
@@ -298,6 +369,7 @@ cublasStatus_t check_problem(const Desc* d, const Layout* a, const Layout* b, co
     }
     const Layout* all[4] = {a, b, c, dd};
     const char* names[4] = {"A", "B", "C", "D"};
+    if (is_fp8(a->type) || is_fp8(b->type)) return check_fp8_problem(d, a, b, c, dd, pr);
     for (int x = 0; x < 4; x++) {
         if (!type_supported(all[x]->type)) {
             refuse("data type %s for %s is not implemented (CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are)", type_name(all[x]->type),
@@ -319,6 +391,18 @@ cublasStatus_t check_problem(const Desc* d, const Layout* a, const Layout* b, co
                type_name(a->type));
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
+    if (d->a_scale || d->b_scale) {
+        refuse("CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER with %s inputs: the stand-in implements them for fp8 only",
+               type_name(a->type));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return check_problem_shapes(d, a, b, c, dd, pr);
+}
+
+cublasStatus_t check_problem_shapes(const Desc* d, const Layout* a, const Layout* b, const Layout* c,
+                                    const Layout* dd, Problem* pr) {
+    const Layout* all[4] = {a, b, c, dd};
+    const char* names[4] = {"A", "B", "C", "D"};
     bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
     uint64_t m = dd->rows, n = dd->cols, k = ta ? a->rows : a->cols;
     uint64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
@@ -581,6 +665,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
         if (!check_size(size, sizeof(void*), "CUBLASLT_MATMUL_DESC_BIAS_POINTER")) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&d->bias, buf, sizeof(void*));
         return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+        if (!check_size(size, sizeof(void*), "CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER")) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? (void*)&d->a_scale : (void*)&d->b_scale, buf, sizeof(void*));
+        return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
         if (!check_size(size, sizeof(void*), "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER"))
             return CUBLAS_STATUS_INVALID_VALUE;
@@ -620,8 +709,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     }
     default:
         refuse("matmul descriptor attribute %d is not implemented (TRANSA, TRANSB, EPILOGUE, BIAS_POINTER, "
-               "BIAS_DATA_TYPE, BIAS_BATCH_STRIDE, EPILOGUE_AUX_POINTER, _LD, _BATCH_STRIDE, _DATA_TYPE, POINTER_MODE "
-               "are)", (int)attr);
+               "BIAS_DATA_TYPE, BIAS_BATCH_STRIDE, EPILOGUE_AUX_POINTER, _LD, _BATCH_STRIDE, _DATA_TYPE, POINTER_MODE, "
+               "A_SCALE_POINTER, B_SCALE_POINTER are)", (int)attr);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 }
@@ -778,6 +867,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         int m = pr.m, n = pr.n, k = pr.k;
         bool ta = d->trans_a == CUBLAS_OP_T, tb = d->trans_b == CUBLAS_OP_T;
         std::vector<float> acc((size_t)m * n), pa, pb, rowsum(m);
+        // fp8's dequantizing scales, read as the matmul runs (a graph replay reads the current ones)
+        float sab = (d->a_scale ? *d->a_scale : 1.0f) * (d->b_scale ? *d->b_scale : 1.0f);
         for (int bi = 0; bi < pr.batch; bi++) {
             const char* ab = batch_offset(A, bi, la->batch_stride, la->type);
             const char* bb = batch_offset(B, bi, lb->batch_stride, lb->type);
@@ -799,7 +890,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             std::fill(rowsum.begin(), rowsum.end(), 0.0f);
             for (int j = 0; j < n; j++)
                 for (int i = 0; i < m; i++) {
-                    float v = al * acc[(size_t)j * m + i];
+                    float v = al * sab * acc[(size_t)j * m + i];
                     if (be != 0.0f) v += be * load(cb, lc->type, (size_t)i + (size_t)j * lc->ld);
                     if (ep.bias) v += load(bias, pr.bias_type, i);
                     size_t ai = (size_t)i + (size_t)j * d->aux_ld;

@@ -10,7 +10,9 @@
 // between the requested size and the 256-byte rounding is filled too, and checked after every
 // launch (check_padding): an access just past the end that stops short of the guard page shows up
 // as a NaN read or a named write. cudaFree unmaps, so a use after free faults too. cudaMemGetInfo
-// reports CUDA_EMU_DEVICE_MEMORY (default 80 GiB, an H100).
+// reports CUDA_EMU_DEVICE_MEMORY (default 80 GiB, an H100). CUDA_EMU_COMPUTE_CAPABILITY (default
+// 9.0, an H100; e.g. 8.0 for an A100) is what cudaGetDeviceProperties reports, so a refusal of an
+// older GPU (fp8 needs 8.9) can be tested.
 //
 // Streams and events: every operation runs when it is issued, in issue order. That is one legal
 // order of a real GPU's work, so results are right, but a missing cudaStreamWaitEvent between
@@ -780,6 +782,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     snprintf(p->name, sizeof(p->name), "NVIDIA H100 80GB HBM3 (CPU emulation)");
     p->major = 9;
     p->minor = 0;
+    const char* cc = getenv("CUDA_EMU_COMPUTE_CAPABILITY");  // "MAJOR.MINOR"
+    if (cc && *cc && sscanf(cc, "%d.%d", &p->major, &p->minor) != 2) {
+        fprintf(stderr, "CUDA emulator: CUDA_EMU_COMPUTE_CAPABILITY must be MAJOR.MINOR, e.g. 8.0, got '%s'\n", cc);
+        exit(2);
+    }
     p->totalGlobalMem = device_total;
     p->multiProcessorCount = 132;
     p->warpSize = 32;

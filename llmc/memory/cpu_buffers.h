@@ -74,6 +74,7 @@ struct CPURunShape {
     int pipeline_parallel = 1, pipeline_rank = 0;
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int virtual_stages = 1;            // interleaved 1F1B: model chunks per stage; each slot above holds one chunk's layers
     int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
@@ -88,7 +89,7 @@ struct CPURunShape {
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
 // of them this rank's stage holds at once) at a recompute level.
 inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m,
-                                 int recompute) {
+                                 int recompute, int chunks = 1) {
     CPURunShape s;
     s.cfg = cfg;
     s.B = B, s.T = T;
@@ -97,7 +98,8 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.tensor_parallel = g.tp, s.tensor_rank = g.tp_rank;
     s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
     s.sequence_parallel = g.sequence_parallel;
-    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.virtual_stages = schedule == PipelineSchedule::Interleaved ? chunks : 1;
+    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m, s.virtual_stages);
     s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
     s.recompute = recompute;
     return s;
@@ -151,11 +153,12 @@ inline ShardRange cpu_updated_range(const CPURunShape& s) {
 
 inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     const GPT2Config& c = s.cfg;
-    ModelSlice slice = model_slice(c, cpu_shape_grid(s));
+    ModelSlice slice = model_slice(c, cpu_shape_grid(s), s.virtual_stages);
     ParamLayout layout = slice_layout(c, slice);
     ZeroMemory z = zero_memory(s.zero_stage, model_units(layout, slice.num_layers), layout.total, s.world_size, s.rank);
     // local shapes: on one rank these are the model's own (see the model section of train_gpt_cpu.cpp)
-    size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
+    // L: the layers of one activation slot, the stage's (interleaved: one chunk's, L/(p v), per (micro-batch, chunk) in flight)
+    size_t L = slice.num_layers / slice.chunks, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     RecomputePlan keep = recompute_plan(s.recompute);

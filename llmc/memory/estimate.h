@@ -61,6 +61,7 @@ struct EstimateSetup {
     int tp = 1, pp = 1;
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int virtual_stages = 1;             // interleaved: model chunks per stage (--virtual-stages)
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
     std::string half_name = "bf16";     // the 2-byte type: bf16, or fp16 in ./train_gpt_fp16
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
@@ -112,7 +113,8 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
 // rank 0 is the first pipeline stage, which keeps the most micro-batches in flight).
 inline std::vector<BufferSpec> estimate_table(const EstimateSetup& e, int B, int rank) {
     if (e.trainer == Trainer::GPU) return gpu_buffer_table(estimate_gpu_shape(e, B, rank));
-    CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
+    CPURunShape shape = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute,
+                                      e.virtual_stages);
     shape.optimizer = e.optimizer;
     shape.bf16_moments = e.bf16_moments;
     shape.bf16_stash = e.bf16_stash;
@@ -149,7 +151,8 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                      : zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
                                g.zero_stage);
-    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
+    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels,
+                                 e.virtual_stages);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
     size_t moe = moe_layout(e.cfg, e.moe).total;
     if (moe > 0 && g.dp > 1) {  // the MoE table's gradient: a reduce-scatter and an all-gather of padded shards
@@ -553,6 +556,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.pp = o.pipeline_parallel;
     e.sequence_parallel = o.sequence_parallel;
     parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
+    e.virtual_stages = o.virtual_stages;
     RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
@@ -675,7 +679,8 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
-        CPURunShape shape = cpu_run_shape(e.cfg, e.B, e.T, estimate_grid(e, 0), e.schedule, estimate_micro_batches(e, e.B), e.recompute);
+        CPURunShape shape = cpu_run_shape(e.cfg, e.B, e.T, estimate_grid(e, 0), e.schedule, estimate_micro_batches(e, e.B), e.recompute,
+                                          e.virtual_stages);
         shape.optimizer = e.optimizer, shape.offload_chunk_kib = e.offload_chunk_kib;
         double disk = 8.0 * cpu_offloaded_moments(shape);
         printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
@@ -728,7 +733,7 @@ inline void print_estimate(const EstimateSetup& e) {
         int m = estimate_micro_batches(e, e.B);
         printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble %s of each stage's step\n",
                e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
-               pipeline_bubble_text(e.schedule, e.pp, m).c_str());
+               pipeline_bubble_text(e.schedule, e.pp, m, e.virtual_stages).c_str());
     }
 
     ComputeEstimate comp = estimate_compute(e);

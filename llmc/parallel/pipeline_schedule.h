@@ -271,15 +271,22 @@ inline double pipeline_zb_h1_bubble_fraction(int stages, int m) {
     return (double)(stages - 1) / (double)(3 * m + stages - 1);
 }
 
-// The bubble the trainers and --estimate print for GPipe, 1F1B and ZB-H1: its formula, the fraction
-// and the percentage, "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%").
-inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m) {
-    return kind == PipelineSchedule::ZeroBubbleH1 ? pipeline_zb_h1_bubble_fraction(stages, m) : pipeline_bubble_fraction(stages, m);
+// The bubble the trainers and --estimate print: its formula, the fraction and the percentage,
+// "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%"; interleaved
+// over v chunks: "(p-1)/(vm+p-1) = 1/9 = 11.1%").
+inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m, int chunks = 1) {
+    if (kind == PipelineSchedule::ZeroBubbleH1) return pipeline_zb_h1_bubble_fraction(stages, m);
+    return pipeline_bubble_fraction(stages, m, kind == PipelineSchedule::Interleaved ? chunks : 1);
 }
-inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m) {
-    bool zb = kind == PipelineSchedule::ZeroBubbleH1;
-    return strprintf("%s = %d/%d = %.1f%%", zb ? "(p-1)/(3m+p-1) at F = B = W" : "(p-1)/(m+p-1)", stages - 1,
-                     (zb ? 3 : 1) * m + stages - 1, 100.0 * pipeline_predicted_bubble(kind, stages, m));
+inline const char* pipeline_bubble_formula(PipelineSchedule kind) {
+    return kind == PipelineSchedule::ZeroBubbleH1 ? "(p-1)/(3m+p-1) at F = B = W"
+         : kind == PipelineSchedule::Interleaved  ? "(p-1)/(vm+p-1)"
+                                                  : "(p-1)/(m+p-1)";
+}
+inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m, int chunks = 1) {
+    int slots = kind == PipelineSchedule::ZeroBubbleH1 ? 3 * m : kind == PipelineSchedule::Interleaved ? chunks * m : m;
+    return strprintf("%s = %d/%d = %.1f%%", pipeline_bubble_formula(kind), stages - 1, slots + stages - 1,
+                     100.0 * pipeline_predicted_bubble(kind, stages, m, chunks));
 }
 
 // Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the

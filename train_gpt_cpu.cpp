@@ -260,8 +260,9 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->pending_weights = shape.pending_weight_passes;
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
+        int holders = cpu_buffer_slots(shape, b);  // (interleaved: the head's rows in slot 0 alone, head_rows)
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
-            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
+            size_t n = slot < holders ? model->table[b].elements / holders : 0;
             if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
@@ -382,6 +383,10 @@ static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, 
     s->max_load = std::max(s->max_load, st.max_load);
 }
 
+// Where the head of the micro-batch in `slot` keeps its rows (lnf, logits, losses): the slot, or
+// with interleaving the one set in slot 0 (cpu_buffer_slots: one head in flight at a time).
+static Activations& head_rows(GPT2* model, int slot) { return model->acts[model->slice.chunks > 1 ? 0 : (size_t)slot]; }
+
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
 // `slot`, up to the logits (B, T, Vp). A pipeline stage without the embedding finds its input in
 // acts.encoded; one without the head leaves its output in the last layer's residual3.
@@ -470,9 +475,10 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
 
     const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
-    layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
-    const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
-    matmul_forward(a.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
+    Activations& h = head_rows(model, slot);
+    layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
+    const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+    matmul_forward(h.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
     release_unit_weights(model, ends);
 }
 
@@ -484,7 +490,7 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
     TensorParallel* tp = &model->tp;
     int Vp = s.vocab_rows;
     size_t BT = (size_t)B * T;
-    Activations& a = model->acts[(size_t)slot];
+    Activations& a = head_rows(model, slot);
     if (tp->degree == 1) {
         crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, s.vocab_real, Vp);
     } else {
@@ -525,16 +531,17 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     if (pass.head) {  // classifier and final LayerNorm
         const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
         ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
-        crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
+        Activations& h = head_rows(model, slot);
+        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
                                       s.vocab_begin);
-        const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+        const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
         // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
-        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
+        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, h.logits.data(), lnf_all, lm_head_weights(model, w),
                         (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
         float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
-        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(),
+        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(),
                                     (int)R, C, keep);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
@@ -830,7 +837,8 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
                 loss += micro_loss / m;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
                 // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
-                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, a.logits.data(), B * T, s, micro_loss);
+                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, head_rows(model, slot).logits.data(), B * T, s,
+                                                                         micro_loss);
             }
             break;
         }

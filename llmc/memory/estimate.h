@@ -558,6 +558,9 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
     e.virtual_stages = o.virtual_stages;
     RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
+    // interleaved: the layers cut into p x v chunks, the micro-batches in groups of p (the trainer's own check)
+    std::string chunks = pipeline_schedule_problem(e.schedule, e.pp, plan.accumulation_steps, e.virtual_stages, e.cfg.num_layers);
+    if (!chunks.empty()) usage_fail(chunks);
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = dtype_bytes;

@@ -26,7 +26,11 @@ test_parallelism.py's tolerances.
   - compute made of sleeps (a chunk's F = 50 ms, B = 100 ms), p=2 v=2 m=4: the bubble printed is
     (p-1)/(vm+p-1) = 1/9 = 11.1%, measured on both stages within 6 points; the --trace of that run
     lists each stage's F and B (with their chunk, F3c1) in the printed order.
-Planted bugs caught (by hand, then reverted): see the report in the commit that added this file.
+Planted bugs caught (by hand, then reverted): chunk c mapped to block c + r*v instead of c*p + r
+(slice_layer): 10 checks failed (every bitwise one, one rank, the reshards); chunk c > 0's forward
+reading the next micro-batch from the data loader instead of chunk 0's tokens: 9 failed; activation
+slots chosen as (micro*v + chunk) mod slots instead of PipeSlots: 11 failed (two live pairs share a
+slot on rank 1). The bubble check measures time: on a heavily loaded machine it reads high.
 """
 import json, os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code

@@ -1478,6 +1478,11 @@ int main(int argc, char** argv) {
     if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
         usage_fail("--pipeline-schedule 2bw is not trained by the GPU trainer yet (it keeps no second weight version): train it "
                    "with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    // interleaved 1F1B runs the layers as v chunks per stage (llmc/parallel/process_grid.h's slice_layer): the
+    // GPU trainer's passes and buffers are still one contiguous stage
+    if (o.pipeline_schedule == "interleaved" && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule interleaved is not trained by the GPU trainer yet (its passes run one contiguous stage, "
+                   "not --virtual-stages chunks): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
         std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,

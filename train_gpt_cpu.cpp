@@ -264,8 +264,9 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->versions.on = shape.two_weight_versions;
     for (int b = 0; b < CB_COUNT; b++) {
         bool per_micro = cpu_buffer_per_micro_batch(b);
+        int holders = cpu_buffer_slots(shape, b);  // (interleaved: the head's rows in slot 0 alone, head_rows)
         for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
-            size_t n = model->table[b].elements / (per_micro ? shape.micro_batches_in_flight : 1);
+            size_t n = slot < holders ? model->table[b].elements / holders : 0;
             if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
@@ -387,13 +388,21 @@ static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, 
     s->max_load = std::max(s->max_load, st.max_load);
 }
 
+// Where the head of the micro-batch in `slot` keeps its rows (lnf, logits, losses): the slot, or
+// with interleaving the one set in slot 0 (cpu_buffer_slots: one head in flight at a time).
+static Activations& head_rows(GPT2* model, int slot) { return model->acts[model->slice.chunks > 1 ? 0 : (size_t)slot]; }
+
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
 // `slot`, up to the logits (B, T, Vp). A pipeline stage without the embedding finds its input in
 // acts.encoded; one without the head leaves its output in the last layer's residual3.
-void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
+// Interleaved 1F1B: the pass of model chunk `chunk` alone (pass_layers: its layers, and the embedding
+// or the head where the chunk has them); the slot holds that chunk's layers, slot layer i = local
+// layer first + i. Every other schedule has one chunk: all of the slice's layers.
+void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, int chunk = 0) {
     const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
     TensorParallel* tp = &model->tp;
+    PassLayers pass = pass_layers(s, chunk);
     int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
     // layer l's slices are laid out for the allocated (max_B, max_T), so a smaller forward still
@@ -408,7 +417,7 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
     Activations::BF16Stash& st = a.stash;
     size_t att_n = (size_t)B * NH * T * T;
 
-    if (s.first_stage) {
+    if (pass.embeds) {
         ParamTensors<float> w = unit_weights(model, ends);
         float* x = tp_partial_buffer(*tp, a.encoded.data(), work.gathered.data());
         encoder_forward(x, inputs, w[WTE], tp->degree == 1 ? w[WPE] : nullptr, B, T, C, s.vocab_begin, s.vocab_rows);
@@ -418,8 +427,8 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
         }
         release_unit_weights(model, ends);
     }
-    for (int l = 0; l < L; l++) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
+    for (int l = 0; l < pass.count; l++) {  // l: the slot's layer; pass.first + l: the slice's
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, pass.first + l));
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
         float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
         float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
@@ -465,15 +474,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0) {
             add_bias(residual3, w[FCPROJB], (int)R, C);
         }
         residual_forward(residual3, residual3, residual2, R * C);
-        release_unit_weights(model, unit_of_layer(L, l));
+        release_unit_weights(model, unit_of_layer(L, pass.first + l));
     }
-    if (!s.last_stage) return;  // the last layer's residual3 goes to the next stage
+    if (!pass.head) return;  // the last layer's residual3 goes to the next stage
 
-    const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
+    const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
-    layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
-    const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
-    matmul_forward(a.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
+    Activations& h = head_rows(model, slot);
+    layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
+    const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+    matmul_forward(h.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
     release_unit_weights(model, ends);
 }
 
@@ -485,7 +495,7 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
     TensorParallel* tp = &model->tp;
     int Vp = s.vocab_rows;
     size_t BT = (size_t)B * T;
-    Activations& a = model->acts[(size_t)slot];
+    Activations& a = head_rows(model, slot);
     if (tp->degree == 1) {
         crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, s.vocab_real, Vp);
     } else {
@@ -506,11 +516,13 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // matmul and LayerNorm copies its output gradient and input into the stash instead of adding its
 // weight gradient, which gpt2_backward_weights adds later (the LM head's and the embedding's are
 // added here). Without one (every other schedule), the whole backward.
+// Interleaved 1F1B: model chunk `chunk`'s backward, as gpt2_forward's.
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
-                   float* stash = nullptr) {
+                   float* stash = nullptr, int chunk = 0) {
     const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
     TensorParallel* tp = &model->tp;
+    PassLayers pass = pass_layers(s, chunk);
     int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
     size_t BTmax = (size_t)model->max_B * model->max_T, Rmax = tp_local_rows(*tp, BTmax);
@@ -521,26 +533,28 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     float* dresidual = a.dresidual.data();
     RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/model/recompute.h)
 
-    if (s.last_stage) {  // classifier and final LayerNorm
-        const float* last = L > 0 ? layer_slice(a.residual3, L - 1, Rmax * C) : a.encoded.data();
+    if (pass.head) {  // classifier and final LayerNorm
+        const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
         ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
-        crossentropy_softmax_backward(a.logits.data(), a.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
+        Activations& h = head_rows(model, slot);
+        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
                                       s.vocab_begin);
-        const float* lnf_all = tp_all_rows(tp, a.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
+        const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
         // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
-        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, a.logits.data(), lnf_all, lm_head_weights(model, w),
+        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, h.logits.data(), lnf_all, lm_head_weights(model, w),
                         (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
         float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
-        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], a.lnf_mean.data(), a.lnf_rstd.data(),
+        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(),
                                     (int)R, C, keep);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
 
     // blocks, top to bottom; dresidual carries d(loss)/d(block output) down the residual stream
-    for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
+    for (int l = pass.count - 1; l >= 0; l--) {  // l: the slot's layer; pass.first + l: the slice's
+        int unit = unit_of_layer(L, pass.first + l);
+        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);
         const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
         float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
         float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
@@ -614,10 +628,10 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
         layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.ln1);
-        unit_grads_done(model, unit_of_layer(L, l));
-        release_unit_weights(model, unit_of_layer(L, l));
+        unit_grads_done(model, unit);
+        release_unit_weights(model, unit);
     }
-    if (!s.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
+    if (!pass.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<float> g = unit_grads(model, ends);
     const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the embeddings' gradient");
@@ -747,16 +761,20 @@ struct Parallel {
     ProcessGrid grid;
     GridComms comms;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int chunks = 1;                                  // interleaved: model chunks per stage (--virtual-stages)
+    PipeSlots slots;                                 // which activation slot each (micro-batch, chunk) holds
     PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
     Comm ep;                                         // --expert-parallel: this rank's expert group
     Comm ep_replicas;                                //   and the ranks holding the same experts (one per group)
 };
 
+// The output of the chunk whose forward ran in `slot`: its last layer's residual3 (a slot holds one
+// chunk's layers).
 static const float* stage_output(GPT2* model, int slot) {
     Activations& a = model->acts[(size_t)slot];
     size_t Rmax = tp_local_rows(model->tp, (size_t)model->max_B * model->max_T);
-    return layer_slice(a.residual3, model->slice.num_layers - 1, Rmax * model->config.channels);
+    return layer_slice(a.residual3, model->slice.num_layers / model->slice.chunks - 1, Rmax * model->config.channels);
 }
 
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
@@ -768,18 +786,21 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
     double loss = 0.0;
     auto start = std::chrono::steady_clock::now();
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
-    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, m);
+    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
+    // interleaved: each action names the model chunk it runs on (pass_layers: which layers)
+    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
+    pipe_slots_reset(&par->slots, (int)model->acts.size(), m, par->chunks);
     for (size_t k = 0; k < list.size(); k++) {
         const PipeAction& act = list[k];
-        int slot = act.micro % (int)model->acts.size();
+        int slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W reads its stash)
         Activations& a = model->acts[(size_t)slot];
+        bool head = pass_layers(s, act.chunk).head;  // the last stage's last chunk: the loss
         // ZB-H1: what micro-batch i's W reads waits in stash i mod pending_weights from its B to its W
         // (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
         float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
                                                         (model->weight_stash.size() / (size_t)model->pending_weights)
                                                   : nullptr;
-        TraceSpan span(trace_kind(act.op), act.micro);  // --trace (llmc/probes/trace.h): this action's span
+        TraceSpan span(trace_kind(act.op), act.micro, par->chunks > 1 ? act.chunk : -1);  // --trace (llmc/probes/trace.h)
         switch (act.op) {
         case PipeOp::RecvActivation:
             comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
@@ -792,21 +813,31 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             break;
         case PipeOp::SendGradient:
             comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
+            // the slot is free for the next pair: this send completes at the end of its group, before
+            // any compute action can write the slot again (a receive in the group writes only encoded)
+            pipe_slot_release(&par->slots, act.micro, act.chunk);
             break;
         case PipeOp::Forward: {
-            dataloader_next_batch(train);   // every stage reads the micro-batches of its data-parallel rank
-            a.inputs = train->inputs;
-            a.targets = train->targets;
+            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
+                dataloader_next_batch(train);
+                a.inputs = train->inputs;
+                a.targets = train->targets;
+            } else {  // interleaved: the tokens came with chunk c-1's forward, whose slot lives until its backward
+                const Activations& before = model->acts[(size_t)pipe_slot(&par->slots, act.micro, act.chunk - 1)];
+                a.inputs = before.inputs;
+                a.targets = before.targets;
+            }
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
-            gpt2_forward(model, a.inputs.data(), B, T, slot);
-            float micro_loss = s.last_stage ? gpt2_loss(model, a.targets.data(), B, T, slot) : 0.0f;
+            gpt2_forward(model, a.inputs.data(), B, T, slot, act.chunk);
+            float micro_loss = head ? gpt2_loss(model, a.targets.data(), B, T, slot) : 0.0f;
             par->times.busy_seconds += seconds_since(busy);
-            if (s.last_stage) {
+            if (head) {
                 loss += micro_loss / m;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
                 // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
-                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, a.logits.data(), B * T, s, micro_loss);
+                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, head_rows(model, slot).logits.data(), B * T, s,
+                                                                         micro_loss);
             }
             break;
         }
@@ -815,8 +846,11 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
             pipeline_test_delay(stash ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash);
+            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash,
+                          act.chunk);
             par->times.busy_seconds += seconds_since(busy);
+            PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
+            if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
             break;
         }
         case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
@@ -922,21 +956,24 @@ static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, in
 // parallelism, ZeRO-3) every rank takes part; otherwise rank 0 alone evaluates.
 
 // One forward pass of a whole batch through the pipeline, in activation slot 0. Returns the mean
-// loss on the last stage (0 elsewhere, and 0 without targets).
+// loss on the last stage (0 elsewhere, and 0 without targets). Interleaved: around the ring of
+// stages once per model chunk (rank p-1's chunk c feeds rank 0's chunk c+1), one chunk at a time.
 static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, const int* targets, int B, int T) {
     const ModelSlice& s = model->slice;
     Comm* pp = &par->comms.pp;
+    int p = par->grid.pp, r = par->grid.pp_rank;
     size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;
     Activations& a = model->acts[0];
     comm_wait_sends(pp, &a.sends);
-    if (!s.first_stage) comm_recv(pp, a.encoded.data(), n, par->grid.pp_rank - 1, 0, "receiving activations (evaluation)");
-    gpt2_forward(model, inputs, B, T, 0);
-    if (!s.last_stage) {
-        comm_send(pp, stage_output(model, 0), n, par->grid.pp_rank + 1, 0, &a.sends, "sending activations (evaluation)");
+    for (int c = 0; c < s.chunks; c++) {
+        PassLayers pass = pass_layers(s, c);
+        if (!pass.embeds) comm_recv(pp, a.encoded.data(), n, (r + p - 1) % p, 0, "receiving activations (evaluation)");
+        gpt2_forward(model, inputs, B, T, 0, c);
+        if (pass.head) return targets ? gpt2_loss(model, targets, B, T, 0) : 0.0f;
+        comm_send(pp, stage_output(model, 0), n, (r + 1) % p, 0, &a.sends, "sending activations (evaluation)");
         comm_wait_sends(pp, &a.sends);
-        return 0.0f;
     }
-    return targets ? gpt2_loss(model, targets, B, T, 0) : 0.0f;
+    return 0.0f;
 }
 
 // Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
@@ -1196,7 +1233,7 @@ static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, c
 static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape,
                         const EstimateSetup& predicted, const std::string& resume_dir, bool new_model) {
     const ProcessGrid& grid = par->grid;
-    ModelSlice slice = model_slice(cfg, grid);
+    ModelSlice slice = model_slice(cfg, grid, par->chunks);  // interleaved: v chunks of layers (slice_layer)
     gpt2_build(model, cfg, {}, &slice);
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
@@ -1308,7 +1345,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
         printf("ZeRO-1: shards of %zu, padded total %zu\n", model->zero.shards.shard_size, model->zero.shards.padded_total);
     }
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.chunks).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
@@ -1530,6 +1567,7 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&world, why);
     const ProcessGrid& grid = par.grid;
     parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
+    par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     // (--expert-parallel: a forward pass's all-to-all needs every rank of the expert group)
     par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
     if (grid.dp % o.expert_parallel != 0)
@@ -1553,6 +1591,8 @@ int main(int argc, char** argv) {
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
+    if (why.empty()) why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : shape.accumulation_steps, par.chunks, cfg.num_layers);
     if (!why.empty()) grid_usage_fail(&world, why);
     GradCompressionSettings compression = grad_compression_settings(o);
     compression.every_matrix = grad_compression_test_every_matrix();
@@ -1581,8 +1621,8 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps);
-    if (par.schedule == PipelineSchedule::ZeroBubbleH1) par.times.bubble_formula = "(p-1)/(3m+p-1) at F = B = W";
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
+    par.times.bubble_formula = pipeline_bubble_formula(par.schedule);
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;

@@ -11,13 +11,15 @@ optimizer in their own colours. Idle time is the white between boxes: that is th
 Prints, per rank, the measured bubble of the step: the share of the step's span (first compute
 start to last compute end over all ranks) in which that rank ran no forward or backward. With
 sleep-injected compute (LLMC_TEST_PIPE_DELAY_MS) it approaches the schedule's prediction,
-(p-1)/(m+p-1) for GPipe and 1F1B.
+(p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(vm+p-1) for interleaved 1F1B (whose later chunks' spans,
+F3c1, are drawn lighter).
 
 --step: which optimizer step to draw (default: the last one traced; the first pays start-up costs).
 """
-import argparse, json, sys
+import argparse, json, re, sys
 
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "W": "#c44e52", "gradient sums": "#55a868", "optimizer": "#8172b2"}
+LATER_CHUNK = {"F": "#8fb1e0", "B": "#f0b890"}  # interleaved 1F1B: the spans of model chunks 1, 2, ... (F3c1)
 
 
 def load_spans(paths):
@@ -38,7 +40,13 @@ def load_spans(paths):
 
 
 def is_compute(name):
-    return name[:1] in "FBW" and name[1:].isdigit()  # W: ZB-H1's weight-gradient passes (pipeline_schedule.h)
+    # W: ZB-H1's weight-gradient passes; F3c1: interleaved's forward of micro-batch 3 on chunk 1 (pipeline_schedule.h)
+    return re.fullmatch(r"[FBW]\d+(c\d+)?", name) is not None
+
+
+def colour(name):
+    chunk = re.search(r"c(\d+)$", name)
+    return LATER_CHUNK[name[0]] if chunk and int(chunk.group(1)) > 0 else COLOURS[name[0]]
 
 
 def bubbles(ranks):
@@ -76,8 +84,8 @@ def main():
         for name, ts, dur, _ in ranks[r]:
             x, w = (ts - t0) / 1000, dur / 1000
             if is_compute(name):
-                ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=COLOURS[name[0]], edgecolors="white")
-                ax.text(x + w / 2, y, name, ha="center", va="center", color="white", fontsize=8)
+                ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour(name), edgecolors="white")
+                ax.text(x + w / 2, y, name, ha="center", va="center", color="white", fontsize=8 if len(name) < 4 else 6)
             elif name in COLOURS:
                 ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=COLOURS[name], edgecolors="white")
             else:  # receives, sends: time spent waiting on a neighbour

@@ -23,9 +23,10 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    saying which and why. (Header pokes remove checksums.txt, as in a checkpoint
                    written before checksums: the header's own checks must catch those.)
   pipelines        --pipeline-schedule zigzag, --virtual-stages 0, chunks for 1f1b, interleaved with
-                   one chunk, interleaved trained (printout only so far), zb-h1 with tensor parallelism
-                   (not written yet), 2bw with ZeRO-2 (the rest of 2bw's: test_pipeline_2bw.py), 2 layers
-                   cut into 2 x 2 chunks, 3 micro-batches in groups of 2: each one line naming the constraint, exit 2
+                   one chunk, zb-h1 with tensor parallelism (not written yet), 2bw with ZeRO-2 (the rest of
+                   2bw's: test_pipeline_2bw.py; interleaved's layers and micro-batches under mpirun:
+                   test_pipeline_interleaved.py), 2 layers cut into 2 x 2 chunks, 3 micro-batches in groups of 2:
+                   each one line naming the constraint, exit 2
   precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt), fp8
                    (names ./train_gpt --precision fp8) and fp4 (not a choice): one line, exit 2;
                    --precision fp32, the CPU trainer's own, trains
@@ -133,7 +134,6 @@ def main():
                           (["--virtual-stages", "0"], ["--virtual-stages must be at least 1"]),
                           (["--virtual-stages", "2"], ["needs --pipeline-schedule interleaved", "1f1b"]),
                           (["--pipeline-schedule", "interleaved"], ["--virtual-stages 2 or more"]),
-                          (["--pipeline-schedule", "interleaved", "--virtual-stages", "2"], ["not trained yet", "--pipeline-print-schedule"]),
                           (["--pipeline-schedule", "interleaved", "--virtual-stages", "2", "--total-batch-tokens", "128",
                             "--pipeline-print-schedule"], ["2 layers", "2 x 2 = 4", "a model of 4 layers"]),
                           (["--model", "L=4,C=64,H=4,T=32,V=512", "--pipeline-schedule", "interleaved", "--virtual-stages", "2",

@@ -153,6 +153,15 @@ def checks_without_gpu(work):
            len(refused.stderr.strip().splitlines()) == 1 and "zb-h1 is not trained by the GPU trainer" in refused.stderr,
            "train_gpt --pipeline-schedule zb-h1: printed (stage 1 lags its W's by one); training refused, one line, exit 2",
            pr.stdout[-800:] + pr.stderr + refused.stderr)
+    # interleaved 1F1B: printed, and refused for training with one line (the passes run one contiguous stage; the CPU
+    # trainer trains it, test_pipeline_interleaved.py)
+    il = zb[:-1] + ["interleaved", "--virtual-stages", "2"]
+    pr = subprocess.run(il + ["--pipeline-print-schedule"], capture_output=True, text=True, cwd=work)
+    refused = subprocess.run(il, capture_output=True, text=True, cwd=work)
+    report(pr.returncode == 0 and "stage 0: F0c0 a0c0>1 F1c0" in pr.stdout and refused.returncode == 2 and
+           len(refused.stderr.strip().splitlines()) == 1 and "interleaved is not trained by the GPU trainer" in refused.stderr,
+           "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; training refused, one line, exit 2",
+           pr.stdout[-800:] + pr.stderr + refused.stderr)
     est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
                          capture_output=True, text=True, cwd=work)

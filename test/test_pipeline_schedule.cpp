@@ -15,7 +15,10 @@
 //     or at once; a send and a receive complete only when both sides have posted them, the worst
 //     case) every stage reaches the end of its list: no deadlock;
 //   - the activations in flight on each stage peak at pipeline_live_micro_batches: m (GPipe),
-//     min(m, p - s) (1F1B), min(v m, 2 (p - s - 1) + (v - 1) p + 1) (interleaved);
+//     min(m, p - s) (1F1B), min(v m, 2 (p - s - 1) + (v - 1) p + 1) (interleaved), and under
+//     interleaving the last stage's last chunk (the one with the head) holds one micro-batch at a
+//     time (its forward and backward are one steady-state unit: the CPU trainer keeps one set of
+//     logits there, llmc/memory/cpu_buffers.h's cpu_buffer_slots);
 //   - with unit costs (F = B = 1 per chunk) every stage idles exactly pipeline_bubble_fraction of the
 //     step: (p-1)/(m+p-1), interleaved (p-1)/(v m + p - 1), which is the paper's (p-1)/(v m) of the
 //     ideal time; also with B = 2 F for GPipe and 1F1B.
@@ -52,6 +55,7 @@ static std::string order_problem(const Case& c, const Lists& lists) {
     for (int s = 0; s < c.p; s++) {
         std::vector<int> state((size_t)(c.m * c.v), 0), next_backward((size_t)c.v, 0);
         int held = 0, peak = 0, next_weight = 0, pending = 0, pending_peak = 0;  // pending: B done, W not yet
+        int head_held = 0, head_peak = 0;  // interleaved, the last stage: pairs of the last chunk (the head's)
         bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
         for (const PipeAction& a : lists[(size_t)s]) {
             if (!pipe_is_compute(a.op)) continue;
@@ -73,12 +77,15 @@ static std::string order_problem(const Case& c, const Lists& lists) {
             st++;
             held += forward ? 1 : -1;  // (ZB-H1's B frees the activations too: W's part is in `pending`)
             peak = std::max(peak, held);
+            if (c.v > 1 && s == c.p - 1 && a.chunk == c.v - 1) head_peak = std::max(head_peak, head_held += forward ? 1 : -1);
             if (zb && !forward && c.p > 1) pending_peak = std::max(pending_peak, ++pending);
         }
         for (int st : state)
             if (st != (zb ? 3 : 2)) return strprintf("stage %d: a micro-batch misses its forward, backward%s", s, zb ? " or W" : "");
         int closed = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
         if (peak != closed) return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak, closed);
+        if (c.v > 1 && s == c.p - 1 && head_peak != 1)
+            return strprintf("the last stage holds %d micro-batches of its last chunk (the head's) at once, not 1", head_peak);
         // ZB-H1's output-gradient stashes (the trainer allocates this many): B done, W not yet
         int stashes = pipeline_pending_weight_passes(c.kind, s, c.p, c.m);
         if (pending_peak != stashes)

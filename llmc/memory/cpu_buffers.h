@@ -76,6 +76,7 @@ struct CPURunShape {
     int pipeline_parallel = 1, pipeline_rank = 0;
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int virtual_stages = 1;            // interleaved 1F1B: model chunks per stage; each slot above holds one chunk's layers
     int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
     bool two_weight_versions = false;  // PipeDream-2BW: W(t-1) beside W(t) (llmc/parallel/pipedream_2bw.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
@@ -92,7 +93,7 @@ struct CPURunShape {
 // The shape of rank g.rank of a grid (micro-batches: the step's, m; the schedule decides how many
 // of them this rank's stage holds at once) at a recompute level.
 inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const ProcessGrid& g, PipelineSchedule schedule, int m,
-                                 int recompute) {
+                                 int recompute, int chunks = 1) {
     CPURunShape s;
     s.cfg = cfg;
     s.B = B, s.T = T;
@@ -101,7 +102,8 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.tensor_parallel = g.tp, s.tensor_rank = g.tp_rank;
     s.pipeline_parallel = g.pp, s.pipeline_rank = g.pp_rank;
     s.sequence_parallel = g.sequence_parallel;
-    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m);
+    s.virtual_stages = schedule == PipelineSchedule::Interleaved ? chunks : 1;
+    s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m, s.virtual_stages);
     s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
     s.two_weight_versions = schedule == PipelineSchedule::PipeDream2BW;
     s.recompute = recompute;
@@ -152,6 +154,18 @@ enum CPUBuffer {
 // forward keeps for the backward, and the residual gradient that travels between stages.
 inline bool cpu_buffer_per_micro_batch(int row) { return (row >= CB_ENCODED && row <= CB_LOGSUMEXP) || row == CB_DRESIDUAL; }
 
+// How many of the slots hold row `row`: every one of the micro-batches in flight for the rows above,
+// but the head's (the final LayerNorm, the logits, the losses) once under interleaved 1F1B. There a
+// slot holds one chunk, and only the last stage's last chunk has the head; its forward and backward
+// of a micro-batch are one unit of the steady state (the last stage warms up with (v-1)p forwards of
+// the other chunks: llmc/parallel/pipeline_schedule.h), so one micro-batch's head is in flight at a
+// time, not warm-up + 1 (at d12, 4 stages, m = 8: 1 set of (B, T, Vp) logits on the last stage, not 5).
+inline int cpu_buffer_slots(const CPURunShape& s, int row) {
+    if (!cpu_buffer_per_micro_batch(row)) return 1;
+    bool head = row >= CB_LNF && row <= CB_LOGSUMEXP;
+    return head && s.virtual_stages > 1 ? 1 : s.micro_batches_in_flight;
+}
+
 // The parameters whose AdamW state this rank keeps: all of them, or (ZeRO-1) those of its shard.
 inline ShardRange cpu_updated_range(const CPURunShape& s) {
     ShardLayout shards = shard_layout(param_layout(s.cfg).total, s.world_size);
@@ -160,11 +174,12 @@ inline ShardRange cpu_updated_range(const CPURunShape& s) {
 
 inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     const GPT2Config& c = s.cfg;
-    ModelSlice slice = model_slice(c, cpu_shape_grid(s));
+    ModelSlice slice = model_slice(c, cpu_shape_grid(s), s.virtual_stages);
     ParamLayout layout = slice_layout(c, slice);
     ZeroMemory z = zero_memory(s.zero_stage, model_units(layout, slice.num_layers), layout.total, s.world_size, s.rank);
     // local shapes: on one rank these are the model's own (see the model section of train_gpt_cpu.cpp)
-    size_t L = slice.num_layers, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
+    // L: the layers of one activation slot, the stage's (interleaved: one chunk's, L/(p v), per (micro-batch, chunk) in flight)
+    size_t L = slice.num_layers / slice.chunks, C = c.channels, Ca = slice.attn_channels, NH = slice.heads, Cf = slice.fc_channels;
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, sp = s.sequence_parallel ? s.tensor_parallel : 1;
     size_t B = s.B, T = s.T, BT = B * T, R = BT / sp, F = 4, M = s.micro_batches_in_flight;
     RecomputePlan keep = recompute_plan(s.recompute);
@@ -180,6 +195,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     bool lent = s.pipeline_parallel > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight
+    size_t Mh = (size_t)cpu_buffer_slots(s, CB_LOGITS);        // ... of the head's rows
+    std::string xh = Mh > 1 ? sh(" x %zu", Mh) : std::string();
     std::string rows = sp > 1 ? "R" : "B, T";                 // sequence parallelism: R = B*T/t rows
     std::string tp = s.tensor_parallel > 1 ? "/t" : "";
 
@@ -220,12 +237,12 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_FCH] = {"fch", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, M * L * BT * Cf, A};
     t[CB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, "(L, B, T, 4C" + tp + ")" + x + a16, keep.gelu ? M * L * BT * Cf : 0, A};
     t[CB_RESIDUAL3] = {"residual3", MEM_ACTIVATIONS, "(L, " + rows + ", C)" + x, M * L * R * C, F};
-    t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, M * head * R * C, F};
-    t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
-    t[CB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ")" + x, M * head * R, F};
-    t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + x, M * head * BT * Vp, F};
-    t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
-    t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
+    t[CB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + xh, Mh * head * R * C, F};
+    t[CB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ")" + xh, Mh * head * R, F};
+    t[CB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ")" + xh, Mh * head * R, F};
+    t[CB_LOGITS] = {"logits", MEM_ACTIVATIONS, "(B, T, Vp" + tp + ")" + xh, Mh * head * BT * Vp, F};
+    t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + xh, Mh * head * BT, F};
+    t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + xh, Mh * head * BT, F};
     size_t stashes = s.pending_weight_passes;
     t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy and inputs: (20C+4) x B x T per layer%s x %zu",
                                                               head ? " + (2C+2) x B x T" : "", stashes),

@@ -61,6 +61,7 @@ struct EstimateSetup {
     int tp = 1, pp = 1;
     bool sequence_parallel = false;
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int virtual_stages = 1;             // interleaved: model chunks per stage (--virtual-stages)
     int dtype_bytes = 2;                // activations, weights, gradients: 2 (bf16) or 4 (fp32)
     std::string half_name = "bf16";     // the 2-byte type: bf16, or fp16 in ./train_gpt_fp16
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
@@ -111,7 +112,8 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
 // The CPU trainer's shape for rank `rank` of the grid with micro-batch B: what build_model allocates
 // from (its `predicted` setup) and what --estimate prints, so the two cannot drift apart.
 inline CPURunShape estimate_cpu_shape(const EstimateSetup& e, int B, int rank) {
-    CPURunShape s = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute);
+    CPURunShape s = cpu_run_shape(e.cfg, B, e.T, estimate_grid(e, rank), e.schedule, estimate_micro_batches(e, B), e.recompute,
+                                  e.virtual_stages);
     s.optimizer = e.optimizer;
     s.bf16_moments = e.bf16_moments;
     s.bf16_stash = e.bf16_stash;
@@ -158,7 +160,8 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                      : zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
                                g.zero_stage);
-    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels);
+    c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels,
+                                 e.virtual_stages);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
     MoELayout moe = moe_layout(e.cfg, e.moe, moe_held_experts(e.moe, e.expert_parallel, g.dp_rank % e.expert_parallel));
     auto identical_sum = [](size_t n, int N) {  // comm_allreduce_sum_identical: a reduce-scatter and an all-gather of padded shards
@@ -603,7 +606,11 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
     e.pp = o.pipeline_parallel;
     e.sequence_parallel = o.sequence_parallel;
     parse_pipeline_schedule(o.pipeline_schedule, &e.schedule);
+    e.virtual_stages = o.virtual_stages;
     RunPlan plan = plan_run(o, e.cfg, e.ranks, 0);  // B, T and tokens per step, checked as the trainer checks them
+    // interleaved: the layers cut into p x v chunks, the micro-batches in groups of p (the trainer's own check)
+    std::string chunks = pipeline_schedule_problem(e.schedule, e.pp, plan.accumulation_steps, e.virtual_stages, e.cfg.num_layers);
+    if (!chunks.empty()) usage_fail(chunks);
     e.B = plan.B, e.T = plan.T;
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = dtype_bytes;
@@ -774,7 +781,7 @@ inline void print_estimate(const EstimateSetup& e) {
         int m = estimate_micro_batches(e, e.B);
         printf("%s  pipeline: %s, %d stages, %d micro-batches: bubble %s of each stage's step\n",
                e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
-               pipeline_bubble_text(e.schedule, e.pp, m).c_str());
+               pipeline_bubble_text(e.schedule, e.pp, m, e.virtual_stages).c_str());
     }
 
     ComputeEstimate comp = estimate_compute(e);

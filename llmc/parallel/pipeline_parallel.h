@@ -68,7 +68,11 @@
 
 // The start-up line both trainers print for a pipeline: schedule, stages, micro-batches, and the
 // bubble (p-1)/(m+p-1) it predicts.
-inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches) {
+inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers, int micro_batches, int chunks = 1) {
+    if (s == PipelineSchedule::Interleaved)  // (layers is a multiple of stages x chunks: pipeline_schedule_problem)
+        return strprintf("pipeline: %s, %d stages of %d chunks of %d layers (chunk c of stage r = layer block c*p + r), "
+                         "%d micro-batches: bubble %s\n", pipeline_schedule_name(s), stages, chunks, layers / (stages * chunks),
+                         micro_batches, pipeline_bubble_text(s, stages, micro_batches, chunks).c_str());
     return strprintf("pipeline: %s, %d stages of %d-%d layers, %d micro-batches: bubble %s\n",
                      pipeline_schedule_name(s), stages, layers / stages, (layers + stages - 1) / stages, micro_batches,
                      pipeline_bubble_text(s, stages, micro_batches).c_str());
@@ -101,6 +105,39 @@ inline void pipe_tied_weights(Comm* pp, bool first, bool last, const float* wte,
     if (last) comm_recv(pp, lent, n, 0, 1, "receiving the tied embedding from the first stage");
 }
 
+// Which activation slot holds the forward of (micro-batch, chunk) until its backward. A stage has
+// pipeline_live_micro_batches() slots. A pair takes a free one at its first action (the receive of
+// its input, or its forward) and gives it back once its backward's gradient is posted to the previous
+// stage (at the backward itself where none leaves); free slots are reused oldest first. GPipe, 1F1B and ZB-H1 run their backwards in micro-batch order, so this is micro % slots.
+// Interleaved 1F1B is why it is a list: its backwards go through the chunks in the reverse order of
+// its forwards (chunk v-1 first), so the pair that frees a slot is not the oldest one (with
+// micro % slots or (micro v + chunk) % slots two live pairs would share a slot).
+struct PipeSlots {
+    std::vector<int> of;     // micro * chunks + chunk -> its slot, -1 while it holds none
+    std::vector<int> free;   // the free slots, the next to take first
+    int chunks = 1;
+};
+inline void pipe_slots_reset(PipeSlots* ps, int slots, int m, int chunks) {
+    ps->chunks = chunks;
+    ps->of.assign((size_t)m * chunks, -1);
+    ps->free.clear();
+    for (int i = 0; i < slots; i++) ps->free.push_back(i);
+}
+inline int pipe_slot(PipeSlots* ps, int micro, int chunk) {
+    int& slot = ps->of[(size_t)(micro * ps->chunks + chunk)];
+    if (slot < 0) {
+        if (ps->free.empty()) fail("internal: the pipeline schedule holds more activations than its slots");
+        slot = ps->free.front();
+        ps->free.erase(ps->free.begin());
+    }
+    return slot;
+}
+inline void pipe_slot_release(PipeSlots* ps, int micro, int chunk) {
+    int& slot = ps->of[(size_t)(micro * ps->chunks + chunk)];
+    ps->free.push_back(slot);
+    slot = -1;
+}
+
 // Testing the bubble measurement: LLMC_TEST_PIPE_DELAY_MS=<ms> makes every forward pass of every
 // stage take that much longer (and every backward twice that), sleeping, so that the measured idle
 // time follows the schedule's arithmetic even on a machine with fewer cores than ranks.
@@ -110,11 +147,17 @@ inline void pipeline_test_delay(int multiple) {
 }
 
 // Bytes one stage sends to its pipeline neighbours per step: each micro-batch's activation forward
-// and gradient backward (n floats each: the rows this rank holds x C), and the tied embedding's
-// gradient (last stage) and weights (first stage), wte_floats each.
-inline uint64_t pipe_comm_bytes(int stage, int stages, int m, size_t n, size_t wte_floats) {
+// and gradient backward (n floats each: the rows this rank holds x C) out of each of its chunks
+// (virtual stage c*p + stage sends forward unless it is the very last, back unless the very first:
+// interleaving's v-fold traffic), and the tied embedding's gradient (last stage) and weights (first
+// stage), wte_floats each.
+inline uint64_t pipe_comm_bytes(int stage, int stages, int m, size_t n, size_t wte_floats, int chunks = 1) {
     if (stages == 1) return 0;
     bool first = stage == 0, last = stage == stages - 1;
-    uint64_t per_micro = (last ? 0 : n) + (first ? 0 : n);
+    uint64_t per_micro = 0;
+    for (int c = 0; c < chunks; c++) {
+        int at = c * stages + stage;
+        per_micro += (at < stages * chunks - 1 ? n : 0) + (at > 0 ? n : 0);
+    }
     return ((uint64_t)m * per_micro + (first || last ? wte_floats : 0)) * sizeof(float);
 }

@@ -48,7 +48,10 @@
 //     m = 6, and a larger bubble, test_pipeline_schedule). Older Megatron ran everything as warm-up
 //     when m = p; the cap at v m is enough (the test finds no deadlock and the exact bubble at m = p).
 //     In flight on rank r: min(v m, warm-up + 1) (micro-batch, chunk) activations, each 1/v of a
-//     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p.
+//     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p. The CPU trainer
+//     trains it (which layers a chunk is: process_grid.h's slice_layer and pass_layers; which slot a
+//     pair's activations use: pipeline_parallel.h's PipeSlots); the GPU trainer prints it and refuses
+//     to train it.
 //   ZB-H1 (Qi et al., 2023, "Zero Bubble Pipeline Parallelism", section 2): a layer's backward is
 //     two jobs. B, the input gradient dx = dy W^T, is what the previous stage waits for; W, the
 //     weight gradient dW = x^T dy, nobody waits for. So B alone travels the critical path and W
@@ -279,15 +282,22 @@ inline double pipeline_zb_h1_bubble_fraction(int stages, int m) {
     return (double)(stages - 1) / (double)(3 * m + stages - 1);
 }
 
-// The bubble the trainers and --estimate print for GPipe, 1F1B and ZB-H1: its formula, the fraction
-// and the percentage, "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%").
-inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m) {
-    return kind == PipelineSchedule::ZeroBubbleH1 ? pipeline_zb_h1_bubble_fraction(stages, m) : pipeline_bubble_fraction(stages, m);
+// The bubble the trainers and --estimate print: its formula, the fraction and the percentage,
+// "(p-1)/(m+p-1) = 1/5 = 20.0%" (ZB-H1: "(p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%"; interleaved
+// over v chunks: "(p-1)/(vm+p-1) = 1/9 = 11.1%").
+inline double pipeline_predicted_bubble(PipelineSchedule kind, int stages, int m, int chunks = 1) {
+    if (kind == PipelineSchedule::ZeroBubbleH1) return pipeline_zb_h1_bubble_fraction(stages, m);
+    return pipeline_bubble_fraction(stages, m, kind == PipelineSchedule::Interleaved ? chunks : 1);
 }
-inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m) {
-    bool zb = kind == PipelineSchedule::ZeroBubbleH1;
-    return strprintf("%s = %d/%d = %.1f%%", zb ? "(p-1)/(3m+p-1) at F = B = W" : "(p-1)/(m+p-1)", stages - 1,
-                     (zb ? 3 : 1) * m + stages - 1, 100.0 * pipeline_predicted_bubble(kind, stages, m));
+inline const char* pipeline_bubble_formula(PipelineSchedule kind) {
+    return kind == PipelineSchedule::ZeroBubbleH1 ? "(p-1)/(3m+p-1) at F = B = W"
+         : kind == PipelineSchedule::Interleaved  ? "(p-1)/(vm+p-1)"
+                                                  : "(p-1)/(m+p-1)";
+}
+inline std::string pipeline_bubble_text(PipelineSchedule kind, int stages, int m, int chunks = 1) {
+    int slots = kind == PipelineSchedule::ZeroBubbleH1 ? 3 * m : kind == PipelineSchedule::Interleaved ? chunks * m : m;
+    return strprintf("%s = %d/%d = %.1f%%", pipeline_bubble_formula(kind), stages - 1, slots + stages - 1,
+                     100.0 * pipeline_predicted_bubble(kind, stages, m, chunks));
 }
 
 // Why `kind` cannot run p stages, m micro-batches, v chunks over L layers ("" if it can), with the

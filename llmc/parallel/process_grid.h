@@ -155,8 +155,10 @@ inline void grid_comms_init(GridComms* c, const Comm& world, const ProcessGrid& 
 
 struct ModelSlice {
     // pipeline: a contiguous range of layers; the first stage embeds, the last stage has the head
+    // (interleaved 1F1B: `chunks` blocks of num_layers / chunks layers each, not contiguous: slice_layer)
     int layer_begin = 0, num_layers = 0;
     bool first_stage = true, last_stage = true;
+    int chunks = 1, stage = 0, stages = 1;   // model chunks of this rank; its pipeline rank of how many
     // tensor: whole heads, an equal share of the MLP's hidden units, an equal share of vocabulary rows
     int tp = 1, tp_rank = 0;
     int heads = 0, head_begin = 0;           // of NH
@@ -174,11 +176,45 @@ inline void stage_layers(int L, int pp, int stage, int* begin, int* count) {
     *begin = stage * base + std::min(stage, extra);
 }
 
-inline ModelSlice model_slice(const GPT2Config& cfg, const ProcessGrid& g) {
+// Interleaved 1F1B's layers (llmc/parallel/pipeline_schedule.h: Narayanan et al., SC'21, 2.2.2). The
+// L layers are cut into p*v blocks of Lc = L/(p v) and rank r holds v of them, strided by p:
+//
+//     model chunk c of rank r = block c*p + r = global layers [(c p + r) Lc, (c p + r + 1) Lc)
+//
+//     L = 8, p = 2, v = 2:  rank 0: chunk 0 = layers 0-1, chunk 1 = layers 4-5
+//                           rank 1: chunk 0 = layers 2-3, chunk 1 = layers 6-7
+//
+// so a micro-batch goes around the ring of ranks v times: rank p-1's chunk c feeds rank 0's chunk
+// c+1. Locally the slice is still one stack of L/p layers, chunk after chunk (local layer l is
+// chunk l / Lc), which is all the flat arrays, ZeRO and the optimizer see; only this mapping and the
+// passes (which run one chunk at a time, pass_layers) know. Checkpoints are written through it in
+// global coordinates, so the files do not depend on p or v. Without interleaving v = 1 and the
+// mapping is the contiguous range: global layer = layer_begin + l.
+inline int slice_layer(const ModelSlice& s, int l) {
+    if (s.chunks == 1) return s.layer_begin + l;
+    int per_chunk = s.num_layers / s.chunks;
+    return ((l / per_chunk) * s.stages + s.stage) * per_chunk + l % per_chunk;
+}
+
+// What one pass of model chunk `chunk` runs: local layers [first, first + count), and the embedding
+// before them (chunk 0 of the first stage) or the head after them (the last chunk of the last stage).
+struct PassLayers {
+    int first = 0, count = 0;
+    bool embeds = false, head = false;
+};
+inline PassLayers pass_layers(const ModelSlice& s, int chunk) {
+    int per_chunk = s.num_layers / s.chunks;
+    return {chunk * per_chunk, per_chunk, s.first_stage && chunk == 0, s.last_stage && chunk == s.chunks - 1};
+}
+
+// `chunks` > 1: interleaved 1F1B's v model chunks per stage (L must be a multiple of pp * chunks:
+// pipeline_schedule_problem says so first).
+inline ModelSlice model_slice(const GPT2Config& cfg, const ProcessGrid& g, int chunks = 1) {
     ModelSlice s;
     stage_layers(cfg.num_layers, g.pp, g.pp_rank, &s.layer_begin, &s.num_layers);
     s.first_stage = g.pp_rank == 0;
     s.last_stage = g.pp_rank == g.pp - 1;
+    s.chunks = chunks, s.stage = g.pp_rank, s.stages = g.pp;
     s.tp = g.tp;
     s.tp_rank = g.tp_rank;
     int hs = cfg.channels / cfg.num_heads;
@@ -273,7 +309,7 @@ inline std::vector<SliceRun> slice_runs(const GPT2Config& cfg, const ModelSlice&
         }
         size_t per_layer_local = slice_tensor_count(cfg, s, t), per_layer_global = global.count[t] / cfg.num_layers;
         for (int l = 0; l < s.num_layers; l++) {
-            size_t ll = lo + (size_t)l * per_layer_local, gl = go + (size_t)(s.layer_begin + l) * per_layer_global;
+            size_t ll = lo + (size_t)l * per_layer_local, gl = go + (size_t)slice_layer(s, l) * per_layer_global;
             size_t q0 = (size_t)s.head_begin * (C / cfg.num_heads);  // first q/k/v channel of this rank's heads
             switch (t) {
                 case QKVW:  // rows q | k | v, each a block of Ca rows of C

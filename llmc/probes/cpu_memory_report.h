@@ -31,6 +31,7 @@ inline EstimateSetup run_estimate(const TrainOptions& o, const GPT2Config& cfg, 
     e.B = plan.B, e.T = plan.T;
     e.ranks = g.dp, e.zero_stage = g.zero_stage;
     e.tp = g.tp, e.pp = g.pp, e.sequence_parallel = g.sequence_parallel, e.schedule = schedule;
+    e.virtual_stages = o.virtual_stages;  // (the trainer's par.chunks: more than 1 only with interleaved)
     e.tokens_per_step = plan.total_batch_tokens;
     e.dtype_bytes = 4;
     estimate_take_techniques(&e, o);

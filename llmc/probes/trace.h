@@ -10,6 +10,7 @@
 // The format: one "X" (complete) event per span, {"name", "ph":"X", "ts", "dur", "pid", "tid"}, with
 // ts and dur in microseconds, pid = the rank (Perfetto draws one row per pid), tid = 0. Names:
 //     F3, B3                         forward / backward of micro-batch 3 on this stage
+//     F3c1, B3c1                     interleaved 1F1B: of micro-batch 3 on this stage's model chunk 1
 //     recv act 3, recv grad 3        waiting in a receive of micro-batch 3's activations / gradients
 //     send act 3, send grad 3        posting the send (it is non-blocking)
 //     wait sends                     the end of a run of sends and receives: its sends complete
@@ -77,13 +78,13 @@ inline void trace_close() {
 }
 
 // One span, from construction to finish() or destruction: `kind` followed by the micro-batch (none
-// if micro < 0).
+// if micro < 0) and the model chunk (none if chunk < 0: every schedule but interleaved).
 struct TraceSpan {
     const char* kind;
-    int micro;
+    int micro, chunk;
     double start = 0;
     bool done = false;
-    TraceSpan(const char* kind_, int micro_ = -1) : kind(kind_), micro(micro_) {
+    TraceSpan(const char* kind_, int micro_ = -1, int chunk_ = -1) : kind(kind_), micro(micro_), chunk(chunk_) {
         if (tracer.file) start = trace_now_us();
     }
     void finish() {
@@ -91,7 +92,8 @@ struct TraceSpan {
         done = true;
         double end = trace_now_us();
         char name[64];
-        if (micro >= 0) snprintf(name, sizeof(name), "%s%d", kind, micro);
+        if (micro >= 0 && chunk >= 0) snprintf(name, sizeof(name), "%s%dc%d", kind, micro, chunk);
+        else if (micro >= 0) snprintf(name, sizeof(name), "%s%d", kind, micro);
         else snprintf(name, sizeof(name), "%s", kind);
         fprintf(tracer.file, ",\n{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":0,\"args\":{\"step\":%d}}",
                 name, start, end - start, tracer.rank, tracer.step);

@@ -34,24 +34,17 @@ same run compare.
     /usr/bin/python3 scripts/bench_optimizers.py --threads 2 --plot docs/optimizers_loss.png
 """
 import argparse
-import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-# OpenMP threads spin 300,000 times at a barrier before sleeping (libgomp's default): on cores shared
-# with other jobs a spinning thread burns the slice its partner needs (scripts/run.sh sets the same).
-# Set before torch loads libgomp, so both sides of the comparison wait alike.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from main_job import MAIN_JOB, ROOT, commit, load, run_main_job  # noqa: E402 (also sets GOMP_SPINCOUNT before torch loads)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER = os.path.join(ROOT, "train_gpt_cpu")
-MAIN_JOB = ["--model", "L=8,C=64,H=4,T=64", "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "30"]
 LR, BETA1, BETA2, EPS, WD = 6e-4, 0.9, 0.95, 1e-8, 0.1  # the trainer's defaults (--help)
 
 HARNESS_SOURCE = r"""
@@ -139,10 +132,6 @@ int main(int argc, char** argv) {
 
 # bytes per parameter each measurement touches (see the docstring)
 BYTES_PER_PARAM = {"memcpy": 8, "streams7": 28, "adamw_fp32": 28, "adamw_bf16": 20, "torch_foreach": 28, "torch_loop": 28}
-
-
-def load():
-    return open("/proc/loadavg").read().split()[0]
 
 
 def gpt2_tensors(L, C, V, T):
@@ -247,21 +236,6 @@ def speed(a):
     print(f"  load average {load()} after")
 
 
-def train(optimizer_flags, out_dir, steps, val_every, threads):
-    shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [TRAINER, *MAIN_JOB, "--train-data", "data/moby-dick/moby-dick_train_*.bin", "--val-data",
-           "data/moby-dick/moby-dick_val_*.bin", "--val-every", str(val_every), "--val-batches", "40", "--steps", str(steps),
-           "--sample-every", "0", "--checkpoint-every", "0", "--out-dir", out_dir, "--threads", str(threads), *optimizer_flags]
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd)} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    records = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if line.strip()]
-    train_losses = [r["loss"] for r in records if r.get("type") == "step"]
-    vals = [r for r in records if r.get("type") == "val"]
-    return train_losses, vals[-1]["val_loss"] if vals else None, time.time() - t0
-
-
 LOSS_RUNS = [("AdamW fp32", "adamw_fp32", []), ("AdamW bf16 m, v", "adamw_bf16", ["--optimizer-state", "bf16"]),
              ("Adafactor", "adafactor", ["--optimizer", "adafactor"]), ("SM3", "sm3", ["--optimizer", "sm3"])]
 
@@ -272,7 +246,8 @@ def loss(a):
     results = []
     for label, name, flags in LOSS_RUNS:
         out = os.path.join(a.out, name)
-        losses, val, wall = train(flags, out, a.loss_steps, a.val_every, a.threads)
+        r = run_main_job(flags, out, a.loss_steps, a.val_every, a.threads)
+        losses, val, wall = r["loss"], r["val"][a.loss_steps], r["wall"]
         results.append((label, out, losses, val, wall))
         print(f"  {label:18s} first loss {losses[0]:.4f}, mean of the last 20 {statistics.mean(losses[-20:]):.4f}, "
               f"val {val:.4f} ({wall:.0f} s wall, load {load()})")
@@ -291,7 +266,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="speed,loss", help="speed, loss or both (comma-separated)")
     ap.add_argument("--model", default="d12", choices=sorted(MODELS), help="the parameter table of the speed part")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="threads of the speed part and of each loss run")
     ap.add_argument("--warmup", type=int, default=2, help="speed: steps dropped at the start of each measurement")
     ap.add_argument("--steps", type=int, default=5, help="speed: steps timed per measurement and round")
     ap.add_argument("--rounds", type=int, default=3, help="speed: rounds, ours and torch's alternating")
@@ -300,9 +275,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_optimizers"), help="loss: the runs' out dirs")
     ap.add_argument("--plot", default="", help="loss: write the plot here (e.g. docs/optimizers_loss.png)")
     a = ap.parse_args()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
-    print(f"bench_optimizers: commit {commit}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, "
+    print(f"bench_optimizers: commit {commit()}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, "
           f"load average {load()} at the start")
     parts = a.parts.split(",")
     if "speed" in parts:

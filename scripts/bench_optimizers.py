@@ -4,11 +4,12 @@ torch.optim.AdamW in the same run, and the loss of AdamW fp32 / AdamW bf16 state
 at equal steps on the main job's shape.
 
   speed   The trainer's own update functions (llmc/optim/adamw.h's adamw_update, adamw_bf16.h's
-          adamw_update_bf16) in a small harness this script compiles with the Makefile's flags
-          (-O3 -march=native, OpenMP), called tensor by tensor as the trainer's optimizer_step calls
-          them, on GPT-2's parameter table (--model d12: 148 tensors, 124,439,808 parameters; 2-D
-          weights decayed, the rest not), against torch.optim.AdamW on tensors of the same shapes,
-          same hyperparameters, same thread count (torch 1.13 on the CPU has no fused AdamW: its
+          adamw_update_bf16, adafactor.h's adafactor_step, sm3.h's sm3_step_all) in a small harness
+          this script compiles with the Makefile's flags (-O3 -march=native, OpenMP), on GPT-2's
+          parameter table (--model d12: 124,439,808 parameters; llmc/model/model.h's layout), called
+          as the trainer's optimizer_step calls them (AdamW once per tensor kind, 2-D weights
+          decayed), against torch.optim.AdamW on the same 148 tensors (every layer's its own), same
+          hyperparameters, same thread count (torch 1.13 on the CPU has no fused AdamW: its
           foreach=True (multi-tensor) and foreach=False (a loop over tensors) are both timed).
           Gradients are fixed random values; every step is timed alone, the first --warmup dropped,
           the median of --steps kept. The rounds alternate ours and torch's (--rounds): the ratio
@@ -16,6 +17,10 @@ at equal steps on the main job's shape.
           Bytes of state touched per parameter, counted as the algorithm needs them (each once):
             AdamW fp32 state: p, g, m, v read, p, m, v written = 7 x 4 = 28 bytes
             AdamW bf16 state: p, g (4) and m, v (2) read, p (4), m, v (2) written = 20 bytes
+            Adafactor, SM3: the passes they make (their --profile rows): Adafactor reads the weights
+            twice and the gradient four times and writes the weights (28), SM3 reads the gradient
+            twice and the weights once and writes them (16); their row and column state is
+            negligible.
           (write-allocate, where the CPU reads a line before writing it, is not counted: neither in
           the optimizer's GB/s nor in the bandwidth below). The machine's memory bandwidth in the
           same run, same threads, same harness: a copy (memcpy, each thread its slice) of a
@@ -48,17 +53,19 @@ from main_job import MAIN_JOB, ROOT, commit, load, run_main_job  # noqa: E402 (a
 LR, BETA1, BETA2, EPS, WD = 6e-4, 0.9, 0.95, 1e-8, 0.1  # the trainer's defaults (--help)
 
 HARNESS_SOURCE = r"""
-// The trainer's AdamW updates, timed on a given table of tensor sizes, and the memory bandwidth.
-// argv: threads warmup steps then one "count:decays" per tensor. Prints one line per measurement.
+// The trainer's optimizer updates, timed on GPT-2's parameter table (llmc/model/model.h's layout,
+// llmc/optim/optimizer_state.h's blocks), and the memory bandwidth. argv: threads warmup steps L C V T.
+// Prints one line per timed step: the measurement's name and its milliseconds.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 #include <omp.h>
+#include "llmc/optim/adafactor.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
+#include "llmc/optim/sm3.h"
 
 static double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -66,18 +73,16 @@ static double now_ms() {
 
 int main(int argc, char** argv) {
     int threads = atoi(argv[1]), warmup = atoi(argv[2]), steps = atoi(argv[3]);
+    GPT2Config cfg;
+    cfg.num_layers = atoi(argv[4]); cfg.channels = atoi(argv[5]); cfg.vocab_size = atoi(argv[6]); cfg.max_seq_len = atoi(argv[7]);
+    cfg.padded_vocab_size = pad_vocab(cfg.vocab_size);
     omp_set_num_threads(threads);
-    std::vector<size_t> count;
-    std::vector<int> decays;
-    size_t n = 0;
-    for (int i = 4; i < argc; i++) {
-        std::string a = argv[i];
-        count.push_back(strtoull(a.c_str(), nullptr, 10));
-        decays.push_back(a.back() == '1');
-        n += count.back();
-    }
-    // first touch in parallel, as the trainer's arrays are: each thread's pages on its own node
-    std::vector<float> p(n), g(n), m(n), v(n);
+    ParamLayout layout = param_layout(cfg);
+    std::vector<ParamBlock> blocks = param_blocks(cfg);
+    size_t n = layout.total;
+    printf("parameters %zu\n", n);
+    // first touch in parallel, as the trainer's arrays are
+    std::vector<float> p(n), g(n), m(n), v(n), state(factored_state_floats(cfg)), scratch(factored_scratch_floats(cfg));
     std::vector<uint16_t> m16(n), v16(n);
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -110,28 +115,33 @@ int main(int argc, char** argv) {
     });
     memset(m.data(), 0, n * sizeof(float));
     memset(v.data(), 0, n * sizeof(float));
-    report("adamw_fp32", [&](int t) {  // the trainer's optimizer_step, ZeRO-0: one call per tensor
-        size_t at = 0;
-        for (size_t k = 0; k < count.size(); k++) {
-            cpu::adamw_update(p.data() + at, g.data() + at, m.data() + at, v.data() + at, count[k], 6e-4f, 0.9f, 0.95f, 1e-8f,
-                              decays[k] ? 0.1f : 0.0f, t, 1.0f);
-            at += count[k];
+    // as train_gpt_cpu.cpp's optimizer_step calls them with ZeRO-0: AdamW once per tensor, 2-D weights decayed
+    report("adamw_fp32", [&](int t) {
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+            size_t at = layout.offset[k];
+            cpu::adamw_update(p.data() + at, g.data() + at, m.data() + at, v.data() + at, layout.count[k], 6e-4f, 0.9f, 0.95f,
+                              1e-8f, param_tensor_decays(k) ? 0.1f : 0.0f, t, 1.0f);
         }
     });
     report("adamw_bf16", [&](int t) {
-        size_t at = 0;
-        for (size_t k = 0; k < count.size(); k++) {
-            cpu::adamw_update_bf16(p.data() + at, g.data() + at, m16.data() + at, v16.data() + at, count[k], 6e-4f, 0.9f, 0.95f,
-                                   1e-8f, decays[k] ? 0.1f : 0.0f, t, 1.0f, at);
-            at += count[k];
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+            size_t at = layout.offset[k];
+            cpu::adamw_update_bf16(p.data() + at, g.data() + at, m16.data() + at, v16.data() + at, layout.count[k], 6e-4f, 0.9f,
+                                   0.95f, 1e-8f, param_tensor_decays(k) ? 0.1f : 0.0f, t, 1.0f, at);
         }
     });
+    report("adafactor", [&](int t) {
+        cpu::adafactor_step(p.data(), g.data(), state.data(), blocks, cpu::adafactor_relative_step(t), t, 0.1f, 1.0f);
+    });
+    std::fill(state.begin(), state.end(), 0.0f);
+    report("sm3", [&](int) { cpu::sm3_step_all(p.data(), g.data(), state.data(), scratch.data(), blocks, 6e-4f, 0.1f, 1.0f); });
     return 0;
 }
 """
 
 # bytes per parameter each measurement touches (see the docstring)
-BYTES_PER_PARAM = {"memcpy": 8, "streams7": 28, "adamw_fp32": 28, "adamw_bf16": 20, "torch_foreach": 28, "torch_loop": 28}
+BYTES_PER_PARAM = {"memcpy": 8, "streams7": 28, "adamw_fp32": 28, "adamw_bf16": 20, "adafactor": 28, "sm3": 16,
+                   "torch_foreach": 28, "torch_loop": 28}
 
 
 def gpt2_tensors(L, C, V, T):
@@ -156,15 +166,14 @@ def build_harness(workdir):
     return exe
 
 
-def run_harness(exe, tensors, threads, warmup, steps):
-    args = [f"{_numel(s)}:{1 if d else 0}" for s, d in tensors]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
-    out = subprocess.run([exe, str(threads), str(warmup), str(steps), *args], capture_output=True, text=True, check=True,
-                         env=env).stdout
+def run_harness(exe, model, threads, warmup, steps):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([exe, str(threads), str(warmup), str(steps), *map(str, MODELS[model])], capture_output=True, text=True,
+                         check=True, env=env).stdout
     times = {}
-    for name, ms in re.findall(r"^(\w+) ([\d.]+)$", out, re.M):
+    for name, ms in re.findall(r"^(\w+) (\d+\.\d+)$", out, re.M):
         times.setdefault(name, []).append(float(ms))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, int(re.search(r"^parameters (\d+)", out, re.M).group(1))
 
 
 def _numel(shape):
@@ -215,14 +224,16 @@ def speed(a):
         opts = {"torch_foreach": TorchAdamW(torch, tensors, True), "torch_loop": TorchAdamW(torch, tensors, False)}
         rounds = []
         for r in range(a.rounds):
-            row = run_harness(exe, tensors, a.threads, a.warmup, a.steps)
+            row, ours_n = run_harness(exe, a.model, a.threads, a.warmup, a.steps)
+            assert ours_n == n, f"the harness's parameter table has {ours_n} parameters, torch's {n}"
             for name, opt in opts.items():
                 row[name] = opt.time_steps(a.warmup, a.steps)
             rounds.append(row)
             print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in row.items()) + f" (load {load()})")
-    names = ["memcpy", "streams7", "adamw_fp32", "adamw_bf16", "torch_foreach", "torch_loop"]
+    names = ["memcpy", "streams7", "adamw_fp32", "adamw_bf16", "adafactor", "sm3", "torch_foreach", "torch_loop"]
     what = {"memcpy": "memory bandwidth: memcpy (read + written)", "streams7": "memory bandwidth: AdamW's 7 streams, adds only",
             "adamw_fp32": "ours: AdamW, fp32 m and v (adamw.h)", "adamw_bf16": "ours: AdamW, bf16 m and v (adamw_bf16.h)",
+            "adafactor": "ours: Adafactor (adafactor.h)", "sm3": "ours: SM3 (sm3.h)",
             "torch_foreach": "torch.optim.AdamW, foreach=True", "torch_loop": "torch.optim.AdamW, foreach=False"}
     bw = statistics.median(n * BYTES_PER_PARAM["streams7"] / (r["streams7"] * 1e-3) / 1e9 for r in rounds)
     print(f"\n  {'':48s} {'ms/step':>9s} {'B/param':>8s} {'GB/s':>7s} {'% of 7-stream bw':>17s} {'ours fp32 speed-up':>19s}")

@@ -6,7 +6,8 @@ at equal steps on the main job's shape.
   speed   The trainer's own update functions (llmc/optim/adamw.h's adamw_update, adamw_bf16.h's
           adamw_update_bf16, adafactor.h's adafactor_step, sm3.h's sm3_step_all) in a small harness
           this script compiles with the Makefile's flags (-O3 -march=native, OpenMP), on GPT-2's
-          parameter table (--model d12: 124,439,808 parameters; llmc/model/model.h's layout), called
+          parameter table (--model d12: 124,475,904 parameters with the vocabulary padded to 50304 rows;
+          llmc/model/model.h's layout), called
           as the trainer's optimizer_step calls them (AdamW once per tensor kind, 2-D weights
           decayed), against torch.optim.AdamW on the same 148 tensors (every layer's its own), same
           hyperparameters, same thread count (torch 1.13 on the CPU has no fused AdamW: its
@@ -146,8 +147,10 @@ BYTES_PER_PARAM = {"memcpy": 8, "streams7": 28, "adamw_fp32": 28, "adamw_bf16": 
 
 def gpt2_tensors(L, C, V, T):
     """GPT-2's parameter tensors as (shape, decays), in the trainer's order (llmc/model/model.h):
-    the 2-D weights decay, biases and LayerNorm parameters do not."""
-    t = [((V, C), True), ((T, C), True)]
+    the 2-D weights decay, biases and LayerNorm parameters do not. The token embedding has the padded
+    vocabulary's rows (a multiple of 128), as the trainer allocates and updates them."""
+    Vp = (V + 127) // 128 * 128
+    t = [((Vp, C), True), ((T, C), True)]
     for _ in range(L):
         t += [((C,), False), ((C,), False), ((3 * C, C), True), ((3 * C,), False), ((C, C), True), ((C,), False),
               ((C,), False), ((C,), False), ((4 * C, C), True), ((4 * C,), False), ((C, 4 * C), True), ((C,), False)]

@@ -3,7 +3,7 @@
 step time on 2 and 4 ranks, and the loss over the main job's steps.
 
   bytes       GPT-2 124M (d12, B=1 T=64 per rank, 1 thread per rank) for --d12-steps steps on 2 and
-              4 ranks, --grad-compression none against powersgd --powersgd-rank 4: the bytes rank 0
+              4 ranks (--bytes-ranks), --grad-compression none against powersgd --powersgd-rank 4: the bytes rank 0
               sent to its data-parallel group in the last step, from the trainer's own counters (its
               closing table, which says "= --estimate" when every rank's count is the prediction),
               and the step time (the median of the steps after the first).
@@ -48,7 +48,7 @@ def data_bytes(stdout):
 def d12_bytes(a):
     print(f"\nbytes: d12, B=1 T=64 per rank, {a.d12_steps} steps, 1 thread per rank; load average {load()} before")
     print(f"  | ranks | --grad-compression | bytes rank 0 sent a step | = --estimate | median step (s) | load after |")
-    for ranks in (2, 4):
+    for ranks in a.bytes_ranks:
         row = {}
         for name, flags in (("none", []), ("powersgd r=4", POWERSGD)):
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), TRAINER,
@@ -107,6 +107,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="bytes,time,loss", help="bytes, time, loss (comma-separated)")
     ap.add_argument("--d12-steps", type=int, default=3)
+    ap.add_argument("--bytes-ranks", default="2,4", type=lambda s: [int(x) for x in s.split(",")],
+                    help="bytes: the rank counts (each d12 rank holds about 3 GB with PowerSGD's buffers)")
     ap.add_argument("--time-steps", type=int, default=25)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, ROOT, TRAINER, TRAIN_DATA, commit, load, run_main_job  # noqa: E402
+from main_job import MAIN_JOB, ROOT, TRAINER, TRAIN_DATA, header, load, plot, run_main_job  # noqa: E402
 
 POWERSGD = ["--grad-compression", "powersgd", "--powersgd-rank", "4"]
 UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
@@ -47,7 +47,7 @@ def data_bytes(stdout):
 
 def d12_bytes(a):
     print(f"\nbytes: d12, B=1 T=64 per rank, {a.d12_steps} steps, 1 thread per rank; load average {load()} before")
-    print(f"  | ranks | --grad-compression | bytes rank 0 sent a step | = --estimate | median step (s) | load after |")
+    print("  | ranks | --grad-compression | bytes rank 0 sent a step | = --estimate | median step (s) | load after |")
     for ranks in a.bytes_ranks:
         row = {}
         for name, flags in (("none", []), ("powersgd r=4", POWERSGD)):
@@ -91,16 +91,14 @@ def loss(a):
         runs[name] = run_main_job(flags, os.path.join(a.out, "loss_" + name), a.steps, a.val_every, 1, ranks=2)
         print(f"  {name} done (load {load()})")
     n, p = runs["none"], runs["powersgd"]
-    print(f"\n  | step | exact sum val loss | PowerSGD r=4 val loss | difference |")
+    print("\n  | step | exact sum val loss | PowerSGD r=4 val loss | difference |")
     for s in sorted(n["val"]):
         print(f"  | {s} | {n['val'][s]:.4f} | {p['val'][s]:.4f} | {p['val'][s] - n['val'][s]:+.4f} |")
     print(f"  mean train loss of the last 20 steps: exact {statistics.mean(n['loss'][-20:]):.4f}, "
           f"powersgd {statistics.mean(p['loss'][-20:]):.4f}")
     if a.plot:
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_metrics.py"), os.path.join(a.out, "loss_none"),
-                        os.path.join(a.out, "loss_powersgd"), "-o", a.plot, "--labels", "exact sum (fp32),PowerSGD rank 4",
-                        "--title", f"main job on 2 ranks (L=8 C=64, B=8 T=64 each), {a.steps} steps"], check=True)
-        print(f"  plot: {a.plot}")
+        plot([os.path.join(a.out, "loss_none"), os.path.join(a.out, "loss_powersgd")], ["exact sum (fp32)", "PowerSGD rank 4"],
+             a.plot, f"main job on 2 ranks (L=8 C=64, B=8 T=64 each), {a.steps} steps")
 
 
 def main():
@@ -116,9 +114,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_grad_compression"))
     ap.add_argument("--plot", default="", help="loss: write the plot here (e.g. docs/grad_compression_loss.png)")
     a = ap.parse_args()
-    cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
-    print(f"bench_grad_compression: commit {commit()}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, "
-          f"load average {load()}; the main job: {' '.join(MAIN_JOB)}; compression: {' '.join(POWERSGD)}")
+    header("bench_grad_compression", f"the main job: {' '.join(MAIN_JOB)}; compression: {' '.join(POWERSGD)}")
     parts = a.parts.split(",")
     if "bytes" in parts:
         d12_bytes(a)

@@ -32,12 +32,11 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, ROOT, commit, load, run_main_job  # noqa: E402
+from main_job import MAIN_JOB, header, load, plot, run_main_job  # noqa: E402
 
 MOE = ["--moe-experts", "8", "--moe-top-k", "1", "--moe-every", "2"]
 TOKENS_PER_STEP = 8 * 64
@@ -54,7 +53,7 @@ def equal_steps(a):
     print(f"  dense done (load {load()})")
     moe = run_main_job(MOE, os.path.join(a.out, "moe8"), a.steps, a.val_every, a.threads)
     print(f"  moe done (load {load()})")
-    print(f"\n  | step | dense val loss | MoE 8x top-1 val loss | MoE - dense |")
+    print("\n  | step | dense val loss | MoE 8x top-1 val loss | MoE - dense |")
     for s in sorted(dense["val"]):
         print(f"  | {s} | {dense['val'][s]:.4f} | {moe['val'][s]:.4f} | {moe['val'][s] - dense['val'][s]:+.4f} |")
     md, mm = median_ms(dense), median_ms(moe)
@@ -129,19 +128,15 @@ def main():
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_moe_corpus"))
     ap.add_argument("--plot", default="", help="write the equal-steps runs' curves here (scripts/plot_metrics.py)")
     a = ap.parse_args()
-    cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
-    print(f"bench_moe_corpus: commit {commit()}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, "
-          f"load average {load()}; the main job: {' '.join(MAIN_JOB)}; MoE: {' '.join(MOE)}")
+    header("bench_moe_corpus", f"the main job: {' '.join(MAIN_JOB)}; MoE: {' '.join(MOE)}")
     parts = a.parts.split(",")
     if "steps" in parts:
         dense, moe, md, mm = equal_steps(a)
         if "time" in parts:
             equal_time(a, dense, md, mm)
         if a.plot:
-            subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_metrics.py"), os.path.join(a.out, "dense"),
-                            os.path.join(a.out, "moe8"), "-o", a.plot, "--labels", "dense,MoE 8 experts top-1 (every 2nd block)",
-                            "--title", f"main job (L=8 C=64, B=8 T=64), {a.steps} steps: dense vs MoE"], check=True)
-            print(f"  plot: {a.plot}")
+            plot([os.path.join(a.out, "dense"), os.path.join(a.out, "moe8")], ["dense", "MoE 8 experts top-1 (every 2nd block)"],
+                 a.plot, f"main job (L=8 C=64, B=8 T=64), {a.steps} steps: dense vs MoE")
     if "overhead" in parts:
         overhead(a)
     if "ep" in parts:

@@ -49,7 +49,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, ROOT, commit, load, run_main_job  # noqa: E402 (also sets GOMP_SPINCOUNT before torch loads)
+from main_job import MAIN_JOB, ROOT, header, load, plot, run_main_job  # noqa: E402 (also sets GOMP_SPINCOUNT before torch loads)
 
 LR, BETA1, BETA2, EPS, WD = 6e-4, 0.9, 0.95, 1e-8, 0.1  # the trainer's defaults (--help)
 
@@ -246,7 +246,7 @@ def speed(a):
         ratio = statistics.median(r[k] / r["adamw_fp32"] for r in rounds) if k.startswith("torch") else None
         print(f"  {what[k]:48s} {ms:9.1f} {BYTES_PER_PARAM[k]:8d} {gbs:7.1f} {100 * gbs / bw:16.0f}% "
               f"{(f'{ratio:.2f}x' if ratio else ''):>19s}")
-    print(f"  (speed-up: the median over rounds of torch's time / ours in the same round; the goal is >= 3x)")
+    print("  (speed-up: the median over rounds of torch's time / ours in the same round; the goal is >= 3x)")
     print(f"  load average {load()} after")
 
 
@@ -270,10 +270,8 @@ def loss(a):
     for (label, out, losses, val, _), (_, name, _) in zip(results, LOSS_RUNS):
         print(f"  | {label} | {state[name]} | {statistics.mean(losses[-20:]):.4f} | {val:.4f} |")
     if a.plot:
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_metrics.py"), *[r[1] for r in results], "-o", a.plot,
-                        "--labels", ",".join(r[0] for r in results),
-                        "--title", f"main job (L=8 C=64, B=8 T=64), {a.loss_steps} steps: four optimizers"], check=True)
-        print(f"  plot: {a.plot}")
+        plot([r[1] for r in results], [r[0] for r in results], a.plot,
+             f"main job (L=8 C=64, B=8 T=64), {a.loss_steps} steps: four optimizers")
 
 
 def main():
@@ -289,9 +287,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_optimizers"), help="loss: the runs' out dirs")
     ap.add_argument("--plot", default="", help="loss: write the plot here (e.g. docs/optimizers_loss.png)")
     a = ap.parse_args()
-    cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
-    print(f"bench_optimizers: commit {commit()}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, "
-          f"load average {load()} at the start")
+    header("bench_optimizers", f"the main job: {' '.join(MAIN_JOB)}")
     parts = a.parts.split(",")
     if "speed" in parts:
         speed(a)

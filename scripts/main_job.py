@@ -5,6 +5,7 @@ batch (L=8 C=64 H=4, B=8, T=64, lr 1e-2 cosine to 0, 30 warm-up steps) on Moby D
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,3 +51,16 @@ def run_main_job(flags, out_dir, steps, val_every=0, threads=1, ranks=1):
     steps_seen = [r for r in records if r.get("type") == "step"]
     return {"loss": [r["loss"] for r in steps_seen], "ms": [r["ms"] for r in steps_seen], "records": steps_seen,
             "val": {r["step"]: r["val_loss"] for r in records if r.get("type") == "val"}, "wall": wall, "stdout": p.stdout}
+
+
+def header(script, what):
+    """The line each benchmark opens with: the script, the commit, the CPU, the cores and the load."""
+    cpu = re.search(r"model name\s*: (.*)", open("/proc/cpuinfo").read())
+    print(f"{script}: commit {commit()}, {cpu.group(1) if cpu else '?'}, {os.cpu_count()} cores, load average {load()}; {what}")
+
+
+def plot(run_dirs, labels, output, title):
+    """The runs' metrics logs in one picture (scripts/plot_metrics.py)."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_metrics.py"), *run_dirs, "-o", output, "--labels",
+                    ",".join(labels), "--title", title], check=True)
+    print(f"  plot: {output}")

@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, header, load, plot, run_main_job  # noqa: E402
+from main_job import MAIN_JOB, header, load, plot, run_main_job, run_or_reuse  # noqa: E402
 
 MOE = ["--moe-experts", "8", "--moe-top-k", "1", "--moe-every", "2"]
 TOKENS_PER_STEP = 8 * 64
@@ -49,9 +49,9 @@ def median_ms(run, skip=5):
 def equal_steps(a):
     print(f"\nequal steps: {a.steps} steps each, {a.threads} thread(s), validation every {a.val_every} steps; "
           f"load average {load()} before")
-    dense = run_main_job([], os.path.join(a.out, "dense"), a.steps, a.val_every, a.threads)
+    dense = run_or_reuse(a.reuse, [], os.path.join(a.out, "dense"), a.steps, a.val_every, a.threads)
     print(f"  dense done (load {load()})")
-    moe = run_main_job(MOE, os.path.join(a.out, "moe8"), a.steps, a.val_every, a.threads)
+    moe = run_or_reuse(a.reuse, MOE, os.path.join(a.out, "moe8"), a.steps, a.val_every, a.threads)
     print(f"  moe done (load {load()})")
     print("\n  | step | dense val loss | MoE 8x top-1 val loss | MoE - dense |")
     for s in sorted(dense["val"]):
@@ -72,7 +72,7 @@ def equal_time(a, dense, md, mm):
     steps = max(40, round(a.steps * md / mm))
     print(f"\nequal wall time: the MoE for {steps} steps ({a.steps} x {md:.1f} / {mm:.1f} ms), its own schedule; "
           f"load average {load()} before")
-    moe = run_main_job([*MOE], os.path.join(a.out, "moe8_time"), steps, steps, a.threads)
+    moe = run_or_reuse(a.reuse, MOE, os.path.join(a.out, "moe8_time"), steps, steps, a.threads)
     print(f"  dense, {a.steps} steps, {sum(dense['ms']) / 1e3:.1f} s of steps: val {dense['val'][a.steps]:.4f}")
     print(f"  MoE,   {steps} steps, {sum(moe['ms']) / 1e3:.1f} s of steps: val {moe['val'][steps]:.4f} "
           f"(load {load()} after)")
@@ -127,6 +127,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_moe_corpus"))
     ap.add_argument("--plot", default="", help="write the equal-steps runs' curves here (scripts/plot_metrics.py)")
+    ap.add_argument("--reuse", action="store_true", help="steps, time: read a run already in --out that reached its steps "
+                    "instead of training it again (the dense run is bench_optimizers.py's AdamW fp32 run, the same flags)")
     a = ap.parse_args()
     header("bench_moe_corpus", f"the main job: {' '.join(MAIN_JOB)}; MoE: {' '.join(MOE)}")
     parts = a.parts.split(",")

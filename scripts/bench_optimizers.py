@@ -49,7 +49,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, ROOT, header, load, plot, run_main_job  # noqa: E402 (also sets GOMP_SPINCOUNT before torch loads)
+from main_job import MAIN_JOB, ROOT, header, load, plot, run_or_reuse  # noqa: E402 (also sets GOMP_SPINCOUNT before torch loads)
 
 LR, BETA1, BETA2, EPS, WD = 6e-4, 0.9, 0.95, 1e-8, 0.1  # the trainer's defaults (--help)
 
@@ -258,16 +258,17 @@ def loss(a):
     print(f"\nloss: the main job's shape ({' '.join(MAIN_JOB)}), {a.loss_steps} steps each, validation every {a.val_every} "
           f"steps on 40 batches; load average {load()} before")
     results = []
-    for label, name, flags in LOSS_RUNS:
+    runs = [run for run in LOSS_RUNS if run[1] in a.optimizers.split(",")]
+    for label, name, flags in runs:
         out = os.path.join(a.out, name)
-        r = run_main_job(flags, out, a.loss_steps, a.val_every, a.threads)
+        r = run_or_reuse(a.reuse, flags, out, a.loss_steps, a.val_every, a.threads)
         losses, val, wall = r["loss"], r["val"][a.loss_steps], r["wall"]
         results.append((label, out, losses, val, wall))
         print(f"  {label:18s} first loss {losses[0]:.4f}, mean of the last 20 {statistics.mean(losses[-20:]):.4f}, "
-              f"val {val:.4f} ({wall:.0f} s wall, load {load()})")
+              f"val {val:.4f} ({f'{wall:.0f} s wall' if wall else 'read from ' + out}, load {load()})")
     print(f"\n  | optimizer | state bytes/param | train loss (mean of steps {a.loss_steps - 19}-{a.loss_steps}) | val loss at step {a.loss_steps} |")
     state = {"adamw_fp32": "8", "adamw_bf16": "4", "adafactor": "rows + cols", "sm3": "rows + cols"}
-    for (label, out, losses, val, _), (_, name, _) in zip(results, LOSS_RUNS):
+    for (label, out, losses, val, _), (_, name, _) in zip(results, runs):
         print(f"  | {label} | {state[name]} | {statistics.mean(losses[-20:]):.4f} | {val:.4f} |")
     if a.plot:
         plot([r[1] for r in results], [r[0] for r in results], a.plot,
@@ -286,6 +287,9 @@ def main():
     ap.add_argument("--val-every", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_optimizers"), help="loss: the runs' out dirs")
     ap.add_argument("--plot", default="", help="loss: write the plot here (e.g. docs/optimizers_loss.png)")
+    ap.add_argument("--optimizers", default=",".join(r[1] for r in LOSS_RUNS), help="loss: which runs (comma-separated)")
+    ap.add_argument("--reuse", action="store_true", help="loss: read a run already in --out that reached --loss-steps "
+                    "instead of training it again (to train the runs side by side in separate processes)")
     a = ap.parse_args()
     header("bench_optimizers", f"the main job: {' '.join(MAIN_JOB)}")
     parts = a.parts.split(",")

@@ -47,10 +47,27 @@ def run_main_job(flags, out_dir, steps, val_every=0, threads=1, ranks=1):
     wall = time.time() - t0
     if p.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    run = read_main_job(out_dir)
+    run.update(wall=wall, stdout=p.stdout)
+    return run
+
+
+def read_main_job(out_dir):
+    """A finished run's metrics log, as run_main_job returns it (without wall and stdout)."""
     records = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if line.strip()]
     steps_seen = [r for r in records if r.get("type") == "step"]
     return {"loss": [r["loss"] for r in steps_seen], "ms": [r["ms"] for r in steps_seen], "records": steps_seen,
-            "val": {r["step"]: r["val_loss"] for r in records if r.get("type") == "val"}, "wall": wall, "stdout": p.stdout}
+            "val": {r["step"]: r["val_loss"] for r in records if r.get("type") == "val"}, "wall": None, "stdout": ""}
+
+
+def run_or_reuse(reuse, flags, out_dir, steps, val_every=0, threads=1, ranks=1):
+    """run_main_job, or with `reuse` the run already in out_dir when its log reached `steps` (a
+    benchmark's runs can then be trained in separate processes, side by side, and tabled once)."""
+    if reuse and os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
+        run = read_main_job(out_dir)
+        if len(run["loss"]) >= steps and (not val_every or steps in run["val"]):
+            return run
+    return run_main_job(flags, out_dir, steps, val_every, threads, ranks)
 
 
 def header(script, what):

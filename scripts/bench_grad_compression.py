@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from main_job import MAIN_JOB, ROOT, TRAINER, TRAIN_DATA, header, load, plot, run_main_job  # noqa: E402
+from main_job import MAIN_JOB, ROOT, TRAINER, TRAIN_DATA, header, load, plot, run_main_job, run_or_reuse  # noqa: E402
 
 POWERSGD = ["--grad-compression", "powersgd", "--powersgd-rank", "4"]
 UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
@@ -88,8 +88,11 @@ def loss(a):
           f"load average {load()} before")
     runs = {}
     for name, flags in (("none", []), ("powersgd", POWERSGD)):
-        runs[name] = run_main_job(flags, os.path.join(a.out, "loss_" + name), a.steps, a.val_every, 1, ranks=2)
-        print(f"  {name} done (load {load()})")
+        if name in a.compressions.split(","):
+            runs[name] = run_or_reuse(a.reuse, flags, os.path.join(a.out, "loss_" + name), a.steps, a.val_every, 1, ranks=2)
+            print(f"  {name} done (load {load()})")
+    if len(runs) < 2:
+        return
     n, p = runs["none"], runs["powersgd"]
     print("\n  | step | exact sum val loss | PowerSGD r=4 val loss | difference |")
     for s in sorted(n["val"]):
@@ -113,6 +116,9 @@ def main():
     ap.add_argument("--val-every", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_grad_compression"))
     ap.add_argument("--plot", default="", help="loss: write the plot here (e.g. docs/grad_compression_loss.png)")
+    ap.add_argument("--compressions", default="none,powersgd", help="loss: which runs (the table needs both)")
+    ap.add_argument("--reuse", action="store_true", help="loss: read a run already in --out that reached --steps instead "
+                    "of training it again (to train the runs side by side in separate processes)")
     a = ap.parse_args()
     header("bench_grad_compression", f"the main job: {' '.join(MAIN_JOB)}; compression: {' '.join(POWERSGD)}")
     parts = a.parts.split(",")

@@ -62,7 +62,7 @@ def equal_steps(a):
           f"({TOKENS_PER_STEP / mm * 1e3:.0f} tok/s); training time (sum of steps): dense {sum(dense['ms']) / 1e3:.1f} s, "
           f"MoE {sum(moe['ms']) / 1e3:.1f} s")
     loads = [r["moe_load_max"] for r in moe["records"][-20:]]
-    print(f"  MoE at step {a.steps}: aux loss {last['moe_aux']:.4f} (1e-2 = even routing), z-loss {last['moe_z']:.4f}, "
+    print(f"  MoE at step {a.steps}: aux loss {last['moe_aux']:.4f} (summed over the 4 MoE blocks: 0.04 at even routing), z-loss {last['moe_z']:.4f}, "
           f"dropped {last['moe_dropped']}, expert load min {last['moe_load_min']} max {last['moe_load_max']} rows "
           f"(an even split: {TOKENS_PER_STEP // 8}; max over the last 20 steps: median {statistics.median(loads)})")
     return dense, moe, md, mm

@@ -250,7 +250,7 @@ def speed(a):
     print(f"  load average {load()} after")
 
 
-LOSS_RUNS = [("AdamW fp32", "adamw_fp32", []), ("AdamW bf16 m, v", "adamw_bf16", ["--optimizer-state", "bf16"]),
+LOSS_RUNS = [("AdamW fp32", "adamw_fp32", []), ("AdamW bf16 m and v", "adamw_bf16", ["--optimizer-state", "bf16"]),
              ("Adafactor", "adafactor", ["--optimizer", "adafactor"]), ("SM3", "sm3", ["--optimizer", "sm3"])]
 
 

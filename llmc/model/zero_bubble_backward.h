@@ -49,42 +49,38 @@
 // (llmc/memory/cpu_buffers.h), which the GPU trainer's --estimate compiles too, can use it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
-// A stash is a run of blocks, one per deferred matmul or LayerNorm, each holding what its W reads:
-// a matmul's dy (N x OC) then its input (N x IC); a LayerNorm's dy, its input x (N x C each), then
-// its mean and rstd (N each). B fills a block (matmul_backward_or_defer, layernorm_backward_or_defer
-// in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in train_gpt_cpu.cpp).
-inline size_t matmul_stash_floats(size_t N, size_t IC, size_t OC) { return N * (OC + IC); }
-inline size_t layernorm_stash_floats(size_t N, size_t C) { return N * (2 * C + 2); }
-
-// One layer's blocks, in the order the backward computes them (Ca, Cf: the local widths of the
-// attention and the MLP), and the stage's stash: L layers, then the final LayerNorm's block if
-// the stage has the head.
+// A stash holds, per layer of the stage, the output gradient dy of each matmul, in the order the
+// backward computes them (Ca, Cf: the local widths of the attention and the MLP): the MLP's
+// projection N x C, its fc N x Cf, the attention's projection N x C, its qkv N x 3Ca. B fills it
+// (matmul_backward_or_defer in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in
+// train_gpt_cpu.cpp), with the matmuls' inputs from the micro-batch's slot.
 struct LayerWeightStash {
-    float *fcproj, *fc, *ln2, *attproj, *qkv, *ln1;
+    float *fcproj, *fc, *attproj, *qkv;
 };
-inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) {
-    return matmul_stash_floats(N, Cf, C) + matmul_stash_floats(N, C, Cf) + layernorm_stash_floats(N, C) +
-           matmul_stash_floats(N, Ca, C) + matmul_stash_floats(N, C, 3 * Ca) + layernorm_stash_floats(N, C);
-}
-inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf, bool head) {
-    return L * weight_stash_layer_floats(N, C, Ca, Cf) + (head ? layernorm_stash_floats(N, C) : 0);
+inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) { return N * (C + Cf + C + 3 * Ca); }
+inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
+    return L * weight_stash_layer_floats(N, C, Ca, Cf);
 }
 inline LayerWeightStash layer_weight_stash(float* stash, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
     float* p = stash + (size_t)l * weight_stash_layer_floats(N, C, Ca, Cf);
     LayerWeightStash s;
-    s.fcproj = p, p += matmul_stash_floats(N, Cf, C);
-    s.fc = p, p += matmul_stash_floats(N, C, Cf);
-    s.ln2 = p, p += layernorm_stash_floats(N, C);
-    s.attproj = p, p += matmul_stash_floats(N, Ca, C);
-    s.qkv = p, p += matmul_stash_floats(N, C, 3 * Ca);
-    s.ln1 = p;
+    s.fcproj = p, p += N * C;
+    s.fc = p, p += N * Cf;
+    s.attproj = p, p += N * C;
+    s.qkv = p;
     return s;
 }
-inline float* final_norm_weight_stash(float* stash, size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
-    return stash + L * weight_stash_layer_floats(N, C, Ca, Cf);
-}
+
+// Stage s of p under ZB-H1, m >= p micro-batches (grid_problem's rule for the pipelines):
+// how many micro-batches' slots hold the rows W reads at once: F(k) to W(k), p on every stage
+// (the lesson above), or m if fewer;
+inline int zero_bubble_weight_input_slots(int stages, int m) { return std::min(m, stages); }
+// how many stashes of output gradients: B(k) to W(k), s + 1; none on the first stage, whose W(k)
+// comes right after its B(k) (it runs the whole backward at B: the same additions, in the same order).
+inline int zero_bubble_stashes(int stage, int m) { return stage == 0 ? 0 : std::min(m, stage + 1); }
 
 // What the CPU trainer's ZB-H1 cannot run yet ("" if it can), one line with the fix: W reads its
 // rows locally, and tensor and sequence parallelism would gather them again (not written yet).

@@ -631,8 +631,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 // matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
 // stage (B did the rest), in B's order. The inputs it reads where B read them, in
 // the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
-// rebuilt as B rebuilt them (--recompute, --stash-precision bf16: the same functions, the same
-// floats). Runs in micro-batch order, so every gradient collects the micro-batches' additions in the
+// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
+// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch order, so every gradient collects the micro-batches' additions in the
 // order the whole backward adds them: the same bits.
 // (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
 void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) {

@@ -250,7 +250,7 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + x, M * head * BT, F};
     size_t stashes = s.pending_weight_passes;
-    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy: (5C+4C) x B x T per layer x %zu", stashes),
+    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy: (C+4C+C+3C) x B x T per layer x %zu", stashes),
                           stashes * weight_stash_floats(L, BT, C, Ca, Cf), F};
 
     t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};

@@ -111,6 +111,9 @@ struct Activations {
     // pipelines: the micro-batch's tokens, kept until its backward pass; sends from these buffers
     std::vector<int> inputs, targets;
     std::vector<CommSend> sends;
+    // ZB-H1: the micro-batch whose W has still to read this slot's rows cpu_buffer_read_by_weight_pass
+    // names (-1: none). Slots past the forward's hold only those rows: the ones parked for W.
+    int weight_owner = -1;
 };
 
 // Backward scratch, one layer's worth, reused by every layer and every micro-batch.
@@ -157,9 +160,11 @@ struct GPT2 {
     DiskOffload offload;
     ParamTensors<float> p, g;      // pointers to each tensor inside params / grads
     std::vector<Activations> acts; // one per micro-batch in flight: more than one only in a pipeline
-    // ZB-H1: what W reads (output gradients, inputs), kept from B to W: pending_weights stashes (llmc/model/zero_bubble_backward.h)
+    // ZB-H1 (llmc/model/zero_bubble_backward.h): the output gradients W reads, kept from B to W in
+    // pending_weights stashes; its inputs stay in acts, whose first forward_slots are the forward's
     std::vector<float> weight_stash;
     int pending_weights = 0;
+    size_t forward_slots = 1;
     Workspace work;
     std::vector<BufferSpec> table; // the sizes everything was allocated with (llmc/memory/cpu_buffers.h)
     int max_B = 0, max_T = 0;      // the activations were sized for this
@@ -259,14 +264,15 @@ void gpt2_build(GPT2* model, const GPT2Config& cfg, std::vector<float> params, c
 void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->table = cpu_buffer_table(shape);
     model->bf16_moments = shape.bf16_moments;
-    model->acts.resize((size_t)shape.micro_batches_in_flight);
+    // (ZB-H1: and after them, the slots that hold only the rows parked for W: cpu_buffer_copies)
+    model->forward_slots = (size_t)shape.micro_batches_in_flight;
+    model->acts.assign(std::max(model->forward_slots, (size_t)shape.weight_input_slots), Activations());
     model->pending_weights = shape.pending_weight_passes;
     model->versions.on = shape.two_weight_versions;
     for (int b = 0; b < CB_COUNT; b++) {
-        bool per_micro = cpu_buffer_per_micro_batch(b);
-        int holders = cpu_buffer_slots(shape, b);  // (interleaved: the head's rows in slot 0 alone, head_rows)
-        for (int slot = 0; slot < (per_micro ? shape.micro_batches_in_flight : 1); slot++) {
-            size_t n = slot < holders ? model->table[b].elements / holders : 0;
+        size_t copies = cpu_buffer_copies(shape, b);
+        for (int slot = 0; slot < (int)copies; slot++) {
+            size_t n = model->table[b].elements / copies;
             if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
@@ -276,7 +282,8 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
             v->swap(exact);
         }
     }
-    for (Activations& a : model->acts) {
+    for (size_t i = 0; i < model->forward_slots; i++) {
+        Activations& a = model->acts[i];
         a.inputs.assign((size_t)shape.B * shape.T, 0);
         a.targets.assign((size_t)shape.B * shape.T, 0);
     }
@@ -513,9 +520,10 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
 // ZB-H1 (llmc/model/zero_bubble_backward.h): with a `stash`, B, the input gradients: each block's
-// matmul and LayerNorm copies its output gradient and input into the stash instead of adding its
-// weight gradient, which gpt2_backward_weights adds later (the LM head's and the embedding's are
-// added here). Without one (every other schedule), the whole backward.
+// matmul copies its output gradient into the stash instead of adding its weight gradient, which
+// gpt2_backward_weights adds later from it and the matmul's input, left in the slot (the LM head's,
+// the LayerNorms' and the embedding's are added here). Without one (every other schedule), the
+// whole backward.
 // Interleaved 1F1B: model chunk `chunk`'s backward, as gpt2_forward's.
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
                    float* stash = nullptr, int chunk = 0) {
@@ -545,9 +553,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                         (int)BT, C, Vp);
         const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
         memset(dresidual, 0, R * C * sizeof(float));
-        float* keep = stash ? final_norm_weight_stash(stash, L, BT, C, Ca, Cf) : nullptr;
-        layernorm_backward_or_defer(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(),
-                                    (int)R, C, keep);
+        layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(), (int)R, C);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
 
@@ -613,7 +619,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.fc);
         }
         const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward_or_defer(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C, k.ln2);
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
         unstash(atty, st.atty, l, BTmax * Ca, BT * Ca);
@@ -627,7 +633,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
         matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
         const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward_or_defer(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C, k.ln1);
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C);
         unit_grads_done(model, unit);
         release_unit_weights(model, unit);
     }
@@ -639,35 +645,76 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     unit_grads_done(model, ends);
 }
 
-// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each deferred
-// matmul's and LayerNorm's output gradient and input: every weight and bias gradient of the stage
-// but the LM head's and the embedding's (B did those), in B's order. Runs in micro-batch order, so
-// every gradient collects the micro-batches' additions in the order the whole backward adds them:
-// the same bits. It reads nothing but the stash: the micro-batch's activation slot was free after B.
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each block
+// matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
+// stage (B did the rest), in B's order. The inputs it reads where B read them, in
+// the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
+// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
+// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch order, so every gradient collects the micro-batches' additions in the
+// order the whole backward adds them: the same bits.
 // (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
-void gpt2_backward_weights(GPT2* model, int B, int T, float* stash) {
+void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) {
     const ModelSlice& s = model->slice;
     int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
-    size_t N = (size_t)B * T;
-    // a block of the stash: dy then the input (zero_bubble_backward.h); a LayerNorm's then its mean, rstd
-    auto input = [N](const float* block, size_t out_width) { return block + N * out_width; };
-    auto norm = [&](float* dw, float* db, const float* block) {
-        layernorm_backward_weight(dw, db, block, block + N * C, block + 2 * N * C, block + 2 * N * C + N, (int)N, C);
-    };
-    if (s.last_stage) {
-        ParamTensors<float> g = unit_grads(model, ends_unit(L));
-        norm(g[LNFW], g[LNFB], final_norm_weight_stash(stash, L, N, C, Ca, Cf));
-    }
+    size_t N = (size_t)B * T, Rmax = (size_t)model->max_B * model->max_T, BTmax = Rmax;
+    Activations& a = model->acts[(size_t)slot];
+    const Activations::BF16Stash& st = a.stash;
+    Workspace& work = model->work;
+    RecomputePlan keep = recompute_plan(model->recompute);
     for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> g = unit_grads(model, unit_of_layer(L, l));
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
         LayerWeightStash k = layer_weight_stash(stash, l, N, C, Ca, Cf);
-        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, input(k.fcproj, C), (int)N, Cf, C);
-        matmul_backward_weight(g[FCW], g[FCB], k.fc, input(k.fc, Cf), (int)N, C, Cf);
-        norm(g[LN2W], g[LN2B], k.ln2);
-        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, input(k.attproj, C), (int)N, Ca, C);
-        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, input(k.qkv, 3 * Ca), (int)N, C, 3 * Ca);
-        norm(g[LN1W], g[LN1B], k.ln1);
+        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
+        const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
+        const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
+        const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
+        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
+        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
+        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);
+        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
+        if (keep.gelu) {
+            unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, N * Cf);
+        } else {  // level 1+: GELU(fch) again, fch kept for W (cpu_buffer_read_by_weight_pass)
+            float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
+            unstash(fch, st.fch, l, BTmax * Cf, N * Cf);
+            gelu_forward(fch_gelu, fch, N * Cf);
+        }
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, fch_gelu, (int)N, Cf, C);
+        if (!keep.ln) layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)N, C);
+        unstash(ln2, st.ln2, l, Rmax * C, N * C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, ln2, (int)N, C, Cf);
+        unstash(atty, st.atty, l, BTmax * Ca, N * Ca);
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, atty, (int)N, Ca, C);
+        if (!keep.ln) layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)N, C);
+        unstash(ln1, st.ln1, l, Rmax * C, N * C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, ln1, (int)N, C, 3 * Ca);
+        release_unit_weights(model, unit_of_layer(L, l));
     }
+}
+
+// ZB-H1 (llmc/model/zero_bubble_backward.h): a forward is taking slot `slot` while the micro-batch
+// that had it still waits for its W. The rows W reads move to a parked slot whose W has run, by
+// vector swaps (no copy), and that slot's vectors take their place; the slot's other rows are free
+// since B, as in 1F1B. cpu_buffer_copies sized the parked slots for the most that wait at once.
+static void park_weight_inputs(GPT2* model, size_t slot) {
+    for (size_t e = model->forward_slots; e < model->acts.size(); e++) {
+        if (model->acts[e].weight_owner >= 0) continue;
+        for (int b = 0; b < CB_COUNT; b++) {
+            if (!cpu_buffer_read_by_weight_pass(b, model->recompute)) continue;
+            if (std::vector<float>* v = gpt2_buffer(model, b, (int)slot)) v->swap(*gpt2_buffer(model, b, (int)e));
+            if (std::vector<uint16_t>* v = gpt2_buffer16(model, b, (int)slot)) v->swap(*gpt2_buffer16(model, b, (int)e));
+        }
+        std::swap(model->acts[slot].weight_owner, model->acts[e].weight_owner);
+        return;
+    }
+    fail("ZB-H1: no free slot to park micro-batch %d's inputs for its W (cpu_buffer_copies is wrong)", model->acts[slot].weight_owner);
+}
+
+// ZB-H1: the slot that holds micro-batch `micro`'s rows for its W: its own, or where they were parked.
+static int weight_input_slot(GPT2* model, int micro) {
+    for (size_t e = 0; e < model->acts.size(); e++)
+        if (model->acts[e].weight_owner == micro) return (int)e;
+    fail("ZB-H1: micro-batch %d's W finds no slot holding its inputs", micro);
 }
 
 // ==============================================================================================
@@ -789,18 +836,23 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
     // interleaved: each action names the model chunk it runs on (pass_layers: which layers)
     std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
-    pipe_slots_reset(&par->slots, (int)model->acts.size(), m, par->chunks);
+    pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+    bool split = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // B and W apart
     for (size_t k = 0; k < list.size(); k++) {
         const PipeAction& act = list[k];
-        int slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W reads its stash)
+        int slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W finds its own: weight_input_slot)
         Activations& a = model->acts[(size_t)slot];
         bool head = pass_layers(s, act.chunk).head;  // the last stage's last chunk: the loss
-        // ZB-H1: what micro-batch i's W reads waits in stash i mod pending_weights from its B to its W
-        // (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
+        // ZB-H1: the output gradients micro-batch i's W reads wait in stash i mod pending_weights from
+        // its B to its W (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
         float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
                                                         (model->weight_stash.size() / (size_t)model->pending_weights)
                                                   : nullptr;
         TraceSpan span(trace_kind(act.op), act.micro, par->chunks > 1 ? act.chunk : -1);  // --trace (llmc/probes/trace.h)
+        // ZB-H1: a new micro-batch takes the slot (its activation arrives, or its forward starts) while
+        // the slot's last one still waits for its W: what W reads moves aside first
+        if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && a.weight_owner >= 0)
+            park_weight_inputs(model, (size_t)slot);
         switch (act.op) {
         case PipeOp::RecvActivation:
             comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
@@ -843,11 +895,12 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         }
         case PipeOp::Backward: {
             auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(stash ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
+            pipeline_test_delay(split ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
             // the optimised loss is the mean over all tokens of the step, all ranks together:
             // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
             gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash,
                           act.chunk);
+            if (stash) a.weight_owner = act.micro;  // the slot's rows W reads live on, until W
             par->times.busy_seconds += seconds_since(busy);
             PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
             if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
@@ -856,7 +909,11 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
             auto busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);
-            gpt2_backward_weights(model, B, T, stash);
+            if (stash) {  // (none on the first stage: its B, right before, was the whole backward)
+                int held = weight_input_slot(model, act.micro);
+                gpt2_backward_weights(model, B, T, held, stash);
+                model->acts[(size_t)held].weight_owner = -1;
+            }
             par->times.busy_seconds += seconds_since(busy);
             break;
         }

@@ -25,13 +25,18 @@
 //   ZB-H1 (p = 2, 3, 4; m = p, 2p, 3p, p + 1), the same checks, and: each W(i) after B(i) on its
 //   stage, W's in micro-batch order (the accumulation order), activations held from F to B with
 //   1F1B's peak, min(m, p - s), and W's part from B to W with the peak at pipeline_pending_weight_
-//   passes, min(m, s + 1) (the trainer's stashes); with F = B = W = 1 every stage idles exactly p - 1 slots of
+//   passes, min(m, s + 1); the CPU trainer's sizes (llmc/model/zero_bubble_backward.h): its stashes
+//   of output gradients, zero_bubble_stashes (none on stage 0, where every W(i) comes right after
+//   B(i): the trainer runs the whole backward there), and the slots holding what W reads, from F to
+//   W, zero_bubble_weight_input_slots, min(m, p), of which the ones past 1F1B's p - s forward slots
+//   are "parked" (a forward reusing slot i mod (p - s) before W(i - (p - s)) ran); with F = B = W = 1 every stage idles exactly p - 1 slots of
 //   a step of 3m + p - 1 (Qi et al.'s (p-1)(F+B-W)), where 1F1B with B + W = 2 idles 3(p - 1).
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
+#include "llmc/model/zero_bubble_backward.h"
 #include "llmc/parallel/pipeline_schedule.h"
 #include "test/checks.h"
 
@@ -57,8 +62,26 @@ static std::string order_problem(const Case& c, const Lists& lists) {
         int held = 0, peak = 0, next_weight = 0, pending = 0, pending_peak = 0;  // pending: B done, W not yet
         int head_held = 0, head_peak = 0;  // interleaved, the last stage: pairs of the last chunk (the head's)
         bool zb = c.kind == PipelineSchedule::ZeroBubbleH1;
+        // ZB-H1 in the CPU trainer: micro-batches from F to W, those parked past the forward slots,
+        // and whether every W(i) follows B(i) directly (stage 0's whole backward at B)
+        int until_w = 0, until_w_peak = 0, parked = 0, parked_peak = 0, forward_slots = pipeline_live_micro_batches(c.kind, s, c.p, c.m, c.v);
+        std::vector<bool> is_parked((size_t)c.m, false);
+        bool w_follows_b = true;
+        const PipeAction* previous = nullptr;
         for (const PipeAction& a : lists[(size_t)s]) {
             if (!pipe_is_compute(a.op)) continue;
+            if (a.op == PipeOp::Weight && !(previous && previous->op == PipeOp::Backward && previous->micro == a.micro))
+                w_follows_b = false;
+            previous = &a;
+            if (zb && a.op == PipeOp::Forward) {
+                until_w_peak = std::max(until_w_peak, ++until_w);
+                int before = a.micro - forward_slots;  // the slot's last occupant, if its W has not run
+                if (before >= 0 && state[(size_t)before] == 2) is_parked[(size_t)before] = true, parked_peak = std::max(parked_peak, ++parked);
+            }
+            if (a.op == PipeOp::Weight) {
+                until_w--;
+                if (is_parked[(size_t)a.micro]) parked--;
+            }
             if (a.micro < 0 || a.micro >= c.m || a.chunk < 0 || a.chunk >= c.v)
                 return strprintf("stage %d: micro-batch %d chunk %d out of range", s, a.micro, a.chunk);
             int& st = state[(size_t)(a.micro * c.v + a.chunk)];
@@ -90,6 +113,16 @@ static std::string order_problem(const Case& c, const Lists& lists) {
         int stashes = pipeline_pending_weight_passes(c.kind, s, c.p, c.m);
         if (pending_peak != stashes)
             return strprintf("stage %d has %d W passes pending at its peak, pipeline_pending_weight_passes says %d", s, pending_peak, stashes);
+        if (zb && c.p > 1) {
+            int trainer_stashes = zero_bubble_stashes(s, c.m), slots = zero_bubble_weight_input_slots(c.p, c.m);
+            if (trainer_stashes != (s == 0 && w_follows_b ? 0 : pending_peak))
+                return strprintf("stage %d: zero_bubble_stashes says %d, the walk %d (W right after B: %d)", s, trainer_stashes,
+                                 pending_peak, (int)w_follows_b);
+            if (until_w_peak != slots || parked_peak != slots - forward_slots)
+                return strprintf("stage %d: %d micro-batches from F to W at the peak, %d parked; zero_bubble_weight_input_slots "
+                                 "says %d, of which %d past the %d forward slots", s, until_w_peak, parked_peak, slots,
+                                 slots - forward_slots, forward_slots);
+        }
     }
     return "";
 }

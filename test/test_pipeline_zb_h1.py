@@ -2,21 +2,27 @@
 """test_pipeline_zb_h1.py — ZB-H1 trained by the CPU trainer: the same bits as 1F1B, its memory, its bubble.
 
 ZB-H1 (llmc/parallel/pipeline_schedule.h) splits each backward into B (input gradients, on the
-critical path) and W (weight gradients, deferred: stage s runs W(k) after B(k + s)); B keeps each
-matmul's and LayerNorm's output gradient for W in a weight stash (llmc/model/zero_bubble_backward.h).
-The model and data are test_parallelism.py's (L=4 C=64 H=4 T=32 V=501, B=1, 4 AdamW steps).
+critical path) and W (the block matmuls' weight gradients, deferred: stage s runs W(k) after
+B(k + s)); B keeps each block matmul's output gradient for W in a weight stash, and W reads the
+matmul's input in place, in the micro-batch's slot, parked past the forward's slots when a later
+forward takes the slot first (llmc/model/zero_bubble_backward.h). The model and data are
+test_parallelism.py's (L=4 C=64 H=4 T=32 V=501, B=1, 4 AdamW steps).
 
 The reference is 1F1B on the same grid, and the demand is the same bits: W runs in micro-batch
 order on every stage, so every weight gradient collects its micro-batches' additions in 1F1B's
 order (the whole backward adds them in the same order), and nothing else changes.
   - zb-h1 == 1f1b bit for bit (losses, the step-1 gradient, the final weights, the first logits):
     2 stages with m = p = 2 and m = 2p = 4; 4 stages with m = 4 and 8; dp2 x pp2 with ZeRO-1 (the
-    data-parallel sum after the schedule); at --recompute 0 and 2 as well as the default 1 (W
+    data-parallel sum after the schedule); at --recompute 1 and 2 as well as the default 0 (W
     rebuilds the GELU and LayerNorm outputs --recompute dropped, as B does);
-  - every rank holds exactly what its size table says, weight stash included, and sends the bytes
-    --estimate predicts (check_predictions); on stage s the table holds exactly 1F1B's activations
-    (freed at B, p - s micro-batches) plus s + 1 stashes of what W reads, (20C + 4) floats per token
-    and layer (+ (2C + 2) on the last stage);
+  - every rank holds exactly what its size table says, weight stash and parked rows included, and
+    sends the bytes --estimate predicts (check_predictions); on stage s the table holds 1F1B's
+    activations (p - s slots) plus s slots of the rows W reads (parked: 7C floats per token and layer,
+    ln1 atty ln2 and fch_gelu or fch; at --recompute 2 7C + 4 and the stage's input C: atty, fch and
+    what ln1, ln2 are rebuilt from) plus s + 1 stashes of the matmuls' output gradients, 9C per token
+    and layer, none on stage 0 (its W comes right after its B: the whole backward at B);
+  - at GPT-2 small (d12, B=4, T=1024, 4 stages, m=8), --estimate: ZB-H1's largest stage holds
+    exactly 1F1B's largest (its first stage's) activations at --recompute 0 and 1;
   - resume: 3 steps + checkpoint + 2 resumed == 5 straight, bit for bit;
   - compute made of sleeps (F = B = W = 50 ms; 1F1B's whole backward 100 ms), pp2 m=4: the measured
     bubble of both stages is ZB-H1's (p-1)/(3m+p-1) = 1/13 = 7.7% +- 6 points, below 1F1B's in the same
@@ -27,6 +33,9 @@ PipeOp::Weight case calling gpt2_backward_weights only when act.micro != 1): all
 failed; W reading micro-batch k+1's stash (index (act.micro + 1) mod pending_weights): 5 of 7 failed,
 all but the two runs with m = 2, where the swap only adds the same two terms the other way round
 (a + b == b + a exactly in IEEE arithmetic; with three or more the grouping changes and the bits do).
+W reading its inputs from slot k mod (p - s), which micro-batch k + p - s had taken (parking
+ignored): all 7 bitwise checks failed. A first version that parked the rows at the forward, after
+the forward's receive had already written the stage input (encoded) into the slot: all 7 failed.
 """
 import json, os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -50,10 +59,11 @@ def measured_bubble(out):
     return (float(m.group(1)), [float(x) for x in m.group(2).replace("%", "").split()]) if m else (None, [])
 
 
-def estimate(work, schedule, p, m):
+def estimate(work, schedule, p, m, *flags, model=MODEL, seq=T, batch=1):
     """Each rank's activation bytes as --estimate predicts them (the size table the trainer allocates)."""
-    out = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] +
-                         [str(f) for f in pipe(p, m, schedule)], capture_output=True, text=True, cwd=work).stdout
+    out = subprocess.run([TRAINER, "--model", model, "--seq-len", str(seq), "--batch-size", str(batch), "--estimate"] +
+                         [str(f) for f in pipe(p, m * batch * seq // T, schedule)] + [str(f) for f in flags],
+                         capture_output=True, text=True, cwd=work).stdout
     return [int(x) for x in re.findall(r"^  rank \d+: .*? activations=(\d+)", out, re.M)]
 
 
@@ -77,9 +87,9 @@ def main():
             if m == 2 * p:
                 check_predictions(f"pp{p} ZB-H1, m={m} (weight stash included)", out, p)
             if p == 2 and m == 4:
-                for level in (0, 2):  # the default is --recompute 1; the levels give 1F1B's bits (test_parallelism.py)
+                for level in (1, 2):  # the default is --recompute 0; the levels give 1F1B's bits (test_parallelism.py)
                     rc, _ = r.dump(f"pp2_zb_recompute{level}", 2, *pipe(2, 4, "zb-h1"), "--recompute", level, steps=STEPS)
-                    check_bitwise(f"pp2, m=4: ZB-H1 --recompute {level} == 1F1B --recompute 1 bit for bit", rc, ref)
+                    check_bitwise(f"pp2, m=4: ZB-H1 --recompute {level} == 1F1B --recompute 0 bit for bit", rc, ref)
 
         # ---- data parallelism around the pipeline: dp2 x pp2, ZeRO-1, 2 micro-batches per data-parallel rank
         flags = ["--pipeline-parallel", 2, "--zero", 1]
@@ -88,15 +98,24 @@ def main():
         check_bitwise("dp2 x pp2, ZeRO-1: ZB-H1 == 1F1B bit for bit", zb, ref)
         check_predictions("dp2 x pp2 ZB-H1", out, 4)
 
-        # ---- memory: stage s holds 1F1B's activations (p - s micro-batches, freed at B) plus s + 1 stashes of
-        # what W reads: per layer (20C + 4) floats per token, + (2C + 2) on the last stage (zero_bubble_backward.h)
-        N, C = T, 64
-        stash = [(2 * (20 * C + 4) * N + (2 * C + 2) * N * (s == 1)) * 4 for s in range(2)]  # bytes; 2 layers a stage
-        est = {k: estimate(work, k, 2, 4) for k in ("1f1b", "zb-h1")}
-        extra = [z - o for z, o in zip(est["zb-h1"], est["1f1b"])] if all(len(v) == 2 for v in est.values()) else []
-        report(extra == [1 * stash[0], 2 * stash[1]],
-               f"--estimate, pp2, m=4: ZB-H1's activations per stage = 1F1B's + (s + 1) weight stashes "
-               f"({est['zb-h1']} = {est['1f1b']} + {[1 * stash[0], 2 * stash[1]]} bytes)", f"{est} {extra}")
+        # ---- memory: stage s holds 1F1B's activations (p - s slots), s parked slots of the rows W reads and
+        # s + 1 stashes of output gradients (none on stage 0), per token (zero_bubble_backward.h's lesson)
+        N, C, layers = T, 64, 2  # pp2: 2 layers a stage
+        for level in (0, 2):
+            parked = layers * (7 * C + (4 if level == 2 else 0)) + (C if level == 2 else 0)  # + the stage input at level 2
+            stash = layers * 9 * C
+            want = [4 * N * (s * parked + (s + 1 if s else 0) * stash) for s in range(2)]  # bytes
+            est = {k: estimate(work, k, 2, 4, "--recompute", level) for k in ("1f1b", "zb-h1")}
+            extra = [z - o for z, o in zip(est["zb-h1"], est["1f1b"])] if all(len(v) == 2 for v in est.values()) else []
+            report(extra == want, f"--estimate, pp2, m=4, --recompute {level}: ZB-H1's activations per stage = 1F1B's + s parked "
+                   f"slots + (s + 1 if s else 0) stashes ({est['zb-h1']} = {est['1f1b']} + {want} bytes)", f"{est} {extra}")
+
+        # ---- GPT-2 small, the issue's configuration (arithmetic only): the peak stage holds 1F1B's peak
+        for level in (0, 1):
+            d12 = {k: estimate(work, k, 4, 8, "--recompute", level, model="d12", seq=1024, batch=4) for k in ("1f1b", "zb-h1")}
+            ok = all(len(v) == 4 for v in d12.values()) and max(d12["zb-h1"]) == max(d12["1f1b"]) == d12["1f1b"][0]
+            report(ok, f"--estimate, d12, B=4, T=1024, pp4, m=8, --recompute {level}: ZB-H1's largest stage = 1F1B's largest "
+                   f"(stage 0's) activations: {d12['zb-h1']} vs {d12['1f1b']}", str(d12))
 
         # ---- resume: 3 steps, checkpoint, 2 more == 5 straight
         straight, _ = r.dump("pp2_zb_ckpt", 2, *pipe(2, 4, "zb-h1"), "--checkpoint-every", 3, steps=5)

@@ -77,7 +77,10 @@ struct CPURunShape {
     bool sequence_parallel = false;
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int virtual_stages = 1;            // interleaved 1F1B: model chunks per stage; each slot above holds one chunk's layers
-    int pending_weight_passes = 0;     // ZB-H1: micro-batches whose W waits (llmc/model/zero_bubble_backward.h)
+    // ZB-H1 (llmc/model/zero_bubble_backward.h): the stashes of output gradients (micro-batches between
+    // B and W that need one), and the micro-batches whose rows W reads are held (F to W)
+    int pending_weight_passes = 0;
+    int weight_input_slots = 0;
     bool two_weight_versions = false;  // PipeDream-2BW: W(t-1) beside W(t) (llmc/parallel/pipedream_2bw.h)
     int recompute = 0;                 // 0, 1, 2 (see above)
     Optimizer optimizer = Optimizer::AdamW;
@@ -104,7 +107,9 @@ inline CPURunShape cpu_run_shape(const GPT2Config& cfg, int B, int T, const Proc
     s.sequence_parallel = g.sequence_parallel;
     s.virtual_stages = schedule == PipelineSchedule::Interleaved ? chunks : 1;
     s.micro_batches_in_flight = pipeline_live_micro_batches(schedule, g.pp_rank, g.pp, m, s.virtual_stages);
-    s.pending_weight_passes = pipeline_pending_weight_passes(schedule, g.pp_rank, g.pp, m);
+    bool zb = schedule == PipelineSchedule::ZeroBubbleH1 && g.pp > 1;
+    s.pending_weight_passes = zb ? zero_bubble_stashes(g.pp_rank, m) : 0;
+    s.weight_input_slots = zb ? zero_bubble_weight_input_slots(g.pp, m) : 0;
     s.two_weight_versions = schedule == PipelineSchedule::PipeDream2BW;
     s.recompute = recompute;
     return s;
@@ -128,7 +133,7 @@ enum CPUBuffer {
     CB_ENCODED, CB_LN1, CB_LN1_MEAN, CB_LN1_RSTD, CB_QKV, CB_ATT, CB_ATTY, CB_RESIDUAL2,
     CB_LN2, CB_LN2_MEAN, CB_LN2_RSTD, CB_FCH, CB_FCH_GELU, CB_RESIDUAL3,
     CB_LNF, CB_LNF_MEAN, CB_LNF_RSTD, CB_LOGITS, CB_LOSSES, CB_LOGSUMEXP,
-    // ZB-H1: what B keeps for the deferred W, its output gradients and inputs (llmc/model/zero_bubble_backward.h)
+    // ZB-H1: what B keeps for the deferred W, its output gradients (llmc/model/zero_bubble_backward.h)
     CB_WEIGHT_STASH,
     // scratch: one layer's worth, reused by every layer; the matmul's packed panels
     CB_DRESIDUAL, CB_DBUF_C, CB_DBUF_3C, CB_DBUF_4C, CB_MATMUL_PACK_A, CB_MATMUL_PACK_B, CB_OPTIMIZER_SCRATCH,
@@ -164,6 +169,33 @@ inline int cpu_buffer_slots(const CPURunShape& s, int row) {
     if (!cpu_buffer_per_micro_batch(row)) return 1;
     bool head = row >= CB_LNF && row <= CB_LOGSUMEXP;
     return head && s.virtual_stages > 1 ? 1 : s.micro_batches_in_flight;
+}
+
+// ZB-H1's W reads these rows of its micro-batch's slot in place, so they outlive the slot's other
+// rows, freed at B (llmc/model/zero_bubble_backward.h): the four matmuls' inputs ln1, atty, ln2 and
+// fch_gelu, or at a recompute level what B rebuilds them from (fch for GELU(fch); for ln1 and ln2
+// the LayerNorms' inputs, the residual stream, and their statistics). Not the logits nor lnf: the
+// LM head's weight gradient stays in B, as do the LayerNorms'.
+inline bool cpu_buffer_read_by_weight_pass(int row, int recompute) {
+    RecomputePlan keep = recompute_plan(recompute);
+    switch (row) {
+        case CB_ATTY: return true;
+        case CB_LN1: case CB_LN2: return keep.ln;
+        case CB_ENCODED: case CB_RESIDUAL2: case CB_RESIDUAL3:
+        case CB_LN1_MEAN: case CB_LN1_RSTD: case CB_LN2_MEAN: case CB_LN2_RSTD: return !keep.ln;
+        case CB_FCH_GELU: return keep.gelu;
+        case CB_FCH: return !keep.gelu;
+        default: return false;
+    }
+}
+
+// How many micro-batches' copies of row `row` a rank holds: 1, the micro-batches in flight (F to B),
+// or for ZB-H1's rows that W reads, the micro-batches from F to W (the extra ones "parked": the
+// trainer moves a slot's W rows aside when a forward takes the slot before W ran).
+inline size_t cpu_buffer_copies(const CPURunShape& s, int row) {
+    if (!cpu_buffer_per_micro_batch(row)) return 1;
+    size_t M = (size_t)cpu_buffer_slots(s, row);
+    return cpu_buffer_read_by_weight_pass(row, s.recompute) ? std::max(M, (size_t)s.weight_input_slots) : M;
 }
 
 // The parameters whose AdamW state this rank keeps: all of them, or (ZeRO-1) those of its shard.
@@ -244,9 +276,8 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_LOSSES] = {"losses", MEM_ACTIVATIONS, "(B, T)" + xh, Mh * head * BT, F};
     t[CB_LOGSUMEXP] = {"logsumexp", MEM_ACTIVATIONS, "(B, T)" + xh, Mh * head * BT, F};
     size_t stashes = s.pending_weight_passes;
-    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy and inputs: (20C+4) x B x T per layer%s x %zu",
-                                                              head ? " + (2C+2) x B x T" : "", stashes),
-                          stashes * weight_stash_floats(L, BT, C, Ca, Cf, head), F};
+    t[CB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("ZB-H1, W's dy: (C+4C+C+3C) x B x T per layer x %zu", stashes),
+                          stashes * weight_stash_floats(L, BT, C, Ca, Cf), F};
 
     t[CB_DRESIDUAL] = {"dresidual", MEM_WORKSPACE, "(" + rows + ", C)" + x, M * R * C, F};
     t[CB_DBUF_C] = {"dbuf_c", MEM_WORKSPACE, "(B, T, C)", BT * C, F};
@@ -303,6 +334,13 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t ep_rows = (size_t)s.expert_parallel * s.moe_top_k * BT;
     t[CB_EP_EXCHANGE] = {"ep_exchange", MEM_WORKSPACE, "Lm x (N_ep k B T rows x 17C + 3E + 2N_ep ints)",
                          s.expert_parallel > 1 ? Lm * (ep_rows * 17 * C + 3 * (size_t)s.moe.experts + 2 * (size_t)s.expert_parallel) : 0, F};
+    // ZB-H1: the rows W reads, held from F to W by more micro-batches than the rest (F to B)
+    for (int b = 0; b < CB_COUNT; b++) {
+        size_t copies = cpu_buffer_copies(s, b);
+        if (!cpu_buffer_per_micro_batch(b) || !cpu_buffer_read_by_weight_pass(b, s.recompute) || copies == M) continue;
+        t[b].elements = t[b].elements / M * copies;
+        t[b].shape += sh(" + %zu parked for W", copies - M);
+    }
     return t;
 }
 

@@ -465,8 +465,9 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
-    lines[12].why = "a pipeline schedule, not a layer's: each block's output gradients and inputs from B to W, s + 1 "
-                    "micro-batches on stage s (llmc/model/zero_bubble_backward.h); 0 with the other schedules";
+    lines[12].why = "a pipeline schedule, not a layer's: each block matmul's output gradient from B to W, s + 1 "
+                    "micro-batches on stage s > 0 (its inputs stay in the slot rows above, parked: llmc/model/"
+                    "zero_bubble_backward.h); 0 with the other schedules";
     lines[13].why = "outside the dense formula: each MoE block's routing (logits, probabilities, choices) and the k B T "
                     "rows its experts gather, with their fc, GELU and gradient rows (llmc/model/moe.h); 0 without --moe-experts";
     return lines;

@@ -120,14 +120,14 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     matmul_backward_weight(dweight, dbias, dout, inp, N, IC, OC);
 }
 
-// ZB-H1's B (llmc/model/zero_bubble_backward.h): the input gradient now, and what W reads copied to
-// `keep`, dout (N x OC) then inp (N x IC); without `keep`, the whole backward (the same calls: the same bits).
+// ZB-H1's B (llmc/model/zero_bubble_backward.h): the input gradient now, and the output gradient
+// dout (N x OC) copied to `keep` for W, which reads inp where the forward left it; without `keep`,
+// the whole backward (the same calls: the same bits).
 inline void matmul_backward_or_defer(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                      const float* weight, int N, int IC, int OC, float* keep) {
     if (!keep) return matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
     matmul_backward_input(dinp, dout, weight, N, IC, OC);
     memcpy(keep, dout, (size_t)N * OC * sizeof(float));
-    memcpy(keep + (size_t)N * OC, inp, (size_t)N * IC * sizeof(float));
 }
 
 // ==============================================================================================
@@ -286,19 +286,6 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
     LAYER_PROFILE("layernorm backward", 0, 4.0 * N * C * sizeof(float));
     layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
     layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
-}
-
-// ZB-H1's B, as matmul_backward_or_defer: dx now; dy, x (N x C each), mean and rstd (N each) kept
-// for layernorm_backward_weight.
-inline void layernorm_backward_or_defer(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                        const float* weight, const float* mean, const float* rstd, int N, int C, float* keep) {
-    if (!keep) return layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-    layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
-    size_t NC = (size_t)N * C;
-    memcpy(keep, dout, NC * sizeof(float));
-    memcpy(keep + NC, inp, NC * sizeof(float));
-    memcpy(keep + 2 * NC, mean, (size_t)N * sizeof(float));
-    memcpy(keep + 2 * NC + N, rstd, (size_t)N * sizeof(float));
 }
 
 // ==============================================================================================

@@ -1,90 +1,107 @@
 // zero_bubble_backward.h — the backward pass cut in two for ZB-H1: B, the input gradients, now; W,
-// the weight gradients, later. What W needs from B is kept in between, in a "weight stash".
+// the block matmuls' weight gradients, later. W reads the matmul's input where the forward left it,
+// in the micro-batch's activation slot, and the output gradient B kept for it in a "weight stash".
 //
-// What it teaches. The schedule (llmc/parallel/pipeline_schedule.h, Qi et al., 2023, "Zero Bubble
-// Pipeline Parallelism", section 2) runs B on the critical path and W in the holes. For one linear
-// layer y = x W^T + b with output gradient dy (cpu_layers.h's matmul_backward, split there):
+// What it teaches. The schedule (llmc/parallel/pipeline_schedule.h, Qi et al., 2024, "Zero Bubble
+// Pipeline Parallelism", ICLR, section 2) runs B on the critical path and W in the holes. For one
+// linear layer y = x W^T + b with output gradient dy (cpu_layers.h's matmul_backward, split there):
 //     B:  dx  = dy W                 the previous layer (and stage) waits for this
 //     W:  dW += dy^T x,  db += sum over rows of dy            only the optimizer waits for these
-// and for a LayerNorm: B is dx, W is dw += sum dy * xhat, db += sum dy. W reads dy, which B computes
-// and then overwrites at the next layer down, and x, which the forward kept in the micro-batch's
-// activation slot. Keeping the whole slot until W would keep it s micro-batches longer on stage s:
-// p slots on every stage instead of 1F1B's p - s, and p slots of logits on the last (this file's
-// first version did, commit 7cb5738: 9.94 GB of activations on the last of 4 stages at d12, twice
-// 1F1B's peak of 4.88 GB, --estimate).
-// So B copies exactly what W reads into a "weight stash", and the slot is free after B as in 1F1B.
-// Per micro-batch, per layer of a stage (N = B*T rows, the dy first, then the input):
-//     MLP projection   dy N x C,  input GELU(fch) N x 4C      fc    dy N x 4C, input ln2 N x C
-//     attention proj.  dy N x C,  input atty N x C            qkv   dy N x 3C, input ln1 N x C
-//     ln2, ln1         dy N x C,  input x N x C, mean and rstd N each
-//   = 20 N C + 4 N floats per layer, plus the final LayerNorm's 2 N C + 2 N on the last stage,
-// against 12 N C + NH T N + 4 N of a slot's layer at --recompute 1 (NH T: the attention probabilities).
-// The LM head's W stays in B (its dy is dlogits, N x Vp: keeping it would cost more than the
-// whole slot), and so does the embedding's scatter-add on the first stage (its dy is the stage's
-// dresidual; nothing on the stage waits for it). With --recompute, what B rebuilt (GELU's output,
-// ln1, ln2) is what it copies: W recomputes nothing.
+// W needs dy, which B computes and then overwrites at the next layer down (the whole backward keeps
+// no gradient), and x, which the forward kept in the micro-batch's slot. So B copies dy into the
+// stash, and x stays where it is. The LM head's weight gradient stays in B (its dy, dlogits, is
+// B x T x Vp floats: more than the rest of the slot), and so do the LayerNorms' (dgamma += sum dy
+// xhat, dbeta += sum dy: C values from a pass over N x C, a dx's cost, nothing to fill a bubble with,
+// while their dy, x and statistics would cost 2C + 2 floats a token to keep) and the embedding's.
+// Per micro-batch and token, per layer (Cf = 4C, Ca = C on one tensor rank):
+//     the stash (dy)    MLP projection C, fc Cf, attention projection C, qkv 3Ca        = 9C
+//     the slot (x)      ln1 C, atty C, ln2 C, fch_gelu Cf                                = 7C
+//     at --recompute 1  fch instead of fch_gelu (W rebuilds GELU(fch), as B does)        = 7C
+//     at --recompute 2  atty, fch, and ln1's and ln2's inputs (the residual stream) and
+//                       statistics, from which W rebuilds them as B does                  = 7C + 4
+//                       (+ the stage's input, C, once)
+// (llmc/memory/cpu_buffers.h's cpu_buffer_read_by_weight_pass names the slot's rows.)
 //
-// How many, and the memory. Stage s runs W(k) right after B(k + s), so s + 1 stashes at once
-// (pipeline_pending_weight_passes): one on the first stage, p on the last. Micro-batch k uses stash
-// k mod (s + 1): B(k + s + 1), the next user of that stash, comes after W(k). With 1F1B's p - s
-// slots, stage s holds p - s slots and s + 1 stashes, a stash about 2/3 of a slot: the first stage,
-// the peak of 1F1B, gains one stash (at d12 on 4 stages 720 MiB: 5.64 GB against 4.88, docs/
-// parallelism.md), where the
-// paper, counting a micro-batch between B and W as only what W reads, gains nothing (the copy is
-// our price for slots of one size). The rows are CB_WEIGHT_STASH in llmc/memory/cpu_buffers.h, so
-// --estimate prints them.
+// The slot's lifetime. Stage s of p runs F(k) ... B(k) ... W(k), W(k) right after B(k + s). 1F1B
+// frees micro-batch k's slot at B(k): p - s slots, the forward's, reused as k mod (p - s). Here the
+// rows W reads live until W(k): from F(k) to W(k) there are p micro-batches on every stage (at
+// F(j) the stage has run W up to j - p: the steady state is F(j) B(j - p + s + 1) W(j - p + 1)), so
+// the stage holds p copies of those rows: its p - s forward slots, and s "parked" ones. When a
+// forward (or the receive of its input) takes slot j mod (p - s) while micro-batch j - (p - s) still
+// waits for its W, the trainer swaps that slot's W rows with a free parked set (vector swaps: no
+// copy; park_weight_inputs in train_gpt_cpu.cpp), and W(k) finds its rows by the micro-batch they
+// belong to. Output gradients: B(k) to W(k) spans B(k) ... B(k + s), s + 1 stashes, micro-batch k
+// in stash k mod (s + 1). The first stage runs W(k) right after B(k) with no send in between: there
+// it runs the whole backward at B (the same additions in the same order), and needs no stash.
+// test_pipeline_schedule walks the lists and checks all three counts.
+//
+// The memory per stage (activations, per token and layer, S = a whole slot: 16C + NH T + 4 floats
+// at --recompute 0, 12C + NH T + 4 at 1, 10C + NH T + 4 at 2, NH T the attention probabilities):
+//     1F1B    stage s:  (p - s) S                        the first stage's p S is the peak
+//     ZB-H1   stage 0:  p S                              the same as 1F1B's
+//             stage s:  (p - s) S + s W + (s + 1) D      W = 7C (7C + 4), D = 9C
+// So ZB-H1's peak is 1F1B's when s W + (s + 1) D <= s S on every stage s >= 1, worst at s = 1:
+// W + 2 D <= S, that is NH T >= 9C - 4 at --recompute 0, 13C - 4 at 1, 15C at 2 (plus what the stages
+// hold besides their layers: the last its logits, B T Vp, in its one slot; the first its inputs).
+// The paper's claim, that ZB-H1 keeps 1F1B's peak, counts every micro-batch between F and W as one
+// micro-batch of activations, at most p on every stage as on 1F1B's first stage, and dy inside
+// them; here the parked part is smaller than a slot (W reads 7C of it), and that saving pays for the
+// output gradients, which the unsplit backward never keeps, when the attention's probabilities are
+// large (long sequences). At d12 (NH T = 16C at T = 1024), B = 4, 4 stages, m = 8, --estimate:
+// ZB-H1's largest stage holds exactly 1F1B's 4.88 GB at --recompute 0 (the other stages 4.61, 3.99,
+// 4.21 GB) and 4.28 GB at 1; at --recompute 2 the last stage, with the logits, holds 4.02 GB against
+// 1F1B's 3.98 GB peak (+1.1%). For short sequences (the tests' T = 32: NH T = 2C) it is more than
+// 1F1B's, and the tests check the composition above instead. (This file's first version kept
+// whole slots until W, 9.94 GB on the last stage; its second copied dy and x into the stash,
+// (20C + 4) a token and layer, 5.64 GB on the first stage; docs/parallelism.md has the table.)
 //
 // Bit for bit with 1F1B. Each weight gradient collects one addition per micro-batch (matmul's
-// accumulate, LayerNorm's dw += ...), and each addition depends only on the gradient's value before
-// it and that micro-batch's dy and x. W runs in micro-batch order on every stage (W0 W1 ... as
-// B0 B1 ...), so every gradient sees the same additions in the same order as with the whole
-// backward: the same bits (test_pipeline_zb_h1.py checks losses and weights against 1F1B's).
-// (The zero-bubble authors' deferral can reorder the accumulation, sail-sg/zero-bubble issue 17;
-// here it cannot.)
+// accumulate), and each addition depends only on the gradient's value before it and that
+// micro-batch's dy and x. W runs in micro-batch order on every stage (W0 W1 ... as B0 B1 ...), so
+// every gradient sees the same additions in the same order as with the whole backward: the same
+// bits (test_pipeline_zb_h1.py checks losses and weights against 1F1B's). (The zero-bubble authors'
+// deferral can reorder the accumulation, sail-sg/zero-bubble issue 17; here it cannot.)
 //
 // Hook points: none new. gpt2_backward takes the micro-batch's stash (null: the whole backward, as
-// before) and B's matmuls and LayerNorms call cpu_layers.h's matmul_backward_or_defer and
-// layernorm_backward_or_defer; the trainer's forward_backward runs gpt2_backward_weights at
-// PipeOp::Weight. This file is arithmetic only (the sizes, the layout), so the size table
-// (llmc/memory/cpu_buffers.h), which the GPU trainer's --estimate compiles too, can use it.
+// before) and B's matmuls call cpu_layers.h's matmul_backward_or_defer; the trainer's
+// forward_backward parks a slot's W rows before a new micro-batch takes it and runs
+// gpt2_backward_weights at PipeOp::Weight. This file is arithmetic only (the sizes, the layout), so
+// the size table (llmc/memory/cpu_buffers.h), which the GPU trainer's --estimate compiles too, can
+// use it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
-// A stash is a run of blocks, one per deferred matmul or LayerNorm, each holding what its W reads:
-// a matmul's dy (N x OC) then its input (N x IC); a LayerNorm's dy, its input x (N x C each), then
-// its mean and rstd (N each). B fills a block (matmul_backward_or_defer, layernorm_backward_or_defer
-// in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in train_gpt_cpu.cpp).
-inline size_t matmul_stash_floats(size_t N, size_t IC, size_t OC) { return N * (OC + IC); }
-inline size_t layernorm_stash_floats(size_t N, size_t C) { return N * (2 * C + 2); }
-
-// One layer's blocks, in the order the backward computes them (Ca, Cf: the local widths of the
-// attention and the MLP), and the stage's stash: L layers, then the final LayerNorm's block if
-// the stage has the head.
+// A stash holds, per layer of the stage, the output gradient dy of each matmul, in the order the
+// backward computes them (Ca, Cf: the local widths of the attention and the MLP): the MLP's
+// projection N x C, its fc N x Cf, the attention's projection N x C, its qkv N x 3Ca. B fills it
+// (matmul_backward_or_defer in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in
+// train_gpt_cpu.cpp), with the matmuls' inputs from the micro-batch's slot.
 struct LayerWeightStash {
-    float *fcproj, *fc, *ln2, *attproj, *qkv, *ln1;
+    float *fcproj, *fc, *attproj, *qkv;
 };
-inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) {
-    return matmul_stash_floats(N, Cf, C) + matmul_stash_floats(N, C, Cf) + layernorm_stash_floats(N, C) +
-           matmul_stash_floats(N, Ca, C) + matmul_stash_floats(N, C, 3 * Ca) + layernorm_stash_floats(N, C);
-}
-inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf, bool head) {
-    return L * weight_stash_layer_floats(N, C, Ca, Cf) + (head ? layernorm_stash_floats(N, C) : 0);
+inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) { return N * (C + Cf + C + 3 * Ca); }
+inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
+    return L * weight_stash_layer_floats(N, C, Ca, Cf);
 }
 inline LayerWeightStash layer_weight_stash(float* stash, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
     float* p = stash + (size_t)l * weight_stash_layer_floats(N, C, Ca, Cf);
     LayerWeightStash s;
-    s.fcproj = p, p += matmul_stash_floats(N, Cf, C);
-    s.fc = p, p += matmul_stash_floats(N, C, Cf);
-    s.ln2 = p, p += layernorm_stash_floats(N, C);
-    s.attproj = p, p += matmul_stash_floats(N, Ca, C);
-    s.qkv = p, p += matmul_stash_floats(N, C, 3 * Ca);
-    s.ln1 = p;
+    s.fcproj = p, p += N * C;
+    s.fc = p, p += N * Cf;
+    s.attproj = p, p += N * C;
+    s.qkv = p;
     return s;
 }
-inline float* final_norm_weight_stash(float* stash, size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
-    return stash + L * weight_stash_layer_floats(N, C, Ca, Cf);
-}
+
+// Stage s of p under ZB-H1, m >= p micro-batches (grid_problem's rule for the pipelines):
+// how many micro-batches' slots hold the rows W reads at once: F(k) to W(k), p on every stage
+// (the lesson above), or m if fewer;
+inline int zero_bubble_weight_input_slots(int stages, int m) { return std::min(m, stages); }
+// how many stashes of output gradients: B(k) to W(k), s + 1; none on the first stage, whose W(k)
+// comes right after its B(k) (it runs the whole backward at B: the same additions, in the same order).
+inline int zero_bubble_stashes(int stage, int m) { return stage == 0 ? 0 : std::min(m, stage + 1); }
 
 // What the CPU trainer's ZB-H1 cannot run yet ("" if it can), one line with the fix: W reads its
 // rows locally, and tensor and sequence parallelism would gather them again (not written yet).

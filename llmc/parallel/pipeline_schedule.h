@@ -65,13 +65,13 @@
 //         ZB-H1  (p-1)(F + B - W) = p - 1      of a step of 3m + p - 1    (the paper's Table 2)
 //         1F1B   (p-1)(F + B + W) = 3(p - 1)   of a step of 3m + 3(p - 1)
 //     (test_pipeline_schedule checks both on the simulated clock, p = 2..4.) The price: a stage
-//     keeps what W needs (each matmul's input and output gradient, LayerNorm's input and output
-//     gradient) from B(k) until W(k), s micro-batches longer: s + 1 micro-batches' worth at once on
-//     stage s (pipeline_pending_weight_passes below). The forward's activations are free after B
-//     as in 1F1B (p - s micro-batches from F to B), so stage s holds p - s whole micro-batches and
-//     s + 1 of W's part: the paper's "same peak memory as 1F1B" when, as there, W's part is counted
-//     as a part of the activations; the CPU trainer copies it into a stash of its own
-//     (llmc/model/zero_bubble_backward.h: the passes, the stash, its cost at d12). The GPU trainer
+//     keeps what W needs (each matmul's input and output gradient) until W(k): the output
+//     gradients from B(k), s + 1 micro-batches' worth at once on stage s
+//     (pipeline_pending_weight_passes below), the inputs from F(k), p micro-batches on every stage,
+//     the paper's "same peak memory as 1F1B" count (1F1B's first stage holds p micro-batches). The
+//     rest of the forward's activations is free after B as in 1F1B (p - s micro-batches from F
+//     to B). llmc/model/zero_bubble_backward.h: the passes, the sizes, when that is 1F1B's peak in
+//     bytes (at d12, T = 1024: yes). The GPU trainer
 //     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
 //   PipeDream-2BW (Narayanan et al., ICML 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
 //     1F1B's list, with two weight versions per stage (llmc/parallel/pipedream_2bw.h: the rule, why

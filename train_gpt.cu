@@ -329,8 +329,12 @@ static void gpt2_forward(GPT2* m) {
         fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        matmul_forward(&m->matmul, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
-        gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
+        if (gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
+            matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
+        } else {
+            matmul_forward(&m->matmul, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
+            gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
+        }
         matmul_forward(&m->matmul, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
@@ -456,14 +460,23 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
+        bool fused_gelu = gelu_in_matmul_epilogue(keep.gelu, Cf);  // as the forward chose
+        if (fused_gelu) {
+            // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
+            // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
+            floatX* dfcb = (floatX*)partials;
+            matmul_backward_data_dgelu(&m->matmul, dbuf_4c, dfcb, dout, w[FCPROJW], fch, BT, Cf, C, s);
+            add_into(g[FCB], dfcb, Cf, s);
+        } else {
+            matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
+        }
         matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
         bias_backward(g[FCPROJB], partials, dout, BT, C, s);
-        gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
+        if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
         matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
         matmul_backward_weight(&m->matmul, g[FCW], dbuf_4c, ln2_all, BT, C, Cf, s);
-        bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
+        if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 

@@ -14,7 +14,8 @@
 //
 // Memory: every buffer comes from one table (llmc/memory/gpu_buffers.h), sized before anything is
 // allocated and printed at start; a batch that does not fit fails before training with the largest
-// that would. --recompute trades compute for activation memory, exactly (bit-identical results).
+// that would. --recompute trades compute for activation memory, exactly: levels 1 and 2 give
+// bit-identical results; level 0 runs the MLP's GELU in cuBLASLt's epilogues (llmc/kernels/gelu.cuh).
 //
 // Determinism: no float atomics anywhere, cuBLASLt algorithms fixed per shape, cuDNN engines
 // filtered for determinism, stochastic rounding seeded by (seed, step, index): two runs with the same

@@ -14,7 +14,8 @@
 //
 // Memory: every buffer comes from one table (llmc/memory/gpu_buffers.h), sized before anything is
 // allocated and printed at start; a batch that does not fit fails before training with the largest
-// that would. --recompute trades compute for activation memory, exactly (bit-identical results).
+// that would. --recompute trades compute for activation memory, exactly: levels 1 and 2 give
+// bit-identical results; level 0 runs the MLP's GELU in cuBLASLt's epilogues (llmc/kernels/gelu.cuh).
 //
 // Determinism: no float atomics anywhere, cuBLASLt algorithms fixed per shape, cuDNN engines
 // filtered for determinism, stochastic rounding seeded by (seed, step, index): two runs with the same
@@ -351,8 +352,13 @@ static void gpt2_forward(GPT2* m) {
         fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
-        gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
+        // (fp8 runs fc in fp8, whose output no epilogue of ours takes: the separate GELU then)
+        if (!m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
+            matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
+        } else {
+            linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
+            gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
+        }
         linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
@@ -478,12 +484,22 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
+        bool fused_gelu = !m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf);  // as the forward chose
+        if (fused_gelu) {
+            // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
+            // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
+            floatX* dfcb = (floatX*)partials;
+            matmul_backward_data_dgelu(&m->matmul, dbuf_4c, dfcb, dout, w[FCPROJW], fch, BT, Cf, C, s);
+            add_into(g[FCB], dfcb, Cf, s);
+            matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+        } else {
+            linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
+        }
         bias_backward(g[FCPROJB], partials, dout, BT, C, s);
-        gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
+        if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
         linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
-        bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
+        if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 

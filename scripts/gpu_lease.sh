@@ -14,7 +14,8 @@
 #       "bash scripts/gpu_lease.sh run", carry [".lease"], timeout 560): installs the carried binaries,
 #       then, in order of what matters most, each phase under its own timeout and skipped when the
 #       time left (GPU_LEASE_BUDGET seconds, default 500) cannot hold it:
-#         1. bench16   d12 B=16 T=1024: train_gpt (bf16; and each of --precision fp16 (train_gpt_fp16), --cuda-graphs,
+#         1. bench16   d12 B=16 T=1024: train_gpt (bf16; --recompute 0, whose GELU runs in cuBLASLt's
+#                      epilogues; and each of --precision fp16 (train_gpt_fp16), --cuda-graphs,
 #                      --precision fp8 that this commit's --help offers) beside PyTorch eager,
 #                      torch.compile and llm.c (scripts/bench_gpu_vs_peers.py), and the goals of
 #                      issue 28: >= 1.15x llm.c, >= 1.5x PyTorch eager, MFU >= 50%
@@ -90,6 +91,8 @@ phase() {  # name, seconds it needs at least, seconds it may take at most, comma
 ours_variants() {  # the --ours-variant flags for the precisions and modes this commit's trainer offers
     local help
     help=$(./train_gpt --help 2>&1)
+    # --recompute 0 is the level whose MLP runs GELU in cuBLASLt's epilogues (llmc/kernels/gelu.cuh)
+    printf '%s\0' --ours-variant "gelu-epilogues=--recompute 0"
     grep -q "fp16" <<<"$help" && printf '%s\0' --ours-variant "fp16=--precision fp16"
     grep -q -- "--cuda-graphs" <<<"$help" && printf '%s\0' --ours-variant "graphs=--cuda-graphs"
     # (the flag, not the word: --stash-precision's help has said "fp8" since before fp8 matmuls existed)

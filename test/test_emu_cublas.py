@@ -20,7 +20,8 @@ headers (a small program compiled here prints them), not from this file.
   batched       cuBLASLt strided batch (layout attributes), cublasGemmEx (dev/cuda/common.h's call),
                 cublasGemmStridedBatchedEx with the attention's transposes and batch strides
   refusals      an unimplemented epilogue, data type, compute type, order, a misaligned pointer, an
-                aux ld that is not a multiple of 8, disagreeing layouts: refused, stderr names it
+                aux ld that is not a multiple of 8, disagreeing layouts, a bias pointer less aligned than
+                the one the heuristic saw: refused, stderr names it
   deterministic the same call twice gives the same bits
   controls      a deliberately wrong transpose fails the fp32 check; one bf16 output nudged by 1 ulp
                 fails the exact check: the checkers can fail
@@ -256,9 +257,11 @@ class Api:
         return self.ok(fn(obj, self.c[attr], ctypes.byref(value), ctypes.sizeof(value)))
 
     def lt_matmul(self, a, b, c, d, ta, tb, alpha=1.0, beta=0.0, compute="CUBLAS_COMPUTE_32F", epilogue=None,
-                  bias=None, aux=None, aux_ld=None, align=None, extra=None):
+                  bias=None, aux=None, aux_ld=None, align=None, extra=None, heuristic_bias=None):
         """Runs one cublasLtMatmul as the trainer does (descriptor, layouts, heuristic, matmul).
-        Returns the status of the first call that is refused. `extra(api, desc, layouts)` may set more."""
+        Returns the status of the first call that is refused. `extra(api, desc, layouts)` may set more.
+        `heuristic_bias`: the bias pointer (an int) the descriptor holds while the heuristic is asked;
+        `bias` goes in after it (llmc/kernels/matmul.cuh's way)."""
         L, c_ = self.lib, self.c
         desc = ctypes.c_void_p()
         made = []
@@ -277,7 +280,8 @@ class Api:
                 if s:
                     return s
             if bias is not None:
-                for attr, v in (("CUBLASLT_MATMUL_DESC_BIAS_POINTER", ptr(bias.data)),
+                first = ctypes.c_void_p(heuristic_bias) if heuristic_bias is not None else ptr(bias.data)
+                for attr, v in (("CUBLASLT_MATMUL_DESC_BIAS_POINTER", first),
                                 ("CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE", ctypes.c_int32(self.dtype(bias.kind)))):
                     s = sd(attr, v)
                     if s:
@@ -312,6 +316,10 @@ class Api:
             wsize = ctypes.c_size_t.from_buffer(result, c_["HEURISTIC_WS"]).value
             if found.value != 1 or wsize != 0:
                 raise RuntimeError(f"heuristic returned {found.value} algorithms, workspace {wsize}")
+            if heuristic_bias is not None:
+                s = sd("CUBLASLT_MATMUL_DESC_BIAS_POINTER", ptr(bias.data))
+                if s:
+                    return s
             al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
             return L.cublasLtMatmul(self.lt, desc, ctypes.byref(al), ptr(a.data), layouts[0], ptr(b.data), layouts[1],
                                     ctypes.byref(be), ptr(c.data), layouts[2], ptr(d.data), layouts[3], result, None,
@@ -619,6 +627,16 @@ def main():
             lambda: api.lt_matmul(Mat(12, 8, "bf16", rng), small(), Mat(12, 8, "bf16", rng), Mat(12, 8, "bf16", rng), False, False,
                                   epilogue="CUBLASLT_EPILOGUE_GELU_AUX_BIAS", bias=Mat(12, 1, "bf16", rng),
                                   aux=Mat(12, 8, "bf16", rng), aux_ld=12))
+    # the heuristic reads the bias pointer's value for its alignment (cublasLt.h): a 256-byte-aligned one
+    # there, a 16-byte-aligned one at the matmul is refused; asked with a 16-byte stand-in address
+    # (as llmc/kernels/matmul.cuh asks), the same matmul runs
+    def bias_call(heuristic_bias):
+        return lambda: api.lt_matmul(small(), small(), small(), small(), False, False, epilogue="CUBLASLT_EPILOGUE_BIAS",
+                                     bias=Mat(8, 1, "bf16", rng, offset=16), heuristic_bias=heuristic_bias)
+    refused("a bias pointer less aligned than the one the heuristic saw", "CUBLAS_STATUS_INVALID_VALUE",
+            "CUBLASLT_MATMUL_DESC_BIAS_POINTER", bias_call(1 << 20))
+    report(bias_call(16)() == c["CUBLAS_STATUS_SUCCESS"],
+           "emu cublas: heuristic asked with a 16-byte-aligned stand-in bias address, a 16-byte-aligned bias runs")
     refused("layouts that disagree with the transposes", "CUBLAS_STATUS_INVALID_VALUE", "layouts disagree",
             lambda: api.lt_matmul(Mat(8, 5, "bf16", rng), small(), small(), small(), False, False))
     refused("a bf16 bias with an fp32 output", "CUBLAS_STATUS_NOT_SUPPORTED", "bias data type CUDA_R_16BF",

@@ -12,7 +12,9 @@ has no row, when the program crashes (the emulator stops at an out-of-bounds acc
 warp collective not every thread reaches, a bad launch), or when a version other than cuDNN's is
 skipped. Then, per program, the two schedules' outputs must be bit-identical (the lab prints a
 digest of each output's bits), except for the versions that add with floating-point atomics, whose
-order of additions is a race by design (they are listed below, each with its reason).
+order of additions is a race by design (they are listed below, each with its reason); and a
+trainer's kernel rewritten with the same arithmetic must give the bits of the version it replaced
+(SAME_BITS: AdamW's).
 
 SKIP, each with its reason: cuDNN's versions (the emulation's cuDNN refuses every graph; the lab
 says so and runs the other versions), and timing (an emulated time says nothing about a GPU). The
@@ -41,6 +43,11 @@ RACY = {
     ("global_norm", 1): "a double atomicAdd per element",
     ("global_norm", 2): "a double atomicAdd per block",
 }
+
+
+# Pairs of versions that must give the same bits in every output: a rewrite of a trainer's kernel that
+# keeps its arithmetic (only its memory access changes), against the version it replaced.
+SAME_BITS = [(("adamw", 3), ("adamw", 4), "AdamW with 4 parameters per thread, loads before stores")]
 
 
 def run(cmd, env=None):
@@ -132,6 +139,17 @@ def compare_schedules(program, logs):
         report(True, f"{name} ({same} outputs{note})")
 
 
+def compare_versions(program, out):
+    digests = parse_log(out)[1]
+    for old, new, what in SAME_BITS:
+        outs = sorted(k[2] for k in digests if k[:2] == old)
+        if not outs:
+            continue  # another program's
+        differ = [o for o in outs if digests.get(new + (o,)) != digests[old + (o,)]]
+        report(not differ, f"emulated kernel lab: {program} {new[1]} ({what}) gives version {old[1]}'s bits in "
+               f"every output ({', '.join(outs)})", "differ: " + ", ".join(differ))
+
+
 # ---------------------------------------------------------------------------------------------
 # Negative controls: a planted bug in a copy of a real lab program must be caught.
 
@@ -202,6 +220,7 @@ def main():
                 cudnn_skips.setdefault((program,) + key, why)
             logs.append((schedule, out))
         compare_schedules(program, logs)
+        compare_versions(program, logs[0][1])
     lab_seconds = time.time() - start
     for (program, kernel, vid), why in sorted(cudnn_skips.items()):
         vname = next((n for k, i, n in versions_of(program) if (k, i) == (kernel, vid)), "")

@@ -6,7 +6,8 @@ CPU emulation of CUDA) and its dynamic loss scaling (llmc/optim/loss_scaler.h; M
   fp16 vs cpu      10 AdamW steps against the fp32 CPU reference: logits, loss, every gradient
                    tensor (the dump divides S out), the losses and the weight change, within the
                    fp16 error model below. Control: the bf16 build's logits error is above the fp16
-                   limit (the limit tells fp16 from bf16).
+                   limit (the limit tells fp16 from bf16). The same at --recompute 0, whose GELU
+                   runs in cuBLASLt's epilogues (GELU_AUX_BIAS, DGELU_BGRAD).
   S invariance     no overflow: --loss-scale-init 2^18 and 2^19 give bit-identical step-1 gradients,
                    losses and master weights after 4 steps (S is a power of two: scaling the seed
                    moves exponents only, and the norm and AdamW divide it out exactly), as long as
@@ -76,6 +77,9 @@ def fp16_vs_cpu(r, model):
     report("precision: fp16" in out and "attention: simple" in out and scales(out) == ["65536"] * 10,
            "the fp16 build says so, uses the simple attention and shows S = 65536 on every step line", out[-1500:])
     compare_dumps("fp16 vs cpu (tiny, 10 steps)", got, ref, model, FP16_TOL)
+    # --recompute 0: the MLP's GELU in cuBLASLt's epilogues (llmc/kernels/gelu.cuh), on fp16 values
+    rc0, _ = r.dump("fp16_rc0", 1, *flags, "--recompute", 0, exe=FP16)
+    compare_dumps("fp16 --recompute 0 (GELU in cuBLASLt's epilogues) vs cpu (tiny, 10 steps)", rc0, ref, model, FP16_TOL)
     if os.path.exists(GPU):  # control: bf16's rounding is 8x coarser, beyond the fp16 limits
         bf16, _ = r.dump("bf16", 1, *flags, exe=GPU)
         a, b = np.asarray(bf16["logits"], np.float64).ravel(), np.asarray(ref["logits"], np.float64).ravel()

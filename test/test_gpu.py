@@ -16,7 +16,8 @@ no GPU (flags, --estimate, the no-GPU error) run everywhere. With one:
   determinism      two runs with the same flags: bit-identical dumps
   resume           20 steps == 10 steps + resume + 10 steps, bit for bit (weights, losses, checkpoint
                    files, the sampler's state)
-  recompute        --recompute 0, 1, 2: bit-identical (recompute is exact)
+  recompute        --recompute 1, 2: bit-identical (recompute is exact); 0, whose GELU runs in
+                   cuBLASLt's epilogues (GELU_AUX_BIAS, DGELU_BGRAD), against the CPU (tiny, odd)
   attention        --attention cudnn vs simple agree within bf16 tolerance
   memory           a batch that cannot fit fails before training, naming the largest that would
   precision        --precision other than the binary's build: one line naming the build to run, exit 2
@@ -277,13 +278,27 @@ def determinism(S, steps):
 
 
 def recompute(S, steps):
+    """Levels 1 and 2 rebuild GELU(fch) (and the LayerNorms) with the forward's own kernels: bit-identical.
+    Level 0 rebuilds nothing, so its GELU runs in cuBLASLt's epilogues (llmc/kernels/gelu.cuh,
+    gelu_in_matmul_epilogue): other roundings of the same math, so other bits, checked against the CPU
+    reference like every bf16 run (recompute_epilogue)."""
     steps = steps + DEFAULT_ATTENTION
     level1 = S.dump_path(GPU, "tiny", steps)  # the default level
-    same = all(same_bytes(level1, S.dump_path(GPU, "tiny", steps + ["--recompute", lv], env=(
-        {"CUDA_EMU_THREADS": f"random:{lv}", "CUDA_EMU_BLOCKS": f"random:{lv}"} if EMULATED else None)))
-        for lv in ("0", "2"))
-    report(same, "recompute 0/1/2 give bit-identical results" + (" (random schedules)" if EMULATED else ""),
+    same = same_bytes(level1, S.dump_path(GPU, "tiny", steps + ["--recompute", "2"], env=(
+        {"CUDA_EMU_THREADS": "random:2", "CUDA_EMU_BLOCKS": "random:2"} if EMULATED else None)))
+    report(same, "recompute 1/2 give bit-identical results" + (" (random schedules)" if EMULATED else ""),
            "the dumps differ")
+    level0 = S.dump_path(GPU, "tiny", steps + ["--recompute", "0"], env=(
+        {"CUDA_EMU_THREADS": "random:0", "CUDA_EMU_BLOCKS": "random:0"} if EMULATED else None))
+    report(not same_bytes(level1, level0), "recompute 0 takes the GELU epilogues (its bits differ from level 1's)",
+           "the dumps are identical: the epilogue path did not run")
+
+
+def recompute_epilogue(S, name, steps):
+    """--recompute 0: the fc matmul with GELU_AUX_BIAS, fcproj's input gradient with DGELU_BGRAD (fc's
+    bias gradient from the epilogue), against the CPU reference within the bf16 tolerances."""
+    gpu_vs_cpu(S, f"recompute 0, GELU in cuBLASLt's epilogues, vs cpu ({name})", name, steps,
+               DEFAULT_ATTENTION + ["--recompute", "0"])
 
 
 def cudnn_refused(S, steps):
@@ -433,6 +448,8 @@ def main():
         check("gpu vs cpu (wide)", gpu_vs_cpu, S, "gpu vs cpu (wide)", "wide", wide, DEFAULT_ATTENTION)
         check("determinism", determinism, S, steps)
         check("recompute 0/1/2", recompute, S, steps)
+        check("recompute 0 vs cpu (tiny)", recompute_epilogue, S, "tiny", steps)
+        check("recompute 0 vs cpu (odd)", recompute_epilogue, S, "odd", odd)
         if EMULATED:
             skip("attention cudnn vs simple", no_cudnn)
         else:

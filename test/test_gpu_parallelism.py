@@ -12,7 +12,8 @@ L=4 C=128 H=4 T=32 V=501 (hs 32; V odd, so no tensor degree divides it), 128 tok
 lr 1e-3. One rank accumulates 4 micro-batches of B=1; a grid runs them as dp ranks x m micro-batches
 of a pipeline. The grids:
 
-  dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, pp2 GPipe, pp2 1F1B, pp4 1F1B,
+  dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, tp2 + sequence parallel at --recompute 0 (the
+  GELU in cuBLASLt's epilogues, on each rank's columns), pp2 GPipe, pp2 1F1B, pp4 1F1B,
   dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
   tp3 on L=2 C=192 H=6: Vp=512 rows over 3 ranks, 176 each, the last with 16 rows of padding.
 
@@ -209,6 +210,9 @@ def main():
         check_close("tp2 == one rank (vocabulary 501 over 2 ranks)", tp2, one, init)
         tp4, _ = r.dump("tp4sp", 4, "--tensor-parallel", 4, "--sequence-parallel", 1)
         check_close("tp4 + sequence parallel == one rank", tp4, one, init)
+        # --recompute 0: each rank's fc columns (4C/2) through GELU_AUX_BIAS, its fc bias gradient from DGELU_BGRAD
+        tp2rc0, _ = r.dump("tp2sp_recompute0", 2, "--tensor-parallel", 2, "--sequence-parallel", 1, "--recompute", 0)
+        check_close("tp2 + sequence parallel, --recompute 0 (GELU in cuBLASLt's epilogues) == one rank", tp2rc0, one, init)
         start3, _ = r.dump("init3", 1, "--lr", "0", model=MODEL3, steps=1)
         one3, _ = r.dump("one3", 1, model=MODEL3)
         tp3, _ = r.dump("tp3", 3, "--tensor-parallel", 3, model=MODEL3)

@@ -95,8 +95,9 @@ def main():
         out = p.stdout
         first = open(calls).read().split("----\n")[0].splitlines()
         variants = [first[i + 1] for i, a in enumerate(first) if a == "--ours-variant"]
-        report(variants == ["fp16=--precision fp16", "graphs=--cuda-graphs"],
-               "the d12 B=16 benchmark gets a row for each mode train_gpt --help offers (fp16, graphs; no fp8)", str(first))
+        report(variants == ["gelu-epilogues=--recompute 0", "fp16=--precision fp16", "graphs=--cuda-graphs"],
+               "the d12 B=16 benchmark gets a row for --recompute 0 (GELU in cuBLASLt's epilogues) and for each mode "
+               "train_gpt --help offers (fp16, graphs; no fp8)", str(first))
         report("--llmc" in first and "ours,pytorch,compile,llmc" in first,
                "llm.c's prepared binary joins the d12 B=16 benchmark, with torch.compile", str(first))
         goals = [line for line in out.splitlines() if line.startswith("GOAL")]

@@ -12,8 +12,15 @@
 //      small bias/gain tensors.
 //   2. one launch for everything: each thread finds its tensor (and so its decay) from the tensor
 //      offsets passed by value, the trainer's trick; still scalar loads.
-//   3. trainer's (llmc/optim/adamw.cuh): one launch, 16-byte loads (8 parameters per thread).
-// Prediction: 1 ~70%, 2 ~75%, 3 ~85-90% of the copy ceiling. The clip factor is read from the
+//   3. the trainer's until this version 4: one launch, 8 parameters per thread, each thread's fp32
+//      state in two 16-byte halves (32 bytes apart per thread: every load instruction uses half of
+//      each sector it touches), the second half loaded after the first half's state was stored.
+//   4. trainer's (llmc/optim/adamw.cuh): one launch, 4 parameters per thread: one 16-byte vector of
+//      each fp32 array (a warp's load covers 512 contiguous bytes), 8 bytes of bf16, every load
+//      issued before any store.
+// Prediction (before a GPU ran them): 1 ~70%, 2 ~75%, 3 ~85-90% of the copy ceiling. Measured on
+// an H200 (docs/benchmarks.md): 1 96%, 2 91%, 3 76%, which is what version 4 answers; its
+// prediction: within a few % of version 2 or better (the same accesses, vectorised). The clip factor is read from the
 // norm on the GPU (here: the CPU reference's norm, uploaded), so the step never waits for the host.
 // Reference: the CPU trainer's adamw_update, tensor by tensor; the bf16 parameters are compared
 // with the fp32 reference weights, so the check includes the stochastic rounding (~2e-3).
@@ -23,7 +30,8 @@
 static const std::vector<Version> VERSIONS = {
     {"adamw", 1, "launch per tensor", "16 launches (one per tensor, its own decay), one thread per element", false},
     {"adamw", 2, "one launch, scalar", "one launch, tensor found from the offsets, one thread per element", false},
-    {"adamw", 3, "trainer: one launch, 16B", "llmc/optim/adamw.cuh: one launch, 8 parameters per thread, 16-byte loads", true},
+    {"adamw", 3, "one launch, 8/thread (old)", "the trainer's until version 4: 8 parameters per thread, state in 16-byte halves", false},
+    {"adamw", 4, "trainer: one launch, 4/thread", "llmc/optim/adamw.cuh: 4 parameters per thread, whole-sector loads, loads before stores", true},
 };
 
 // One parameter: the trainer's formulas (llmc/optim/adamw.cuh), scalar.
@@ -62,6 +70,41 @@ __global__ void adamw_all_scalar(floatX* params, float* master, const floatX* gr
     while (i < a.tensor_offset[tensor]) tensor--;
     float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
     adamw_one(params, master, grads, m, v, i, decay, clip_factor(now.grad_norm, a.max_norm), now, a);
+}
+
+// ---- 3: the trainer's kernel before version 4, kept to measure against
+__global__ void adamw_old8(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t count,
+                           const AdamWStep* step_values, AdamWParams a) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= count) return;
+    AdamWStep now = *step_values;
+    int tensor = NUM_PARAM_TENSORS - 1;
+    while (i < a.tensor_offset[tensor]) tensor--;
+    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
+    float clip = clip_factor(now.grad_norm, a.max_norm), step_size = now.lr / now.bias_correction1;
+    x128 p8 = load128(params + i), g8 = load128cs(grads + i);
+    float p[x128::size];
+    for (int h = 0; h < x128::size; h += f128::size) {
+        f128 w4 = load128(master + i + h);
+        for (int k = 0; k < f128::size; k++) p[h + k] = w4[k];
+    }
+    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
+    for (int h = 0; h < x128::size; h += f128::size) {
+        f128 m4 = load128(m + i + h), v4 = load128(v + i + h), w4;
+        for (int k = 0; k < f128::size; k++) {
+            int j = h + k;
+            float g = to_float(g8[j]) * clip;
+            m4[k] = a.beta1 * m4[k] + (1.0f - a.beta1) * g;
+            v4[k] = a.beta2 * v4[k] + (1.0f - a.beta2) * g * g;
+            p[j] = p[j] * decay - step_size * m4[k] / (sqrtf(v4[k]) / now.bias_correction2_sqrt + a.eps);
+            w4[k] = p[j];
+            stochastic_round(&p8[j], p[j], hash_u32(stream ^ (uint64_t)(i + j)));
+        }
+        store128(m + i + h, m4);
+        store128(v + i + h, v4);
+        store128(master + i + h, w4);
+    }
+    store128(params + i, p8);
 }
 
 int main(int argc, char** argv) {
@@ -148,6 +191,12 @@ int main(int argc, char** argv) {
     };
     lab_case(&lab, c);
     c.version = 3;
+    c.run = [&](int) {
+        adamw_old8<<<ceil_div(n / x128::size, 256), 256, 0, lab.stream>>>(d_params, d_master, d_grads, d_m, d_v, n, d_now, a);
+        CUDA_CHECK_LAUNCH();
+    };
+    lab_case(&lab, c);
+    c.version = 4;
     c.run = [&](int) { adamw_update(d_params, d_master, d_grads, d_m, d_v, 0, n, d_now, a, lab.stream); };
     lab_case(&lab, c);
     return lab_end(&lab);

@@ -26,12 +26,22 @@
 // Prediction: 1 ~1-3 TFLOP/s, 2 ~3-6, 3 ~15-30, 4 ~60-150, 5 ~500-650 (80-95% of the GEMM ceiling;
 // IC = 768 is a short k loop, so somewhat under the 8192^3 ceiling).
 //
-//   matmul_bias_gelu: y = gelu(inp W^T + b), the fc layer and its activation. The trainer runs the
-//   matmul (bias in the epilogue), writes the pre-activation, and runs its GELU kernel (see
-//   llmc/kernels/gelu.cuh for why: --recompute rebuilds gelu(pre) with that kernel, bit for bit). cuBLASLt
-//   could apply GELU in the epilogue and skip a pass of 2 x 50 MB. Versions: 1 naive, fused in the
-//   loop; 2 the trainer's two kernels; 3 cuBLASLt's GELU_BIAS epilogue. Prediction: 3 beats 2 by the
-//   GELU kernel's time (~35 us at B=8); that is the price of bit-identical recompute.
+//   matmul_bias_gelu: y = gelu(inp W^T + b), the fc layer and its activation. Versions: 1 naive, fused
+//   in the loop; 2 the trainer's two kernels at --recompute >= 1 (matmul with bias, write the
+//   pre-activation, GELU kernel: llmc/kernels/gelu.cuh says why those levels need that kernel); 3
+//   cuBLASLt's GELU_BIAS epilogue (no pre-activation kept: inference's); 4 the trainer's at
+//   --recompute 0, GELU_AUX_BIAS (llmc/kernels/matmul.cuh, matmul_forward_gelu): GELU in the
+//   epilogue, the pre-activation written beside it as the aux, checked too. Prediction (before any
+//   GPU ran it): 3 beats 2 by the GELU kernel's time (~35 us at B=8); measured on an H200, by 21%.
+//   4 writes the pre-activation as 2 does but skips the GELU kernel's read of it and its launch: between 3 and 2.
+//
+//   matmul_dgelu_bgrad: the same layer's backward, from the gradient of y: dpre = (dy2 Wp) * gelu'(pre)
+//   (dy2 (N x C) the gradient of the next matmul's output, Wp (C x 4C) its weight, as fcproj's in the
+//   trainer) and dbias += the column sums of dpre. 1 the trainer's at --recompute >= 1: the matmul,
+//   the GELU backward kernel in place, the bias-gradient kernel (llmc/kernels/matmul.cuh, gelu.cuh);
+//   2 the trainer's at --recompute 0, DGELU_BGRAD: dgelu and the bias gradient in the matmul's
+//   epilogue (matmul_backward_data_dgelu), the bias gradient added by add_into. Prediction: 2 saves the
+//   GELU backward's 3 passes over N x 4C and the bias kernel's read of it, ~4 x 50 MB at B=8, ~70 us.
 //
 //   bias_backward: db += column sums of dout (N x OC), memory-bound (reads dout once). 1 one thread
 //   per column over all rows (only OC threads); 2 blocks of 256 rows x 256 columns, fp32 atomics (not
@@ -47,8 +57,11 @@ static const std::vector<Version> VERSIONS = {
     {"matmul_forward", 4, "tensor cores (WMMA)", "128x128 block tile, bf16 16x16x16 WMMA fragments, fp32 accumulators", false},
     {"matmul_forward", 5, "trainer: cuBLASLt", "llmc/kernels/matmul.cuh: cuBLASLt, bias in the epilogue", true},
     {"matmul_bias_gelu", 1, "naive, fused", "version 1 of matmul_forward with GELU applied in the loop's epilogue", false},
-    {"matmul_bias_gelu", 2, "trainer: Lt + GELU kernel", "llmc/kernels/matmul.cuh then llmc/kernels/gelu.cuh: matmul with bias, then GELU", true},
+    {"matmul_bias_gelu", 2, "trainer rc>=1: Lt + GELU kernel", "llmc/kernels/matmul.cuh then llmc/kernels/gelu.cuh: matmul with bias, then GELU", true},
     {"matmul_bias_gelu", 3, "cuBLASLt GELU_BIAS", "one cuBLASLt call, bias and GELU in its epilogue", false},
+    {"matmul_bias_gelu", 4, "trainer rc 0: GELU_AUX_BIAS", "llmc/kernels/matmul.cuh, matmul_forward_gelu: GELU in the epilogue, the pre-activation as its aux", true},
+    {"matmul_dgelu_bgrad", 1, "trainer rc>=1: Lt + 2 kernels", "matmul, then gelu_backward_inplace, then bias_backward", true},
+    {"matmul_dgelu_bgrad", 2, "trainer rc 0: DGELU_BGRAD", "llmc/kernels/matmul.cuh, matmul_backward_data_dgelu: dgelu and the bias gradient in the epilogue", true},
     {"bias_backward", 1, "thread per column", "one thread per column, looping over all rows", false},
     {"bias_backward", 2, "block sums + atomics", "256x256 blocks sum their rows, fp32 atomics, then a pass to bf16", false},
     {"bias_backward", 3, "trainer: partials", "llmc/kernels/matmul.cuh: per-block partials summed in order (deterministic)", true},
@@ -253,6 +266,21 @@ int main(int argc, char** argv) {
     std::vector<float> out_ref((size_t)N * OC), gelu_ref((size_t)N * OC);
     cpu::matmul_forward(out_ref.data(), inp.data(), w.data(), bias.data(), N, IC, OC);
     cpu::gelu_forward(gelu_ref.data(), out_ref.data(), gelu_ref.size());
+    // the backward of the GELU'd layer: dy2 (N x C) through Wp (C x OC), times gelu'(pre), pre = the
+    // forward's output rounded to bf16 as the trainer keeps it; dbias += its column sums
+    std::vector<float> dy2 = random_normal((size_t)N * IC, next_seed(&lab), 0.0f, 1.0f);
+    std::vector<float> wp = random_normal((size_t)IC * OC, next_seed(&lab), 0.0f, 0.04f);
+    round_to_bf16(&dy2), round_to_bf16(&wp);
+    std::vector<float> pre = out_ref;
+    round_to_bf16(&pre);
+    std::vector<float> dact((size_t)N * OC), dpre_ref((size_t)N * OC), dfcb_ref(OC);
+    cpu::matmul_backward_input(dact.data(), dy2.data(), wp.data(), N, OC, IC);
+    cpu::gelu_backward(dpre_ref.data(), pre.data(), dact.data(), dpre_ref.size());
+    for (int o = 0; o < OC; o++) {
+        double sum = dbias0[o];
+        for (int n = 0; n < N; n++) sum += dpre_ref[(size_t)n * OC + o];
+        dfcb_ref[o] = (float)sum;
+    }
     std::vector<float> dbias_ref(OC);
     for (int o = 0; o < OC; o++) {  // the CPU trainer sums bias gradients inside matmul_backward; the same loop, in double
         double sum = dbias0[o];
@@ -340,6 +368,43 @@ int main(int argc, char** argv) {
         CUBLAS_CHECK(cublasLtMatmul(ctx.handle, plan.desc, &alpha, d_w[s], plan.w_layout, d_inp[s], plan.inp_layout, &beta,
                                     d_out[s], plan.out_layout, d_out[s], plan.out_layout, &plan.algo, workspace,
                                     CUBLASLT_WORKSPACE_BYTES, lab.stream));
+    };
+    lab_case(&lab, c);
+    c.version = 4;
+    c.checks = {bf16_output("gelu(out)", d_out[0], gelu_ref), bf16_output("pre (aux)", d_pre, out_ref)};
+    c.run = [&](int s) { matmul_forward_gelu(&ctx, d_out[s], d_pre, d_inp[s], d_w[s], d_bias, N, IC, OC, lab.stream); };
+    lab_case(&lab, c);
+
+    // ---- matmul_dgelu_bgrad: dy2, Wp, pre read, dpre written, dbias read and written; 2 N IC OC FLOPs
+    double dg_bytes = 2.0 * ((double)N * IC + (double)IC * OC + 2.0 * N * OC + 2.0 * OC);
+    int dg_slots = lab_slots(lab, dg_bytes);
+    std::vector<floatX*> d_dy2 = to_device<floatX>(dy2, dg_slots), d_wp = to_device<floatX>(wp, dg_slots);
+    std::vector<floatX*> d_dpre = device_slots<floatX>((size_t)N * OC, dg_slots), d_dfcb = to_device<floatX>(dbias0, dg_slots);
+    floatX* d_pre_in = to_device<floatX>(pre, 1)[0];
+    floatX* dfcb_start = to_device<floatX>(dbias0, 1)[0];
+    floatX* dfcb_scratch = device_alloc<floatX>(OC);
+    float* dg_partials = device_alloc<float>((size_t)ceil_div(N, BIAS_BACKWARD_ROWS_PER_BLOCK) * OC);
+    Case dg;
+    dg.kernel = "matmul_dgelu_bgrad";
+    dg.bytes = dg_bytes;
+    dg.flops = 2.0 * N * (double)IC * OC;
+    dg.slots = dg_slots;
+    dg.checks = {bf16_output("dpre", d_dpre[0], dpre_ref), bf16_output("dbias", d_dfcb[0], dfcb_ref, false)};
+    dg.prepare = [&](int s) {
+        CUDA_CHECK(cudaMemcpyAsync(d_dfcb[s], dfcb_start, (size_t)OC * sizeof(floatX), cudaMemcpyDeviceToDevice, lab.stream));
+    };
+    c = dg;
+    c.version = 1;
+    c.run = [&](int s) {
+        matmul_backward_data(&ctx, d_dpre[s], d_dy2[s], d_wp[s], N, OC, IC, lab.stream);
+        gelu_backward_inplace(d_dpre[s], d_pre_in, (size_t)N * OC, lab.stream);
+        bias_backward(d_dfcb[s], dg_partials, d_dpre[s], N, OC, lab.stream);
+    };
+    lab_case(&lab, c);
+    c.version = 2;
+    c.run = [&](int s) {
+        matmul_backward_data_dgelu(&ctx, d_dpre[s], dfcb_scratch, d_dy2[s], d_wp[s], d_pre_in, N, OC, IC, lab.stream);
+        add_into(d_dfcb[s], dfcb_scratch, OC, lab.stream);
     };
     lab_case(&lab, c);
 

@@ -11,10 +11,24 @@
 // both sides makes the comparison tight.
 // Large |x| is safe: exp(-2u) overflows to inf for very negative x, and s = 1/inf = 0, gelu = -0.
 //
-// Why not fused into the matmul epilogue: cuBLASLt can apply GELU after the fc matmul, but its GELU
-// is not this code, and with --recompute >= 1 the backward rebuilds gelu(fch) with THIS kernel. Only
-// the same kernel on the same input guarantees that recompute levels give bit-identical results, so
-// the forward uses it too. The price is one extra pass over (B, T, 4C): read fch, write fch_gelu.
+// Where GELU runs: cuBLASLt can apply GELU in the fc matmul's epilogue (forward) and GELU's derivative
+// in the epilogue of fcproj's input-gradient matmul (backward), which saves this file's two passes
+// over (B, T, 4C) and the fc bias gradient's read of it (llmc/kernels/matmul.cuh: matmul_forward_gelu,
+// matmul_backward_data_dgelu). gelu_in_matmul_epilogue() below chooses, in one place, and these
+// kernels remain for what the library cannot do:
+//   - --recompute >= 1: the backward rebuilds gelu(fch) from fch, and only THIS kernel can do that
+//     (the library's GELU exists only inside a matmul). Recompute is exact only if the forward used
+//     the same kernel on the same input, so those levels keep the separate path, forward and back.
+//     Level 0 (nothing recomputed) takes the epilogues: its results differ from levels 1 and 2 by
+//     bf16 roundings (the library's GELU is not this code, and it reads the unrounded fch).
+//   - the fp32 build: it exists to compare with the CPU tightly (1e-4), and cuBLASLt does not
+//     document how accurately its GELU is computed (see the tanh.approx note above).
+//   - a width that is not a multiple of 8: the epilogue's aux matrix (fch) needs an ld divisible by 8.
+// GELU's form in the library: cublasLt.h says only "GELU". The stand-in (test/emu/cublas_standin.cpp)
+// takes the tanh approximation, GPT-2's, as llm.c relies on; on a GPU the kernel lab's
+// matmul_bias_gelu 3 and 4 rows and test_gpu.py's --recompute 0 checks bound the library's against
+// the CPU's tanh form only within bf16 tolerances, which the erf form (at most 5e-4 away) would pass:
+// the form is an assumption until a GPU run compares them element by element.
 // The backward multiplies the incoming gradient in place. Traffic: 16-byte vectors, one read and one
 // write per element forward; two reads and one write backward.
 #pragma once
@@ -22,6 +36,12 @@
 #include "llmc/kernels/cuda_common.cuh"
 
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
+
+// The one place that decides (see above): the fc layer's GELU in cuBLASLt's epilogues, or in these kernels.
+// keep_gelu: the recompute level keeps fch_gelu per layer (llmc/model/recompute.h, level 0).
+inline bool gelu_in_matmul_epilogue(bool keep_gelu, int fc_channels) {
+    return keep_gelu && !FLOATX_IS_FP32 && fc_channels % 8 == 0;
+}
 
 // The math of one element, on the host too (test/test_gpu_host.cu checks it against the tanh form).
 __host__ __device__ __forceinline__ float gelu_sigmoid_2u(float x) {

@@ -12,7 +12,8 @@
 // cublasLt(transa = T, transb = N, m = OC, n = N, k = IC) on the same pointers, no copies.
 //
 // The bias is added in the epilogue: the output is written once, with the bias, instead of written,
-// read, and written again. (GELU stays out of the epilogue: see gelu.cuh.)
+// read, and written again. The MLP's GELU can go there too, forward and backward (matmul_forward_gelu,
+// matmul_backward_data_dgelu below; gelu.cuh's gelu_in_matmul_epilogue says when).
 //
 // Determinism: cuBLASLt is bit-reproducible for a fixed algorithm on a fixed GPU. The heuristic is
 // asked ONCE per shape and the answer cached, so every step of a run uses the same algorithm.
@@ -42,7 +43,8 @@ constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : FLOATX_IS_F
 // One cached heuristic answer.
 struct MatmulAlgo {
     int m, n, k;
-    bool trans_a, trans_b, bias, accumulate;
+    bool trans_a, trans_b, accumulate;
+    cublasLtEpilogue_t epilogue;
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -78,21 +80,38 @@ inline void cublaslt_run(MatmulContext* ctx, cublasLtMatmulDesc_t desc, cublasLt
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
 }
 
-// D (m x n, col-major, ld = ldd) = op(A) op(B) [+ bias over rows] [+ D if accumulate]
-inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                            int n, int k, bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
+// D (m x n, col-major, ld = m) = epilogue(op(A) op(B) [+ D if accumulate]). The epilogues we ask for:
+//   CUBLASLT_EPILOGUE_DEFAULT        nothing
+//   CUBLASLT_EPILOGUE_BIAS           + bias[i] on row i (bias: m values, D's type)
+//   CUBLASLT_EPILOGUE_GELU_AUX_BIAS  + bias, aux = that sum (GELU's input), then D = gelu(it)
+//   CUBLASLT_EPILOGUE_DGELU_BGRAD    D = result * gelu'(aux), and bias[i] = sum of row i of D (written)
+// aux is an m x n matrix of D's type with ld = m: cuBLASLt requires its ld to be a multiple of 8 and
+// at least D's rows (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, cublasLt.h), so m % 8 == 0 there.
+inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, cublasLtEpilogue_t epilogue,
+                            const void* bias, const floatX* aux, int m, int n, int k, bool trans_a, bool trans_b,
+                            bool accumulate, cudaStream_t stream) {
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDesc_t desc;
     cublasComputeType_t compute = FLOATX_IS_FP32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The heuristic reads the bias and aux pointers' VALUES to learn their alignment (cublasLt.h, at
+    // CUBLASLT_MATMUL_DESC_BIAS_POINTER and _EPILOGUE_AUX_POINTER): its answer is cached for every
+    // layer, whose pointers are less aligned than the first one's may be. So it is asked with a stand-in
+    // address aligned to exactly the 16 bytes every pointer here has, never dereferenced; the real
+    // pointers go in before the matmul.
+    const void* promised = (const void*)(uintptr_t)16;
     if (bias) {
-        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cudaDataType_t bias_type = CUDA_FLOATX;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cudaDataType_t bias_type = CUDA_FLOATX;  // "the same type as the output" (cublasLt.h), bias gradients too
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &promised, sizeof(promised)));
+    }
+    if (aux) {
+        int64_t aux_ld = m;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &promised, sizeof(promised)));
     }
     // stored shapes (before op): A is (m x k) or (k x m), B is (k x n) or (n x k)
     cublasLtMatrixLayout_t la, lb, ld;
@@ -102,8 +121,8 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
 
     const MatmulAlgo* cached = nullptr;
     for (const MatmulAlgo& x : ctx->algos) {
-        if (x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b &&
-            x.bias == (bias != nullptr) && x.accumulate == accumulate)
+        if (x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b && x.epilogue == epilogue &&
+            x.accumulate == accumulate)
             cached = &x;
     }
     if (!cached) {
@@ -130,31 +149,59 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc, la, lb, ld, ld, pref, 1, &result, &found));
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (found == 0) {
-            fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d bias=%d): the shape "
-                 "or the GPU is not supported", FLOATX_NAME, m, n, k, trans_a, trans_b, bias != nullptr);
+            fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d epilogue=%d): the "
+                 "shape or the GPU is not supported", FLOATX_NAME, m, n, k, trans_a, trans_b, (int)epilogue);
         }
-        ctx->algos.push_back({m, n, k, trans_a, trans_b, bias != nullptr, accumulate, result.algo});
+        ctx->algos.push_back({m, n, k, trans_a, trans_b, accumulate, epilogue, result.algo});
         cached = &ctx->algos.back();
     }
+    if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (aux) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
 }
 
 // out (N x OC) = inp (N x IC) W^T (+ bias); W is (OC x IC) row-major as in nn.Linear.
 inline void matmul_forward(MatmulContext* ctx, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int IC, int OC, cudaStream_t stream) {
-    cublaslt_matmul(ctx, out, weight, inp, bias, OC, N, IC, true, false, false, stream);
+    cublaslt_matmul(ctx, out, weight, inp, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, nullptr, OC, N,
+                    IC, true, false, false, stream);
+}
+
+// The MLP's fc layer and its GELU in one call (CUBLASLT_EPILOGUE_GELU_AUX_BIAS): pre (N x OC) =
+// inp W^T + b, kept for the backward, and out = gelu(pre), both written by the matmul's epilogue
+// while the tile is still in registers: one write of each and no GELU kernel reading pre back. The
+// epilogue applies GELU to the fp32 sum, before pre is rounded to bf16 (our kernel reads the
+// rounded pre), so out can differ from gelu_forward(pre) by an ulp. OC % 8 == 0 (pre is the aux).
+inline void matmul_forward_gelu(MatmulContext* ctx, floatX* out, floatX* pre, const floatX* inp, const floatX* weight,
+                                const floatX* bias, int N, int IC, int OC, cudaStream_t stream) {
+    cublaslt_matmul(ctx, out, weight, inp, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC, N, IC, true, false, false,
+                    stream);
 }
 
 // dinp (N x IC) = dout (N x OC) W (OC x IC), overwritten.
 inline void matmul_backward_data(MatmulContext* ctx, floatX* dinp, const floatX* dout, const floatX* weight, int N,
                                  int IC, int OC, cudaStream_t stream) {
-    cublaslt_matmul(ctx, dinp, weight, dout, nullptr, IC, N, OC, false, false, false, stream);
+    cublaslt_matmul(ctx, dinp, weight, dout, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, IC, N, OC, false, false, false,
+                    stream);
+}
+
+// The backward of matmul_forward_gelu's GELU, in the epilogue of the input-gradient matmul of the
+// layer that read its output, fcproj (CUBLASLT_EPILOGUE_DGELU_BGRAD): dpre (N x IC) = (dout W) * gelu'(pre), and, from the same
+// fp32 values before they are rounded, dbias (IC) = the column sums of dpre: the fc layer's bias
+// gradient, OVERWRITTEN in D's type (cuBLASLt writes it; the caller adds it to the accumulated one).
+// Saves the GELU backward's pass (read dpre and pre, write dpre) and the bias gradient's read of dpre.
+// IC % 8 == 0 (pre is the aux).
+inline void matmul_backward_data_dgelu(MatmulContext* ctx, floatX* dpre, floatX* dbias, const floatX* dout,
+                                       const floatX* weight, const floatX* pre, int N, int IC, int OC, cudaStream_t stream) {
+    cublaslt_matmul(ctx, dpre, weight, dout, CUBLASLT_EPILOGUE_DGELU_BGRAD, dbias, pre, IC, N, OC, false, false, false,
+                    stream);
 }
 
 // dW (OC x IC) += dout^T (OC x N) inp (N x IC)
 inline void matmul_backward_weight(MatmulContext* ctx, floatX* dweight, const floatX* dout, const floatX* inp, int N,
                                    int IC, int OC, cudaStream_t stream) {
-    cublaslt_matmul(ctx, dweight, inp, dout, nullptr, IC, OC, N, false, true, true, stream);
+    cublaslt_matmul(ctx, dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, IC, OC, N, false, true, true,
+                    stream);
 }
 
 constexpr int BIAS_BACKWARD_ROW_THREADS = 8;

@@ -20,8 +20,11 @@
 //   overwritten, not accumulated. Data types bf16, fp16 and fp32 for A, B, C, D, bias and aux.
 //   Rules the real library enforces and this one checks, so a mistake fails here and not first on a
 //   GPU: layout shapes agree with m, n, k and the transposes; ld >= rows; equal batch counts; the
-//   aux leading dimension a multiple of 8; pointers aligned as the heuristic's preference promised
-//   (default 256 bytes, MIN_ALIGNMENT_*_BYTES); an algorithm that came from the heuristic.
+//   aux leading dimension (and batch stride) a multiple of 8; pointers aligned as the heuristic's
+//   preference promised (default 256 bytes, MIN_ALIGNMENT_*_BYTES); the bias and aux pointers at
+//   least as aligned as the ones the descriptor held when the heuristic was asked (the heuristic
+//   "depends on [their] value to determine expected pointer alignment", cublasLt.h: an algorithm
+//   chosen for a 256-byte-aligned bias may rely on it); an algorithm that came from the heuristic.
 //   Anything else (another epilogue, data type, compute type, order, pointer mode, an attribute
 //   not listed) is refused with one line on stderr naming it and CUBLAS_STATUS_NOT_SUPPORTED.
 //
@@ -102,7 +105,17 @@ struct Pref {
 };
 
 // what the heuristic writes into cublasLtMatmulAlgo_t::data, and cublasLtMatmul checks
-enum { ALGO_DATA_MAGIC = 0, ALGO_DATA_ALIGN = 1 };  // data[1..4]: alignment promised for A, B, C, D
+// data[1..4]: alignment promised for A, B, C, D; data[5], data[6]: the bias's and the aux's alignment
+// as the heuristic saw their pointers
+enum { ALGO_DATA_MAGIC = 0, ALGO_DATA_ALIGN = 1, ALGO_DATA_ALIGN_BIAS = 5, ALGO_DATA_ALIGN_AUX = 6 };
+
+// The alignment a pointer's value shows, up to the 256 bytes cudaMalloc gives (null: any).
+uint64_t pointer_alignment(const void* p) {
+    uintptr_t v = (uintptr_t)p;
+    uint64_t a = 1;
+    while (a < 256 && v % (a * 2) == 0) a *= 2;
+    return v == 0 ? 256 : a;
+}
 
 void refuse(const char* fmt, ...) {
     va_list args;
@@ -453,6 +466,11 @@ cublasStatus_t check_problem_shapes(const Desc* d, const Layout* a, const Layout
                    epilogue_name(d->epilogue), (unsigned long long)m, (long long)d->aux_ld);
             return CUBLAS_STATUS_INVALID_VALUE;
         }
+        if (d->aux_batch_stride % 8 != 0) {
+            refuse("%s needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE a multiple of 8, got %lld",
+                   epilogue_name(d->epilogue), (long long)d->aux_batch_stride);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
     }
     pr->m = (int)m, pr->n = (int)n, pr->k = (int)k, pr->batch = dd->batch;
     pr->ep = ep, pr->bias_type = bias_type, pr->aux_type = aux_type;
@@ -794,6 +812,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     memset(&results[0], 0, sizeof(results[0]));
     results[0].algo.data[ALGO_DATA_MAGIC] = ALGO_MAGIC;
     for (int x = 0; x < 4; x++) results[0].algo.data[ALGO_DATA_ALIGN + x] = p->align[x];
+    results[0].algo.data[ALGO_DATA_ALIGN_BIAS] = pointer_alignment(dd->bias);
+    results[0].algo.data[ALGO_DATA_ALIGN_AUX] = pointer_alignment(dd->aux);
     results[0].workspaceSize = 0;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -850,6 +870,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                            pr.batch > 1 ? " of some batch" : "", (void*)addr, (unsigned long long)want, "ABCD"[x]);
                     return CUBLAS_STATUS_INVALID_VALUE;
                 }
+            }
+        }
+        const void* eptr[2] = {(ep.bias || ep.bgrad_d || ep.bgrad_a || ep.bgrad_b) ? d->bias : nullptr,
+                               (ep.aux_out || ep.dgelu) ? d->aux : nullptr};
+        const char* ename[2] = {"CUBLASLT_MATMUL_DESC_BIAS_POINTER", "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER"};
+        for (int x = 0; x < 2; x++) {
+            uint64_t want = algo->data[x == 0 ? ALGO_DATA_ALIGN_BIAS : ALGO_DATA_ALIGN_AUX];
+            if (eptr[x] && pointer_alignment(eptr[x]) < want) {
+                refuse("cublasLtMatmul: %s is %p, %llu-byte aligned, less than the %llu bytes of the pointer the "
+                       "descriptor held when the heuristic chose the algorithm (the heuristic reads the pointer's "
+                       "value for its alignment): ask it with a pointer no more aligned than every one you will pass",
+                       ename[x], eptr[x], (unsigned long long)pointer_alignment(eptr[x]), (unsigned long long)want);
+                return CUBLAS_STATUS_INVALID_VALUE;
             }
         }
     }

@@ -53,7 +53,7 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"
-#include "llmc/model/moe.h"  // MoEShape, MoEWeights, expert_tensor, moe_capacity: the one definition of each
+#include "llmc/model/moe.h"  // MoEShape, MoEWeights, expert_of, moe_capacity: the one definition of each
 
 constexpr int MOE_MAX_EXPERTS = 64;      // the router's per-token arrays live in registers
 constexpr int MOE_SCAN_THREADS = 128;    // the dispatch block: 128 x 64 counts = 32 KiB of shared memory
@@ -346,11 +346,10 @@ inline void moe_experts_forward(MatmulContext* ctx, const cpu::MoEWeights<const 
         size_t r0 = first_row[e];
         int n = first_row[e + 1] - first_row[e];
         if (n == 0) continue;   // no token reached this expert: no launch, and its gradient stays as it was
-        matmul_forward(ctx, fch + r0 * H, xg + r0 * C, cpu::expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C),
-                       cpu::expert_tensor(w.fcb, w.more_fcb, e, H), n, C, H, stream);
+        cpu::Expert<const floatX> p = cpu::expert_of(w, e, C, H);
+        matmul_forward(ctx, fch + r0 * H, xg + r0 * C, p.fcw, p.fcb, n, C, H, stream);
         gelu_forward(fch_gelu + r0 * H, fch + r0 * H, (size_t)n * H, stream);
-        matmul_forward(ctx, eout + r0 * C, fch_gelu + r0 * H, cpu::expert_tensor(w.projw, w.more_projw, e, (size_t)C * H),
-                       cpu::expert_tensor(w.projb, w.more_projb, e, C), n, H, C, stream);
+        matmul_forward(ctx, eout + r0 * C, fch_gelu + r0 * H, p.projw, p.projb, n, H, C, stream);
     }
 }
 
@@ -364,15 +363,17 @@ inline void moe_experts_backward(MatmulContext* ctx, const cpu::MoEWeights<float
         size_t r0 = first_row[e];
         int n = first_row[e + 1] - first_row[e];
         if (n == 0) continue;
+        cpu::Expert<const floatX> p = cpu::expert_of(w, e, C, H);
+        cpu::Expert<floatX> dp = cpu::expert_of(g, e, C, H);
         const floatX* d = drow + r0 * C;
         floatX* dhe = dh + r0 * H;
-        matmul_backward_data(ctx, dhe, d, cpu::expert_tensor(w.projw, w.more_projw, e, (size_t)C * H), n, H, C, stream);
-        matmul_backward_weight(ctx, cpu::expert_tensor(g.projw, g.more_projw, e, (size_t)C * H), d, fch_gelu + r0 * H, n, H, C, stream);
-        bias_backward(cpu::expert_tensor(g.projb, g.more_projb, e, C), partials, d, n, C, stream);
+        matmul_backward_data(ctx, dhe, d, p.projw, n, H, C, stream);
+        matmul_backward_weight(ctx, dp.projw, d, fch_gelu + r0 * H, n, H, C, stream);
+        bias_backward(dp.projb, partials, d, n, C, stream);
         gelu_backward_inplace(dhe, fch + r0 * H, (size_t)n * H, stream);
-        matmul_backward_data(ctx, dxg + r0 * C, dhe, cpu::expert_tensor(w.fcw, w.more_fcw, e, (size_t)H * C), n, C, H, stream);
-        matmul_backward_weight(ctx, cpu::expert_tensor(g.fcw, g.more_fcw, e, (size_t)H * C), dhe, xg + r0 * C, n, C, H, stream);
-        bias_backward(cpu::expert_tensor(g.fcb, g.more_fcb, e, H), partials, dhe, n, H, stream);
+        matmul_backward_data(ctx, dxg + r0 * C, dhe, p.fcw, n, C, H, stream);
+        matmul_backward_weight(ctx, dp.fcw, dhe, xg + r0 * C, n, C, H, stream);
+        bias_backward(dp.fcb, partials, dhe, n, H, stream);
     }
 }
 

@@ -96,6 +96,17 @@ class Runner:
         return read_safetensors(path)[0], out
 
 
+def mpi_trainer_missing(what):
+    """The pipeline tests' skip: True (after a SKIP line) without mpirun or an MPI build of train_gpt_cpu."""
+    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
+        print(f"SKIP: {what} (needs mpirun and a built train_gpt_cpu)")
+        return True
+    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout:
+        print(f"SKIP: {what} (train_gpt_cpu was built without MPI)")
+        return True
+    return False
+
+
 def write_pattern_shard(work):
     """The grid tests' data: 16384 tokens of V=501, 80% a repeating 97-token pattern (so the loss falls)."""
     rng = np.random.default_rng(0)

@@ -38,7 +38,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
-from test_parallelism import (Runner, MODEL, T, TRAINER, check_bitwise, check_close,  # noqa: E402
+from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, check_bitwise, check_close,  # noqa: E402
                               check_predictions, write_pattern_shard)
 
 STEPS = 6
@@ -64,11 +64,7 @@ def refused(cmd, needle, name, work):
 
 
 def main():
-    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
-        print("SKIP: PipeDream-2BW (needs mpirun and a built train_gpt_cpu)")
-        return 0
-    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout:
-        print("SKIP: PipeDream-2BW (train_gpt_cpu was built without MPI)")
+    if mpi_trainer_missing("PipeDream-2BW"):
         return 0
     work = tempfile.mkdtemp(prefix="llmc_2bw_")
     try:

@@ -38,7 +38,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
-from test_parallelism import (Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise, check_close,  # noqa: E402
+from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise, check_close,  # noqa: E402
                               check_predictions, write_pattern_shard)
 from test_pipeline_zb_h1 import measured_bubble  # noqa: E402
 
@@ -57,11 +57,7 @@ def same_run(a, b, first=0):
 
 
 def main():
-    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
-        print("SKIP: interleaved 1F1B (needs mpirun and a built train_gpt_cpu)")
-        return 0
-    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout:
-        print("SKIP: interleaved 1F1B (train_gpt_cpu was built without MPI)")
+    if mpi_trainer_missing("interleaved 1F1B"):
         return 0
     work = tempfile.mkdtemp(prefix="llmc_interleaved_")
     try:

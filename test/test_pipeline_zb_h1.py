@@ -43,7 +43,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
-from test_parallelism import (Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise,  # noqa: E402
+from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise,  # noqa: E402
                               check_predictions, write_pattern_shard)
 
 STEPS = 4
@@ -68,11 +68,7 @@ def estimate(work, schedule, p, m, *flags, model=MODEL, seq=T, batch=1):
 
 
 def main():
-    if not shutil.which("mpirun") or not os.path.exists(TRAINER):
-        print("SKIP: ZB-H1 (needs mpirun and a built train_gpt_cpu)")
-        return 0
-    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout:
-        print("SKIP: ZB-H1 (train_gpt_cpu was built without MPI)")
+    if mpi_trainer_missing("ZB-H1"):
         return 0
     work = tempfile.mkdtemp(prefix="llmc_zb_")
     try:

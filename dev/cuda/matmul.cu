@@ -42,6 +42,8 @@
 //   2 the trainer's at --recompute 0, DGELU_BGRAD: dgelu and the bias gradient in the matmul's
 //   epilogue (matmul_backward_data_dgelu), the bias gradient added by add_into. Prediction: 2 saves the
 //   GELU backward's 3 passes over N x 4C and the bias kernel's read of it, ~4 x 50 MB at B=8, ~70 us.
+//   3 naive, fused: one thread per element of dpre, gelu' in the loop's epilogue, then bias_backward 1
+//   (the floor to beat, as matmul_forward 1).
 //
 //   bias_backward: db += column sums of dout (N x OC), memory-bound (reads dout once). 1 one thread
 //   per column over all rows (only OC threads); 2 blocks of 256 rows x 256 columns, fp32 atomics (not
@@ -62,6 +64,7 @@ static const std::vector<Version> VERSIONS = {
     {"matmul_bias_gelu", 4, "trainer rc 0: GELU_AUX_BIAS", "llmc/kernels/matmul.cuh, matmul_forward_gelu: GELU in the epilogue, the pre-activation as its aux", true},
     {"matmul_dgelu_bgrad", 1, "trainer rc>=1: Lt + 2 kernels", "matmul, then gelu_backward_inplace, then bias_backward", true},
     {"matmul_dgelu_bgrad", 2, "trainer rc 0: DGELU_BGRAD", "llmc/kernels/matmul.cuh, matmul_backward_data_dgelu: dgelu and the bias gradient in the epilogue", true},
+    {"matmul_dgelu_bgrad", 3, "naive, fused", "one thread per element of dpre, a loop over k, gelu' in the loop's epilogue; then bias_backward 1", false},
     {"bias_backward", 1, "thread per column", "one thread per column, looping over all rows", false},
     {"bias_backward", 2, "block sums + atomics", "256x256 blocks sum their rows, fp32 atomics, then a pass to bf16", false},
     {"bias_backward", 3, "trainer: partials", "llmc/kernels/matmul.cuh: per-block partials summed in order (deterministic)", true},
@@ -230,6 +233,18 @@ static LtGeluBias lt_gelu_bias_plan(cublasLtHandle_t handle, const floatX* bias,
     if (found == 0) fail("cuBLASLt has no algorithm for a GELU_BIAS matmul of this shape on this GPU");
     p.algo = result.algo;
     return p;
+}
+
+// ---- matmul_dgelu_bgrad 3: one thread per element of dpre (N x H) = (dy2 (N x C) Wp (C x H)) * gelu'(pre),
+// a loop over k with gelu' in its epilogue (matmul_naive's shape, for the backward's operands)
+__global__ void matmul_dgelu_naive(floatX* dpre, const floatX* dy2, const floatX* wp, const floatX* pre, int N, int C, int H) {
+    int n = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= H) return;
+    const floatX* a = dy2 + (size_t)n * C;
+    float acc = 0.0f;
+    for (int i = 0; i < C; i++) acc += __bfloat162float(a[i]) * __bfloat162float(wp[(size_t)i * H + j]);
+    size_t at = (size_t)n * H + j;
+    dpre[at] = __float2bfloat16(acc * gelu_derivative(__bfloat162float(pre[at])));  // llmc/kernels/gelu.cuh's formula
 }
 
 // ---- bias_backward 1: one thread per column
@@ -405,6 +420,14 @@ int main(int argc, char** argv) {
     c.run = [&](int s) {
         matmul_backward_data_dgelu(&ctx, d_dpre[s], dfcb_scratch, d_dy2[s], d_wp[s], d_pre_in, N, OC, IC, lab.stream);
         add_into(d_dfcb[s], dfcb_scratch, OC, lab.stream);
+    };
+    lab_case(&lab, c);
+    c.version = 3;
+    c.run = [&](int s) {
+        matmul_dgelu_naive<<<dim3(N, ceil_div(OC, 256)), 256, 0, lab.stream>>>(d_dpre[s], d_dy2[s], d_wp[s], d_pre_in, N, IC, OC);
+        CUDA_CHECK_LAUNCH();
+        bias_backward_columns<<<ceil_div(OC, 128), 128, 0, lab.stream>>>(d_dfcb[s], d_dpre[s], N, OC);
+        CUDA_CHECK_LAUNCH();
     };
     lab_case(&lab, c);
 

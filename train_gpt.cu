@@ -75,6 +75,7 @@
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/fp8.cuh"
+#include "llmc/model/moe_gpu.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
@@ -157,6 +158,7 @@ struct GPT2 {
     LossScaler scaler;                  // fp16: dynamic loss scaling (llmc/optim/loss_scaler.h); bf16, fp32: S = 1 always
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
+    MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
 
@@ -353,13 +355,18 @@ static void gpt2_forward(GPT2* m) {
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
         // (fp8 runs fc in fp8, whose output no epilogue of ours takes: the separate GELU then)
-        if (!m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
+        if (is_moe_block(m->moe.moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (llmc/model/moe_gpu.cuh)
+            int b = moe_block_index(m->moe.moe, l);
+            moe_gpu_block_forward(&m->moe, &m->matmul, b, moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB],
+                                  w[FCPROJW], w[FCPROJB]), ln2_all, scratch, s);
+        } else if (!m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
             matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
         } else {
             linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
             gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
         }
-        linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
+        if (!is_moe_block(m->moe.moe, l))
+            linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
@@ -485,7 +492,13 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
         bool fused_gelu = !m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf);  // as the forward chose
-        if (fused_gelu) {
+        bool moe = is_moe_block(m->moe.moe, l);
+        if (moe) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c (llmc/model/moe_gpu.cuh)
+            int b = moe_block_index(m->moe.moe, l);
+            moe_gpu_block_backward(&m->moe, &m->matmul, b, moe_gpu_weights<floatX>(m->moe, m->moe.grads, b, g[FCW], g[FCB], g[FCPROJW],
+                                   g[FCPROJB]), moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW],
+                                   w[FCPROJB]), ln2, dout, dbuf_c, partials, s);
+        } else if (fused_gelu) {
             // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
             // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
             floatX* dfcb = (floatX*)partials;
@@ -495,11 +508,13 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         } else {
             linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
         }
-        bias_backward(g[FCPROJB], partials, dout, BT, C, s);
-        if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
-        const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
-        if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
+        if (!moe) {
+            bias_backward(g[FCPROJB], partials, dout, BT, C, s);
+            if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
+            const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
+            linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
+            if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
+        }
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 
@@ -610,6 +625,7 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    if (m->moe.moe.experts > 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);  // --moe-experts: its table
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
     zero_share_gradients(&m->zero);
     return norm;
@@ -654,6 +670,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
                    m->stream);
     });
+    if (m->moe.moe.experts > 0) moe_gpu_adamw(&m->moe, m->layout.total, now_on_gpu, a, m->stream);  // --moe-experts: its table
     zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
@@ -699,6 +716,9 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     size_t bytes = n * sizeof(floatX);
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
     std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
+    // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
+    // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
+    m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
     double loss = 0.0;  // this rank's mean loss over its micro-batches
     auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < list.size(); k++) {
@@ -823,6 +843,12 @@ static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const To
 // the fp32 build; the fp16 weights widened to fp32, exactly, in the fp16 build).
 static void write_params_file(GPT2* m, const std::string& path) {
     size_t P = m->layout.total;
+    if (m->moe.moe.experts > 0) {  // --moe-experts: version 7 (fp32, the MoE table after the dense one), as the CPU trainer
+        std::vector<float> params = download_as_float(B_<floatX>(m, GB_PARAMS), P);   // writes it (bf16 widened: exact)
+        std::vector<float> table = download_as_float(m->moe.params, m->moe.layout.total);
+        write_moe_model_file(path, m->config, m->moe.moe, m->moe.shape.top_k, params.data(), table.data());
+        return;
+    }
     if constexpr (FLOATX_IS_FP32 || FLOATX_IS_FP16) {  // fp16 widened to fp32 (exact): model.bin has no fp16 format
         std::vector<float> params = download_as_float(B_<floatX>(m, GB_PARAMS), P);
         write_model_file(path, m->config, params.data(), false);
@@ -910,6 +936,13 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
         };
     }
+    if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
+        parts.write_rank_files = [&](const std::string& dir) {
+            size_t n = m->moe.layout.total;
+            write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, download_floats(m->moe.m, n).data(),
+                            download_floats(m->moe.v, n).data(), n);
+        };
+    }
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
         if (par->grid.rank != 0) return;
@@ -942,13 +975,25 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
     std::vector<SliceRun> slice = slice_runs(cfg, m->slice);
     std::vector<float> weights(m->table[GB_PARAMS].elements, 0.0f);  // in GB_PARAMS's order; padding stays zero
     std::vector<StateRun> weight_runs = zero_weight_runs(m->zero.plan, slice);
+    MoEGpu& moe = m->moe;
+    std::vector<float> moe_table(moe.layout.total, 0.0f);  // --moe-experts: the MoE table (empty for a dense model)
     if (new_model) {
         for (const StateRun& r : weight_runs) init_gpt2_params(cfg, o.seed, weights.data() + r.weight_at, r.global, r.global + r.count);
-    } else {  // a model file holds the full model: read it whole, keep this rank's runs
+        if (moe.moe.experts > 0) init_moe_params(cfg, moe.moe, moe.layout, o.seed, moe_table.data());
+    } else {  // a model file holds the full model: read it whole, keep this rank's runs (main checked its MoE settings)
         GPT2Config file_cfg;
         std::vector<float> full;
-        read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full);
+        read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full,
+                        moe.moe.experts > 0 ? &moe_table : nullptr);
         for (const StateRun& r : weight_runs) memcpy(weights.data() + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+    }
+    if (moe.moe.experts > 0) {  // its weights, and when resuming its moments (moe_state.bin; no master copy: moe_gpu.cuh)
+        upload_rounded(moe.params, moe_table.data(), moe_table.size());
+        std::vector<float> moe_m(moe_table.size(), 0.0f), moe_v(moe_table.size(), 0.0f);
+        if (!resume_dir.empty())
+            read_moe_state(resume_dir + "/moe_state.bin", moe.moe, moe.shape.top_k, moe_table.size(), &moe_m, &moe_v);
+        CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data(), moe_m.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
@@ -984,6 +1029,7 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
 static void zero_gradients(GPT2* m) {
     CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
     if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
+    if (m->buf[GB_MOE_GRADS]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_MOE_GRADS], 0, m->table[GB_MOE_GRADS].bytes(), m->stream));
 }
 
 // --dump-state (llmc/probes/gpu_test_hooks.cuh): after the first step's gradient sum, its first
@@ -995,6 +1041,10 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     for (float& g : grads) g /= m->scaler.scale;  // fp16: the true gradient (exact); S = 1 otherwise
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
                             reports, std::move(grads));
+    if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (one GPU)
+        std::vector<float> moe = download_as_float(m->moe.grads, m->moe.layout.total);
+        dump_probe.state.grads.insert(dump_probe.state.grads.end(), moe.begin(), moe.end());
+    }
 }
 
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
@@ -1006,7 +1056,9 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     StepResult r;
     r.lr = learning_rate(plan.schedule, step - 1);
     zero_gradients(m);
+    m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(m, par, train, plan, step);
+    moe_gpu_step_stats(&m->moe, plan.accumulation_steps);  // --moe-experts: the auxiliary losses' mean over the micro-batches
     if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: roll the amax histories, next scales
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
@@ -1114,6 +1166,16 @@ static void connect_gpus(Parallel* par) {
     par->data_on_gpu = &par->data_gpu;
 }
 
+// The buffer table's shape of this run: the flags' and the grid's (--offload, --moe-experts) on top of gpu_run_shape's.
+static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B, int T, bool master_weights, bool simple_attention,
+                             const ProcessGrid& grid, int in_flight) {
+    GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
+    s.offload_optimizer = o.offload == "optimizer";
+    s.moe = MoEConfig{o.moe_experts, o.moe_every};
+    s.moe_top_k = o.moe_top_k;
+    return s;
+}
+
 // Micro-batches whose activations this rank keeps at once (1, or more in a pipeline), after checking
 // that a batch of that shape fits: a batch that cannot stops here, before the data is read or
 // anything allocated.
@@ -1123,10 +1185,7 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);
     int in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
-    GPURunShape s = gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
-                                  grid, in_flight);
-    s.offload_optimizer = o.offload == "optimizer";
-    fail_unless_fits(s);
+    fail_unless_fits(run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, grid, in_flight));
     return in_flight;
 }
 
@@ -1153,11 +1212,14 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         *simple_attention = true;
     }
     m->attention.use_cudnn = !*simple_attention;
-    m->shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, *simple_attention, (int)sizeof(floatX), grid, in_flight);
+    m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, grid, in_flight);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
-    m->shape.offload_optimizer = o.offload == "optimizer";
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
+    if (o.moe_experts > 0)  // --moe-experts: the MoE state in its rows of the table (llmc/model/moe_gpu.cuh)
+        moe_gpu_init(&m->moe, m->shape.moe, moe_run_shape(o), cfg, B * T, B_<floatX>(m, GB_MOE_PARAMS), B_<floatX>(m, GB_MOE_GRADS),
+                     B_<float>(m, GB_MOE_ADAM_M), B_<float>(m, GB_MOE_ADAM_V), B_<float>(m, GB_MOE_ROUTING),
+                     B_<floatX>(m, GB_MOE_ACTIVATIONS), B_<floatX>(m, GB_MOE_SCRATCH));
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
     if (o.precision == "fp8") {  // the state, then the two operand buffers: the largest input, weight or gradient
         int L = m->slice.num_layers, tensors = L * FP8_LINEARS * FP8_ROLES;
@@ -1243,7 +1305,8 @@ static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, 
     if (!dump_probe.on) return;
     std::vector<float> master = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER) : std::vector<float>();
     dump_finish(&dump_probe, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
-                m->shape.master_weights ? &master : nullptr, path, B, T);
+                m->shape.master_weights ? &master : nullptr, path, B, T,
+                m->moe.moe.experts > 0 ? download_as_float(m->moe.params, m->moe.layout.total) : std::vector<float>());
 }
 
 // What rank 0 says before the first step: the device, the model, precision, batch, ranks, data and
@@ -1260,6 +1323,11 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
            props.major, props.minor, peak_tflops > 0 ? strprintf("%.0f TFLOP/s dense bf16 peak", peak_tflops).c_str()
                                                      : "unknown GPU: no MFU reported");
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), P);
+    if (m->moe.moe.experts > 0)
+        printf("mixture of experts: %d of %d blocks, %d experts, top-%d: %zu + %zu (the MoE table, bf16 without master weights) = "
+               "%zu parameters, %zu active per token\n", moe_block_count(m->moe.moe, cfg.num_layers), cfg.num_layers,
+               m->moe.shape.experts, m->moe.shape.top_k, P, m->moe.layout.total, P + m->moe.layout.total,
+               moe_active_params(cfg, m->moe.moe, m->moe.shape.top_k));
     printf("precision: %s, master weights %s; attention: %s; recompute %d\n", FLOATX_NAME,
            m->shape.master_weights ? "fp32" : "off", simple_attention ? "simple" : "cudnn", o.recompute);
     if (m->fp8.on)
@@ -1481,6 +1549,23 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
     if (!why.empty()) grid_usage_fail(&par.world, why);
 }
 
+// --moe-experts on this trainer (llmc/model/moe_gpu.cuh): the layer's shape and the kernels' limits,
+// then what the GPU's MoE blocks do not do yet, each one line and exit 2 before anything is allocated
+// (cli.h's validate_moe_options refused tensor and pipeline parallelism, ZeRO and --recompute).
+static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const GPT2Config& cfg) {
+    if (o.moe_experts == 0) return "";
+    std::string why = moe_gpu_shape_problem(moe_run_shape(o), cfg.channels);
+    if (!why.empty()) return why;
+    if (world_size > 1)
+        return strprintf("--moe-experts on the GPU trainer runs on one GPU for now (%d ranks here): run one process, or train MoE "
+                         "with data or expert parallelism on train_gpt_cpu", world_size);
+    if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
+    if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
+    if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";
+    if (FLOATX_IS_FP16) return "--moe-experts in the fp16 build: the MoE table's update knows no loss scale yet; use ./train_gpt (bf16)";
+    return "";
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
@@ -1505,6 +1590,8 @@ int main(int argc, char** argv) {
                                              o.loss_scale_window == 0 ? LOSS_SCALE_WINDOW : o.loss_scale_window);
         if (!bad.empty()) usage_fail("%s (--loss-scale-init, --loss-scale-window)", bad.c_str());
     }
+    if (generation_mode(o) && o.moe_experts > 0)  // (the KV-cache forward has no MoE layer yet)
+        usage_fail("--moe-experts with --generate: generation has no MoE layer yet, on either trainer; drop --moe-*");
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
@@ -1533,7 +1620,11 @@ int main(int argc, char** argv) {
     std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
-    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model);
+    ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
+    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
+    why = new_model ? "" : moe_file_problem(file, o, model_source);
+    if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
+    if (!why.empty()) grid_usage_fail(&par.world, why);
     start_grid(o, cfg, &par);
     connect_gpus(&par);
     check_gpu_shape(cfg);
@@ -1619,9 +1710,10 @@ int main(int argc, char** argv) {
         dump_step_loss(&dump_probe, r.loss);
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
+            bool moe = m->moe.moe.experts > 0;  // --moe-experts: the auxiliary losses and the routing beside the LM loss
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, mfu,
-                            seconds * (plan.steps - step - 1), FLOATX_IS_FP16 ? r.loss_scale : 0.0f);
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, mfu, (double)peak_used);
+                            seconds * (plan.steps - step - 1), FLOATX_IS_FP16 ? r.loss_scale : 0.0f, moe_step_line(m->moe.stats, moe));
+            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, mfu, (double)peak_used, moe_metrics_fields(m->moe.stats, moe));
         }
 
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {

@@ -47,6 +47,7 @@
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/model/moe.h"
+#include "llmc/run/moe_run.h"  // the flags' MoEShape, MoEStepStats, the step line's and metrics' MoE numbers
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
 #include "llmc/parallel/pipeline_parallel.h"
@@ -129,19 +130,6 @@ struct Workspace {
     std::vector<float> gathered;                      // (B,T,C) sequence parallelism: all ranks' rows, or partial sums
     std::vector<float> dlocal;                        // (R,C)   sequence parallelism: this rank's rows of a summed gradient
 };
-
-// What the MoE blocks report over one step: the auxiliary losses (summed over the blocks, averaged
-// over the micro-batches and ranks as the optimised loss averages them), the dropped assignments
-// (summed), and the least and most loaded expert of any block, micro-batch and rank.
-struct MoEStepStats {
-    double aux_loss = 0.0, z_loss = 0.0, dropped = 0.0;
-    int min_load = INT_MAX, max_load = 0;
-};
-
-// --moe-experts: the layer's settings from the flags.
-static MoEShape run_moe_shape(const TrainOptions& o) {
-    return MoEShape{o.moe_experts, o.moe_top_k, moe_capacity_factor_value(o), o.moe_aux_alpha, o.moe_z_loss};
-}
 
 struct GPT2 {
     GPT2Config config;
@@ -387,12 +375,7 @@ static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, 
         ep_experts_forward(&model->ep_blocks[(size_t)b], model->ep, a, model->moe_shape, mw);
         st = moe_forward_combine(y, a, model->moe_shape);
     }
-    MoEStepStats* s = &model->moe_stats;
-    s->aux_loss += st.aux_loss;
-    s->z_loss += st.z_loss;
-    s->dropped += st.dropped;
-    s->min_load = std::min(s->min_load, st.min_load);
-    s->max_load = std::max(s->max_load, st.max_load);
+    moe_stats_add(&model->moe_stats, st.aux_loss, st.z_loss, st.dropped, st.min_load, st.max_load);
 }
 
 // Where the head of the micro-batch in `slot` keeps its rows (lnf, logits, losses): the slot, or
@@ -1295,7 +1278,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
     CPURunShape sizes = estimate_cpu_shape(predicted, shape.B, grid.rank);  // every buffer as --estimate counts it
-    if (o.moe_experts > 0) model->moe_shape = run_moe_shape(o);
+    if (o.moe_experts > 0) model->moe_shape = moe_run_shape(o);
     if (o.expert_parallel > 1) {  // --expert-parallel: consecutive data-parallel ranks form an expert group;
         int N = o.expert_parallel;  // the ranks at the same place of every group hold the same experts
         comm_split(&par->comms.dp, grid.dp_rank / N, grid.dp_rank % N, &par->ep, "creating the expert-parallel groups");
@@ -1576,7 +1559,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
 // the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
 // (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
 static void refuse_moe_problems(const TrainOptions& o) {
-    std::string problem = moe_shape_problem(run_moe_shape(o));
+    std::string problem = moe_shape_problem(moe_run_shape(o));
     if (!problem.empty()) usage_fail(problem);
     auto refuse = [&](const char* what, const char* fix) {
         usage_fail("--moe-experts with %s: %s", what, fix);
@@ -1638,13 +1621,8 @@ int main(int argc, char** argv) {
     bool new_model = false;
     ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
-    if (!new_model && (file.moe.experts != o.moe_experts ||
-                       (o.moe_experts > 0 && (file.moe.every != o.moe_every || file.moe_top_k != o.moe_top_k)))) {
-        grid_usage_fail(&world, strprintf("%s holds %s, and this run asks for %s: pass the model's --moe-* flags (the capacity "
-                                          "factor, aux alpha and z-loss may change)", model_source.c_str(),
-                                          describe_moe_flags(file.moe, file.moe_top_k).c_str(),
-                                          describe_moe_flags(MoEConfig{o.moe_experts, o.moe_every}, o.moe_top_k).c_str()));
-    }
+    why = new_model ? "" : moe_file_problem(file, o, model_source);  // its MoE settings must be the flags'
+    if (!why.empty()) grid_usage_fail(&world, why);
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
@@ -1727,16 +1705,10 @@ int main(int argc, char** argv) {
         dump_step_loss(&dump_probe, r.loss);
         if (leader) {
             // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
-            const MoEStepStats& ms = model.moe_stats;
             bool moe = model.moe.experts > 0;
-            std::string moe_line = moe ? strprintf(" | aux %.6f | z %.6f | dropped %.0f | load %d..%d", ms.aux_loss, ms.z_loss,
-                                                   ms.dropped, ms.min_load, ms.max_load) : "";
-            std::string moe_fields = moe ? strprintf(",\"moe_aux\":%s,\"moe_z\":%s,\"moe_dropped\":%.0f,\"moe_load_min\":%d,"
-                                                     "\"moe_load_max\":%d", json_number(ms.aux_loss).c_str(),
-                                                     json_number(ms.z_loss).c_str(), ms.dropped, ms.min_load, ms.max_load) : "";
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1), 0.0f, moe_line);
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_fields);
+                            seconds * (plan.steps - step - 1), 0.0f, moe_step_line(model.moe_stats, moe));
+            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_metrics_fields(model.moe_stats, moe));
         }
         if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
             fail_unless_weights_finite(&model, &par, step + 1);

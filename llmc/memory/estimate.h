@@ -106,6 +106,8 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
     GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
     s.offload_optimizer = e.offload_optimizer;
+    s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
+    s.moe_top_k = e.moe_top_k;
     return s;
 }
 
@@ -406,7 +408,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
         {"after the blocks: final LayerNorm, logits, loss", 0, 0,
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
         {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
-        {"MoE blocks: the router's and the experts' rows", 0, 0, {"moe_activations"}},
+        {"MoE blocks: the router's and the experts' rows", 0, 0, {"moe_activations", "moe_routing"}},
     };
     return terms;
 }

@@ -54,6 +54,8 @@ struct GPURunShape {
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
+    MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
+    int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -96,6 +98,9 @@ enum GPUBuffer {
     // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
     GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
     GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
+    // --moe-experts (llmc/model/moe_gpu.cuh): the MoE table, its gradient and moments (no master copy),
+    // each MoE block's routing state and gathered rows, the backward's rows (shared by the blocks)
+    GB_MOE_PARAMS, GB_MOE_GRADS, GB_MOE_ADAM_M, GB_MOE_ADAM_V, GB_MOE_ROUTING, GB_MOE_ACTIVATIONS, GB_MOE_SCRATCH,
     GB_COUNT
 };
 
@@ -222,6 +227,21 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
+
+    // --moe-experts, one rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
+    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
+    // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
+    // backward's rows (drow, dh, dxg) once
+    size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
+    size_t E = (size_t)s.moe.experts, H = 4 * C;
+    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, X};
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, X};
+    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
+    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
+    t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",
+                         Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
+    t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};
+    t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", Lm > 0 ? kN * (2 * C + H) : 0, X};
     return t;
 }
 

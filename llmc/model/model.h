@@ -333,6 +333,12 @@ inline size_t moe_activation_values(size_t N, size_t C, size_t E, size_t k) {
     return floats + ints;
 }
 
+// The GPU's routing state of one MoE block for N tokens (llmc/kernels/moe.cuh's MoERouting, carved by
+// llmc/model/moe_gpu.cuh), in 4-byte values: logits, probabilities and their gradient (N E each), the
+// logsumexps (N), gates and their gradients, choices and rows (N k each), the tokens of the rows (k N),
+// the two auxiliary losses, and per expert the routed and kept counts and the row ranges (3 E + 1).
+inline size_t moe_gpu_routing_values(size_t N, size_t E, size_t k) { return N * (3 * E + 5 * k + 1) + 3 * E + 3; }
+
 // The table `held` lays out (the whole one, or a rank's experts): each element from the counter of
 // its place in the whole table, so a sharded run starts from the very weights of a one-rank run.
 inline void init_moe_params(const GPT2Config& cfg, const MoEConfig& m, const MoELayout& held, uint64_t seed, float* params) {

@@ -40,9 +40,11 @@ inline void dump_collect_first_step(StateDump* d, Comm* world, GpuComm* world_gp
 // After the last step: the weights (the fp32 master weights, every element from the ranks that keep
 // its state, or without master weights the bf16 weights `bf16`, already collected on rank 0 and
 // checked for identical copies), then rank 0 writes the file. `master` is this rank's GB_MASTER
-// (null without master weights).
+// (null without master weights). `more`: weights that follow the dense ones (--moe-experts, one GPU:
+// the MoE table's, as the CPU trainer's dump has them).
 inline void dump_finish(StateDump* d, Comm* world, const Zero& plan, const GPT2Config& cfg, const ModelSlice& slice,
-                        std::vector<float> bf16, const std::vector<float>* master, const std::string& path, int B, int T) {
+                        std::vector<float> bf16, const std::vector<float>* master, const std::string& path, int B, int T,
+                        const std::vector<float>& more = {}) {
     if (!master) {
         d->state.params = std::move(bf16);
     } else {
@@ -50,6 +52,7 @@ inline void dump_finish(StateDump* d, Comm* world, const Zero& plan, const GPT2C
                          param_layout(cfg).total, &d->state.params, "collecting the master weights");
     }
     if (world->rank != 0) return;
+    d->state.params.insert(d->state.params.end(), more.begin(), more.end());
     write_dump_state(path, d->state, cfg, B, T, "gpu");
     printf("dumped state to %s\n", path.c_str());
 }

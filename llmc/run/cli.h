@@ -93,7 +93,7 @@ struct TrainOptions {
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
     // mixture of experts (llmc/model/moe.h, docs/moe.md): the flags and their checks; the CPU trainer
-    // trains MoE models, the GPU trainer refuses E > 0 (issue 24)
+    // trains MoE models on one rank or data parallel, the GPU trainer on one GPU (llmc/model/moe_gpu.cuh)
     int moe_experts = 0;             // E experts per MoE block; 0 = dense (every block a plain MLP)
     int moe_top_k = 1;               // experts per token: 1 (Switch) or 2 (GShard)
     int moe_every = 1;               // blocks n-1, 2n-1, ... are MoE blocks (1: all of them)
@@ -158,7 +158,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"val-data", "GLOB", "Data", "validation token shards ('none' to skip validation)", K::String, &o.val_data, Scope::Both},
         {"tokenizer", "DIR", "Data", "folder with GPT-2's encoder.json and vocab.bpe, to print samples as text", K::String, &o.tokenizer_dir, Scope::Both},
         {"model", "SPEC", "Model", "a model file to start from, or a new model: d12|d24|d36|d48 (GPT-2 124M..1.5B), dN, or L=2,C=64,H=4[,T=256][,V=50257]", K::String, &o.model, Scope::Both},
-        {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; the CPU trainer, one rank or data parallel; the GPU trainer refuses it, issue 24)", K::Int, &o.moe_experts, Scope::Both},
+        {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; the CPU trainer on one rank or data parallel, the GPU trainer on one GPU)", K::Int, &o.moe_experts, Scope::Both},
         {"moe-top-k", "K", "Model", "--moe-experts: experts per token, 1 (Switch) or 2 (GShard, gates renormalised)", K::Int, &o.moe_top_k, Scope::Both},
         {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
         {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping", K::String, &o.moe_capacity_factor, Scope::Both},
@@ -484,10 +484,11 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
                    "(train_gpt_cpu), or drop the flag", o->expert_parallel);
     }
-    if (trainer == Trainer::GPU && o->moe_experts != 0) {
-        usage_fail("--moe-experts: the GPU trainer has no mixture-of-experts layer yet (issue 24); drop the --moe-* flags to "
-                   "train the dense model");
-    }
+    // --moe-experts: the GPU's default --recompute 1 would be refused (validate_moe_options); its MoE runs keep
+    // their activations, as the CPU trainer's do
+    if (trainer == Trainer::GPU && o->moe_experts != 0 &&
+        std::find(o->given.begin(), o->given.end(), "recompute") == o->given.end())
+        o->recompute = 0;
     // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
     if (trainer == Trainer::GPU && o->data_parallel == "server") {
         usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "

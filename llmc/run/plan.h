@@ -42,6 +42,17 @@ inline std::string load_model_config(const TrainOptions& o, const std::string& r
     return path;
 }
 
+// A model file's MoE settings (experts, top-k, every: its tables' shapes) against the run's flags, in
+// one line naming both and the fix; empty if they agree (or the file is dense and so is the run).
+inline std::string moe_file_problem(const ModelHeader& file, const TrainOptions& o, const std::string& source) {
+    if (file.moe.experts == o.moe_experts &&
+        (o.moe_experts == 0 || (file.moe.every == o.moe_every && file.moe_top_k == o.moe_top_k)))
+        return "";
+    return strprintf("%s holds %s, and this run asks for %s: pass the model's --moe-* flags (the capacity factor, aux alpha "
+                     "and z-loss may change)", source.c_str(), describe_moe_flags(file.moe, file.moe_top_k).c_str(),
+                     describe_moe_flags(MoEConfig{o.moe_experts, o.moe_every}, o.moe_top_k).c_str());
+}
+
 // ----------------------------------------------------------------------------------------------
 // Batch geometry and schedule
 

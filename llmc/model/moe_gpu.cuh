@@ -1,0 +1,177 @@
+// moe_gpu.cuh — the GPU trainer's mixture-of-experts blocks, on one GPU: the MoE table in device
+// memory, each MoE block's forward and backward through llmc/kernels/moe.cuh, and the table's share
+// of the step (its gradient's zeroing and norm, its AdamW). Read llmc/model/moe.h (the math) and
+// llmc/kernels/moe.cuh (the kernels) first: this file is only the wiring, the GPU twin of what
+// train_gpt_cpu.cpp does in moe_block_forward and at the MoE branch of its backward.
+//
+// What it teaches: where an MoE layer meets the rest of a trainer. Three places, each small:
+//   the passes     at an MoE block the MLP's three calls (fc, GELU, projection) become route ->
+//                  gather -> one MLP per expert -> combine, between ln2 and the residual add; the
+//                  backward is the transpose, and hands d ln2 to the LayerNorm's backward as the MLP did
+//   the loss       L_aux + L_z are added to the optimised loss: their gradient enters the router's
+//                  backward with aux_scale = d(optimised loss)/d(L_aux + L_z) of the micro-batch =
+//                  S / (micro-batches x ranks) (S: fp16's loss scale, 1 here), the CPU's formula
+//   the state      the router and experts 1..E-1 live in a second flat table, the MoE table
+//                  (llmc/model/model.h): expert 0 is the block's dense MLP, in the dense table, so a
+//                  model with E = 1 IS the dense model. The table has its own gradient and AdamW moments
+//                  and is saved as the CPU trainer saves it (model.bin version 7, moe_state.bin)
+//
+// Precision: bf16 like the dense weights, the router's arithmetic fp32 (moe.cuh). The MoE table has
+// NO fp32 master copy: its AdamW reads and writes the bf16 values with stochastic rounding, as
+// --master-weights 0 does for the dense table. Why: a checkpoint's MoE state (moe_state.bin) holds m
+// and v only, the format both trainers read; master weights would need a new format version. The
+// price is a noisier update of the experts' and routers' weights (unbiased: stochastic rounding).
+//
+// Memory (llmc/memory/gpu_buffers.h's moe_* rows): the table, its gradient (bf16) and m, v (fp32);
+// per MoE block the routing state (N (3E + 5k + 1) + 3E + 3 4-byte values) and the k N rows its
+// experts gather, with their fc, GELU and output rows (k N (2C + 2H) bf16: k times the dense MLP's);
+// the backward's rows once (k N (2C + H)). --recompute is refused with MoE (cli.h): the blocks keep
+// their activations, and nothing re-runs the router (which would add the auxiliary losses twice).
+//
+// Speed: the experts' matmuls need each expert's row count on the host, so each MoE block's forward
+// waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
+// and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
+//
+// Hook points: none of the grid's (one GPU: no expert parallelism, ZeRO, tensor or pipeline
+// parallelism; main refuses them). train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE
+// blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW from the step.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+#include "llmc/kernels/moe.cuh"
+#include "llmc/model/model.h"
+#include "llmc/optim/adamw.cuh"
+#include "llmc/run/moe_run.h"
+
+struct MoEGpu {
+    MoEConfig moe;                            // experts 0: a dense model, and nothing below is used
+    cpu::MoEShape shape;                      // E, k, the capacity factor, alpha, c_z
+    MoELayout layout;                         // the MoE table's tensors (the whole table: one GPU)
+    int N = 0, C = 0, H = 0;                  // tokens per micro-batch (B T), channels, hidden units (4C)
+    floatX* params = nullptr;                 // the MoE table, its gradient (bf16) and AdamW's m, v (fp32)
+    floatX* grads = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    std::vector<MoERouting> routing;          // per MoE block: the routing state of its micro-batch
+    std::vector<floatX*> rows;                // per MoE block: xg, then fch, fch_gelu, eout (k N rows each)
+    floatX *drow = nullptr, *dh = nullptr, *dxg = nullptr;  // the backward's rows, shared by the blocks
+    std::vector<std::vector<int>> first_row;  // per MoE block: its experts' row ranges, read by the forward
+    float aux_scale = 0.0f;                   // d(optimised loss) / d(L_aux + L_z) of the micro-batch
+    MoEStepStats stats;                       // the step's (and an evaluation's) routing
+    std::vector<float> host_losses;           // (2) a block's L_aux, L_z, read with its row ranges
+    std::vector<int> host_kept;               // (E) its loads
+};
+
+// Points the MoE state into the trainer's buffers (the moe_* rows of gpu_buffers.h, sized by the same
+// numbers): routing is Lm blocks of moe_gpu_routing_values 4-byte values, activations Lm blocks of
+// k N (2C + 2H) rows, scratch k N (2C + H).
+inline void moe_gpu_init(MoEGpu* g, const MoEConfig& moe, const cpu::MoEShape& shape, const GPT2Config& cfg, int N,
+                         floatX* params, floatX* grads, float* m, float* v, float* routing, floatX* activations,
+                         floatX* scratch) {
+    g->moe = moe;
+    g->shape = shape;
+    g->layout = moe_layout(cfg, moe);
+    g->N = N, g->C = cfg.channels, g->H = 4 * cfg.channels;
+    g->params = params, g->grads = grads, g->m = m, g->v = v;
+    size_t E = shape.experts, k = shape.top_k, kN = k * (size_t)N, C = g->C, H = g->H;
+    int Lm = moe_block_count(moe, cfg.num_layers);
+    g->routing.assign((size_t)Lm, MoERouting{});
+    g->rows.assign((size_t)Lm, nullptr);
+    g->first_row.assign((size_t)Lm, std::vector<int>(E + 1, 0));
+    g->host_losses.assign(2, 0.0f);
+    g->host_kept.assign(E, 0);
+    for (int b = 0; b < Lm; b++) {
+        float* f = routing + (size_t)b * moe_gpu_routing_values((size_t)N, E, k);
+        MoERouting& r = g->routing[(size_t)b];
+        r.logits = f;            f += (size_t)N * E;
+        r.probs = f;             f += (size_t)N * E;
+        r.dlogits = f;           f += (size_t)N * E;
+        r.lse = f;               f += N;
+        r.gate = f;              f += kN;
+        r.dgate = f;             f += kN;
+        r.losses = f;            f += 2;
+        int* i = (int*)f;        // the ints after the floats (both 4 bytes)
+        r.choice = i;            i += kN;
+        r.row = i;               i += kN;
+        r.token_of_row = i;      i += kN;
+        r.routed = i;            i += E;
+        r.kept = i;              i += E;
+        r.first_row = i;
+        g->rows[(size_t)b] = activations + (size_t)b * kN * (2 * C + 2 * H);
+    }
+    g->drow = scratch;
+    g->dh = scratch + kN * C;
+    g->dxg = scratch + kN * (C + H);
+}
+
+// MoE block b's weights as moe.h and moe.cuh take them: expert 0 is the block's dense MLP (fcw, fcb,
+// projw, projb: its tensors in the dense table, or their gradients), the router and experts 1..E-1
+// the MoE table's (`table`: the weights or the gradient).
+template <typename T>
+inline cpu::MoEWeights<T> moe_gpu_weights(const MoEGpu& g, T* table, int b, T* fcw, T* fcb, T* projw, T* projb) {
+    const MoELayout& l = g.layout;
+    return {moe_tensor(table, l, MOE_ROUTER, b), fcw, fcb, projw, projb, moe_tensor(table, l, MOE_FCW, b),
+            moe_tensor(table, l, MOE_FCB, b), moe_tensor(table, l, MOE_FCPROJW, b), moe_tensor(table, l, MOE_FCPROJB, b),
+            l.first_expert};
+}
+
+// Forward of MoE block b: y (N, C) = the experts' mixture of x (N, C, the block's ln2), its routing
+// into the step's statistics.
+inline void moe_gpu_block_forward(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<const floatX>& w,
+                                  const floatX* x, floatX* y, cudaStream_t s) {
+    const cpu::MoEShape& sh = g->shape;
+    int N = g->N, C = g->C, H = g->H, E = sh.experts, k = sh.top_k;
+    size_t kN = (size_t)k * N;
+    MoERouting& r = g->routing[(size_t)b];
+    floatX *xg = g->rows[(size_t)b], *fch = xg + kN * C, *fch_gelu = fch + kN * H, *eout = fch_gelu + kN * H;
+    moe_route_dispatch(r, sh, x, w.router, N, C, s);
+    moe_gather(xg, x, r, E, N, k, C, s);
+    // the statistics come back in the row ranges' wait (moe_read_rows synchronises the stream)
+    CUDA_CHECK(cudaMemcpyAsync(g->host_losses.data(), r.losses, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(g->host_kept.data(), r.kept, E * sizeof(int), cudaMemcpyDeviceToHost, s));
+    std::vector<int>& first_row = g->first_row[(size_t)b];
+    first_row = moe_read_rows(r, E, s);
+    moe_experts_forward(ctx, w, first_row, C, H, xg, fch, fch_gelu, eout, s);
+    moe_combine(y, eout, r, N, k, C, s);
+    const std::vector<int>& kept = g->host_kept;
+    moe_stats_add(&g->stats, g->host_losses[0], g->host_losses[1], k * N - first_row[E], *std::min_element(kept.begin(), kept.end()),
+                  *std::max_element(kept.begin(), kept.end()));
+}
+
+// Backward of MoE block b, after its forward: dx (N, C) = d loss / d x (overwritten), from dy = d loss
+// / d y; the weights' gradients ADDED to gw (expert 0's into the dense gradient, as the MLP's).
+// partials: bias_backward's scratch.
+inline void moe_gpu_block_backward(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<floatX>& gw,
+                                   const cpu::MoEWeights<const floatX>& w, const floatX* x, const floatX* dy, floatX* dx,
+                                   float* partials, cudaStream_t s) {
+    const cpu::MoEShape& sh = g->shape;
+    int N = g->N, C = g->C, H = g->H, k = sh.top_k;
+    size_t kN = (size_t)k * N;
+    const MoERouting& r = g->routing[(size_t)b];
+    floatX *xg = g->rows[(size_t)b], *fch = xg + kN * C, *fch_gelu = fch + kN * H, *eout = fch_gelu + kN * H;
+    moe_backward_rows(g->drow, dy, eout, r, N, k, C, s);
+    moe_experts_backward(ctx, gw, w, g->first_row[(size_t)b], C, H, g->drow, xg, fch, fch_gelu, g->dh, g->dxg, partials, s);
+    moe_backward_input(dx, gw.router, r, sh, x, w.router, g->dxg, N, C, g->aux_scale, s);
+}
+
+// The step's routing statistics: the auxiliary losses averaged over the step's micro-batches (the
+// optimised loss's weighting of them; one rank), the drops summed, the loads' extremes (as
+// train_gpt_cpu.cpp's moe_step_stats on one rank).
+inline void moe_gpu_step_stats(MoEGpu* g, int micro_batches) {
+    g->stats.aux_loss /= micro_batches;
+    g->stats.z_loss /= micro_batches;
+}
+
+// AdamW on the MoE table, tensor by tensor (the router and the experts' matrices decay, their biases
+// do not: llmc/model/model.h's moe_tensor_decays), with the dense table's step values and clipping.
+// No master copy (see above). Each element's stochastic rounding is seeded by its index after the
+// dense table's P, so no two parameters of the model share a random stream.
+inline void moe_gpu_adamw(MoEGpu* g, size_t dense_params, const AdamWStep* step_values, const AdamWParams& a, cudaStream_t s) {
+    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
+        size_t at = g->layout.offset[t], n = g->layout.count[t];
+        if (n == 0) continue;
+        adamw_update_piece(g->params + at, nullptr, g->grads + at, g->m + at, g->v + at, n, dense_params + at, moe_tensor_decays(t),
+                           step_values, a, s);
+    }
+}

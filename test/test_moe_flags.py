@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_moe_flags.py — the mixture-of-experts flags (llmc/run/cli.h, issue 24 item 1) on both trainers.
 
-The CPU trainer trains MoE models (test_moe_trainer.py); the GPU trainer does not yet. What the
+The CPU trainer trains MoE models (test_moe_trainer.py), the GPU trainer on one GPU
+(test_gpu_moe_trainer.py). What the
 command line owes is to refuse, before anything is allocated, with ONE line naming the flag and the
 fix and exit 2:
   bad values       --moe-experts -1, --moe-every 0, --moe-capacity-factor abc (cli.h), and the
@@ -14,7 +15,8 @@ fix and exit 2:
                    bf16, --data-parallel server (checkpoints: test_moe_trainer.py)
   good values      pass every check and train one step (so the checks above do not refuse valid
                    shapes); --moe-experts 0 is the dense model and trains
-  GPU trainer      --moe-experts refused with one line (build/emu/train_gpt or ./train_gpt, when built)
+  GPU trainer      the same checks (--recompute 1 refused; without the flag MoE runs at --recompute 0, not the
+                   GPU's usual 1), on build/emu/train_gpt or ./train_gpt, when built
 """
 import os, sys, tempfile
 import numpy as np
@@ -70,10 +72,14 @@ def main():
 
     gpu = gpu_trainer()
     if gpu is None:
-        print("SKIP: the GPU trainer refuses --moe-experts (neither build/emu/train_gpt nor train_gpt is built)")
-    else:
-        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --moe-experts 4", ["--model", MODEL, "--moe-experts", "4"], 2,
-                       "--moe-experts", "GPU trainer", binary=gpu)
+        print("SKIP: the GPU trainer's MoE flags (neither build/emu/train_gpt nor train_gpt is built)")
+    else:  # it trains MoE on one GPU (test_gpu_moe_trainer.py), with the same checks, and its own default --recompute 0
+        name = os.path.relpath(gpu, ROOT)
+        one_line_error(f"{name}: --moe-experts 4 --recompute 1", ["--model", MODEL, "--moe-experts", "4", "--recompute", "1"], 2,
+                       "--recompute 1", "use --recompute 0", binary=gpu)
+        rc, out, err, _ = run(["--model", MODEL, "--moe-experts", "4", "--estimate"], binary=gpu)
+        report(rc == 0 and "mixture of experts: 2 of 2 blocks, 4 experts" in out and "recompute 0" in out,
+               f"{name}: --moe-experts 4 passes the flag checks (its --recompute defaults to 0 with MoE)", f"exit {rc}: {err[-300:]}")
     return exit_code()
 
 

@@ -25,8 +25,9 @@ table, the step, the loss normalisation, data parallelism, the estimate. Tiny mo
   resume       5 steps straight == 3 steps, checkpoint (model.bin version 7 + moe_state.bin), resume,
                2 more: bit for bit (losses and weights, the MoE table's included), with a capacity
                factor (tokens dropped); resuming with other --moe-* flags, or as a dense model, refused
-               in one line (exit 2); readers that hold dense GPT-2 only refuse the file in one line:
-               hf_convert export, --generate, and the GPU trainer (build/emu/train_gpt, when built)
+               in one line (exit 2), by the GPU trainer too (build/emu/train_gpt, when built; it trains
+               MoE on one GPU: test_gpu_moe_trainer.py); readers that hold dense GPT-2 only refuse the
+               file in one line: hf_convert export, --generate
   estimate     one rank: every buffer allocated (the MoE table, its gradient, moments and the MoE
                blocks' activations among them) = --estimate's row, to the byte; --estimate's
                parameter counts (total, active per token) = the trainer's.
@@ -221,10 +222,10 @@ def check_resume(tmp):
                    "dense GPT-2 only", seconds=10)
     gpu = gpu_trainer()
     if gpu is None:
-        print("SKIP: the GPU trainer refuses an MoE checkpoint (neither build/emu/train_gpt nor train_gpt is built)")
+        print("SKIP: the GPU trainer refuses an MoE checkpoint without its flags (neither build/emu/train_gpt nor train_gpt is built)")
     else:
-        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --resume of an MoE checkpoint", base, 1, "mixture-of-experts",
-                       "dense GPT-2 only", binary=gpu, seconds=60)
+        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --resume of an MoE checkpoint without its --moe-* flags", base, 2,
+                       "--moe-experts 4", "a dense model", binary=gpu, seconds=60)
 
 
 def check_estimate(tmp):

@@ -486,6 +486,7 @@ struct StateLine {
     double extra = 0;           // rows the literature has no term for (the CPU's gradient shard, PowerSGD's state)
     std::string extra_why;      // what `extra` is
     std::string why;
+    double moe_table = 0;       // --moe-experts: the MoE table's rows of this kind
 };
 
 inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
@@ -532,13 +533,21 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
             l.shard_padding = (double)l.ours - l.literature - l.vocab_padding;  // all of the rest: the units' shards
         }
     }
+    // --moe-experts: the MoE table's rows (moe_params, moe_grads, moe_adam_m/v) are parameters N does not count
+    const MemoryKind line_kind[4] = {MEM_PARAMS, MEM_GRADS, MEM_MASTER, MEM_OPTIMIZER};
+    for (int i = 0; i < 4; i++)
+        for (const BufferSpec& b : table)
+            if (std::string(b.name).rfind("moe_", 0) == 0 && b.kind == line_kind[i])
+                lines[(size_t)i].moe_table += (double)allocated_bytes(b, estimate_granule(e));
     for (StateLine& l : lines) {
         std::vector<std::string> parts;
+        if (l.moe_table != 0) parts.push_back(strprintf("%s the MoE table (routers, experts 1..E-1: not in N)",
+                                                        with_commas_signed(l.moe_table).c_str()));
         if (l.vocab_padding != 0) parts.push_back(strprintf("%s padded vocabulary ((Vp-V)*C = %s values)",
                                                               with_commas_signed(l.vocab_padding).c_str(), with_commas(vocab_pad).c_str()));
         if (l.shard_padding != 0) parts.push_back(strprintf("%s padding to equal shards", with_commas_signed(l.shard_padding).c_str()));
         if (l.extra != 0) parts.push_back(strprintf("%s %s", with_commas_signed(l.extra).c_str(), l.extra_why.c_str()));
-        double rest = (double)l.ours - l.literature - l.vocab_padding - l.shard_padding - l.extra;
+        double rest = (double)l.ours - l.literature - l.vocab_padding - l.shard_padding - l.extra - l.moe_table;
         if (std::fabs(rest) >= 0.5) parts.push_back(strprintf("%s other (allocator rounding)", with_commas_signed(rest).c_str()));
         for (size_t i = 0; i < parts.size(); i++) l.why += (i ? "; " : "") + parts[i];
         if (l.why.empty()) l.why = l.ours == 0 ? "none" : "the same";
@@ -575,7 +584,7 @@ inline GPT2Config estimate_config(const TrainOptions& o) {
     }
     std::string path = resume_dir.empty() ? o.model : resume_dir + "/model.bin";
     if (!file_exists(path)) fail("--model '%s' is neither a model file nor a descriptor (d12, d24, L=2,C=64,H=4, ...)", path.c_str());
-    return read_model_header(path).config;
+    return read_model_header(path, o.moe_experts > 0).config;  // (--moe-*: a version-7 file's shape; the flags size its table)
 }
 
 // The flags' techniques, as sizes see them: the one translation from TrainOptions, used by --estimate

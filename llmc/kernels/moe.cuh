@@ -53,7 +53,15 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"
+// moe.h brings the CPU's layers with it, whose `#pragma GCC unroll`s nvcc does not know (a warning
+// for each, in every file that includes this one): quiet that one warning for this include only
+#ifdef __NVCC__
+#pragma nv_diag_suppress 1675
+#endif
 #include "llmc/model/moe.h"  // MoEShape, MoEWeights, expert_of, moe_capacity: the one definition of each
+#ifdef __NVCC__
+#pragma nv_diag_default 1675
+#endif
 
 constexpr int MOE_MAX_EXPERTS = 64;      // the router's per-token arrays live in registers
 constexpr int MOE_SCAN_THREADS = 128;    // the dispatch block: 128 x 64 counts = 32 KiB of shared memory

@@ -27,6 +27,8 @@
 // experts gather, with their fc, GELU and output rows (k N (2C + 2H) bf16: k times the dense MLP's);
 // the backward's rows once (k N (2C + H)). --recompute is refused with MoE (cli.h): the blocks keep
 // their activations, and nothing re-runs the router (which would add the auxiliary losses twice).
+// The dense table's fch and fch_gelu rows of an MoE block are still allocated, unused: 8 N C bf16
+// values a block, left for the simplicity of one activation table (E = 1 costs them twice).
 //
 // Speed: the experts' matmuls need each expert's row count on the host, so each MoE block's forward
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),

@@ -44,9 +44,9 @@
 // ints for the routing state (logits, probabilities and their gradient; choices, gates, rows, gate
 // gradients, tokens of rows; logsumexp).
 //
-// Hook points: none; the GPU trainer does not call these yet (it refuses --moe-* and version-7 model
-// files: docs/moe.md says what wiring remains). dev/cuda/moe_dispatch.cu times step 2-4 against the
-// naive scatter; test/emu_moe_check.cu checks every kernel against llmc/model/moe.h.
+// Hook points: none; the GPU trainer calls these through llmc/model/moe_gpu.cuh, at the MoE blocks of
+// its passes (one GPU). dev/cuda/moe_dispatch.cu times step 2-4 against the naive scatter;
+// test/emu_moe_check.cu checks every kernel against llmc/model/moe.h.
 #pragma once
 
 #include <vector>

@@ -1565,7 +1565,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     zero_gradients(model);
     model->moe_stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(model, par, train, plan, step);
-    par->pipe_filled = !par->pipe_drains;
+    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
     // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
     // optimizer below updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.h)
     pipedream_2bw_after_passes(&model->versions, &model->params, &model->lent_wte);

@@ -40,6 +40,9 @@
 //   step's update a meeting of all stages (the loss and norm sums); dependencies on the clock; the
 //   idle slots: (p-1)(F+B) in the first step, (p-1)B in each later one, against 1F1B's (p-1)(F+B)
 //   every step (F = 1, B = 1 and 2); the trainer's one-step lists chain into the three-step list.
+//   Planted by hand and caught: a backward labelled with the newer version (B0 of step 2 reads W1:
+//   the version check); the next forward's receive left to the next step's list, after the update
+//   (a deadlock at the meeting, stage 0 blocked sending a0; the trainer hung the same way).
 #include <cmath>
 #include <cstdio>
 #include <map>

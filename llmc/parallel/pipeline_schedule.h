@@ -274,7 +274,8 @@ inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
 // forward's input (1F1B's steady-state pair), and only then the cut: the trainers' optimizer step
 // sums the loss and the gradient norm over every stage (blocking collectives), so no message may be
 // left half-way across the cut: the previous stage's send of that activation waits, in its group,
-// for this receive. Step t+1's list then starts with that forward, its input already in its slot.
+// for this receive (left to the next list, the trainer hung there, and so does the simulator).
+// Step t+1's list then starts with that forward, its input already in its slot.
 // `filled`: the previous step's list left this step's first forwards done (and the next one's input
 // received); false: the step starts with 1F1B's warm-up. `drain`: the last step ends with 1F1B's
 // cool-down instead (no forward of the next step): at a checkpoint, an evaluation, the end of the

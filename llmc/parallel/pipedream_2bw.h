@@ -40,7 +40,7 @@
 // How, with two buffers and no third: `params` holds the newer version W(t-1) and `older` W(t-2)
 // while step t runs. An action that reads the older one swaps the two element by element first
 // (pipedream_2bw_read), one that reads the newer swaps them back: the lists alternate the two only in
-// the step's last p-1-s forward-backward pairs, so a stage swaps at most 2(p-1) times a step, each
+// the step's last p-1-s forward-backward pairs, so stage s swaps at most 2(p-s) times a step, each
 // a pass over its weights (a forward's work is B T times that). After the passes (pipedream_2bw_
 // after_passes) params holds W(t-1) again and older takes a copy of it: W(t-2) is no longer read by
 // anyone, and the optimizer then moves params to W(t) while older keeps W(t-1), the next step's older

@@ -1576,9 +1576,9 @@ int main(int argc, char** argv) {
         usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
                    "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
     // PipeDream-2BW keeps a second weight version per stage (llmc/parallel/pipedream_2bw.h): not on the GPU yet
-    if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule 2bw is not trained by the GPU trainer yet (it keeps no second weight version): train it "
-                   "with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !o.pipeline_print_schedule)  // (2bw and 2bw-flush)
+        usage_fail("--pipeline-schedule %s is not trained by the GPU trainer yet (it keeps no second weight version): train it "
+                   "with train_gpt_cpu, or use --pipeline-schedule 1f1b here", o.pipeline_schedule.c_str());
     // interleaved 1F1B runs the layers as v chunks per stage (llmc/parallel/process_grid.h's slice_layer): the
     // GPU trainer's passes and buffers are still one contiguous stage
     if (o.pipeline_schedule == "interleaved" && !o.pipeline_print_schedule)

@@ -794,6 +794,9 @@ struct Parallel {
     int chunks = 1;                                  // interleaved: model chunks per stage (--virtual-stages)
     PipeSlots slots;                                 // which activation slot each (micro-batch, chunk) holds
     PipelineTimes times;                             // pipelines: computing / running the schedule, all steps
+    // --pipeline-schedule 2bw, no flush (pipeline_2bw_steps): this step's first forwards ran in the
+    // previous step's list / this step's list ends with nothing in flight (main decides, step by step)
+    bool pipe_filled = false, pipe_drains = true;
     bool model_parallel = false;                     // the forward pass needs ranks other than this one
     Comm ep;                                         // --expert-parallel: this rank's expert group
     Comm ep_replicas;                                //   and the ranks holding the same experts (one per group)
@@ -818,8 +821,12 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     auto start = std::chrono::steady_clock::now();
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
     // interleaved: each action names the model chunk it runs on (pass_layers: which layers)
-    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
-    pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+    // PipeDream-2BW: its list crosses the step boundary, each compute action labelled with the weight version it reads
+    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
+    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, m, step, 1, par->pipe_filled, par->pipe_drains)[0]
+                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
+    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+        pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
     bool split = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // B and W apart
     for (size_t k = 0; k < list.size(); k++) {
         const PipeAction& act = list[k];
@@ -836,6 +843,9 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
         // the slot's last one still waits for its W: what W reads moves aside first
         if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && a.weight_owner >= 0)
             park_weight_inputs(model, (size_t)slot);
+        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
+        if (two_versions && pipe_is_compute(act.op))
+            pipedream_2bw_read(&model->versions, act.version < step - 1, &model->params, &model->lent_wte);
         switch (act.op) {
         case PipeOp::RecvActivation:
             comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
@@ -1537,9 +1547,10 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     model->moe_stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
-    // --pipeline-schedule 2bw: the passes run on W(t-1), the optimizer below updates W(t) (llmc/parallel/pipedream_2bw.h)
-    pipedream_2bw_before_passes(&model->versions, &model->params, &model->lent_wte);
     double loss = forward_backward(model, par, train, plan, step);
+    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
+    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
+    // optimizer below updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.h)
     pipedream_2bw_after_passes(&model->versions, &model->params, &model->lent_wte);
     if (!model->moe_acts.empty()) moe_step_stats(&model->moe_stats, &par->comms.world, plan.accumulation_steps, grid.dp);
     inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
@@ -1576,7 +1587,7 @@ int main(int argc, char** argv) {
     validate_options(o);
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    if (o.pipeline_schedule == "2bw" && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
+    if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
         usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
     if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
     validate_precision(o, Trainer::CPU, "fp32");
@@ -1606,7 +1617,7 @@ int main(int argc, char** argv) {
                                 o.sequence_parallel, &par.grid);
     if (!why.empty()) grid_usage_fail(&world, why);
     const ProcessGrid& grid = par.grid;
-    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
+    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);  // (2bw-flush: 2bw, every step drained)
     par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     // (--expert-parallel: a forward pass's all-to-all needs every rank of the expert group)
     par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
@@ -1696,6 +1707,10 @@ int main(int argc, char** argv) {
         par.ep_replicas.counters = CommCounters{};
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
+        // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
+        par.pipe_drains = o.pipeline_schedule == "2bw-flush" || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) ||
+                          (have_val && (step + 1) % o.val_every == 0) || hellaswag_due(o, hellaswag, step + 1) ||
+                          (evaluator && is_sample_step(o, step + 1));
         StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
         profile_step_end(step + 1);

@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""The pipeline schedules' bubble, predicted against measured: GPipe, 1F1B, interleaved 1F1B (v = 2) and
-ZB-H1 on 2 and 4 stages of the CPU trainer, with compute made of sleeps, in one run on one machine.
+"""The pipeline schedules' bubble, predicted against measured: GPipe, 1F1B, interleaved 1F1B (v = 2), ZB-H1
+and PipeDream-2BW with and without the flush on 2 and 4 stages of the CPU trainer, with compute made
+of sleeps, in one run on one machine.
 
 Compute is made of sleeps (LLMC_TEST_PIPE_DELAY_MS, llmc/parallel/pipeline_parallel.h): a forward
 sleeps D ms, a whole backward 2D (GPipe, 1F1B), ZB-H1's B and W D each, so F = B = W in ZB-H1's
 units and the predictions are exact: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1
 (llmc/parallel/pipeline_schedule.h derives both). Interleaved runs each model chunk's forward in
 D/v ms and its backward in 2D/v (a chunk is 1/v of a stage), so its step time compares with 1F1B's
-and its bubble is (p-1)/(vm+p-1). The model has L = 8 layers, so that 4 stages hold 2 chunks. The tiny model's real compute comes on top. Open
+and its bubble is (p-1)/(vm+p-1). PipeDream-2BW without the flush (2bw) idles (p-1)B a step after the
+first, where 2bw-flush (1F1B's list) idles (p-1)(F+B) (test_pipeline_schedule's unit clock): its
+step is m(F+B) + (p-1)B = (3m + 2(p-1))D. The model has L = 8 layers, so that 4 stages hold 2 chunks. The tiny model's real compute comes on top. Open
 MPI runs with its single-copy transport off (a message moves only while its sender is in MPI), as the
 bubble checks of test/test_parallelism.py do. Measured: the trainer's own report, the part of the
-first stage's schedule in which each stage was not computing, over --steps steps (after --steps
-steps; the first step's start-up included), and the median step time after the first.
+first stage's schedule in which each stage was not computing, over --steps steps (the first step's
+start-up included; for 2bw it misses the wait at each update, which is outside the schedule), and the
+median step time over the steps between the first and the last (2bw drains at the last, as at a
+checkpoint), against the predicted step, and the bubble that step time implies: 1 - m(F+B) / step,
+each stage being busy m(F+B) a step (interleaved and ZB-H1 split the same work).
 
 One run per configuration, --rounds rounds. The ZB-H1 run on 4 stages and the interleaved run on 2
 also write --trace files, drawn by scripts/plot_pipeline.py into --png (W spans in their own colour)
@@ -46,7 +52,7 @@ def run(cmd, env=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--delay-ms", type=int, default=50)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "pipeline_zb-h1.png"))
     ap.add_argument("--png-interleaved", default=os.path.join(ROOT, "docs", "pipeline_interleaved.png"))
@@ -60,7 +66,7 @@ def main():
         rows = []
         for p in (2, 4):
             m = 2 * p
-            for schedule in ("gpipe", "1f1b", "interleaved", "zb-h1"):
+            for schedule in ("gpipe", "1f1b", "interleaved", "zb-h1", "2bw-flush", "2bw"):
                 measured, ms = [], []
                 chunks = ["--virtual-stages", str(CHUNKS)] if schedule == "interleaved" else []
                 # a chunk is 1/v of a stage: its sleeps too
@@ -81,9 +87,15 @@ def main():
                     formula, predicted = got.group(1), float(got.group(2))
                     measured.append([float(x) for x in got.group(3).replace("%", "").split()])
                     with open(metrics) as f:
-                        ms += [json.loads(line)["ms"] for line in f if '"type":"step"' in line.replace(" ", "")][1:]
+                        ms += [json.loads(line)["ms"] for line in f if '"type":"step"' in line.replace(" ", "")][1:-1]
                 per_stage = [statistics.median(r[s] for r in measured) for s in range(p)]
-                rows.append((schedule, p, m, formula, predicted, per_stage, statistics.median(ms) if ms else float("nan")))
+                D = args.delay_ms  # the predicted step in units of D (F = D, B = 2D; interleaved's chunks D/v and 2D/v)
+                units = {"gpipe": 3 * (m + p - 1), "1f1b": 3 * (m + p - 1), "2bw-flush": 3 * (m + p - 1),
+                         "interleaved": 3 * (CHUNKS * m + p - 1) / CHUNKS, "zb-h1": 3 * m + p - 1, "2bw": 3 * m + 2 * (p - 1)}[schedule]
+                if schedule == "2bw":
+                    formula, predicted = "(2(p-1))/(3m+2(p-1)), steady", 100.0 * 2 * (p - 1) / (3 * m + 2 * (p - 1))
+                step = statistics.median(ms) if ms else float("nan")
+                rows.append((schedule, p, m, formula, predicted, per_stage, step, units * D, 100.0 * (1 - 3 * m * D / step)))
 
         plots = {}
         for schedule, png in (("zb-h1", args.png), ("interleaved", args.png_interleaved)):
@@ -97,10 +109,12 @@ def main():
         print(f"model {MODEL}, B=1 T={T}, m = 2p micro-batches, {args.steps} steps x {args.rounds} rounds, 1 thread per rank; "
               f"F = {args.delay_ms} ms, a whole backward {2 * args.delay_ms} ms, ZB-H1's B and W {args.delay_ms} ms each, "
               f"interleaved's per chunk {args.delay_ms // CHUNKS} and {2 * (args.delay_ms // CHUNKS)} ms, v = {CHUNKS} (sleeps)")
-        print(f"{'schedule':11} {'p':>2} {'m':>2}  {'predicted':>30}  {'measured per stage (%)':>28}  {'step ms':>8}")
-        for schedule, p, m, formula, predicted, per_stage, step in rows:
+        print(f"{'schedule':11} {'p':>2} {'m':>2}  {'predicted bubble':>36}  {'not computing per stage (%)':>28}  "
+              f"{'step ms':>8} {'predicted':>9}  {'bubble from step':>16}")
+        for schedule, p, m, formula, predicted, per_stage, step, want_ms, from_step in rows:
             stages = " ".join(f"{x:.1f}" for x in per_stage)
-            print(f"{schedule:11} {p:>2} {m:>2}  {formula + ' = ' + f'{predicted:.1f}%':>30}  {stages:>28}  {step:8.0f}")
+            print(f"{schedule:11} {p:>2} {m:>2}  {formula + ' = ' + f'{predicted:.1f}%':>36}  {stages:>28}  {step:8.0f} "
+                  f"{want_ms:9.0f}  {from_step:15.1f}%")
         if os.cpu_count() and os.cpu_count() < 4:
             print(f"(4 ranks on {os.cpu_count()} logical CPUs oversubscribe them: the 4-stage numbers include waiting for a core)")
         print(f"pictures (the last step of the first round): {args.png} (ZB-H1, 4 stages):")

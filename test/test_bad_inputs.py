@@ -127,7 +127,7 @@ def main():
     # ---- pipeline schedules (llmc/parallel/pipeline_schedule.h): values that name no schedule, chunks
     # for a schedule without them, interleaving that cannot cut the layers or group the micro-batches
     pipe = ["--model", "L=2,C=64,H=4,T=32,V=512", "--batch-size", "1", "--seq-len", "32", "--pipeline-parallel", "2"]
-    for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b, interleaved, zb-h1 or 2bw", "zigzag"]),
+    for args, needles in [(["--pipeline-schedule", "zigzag"], ["gpipe, 1f1b, interleaved, zb-h1, 2bw or 2bw-flush", "zigzag"]),
                           (["--pipeline-schedule", "2bw", "--zero", "2"], ["2bw with --zero 2", "--zero 0 or 1"]),
                           (["--pipeline-schedule", "zb-h1", "--tensor-parallel", "2"], ["zb-h1 with --tensor-parallel",
                                                                                          "--tensor-parallel 1", "1f1b"]),

@@ -40,7 +40,7 @@ memory and traffic equal to what --estimate predicts, checkpoints resumed on the
 bit and on another grid within tolerance, a model that fits --max-memory only when split, and one
 clear error (exit 2) for each impossible grid.
 """
-import os, re, shutil, subprocess, sys, tempfile, time
+import json, os, re, shutil, subprocess, sys, tempfile, time
 from checks import report, exit_code
 import numpy as np
 
@@ -154,6 +154,28 @@ SENDER_DRIVEN_MPI = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_M
 def bubble(out):
     m = re.search(r"pipeline bubble: predicted \(p-1\)/\(m\+p-1\) = ([\d.]+)%.*?not computing: ([\d.% ]+)", out)
     return (float(m.group(1)), [float(x) for x in m.group(2).replace("%", "").split()]) if m else (None, [])
+
+
+def traced_against_printed(work, trace, flags, pattern, stages, step=2):
+    """Each stage's compute spans of step `step` in the --trace files written for `trace` (trace.json
+    -> trace.rank<k>.json), in time order, and the same actions in the --pipeline-print-schedule
+    printout of `flags`, both filtered by the regex `pattern` (as "[FB]\\d+"): [(traced, printed)]
+    per stage. (The trace's names are the printout's, llmc/probes/trace.h.)"""
+    printed = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--pipeline-print-schedule"] +
+                             [str(f) for f in flags], capture_output=True, text=True, cwd=work).stdout
+    pairs = []
+    for k in range(stages):
+        want = [a for line in printed.splitlines() if line.startswith(f"stage {k}:") for a in line.split()[2:]
+                if re.fullmatch(pattern, a)]
+        try:
+            with open(trace[:-len(".json")] + f".rank{k}.json") as f:
+                events = json.load(f)["traceEvents"]
+            got = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
+                   if e.get("ph") == "X" and e["args"].get("step") == step and re.fullmatch(pattern, e["name"])]
+        except (OSError, ValueError, KeyError) as e:
+            got = [str(e)]
+        pairs.append((got, want))
+    return pairs
 
 
 def activations_mib(out, rank):

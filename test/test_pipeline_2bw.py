@@ -3,8 +3,10 @@
 
 PipeDream-2BW (llmc/parallel/pipedream_2bw.h) keeps two weight versions per stage and takes the
 gradient of step t+1 on the older one: W(t+1) = W(t) - lr * AdamW(grad f(W(t-1))), W(-1) = W(0).
-It runs 1F1B's list (the no-flush overlap across steps is not built). The model and data are
-test_parallelism.py's (L=4 C=64 H=4 T=32 V=501, B=1, lr 1e-3 cosine to 0 at the last step).
+It runs without the flush (pipeline_2bw_steps: stage s starts step t+1's first forwards, on the
+newer version, before its last backwards of step t, on the older), drained only before a checkpoint
+and at the end. The model and data are test_parallelism.py's (L=4 C=64 H=4 T=32 V=501, B=1, lr 1e-3
+cosine to 0 at the last step).
 
 It is not a synchronous run, by design, so the references are:
   - the rule itself, from runs that share no 2BW code (the synchronous 1F1B trainer): step 1 is the
@@ -12,6 +14,9 @@ It is not a synchronous run, by design, so the references are:
     --lr 0 computes; step 3's is f(W(1), batch 3), W(1) being the synchronous W(1): a 1F1B run of one
     step, checkpointed, resumed at --lr 0, computes it. All bit for bit (same grid, same arithmetic).
     And 2BW must differ from 1F1B from step 2 on (losses and weights): it is not synchronous;
+  - the rule written from the paper in float64 PyTorch (pytorch_2bw: test/gpt2_reference.py's model,
+    AdamW and clipping), 5 steps at lr 1e-2 on 2 stages, within the margins derived at REF_TOL_LOSS;
+  - 2bw-flush (each step drained: 1F1B's list) bit for bit: the overlap changes when, not what;
   - the one-rank run of the same rule (--pipeline-schedule 2bw on one rank: no pipeline code runs,
     no message is sent), against 2 and 4 stages with m = p and 2p, and dp2 x pp2 with ZeRO-1 (each
     data-parallel rank updates its shard of W(t), then shares it), over 6 AdamW steps: the same bits
@@ -21,12 +26,15 @@ It is not a synchronous run, by design, so the references are:
   - memory: every rank holds what its size table says (older_weights included, check_predictions),
     and --estimate's params per rank are exactly 1F1B's twice (the stage's weights and, on the last
     stage, its copy of the tied embedding);
-  - resume: 3 steps + checkpoint + 3 resumed == 6 straight bit for bit (the older version is in
-    each rank's pipedream_2bw_rank<r>.bin); a 2BW resume from a 1F1B checkpoint is refused.
+  - resume: 3 steps + checkpoint + 3 resumed == 6 straight bit for bit (the run drains at the
+    checkpoint, so it holds no micro-batch in flight: only the two versions, the older in each
+    rank's pipedream_2bw_rank<r>.bin); a 2BW resume from a 1F1B checkpoint is refused.
 Bad input (one line, exit 2, before anything is allocated): 2BW with ZeRO-2/3, with tensor
 parallelism, with m < p, and on the GPU trainer (the emulated build, when it is built).
 Planted bugs caught (by hand, then reverted):
-  - the gradient on W(t) instead of W(t-1) (pipedream_2bw_before_passes returning at once): the rule's
+  - a backward reading the newer version, not its forward's (forward_backward's pipedream_2bw_read
+    for forwards only): the PyTorch check failed (losses 3e-2, weights 5e-2 off);
+  - the gradient on W(t) instead of W(t-1) (then pipedream_2bw_before_passes returning at once): the rule's
     checks of steps 2 and 3 and "differs from 1F1B" failed (the one-rank comparisons still passed:
     they share that code, which is why the rule is checked against 1F1B runs);
   - the resume losing the older version (pipedream_2bw_load returning before reading, so both
@@ -43,6 +51,13 @@ from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, ch
 
 STEPS = 6
 GPU_TRAINER = os.path.join(ROOT, "build", "emu", "train_gpt")
+REF_STEPS, REF_LR = 5, 1e-2  # the PyTorch check: a large lr, so that W(t-2) and W(t-1) differ a lot
+# fp32 trainer against the fp64 reference, 5 AdamW steps at lr 1e-2 (2 stages, m = 4): measured
+# 5e-8 relative on the losses and 1e-4 on the weights (of the largest: AdamW's m / sqrt(v) turns a
+# rounding-level gradient into a step of lr, so a few weights with near-zero gradients carry it).
+# A backward reading the newer version (the planted bug) moved them 3e-2 and 5e-2. The margins:
+# 200x and 10x the measured error, 2700x and 50x below the plant.
+REF_TOL_LOSS, REF_TOL_PARAM = 1e-5, 1e-3
 
 
 def pipe(p, m, schedule="2bw"):
@@ -54,6 +69,47 @@ def params_per_rank(work, schedule, p, m):
     out = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] +
                          [str(f) for f in pipe(p, m, schedule)], capture_output=True, text=True, cwd=work).stdout
     return [int(x) for x in re.findall(r"^  rank \d+: params=(\d+)", out, re.M)]
+
+
+def pytorch_2bw(model_path, shard, steps, m, lr):
+    """PipeDream-2BW written from the paper's rule in float64 PyTorch (test/gpt2_reference.py's GPT-2,
+    AdamW and clipping, which test_vs_pytorch holds the trainer to): step t's gradient, over its m
+    micro-batches of the shard in order, taken on W(t-2) (W(-1) = W(0)), clipped by its global norm,
+    and AdamW's step applied to W(t-1). Returns the losses and the final weights in file order."""
+    import copy
+    import torch
+    import gpt2_reference as ref
+    model = ref.load_model(model_path).to(torch.float64)
+    older = copy.deepcopy(model)  # W(t-2)
+    tokens = ref.read_token_shard(shard).astype(np.int64)
+    optimizer = ref.make_optimizer(model, lr, 0.1)
+    losses = []
+    for t in range(steps):
+        older.zero_grad(set_to_none=True)
+        loss = 0.0
+        for i in range(m):
+            k = (t * m + i) * T
+            x, y = torch.from_numpy(tokens[k:k + T]).view(1, T), torch.from_numpy(tokens[k + 1:k + T + 1]).view(1, T)
+            _, micro = older(x, y)
+            (micro / m).backward()
+            loss += micro.item() / m
+        losses.append(loss)
+        newer = copy.deepcopy(model.state_dict())  # W(t-1), the next step's older version
+        for p, q in zip(model.parameters(), older.parameters()):
+            p.grad = q.grad.clone()
+        ref.clip_by_global_norm(list(model.parameters()), 1.0)
+        optimizer.step()
+        older.load_state_dict(newer)
+    params = ref.flatten_in_file_order(dict(model.named_parameters()), model.config)
+    return np.array(losses), np.asarray(params, dtype=np.float64)
+
+
+def write_reference_model(path):
+    """test_parallelism's model shape, with the reference's random weights (every tensor distinct)."""
+    import gpt2_reference as ref
+    model = ref.GPT2(ref.GPT2Config(max_seq_len=T, vocab_size=501, num_layers=4, num_heads=4, channels=64))
+    ref.init_fixture_weights(model, 1)
+    ref.save_model(path, model)
 
 
 def refused(cmd, needle, name, work):
@@ -93,6 +149,24 @@ def main():
                    f"2BW is not synchronous: its losses differ from 1F1B's at steps 2..{STEPS} "
                    f"({L[1]:.6f} vs {sync['losses'][1]:.6f} at step 2), and so do the weights", f"differ at {differ}")
 
+        # ---- without the flush (--pipeline-schedule 2bw) against each step drained (2bw-flush): the same bits
+        flushed, _ = r.dump("pp2_m4_2bw_flush", 2, *pipe(2, 4, "2bw-flush"), steps=STEPS)
+        check_bitwise("pp2 2BW without the flush == 2bw-flush (each step drained) bit for bit, m = 4", two, flushed)
+
+        # ---- against PyTorch: the rule written from the paper, float64, no trainer code
+        model_path = os.path.join(work, "ref_model.bin")
+        write_reference_model(model_path)
+        run, _ = r.dump("pp2_m4_2bw_vs_torch", 2, *pipe(2, 4), "--lr", REF_LR, "--lr-schedule", "constant",
+                        model=model_path, steps=REF_STEPS)
+        if run is not None:
+            losses, params = pytorch_2bw(model_path, os.path.join(work, "train_000.bin"), REF_STEPS, 4, REF_LR)
+            loss_err = float(np.max(np.abs(run["losses"] - losses) / np.abs(losses)))
+            param_err = float(np.max(np.abs(run["params"] - params)) / np.max(np.abs(params)))
+            report(loss_err <= REF_TOL_LOSS and param_err <= REF_TOL_PARAM,
+                   f"pp2 2BW without the flush == PyTorch fp64's W(t+1) = W(t) - AdamW(grad f(W(t-1))) over {REF_STEPS} steps "
+                   f"at lr {REF_LR} (losses {loss_err:.1e}, weights {param_err:.1e} of the largest)",
+                   f"beyond {REF_TOL_LOSS} / {REF_TOL_PARAM}")
+
         # ---- the one-rank run of the same rule, against 2 and 4 stages, m = p and 2p
         ones = {}
         for p, m in [(2, 2), (2, 4), (4, 4), (4, 8)]:
@@ -107,8 +181,21 @@ def main():
         check_close(f"dp2 x pp2, ZeRO-1: 2BW over {STEPS} AdamW steps", dppp, ones[4])
 
         # ---- memory: what each rank holds, and the second version in --estimate
+        _, flush_out, _ = r.run(2, *pipe(2, 4, "2bw-flush"), steps=2)
+        check_predictions("pp2 2bw-flush, m=4 (older_weights included)", flush_out, 2)
+        # without the flush: the same memory; the last step's sends are the step's minus the w = p-1-s
+        # activations that left with the step before (stage 0: one of B T C floats, 8 KiB)
         _, out, _ = r.run(2, *pipe(2, 4), steps=2)
-        check_predictions("pp2 2BW, m=4 (older_weights included)", out, 2)
+        row = r"^  {} \(\d+,\d+,\d+\)\s+([\d. ]+?)\s+\| \S+ \S+ / \S+ \S+ / ([\d.]+) KiB"
+        rows = [[re.search(row.format(k), o, re.M) for k in (0, 1)] for o in (flush_out, out)]
+        if all(all(x) for x in rows):
+            mem = [[x.group(1).split() for x in rs] for rs in rows]
+            kib = [[float(x.group(2)) for x in rs] for rs in rows]
+            report(mem[0] == mem[1] and kib[1] == [kib[0][0] - T * 64 * 4 / 1024, kib[0][1]],
+                   f"pp2 2BW without the flush: the flushed run's memory on each rank; its last step sends {kib[1]} KiB, "
+                   f"the flushed one's {kib[0]} less stage 0's activation sent a step early", f"{mem} {kib}")
+        else:
+            report(False, "pp2 2BW without the flush: the memory and bytes table", out[-1500:])
         est = {k: params_per_rank(work, k, 2, 4) for k in ("1f1b", "2bw")}
         report(len(est["2bw"]) == 2 and est["2bw"] == [2 * b for b in est["1f1b"]],
                f"--estimate, pp2: 2BW's params per rank = twice 1F1B's ({est['2bw']} = 2 x {est['1f1b']} bytes: "

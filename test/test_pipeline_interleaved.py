@@ -32,14 +32,14 @@ reading the next micro-batch from the data loader instead of chunk 0's tokens: 9
 slots chosen as (micro*v + chunk) mod slots instead of PipeSlots: 11 failed (two live pairs share a
 slot on rank 1). The bubble check measures time: on a heavily loaded machine it reads high.
 """
-import json, os, re, shutil, subprocess, sys, tempfile
+import os, shutil, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
-from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise, check_close,  # noqa: E402
-                              check_predictions, write_pattern_shard)
+from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, SENDER_DRIVEN_MPI, check_bitwise, check_close,  # noqa: E402
+                              check_predictions, traced_against_printed, write_pattern_shard)
 from test_pipeline_zb_h1 import measured_bubble  # noqa: E402
 
 MODEL8 = "L=8,C=64,H=4,T=32,V=501"
@@ -130,18 +130,7 @@ def main():
                all(abs(x - 11.1) <= 6.0 for x in measured),
                f"interleaved p=2 v=2 m=4, a chunk's F = 50 ms, B = 100 ms: measured bubble {measured} = (p-1)/(vm+p-1) "
                f"= 11.1% +- 6 points", out[-600:] + err[-300:])
-        printed = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1",
-                                  "--pipeline-print-schedule"] + [str(f) for f in pipe(2, 4, "interleaved", 2)],
-                                 capture_output=True, text=True, cwd=work).stdout
-        for k in range(2):
-            want = [a for line in printed.splitlines() if line.startswith(f"stage {k}:")
-                    for a in line.split()[2:] if re.fullmatch(r"[FB]\d+c\d+", a)]
-            try:
-                events = json.load(open(os.path.join(work, f"il.rank{k}.json")))["traceEvents"]
-                got = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
-                       if e.get("ph") == "X" and e["args"].get("step") == 2 and re.fullmatch(r"[FB]\d+c\d+", e["name"])]
-            except (OSError, ValueError, KeyError) as e:
-                got = [str(e)]
+        for k, (got, want) in enumerate(traced_against_printed(work, trace, pipe(2, 4, "interleaved", 2), r"[FB]\d+c\d+", 2)):
             report(len(want) == 16 and got == want, f"stage {k}: the trace's F and B (with chunks) of step 2 in the printed order",
                    f"{got} vs {want}")
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)

@@ -1,7 +1,7 @@
 // test_pipeline_schedule.cpp — the pipeline schedules of llmc/parallel/pipeline_schedule.h run
 // without a model: every stage's list of actions executed on a clock, with blocking sends, by a
-// simulator that knows nothing of how the lists were made. For GPipe, 1F1B and 2BW (v = 1; 2BW's
-// lists must be 1F1B's, action for action) and
+// simulator that knows nothing of how the lists were made. For GPipe, 1F1B and 2BW's one drained
+// step (v = 1; it must be 1F1B's list, action for action) and
 // interleaved 1F1B (v = 2), p = 2, 3, 4 stages and m = p, 2p, 3p micro-batches (and m = p + 1 where
 // the schedule allows it: interleaving needs m a multiple of p), it checks
 //   - every (micro-batch, chunk) is forwarded once, then backwarded once, and each chunk's backwards
@@ -31,6 +31,18 @@
 //   W, zero_bubble_weight_input_slots, min(m, p), of which the ones past 1F1B's p - s forward slots
 //   are "parked" (a forward reusing slot i mod (p - s) before W(i - (p - s)) ran); with F = B = W = 1 every stage idles exactly p - 1 slots of
 //   a step of 3m + p - 1 (Qi et al.'s (p-1)(F+B-W)), where 1F1B with B + W = 2 idles 3(p - 1).
+//   PipeDream-2BW without the flush (pipeline_2bw_steps), p = 2, 3, 4, m = p, 2p, p + 1, three
+//   steps: every micro-batch of every step forwarded once then backwarded once, backwards in order
+//   over the steps; each compute action reads W(step - 2), a version its stage has already made,
+//   forward and backward of a micro-batch the same (weight stashing); at most two versions alive per
+//   stage, and two somewhere on every stage (the steps do overlap); in flight min(m, p - s) across
+//   the boundaries; sends and receives paired; no deadlock with the trainers' send rule and every
+//   step's update a meeting of all stages (the loss and norm sums); dependencies on the clock; the
+//   idle slots: (p-1)(F+B) in the first step, (p-1)B in each later one, against 1F1B's (p-1)(F+B)
+//   every step (F = 1, B = 1 and 2); the trainer's one-step lists chain into the three-step list.
+//   Planted by hand and caught: a backward labelled with the newer version (B0 of step 2 reads W1:
+//   the version check); the next forward's receive left to the next step's list, after the update
+//   (a deadlock at the meeting, stage 0 blocked sending a0; the trainer hung the same way).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -159,8 +171,13 @@ struct Timing {
     std::map<std::tuple<int, int, int, bool>, std::pair<double, double>> when;  // (virtual stage, micro, forward?) -> start, end
 };
 
-static std::string simulate(const Case& c, const Lists& lists, double f, double b, Timing* t, bool grouped = true, double w = 1.0) {
+// cuts (PipeDream-2BW without the flush): per stage, the list positions where a step's update goes;
+// the k-th cut of every stage is one meeting (the trainers' loss and norm sums over all stages): each
+// stage leaves it when the last one arrives.
+static std::string simulate(const Case& c, const Lists& lists, double f, double b, Timing* t, bool grouped = true, double w = 1.0,
+                            const std::vector<std::vector<size_t>>* cuts = nullptr) {
     int p = c.p;
+    const size_t MEETING = (size_t)-1;  // a group of one Op{MEETING, k}: the k-th cut
     // the groups of each stage, in list order; a compute action is a group of its own
     struct Op { size_t index; int ordinal; };  // into the list; which send a->b / receive at b from a
     std::vector<std::vector<std::vector<Op>>> groups((size_t)p);
@@ -168,7 +185,13 @@ static std::string simulate(const Case& c, const Lists& lists, double f, double 
     for (int s = 0; s < p; s++) {
         const std::vector<PipeAction>& list = lists[(size_t)s];
         std::vector<Op> pending;
-        for (size_t k = 0; k < list.size(); k++) {
+        size_t cut = 0;
+        for (size_t k = 0; k <= list.size(); k++) {
+            if (cuts && cut < (*cuts)[(size_t)s].size() && (*cuts)[(size_t)s][cut] == k) {  // (the group before it has ended)
+                groups[(size_t)s].push_back({{MEETING, (int)cut}});
+                cut++;
+            }
+            if (k == list.size()) break;
             const PipeAction& a = list[k];
             if (pipe_is_compute(a.op)) {
                 groups[(size_t)s].push_back({{k, -1}});
@@ -185,6 +208,7 @@ static std::string simulate(const Case& c, const Lists& lists, double f, double 
     }
     // where each posted operation's partner is: posted[(stage, send?, peer, ordinal)] = post time
     std::map<std::tuple<int, bool, int, int>, double> posted;
+    std::map<int, std::vector<double>> met;  // the k-th meeting: each stage's arrival
     std::vector<size_t> at((size_t)p, 0);
     std::vector<double> clock((size_t)p, 0.0);
     t->busy.assign((size_t)p, 0.0);
@@ -194,12 +218,23 @@ static std::string simulate(const Case& c, const Lists& lists, double f, double 
         for (int s = 0; s < p; s++) {
             while (at[(size_t)s] < groups[(size_t)s].size()) {
                 const std::vector<Op>& g = groups[(size_t)s][at[(size_t)s]];
+                if (g[0].index == MEETING) {
+                    std::vector<double>& arrived = met[g[0].ordinal];
+                    if (arrived.size() < (size_t)p) arrived.resize((size_t)p, -1.0);
+                    if (arrived[(size_t)s] < 0) arrived[(size_t)s] = clock[(size_t)s];
+                    if (*std::min_element(arrived.begin(), arrived.end()) < 0) break;  // blocked: the others have not arrived
+                    clock[(size_t)s] = *std::max_element(arrived.begin(), arrived.end());
+                    at[(size_t)s]++;
+                    progress = true;
+                    continue;
+                }
                 const PipeAction& first = lists[(size_t)s][g[0].index];
                 if (pipe_is_compute(first.op)) {
                     double cost = first.op == PipeOp::Forward ? f : first.op == PipeOp::Backward ? b : w;
                     int u = first.chunk * p + s;
+                    int micro = first.step > 0 ? (first.step - 1) * c.m + first.micro : first.micro;  // (2BW: over its steps)
                     if (first.op != PipeOp::Weight)  // (W's order on its stage: order_problem)
-                        t->when[{u, first.micro, 0, first.op == PipeOp::Forward}] = {clock[(size_t)s], clock[(size_t)s] + cost};
+                        t->when[{u, micro, 0, first.op == PipeOp::Forward}] = {clock[(size_t)s], clock[(size_t)s] + cost};
                     clock[(size_t)s] += cost;
                     t->busy[(size_t)s] += cost;
                     at[(size_t)s]++;
@@ -225,8 +260,9 @@ static std::string simulate(const Case& c, const Lists& lists, double f, double 
     }
     for (int s = 0; s < p; s++)
         if (at[(size_t)s] < groups[(size_t)s].size()) {
-            const PipeAction& a = lists[(size_t)s][groups[(size_t)s][at[(size_t)s]][0].index];
-            return strprintf("deadlock: stage %d blocks at %s (group %zu of %zu)", s, pipe_action_text(a, c.v).c_str(),
+            size_t index = groups[(size_t)s][at[(size_t)s]][0].index;
+            return strprintf("deadlock: stage %d blocks at %s (group %zu of %zu)", s,
+                             index == MEETING ? "a step's update" : pipe_action_text(lists[(size_t)s][index], c.v).c_str(),
                              at[(size_t)s], groups[(size_t)s].size());
         }
     t->total = *std::max_element(clock.begin(), clock.end());
@@ -248,6 +284,74 @@ static std::string dependency_problem(const Case& c, const Timing& t) {
         }
     for (int i = 0; i < c.m; i++)
         if (at(last, i, false).first < at(last, i, true).second) return strprintf("B%d on the last stage before its forward", i);
+    return "";
+}
+
+// PipeDream-2BW without the flush, `steps` steps from the start: each stage's lists of
+// pipeline_2bw_steps concatenated (the last step drains, as at the end of a run), and where each
+// step's update goes (the end of its list).
+static Lists two_bw_lists(int p, int m, int steps, std::vector<std::vector<size_t>>* cuts) {
+    Lists lists((size_t)p);
+    cuts->assign((size_t)p, {});
+    for (int s = 0; s < p; s++)
+        for (const std::vector<PipeAction>& step : pipeline_2bw_steps(s, p, m, 1, steps, false, true)) {
+            lists[(size_t)s].insert(lists[(size_t)s].end(), step.begin(), step.end());
+            (*cuts)[(size_t)s].push_back(lists[(size_t)s].size());
+        }
+    return lists;
+}
+
+// Each stage of a 2BW run: every micro-batch of every step forwarded once, then backwarded once,
+// backwards in order over the steps (the one-rank accumulation order); each compute action reads
+// W(step - 2) (W(-1) = W(0)), a version the stage has made already (the update of step t makes
+// W(t)), forward and backward of a micro-batch the same one (weight stashing); the versions alive
+// (the newest, and those of the micro-batches between their forward and backward) at most two;
+// the activations in flight at 1F1B's peak, min(m, p - s), across the step boundaries too.
+// *two_alive: whether every stage held two versions at once somewhere (the overlap happens).
+static std::string two_bw_order_problem(int p, int m, int steps, const Lists& lists, const std::vector<std::vector<size_t>>& cuts,
+                                        bool* two_alive) {
+    *two_alive = true;
+    for (int s = 0; s < p; s++) {
+        std::map<int, int> version_of;  // micro-batch (over the steps) between its F and B -> the version its F read
+        int updates = 0, next_backward = 0, forwarded = 0, peak = 0, alive_peak = 0;
+        size_t cut = 0;
+        const std::vector<PipeAction>& list = lists[(size_t)s];
+        for (size_t k = 0; k < list.size(); k++) {
+            const PipeAction& a = list[k];
+            if (!pipe_is_compute(a.op)) continue;
+            int micro = (a.step - 1) * m + a.micro;
+            if (a.version != std::max(a.step - 2, 0))
+                return strprintf("stage %d: %s of step %d reads W%d, the rule says W%d", s, pipe_action_text(a, 1).c_str(), a.step,
+                                 a.version, std::max(a.step - 2, 0));
+            if (a.version > updates)
+                return strprintf("stage %d: %s of step %d reads W%d before the stage made it", s, pipe_action_text(a, 1).c_str(), a.step,
+                                 a.version);
+            if (a.op == PipeOp::Forward) {
+                if (micro != forwarded++) return strprintf("stage %d: forwards out of order at step %d's F%d", s, a.step, a.micro);
+                version_of[micro] = a.version;
+            } else {
+                if (micro != next_backward++ || !version_of.count(micro))
+                    return strprintf("stage %d: step %d's B%d out of order or before its forward", s, a.step, a.micro);
+                if (version_of[micro] != a.version)
+                    return strprintf("stage %d: step %d's B%d reads W%d, its forward read W%d", s, a.step, a.micro, a.version,
+                                     version_of[micro]);
+                version_of.erase(micro);
+            }
+            peak = std::max(peak, (int)version_of.size() + (a.op == PipeOp::Backward ? 1 : 0));
+            std::map<int, bool> alive = {{updates, true}};
+            for (auto& held : version_of) alive[held.second] = true;
+            alive[a.version] = true;
+            alive_peak = std::max(alive_peak, (int)alive.size());
+            while (cut < cuts[(size_t)s].size() && cuts[(size_t)s][cut] <= k + 1) cut++, updates++;  // (updates after this action)
+        }
+        if (forwarded != steps * m || next_backward != steps * m || !version_of.empty())
+            return strprintf("stage %d: %d forwards and %d backwards of %d micro-batches", s, forwarded, next_backward, steps * m);
+        if (peak != pipeline_live_micro_batches(PipelineSchedule::PipeDream2BW, s, p, m))
+            return strprintf("stage %d holds %d activations at its peak, the closed form says %d", s, peak,
+                             pipeline_live_micro_batches(PipelineSchedule::PipeDream2BW, s, p, m));
+        if (alive_peak > 2) return strprintf("stage %d holds %d weight versions at once", s, alive_peak);
+        if (alive_peak < 2) *two_alive = false;
+    }
     return "";
 }
 
@@ -298,18 +402,6 @@ int main() {
                     bubble_b2 = c.name() + strprintf(": stage %d idles %.4f with B = 2F", s, 1.0 - t.busy[(size_t)s] / t.total);
     }
     std::string n = strprintf(" (%zu schedules: GPipe, 1F1B, 2BW, interleaved v=2, ZB-H1; p = 2, 3, 4)", cases.size());
-    // PipeDream-2BW runs 1F1B's lists (its second weight version is not a matter of order: pipedream_2bw.h)
-    std::string same_as_1f1b;
-    for (const Case& c : cases)
-        if (c.kind == PipelineSchedule::PipeDream2BW)
-            for (int s = 0; s < c.p && same_as_1f1b.empty(); s++) {
-                std::vector<PipeAction> a = pipeline_schedule(c.kind, s, c.p, c.m), b = pipeline_schedule(PipelineSchedule::OneFOneB, s, c.p, c.m);
-                bool same = a.size() == b.size();
-                for (size_t k = 0; same && k < a.size(); k++)
-                    same = a[k].op == b[k].op && a[k].micro == b[k].micro && a[k].peer == b[k].peer && a[k].tag == b[k].tag;
-                if (!same) same_as_1f1b = c.name() + strprintf(": stage %d's list is not 1F1B's", s);
-            }
-    check(same_as_1f1b.empty(), "PipeDream-2BW's lists are 1F1B's, action for action (p = 2, 3, 4; m = p, 2p, 3p, p + 1)", same_as_1f1b);
     check(order.empty(), "every (micro-batch, chunk) forward then backward, backwards in micro-batch order, peak in flight = "
                          "pipeline_live_micro_batches" + n, order);
     check(pairing.empty(), "the k-th send from a to b is the k-th receive at b from a, same tag and kind, every pair" + n, pairing);
@@ -319,6 +411,80 @@ int main() {
     check(zb_slots.empty(), "ZB-H1, F = B = W = 1: every stage idles p - 1 slots of 3m + p - 1 = (p-1)(F+B-W); 1F1B with "
                             "B + W = 2 idles 3(p - 1) = (p-1)(F+B+W)", zb_slots);
     check(bubble_b2.empty(), "B = 2F, GPipe and 1F1B: every stage idles exactly (p-1)/(m+p-1) of the step", bubble_b2);
+    // PipeDream-2BW without the flush: 3 steps (the overlap at two boundaries), p = 2, 3, 4
+    std::string bw_order, bw_pairing, bw_deadlock, bw_deps, bw_chained, bw_idle, bw_same;
+    bool bw_two = true;
+    const int STEPS = 3;
+    for (int p : {2, 3, 4})
+        for (int m : {p, 2 * p, p + 1}) {
+            Case c = {PipelineSchedule::PipeDream2BW, p, m, 1};
+            std::vector<std::vector<size_t>> cuts;
+            Lists lists = two_bw_lists(p, m, STEPS, &cuts);
+            bool two = true;
+            std::string why = two_bw_order_problem(p, m, STEPS, lists, cuts, &two);
+            bw_two = bw_two && two;
+            if (!why.empty() && bw_order.empty()) bw_order = c.name() + ": " + why;
+            why = pairing_problem(c, lists);
+            if (!why.empty() && bw_pairing.empty()) bw_pairing = c.name() + ": " + why;
+            // the trainer asks for one step's list at a time (filled after a step that did not drain)
+            for (int s = 0; s < p && bw_chained.empty(); s++) {
+                std::vector<PipeAction> chained;
+                for (int t = 1; t <= STEPS; t++) {
+                    std::vector<PipeAction> one = pipeline_2bw_steps(s, p, m, t, 1, t > 1, t == STEPS)[0];
+                    chained.insert(chained.end(), one.begin(), one.end());
+                }
+                bool same = chained.size() == lists[(size_t)s].size();
+                for (size_t k = 0; same && k < chained.size(); k++) {
+                    const PipeAction &x = chained[k], &y = lists[(size_t)s][k];
+                    same = x.op == y.op && x.micro == y.micro && x.step == y.step && x.version == y.version && x.tag == y.tag;
+                }
+                if (!same) bw_chained = c.name() + strprintf(": stage %d's step-by-step lists are not the %d-step list", s, STEPS);
+            }
+            // one step, drained: 1F1B's list (2bw-flush), action for action
+            for (int s = 0; s < p && bw_same.empty(); s++) {
+                std::vector<PipeAction> a = pipeline_2bw_steps(s, p, m, 1, 1, false, true)[0];
+                std::vector<PipeAction> b = pipeline_schedule(PipelineSchedule::OneFOneB, s, p, m);
+                bool same = a.size() == b.size();
+                for (size_t k = 0; same && k < a.size(); k++)
+                    same = a[k].op == b[k].op && a[k].micro == b[k].micro && a[k].peer == b[k].peer && a[k].tag == b[k].tag;
+                if (!same) bw_same = c.name() + strprintf(": stage %d's drained step is not 1F1B's list", s);
+            }
+            for (double b : {1.0, 2.0}) {
+                Timing t, t1;
+                Case all = c;
+                all.m = STEPS * m;  // (dependencies over every micro-batch of the steps)
+                why = simulate(c, lists, 1.0, b, &t, true, 1.0, &cuts);
+                if (!why.empty()) {
+                    if (bw_deadlock.empty()) bw_deadlock = c.name() + ": " + why;
+                    continue;
+                }
+                why = dependency_problem(all, t);
+                if (!why.empty() && bw_deps.empty()) bw_deps = c.name() + ": " + why;
+                // the idle slots: the first step's fill, (p-1)(F+B) as 1F1B's, then (p-1)B a step: the last stages
+                // wait at the update for the first stage's last backwards, the first stage for the restart's first
+                // gradient; 1F1B's flush costs (p-1)(F+B) every step
+                double want = (p - 1) * (1.0 + b) + (STEPS - 1) * (p - 1) * b;
+                for (int s = 0; s < p && bw_idle.empty(); s++)
+                    if (t.total - t.busy[(size_t)s] != want || t.total != STEPS * m * (1.0 + b) + want)
+                        bw_idle = c.name() + strprintf(", B = %g: stage %d idles %g of %g, the formula says %g", b, s,
+                                                       t.total - t.busy[(size_t)s], t.total, want);
+            }
+        }
+    check(bw_order.empty(), "PipeDream-2BW without the flush, 3 steps: each micro-batch forwarded then backwarded once, backwards in "
+                            "order over the steps; every action reads W(step-2), made already, F and B of a micro-batch the same; "
+                            "at most two versions alive per stage; in flight min(m, p-s) across the boundaries (p = 2, 3, 4; m = p, 2p, p+1)",
+          bw_order);
+    check(bw_two, "PipeDream-2BW without the flush: every stage holds two weight versions at once somewhere (the steps overlap)", "");
+    check(bw_pairing.empty(), "PipeDream-2BW without the flush: the k-th send from a to b is the k-th receive at b from a, over 3 steps",
+          bw_pairing);
+    check(bw_deadlock.empty(), "PipeDream-2BW without the flush: the trainers' send rule and a meeting of all stages at each update: "
+                               "every stage finishes (F = 1, B = 1 and 2)", bw_deadlock);
+    check(bw_deps.empty(), "PipeDream-2BW without the flush: forward of (i, s+1) after (i, s), backward of (i, s) after (i, s+1)", bw_deps);
+    check(bw_idle.empty(), "PipeDream-2BW without the flush, F = 1, B = 1 and 2, 3 steps: every stage idles (p-1)(F+B) + 2(p-1)B: "
+                           "(p-1)B a step after the first, where 1F1B's flush idles (p-1)(F+B) every step", bw_idle);
+    check(bw_chained.empty(), "PipeDream-2BW: the trainer's step-by-step lists (filled after a step that did not drain) chain into "
+                              "the 3-step list, action for action", bw_chained);
+    check(bw_same.empty(), "PipeDream-2BW, one step drained (2bw-flush): 1F1B's list, action for action", bw_same);
     // the control: the same simulator, every send blocking on its own (a send not paired with the
     // receive after it), deadlocks 1F1B on 2 stages: each stage's forward sends, the other waits to
     // send its gradient. The rule the trainers follow is what the lists rely on.

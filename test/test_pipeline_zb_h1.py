@@ -37,14 +37,14 @@ W reading its inputs from slot k mod (p - s), which micro-batch k + p - s had ta
 ignored): all 7 bitwise checks failed. A first version that parked the rows at the forward, after
 the forward's receive had already written the stage input (encoded) into the slot: all 7 failed.
 """
-import json, os, re, shutil, subprocess, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from test_parallelism import (Runner, mpi_trainer_missing, MODEL, T, TRAINER, SENDER_DRIVEN_MPI, check_bitwise,  # noqa: E402
-                              check_predictions, write_pattern_shard)
+                              check_predictions, traced_against_printed, write_pattern_shard)
 
 STEPS = 4
 
@@ -136,18 +136,7 @@ def main():
         report(p1 == 20.0 and len(m1) == 2 and mz and max(mz) < min(m1),
                f"1F1B in the same conditions (B + W = 100 ms) idles more: {m1} against ZB-H1's {mz}",
                out_1[-600:] + err1[-300:])
-        printed = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1",
-                                  "--pipeline-print-schedule"] + [str(f) for f in pipe(2, 4, "zb-h1")],
-                                 capture_output=True, text=True, cwd=work).stdout
-        for k in range(2):
-            want = [a for line in printed.splitlines() if line.startswith(f"stage {k}:")
-                    for a in line.split()[2:] if re.fullmatch(r"[FBW]\d+", a)]
-            try:
-                events = json.load(open(os.path.join(work, f"zb.rank{k}.json")))["traceEvents"]
-                got = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
-                       if e.get("ph") == "X" and e["args"].get("step") == 2 and re.fullmatch(r"[FBW]\d+", e["name"])]
-            except (OSError, ValueError, KeyError) as e:
-                got = [str(e)]
+        for k, (got, want) in enumerate(traced_against_printed(work, trace, pipe(2, 4, "zb-h1"), r"[FBW]\d+", 2)):
             report(want and got == want, f"stage {k}: the trace's F, B and W of step 2 in the printed order", f"{got} vs {want}")
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)
     finally:

@@ -667,7 +667,9 @@ inline int print_pipeline_schedule(const TrainOptions& o) {
     parse_pipeline_schedule(o.pipeline_schedule, &kind);
     if (why.empty()) why = pipeline_schedule_problem(kind, g.pp, plan.accumulation_steps, o.virtual_stages, cfg.num_layers);
     if (!why.empty()) usage_fail(why);
-    if (launched.rank == 0) printf("%s", pipeline_schedule_text(kind, g.pp, plan.accumulation_steps, o.virtual_stages).c_str());
+    if (launched.rank == 0)  // (2bw: its lists over three steps, across the boundaries; 2bw-flush: 1F1B's list)
+        printf("%s", o.pipeline_schedule == "2bw" && g.pp > 1 ? pipeline_2bw_text(g.pp, plan.accumulation_steps).c_str()
+                     : pipeline_schedule_text(kind, g.pp, plan.accumulation_steps, o.virtual_stages).c_str());
     return 0;
 }
 

@@ -24,17 +24,28 @@
 // weights at W(t) and, since the older copy was refreshed to W(t) too, the next step's gradient is
 // taken at W(t): a skipped step collapses the two versions into one.
 //
-// What this trainer builds, and what not. The semantics: two versions per stage, the delayed
-// gradient, the older version in every checkpoint. Not the schedule's throughput: each step here is
-// still one call that runs 1F1B's list to its end (the flush), so the bubble is 1F1B's,
-// (p-1)/(m+p-1); the overlap of step t+1's warm-up forwards (on W(t+1)) with step t's cool-down
-// backwards (on W(t)), which is what the older version buys in the paper, is not built.
+// The schedule (llmc/parallel/pipeline_schedule.h, pipeline_2bw_steps): 1F1B's steady state carried
+// across the step boundary, no flush. Stage s's update of step t comes after its last backward of
+// step t, and by then it already ran the first p-1-s forwards of step t+1: on W(t-1), the version
+// step t+1 reads, which is the newer of the two the stage holds while step t's backwards still read
+// W(t-2). Forward and backward of one micro-batch read the same version (weight stashing), labelled
+// on every action of the list. What is left of the bubble: the trainer's update sums the loss and
+// the gradient norm over all stages (clipping needs the global norm), a blocking meeting of the
+// stages after each one's last backward; the first stage gets there p-1 backwards after the last
+// one. So the last stages wait there (p-1) B per step, where 1F1B's flush costs (p-1)(F+B)
+// (test_pipeline_schedule derives it on the unit clock; docs/parallelism.md measures it). The
+// paper's stages update on their own and wait for no one. --pipeline-schedule 2bw-flush runs each
+// step to its end instead (1F1B's list): the same arithmetic, bit for bit, and 1F1B's bubble.
 //
-// How, with two buffers and no third: `params` holds W(t) between steps and `older` W(t-1). Before
-// the step's passes the two are swapped element by element (params = W(t-1), older = W(t)); after
-// them params takes older's copy back (both W(t)); the optimizer then moves params to W(t+1) and
-// older stays W(t): the next step's older version, with no copy made at the update. A pipeline's last
-// stage versions its copy of the tied embedding (its LM head) with the rest, in the same buffer.
+// How, with two buffers and no third: `params` holds the newer version W(t-1) and `older` W(t-2)
+// while step t runs. An action that reads the older one swaps the two element by element first
+// (pipedream_2bw_read), one that reads the newer swaps them back: the lists alternate the two only in
+// the step's last p-1-s forward-backward pairs, so stage s swaps at most 2(p-s) times a step, each
+// a pass over its weights (a forward's work is B T times that). After the passes (pipedream_2bw_
+// after_passes) params holds W(t-1) again and older takes a copy of it: W(t-2) is no longer read by
+// anyone, and the optimizer then moves params to W(t) while older keeps W(t-1), the next step's older
+// version, with no copy made at the update. A pipeline's last stage versions its copy of the tied
+// embedding (its LM head) with the rest, in the same buffer.
 //
 // Memory: one more copy of the stage's parameters, 4 bytes each (the padded flat array, plus the
 // last stage's copy of wte): the size table's older_weights row (llmc/memory/cpu_buffers.h), in
@@ -45,8 +56,13 @@
 // at W(t), not W(t-1)): every rank writes it, pipedream_2bw_rank<r>.bin (docs/formats.md), and a
 // 2bw run resumes only from a checkpoint of a 2bw run on the same grid.
 //
-// Hook points: none inside the passes. train_step calls pipedream_2bw_before_passes before
-// forward_backward and pipedream_2bw_after_passes after it; the optimizer is the usual one.
+// Checkpoints, evaluations and samples see a drained pipeline: the step before one runs the drain
+// (its list ends with 1F1B's cool-down) and the step after it the warm-up, so a checkpoint holds no
+// micro-batch in flight, only the two versions, and a resumed run continues bit for bit.
+//
+// Hook points: none inside the layers. forward_backward walks pipeline_2bw_steps' list and calls
+// pipedream_2bw_read before each forward and backward; train_step calls pipedream_2bw_after_passes
+// after forward_backward; the optimizer is the usual one.
 #pragma once
 
 #include <algorithm>
@@ -76,6 +92,7 @@ inline std::string pipedream_2bw_problem(int zero_stage, int tensor_parallel, in
 struct PipeDream2BW {
     bool on = false;
     std::vector<float> older;  // sized from the size table's older_weights row
+    bool swapped = false;      // during the passes: params holds the older version, `older` the newer
 };
 
 // Step 1 has no older version: both are W(0) (after the weights were loaded and shared).
@@ -87,19 +104,23 @@ inline void pipedream_2bw_start(PipeDream2BW* v, const std::vector<float>& param
     std::copy(lent.begin(), lent.end(), v->older.begin() + (std::ptrdiff_t)params.size());
 }
 
-// Before the step's passes: the stage computes on W(t-1), and W(t) waits in `older`.
-inline void pipedream_2bw_before_passes(PipeDream2BW* v, std::vector<float>* params, std::vector<float>* lent) {
-    if (!v->on) return;
+// Before a compute action of the step's list: the version it reads in params (the layers know only
+// params). older_one: the older of the two, W(t-2) in step t (the list's label: version t - 2).
+inline void pipedream_2bw_read(PipeDream2BW* v, bool older_one, std::vector<float>* params, std::vector<float>* lent) {
+    if (!v->on || older_one == v->swapped) return;
     std::swap_ranges(params->begin(), params->end(), v->older.begin());
     std::swap_ranges(lent->begin(), lent->end(), v->older.begin() + (std::ptrdiff_t)params->size());
+    v->swapped = older_one;
 }
 
-// After them: the gradient is of W(t-1); the optimizer must update W(t), so params takes it back.
-// older keeps W(t) too: after the update it is the older version of W(t+1).
+// After the step's passes: params holds the newer version W(t-1) again, for the optimizer to update
+// into W(t), and older takes its copy: the step's forwards of step t+1 already read it, and so will
+// their backwards and the rest of step t+1.
 inline void pipedream_2bw_after_passes(PipeDream2BW* v, std::vector<float>* params, std::vector<float>* lent) {
     if (!v->on) return;
-    std::copy(v->older.begin(), v->older.begin() + (std::ptrdiff_t)params->size(), params->begin());
-    std::copy(v->older.begin() + (std::ptrdiff_t)params->size(), v->older.end(), lent->begin());
+    pipedream_2bw_read(v, false, params, lent);
+    std::copy(params->begin(), params->end(), v->older.begin());
+    std::copy(lent->begin(), lent->end(), v->older.begin() + (std::ptrdiff_t)params->size());
 }
 
 // ---- the checkpoint's file: a header, then `older` (docs/formats.md)

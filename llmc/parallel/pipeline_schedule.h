@@ -74,10 +74,12 @@
 //     bytes (at d12, T = 1024: yes). The GPU trainer
 //     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
 //   PipeDream-2BW (Narayanan et al., ICML 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
-//     1F1B's list, with two weight versions per stage (llmc/parallel/pipedream_2bw.h: the rule, why
-//     two suffice, what it costs). The paper's throughput comes from dropping the flush between steps
-//     (the next step's warm-up forwards on the new version while the cool-down backwards finish on the
-//     old one); here each step is still its own call, so the list, and the bubble, are 1F1B's.
+//     1F1B's order with no flush between steps (pipeline_2bw_steps below): step t+1's first forwards
+//     run on the newer weight version while step t's last backwards drain on the older, two weight
+//     versions per stage (llmc/parallel/pipedream_2bw.h: the rule, why two suffice, what it costs).
+//     What the trainers' update still costs: it meets every stage (the loss and the global gradient
+//     norm), so each step after the first idles (p-1)B per stage instead of 1F1B's (p-1)(F+B).
+//     2bw-flush runs one step's list to its end, 1F1B's list; so does the step before a checkpoint.
 //
 // Messages: an activation leaves (micro, chunk c) on rank r for rank r+1, chunk c; from the last
 // rank it wraps to rank 0, chunk c+1. Gradients go the reverse way. With p = 2 a rank's "next" and
@@ -99,14 +101,14 @@ inline bool parse_pipeline_schedule(const std::string& s, PipelineSchedule* out)
     else if (s == "1f1b") *out = PipelineSchedule::OneFOneB;
     else if (s == "interleaved") *out = PipelineSchedule::Interleaved;
     else if (s == "zb-h1") *out = PipelineSchedule::ZeroBubbleH1;
-    else if (s == "2bw") *out = PipelineSchedule::PipeDream2BW;
+    else if (s == "2bw" || s == "2bw-flush") *out = PipelineSchedule::PipeDream2BW;  // (2bw-flush: each step drained)
     else return false;
     return true;
 }
 
 inline const char* pipeline_schedule_name(PipelineSchedule s) {
     return s == PipelineSchedule::GPipe ? "GPipe" : s == PipelineSchedule::OneFOneB ? "1F1B"
-         : s == PipelineSchedule::ZeroBubbleH1 ? "ZB-H1" : s == PipelineSchedule::PipeDream2BW ? "PipeDream-2BW (1F1B's order)"
+         : s == PipelineSchedule::ZeroBubbleH1 ? "ZB-H1" : s == PipelineSchedule::PipeDream2BW ? "PipeDream-2BW"
          : "interleaved 1F1B";
 }
 
@@ -124,6 +126,10 @@ struct PipeAction {
     int chunk = 0;  // which of this rank's model chunks (0 without interleaving)
     int peer = -1;  // sends and receives: the other stage
     int tag = -1;   // sends and receives: the message's tag, unique within a step
+    // PipeDream-2BW without the flush (pipeline_2bw_steps): the optimizer step the micro-batch
+    // belongs to (from 1), and the weight version its forward and backward read, W(version)
+    int step = 0;
+    int version = 0;
 };
 
 inline bool pipe_is_compute(PipeOp op) { return op == PipeOp::Forward || op == PipeOp::Backward || op == PipeOp::Weight; }
@@ -248,6 +254,78 @@ inline bool pipe_group_ends(const std::vector<PipeAction>& list, size_t k) {
     return k + 1 >= list.size() || pipe_is_compute(list[k + 1].op);
 }
 
+// PipeDream-2BW without the flush (Narayanan et al., ICML 2021, section 3.1; the rule and the
+// versions: llmc/parallel/pipedream_2bw.h). 1F1B's steady state never stops: stage s keeps its
+// w = p-1-s forwards ahead across the step boundary, so while the last backwards of step t drain
+// towards stage 0 the stages below it already run the first forwards of step t+1. Numbering the
+// step's micro-batches on after one another (k = (t-1) m + i), stage s runs
+//     F0 .. F(w-1), then F(k+w) B(k) for k = 0, 1, 2, ...         (1F1B's list, never cut)
+// and takes the optimizer step of step t right after B(t m - 1), its last backward of step t.
+// Which weights each reads: step t's micro-batches read W(t-2) (W(-1) = W(0)), forward and backward
+// alike (weight stashing: a backward on other weights than its forward's is the gradient of no
+// function). On stage s, after the update of step t, step t+1's w forwards already ran, on W(t-1);
+// the next forward of step t+1 and the backwards of all of them still read W(t-1), and step t+2's
+// first forward, on W(t), comes after stage s's update of step t+1 made W(t+1) and dropped
+// W(t-1). So at any time a stage holds the two versions the update rule needs, W(t-1) and W(t)
+// (test_pipeline_schedule walks every list and counts).
+//
+// The lists, one per step (a step's list ends where the stage's update goes): where step t's ends.
+// After B(t m - 1) comes its gradient's send and, in the same group, the receive of the next
+// forward's input (1F1B's steady-state pair), and only then the cut: the trainers' optimizer step
+// sums the loss and the gradient norm over every stage (blocking collectives), so no message may be
+// left half-way across the cut: the previous stage's send of that activation waits, in its group,
+// for this receive (left to the next list, the trainer hung there, and so does the simulator).
+// Step t+1's list then starts with that forward, its input already in its slot.
+// `filled`: the previous step's list left this step's first forwards done (and the next one's input
+// received); false: the step starts with 1F1B's warm-up. `drain`: the last step ends with 1F1B's
+// cool-down instead (no forward of the next step): at a checkpoint, an evaluation, the end of the
+// run, or every step (--pipeline-schedule 2bw-flush), so that nothing is in flight there.
+// One list with filled = false and drain = true is 1F1B's list, action for action.
+inline std::vector<std::vector<PipeAction>> pipeline_2bw_steps(int stage, int stages, int m, int first_step, int steps, bool filled,
+                                                               bool drain) {
+    int w = pipeline_warmup(PipelineSchedule::OneFOneB, stage, stages, m, 1), total = steps * m;
+    int forwards_end = total + (drain ? 0 : w);  // (micro-batch k of the lists: step first_step + k / m)
+    auto compute = [&](int k, bool forward) {
+        PipeAction a{forward ? PipeOp::Forward : PipeOp::Backward, k % m, 0};
+        a.step = first_step + k / m;
+        a.version = std::max(a.step - 2, 0);
+        return a;
+    };
+    std::vector<PipeAction> order;  // compute actions; a cut after each step's last backward
+    std::vector<size_t> cuts;
+    int next_forward = filled ? w : 0;
+    if (!filled)
+        while (next_forward < std::min(w, forwards_end)) order.push_back(compute(next_forward++, true));
+    for (int k = 0; k < total; k++) {
+        if (next_forward < forwards_end) order.push_back(compute(next_forward++, true));
+        order.push_back(compute(k, false));
+        if (k % m == m - 1) cuts.push_back(order.size());
+    }
+    std::vector<std::vector<PipeAction>> lists(1);
+    PipeAction x;
+    auto message = [&](const PipeAction& a, bool send) {  // (a message names its micro-batch's step and version)
+        if (!(send ? pipe_send_of(a, stage, stages, 1, &x) : pipe_receive_of(a, stage, stages, 1, &x))) return false;
+        x.step = a.step, x.version = a.version;
+        lists.back().push_back(x);
+        return true;
+    };
+    bool received = filled;  // the first forward's input came with the previous step's list
+    for (size_t i = 0, cut = 0; i < order.size(); i++) {
+        const PipeAction& a = order[i];
+        if (!(a.op == PipeOp::Forward && received)) message(a, false);
+        received = false;
+        lists.back().push_back(a);
+        message(a, true);
+        if (i + 1 == cuts[cut]) {  // the step's update: the next forward's input is received before it
+            // (the last step's list that does not drain: the next forward is the next list's first)
+            PipeAction next = i + 1 < order.size() ? order[i + 1] : compute(forwards_end, true);
+            if ((i + 1 < order.size() || !drain) && next.op == PipeOp::Forward) received = message(next, false);
+            if (++cut < cuts.size()) lists.emplace_back();
+        }
+    }
+    return lists;
+}
+
 // How many (micro-batch, chunk) activations a stage holds at once: the peak of forwards not yet
 // backwarded in its list (ZB-H1's W's part: pipeline_pending_weight_passes). m for GPipe, min(m, p - stage)
 // for 1F1B and ZB-H1, min(v m, warm-up + 1) for interleaved, 1 without pipelining. In closed form, not by walking the list: a memory check asks
@@ -334,6 +412,31 @@ inline std::string pipe_action_text(const PipeAction& a, int chunks) {
         case PipeOp::RecvGradient: return strprintf("g%d%s<%d", a.micro, chunk.c_str(), a.peer);
     }
     return "?";
+}
+
+// PipeDream-2BW without the flush, three steps from the start (the third drains, as at the end of a
+// run): F2.1:W0, the forward of step 2's micro-batch 1 on weights W0; a2.1>1 its activation's send;
+// "| update -> W1 |": the stage's optimizer step of step 1.
+inline std::string pipeline_2bw_text(int stages, int m) {
+    const int steps = 3;
+    std::string out = strprintf("# PipeDream-2BW without the flush, %d stages, %d micro-batches a step, steps 1-%d (the last drains): "
+                                "step t's micro-batches read W(t-2) (W(-1) = W(0)); at most two versions per stage\n", stages, m, steps);
+    out += "# F2.1:W0 / B2.1:W0: forward / backward of step 2's micro-batch 1 on weights W0; a2.1>1 / a2.1<0: send its "
+           "activation to stage 1 / receive it from stage 0; g2.1: its gradient; | update -> W1 |: the stage's optimizer step\n";
+    for (int s = 0; s < stages; s++) {
+        out += strprintf("stage %d:", s);
+        auto lists = pipeline_2bw_steps(s, stages, m, 1, steps, false, true);
+        for (size_t t = 0; t < lists.size(); t++) {
+            for (const PipeAction& a : lists[t]) {
+                std::string text = pipe_action_text(a, 1);  // F3, a3>1: the step goes before the micro-batch
+                text.insert(1, strprintf("%d.", a.step));
+                out += " " + text + (pipe_is_compute(a.op) ? strprintf(":W%d", a.version) : "");
+            }
+            out += strprintf(" | update -> W%zu |", t + 1);
+        }
+        out += "\n";
+    }
+    return out;
 }
 
 // --pipeline-print-schedule: every stage's list, one line each, with a legend.

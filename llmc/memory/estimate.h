@@ -69,7 +69,7 @@ struct EstimateSetup {
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
     int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
-    GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
+    GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
     int moe_top_k = 1;                    // --moe-top-k
@@ -106,6 +106,9 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
     GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
     s.offload_optimizer = e.offload_optimizer;
+    GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)
+    s.compression_state = z.state;
+    s.compression_work = z.work;
     return s;
 }
 

@@ -54,6 +54,8 @@ struct GPURunShape {
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
+    size_t compression_state = 0;      // --grad-compression powersgd: fp32 e, next e, Q, next Q (grad_compression_gpu_sizes)
+    size_t compression_work = 0;       // ... and P with the exactly summed values
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -96,6 +98,8 @@ enum GPUBuffer {
     // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
     GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
     GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
+    // PowerSGD's error feedback and factors (llmc/parallel/grad_compression.cuh)
+    GB_COMPRESSION_STATE, GB_COMPRESSION_WORK,
     GB_COUNT
 };
 
@@ -222,6 +226,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
+    t[GB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q fp32", s.compression_state, F};
+    t[GB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums fp32", s.compression_work, F};
     return t;
 }
 

@@ -88,7 +88,7 @@ struct TrainOptions {
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
-    std::string grad_compression = "none";  // CPU: none | bf16 | powersgd (llmc/parallel/grad_compression.h)
+    std::string grad_compression = "none";  // none | bf16 | powersgd (llmc/parallel/grad_compression.h, .cuh)
     std::string data_parallel = "allreduce";  // CPU: allreduce | server (llmc/parallel/parameter_server.h)
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
@@ -235,10 +235,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
-        {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback; CPU trainer only for now)", K::String, &o.grad_compression, Scope::CPUOnly},
+        {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback). The GPU trainer's exact sum already sends bf16, so bf16 is its exact sum there", K::String, &o.grad_compression, Scope::Both},
         {"data-parallel", "HOW", "Parallelism", "how the data-parallel ranks sum their gradients: allreduce (a ring's reduce-scatter + all-gather, the default) | server (a parameter server: rank 0 receives every gradient, steps, and sends the weights back; CPU trainer, --zero 0, the lesson of its traffic)", K::String, &o.data_parallel, Scope::Both},
-        {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
-        {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
+        {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::Both},
+        {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::Both},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"precision", "KIND", "Machine", "bf16 | fp16 | fp32 | fp8: the element type of weights, activations and gradients. It is "
          "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "

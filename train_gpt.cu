@@ -1325,6 +1325,12 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
                comm.world_size, comm.launcher.c_str(), comm.local_size, link, describe_grid(grid).c_str(), m->layout.total, P,
                grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
+    const GradCompression& gc = m->compression.c;
+    if (gc.settings.kind == GradCompressionKind::BF16 && grid.dp > 1)
+        printf("gradient sum: bf16 on the wire, which the GPU trainer's exact sum already is (--grad-compression bf16 changes nothing here)\n");
+    if (grad_compression_on(gc) && gc.settings.kind == GradCompressionKind::PowerSGD)
+        printf("gradient sum: PowerSGD rank %d from step %d on (exact before): %zu matrices compressed, %zu values summed exactly\n",
+               gc.settings.rank, gc.settings.start_step + 1, gc.plan.matrices.size(), gc.plan.exact_floats);
     if (grid.pp > 1) {
         printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
@@ -1641,6 +1647,7 @@ int main(int argc, char** argv) {
     dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     BadSteps bad_steps;
+    uint64_t first_sent = 0, last_sent = 0;  // bytes this rank sent to its data group in the run's first and last step
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
@@ -1649,10 +1656,12 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
+        uint64_t sent_before = par.data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
+        (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
@@ -1677,6 +1686,9 @@ int main(int argc, char** argv) {
     peak_used = std::max(peak_used, gpu_memory_used());
     if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, std::max(1, plan.steps - first_step - 1));
     if (leader) report_memory(m, peak_used);
+    if (leader && grid.dp > 1 && plan.steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
+        printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
+               format_bytes((double)first_sent).c_str(), plan.steps, format_bytes((double)last_sent).c_str());
 
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);

@@ -23,22 +23,25 @@ rank), 4 steps, 2 ranks, r = 2. Five GPU runs in all (~25 s emulated on 2 shared
    Q are downloaded into the CPU trainer's file format and uploaded back; the start step is checked
    across it (--powersgd-start-step 1 here: step 1 is the exact bf16 sum, then PowerSGD). Planted:
    e not uploaded on resume (left at zero), caught.
+   The same run's counters (the data group's bytes, llmc/parallel/comm_nccl.cuh): step 1, the exact sum
+   in bf16, half the CPU trainer's fp32 exact sum; step 4, PowerSGD, the CPU trainer's PowerSGD bytes
+   (the same two fp32 identical all-reduces): 267.5 KiB -> 28.5 KiB at this toy shape.
 5. Refusals of the GPU build: one rank, ZeRO-1, one line and exit 2.
 """
-import os, shutil, subprocess, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gpu import CPU, DEFAULT_ATTENTION, EMULATED, GPU, MODE, read_safetensors  # noqa: E402
-from test_grad_compression import MODEL, replay  # noqa: E402
+from test_grad_compression import MODEL, compression_bytes, replay  # noqa: E402
 from test_parallelism import write_pattern_shard  # noqa: E402
 from test_bad_inputs import one_line_error  # noqa: E402
 
 STEPS, R = 4, 2
 TOL_SIM, TOL_LOSS = 5e-3, 2e-3
 CHECKS = ["the GPU's PowerSGD sums == the fp64 simulation", "2 GPU ranks == 2 CPU ranks, PowerSGD",
-          "r = min(n, m) == the exact sum", "PowerSGD resume is bit-exact", "refusals"]
+          "r = min(n, m) == the exact sum", "PowerSGD resume is bit-exact", "bytes on the wire", "refusals"]
 
 
 def run(work, exe, ranks, *flags, steps=STEPS, env=None):
@@ -79,8 +82,8 @@ def main():
         replay("2 GPU ranks, r = 2", dumps, 2, STEPS, R, 0, tol=TOL_SIM)
 
         # ---- 2. against the CPU trainer's PowerSGD; the negative control, its exact sum
-        cpu, _ = dump(work, "cpu_psgd", CPU, *psgd)
-        exact, _ = dump(work, "cpu_exact", CPU)
+        cpu, cpu_out = dump(work, "cpu_psgd", CPU, *psgd)
+        exact, exact_out = dump(work, "cpu_exact", CPU)
         worst = float(np.max(np.abs(gpu["losses"].astype(np.float64) - cpu["losses"])))
         control = float(np.max(np.abs(gpu["losses"].astype(np.float64) - exact["losses"])))
         report(worst <= TOL_LOSS, f"2 GPU ranks == 2 CPU ranks, PowerSGD r = 2 over {STEPS} steps (losses within {worst:.1e})",
@@ -97,7 +100,15 @@ def main():
 
         # ---- 4. resume, across the start step
         start = psgd + ["--powersgd-start-step", "1"]
-        straight, _ = dump(work, "straight", GPU, *start, "--checkpoint-every", 2)
+        straight, out = dump(work, "straight", GPU, *start, "--checkpoint-every", 2)
+        traffic = re.search(r"traffic from rank 0 \(its counters\): step 1 ([\d.]+ \w+), step 4 ([\d.]+ \w+)", out)
+        cpu_psgd_bytes, cpu_exact_bytes = compression_bytes(cpu_out)[0], compression_bytes(exact_out)[0]
+        kib = lambda t: float(t.split()[0]) * {"B": 1 / 1024, "KiB": 1, "MiB": 1024}[t.split()[1]]  # noqa: E731
+        report(traffic is not None and cpu_exact_bytes and abs(kib(traffic.group(1)) - kib(cpu_exact_bytes) / 2) <= 0.1 and
+               traffic.group(2) == cpu_psgd_bytes,
+               f"the GPU's counters: step 1 (exact, bf16) {traffic.group(1) if traffic else None} = half the CPU's fp32 "
+               f"{cpu_exact_bytes}; step 4 (PowerSGD r = 2) {traffic.group(2) if traffic else None} = the CPU's {cpu_psgd_bytes}",
+               out[-800:])
         ckpt = os.path.join(work, "out", "ckpt_00000002")
         files = sorted(f for f in os.listdir(ckpt) if f.startswith("grad_compression")) if os.path.isdir(ckpt) else []
         resumed, out = dump(work, "resumed", GPU, *start, "--resume", ckpt)

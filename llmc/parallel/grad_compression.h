@@ -61,6 +61,7 @@
 //   saved in every checkpoint, one file per rank (grad_compression_rank<r>.bin, docs/formats.md):
 //   without them a resumed run would restart the error feedback from zero and differ from the
 //   straight run (pytorch#48670: DDP lost them when it rebuilt its buckets).
+// The GPU trainer's twin, llmc/parallel/grad_compression.cuh, uses this plan, sizes and file as they are.
 // Only plain data parallelism, ZeRO-0: stages 1-3 reduce-scatter the gradient (each rank would
 //   need the whole S to form its e), and tensor and pipeline ranks hold slices, not matrices.
 #pragma once

@@ -112,6 +112,7 @@ struct TrainOptions {
     float plan_bandwidth = 0;        // GB/s a rank sends between nodes (0: the trainer's default)
     float plan_node_bandwidth = 0;   // GB/s inside a node (0: the trainer's default)
     int plan_node_size = 0;          // ranks per node (0: the trainer's default)
+    float plan_latency = -1;         // microseconds per message hop (-1: the trainer's default; 0: no latency term)
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
@@ -264,6 +265,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"plan-tflops", "TF", "Plan", "TFLOP/s one rank achieves on a training step (0 = --estimate-mfu x --estimate-peak-tflops for the GPU trainer, 0.04 for the CPU trainer)", K::Float, &o.plan_tflops, Scope::Both},
         {"plan-bandwidth", "GB/S", "Plan", "bus bandwidth per rank between nodes, as ./comm_bench's busbw (0 = 50, 400 Gb/s InfiniBand per GPU, for the GPU trainer; 0.6 for the CPU trainer)", K::Float, &o.plan_bandwidth, Scope::Both},
         {"plan-node-bandwidth", "GB/S", "Plan", "bus bandwidth per rank inside a node (0 = 450, H100 NVLink, for the GPU trainer; --plan-bandwidth for the CPU trainer)", K::Float, &o.plan_node_bandwidth, Scope::Both},
+        {"plan-latency", "US", "Plan", "microseconds each message hop costs before its bytes move, as ./comm_bench's smallest all-reduce time / 2(n-1) (-1 = 100 for the CPU trainer, measured here; 0 for the GPU trainer, which has no measurement yet; 0 = no latency term)", K::Float, &o.plan_latency, Scope::Both},
         {"plan-node-size", "N", "Plan", "ranks per node: a group within one node gets --plan-node-bandwidth (0 = 8 for the GPU trainer; all ranks for the CPU trainer)", K::Int, &o.plan_node_size, Scope::Both},
         {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
@@ -687,6 +689,8 @@ inline void validate_options(const TrainOptions& o) {
     if (o.plan_bandwidth < 0) usage_fail("--plan-bandwidth must be zero (the default) or positive, got %g", o.plan_bandwidth);
     if (o.plan_node_bandwidth < 0) usage_fail("--plan-node-bandwidth must be zero (the default) or positive, got %g", o.plan_node_bandwidth);
     non_negative("plan-node-size", o.plan_node_size);
+    if (o.plan_latency < 0 && o.plan_latency != -1)
+        usage_fail("--plan-latency must be -1 (the default), 0 (no latency term) or positive microseconds, got %g", o.plan_latency);
     if (o.zero_stage < 0 || o.zero_stage > 3) usage_fail("--zero must be 0, 1, 2 or 3, got %d", o.zero_stage);
     if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
     if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);

@@ -79,6 +79,8 @@
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
+#include "llmc/parallel/grad_compression.cuh"
+#include "llmc/probes/grad_compression_probe.h"
 
 // ==============================================================================================
 // Host <-> device copies of parameter-like arrays (fp32 on the host, floatX on the device)
@@ -155,6 +157,7 @@ struct GPT2 {
     TensorParallelGpu tp;               // degree 1 on one rank: every tensor-parallel hook is a no-op
     OptimizerOffload offload;           // --offload optimizer: master, m, v on the host (llmc/optim/offload.cuh)
     ZeroGpu zero;                       // the data group's ZeRO, stages 0-3 (llmc/parallel/zero.cuh); one rank: nothing to send
+    GradCompressionGpu compression;     // --grad-compression powersgd: the sum compressed (llmc/parallel/grad_compression.cuh)
     LossScaler scaler;                  // fp16: dynamic loss scaling (llmc/optim/loss_scaler.h); bf16, fp32: S = 1 always
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
@@ -273,6 +276,7 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
 // the sequence-parallel LayerNorm gradients are summed over the tensor group.
 static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
     if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
+    if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return;  // finish_gradients sums
     tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
     zero_grads_done(&m->zero, unit, step_ends, m->stream);
 }
@@ -606,6 +610,12 @@ static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
     return read_sum_of_squares(m);
 }
 
+// LLMC_TEST_COMPRESSION_DUMP: this rank's flat gradient, widened to fp32, before or after PowerSGD's sum.
+static void compression_dump(GPT2* m, Parallel* par, int step, const char* what) {
+    if (!grad_compression_test_dumps()) return;
+    grad_compression_test_dump(&par->world, step, what, download_as_float(m->zero.grads, m->layout.total));
+}
+
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
 // pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
 // every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
@@ -622,12 +632,21 @@ static float finish_gradients(GPT2* m, Parallel* par) {
                            B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
         unit_grads_done(m, true, ends_unit(sl.num_layers));
     }
+    // PowerSGD, past its start step (llmc/parallel/grad_compression.cuh): every rank ends with the whole
+    // compressed sum, so the norm below needs no all-gather after it
+    int step = (int)++m->compression.c.steps_done;
+    bool compressed = powersgd_replaces_sum(m->compression.c, step);
+    if (compressed) {
+        compression_dump(m, par, step, "local");  // (tests: llmc/probes/grad_compression_probe.h)
+        powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
+        compression_dump(m, par, step, "sum");
+    }
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
     if (m->moe.moe.experts > 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);  // --moe-experts: its table
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
-    zero_share_gradients(&m->zero);
+    if (!compressed) zero_share_gradients(&m->zero);
     return norm;
 }
 
@@ -674,6 +693,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
+    grad_compression_commit(&m->compression.c);  // a sound step: its error feedback and Q are kept
 }
 
 // Every data-parallel rank must start from the same weights. Each builds them the same way (the same
@@ -931,18 +951,16 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             s->header.loss_scale_overflows = m->scaler.overflows;
         }
     };
-    if (m->fp8.on) {  // --precision fp8 (one GPU): the delayed scaling's histories and scales
-        parts.write_rank_files = [&](const std::string& dir) {
+    parts.write_rank_files = [&](const std::string& dir) {
+        if (m->fp8.on)  // --precision fp8 (one GPU): the delayed scaling's histories and scales
             write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
-        };
-    }
-    if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
-        parts.write_rank_files = [&](const std::string& dir) {
+        grad_compression_gpu_save(m->compression, dir, step);  // PowerSGD: every data-parallel rank its e and Q
+        if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
             size_t n = m->moe.layout.total;
             write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, download_floats(m->moe.m, n).data(),
                             download_floats(m->moe.v, n).data(), n);
-        };
-    }
+        }
+    };
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
         if (par->grid.rank != 0) return;
@@ -1128,6 +1146,19 @@ static void check_gpu_shape(const GPT2Config& cfg) {
     }
 }
 
+// --grad-compression (llmc/parallel/grad_compression.cuh): the settings (with the tests' every-matrix
+// switch), and the size table's two rows for them.
+static GradCompressionSettings gpu_grad_compression_settings(const TrainOptions& o) {
+    GradCompressionSettings s = grad_compression_settings(o);
+    s.every_matrix = grad_compression_test_every_matrix();
+    return s;
+}
+static void take_grad_compression(const TrainOptions& o, const GPT2Config& cfg, int dp, GPURunShape* s) {
+    GradCompressionSizes z = grad_compression_gpu_sizes(gpu_grad_compression_settings(o), cfg, dp);
+    s->compression_state = z.state;
+    s->compression_work = z.work;
+}
+
 // The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/parallel/process_grid.h). A grid
 // this model or batch cannot use stops here, on every rank, before any GPU is touched.
 static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
@@ -1135,6 +1166,11 @@ static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* p
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
     std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    if (!why.empty()) grid_usage_fail(&par->world, why);
+    why = grad_compression_problem(gpu_grad_compression_settings(o), grid, cfg);
+    if (why.empty() && FLOATX_IS_FP16 && o.grad_compression == "powersgd")  // (S changes between steps; e would mix scales)
+        why = "--grad-compression powersgd with the fp16 build: its error feedback would hold gradients at an old loss scale; "
+              "use train_gpt (bf16)";
     if (!why.empty()) grid_usage_fail(&par->world, why);
     if (par->model_parallel) comm_require_mpi(&par->world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
     if (!o.dump_state.empty()) comm_require_mpi(&par->world, "--dump-state");
@@ -1173,6 +1209,7 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
     s.offload_optimizer = o.offload == "optimizer";
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
+    take_grad_compression(o, cfg, grid.dp, &s);
     return s;
 }
 
@@ -1261,6 +1298,8 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         offload_allocate(&m->offload, r.begin, r.size());
     }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
+    grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
+                               B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
 }
 
 // --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
@@ -1351,6 +1390,12 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
                comm.world_size, comm.launcher.c_str(), comm.local_size, link, describe_grid(grid).c_str(), m->layout.total, P,
                grid.zero_stage == 3 ? " (stored sharded: ZeRO-3)" : "", optimizer_elements(m));
     }
+    const GradCompression& gc = m->compression.c;
+    if (gc.settings.kind == GradCompressionKind::BF16 && grid.dp > 1)
+        printf("gradient sum: bf16 on the wire, which the GPU trainer's exact sum already is (--grad-compression bf16 changes nothing here)\n");
+    if (grad_compression_on(gc) && gc.settings.kind == GradCompressionKind::PowerSGD)
+        printf("gradient sum: PowerSGD rank %d from step %d on (exact before): %zu matrices compressed, %zu values summed exactly\n",
+               gc.settings.rank, gc.settings.start_step + 1, gc.plan.matrices.size(), gc.plan.exact_floats);
     if (grid.pp > 1) {
         printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
     }
@@ -1664,6 +1709,7 @@ int main(int argc, char** argv) {
     int first_step = (int)resumed.step;
     if (!resume_dir.empty()) {
         check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
+        grad_compression_gpu_load(&m->compression, resume_dir, resumed.step);  // its error feedback and Q, or a refusal
         sampler_rng = resumed.sampler_rng;
         if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
     }
@@ -1689,6 +1735,7 @@ int main(int argc, char** argv) {
     dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     BadSteps bad_steps;
+    uint64_t first_sent = 0, last_sent = 0;  // bytes this rank sent to its data group in the run's first and last step
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
@@ -1697,10 +1744,12 @@ int main(int argc, char** argv) {
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
 
         auto start = std::chrono::steady_clock::now();
+        uint64_t sent_before = par.data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
+        (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
@@ -1726,6 +1775,9 @@ int main(int argc, char** argv) {
     peak_used = std::max(peak_used, gpu_memory_used());
     if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, std::max(1, plan.steps - first_step - 1));
     if (leader) report_memory(m, peak_used);
+    if (leader && grid.dp > 1 && plan.steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
+        printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
+               format_bytes((double)first_sent).c_str(), plan.steps, format_bytes((double)last_sent).c_str());
 
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);

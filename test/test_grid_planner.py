@@ -15,13 +15,16 @@ the closed forms. Arithmetic only: no data, no MPI, a second at most.
   rules        on an 8-GPU node with slow links between nodes, the winner keeps its tensor group inside
                a node (Narayanan et al.'s first rule), and a tiny memory per rank flags grids as not fitting;
                a tensor group of 6 on nodes of 8 is priced at the network's bandwidth (it straddles two)
-  bad input    --plan 0, --plan -3, --plan with --estimate or --eval-only, a negative bandwidth, and 13 ranks for a
+  latency      a small model on 8 ranks: bytes alone and 100 us a hop pick different winners, each
+               with its message hops counted by hand (the latency term of the alpha-beta model)
+  bad input    --plan-latency -2, --plan 0, --plan -3, --plan with --estimate or --eval-only, a negative bandwidth, and 13 ranks for a
                model of 12 heads and layers with 8 micro-batches a step (no degree can take a 13): one
                line, exit 2, on both trainers (the shared CLI)
 Planted bugs this caught (by hand, reverted): the bubble as (p-1)/(m+p-1) of the compute instead of
 (p-1)/m ("time"); ZeRO-3 left out of the enumeration ("complete"); rank 0's memory instead of the
 busiest rank's ("memory": the last pipeline stage holds more); the no-grid refusal removed ("bad input");
-a group counted inside a node whenever it is no larger than one ("rules": 6 ranks on nodes of 8).
+a group counted inside a node whenever it is no larger than one ("rules": 6 ranks on nodes of 8); an
+all-reduce counted as n-1 hops instead of 2(n-1) ("latency").
 """
 import os, re, subprocess, sys
 from checks import report, exit_code
@@ -31,6 +34,7 @@ CPU = os.path.join(ROOT, "train_gpt_cpu")
 GPU = os.path.join(ROOT, "build", "emu", "train_gpt")
 MODEL = "L=4,C=64,H=4,T=64,V=2048"  # a vocabulary large enough that the last stage holds the most
 B, T, TOKENS = 4, 32, 1024  # 1024 / (4 * 32) = 8 micro-batches per step
+LATENCY_MS = 0.1  # the CPU trainer's default --plan-latency (100 us a hop, grid_planner.h)
 BASE = ["--model", MODEL, "--batch-size", str(B), "--seq-len", str(T), "--total-batch-tokens", str(TOKENS)]
 
 # (dp, tp, pp, zero), counted by hand for 4 ranks: tp in {1, 2, 4} (divides 4 heads), pp <= 4 layers,
@@ -134,13 +138,34 @@ def main():
         total = compute + bubble + r["tensor"] + r["pipe"] + r["data"]
         if abs(r["compute"] - compute) > 0.06 or abs(r["bubble"] - bubble) > 0.06 or abs(r["step"] - total) > 0.2:
             bad.append(f"{r}: want compute {compute:.2f} bubble {bubble:.2f} step {total:.2f}")
-    ring = 2 * 3 / 4 * 4 * N / bw * 1e3  # ZeRO-0 over 4 data ranks: a ring all-reduce of N fp32 values
+    # ZeRO-0 over 4 data ranks: a ring all-reduce of N fp32 values, 2(d-1) = 6 hops of the CPU's 100 us
+    ring = 2 * 3 / 4 * 4 * N / bw * 1e3 + 6 * LATENCY_MS
     pure = [r for r in rows if (r["dp"], r["zero"]) == (4, 0)][0]
     steps = [r["step"] for r in rows]
     report(not bad and abs(pure["data"] - ring) <= 0.01 * ring and steps == sorted(steps),
-           "time: compute, bubble (p-1)/m, the ring all-reduce's bytes, their sum, and the ranking by it",
-           "\n".join(bad) + f"\ndata ms {pure['data']} against 2(d-1)/d 4N / bw = {ring:.2f}; sorted {steps == sorted(steps)}",
+           "time: compute, bubble (p-1)/m, the ring all-reduce's bytes and hops, their sum, and the ranking by it",
+           "\n".join(bad) + f"\ndata ms {pure['data']} against 2(d-1)/d 4N / bw + 2(d-1) alpha = {ring:.2f}; sorted {steps == sorted(steps)}",
            f"compute {compute:.1f} ms, data {pure['data']} vs {ring:.1f} ms")
+
+    # ---- latency: a small model on 8 ranks (L=2 C=256, 8 sequences of 16 tokens a step). On bytes
+    # alone dp 1 x tp 4 x pp 2 wins: the activations tensor parallelism sums are smaller than the
+    # gradient data parallelism sums. Its tensor group all-reduces 4 times a layer and micro-batch: at
+    # 100 us a hop (this machine's) that costs more than the bytes, and dp 2 x tp 2 x pp 2 wins. Hops
+    # by hand (the busiest rank is the last stage's: 1 layer, the loss, the LM head):
+    #   dp1 tp4 pp2, m = 8: tensor 8 x (4 x 1 + 3) all-reduces x 2(4-1) = 336, pipeline 8 + 1 (wte) = 345
+    #   dp2 tp2 pp2, m = 4: tensor 4 x 7 x 2 = 56, pipeline 4 + 1 = 5, data ZeRO-1 2(2-1) = 2: 63
+    small = ["--model", "L=2,C=256,H=8,T=16,V=501", "--batch-size", "1", "--seq-len", "16", "--total-batch-tokens", "128",
+             "--plan", "8"]
+    code_a, bytes_only, _ = run(CPU, small + ["--plan-latency", "0"])
+    code_b, with_latency, _ = run(CPU, small)
+    winner = lambda out: re.search(r"winner: (dp \d+ x tp \d+ x pp \d+)", out)  # noqa: E731
+    wa, wb = winner(bytes_only), winner(with_latency)
+    report(code_a == 0 and code_b == 0 and wa and wb and wa.group(1) == "dp 1 x tp 4 x pp 2" and
+           wb.group(1) == "dp 2 x tp 2 x pp 2" and "(345 hops)" in bytes_only and "(63 hops)" in with_latency and
+           "100 us a message hop" in with_latency,
+           "latency: a small model on 8 ranks: bytes alone pick dp 1 x tp 4 x pp 2 (345 hops), 100 us a hop picks "
+           "dp 2 x tp 2 x pp 2 (63 hops), as counted by hand",
+           f"{wa.group(1) if wa else None} / {wb.group(1) if wb else None}\n{with_latency[-700:]}")
 
     # ---- rules: tensor parallelism inside a node; memory flags
     code, out3, _ = run(CPU, ["--model", "L=8,C=512,H=16,T=1024,V=50257", "--batch-size", "1", "--seq-len", "1024",
@@ -172,6 +197,8 @@ def main():
         one_line_error(binary, f"{who} --plan -3", BASE + ["--plan", "-3"], "--plan needs at least 1 rank")
         one_line_error(binary, f"{who} --plan with --estimate", BASE + ["--plan", "4", "--estimate"], "pass one of them")
         one_line_error(binary, f"{who} --plan with --eval-only", BASE + ["--plan", "4", "--eval-only"], "it does not evaluate")
+        one_line_error(binary, f"{who} --plan-latency -2", BASE + ["--plan", "4", "--plan-latency", "-2"],
+                       "--plan-latency must be -1")
         one_line_error(binary, f"{who} --plan-bandwidth -1", BASE + ["--plan", "4", "--plan-bandwidth", "-1"],
                        "--plan-bandwidth must be")
         one_line_error(binary, f"{who} 13 ranks for 12 heads, 12 layers, 8 micro-batches",

@@ -42,6 +42,7 @@ constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : FLOATX_IS_F
 
 // One cached heuristic answer.
 struct MatmulAlgo {
+    cudaDataType_t type;
     int m, n, k;
     bool trans_a, trans_b, accumulate;
     cublasLtEpilogue_t epilogue;
@@ -87,12 +88,13 @@ inline void cublaslt_run(MatmulContext* ctx, cublasLtMatmulDesc_t desc, cublasLt
 //   CUBLASLT_EPILOGUE_DGELU_BGRAD    D = result * gelu'(aux), and bias[i] = sum of row i of D (written)
 // aux is an m x n matrix of D's type with ld = m: cuBLASLt requires its ld to be a multiple of 8 and
 // at least D's rows (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, cublasLt.h), so m % 8 == 0 there.
-inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, cublasLtEpilogue_t epilogue,
-                            const void* bias, const floatX* aux, int m, int n, int k, bool trans_a, bool trans_b,
-                            bool accumulate, cudaStream_t stream) {
+// `type` is every operand's: the trainer's floatX, or fp32 (matmul_fp32 below).
+inline void cublaslt_matmul_typed(MatmulContext* ctx, cudaDataType_t type, void* d, const void* a, const void* b,
+                                  cublasLtEpilogue_t epilogue, const void* bias, const void* aux, int m, int n, int k,
+                                  bool trans_a, bool trans_b, bool accumulate, cudaStream_t stream) {
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDesc_t desc;
-    cublasComputeType_t compute = FLOATX_IS_FP32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t compute = type == CUDA_R_32F && FLOATX_IS_FP32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
@@ -104,7 +106,7 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
     // pointers go in before the matmul.
     const void* promised = (const void*)(uintptr_t)16;
     if (bias) {
-        cudaDataType_t bias_type = CUDA_FLOATX;  // "the same type as the output" (cublasLt.h), bias gradients too
+        cudaDataType_t bias_type = type;  // "the same type as the output" (cublasLt.h), bias gradients too
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &promised, sizeof(promised)));
     }
@@ -115,13 +117,13 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
     }
     // stored shapes (before op): A is (m x k) or (k x m), B is (k x n) or (n x k)
     cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_FLOATX, m, n, m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, type, m, n, m));
 
     const MatmulAlgo* cached = nullptr;
     for (const MatmulAlgo& x : ctx->algos) {
-        if (x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b && x.epilogue == epilogue &&
+        if (x.type == type && x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b && x.epilogue == epilogue &&
             x.accumulate == accumulate)
             cached = &x;
     }
@@ -130,8 +132,9 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
-        // every pointer we pass is 16-byte aligned: let the heuristic count on no more than that
-        uint32_t align = 16;
+        // every floatX pointer we pass is 16-byte aligned: let the heuristic count on no more than that.
+        // fp32 operands (PowerSGD's thin factors) start at any float: 4 bytes
+        uint32_t align = type == CUDA_R_32F && !FLOATX_IS_FP32 ? 4 : 16;
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
@@ -150,14 +153,28 @@ inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, cons
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (found == 0) {
             fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d epilogue=%d): the "
-                 "shape or the GPU is not supported", FLOATX_NAME, m, n, k, trans_a, trans_b, (int)epilogue);
+                 "shape or the GPU is not supported", type == CUDA_R_32F ? "fp32" : FLOATX_NAME, m, n, k, trans_a, trans_b, (int)epilogue);
         }
-        ctx->algos.push_back({m, n, k, trans_a, trans_b, accumulate, epilogue, result.algo});
+        ctx->algos.push_back({type, m, n, k, trans_a, trans_b, accumulate, epilogue, result.algo});
         cached = &ctx->algos.back();
     }
     if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
+}
+
+inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, cublasLtEpilogue_t epilogue,
+                            const void* bias, const floatX* aux, int m, int n, int k, bool trans_a, bool trans_b,
+                            bool accumulate, cudaStream_t stream) {
+    cublaslt_matmul_typed(ctx, CUDA_FLOATX, d, a, b, epilogue, bias, aux, m, n, k, trans_a, trans_b, accumulate, stream);
+}
+
+// D (m x n, col-major) = op(A) op(B), all fp32 with fp32 accumulation (no TF32): PowerSGD's products
+// of an fp32 gradient with its thin factors (llmc/parallel/grad_compression.cuh).
+inline void matmul_fp32(MatmulContext* ctx, float* d, const float* a, const float* b, int m, int n, int k, bool trans_a,
+                        bool trans_b, cudaStream_t stream) {
+    cublaslt_matmul_typed(ctx, CUDA_R_32F, d, a, b, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, m, n, k, trans_a, trans_b,
+                          false, stream);
 }
 
 // out (N x OC) = inp (N x IC) W^T (+ bias); W is (OC x IC) row-major as in nn.Linear.

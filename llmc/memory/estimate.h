@@ -69,7 +69,7 @@ struct EstimateSetup {
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
     int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
-    GradCompressionSettings compression;  // --grad-compression (the CPU trainer's; llmc/parallel/grad_compression.h)
+    GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
     MoEConfig moe;                        // --moe-experts, --moe-every (the CPU trainer's; llmc/model/model.h)
     int moe_top_k = 1;                    // --moe-top-k
@@ -108,6 +108,9 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     s.offload_optimizer = e.offload_optimizer;
     s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
+    GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)
+    s.compression_state = z.state;
+    s.compression_work = z.work;
     return s;
 }
 

@@ -56,6 +56,8 @@ struct GPURunShape {
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
     MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
+    size_t compression_state = 0;      // --grad-compression powersgd: fp32 e, next e, Q, next Q (grad_compression_gpu_sizes)
+    size_t compression_work = 0;       // ... and P with the exactly summed values
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -101,6 +103,8 @@ enum GPUBuffer {
     // --moe-experts (llmc/model/moe_gpu.cuh): the MoE table, its gradient and moments (no master copy),
     // each MoE block's routing state and gathered rows, the backward's rows (shared by the blocks)
     GB_MOE_PARAMS, GB_MOE_GRADS, GB_MOE_ADAM_M, GB_MOE_ADAM_V, GB_MOE_ROUTING, GB_MOE_ACTIVATIONS, GB_MOE_SCRATCH,
+    // PowerSGD's error feedback and factors (llmc/parallel/grad_compression.cuh)
+    GB_COMPRESSION_STATE, GB_COMPRESSION_WORK,
     GB_COUNT
 };
 
@@ -242,6 +246,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
                          Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
     t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};
     t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", Lm > 0 ? kN * (2 * C + H) : 0, X};
+    t[GB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q fp32", s.compression_state, F};
+    t[GB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums fp32", s.compression_work, F};
     return t;
 }
 

@@ -75,7 +75,14 @@ struct GpuComm {
     std::vector<float> staging_scratch;  // ... and comm_allreduce_sum_identical's
     double* numbers = nullptr;      // NCCL mode: world_size doubles on the device, for gpu_comm_gather
     double* host_numbers = nullptr; // ... and their pinned host copy
+    CommCounters sent;              // the bytes this rank sent through the group's tensor collectives, in
+                                    // their own type (bf16: 2 bytes), by comm.h's ring convention, either mode
 };
+
+inline void gpu_count(GpuComm* g, CommOp op, uint64_t bytes) {
+    g->sent.calls[op]++;
+    g->sent.bytes[op] += bytes;
+}
 
 [[noreturn]] inline void gpu_comm_fail(GpuComm* g, const char* what, const char* why) {
     const char* detail = g->nccl ? ncclGetLastError(g->nccl) : "";
@@ -257,6 +264,7 @@ inline void gpu_stage_to_device(GpuComm* g, const float* src, size_t n, ncclData
 inline void gpu_reduce_scatter_sum(GpuComm* g, const void* full, void* shard, size_t shard_count, ncclDataType_t t,
                                    const char* what) {
     int world = g->host->world_size;
+    if (world > 1) gpu_count(g, COMM_REDUCE_SCATTER, (uint64_t)(world - 1) * shard_count * gpu_dtype_bytes(t));
     if (world == 1) {
         GPU_COMM_CUDA(g, cudaMemcpyAsync(shard, full, shard_count * gpu_dtype_bytes(t), cudaMemcpyDeviceToDevice, g->stream), what);
     } else if (!g->host_staged) {
@@ -276,6 +284,7 @@ inline void gpu_all_gather(GpuComm* g, void* full, size_t shard_count, ncclDataT
     int world = g->host->world_size, rank = g->host->rank;
     size_t bytes = shard_count * gpu_dtype_bytes(t);
     if (world == 1) return;
+    gpu_count(g, COMM_ALL_GATHER, (uint64_t)(world - 1) * bytes);
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclAllGather((char*)full + rank * bytes, full, shard_count, t, g->nccl, g->stream), what);
         return;
@@ -293,6 +302,7 @@ inline void gpu_all_gather(GpuComm* g, void* full, size_t shard_count, ncclDataT
 // In place: data[i] <- sum over ranks of data[i] (the per-bucket exchange of plain data parallelism).
 inline void gpu_all_reduce_sum(GpuComm* g, void* data, size_t n, ncclDataType_t t, const char* what) {
     if (g->host->world_size == 1) return;
+    gpu_count(g, COMM_ALL_REDUCE, 2 * (uint64_t)(g->host->world_size - 1) * n * gpu_dtype_bytes(t) / g->host->world_size);
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclAllReduce(data, data, n, t, ncclSum, g->nccl, g->stream), what);
         return;
@@ -307,6 +317,7 @@ inline void gpu_all_reduce_sum(GpuComm* g, void* data, size_t n, ncclDataType_t 
 // only read. Host staging sums in fp32 on the host, like gpu_reduce_scatter_sum.
 inline void gpu_reduce_sum(GpuComm* g, void* data, size_t n, ncclDataType_t t, int root, const char* what) {
     if (g->host->world_size == 1 || n == 0) return;
+    if (g->host->rank != root) gpu_count(g, COMM_REDUCE, (uint64_t)n * gpu_dtype_bytes(t));
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclReduce(data, data, n, t, ncclSum, root, g->nccl, g->stream), what);
         return;
@@ -331,6 +342,7 @@ inline void gpu_group_end(GpuComm* g, const char* what) {
 // tokens). Host staging copies through host memory and broadcasts over MPI.
 inline void gpu_broadcast(GpuComm* g, void* data, size_t bytes, int root, const char* what) {
     if (g->host->world_size == 1 || bytes == 0) return;
+    if (g->host->rank == root) gpu_count(g, COMM_BROADCAST, (uint64_t)(g->host->world_size - 1) * bytes);
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclBroadcast(data, data, bytes, ncclUint8, root, g->nccl, g->stream), what);
         return;
@@ -360,6 +372,7 @@ inline void gpu_all_to_all(GpuComm* g, const void* send, void* recv, size_t bloc
                                          cudaMemcpyDeviceToDevice, g->stream), what);
     }
     if (world == 1) return;
+    gpu_count(g, COMM_ALL_TO_ALL, (uint64_t)(world - 1) * block_bytes);
     if (!g->host_staged) {
         gpu_group_begin(g, what);
         for (int peer = 0; peer < world; peer++) {
@@ -408,6 +421,8 @@ inline void gpu_all_reduce_identical(GpuComm* g, void* data, size_t n, ncclDataT
     if (n % (size_t)world != 0) fail("internal: %s: %zu elements do not split over %d ranks", what, n, world);
     size_t shard = n / (size_t)world;
     char* mine = (char*)data + (size_t)rank * shard * gpu_dtype_bytes(t);
+    gpu_count(g, COMM_REDUCE_SCATTER, (uint64_t)(world - 1) * shard * gpu_dtype_bytes(t));
+    gpu_count(g, COMM_ALL_GATHER, (uint64_t)(world - 1) * shard * gpu_dtype_bytes(t));
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclReduceScatter(data, mine, shard, t, ncclSum, g->nccl, g->stream), what);
         GPU_COMM_NCCL(g, ncclAllGather(mine, data, shard, t, g->nccl, g->stream), what);
@@ -422,6 +437,7 @@ inline void gpu_all_reduce_identical(GpuComm* g, void* data, size_t n, ncclDataT
 // In place: data[i] <- the maximum over ranks (fp32). A maximum is exact in any order.
 inline void gpu_all_reduce_max(GpuComm* g, float* data, size_t n, const char* what) {
     if (g->host->world_size == 1 || n == 0) return;
+    gpu_count(g, COMM_ALL_REDUCE, 2 * (uint64_t)(g->host->world_size - 1) * n * 4 / g->host->world_size);
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclAllReduce(data, data, n, ncclFloat32, ncclMax, g->nccl, g->stream), what);
         return;
@@ -451,6 +467,7 @@ struct GpuStagedSend {
 inline void gpu_send(GpuComm* g, const void* data, size_t bytes, int peer, int tag, std::vector<GpuStagedSend>* staged,
                      const char* what) {
     if (bytes % 4 != 0) fail("internal: %s: %zu bytes are not whole 4-byte words", what, bytes);
+    gpu_count(g, COMM_SEND, bytes);
     if (!g->host_staged) {
         GPU_COMM_NCCL(g, ncclSend(data, bytes, ncclUint8, peer, g->nccl, g->stream), what);
         return;

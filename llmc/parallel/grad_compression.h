@@ -61,6 +61,7 @@
 //   saved in every checkpoint, one file per rank (grad_compression_rank<r>.bin, docs/formats.md):
 //   without them a resumed run would restart the error feedback from zero and differ from the
 //   straight run (pytorch#48670: DDP lost them when it rebuilt its buckets).
+// The GPU trainer's twin, llmc/parallel/grad_compression.cuh, uses this plan, sizes and file as they are.
 // Only plain data parallelism, ZeRO-0: stages 1-3 reduce-scatter the gradient (each rank would
 //   need the whole S to form its e), and tensor and pipeline ranks hold slices, not matrices.
 #pragma once
@@ -213,6 +214,22 @@ inline GradCompressionSizes grad_compression_sizes(const GradCompressionSettings
     return z;
 }
 
+// The GPU trainer's two rows (llmc/memory/gpu_buffers.h, fp32 on the device; read
+// llmc/parallel/grad_compression.cuh): the state e, next e, Q, next Q, and the workspace P with the
+// exact values behind it. No scratch: NCCL sums in place. Q and P + exact are padded to a multiple
+// of N floats, the even shards gpu_all_reduce_identical cuts them into. bf16 needs nothing there:
+// the GPU's exact sum already sends bf16.
+inline size_t powersgd_gpu_q_floats(const PowerSGDPlan& p, int N) { return (p.q_floats + N - 1) / N * N; }
+inline size_t powersgd_gpu_work_floats(const PowerSGDPlan& p, int N) { return (p.p_floats + p.exact_floats + N - 1) / N * N; }
+inline GradCompressionSizes grad_compression_gpu_sizes(const GradCompressionSettings& s, const GPT2Config& cfg, int N) {
+    GradCompressionSizes z;
+    if (s.kind != GradCompressionKind::PowerSGD || N == 1) return z;
+    PowerSGDPlan p = powersgd_plan(cfg, s);
+    z.state = 2 * p.e_floats + 2 * powersgd_gpu_q_floats(p, N);
+    z.work = powersgd_gpu_work_floats(p, N);
+    return z;
+}
+
 // Bytes one rank sends per step (llmc/parallel/comm.h's ring convention), after the start step.
 inline uint64_t grad_compression_bytes(const GradCompressionSettings& s, const GPT2Config& cfg, int N) {
     if (N == 1) return 0;
@@ -238,6 +255,22 @@ struct GradCompression {
     int64_t steps_done = 0;                   // the steps summed so far (a resumed run: the checkpoint's step)
 };
 
+inline bool grad_compression_on(const GradCompression& c) {
+    return c.settings.kind != GradCompressionKind::None && c.dp && c.dp->world_size > 1;
+}
+
+// The first Q: normal(hash(seed', element)) with a seed of its own, so it is not the weights' draw;
+// the same on every rank (and on both trainers: the GPU's is drawn here and uploaded).
+inline void powersgd_first_q(uint64_t seed, float* q, size_t n) {
+    uint64_t q_seed = seed ^ 0x9D5A3C1B2E4F6071ull;
+    for (size_t i = 0; i < n; i++) q[i] = normal_from_counter(q_seed, i);
+}
+
+// Whether this step's data-parallel sum is PowerSGD's (past the start step) rather than the exact one.
+inline bool powersgd_replaces_sum(const GradCompression& c, int step) {
+    return grad_compression_on(c) && c.settings.kind == GradCompressionKind::PowerSGD && step > c.settings.start_step;
+}
+
 // Sets up the plan and points into the buffers (allocated from the size table's rows before this:
 // state, work and scratch, zeroed); Q from the seed, e at zero. Before the training loop.
 inline void grad_compression_setup(GradCompression* c, const GradCompressionSettings& s, Comm* dp, const GPT2Config& cfg,
@@ -250,13 +283,7 @@ inline void grad_compression_setup(GradCompression* c, const GradCompressionSett
     c->e_next = c->e + c->plan.e_floats;
     c->q = c->e_next + c->plan.e_floats;
     c->q_next = c->q + c->plan.q_floats;
-    // the first Q: normal(hash(seed', element)) with a seed of its own, so it is not the weights' draw
-    uint64_t q_seed = seed ^ 0x9D5A3C1B2E4F6071ull;
-    for (size_t i = 0; i < c->plan.q_floats; i++) c->q[i] = normal_from_counter(q_seed, i);
-}
-
-inline bool grad_compression_on(const GradCompression& c) {
-    return c.settings.kind != GradCompressionKind::None && c.dp && c.dp->world_size > 1;
+    powersgd_first_q(seed, c->q, c->plan.q_floats);
 }
 
 // bf16: see the top of the file. grads holds the padded flat gradient (shard_layout(total, N)).
@@ -380,7 +407,7 @@ inline void powersgd_sum(GradCompression* c, float* grads) {
 // as this rank's shard of it (what the gradient norm adds up).
 inline void grad_compression_reduce(GradCompression* c, Zero* z, std::vector<float>* grads) {
     int step = (int)++c->steps_done;
-    if (!grad_compression_on(*c) || (c->settings.kind == GradCompressionKind::PowerSGD && step <= c->settings.start_step)) {
+    if (!grad_compression_on(*c) || (c->settings.kind == GradCompressionKind::PowerSGD && !powersgd_replaces_sum(*c, step))) {
         zero_reduce_gradients(z, grads);
         return;
     }
@@ -436,15 +463,19 @@ inline GradCompressionHeader grad_compression_header(const GradCompression& c, i
     return h;
 }
 
-// Every data-parallel rank writes its e and Q (the committed ones) into the checkpoint directory.
-inline void grad_compression_save(const GradCompression& c, const std::string& dir, int step) {
+// Every data-parallel rank writes its e and Q (the committed ones, in host memory: the CPU trainer's
+// own, the GPU trainer's downloaded) into the checkpoint directory.
+inline void grad_compression_save(const GradCompression& c, const std::string& dir, int step, const float* e, const float* q) {
     if (!grad_compression_on(c)) return;
     GradCompressionHeader h = grad_compression_header(c, step);
     AtomicFile out(grad_compression_file(dir, c.dp->rank), "gradient-compression file");
     out.write(&h, sizeof(h));
-    out.write(c.e, c.plan.e_floats * sizeof(float));
-    out.write(c.q, c.plan.q_floats * sizeof(float));
+    out.write(e, c.plan.e_floats * sizeof(float));
+    out.write(q, c.plan.q_floats * sizeof(float));
     out.commit();
+}
+inline void grad_compression_save(const GradCompression& c, const std::string& dir, int step) {
+    grad_compression_save(c, dir, step, c.e, c.q);
 }
 
 inline std::string describe_compression(int32_t kind, int32_t r, int32_t start, int32_t world) {
@@ -459,7 +490,8 @@ inline std::string describe_compression(int32_t kind, int32_t r, int32_t start, 
 // data-parallel ranks; a checkpoint without the files was written without compression), and then
 // e and Q are read back, so the resumed run continues bit for bit. Anything else is refused with
 // one line: restarting e at zero would silently change the run.
-inline void grad_compression_load(GradCompression* c, const std::string& dir, int64_t step) {
+// e and q: where e and Q go (host memory of e_floats and q_floats; the CPU trainer's own arrays).
+inline void grad_compression_load(GradCompression* c, const std::string& dir, int64_t step, float* e, float* q) {
     std::string path = grad_compression_file(dir, c->dp->rank);
     GradCompressionHeader h, want = grad_compression_header(*c, (int)step);
     h.kind = (int32_t)GradCompressionKind::None;
@@ -486,8 +518,11 @@ inline void grad_compression_load(GradCompression* c, const std::string& dir, in
                  "rank %d, %lld + %lld): it is mixed up", path.c_str(), (long long)h.step, h.dp_rank, (long long)h.e_floats,
                  (long long)h.q_floats, (long long)step, want.dp_rank, (long long)want.e_floats, (long long)want.q_floats);
         }
-        read_exactly(f, c->e, c->plan.e_floats * sizeof(float), path, "gradient-compression file");
-        read_exactly(f, c->q, c->plan.q_floats * sizeof(float), path, "gradient-compression file");
+        read_exactly(f, e, c->plan.e_floats * sizeof(float), path, "gradient-compression file");
+        read_exactly(f, q, c->plan.q_floats * sizeof(float), path, "gradient-compression file");
     }
     if (f) fclose(f);
+}
+inline void grad_compression_load(GradCompression* c, const std::string& dir, int64_t step) {
+    grad_compression_load(c, dir, step, c->e, c->q);
 }

@@ -21,7 +21,8 @@
 //     bubble   = compute * (p-1)/m                      (so it is (p-1)/(m+p-1) of compute + bubble:
 //                                                       both schedules, llmc/parallel/pipeline_parallel.h)
 //     tensor, pipeline, data = the bytes this rank sends per step to that group / the bandwidth of
-//                              the group's links
+//                              the group's links + its message hops x alpha (Hockney's alpha-beta
+//                              model: a message of b bytes costs alpha + b / beta)
 // The bytes are the estimator's (llmc/memory/estimate.h, estimate_comm): the lessons' own
 // arithmetic (zero.h, tensor_parallel.h, pipeline_parallel.h) that the CPU trainer's counters match
 // byte for byte; the GPU trainer sends bf16, half of it. A group's bandwidth is the in-node one when
@@ -29,7 +30,15 @@
 // tensor group spans t ranks, a data group d*t, a pipeline group all of them), else the network's.
 // Nothing overlaps in this model: the CPU trainer overlaps nothing, the GPU trainer hides part of
 // the gradient all-reduce behind the backward (docs/parallelism.md, "On GPUs"), so for it the data
-// term is an upper bound. No latency term: the messages of the runs this plans are megabytes.
+// term is an upper bound.
+// The latency term: every message pays alpha before its first byte moves (a kernel launch, a
+// handshake, a trip through the MPI progress engine), however small. A ring collective over n ranks
+// is a chain of dependent hops, n-1 for a reduce-scatter, all-gather or all-to-all and 2(n-1) for an
+// all-reduce, so it costs hops x alpha on top of its bytes / bandwidth; a send is one hop. For a
+// large model's megabyte messages alpha is noise; for a small model on many ranks it decides:
+// tensor parallelism all-reduces 4 times per layer and micro-batch (plan_hops counts each
+// technique's collectives, as their *_comm_bytes functions count their bytes), where data
+// parallelism sums once a step. alpha comes from ./comm_bench's smallest messages (--plan-latency).
 // Memory per rank is the estimator's for the same grid (the busiest rank, what --estimate prints
 // for it: both trainers refuse a run from the same numbers), compared with --estimate-memory-gib.
 //
@@ -53,6 +62,10 @@
 // docs/parallelism.md, "Choosing a grid"), taken at the busy end. Yours differ: measure them.
 constexpr double CPU_PLAN_DEFAULT_GFLOPS = 40.0;  // GFLOP/s of a whole training step, one thread
 constexpr double CPU_PLAN_DEFAULT_GBPS = 0.6;     // GB/s, ./comm_bench's all-reduce bus bandwidth
+// A hop of a collective between two ranks of this machine (MPI through shared memory, 2 cores shared
+// with other jobs): ./comm_bench's all-reduce of 1 KiB..16 KiB over 2 ranks took 178 to 518 us in two
+// runs at load 9 (docs/parallelism.md, "Choosing a grid"), 2(n-1) = 2 hops each; taken near the quiet end.
+constexpr double CPU_PLAN_DEFAULT_LATENCY_US = 100.0;
 
 // What the plan assumes about the machine.
 struct PlanMachine {
@@ -63,6 +76,7 @@ struct PlanMachine {
     int node_size = 1;                // ranks per node
     double memory_bytes = 0;          // per rank
     double comm_scale = 1;            // bytes on the wire per byte the estimator counts (fp32): 1/2 in bf16
+    double latency = 0;               // seconds per message hop (alpha)
     std::string flops_source, bandwidth_source, memory_source;
 };
 
@@ -74,6 +88,7 @@ struct GridPlan {
     bool fits = false;
     double compute = 0, bubble = 0, seconds[3] = {0, 0, 0};  // seconds; seconds[] by group: data, tensor, pipeline
     uint64_t bytes[3] = {0, 0, 0};    // the busiest sender's bytes per step to each group
+    uint64_t hops[3] = {0, 0, 0};     // ... and its message hops (seconds[] includes hops x alpha)
     bool in_node[3] = {true, true, true};
     double step() const { return compute + bubble + seconds[0] + seconds[1] + seconds[2]; }
     double comm() const { return seconds[0] + seconds[1] + seconds[2]; }
@@ -106,6 +121,44 @@ inline size_t plan_busiest_rank(const EstimateSetup& e, int* busiest) {
     return most;
 }
 
+// The message hops rank `rank` makes per step in each group (data, tensor, pipeline): the
+// collectives its techniques call, each a ring of n-1 hops (2(n-1) for an all-reduce), counted as
+// estimate_comm counts their bytes (zero_comm_bytes, tp_comm_bytes, pipe_comm_bytes: the same terms).
+inline void plan_hops(const EstimateSetup& e, int rank, uint64_t hops[3]) {
+    ProcessGrid g = estimate_grid(e, rank);
+    ModelSlice s = model_slice(e.cfg, g);
+    uint64_t m = (uint64_t)estimate_micro_batches(e, e.B), L = (uint64_t)s.num_layers;
+    uint64_t d = (uint64_t)g.dp - 1, t = (uint64_t)g.tp - 1, first = s.first_stage, last = s.last_stage;
+    // data: ZeRO-0/1 (and bf16, the server) a reduce-scatter and an all-gather a step; PowerSGD two
+    // all-reduces (P, Q); ZeRO-2 a reduce-scatter per unit and micro-batch and one all-gather per unit;
+    // ZeRO-3 per unit and micro-batch its reduce-scatter and its gathers (forward, backward; the ends' 3)
+    uint64_t units = L + 1;
+    if (e.compression.kind == GradCompressionKind::PowerSGD) hops[0] = 4 * d;
+    else if (g.zero_stage <= 1 || e.parameter_server) hops[0] = 2 * d;
+    else if (g.zero_stage == 2) hops[0] = units * (m + 1) * d;
+    else hops[0] = (L * m * 3 + m * 4) * d;
+    // tensor: as tp_comm_bytes. Without sequence parallelism all-reduces: per micro-batch 2 a layer
+    // each way, the embedding's (first stage), the loss's 2 and the LM head's backward (last stage).
+    // With it, halves (reduce-scatter or all-gather): 4 a layer forward and 6 backward, plus the ends';
+    // the loss's 2 all-reduces; the LayerNorm gradients' all-reduce once a step (ZeRO-0/1) or with
+    // every bucket (ZeRO-2/3)
+    if (g.tp > 1 && !g.sequence_parallel) hops[1] = m * (first + 4 * L + 2 * last + last) * 2 * t;
+    if (g.tp > 1 && g.sequence_parallel) {
+        uint64_t halves = first + 4 * L + last + 2 * last + 6 * L + first, all_reduces = 2 * last;
+        hops[1] = m * (halves * t + all_reduces * 2 * t);
+        hops[1] += g.zero_stage <= 1 ? 2 * t : m * (L + last) * 2 * t;
+    }
+    // pipeline: as pipe_comm_bytes, one hop per send: activations forward and gradients back per
+    // micro-batch (and virtual chunk), and the tied embedding between the first and the last stage
+    if (g.pp > 1) {
+        for (int c = 0; c < e.virtual_stages; c++) {
+            int at = c * g.pp + g.pp_rank;
+            hops[2] += m * ((at < g.pp * e.virtual_stages - 1 ? 1 : 0) + (at > 0 ? 1 : 0));
+        }
+        hops[2] += first || last ? 1 : 0;
+    }
+}
+
 // Prices grid (dp, tp, pp, ZeRO) for `e` (the model, B, T, tokens per step, precision, recompute).
 inline GridPlan price_grid(const EstimateSetup& base, const PlanMachine& mc, int dp, int tp, int pp, int zero) {
     EstimateSetup e = base;
@@ -124,13 +177,17 @@ inline GridPlan price_grid(const EstimateSetup& base, const PlanMachine& mc, int
     // bytes of padding in the last ZeRO shard), so the stage's first rank speaks for it.
     for (int stage = 0; stage < pp; stage++) {
         CommEstimate c = estimate_comm(e, stage * dp * tp);
+        uint64_t hops[3] = {0, 0, 0};
+        plan_hops(e, stage * dp * tp, hops);
         double seconds[3];
         for (int k = 0; k < 3; k++) {
             g.in_node[k] = group_in_one_node(span[k], mc.node_size);
-            seconds[k] = c.bytes[k] * mc.comm_scale / (g.in_node[k] ? mc.node_bandwidth : mc.network_bandwidth);
+            seconds[k] = c.bytes[k] * mc.comm_scale / (g.in_node[k] ? mc.node_bandwidth : mc.network_bandwidth) +
+                         hops[k] * mc.latency;
         }
         if (stage == 0 || seconds[0] + seconds[1] + seconds[2] > g.comm()) {
-            for (int k = 0; k < 3; k++) g.seconds[k] = seconds[k], g.bytes[k] = (uint64_t)(c.bytes[k] * mc.comm_scale);
+            for (int k = 0; k < 3; k++)
+                g.seconds[k] = seconds[k], g.bytes[k] = (uint64_t)(c.bytes[k] * mc.comm_scale), g.hops[k] = hops[k];
         }
     }
     return g;
@@ -204,10 +261,15 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
     mc.node_bandwidth = (o.plan_node_bandwidth > 0 ? o.plan_node_bandwidth : gpu ? 450.0 : net) * 1e9;
     mc.node_size = o.plan_node_size > 0 ? o.plan_node_size : gpu ? 8 : o.plan;
     mc.comm_scale = e.dtype_bytes / 4.0;
+    mc.latency = (o.plan_latency >= 0 ? o.plan_latency : gpu ? 0.0 : CPU_PLAN_DEFAULT_LATENCY_US) * 1e-6;
     mc.bandwidth_source = strprintf("%d ranks per node, %.3g GB/s inside a node, %.3g GB/s between nodes%s", mc.node_size,
                                     mc.node_bandwidth / 1e9, mc.network_bandwidth / 1e9,
                                     flag_given(o, "plan-bandwidth") ? ""
                                     : gpu ? " (default: H100 nodes)" : " (CPU default: one machine)");
+    mc.bandwidth_source += strprintf("; %.3g us a message hop (%s)", mc.latency * 1e6,
+                                     o.plan_latency >= 0 ? "--plan-latency"
+                                     : gpu ? "GPU default: none, not measured here; give --plan-latency"
+                                           : "CPU default: ./comm_bench's small messages here");
     return mc;
 }
 
@@ -232,8 +294,10 @@ inline void explain_winner(const std::vector<GridPlan>& plans, const PlanMachine
            format_bytes(mc.memory_bytes).c_str());
     printf("  time: compute %.1f ms (%.0f%%), bubble %.1f ms ((p-1)/(m+p-1) = %d/%d),\n", 1e3 * w.compute,
            100 * w.compute / w.step(), 1e3 * w.bubble, w.pp - 1, w.m + w.pp - 1);
-    printf("        communication %.1f ms (tensor %.1f, pipeline %.1f, data %.1f)\n", 1e3 * w.comm(), 1e3 * w.seconds[1],
-           1e3 * w.seconds[2], 1e3 * w.seconds[0]);
+    printf("        communication %.1f ms (tensor %.1f, pipeline %.1f, data %.1f), of which latency %.1f ms (%llu hops)\n",
+           1e3 * w.comm(), 1e3 * w.seconds[1], 1e3 * w.seconds[2], 1e3 * w.seconds[0],
+           1e3 * mc.latency * (double)(w.hops[0] + w.hops[1] + w.hops[2]),
+           (unsigned long long)(w.hops[0] + w.hops[1] + w.hops[2]));
     auto versus = [&](const char* what, const GridPlan& o) {
         const char* names[5] = {"compute", "bubble", "tensor traffic", "pipeline traffic", "data traffic"};
         double dw[5] = {w.compute, w.bubble, w.seconds[1], w.seconds[2], w.seconds[0]};
@@ -284,7 +348,8 @@ inline void print_plan(const TrainOptions& o, EstimateSetup base) {
     printf("assumes: %.4g TFLOP/s per rank (%s)\n", mc.flops / 1e12, mc.flops_source.c_str());
     printf("         %s\n", mc.bandwidth_source.c_str());
     printf("         %s of memory per rank (%s)\n", format_bytes(mc.memory_bytes).c_str(), mc.memory_source.c_str());
-    printf("step = compute + bubble + tensor + pipeline + data traffic, nothing overlapped (grid_planner.h)\n");
+    printf("step = compute + bubble + tensor + pipeline + data traffic (bytes / bandwidth + hops x latency), nothing "
+           "overlapped (grid_planner.h)\n");
     printf("grids: %zu valid, %d fit\n\n", plans.size(), fitting);
     bool all = verbosity >= 2;
     printf("  dp   tp   pp zero     m    mem/rank fit   step ms   comp ms bubble ms tensor ms  pipe ms  data ms%s\n",

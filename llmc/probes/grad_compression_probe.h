@@ -30,6 +30,11 @@ inline void grad_compression_test_poison(const Comm* world, int step, std::vecto
     if (rank == world->rank && at == step) (*grads)[0] = NAN;  // wte's first element: inside a compressed matrix
 }
 
+inline bool grad_compression_test_dumps() {
+    const char* dir = getenv("LLMC_TEST_COMPRESSION_DUMP");
+    return dir && *dir;
+}
+
 inline void grad_compression_test_dump(const Comm* world, int step, const char* what, const std::vector<float>& grads) {
     static const char* dir = getenv("LLMC_TEST_COMPRESSION_DUMP");
     if (!dir || !*dir) return;

@@ -88,7 +88,7 @@ struct TrainOptions {
     // parallelism (llmc/parallel/process_grid.h): world = data x tensor x pipeline ranks
     int zero_stage = 0;              // ZeRO stage: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + weights
     float comm_timeout = 600;        // seconds a collective may wait for the other ranks (0 = forever)
-    std::string grad_compression = "none";  // CPU: none | bf16 | powersgd (llmc/parallel/grad_compression.h)
+    std::string grad_compression = "none";  // none | bf16 | powersgd (llmc/parallel/grad_compression.h, .cuh)
     std::string data_parallel = "allreduce";  // CPU: allreduce | server (llmc/parallel/parameter_server.h)
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
@@ -112,6 +112,7 @@ struct TrainOptions {
     float plan_bandwidth = 0;        // GB/s a rank sends between nodes (0: the trainer's default)
     float plan_node_bandwidth = 0;   // GB/s inside a node (0: the trainer's default)
     int plan_node_size = 0;          // ranks per node (0: the trainer's default)
+    float plan_latency = -1;         // microseconds per message hop (-1: the trainer's default; 0: no latency term)
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
@@ -235,10 +236,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},
         {"max-memory", "MIB", "Parallelism", "stop before training if a rank would need more than this many MiB (0 = no limit)", K::Float, &o.max_memory_mib, Scope::CPUOnly},
-        {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback; CPU trainer only for now)", K::String, &o.grad_compression, Scope::CPUOnly},
+        {"grad-compression", "KIND", "Parallelism", "the data-parallel gradient sum: none (exact, fp32) | bf16 (rounded to bf16 on the wire: half the bytes) | powersgd (rank-r approximations of the weight matrices, with error feedback). The GPU trainer's exact sum already sends bf16, so bf16 is its exact sum there", K::String, &o.grad_compression, Scope::Both},
         {"data-parallel", "HOW", "Parallelism", "how the data-parallel ranks sum their gradients: allreduce (a ring's reduce-scatter + all-gather, the default) | server (a parameter server: rank 0 receives every gradient, steps, and sends the weights back; CPU trainer, --zero 0, the lesson of its traffic)", K::String, &o.data_parallel, Scope::Both},
-        {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::CPUOnly},
-        {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::CPUOnly},
+        {"powersgd-rank", "R", "Parallelism", "--grad-compression powersgd: the rank r of each matrix's approximation (r (n + m) values sent instead of n m)", K::Int, &o.powersgd_rank, Scope::Both},
+        {"powersgd-start-step", "N", "Parallelism", "--grad-compression powersgd: steps 1..N use the exact sum, compression starts after (0 = from the first step)", K::Int, &o.powersgd_start_step, Scope::Both},
         {"comm-timeout", "SECONDS", "Parallelism", "stop all ranks if a collective waits longer than this for the others (0 = wait forever)", K::Float, &o.comm_timeout, Scope::Both},
         {"precision", "KIND", "Machine", "bf16 | fp16 | fp32 | fp8: the element type of weights, activations and gradients. It is "
          "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "
@@ -264,6 +265,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"plan-tflops", "TF", "Plan", "TFLOP/s one rank achieves on a training step (0 = --estimate-mfu x --estimate-peak-tflops for the GPU trainer, 0.04 for the CPU trainer)", K::Float, &o.plan_tflops, Scope::Both},
         {"plan-bandwidth", "GB/S", "Plan", "bus bandwidth per rank between nodes, as ./comm_bench's busbw (0 = 50, 400 Gb/s InfiniBand per GPU, for the GPU trainer; 0.6 for the CPU trainer)", K::Float, &o.plan_bandwidth, Scope::Both},
         {"plan-node-bandwidth", "GB/S", "Plan", "bus bandwidth per rank inside a node (0 = 450, H100 NVLink, for the GPU trainer; --plan-bandwidth for the CPU trainer)", K::Float, &o.plan_node_bandwidth, Scope::Both},
+        {"plan-latency", "US", "Plan", "microseconds each message hop costs before its bytes move, as ./comm_bench's smallest all-reduce time / 2(n-1) (-1 = 100 for the CPU trainer, measured here; 0 for the GPU trainer, which has no measurement yet; 0 = no latency term)", K::Float, &o.plan_latency, Scope::Both},
         {"plan-node-size", "N", "Plan", "ranks per node: a group within one node gets --plan-node-bandwidth (0 = 8 for the GPU trainer; all ranks for the CPU trainer)", K::Int, &o.plan_node_size, Scope::Both},
         {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
@@ -688,6 +690,8 @@ inline void validate_options(const TrainOptions& o) {
     if (o.plan_bandwidth < 0) usage_fail("--plan-bandwidth must be zero (the default) or positive, got %g", o.plan_bandwidth);
     if (o.plan_node_bandwidth < 0) usage_fail("--plan-node-bandwidth must be zero (the default) or positive, got %g", o.plan_node_bandwidth);
     non_negative("plan-node-size", o.plan_node_size);
+    if (o.plan_latency < 0 && o.plan_latency != -1)
+        usage_fail("--plan-latency must be -1 (the default), 0 (no latency term) or positive microseconds, got %g", o.plan_latency);
     if (o.zero_stage < 0 || o.zero_stage > 3) usage_fail("--zero must be 0, 1, 2 or 3, got %d", o.zero_stage);
     if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
     if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);

@@ -10,18 +10,35 @@
                       is the losses within 1e-3 and the weights' change within 2% (relative L2; a
                       flipped stochastic rounding moves a weight by one bf16 ulp), not yet measured.
                       The accumulation-1 run must differ, or the check could not see a lost micro-batch.
+  streaming           the gradient streamed down bucket by bucket during the backward (the default, 1
+                      layer a bucket; 2 layers a bucket) == all of it copied after the backward
+                      (--offload-bucket-layers 0), bit for bit, 2 micro-batches per step
   ZeRO-1, 2 ranks     each rank offloads its shard: equal to the on-device ZeRO-1 run, bit for bit
+  --offload-delay 1   the delayed parameter update W_t = W_{t-1} - lr u(g_t(W_{t-2})), against a reference
+                      fed the one-step-stale weights: the undelayed (offloaded) trainer resumed from the
+                      delayed run's checkpoint t-1 (model.bin: the GPU's weights W_{t-2}; state: W_{t-1},
+                      m, v) for one step writes the delayed run's checkpoint t bit for bit (state.bin),
+                      t = 2, 3, 4; the GPU gets step t's weights one step late (the delayed checkpoint 3's
+                      model.bin is the undelayed step 2's, not step 3's); the last step uploads (4's is
+                      step 4's); 4 steps == 2 + resume + 2 with the delay (the pending upload recomputed)
   resume              4 steps == 2 + resume + 2 with offload, and across: an offloaded run's checkpoint
                       resumed on the device, and an on-device checkpoint resumed offloaded (same file
                       format, same arithmetic: bit for bit)
   memory cap          CUDA_EMU_DEVICE_MEMORY between the two runs' needs: refused up front without
                       offload (the trainer's out-of-memory line), trains with it
   --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
+                      (20 with --offload-delay 1: the weights going up get their own bf16 array)
   bad input           one line, exit 2: an unknown value, --zero 2, --master-weights 0, tensor
-                      parallelism, the fp32 build, and the CPU trainer (its state is already on the host)
+                      parallelism, the fp32 build, and the CPU trainer (its state is already on the host);
+                      --offload-delay 2, --offload-delay or --offload-bucket-layers without --offload,
+                      --offload-bucket-layers -1, --offload-delay 1 on 2 ranks
 
 Planted bugs this caught (by hand, then reverted): copying only half of the gradient to the host
-(the on-device comparison failed); skipping the bf16 copy-back (the comparison failed).
+(the on-device comparison failed); skipping the bf16 copy-back (the comparison failed); streaming
+each bucket on the step's first micro-batch instead of its last, DeepSpeed PR 7967's bug (the
+on-device and the unstreamed comparisons failed); the delay's CPU step awaited and uploaded at once,
+no staleness (the stale-reference checks failed); a resumed delayed run not recomputing its pending
+upload (the delayed resume failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -34,6 +51,7 @@ B, T = 2, 32
 STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-steps", "1"] + DEFAULT_ATTENTION
 ACCUM2 = ["--total-batch-tokens", str(2 * B * T)]
 OFF = ["--offload", "optimizer"]
+DELAY = OFF + ["--offload-delay", "1"]
 
 
 def same_dumps(a, b):
@@ -58,16 +76,69 @@ def same_as_on_device(S):
            "the second micro-batch changes the result (a dropped micro-batch would be seen)", "one micro-batch == two")
 
 
-def zero1_two_ranks(S):
+def streaming(S):
+    flags = STEPS + ACCUM2 + ["--steps", "3"] + OFF  # the default, one layer a bucket: same_as_on_device's run
+    streamed = S.dump(GPU, "tiny", flags)
+    for k, what in (("0", "copied after the backward"), ("2", "streamed in one 2-layer bucket and the ends")):
+        other = S.dump(GPU, "tiny", flags + ["--offload-bucket-layers", k])
+        differ = same_dumps(streamed, other)
+        report(not differ, f"gradient streamed a layer a bucket during the backward == {what}, bit for bit, "
+               "2 micro-batches per step", f"differ: {differ}")
+
+
+def mpirun_cmd(np_):
     mpirun = shutil.which("mpirun")
-    if not mpirun:
+    return mpirun and ["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+
+
+def delayed_update(S):
+    tmp = S.tmp
+    ckpt = lambda d, t: f"{tmp}/{d}/ckpt_{t:08d}"  # noqa: E731
+    # a constant LR: the reference's runs stop at step t, and the schedule must not end there
+    steps = STEPS + ["--lr-schedule", "constant"]
+    flags = steps + ["--steps", "4", "--checkpoint-every", "1"]
+    straight = S.dump(GPU, "tiny", flags + DELAY + ["--out-dir", f"{tmp}/delay_a"])
+    # the reference: one undelayed step from the delayed run's checkpoint t-1, into checkpoint t
+    for t in (2, 3, 4):
+        out = f"{tmp}/delay_ref{t}"
+        os.makedirs(out)
+        shutil.copytree(ckpt("delay_a", t - 1), ckpt(f"delay_ref{t}", t - 1))
+        ref = read_safetensors(S.dump_path(GPU, "tiny", steps + ["--steps", str(t), "--checkpoint-every", "1",
+                                                                   "--out-dir", out, "--resume", "latest"] + OFF))[0]
+        same_state = same_bytes(f"{ckpt('delay_a', t)}/state.bin", f"{ckpt(f'delay_ref{t}', t)}/state.bin")
+        same_loss = np.array_equal(ref["losses"], straight["losses"][t - 1:t])
+        report(same_state and same_loss, f"--offload-delay 1, step {t}: == an undelayed step from the GPU weights of step "
+               f"{t - 2} and the master weights of step {t - 1} (state.bin: master, m, v; the loss), bit for bit",
+               f"state.bin same: {same_state}; loss {straight['losses'][t - 1]} vs {ref['losses']}")
+    model = lambda d, t: f"{ckpt(d, t)}/model.bin"  # noqa: E731
+    late = same_bytes(model("delay_a", 3), model("delay_ref2", 2)) and not same_bytes(model("delay_a", 3), model("delay_ref3", 3))
+    report(late, "--offload-delay 1: the GPU holds step 2's weights after step 3 (model.bin), not step 3's: one step stale",
+           "checkpoint 3's model.bin is not step 2's, or is step 3's")
+    report(same_bytes(model("delay_a", 4), model("delay_ref4", 4)), "--offload-delay 1: the last step uploads its weights "
+           "(checkpoint 4's model.bin == the undelayed step 4's)", "the last checkpoint's weights are stale")
+    # resume: the pending upload (step 2's weights, not in model.bin) recomputed from the master weights
+    out = f"{tmp}/delay_resume"
+    os.makedirs(out)
+    shutil.copytree(ckpt("delay_a", 2), ckpt("delay_resume", 2))
+    resumed = read_safetensors(S.dump_path(GPU, "tiny", flags + DELAY + ["--out-dir", out, "--resume", "latest"]))[0]
+    differ = [k for k in ("params",) if not np.array_equal(resumed[k], straight[k])]
+    if not np.array_equal(resumed["losses"], straight["losses"][2:]):
+        differ.append("losses")
+    same_files = all(same_bytes(f"{ckpt('delay_resume', t)}/{f}", f"{ckpt('delay_a', t)}/{f}")
+                     for t in (3, 4) for f in ("model.bin", "state.bin"))
+    report(not differ and same_files, "--offload-delay 1: 4 steps == 2 + resume + 2, bit for bit (weights, losses, "
+           "checkpoints 3 and 4)", f"differ: {differ}; checkpoints same: {same_files}")
+
+
+def zero1_two_ranks(S):
+    launcher = mpirun_cmd(2)
+    if not launcher:
         print("SKIP: ZeRO-1 over 2 ranks with offload (no mpirun)")
         return
     dumps = []
     for i, extra in enumerate(([], OFF)):
         path = f"{S.tmp}/zero1_{i}.st"
-        run(["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", GPU,
-             "--model", f"{S.tmp}/tiny.bin", "--zero", "1", "--steps", "3", "--dump-state", path, "--out-dir",
+        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--zero", "1", "--steps", "3", "--dump-state", path, "--out-dir",
              f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + extra)
         dumps.append(read_safetensors(path)[0])
     differ = same_dumps(dumps[1], dumps[0])
@@ -130,6 +201,11 @@ def estimate(S):
     ok = host is not None and int(host.group(1).replace(",", "")) == 18 * n and total(on) - total(off) == 12 * n
     report(ok, "--estimate: offload moves 12 bytes/param off the GPU and puts 18 on the host (d12)",
            f"totals {total(on)} -> {total(off)}; {host.group(0) if host else 'no host line'}")
+    delayed = run([GPU] + d12 + DELAY).stdout
+    host = re.search(r"host \(pinned, --offload optimizer\) ([\d,]+)", delayed)
+    ok = host is not None and int(host.group(1).replace(",", "")) == 20 * n and total(delayed) == total(off)
+    report(ok, "--estimate: --offload-delay 1 puts 20 bytes/param on the host (a bf16 array for the weights going up), "
+           "the GPU's the same", f"{host.group(0) if host else 'no host line'}")
 
 
 def bad_input(S):
@@ -138,14 +214,26 @@ def bad_input(S):
              (GPU, OFF + ["--zero", "2"], "--zero 2"),
              (GPU, OFF + ["--master-weights", "0"], "--master-weights 0"),
              (GPU, OFF + ["--tensor-parallel", "2"], "tensor or pipeline"),
-             (CPU, OFF, "applies only to the GPU trainer")]
+             (CPU, OFF, "applies only to the GPU trainer"),
+             (GPU, OFF + ["--offload-delay", "2"], "--offload-delay must be 0 or 1"),
+             (GPU, ["--offload-delay", "1"], "give --offload optimizer too"),
+             (GPU, ["--offload-bucket-layers", "2"], "give --offload optimizer too"),
+             (GPU, OFF + ["--offload-bucket-layers", "-1"], "--offload-bucket-layers must be 0 or more"),
+             (CPU, DELAY, "applies only to the GPU trainer")]
     if os.path.exists(GPU32):
         cases.append((GPU32, OFF, "fp32 build"))
+    launcher = mpirun_cmd(2)
+    if launcher:
+        cases.append((launcher + [GPU], DELAY, "runs on one GPU for now"))
     for exe, flags, words in cases:
-        p = run([exe] + base + flags, expect_ok=False)
+        exe = exe if isinstance(exe, list) else [exe]
+        p = run(exe + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
+        if len(exe) > 1:  # under mpirun: one error line among the launcher's own
+            lines = [line for line in lines if "error:" in line]
         report(p.returncode == 2 and len(lines) == 1 and words in lines[0],
-               f"{os.path.basename(exe)} {' '.join(flags)}: one line, exit 2", f"exit {p.returncode}: {p.stderr[-400:]}")
+               f"{' '.join(os.path.basename(e) for e in exe[-3:])} {' '.join(flags)}: one line, exit 2",
+               f"exit {p.returncode}: {p.stderr[-400:]}")
 
 
 def main():
@@ -156,7 +244,7 @@ def main():
     try:
         S = Setup(tmp)
         S.shape("tiny", 2, 128, 2, 64, 500, 1)
-        for fn in (same_as_on_device, zero1_two_ranks, resume, memory_cap, estimate, bad_input):
+        for fn in (same_as_on_device, streaming, zero1_two_ranks, delayed_update, resume, memory_cap, estimate, bad_input):
             try:
                 fn(S)
             except Exception as e:  # noqa: BLE001 - one failing group does not hide the others

@@ -650,7 +650,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
     CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, now, a, m->stream);
+    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
                    m->stream);
@@ -1196,11 +1196,11 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
                   B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
                   B_<floatX>(m, GB_ZERO_REDUCED));
     if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
-        const ShardRange& r = m->zero.plan.updated;
-        if (r.size() != gpu_offloaded_elements(m->shape))
+        size_t n = gpu_offloaded_elements(m->shape);
+        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
             fail("internal: --offload optimizer's range disagrees with the size table");
         // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
-        offload_allocate(&m->offload, r.begin, r.size(), m->layout, m->slice.num_layers, o.offload_bucket_layers,
+        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
                          grid.dp == 1, o.offload_delay == 1);
     }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
@@ -1459,13 +1459,13 @@ static LossScaler start_loss_scaler(const TrainOptions& o, const TrainStateHeade
 }
 
 // --offload optimizer holds what llmc/optim/offload.cuh can: AdamW's fp32 master weights of a bf16
-// build, updated over the flat array (ZeRO-0/1) of a model held whole (no tensor or pipeline slices).
+// build, updated over the flat array or its shards (ZeRO-0/1/2) of a model held whole (no tensor or pipeline slices).
 static void check_offload_options(const TrainOptions& o) {
     if (o.offload != "optimizer") return;
     if (FLOATX_IS_FP32) usage_fail("--offload optimizer moves fp32 master weights off a bf16 GPU: the fp32 build has none; use train_gpt");
     if (FLOATX_IS_FP16) usage_fail("--offload optimizer is bf16-only for now (its host copies round to bf16): use train_gpt");
     if (o.master_weights != 1) usage_fail("--offload optimizer keeps the fp32 master weights on the host: drop --master-weights 0");
-    if (o.zero_stage > 1) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0 or 1", o.zero_stage);
+    if (o.zero_stage > 2) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0, 1 or 2", o.zero_stage);
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--offload optimizer with tensor or pipeline parallelism is not supported yet: use data parallelism (--zero 0|1)");
 }

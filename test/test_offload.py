@@ -13,7 +13,8 @@
   streaming           the gradient streamed down bucket by bucket during the backward (the default, 1
                       layer a bucket; 2 layers a bucket) == all of it copied after the backward
                       (--offload-bucket-layers 0), bit for bit, 2 micro-batches per step
-  ZeRO-1, 2 ranks     each rank offloads its shard: equal to the on-device ZeRO-1 run, bit for bit
+  ZeRO-1/2, 2 ranks   each rank offloads its shard (ZeRO-2: of the gradient too, packed unit by unit):
+                      equal to the on-device ZeRO-1 run, bit for bit, 2 micro-batches per step
   --offload-delay 1   the delayed parameter update W_t = W_{t-1} - lr u(g_t(W_{t-2})), against a reference
                       fed the one-step-stale weights: the undelayed (offloaded) trainer resumed from the
                       delayed run's checkpoint t-1 (model.bin: the GPU's weights W_{t-2}; state: W_{t-1},
@@ -28,7 +29,7 @@
                       offload (the trainer's out-of-memory line), trains with it
   --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
                       (20 with --offload-delay 1: the weights going up get their own bf16 array)
-  bad input           one line, exit 2: an unknown value, --zero 2, --master-weights 0, tensor
+  bad input           one line, exit 2: an unknown value, --zero 3, --master-weights 0, tensor
                       parallelism, the fp32 build, and the CPU trainer (its state is already on the host);
                       --offload-delay 2, --offload-delay or --offload-bucket-layers without --offload,
                       --offload-bucket-layers -1, --offload-delay 1 on 2 ranks
@@ -38,7 +39,8 @@ Planted bugs this caught (by hand, then reverted): copying only half of the grad
 each bucket on the step's first micro-batch instead of its last, DeepSpeed PR 7967's bug (the
 on-device and the unstreamed comparisons failed); the delay's CPU step awaited and uploaded at once,
 no staleness (the stale-reference checks failed); a resumed delayed run not recomputing its pending
-upload (the delayed resume failed).
+upload (the delayed resume failed); ZeRO-2's updated weights uploaded to their place in the shard
+instead of the flat array (the ZeRO-2 comparison failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -136,13 +138,15 @@ def zero1_two_ranks(S):
         print("SKIP: ZeRO-1 over 2 ranks with offload (no mpirun)")
         return
     dumps = []
-    for i, extra in enumerate(([], OFF)):
+    for i, extra in enumerate((["--zero", "1"], ["--zero", "1"] + OFF, ["--zero", "2"] + OFF)):
         path = f"{S.tmp}/zero1_{i}.st"
-        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--zero", "1", "--steps", "3", "--dump-state", path, "--out-dir",
-             f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + extra)
+        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir",
+             f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + ACCUM2 + extra)
         dumps.append(read_safetensors(path)[0])
-    differ = same_dumps(dumps[1], dumps[0])
-    report(not differ, "ZeRO-1 on 2 ranks, each offloading its shard == on-device ZeRO-1, bit for bit", f"differ: {differ}")
+    for stage, dump in (("1", dumps[1]), ("2", dumps[2])):
+        differ = same_dumps(dump, dumps[0])
+        report(not differ, f"ZeRO-{stage} on 2 ranks, each offloading its shard == on-device ZeRO-1, bit for bit, 2 "
+               "micro-batches per step", f"differ: {differ}")
 
 
 def resume(S):
@@ -211,7 +215,7 @@ def estimate(S):
 def bad_input(S):
     base = ["--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + STEPS + ["--steps", "1"]
     cases = [(GPU, ["--offload", "disk"], "--offload must be none or optimizer"),
-             (GPU, OFF + ["--zero", "2"], "--zero 2"),
+             (GPU, OFF + ["--zero", "3"], "--zero 3"),
              (GPU, OFF + ["--master-weights", "0"], "--master-weights 0"),
              (GPU, OFF + ["--tensor-parallel", "2"], "tensor or pipeline"),
              (CPU, OFF, "applies only to the GPU trainer"),

@@ -58,9 +58,11 @@
 // the step: the same bits). The run's last step uploads, so the trained weights are never stale.
 // One GPU only, for now (refused with several ranks: ZeRO-1's all-gather of a late shard is untested).
 //
-// ZeRO-0/1: each rank offloads what its AdamW updates (plan.updated: everything, or its shard); the
-// updated bf16 shard is copied back into the flat parameter array and ZeRO-1's all-gather shares it
-// as usual. Hook points (llmc/run/step.h): unit_grads_done (a bucket starts down) and optimizer_step
+// ZeRO-0/1/2: each rank offloads what its AdamW updates (zero_owned_pieces: everything, or its
+// shard); the updated bf16 pieces are copied back to their places in the flat parameter array and
+// ZeRO-1's or ZeRO-2's all-gather shares them as usual. ZeRO-2's gradient is already a shard, packed
+// unit by unit and summed over the ranks on every micro-batch: it goes down in one piece after the
+// backward (the last reduce-scatter awaited), not streamed. Hook points (llmc/run/step.h): unit_grads_done (a bucket starts down) and optimizer_step
 // (in place of zero_adamw).
 #pragma once
 
@@ -74,16 +76,21 @@
 #include "llmc/optim/adamw.cuh"
 #include "llmc/optim/adamw.h"
 #include "llmc/parallel/sharding.h"   // gradient_bucket: which ranges of the flat array each layer's gradient is
+#include "llmc/parallel/zero.h"       // zero_owned_pieces: which parameters this rank updates, where it stores them
 
 struct OffloadBucket {
-    std::vector<ShardRange> ranges;    // of the flat array, inside [begin, begin + n)
+    std::vector<ShardRange> ranges;    // of the staging array (the gradient's at grad_offset + the same index)
     cudaEvent_t final_ev = nullptr;    // recorded on the compute stream: the bucket's gradient is final
     cudaEvent_t copied_ev = nullptr;   // recorded on the copy stream: it is in the staging array
     bool sent = false;                 // its copy was issued this step
 };
 
 struct OptimizerOffload {
-    size_t begin = 0, n = 0;           // the range of the flat parameter array this rank updates
+    size_t n = 0;                      // the elements this rank updates, as its AdamW state stores them
+    std::vector<ZeroPiece> pieces;     // ... each piece's tensor, place in the flat array and in the state
+    bool flat = true;                  // ZeRO-0/1: the state is the flat array's range [begin, begin + n) ...
+    size_t begin = 0;                  // ... (ZeRO-2: the rank's gradient shards, packed unit by unit)
+    size_t grad_offset = 0;            // the gradient of state element i is grads[grad_offset + i]
     float* master = nullptr;           // pinned host memory, n each
     float* m = nullptr;
     float* v = nullptr;
@@ -102,31 +109,40 @@ struct OptimizerOffload {
 };
 
 // The buckets of a model of L layers, K layers each (the last layers first, as the backward finishes
-// them; the ends, wte, wpe and lnf, alone, last), cut to [begin, begin + n). ZeRO-1's padding past the
-// model, updated as the last tensor, rides with the ends.
+// them; the ends, wte, wpe and lnf, alone, last), cut to [begin, begin + n) of the flat array. ZeRO-1's
+// padding past the model rides with the ends. ZeRO-2's shards (not `flat`): one bucket, sent late.
 inline void offload_plan_buckets(OptimizerOffload* o, const ParamLayout& layout, int L, int K) {
+    o->bucket_layers = o->flat ? K : 0;
+    o->bucket_of_unit.assign((size_t)gradient_bucket_count(L), 0);
+    if (!o->flat) {
+        o->buckets.resize(1);
+        o->buckets[0].ranges.push_back({0, o->n});
+        return;
+    }
     int units = gradient_bucket_count(L), per = K > 0 ? K : L;  // K = 0: buckets of the whole model, sent late
     size_t lo = o->begin, hi = o->begin + o->n;
-    o->bucket_of_unit.assign((size_t)units, 0);
     for (int u = 0; u < units; u++) {
         int b = u == L ? (L + per - 1) / per : u / per;
         o->bucket_of_unit[(size_t)u] = b;
         if ((size_t)b >= o->buckets.size()) o->buckets.resize((size_t)b + 1);
         for (const ShardRange& r : gradient_bucket(layout, L, u)) {
             size_t a = std::max(lo, r.begin), e = std::min(hi, r.end);
-            if (a < e) o->buckets[(size_t)b].ranges.push_back({a, e});
+            if (a < e) o->buckets[(size_t)b].ranges.push_back({a - lo, e - lo});
         }
     }
     size_t model_end = layout.offset[NUM_PARAM_TENSORS - 1] + layout.count[NUM_PARAM_TENSORS - 1];
-    if (hi > std::max(lo, model_end)) o->buckets.back().ranges.push_back({std::max(lo, model_end), hi});
-    o->bucket_layers = K;
+    if (hi > std::max(lo, model_end)) o->buckets.back().ranges.push_back({std::max(lo, model_end) - lo, hi - lo});
 }
 
+// The n elements of this rank's AdamW state (zero.plan's owned pieces) in pinned host memory.
 // `streamed`: the backward hands each bucket over as it completes (one data-parallel rank; see above).
-inline void offload_allocate(OptimizerOffload* o, size_t begin, size_t n, const ParamLayout& layout, int L,
+inline void offload_allocate(OptimizerOffload* o, const Zero& zero, size_t n, const ParamLayout& layout, int L,
                              int bucket_layers, bool streamed, bool delay) {
-    o->begin = begin;
     o->n = n;
+    o->pieces = zero_owned_pieces(zero);
+    o->flat = zero.stage <= 1;
+    o->begin = o->flat ? zero.updated.begin : 0;
+    o->grad_offset = o->begin;  // ZeRO-0/1: the flat gradient from begin; ZeRO-2: the shard array from 0
     float** arrays[] = {&o->master, &o->m, &o->v, &o->grads};
     for (float** a : arrays) {
         CUDA_CHECK(cudaMallocHost((void**)a, n * sizeof(float)));
@@ -165,7 +181,7 @@ inline void offload_send_bucket(OptimizerOffload* o, OffloadBucket* b, const flo
     CUDA_CHECK(cudaEventRecord(b->final_ev, compute));
     CUDA_CHECK(cudaStreamWaitEvent(o->copy_stream, b->final_ev, 0));
     for (const ShardRange& r : b->ranges)
-        CUDA_CHECK(cudaMemcpyAsync(o->staging + (r.begin - o->begin), grads + r.begin, r.size() * sizeof(uint16_t),
+        CUDA_CHECK(cudaMemcpyAsync(o->staging + r.begin, grads + o->grad_offset + r.begin, r.size() * sizeof(uint16_t),
                                    cudaMemcpyDeviceToHost, o->copy_stream));
     CUDA_CHECK(cudaEventRecord(b->copied_ev, o->copy_stream));
     b->sent = true;
@@ -189,9 +205,8 @@ inline void offload_receive_gradients(OptimizerOffload* o, const floatX* grads, 
         CUDA_CHECK(cudaEventSynchronize(b.copied_ev));
         b.sent = false;
         for (const ShardRange& r : b.ranges) {
-            size_t k0 = r.begin - o->begin, k1 = r.end - o->begin;
             #pragma omp parallel for schedule(static)
-            for (size_t k = k0; k < k1; k++) {
+            for (size_t k = r.begin; k < r.end; k++) {
                 uint32_t bits = (uint32_t)o->staging[k] << 16;  // bf16 -> fp32 is exact
                 memcpy(&o->grads[k], &bits, sizeof(float));
             }
@@ -203,32 +218,34 @@ inline void offload_receive_gradients(OptimizerOffload* o, const floatX* grads, 
 // weights_up: a function of the master weights, the seed and the step, so a resumed run recomputes it.
 inline void offload_round_weights(OptimizerOffload* o, int step, uint32_t seed) {
     uint64_t seed_stream = (uint64_t)seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 40);  // as adamw_update8
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < o->n; i++)
-        o->weights_up[i] = bf16_round_stochastic(o->master[i], hash_u32(seed_stream ^ (uint64_t)(o->begin + i)));
+    for (const ZeroPiece& p : o->pieces) {
+        // the random bits of the element's place in the flat array, as the kernel's `index`
+        #pragma omp parallel for schedule(static)
+        for (size_t k = 0; k < p.count; k++)
+            o->weights_up[p.stored + k] = bf16_round_stochastic(o->master[p.stored + k], hash_u32(seed_stream ^ (uint64_t)(p.local + k)));
+    }
 }
 
-// AdamW on the CPU, tensor by tensor (adamw.h, the CPU trainer's own code), then the bf16 weights.
-inline void offload_cpu_step(OptimizerOffload* o, const ParamLayout& layout, const AdamWStep& now, const AdamWParams& a) {
-    size_t n = o->n, begin = o->begin;
+// AdamW on the CPU, piece by piece (a tensor's part; adamw.h, the CPU trainer's own code), then the
+// bf16 weights. (ZeRO-1's padding past the model, which the GPU kernel updates as part of the last
+// tensor, stays as it is here: its gradient is zero and its master weight 0, so the kernel leaves it 0 too.)
+inline void offload_cpu_step(OptimizerOffload* o, const AdamWStep& now, const AdamWParams& a) {
     float clip = cpu::clip_coefficient(now.grad_norm, a.max_norm);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        // Tensor t's part of [begin, begin + n). The last tensor runs to the end: ZeRO's padding past
-        // the model is updated as the GPU kernel updates it (as the last tensor; its gradient is zero).
-        size_t lo = std::max(begin, layout.offset[t]);
-        size_t hi = t + 1 < NUM_PARAM_TENSORS ? std::min(begin + n, layout.offset[t + 1]) : begin + n;
-        if (lo >= hi) continue;
-        size_t k = lo - begin;
-        float wd = param_tensor_decays(t) ? a.weight_decay : 0.0f;  // 1 - lr * 0 = 1: the kernel's "no decay"
-        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, hi - lo, now.lr, a.beta1, a.beta2, a.eps, wd,
+    for (const ZeroPiece& p : o->pieces) {
+        size_t k = p.stored;
+        float wd = param_tensor_decays(p.tensor) ? a.weight_decay : 0.0f;  // 1 - lr * 0 = 1: the kernel's "no decay"
+        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, p.count, now.lr, a.beta1, a.beta2, a.eps, wd,
                           now.step, clip);
     }
     offload_round_weights(o, now.step, a.seed);
 }
 
-// weights_up to the GPU's parameters (the compute stream: after the passes that used the old ones).
+// weights_up to the GPU's parameters (the compute stream: after the passes that used the old ones),
+// each piece to its place in the flat array (ZeRO-2's all-gather then shares them as usual).
 inline void offload_upload_weights(OptimizerOffload* o, floatX* params, cudaStream_t compute) {
-    CUDA_CHECK(cudaMemcpyAsync(params + o->begin, o->weights_up, o->n * sizeof(uint16_t), cudaMemcpyHostToDevice, compute));
+    for (const ZeroPiece& p : o->pieces)
+        CUDA_CHECK(cudaMemcpyAsync(params + p.local, o->weights_up + p.stored, p.count * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                                   compute));
     CUDA_CHECK(cudaStreamSynchronize(compute));  // weights_up is rewritten by the next CPU step
     o->weights_pending = false;
 }
@@ -256,19 +273,19 @@ inline void offload_resume_pending(OptimizerOffload* o, int step, uint32_t seed)
 
 // One AdamW step on the host: gradient down, AdamW on the CPU, weights up; with the delay, the
 // previous step's weights up and this step's CPU step started, not awaited.
-// `params` and `grads` are the GPU's flat arrays; `layout` gives each tensor's offset (its decay).
-inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const ParamLayout& layout,
-                          const AdamWStep& now, const AdamWParams& a, cudaStream_t stream) {
+// `params` is the GPU's flat array, `grads` ZeroGpu's: the flat gradient (ZeRO-0/1) or the shards (ZeRO-2).
+inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const AdamWStep& now, const AdamWParams& a,
+                          cudaStream_t stream) {
     // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (check_offload_options).
     if (!std::is_same<floatX, __nv_bfloat16>::value) fail("internal: --offload optimizer needs the bf16 build");
     if (o->n == 0) return;
     offload_flush(o, params, stream);  // (the delay: step t-1's weights, now that step t's passes are done)
     offload_receive_gradients(o, grads, stream);
     if (o->delay) {
-        o->cpu_step = std::thread([o, &layout, now, a] { offload_cpu_step(o, layout, now, a); });
+        o->cpu_step = std::thread([o, now, a] { offload_cpu_step(o, now, a); });
         o->weights_pending = true;
         return;
     }
-    offload_cpu_step(o, layout, now, a);
+    offload_cpu_step(o, now, a);
     offload_upload_weights(o, params, stream);
 }

@@ -222,8 +222,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          Scope::CPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
-         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1, no tensor/pipeline "
-         "parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
+         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
+         "no tensor/pipeline parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
         {"offload-delay", "0|1", "Machine", "1: --offload optimizer's CPU step of step t runs while the GPU computes step t+1, "
          "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU; "
          "GPU trainer only, as --offload)", K::Int, &o.offload_delay, Scope::GPUOnly},

@@ -1649,6 +1649,9 @@ int main(int argc, char** argv) {
     peak_used = std::max(peak_used, gpu_memory_used());
     if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, std::max(1, plan.steps - first_step - 1));
     if (leader) report_memory(m, peak_used);
+    if (leader && m->shape.offload_optimizer)
+        printf("offload: the last step's backward sent %d of %zu gradient buckets to the host as it finished them\n",
+               m->offload.streamed_last_step, m->offload.buckets.size());
 
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);

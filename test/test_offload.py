@@ -12,7 +12,9 @@
                       The accumulation-1 run must differ, or the check could not see a lost micro-batch.
   streaming           the gradient streamed down bucket by bucket during the backward (the default, 1
                       layer a bucket; 2 layers a bucket) == all of it copied after the backward
-                      (--offload-bucket-layers 0), bit for bit, 2 micro-batches per step
+                      (--offload-bucket-layers 0), bit for bit, 2 micro-batches per step; and the
+                      backward did send them (the trainer's count of buckets sent before the step
+                      waited: all with K = 1, 2; none with K = 0)
   ZeRO-1/2, 2 ranks   each rank offloads its shard (ZeRO-2: of the gradient too, packed unit by unit):
                       equal to the on-device ZeRO-1 run, bit for bit, 2 micro-batches per step
   --offload-delay 1   the delayed parameter update W_t = W_{t-1} - lr u(g_t(W_{t-2})), against a reference
@@ -40,7 +42,8 @@ each bucket on the step's first micro-batch instead of its last, DeepSpeed PR 79
 on-device and the unstreamed comparisons failed); the delay's CPU step awaited and uploaded at once,
 no staleness (the staleness check failed: checkpoint 3's model.bin was step 3's); a resumed delayed run not recomputing its pending
 upload (the delayed resume failed); ZeRO-2's updated weights uploaded to their place in the shard
-instead of the flat array (the ZeRO-2 comparison failed).
+instead of the flat array (the ZeRO-2 comparison failed); the backward's hook not sending its buckets,
+all copied after it (the bit-for-bit checks passed, as they must; the count of buckets sent failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -84,11 +87,21 @@ def same_as_on_device(S):
 
 
 def streaming(S):
-    flags = STEPS + ACCUM2 + ["--steps", "3"] + OFF  # the default, one layer a bucket: same_as_on_device's run
-    streamed = S.dump(GPU, "tiny", flags)
+    flags = STEPS + ACCUM2 + ["--steps", "3"] + OFF
+    dumps = {}
+    # K = 1 (the default; its dump is left in S's cache for same_as_on_device), 2 (L = 2: one bucket of
+    # layers), 0 (after the backward); tiny's buckets: its 2 layers and the ends
+    for k, sent in ((None, "3 of 3"), ("2", "2 of 2"), ("0", "0 of 2")):
+        extra = flags + (["--offload-bucket-layers", k] if k else [])
+        path = f"{S.tmp}/streaming_{k}.st"
+        p = run([GPU, "--model", f"{S.tmp}/tiny.bin", "--dump-state", path] + S.data["tiny"] + extra)
+        S.dumps[(GPU, "tiny", tuple(extra))] = path
+        dumps[k] = read_safetensors(path)[0]
+        line = f"the last step's backward sent {sent} gradient buckets"
+        report(line in p.stdout, f"--offload-bucket-layers {k or '1 (default)'}: {line} as it finished them",
+               "; ".join(x for x in p.stdout.splitlines() if x.startswith("offload")))
     for k, what in (("0", "copied after the backward"), ("2", "streamed in one 2-layer bucket and the ends")):
-        other = S.dump(GPU, "tiny", flags + ["--offload-bucket-layers", k])
-        differ = same_dumps(streamed, other)
+        differ = same_dumps(dumps[None], dumps[k])
         report(not differ, f"gradient streamed a layer a bucket during the backward == {what}, bit for bit, "
                "2 micro-batches per step", f"differ: {differ}")
 
@@ -252,7 +265,7 @@ def main():
     try:
         S = Setup(tmp)
         S.shape("tiny", 2, 128, 2, 64, 500, 1)
-        for fn in (same_as_on_device, streaming, zero_two_ranks, delayed_update, resume, memory_cap, estimate, bad_input):
+        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, resume, memory_cap, estimate, bad_input):
             try:
                 fn(S)
             except Exception as e:  # noqa: BLE001 - one failing group does not hide the others

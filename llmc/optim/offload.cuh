@@ -62,8 +62,10 @@
 // shard); the updated bf16 pieces are copied back to their places in the flat parameter array and
 // ZeRO-1's or ZeRO-2's all-gather shares them as usual. ZeRO-2's gradient is already a shard, packed
 // unit by unit and summed over the ranks on every micro-batch: it goes down in one piece after the
-// backward (the last reduce-scatter awaited), not streamed. Hook points (llmc/run/step.h): unit_grads_done (a bucket starts down) and optimizer_step
-// (in place of zero_adamw).
+// backward (the last reduce-scatter awaited), not streamed.
+//
+// Hook points (llmc/run/step.h): unit_grads_done (a bucket starts down) and optimizer_step (in place
+// of zero_adamw).
 #pragma once
 
 #include <cstdint>
@@ -88,8 +90,8 @@ struct OffloadBucket {
 struct OptimizerOffload {
     size_t n = 0;                      // the elements this rank updates, as its AdamW state stores them
     std::vector<ZeroPiece> pieces;     // ... each piece's tensor, place in the flat array and in the state
-    bool flat = true;                  // ZeRO-0/1: the state is the flat array's range [begin, begin + n) ...
-    size_t begin = 0;                  // ... (ZeRO-2: the rank's gradient shards, packed unit by unit)
+    bool flat = true;                  // ZeRO-0/1: state element i is the flat array's begin + i (ZeRO-2: the
+    size_t begin = 0;                  //   shards' packed order, as the pieces say)
     size_t grad_offset = 0;            // the gradient of state element i is grads[grad_offset + i]
     float* master = nullptr;           // pinned host memory, n each
     float* m = nullptr;
@@ -102,6 +104,7 @@ struct OptimizerOffload {
     std::vector<int> bucket_of_unit;   // unit (llmc/parallel/zero.h: 0 the last layer ... L the ends) -> bucket
     std::vector<OffloadBucket> buckets;
     cudaStream_t copy_stream = nullptr;
+    int streamed_last_step = 0;        // buckets the last step's backward had sent before the step waited (printed)
     // --offload-delay 1
     bool delay = false;
     std::thread cpu_step;              // step t's CPU step, running while the GPU does step t+1
@@ -199,8 +202,11 @@ inline void offload_unit_grads_final(OptimizerOffload* o, int unit, const floatX
 // The step's gradient on the host, in fp32: the buckets not streamed yet go down now; then, bucket by
 // bucket in the order they were sent, wait for its copy (only it) and widen it.
 inline void offload_receive_gradients(OptimizerOffload* o, const floatX* grads, cudaStream_t compute) {
-    for (OffloadBucket& b : o->buckets)
-        if (!b.sent) offload_send_bucket(o, &b, grads, compute);
+    o->streamed_last_step = 0;
+    for (OffloadBucket& b : o->buckets) {
+        if (b.sent) o->streamed_last_step++;
+        else offload_send_bucket(o, &b, grads, compute);
+    }
     for (OffloadBucket& b : o->buckets) {
         CUDA_CHECK(cudaEventSynchronize(b.copied_ev));
         b.sent = false;

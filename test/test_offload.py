@@ -16,7 +16,8 @@
                       backward did send them (the trainer's count of buckets sent before the step
                       waited: all with K = 1, 2; none with K = 0)
   ZeRO-1/2, 2 ranks   each rank offloads its shard (ZeRO-2: of the gradient too, packed unit by unit):
-                      equal to the on-device ZeRO-1 run, bit for bit, 2 micro-batches per step
+                      equal to the on-device ZeRO-1 run, bit for bit, 2 micro-batches per step; ZeRO-2
+                      offloaded: 3 steps == 2 + resume + 1
   --offload-delay 1   the delayed parameter update W_t = W_{t-1} - lr u(g_t(W_{t-2})), against a reference
                       fed the one-step-stale weights: the undelayed (offloaded) trainer resumed from the
                       delayed run's checkpoint t-1 (model.bin: the GPU's weights W_{t-2}; state: W_{t-1},
@@ -43,7 +44,8 @@ on-device and the unstreamed comparisons failed); the delay's CPU step awaited a
 no staleness (the staleness check failed: checkpoint 3's model.bin was step 3's); a resumed delayed run not recomputing its pending
 upload (the delayed resume failed); ZeRO-2's updated weights uploaded to their place in the shard
 instead of the flat array (the ZeRO-2 comparison failed); the backward's hook not sending its buckets,
-all copied after it (the bit-for-bit checks passed, as they must; the count of buckets sent failed).
+all copied after it (the bit-for-bit checks passed, as they must; the count of buckets sent failed);
+ZeRO-2's offloaded m not loaded on resume (the ZeRO-2 resume's checkpoint files differed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -156,14 +158,23 @@ def zero_two_ranks(S):
         print("SKIP: ZeRO-1 over 2 ranks with offload (no mpirun)")
         return
     dumps = []
-    for i, extra in enumerate((["--zero", "1"], ["--zero", "1"] + OFF, ["--zero", "2"] + OFF)):
-        path = f"{S.tmp}/zero1_{i}.st"
-        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir",
-             f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + ACCUM2 + extra)
+    zero2 = ["--zero", "2", "--checkpoint-every", "2"] + OFF  # its checkpoint 2 resumed below
+    for i, extra in enumerate((["--zero", "1"], ["--zero", "1"] + OFF, zero2, zero2 + ["--resume", "latest"])):
+        path, out = f"{S.tmp}/zero_{i}.st", f"{S.tmp}/zero_out{i}"
+        if i == 3:  # ZeRO-2 offloaded, resumed from its own checkpoint 2
+            shutil.copytree(f"{S.tmp}/zero_out2/ckpt_00000002", f"{out}/ckpt_00000002")
+        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir", out] +
+            S.data["tiny"] + STEPS + ACCUM2 + extra)
         dumps.append(read_safetensors(path)[0])
     for stage, dump in (("1", dumps[1]), ("2", dumps[2])):
         like_on_device(S, dump, dumps[0], f"ZeRO-{stage} on 2 ranks, each offloading its shard == on-device ZeRO-1, "
                        "2 micro-batches per step")
+    same = np.array_equal(dumps[3]["params"], dumps[2]["params"]) and np.array_equal(dumps[3]["losses"], dumps[2]["losses"][2:])
+    files = all(same_bytes(f"{S.tmp}/zero_out3/ckpt_00000003/{f}", f"{S.tmp}/zero_out2/ckpt_00000003/{f}")
+                for f in ("model.bin", "state_rank0.bin", "state_rank1.bin"))
+    report(same and files, "ZeRO-2 offloaded on 2 ranks: 3 steps == 2 + resume + 1, bit for bit (weights, loss, the "
+           "checkpoint's files)",
+           f"weights and losses same: {same}; checkpoint files same: {files}")
 
 
 def resume(S):

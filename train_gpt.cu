@@ -277,6 +277,7 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
 static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
     if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
     if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return;  // finish_gradients sums
+    offload_unit_grads_final(&m->offload, unit, m->zero.grads, m->stream);  // --offload optimizer: the bucket down to the host
     tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
     zero_grads_done(&m->zero, unit, step_ends, m->stream);
 }
@@ -684,7 +685,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
     CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, m->layout, now, a, m->stream);
+    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
                    m->stream);
@@ -919,6 +920,7 @@ static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
 static std::vector<float> read_optimizer_array(GPT2* m, GPUBuffer row) {
     size_t n = optimizer_elements(m);
     if (!m->shape.offload_optimizer) return download_floats(B_<float>(m, row), n);
+    offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
     const float* h = host_optimizer_array(m, row);
     return std::vector<float>(h, h + n);
 }
@@ -1101,6 +1103,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
         r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
     }
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    else if (m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);  // (the delay's pending weights)
     return r;
 }
 
@@ -1292,10 +1295,12 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
                   B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
                   B_<floatX>(m, GB_ZERO_REDUCED));
     if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
-        const ShardRange& r = m->zero.plan.updated;
-        if (r.size() != gpu_offloaded_elements(m->shape))
+        size_t n = gpu_offloaded_elements(m->shape);
+        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
             fail("internal: --offload optimizer's range disagrees with the size table");
-        offload_allocate(&m->offload, r.begin, r.size());
+        // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
+        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
+                         grid.dp == 1, o.offload_delay == 1);
     }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
@@ -1373,8 +1378,12 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
         printf("fp8: the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2), delayed scaling over %d steps' amax\n",
                m->fp8.history);
     if (m->shape.offload_optimizer)
-        printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU\n",
-               m->offload.n, format_bytes((double)m->offload.n * OFFLOAD_HOST_BYTES_PER_PARAM).c_str());
+        printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU%s; "
+               "the gradient streamed down %s\n", m->offload.n,
+               format_bytes((double)m->offload.n * offload_host_bytes_per_param(m->offload.delay)).c_str(),
+               m->offload.delay ? ", overlapping the next step (--offload-delay 1: one step stale)" : "",
+               m->offload.bucket_layers > 0 ? strprintf("in buckets of %d layer(s) during the backward", m->offload.bucket_layers).c_str()
+                                            : "after the backward");
     printf("batch: B=%d T=%d, %d rank%s, %d accumulation step%s -> %lld tokens per step; %d steps\n", plan.B, plan.T,
            grid.dp, grid.dp == 1 ? "" : "s", plan.accumulation_steps,
            plan.accumulation_steps == 1 ? "" : "s", (long long)plan.total_batch_tokens, plan.steps);
@@ -1563,13 +1572,13 @@ static LossScaler start_loss_scaler(const TrainOptions& o, const TrainStateHeade
 }
 
 // --offload optimizer holds what llmc/optim/offload.cuh can: AdamW's fp32 master weights of a bf16
-// build, updated over the flat array (ZeRO-0/1) of a model held whole (no tensor or pipeline slices).
+// build, updated over the flat array or its shards (ZeRO-0/1/2) of a model held whole (no tensor or pipeline slices).
 static void check_offload_options(const TrainOptions& o) {
     if (o.offload != "optimizer") return;
     if (FLOATX_IS_FP32) usage_fail("--offload optimizer moves fp32 master weights off a bf16 GPU: the fp32 build has none; use train_gpt");
     if (FLOATX_IS_FP16) usage_fail("--offload optimizer is bf16-only for now (its host copies round to bf16): use train_gpt");
     if (o.master_weights != 1) usage_fail("--offload optimizer keeps the fp32 master weights on the host: drop --master-weights 0");
-    if (o.zero_stage > 1) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0 or 1", o.zero_stage);
+    if (o.zero_stage > 2) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0, 1 or 2", o.zero_stage);
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--offload optimizer with tensor or pipeline parallelism is not supported yet: use data parallelism (--zero 0|1)");
 }
@@ -1683,6 +1692,9 @@ int main(int argc, char** argv) {
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
     std::string graphs_problem = cuda_graphs_problem(o, comm.world_size, plan.accumulation_steps);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
+    if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
+        grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
+                                    "untested): run one process, or drop --offload-delay");
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
@@ -1696,6 +1708,7 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     m->scaler = start_loss_scaler(o, resumed);
+    offload_resume_pending(&m->offload, (int)resumed.step, o.seed);  // --offload-delay 1: model.bin is a step behind
     if (m->fp8.on && !resume_dir.empty()) {  // a checkpoint of a bf16 run has none: step 1 after it calibrates
         std::string path = resume_dir + "/fp8_state.bin";
         if (file_exists(path)) {
@@ -1748,6 +1761,8 @@ int main(int argc, char** argv) {
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
+        // --offload-delay 1: the last step's weights reach the GPU (the trained weights are not stale)
+        if (last_step && m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
@@ -1778,6 +1793,9 @@ int main(int argc, char** argv) {
     if (leader && grid.dp > 1 && plan.steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
         printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
                format_bytes((double)first_sent).c_str(), plan.steps, format_bytes((double)last_sent).c_str());
+    if (leader && m->shape.offload_optimizer)
+        printf("offload: the last step's backward sent %d of %zu gradient buckets to the host as it finished them\n",
+               m->offload.streamed_last_step, m->offload.buckets.size());
 
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);

@@ -5,7 +5,8 @@
 #      resume, recompute, attention paths, memory check; test_gpu_buffers; test_gpu_host;
 #      test_generate.py: --generate's KV cache against recomputing, and against PyTorch;
 #      test_cuda_graphs.py: --cuda-graphs equal to the eager run bit for bit, with cuDNN's attention;
-#      test_gpu_moe_trainer.py: --moe-experts on one GPU against the dense run and the CPU trainer)
+#      test_gpu_moe_trainer.py: --moe-experts on one GPU against the dense run and the CPU trainer;
+#      test_offload.py: --offload optimizer against the on-device run within its real-GPU bounds)
 #   3. "parallel": several ranks sharing this GPU (host-staged): test_gpu_data_parallel.py (2 and 4
 #      ranks against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks) and test_gpu_parallelism.py
 #      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
@@ -15,7 +16,8 @@
 #      every collective timed and checked) on every GPU, and on 2 ranks sharing one
 #   4. "train": a short GPT-2 (d12) training run on the default corpus (data/moby-dick), and the same
 #      on synthetic tokens, to report speed: ms/step, tokens/s, MFU, peak memory; with several GPUs,
-#      also on all of them (mpirun, NCCL, ZeRO-1)
+#      also on all of them (mpirun, NCCL, ZeRO-1); and with --offload optimizer, its gradient copied after
+#      the backward, streamed during it (llmc/optim/offload.cuh), and with --offload-delay 1
 #   5. a PASS/FAIL table
 # Logs go to out/gpu_check/ (or $GPU_CHECK_OUT). Exits non-zero if anything failed.
 # GPU_CHECK_PARTS picks parts (default "build tests parallel train"), e.g. to run them as separate
@@ -67,7 +69,7 @@ gpu_tests() {  # name, log, test name substrings...
         esac
     done < <(grep -E "^   (PASS|FAIL|SKIP):" "$log")
 }
-if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs test_gpu_moe_trainer; fi
+if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs test_gpu_moe_trainer test_offload; fi
 if part parallel; then
     gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism
 fi
@@ -141,6 +143,11 @@ EOF
         train_run "speed d12, synthetic, --attention $attention" "$OUT/train_synthetic_$attention.log" --model d12 \
             --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none \
             --attention "$attention"
+    done
+    # what streaming the gradient and the delayed update buy (the same run otherwise; ms/step side by side)
+    for offload in "--offload-bucket-layers 0" "--offload-bucket-layers 1" "--offload-delay 1"; do
+        train_run "speed d12, synthetic, --offload optimizer $offload" "$OUT/train_offload_${offload// /_}.log" --model d12 \
+            --batch-size 16 --steps "$STEPS" --train-data "$OUT/synthetic_train_*.bin" --val-data none --offload optimizer $offload
     done
 fi
 

@@ -143,6 +143,8 @@ def main():
     # ---- --offload: the CPU trainer's optimizer state is already in host memory (test/test_offload.py: the GPU's)
     one_line_error("--offload optimizer", ["--model", "L=2,C=64,H=4,T=32,V=512", "--offload", "optimizer"] + base, 2,
                    "--offload applies only to the GPU trainer", "already in host memory")
+    one_line_error("--offload-delay 1", ["--model", "L=2,C=64,H=4,T=32,V=512", "--offload-delay", "1"] + base, 2,
+                   "--offload-delay applies only to the GPU trainer")
     # ---- --precision (llmc/run/cli.h, validate_precision): the CPU trainer is fp32; fp16 and bf16 are
     # refused naming why and what to run, a typo naming the choices; fp32 (its own) trains
     for args, needles in [(["--precision", "fp16"], ["--precision fp16", "fp32 only", "loss scaling means nothing"]),

@@ -10,18 +10,42 @@
                       is the losses within 1e-3 and the weights' change within 2% (relative L2; a
                       flipped stochastic rounding moves a weight by one bf16 ulp), not yet measured.
                       The accumulation-1 run must differ, or the check could not see a lost micro-batch.
-  ZeRO-1, 2 ranks     each rank offloads its shard: equal to the on-device ZeRO-1 run, bit for bit
+  streaming           the gradient streamed down bucket by bucket during the backward (the default, 1
+                      layer a bucket; 2 layers a bucket) == all of it copied after the backward
+                      (--offload-bucket-layers 0), bit for bit, 2 micro-batches per step; and the
+                      backward did send them (the trainer's count of buckets sent before the step
+                      waited: all with K = 1, 2; none with K = 0)
+  ZeRO-1/2, 2 ranks   each rank offloads its shard (ZeRO-2: of the gradient too, packed unit by unit):
+                      equal to the on-device ZeRO-1 run, bit for bit, 2 micro-batches per step; ZeRO-2
+                      offloaded: 3 steps == 2 + resume + 1
+  --offload-delay 1   the delayed parameter update W_t = W_{t-1} - lr u(g_t(W_{t-2})), against a reference
+                      fed the one-step-stale weights: the undelayed (offloaded) trainer resumed from the
+                      delayed run's checkpoint t-1 (model.bin: the GPU's weights W_{t-2}; state: W_{t-1},
+                      m, v) for one step writes the delayed run's checkpoint t bit for bit (state.bin),
+                      t = 2, 3, 4; the GPU gets step t's weights one step late (the delayed checkpoint 3's
+                      model.bin is the undelayed step 2's, not step 3's); the last step uploads (4's is
+                      step 4's); 4 steps == 2 + resume + 2 with the delay (the pending upload recomputed)
   resume              4 steps == 2 + resume + 2 with offload, and across: an offloaded run's checkpoint
                       resumed on the device, and an on-device checkpoint resumed offloaded (same file
                       format, same arithmetic: bit for bit)
   memory cap          CUDA_EMU_DEVICE_MEMORY between the two runs' needs: refused up front without
                       offload (the trainer's out-of-memory line), trains with it
   --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
-  bad input           one line, exit 2: an unknown value, --zero 2, --master-weights 0, tensor
-                      parallelism, the fp32 build, and the CPU trainer (its state is already on the host)
+                      (20 with --offload-delay 1: the weights going up get their own bf16 array)
+  bad input           one line, exit 2: an unknown value, --zero 3, --master-weights 0, tensor
+                      parallelism, the fp32 build, and the CPU trainer (its state is already on the host);
+                      --offload-delay 2, --offload-delay or --offload-bucket-layers without --offload,
+                      --offload-bucket-layers -1, --offload-delay 1 on 2 ranks
 
 Planted bugs this caught (by hand, then reverted): copying only half of the gradient to the host
-(the on-device comparison failed); skipping the bf16 copy-back (the comparison failed).
+(the on-device comparison failed); skipping the bf16 copy-back (the comparison failed); streaming
+each bucket on the step's first micro-batch instead of its last, DeepSpeed PR 7967's bug (the
+on-device and the unstreamed comparisons failed); the delay's CPU step awaited and uploaded at once,
+no staleness (the staleness check failed: checkpoint 3's model.bin was step 3's); a resumed delayed run not recomputing its pending
+upload (the delayed resume failed); ZeRO-2's updated weights uploaded to their place in the shard
+instead of the flat array (the ZeRO-2 comparison failed); the backward's hook not sending its buckets,
+all copied after it (the bit-for-bit checks passed, as they must; the count of buckets sent failed);
+ZeRO-2's offloaded m not loaded on resume (the ZeRO-2 resume's checkpoint files differed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -34,6 +58,7 @@ B, T = 2, 32
 STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-steps", "1"] + DEFAULT_ATTENTION
 ACCUM2 = ["--total-batch-tokens", str(2 * B * T)]
 OFF = ["--offload", "optimizer"]
+DELAY = OFF + ["--offload-delay", "1"]
 
 
 def same_dumps(a, b):
@@ -41,37 +66,115 @@ def same_dumps(a, b):
     return [k for k in ("params", "grads", "losses") if not np.array_equal(a[k], b[k])]
 
 
+def like_on_device(S, off, on, what):
+    """Emulated: bit for bit. On a GPU: within the bounds of the docstring."""
+    if EMULATED:
+        differ = same_dumps(off, on)
+        report(not differ, f"{what}, bit for bit", f"differ: {differ}; losses {off['losses']} vs {on['losses']}, "
+               f"weights rel {rel(off['params'], on['params']):.2e}")
+    else:
+        init = S.models["tiny"]
+        loss, change = float(np.max(np.abs(off["losses"] - on["losses"]))), rel(off["params"] - init, on["params"] - init)
+        report(loss <= 1e-3 and change <= 2e-2, f"{what}, within bounds (losses {loss:.1e}, weight change rel {change:.1e})",
+               "beyond losses 1e-3, weight change 2e-2")
+
+
 def same_as_on_device(S):
     flags = STEPS + ACCUM2 + ["--steps", "3"]
     on, off = S.dump(GPU, "tiny", flags), S.dump(GPU, "tiny", flags + OFF)
     one_micro = S.dump(GPU, "tiny", STEPS + ["--steps", "3"] + OFF)
-    if EMULATED:
-        differ = same_dumps(off, on)
-        report(not differ, "offloaded AdamW == on-device AdamW bit for bit, 2 micro-batches per step, 3 steps",
-               f"differ: {differ}; losses {off['losses']} vs {on['losses']}, weights rel {rel(off['params'], on['params']):.2e}")
-    else:
-        init = S.models["tiny"]
-        loss, change = float(np.max(np.abs(off["losses"] - on["losses"]))), rel(off["params"] - init, on["params"] - init)
-        report(loss <= 1e-3 and change <= 2e-2, f"offloaded AdamW == on-device AdamW within bounds (losses {loss:.1e}, "
-               f"weight change rel {change:.1e}), 2 micro-batches per step", "beyond losses 1e-3, weight change 2e-2")
+    like_on_device(S, off, on, "offloaded AdamW == on-device AdamW, 2 micro-batches per step, 3 steps")
     report(not np.array_equal(one_micro["params"], off["params"]),
            "the second micro-batch changes the result (a dropped micro-batch would be seen)", "one micro-batch == two")
 
 
-def zero1_two_ranks(S):
+def streaming(S):
+    flags = STEPS + ACCUM2 + ["--steps", "3"] + OFF
+    dumps = {}
+    # K = 1 (the default; its dump is left in S's cache for same_as_on_device), 2 (L = 2: one bucket of
+    # layers), 0 (after the backward); tiny's buckets: its 2 layers and the ends
+    for k, sent in ((None, "3 of 3"), ("2", "2 of 2"), ("0", "0 of 2")):
+        extra = flags + (["--offload-bucket-layers", k] if k else [])
+        path = f"{S.tmp}/streaming_{k}.st"
+        p = run([GPU, "--model", f"{S.tmp}/tiny.bin", "--dump-state", path] + S.data["tiny"] + extra)
+        S.dumps[(GPU, "tiny", tuple(extra))] = path
+        dumps[k] = read_safetensors(path)[0]
+        line = f"the last step's backward sent {sent} gradient buckets"
+        report(line in p.stdout, f"--offload-bucket-layers {k or '1 (default)'}: {line} as it finished them",
+               "; ".join(x for x in p.stdout.splitlines() if x.startswith("offload")))
+    for k, what in (("0", "copied after the backward"), ("2", "streamed in one 2-layer bucket and the ends")):
+        differ = same_dumps(dumps[None], dumps[k])
+        report(not differ, f"gradient streamed a layer a bucket during the backward == {what}, bit for bit, "
+               "2 micro-batches per step", f"differ: {differ}")
+
+
+def mpirun_cmd(np_):
     mpirun = shutil.which("mpirun")
-    if not mpirun:
+    return mpirun and ["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+
+
+def delayed_update(S):
+    tmp = S.tmp
+    ckpt = lambda d, t: f"{tmp}/{d}/ckpt_{t:08d}"  # noqa: E731
+    # a constant LR: the reference's runs stop at step t, and the schedule must not end there
+    steps = STEPS + ["--lr-schedule", "constant"]
+    flags = steps + ["--steps", "4", "--checkpoint-every", "1"]
+    straight = S.dump(GPU, "tiny", flags + DELAY + ["--out-dir", f"{tmp}/delay_a"])
+    # the reference: one undelayed step from the delayed run's checkpoint t-1, into checkpoint t
+    for t in (2, 3, 4):
+        out = f"{tmp}/delay_ref{t}"
+        os.makedirs(out)
+        shutil.copytree(ckpt("delay_a", t - 1), ckpt(f"delay_ref{t}", t - 1))
+        ref = read_safetensors(S.dump_path(GPU, "tiny", steps + ["--steps", str(t), "--checkpoint-every", "1",
+                                                                   "--out-dir", out, "--resume", "latest"] + OFF))[0]
+        same_state = same_bytes(f"{ckpt('delay_a', t)}/state.bin", f"{ckpt(f'delay_ref{t}', t)}/state.bin")
+        same_loss = np.array_equal(ref["losses"], straight["losses"][t - 1:t])
+        report(same_state and same_loss, f"--offload-delay 1, step {t}: == an undelayed step from the GPU weights of step "
+               f"{t - 2} and the master weights of step {t - 1} (state.bin: master, m, v; the loss), bit for bit",
+               f"state.bin same: {same_state}; loss {straight['losses'][t - 1]} vs {ref['losses']}")
+    model = lambda d, t: f"{ckpt(d, t)}/model.bin"  # noqa: E731
+    late = same_bytes(model("delay_a", 3), model("delay_ref2", 2)) and not same_bytes(model("delay_a", 3), model("delay_ref3", 3))
+    report(late, "--offload-delay 1: the GPU holds step 2's weights after step 3 (model.bin), not step 3's: one step stale",
+           "checkpoint 3's model.bin is not step 2's, or is step 3's")
+    report(same_bytes(model("delay_a", 4), model("delay_ref4", 4)), "--offload-delay 1: the last step uploads its weights "
+           "(checkpoint 4's model.bin == the undelayed step 4's)", "the last checkpoint's weights are stale")
+    # resume: the pending upload (step 2's weights, not in model.bin) recomputed from the master weights
+    out = f"{tmp}/delay_resume"
+    os.makedirs(out)
+    shutil.copytree(ckpt("delay_a", 2), ckpt("delay_resume", 2))
+    resumed = read_safetensors(S.dump_path(GPU, "tiny", flags + DELAY + ["--out-dir", out, "--resume", "latest"]))[0]
+    differ = [k for k in ("params",) if not np.array_equal(resumed[k], straight[k])]
+    if not np.array_equal(resumed["losses"], straight["losses"][2:]):
+        differ.append("losses")
+    same_files = all(same_bytes(f"{ckpt('delay_resume', t)}/{f}", f"{ckpt('delay_a', t)}/{f}")
+                     for t in (3, 4) for f in ("model.bin", "state.bin"))
+    report(not differ and same_files, "--offload-delay 1: 4 steps == 2 + resume + 2, bit for bit (weights, losses, "
+           "checkpoints 3 and 4)", f"differ: {differ}; checkpoints same: {same_files}")
+
+
+def zero_two_ranks(S):
+    launcher = mpirun_cmd(2)
+    if not launcher:
         print("SKIP: ZeRO-1 over 2 ranks with offload (no mpirun)")
         return
     dumps = []
-    for i, extra in enumerate(([], OFF)):
-        path = f"{S.tmp}/zero1_{i}.st"
-        run(["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", GPU,
-             "--model", f"{S.tmp}/tiny.bin", "--zero", "1", "--steps", "3", "--dump-state", path, "--out-dir",
-             f"{S.tmp}/zero1_out"] + S.data["tiny"] + STEPS + extra)
+    zero2 = ["--zero", "2", "--checkpoint-every", "2"] + OFF  # its checkpoint 2 resumed below
+    for i, extra in enumerate((["--zero", "1"], ["--zero", "1"] + OFF, zero2, zero2 + ["--resume", "latest"])):
+        path, out = f"{S.tmp}/zero_{i}.st", f"{S.tmp}/zero_out{i}"
+        if i == 3:  # ZeRO-2 offloaded, resumed from its own checkpoint 2
+            shutil.copytree(f"{S.tmp}/zero_out2/ckpt_00000002", f"{out}/ckpt_00000002")
+        run(launcher + [GPU, "--model", f"{S.tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir", out] +
+            S.data["tiny"] + STEPS + ACCUM2 + extra)
         dumps.append(read_safetensors(path)[0])
-    differ = same_dumps(dumps[1], dumps[0])
-    report(not differ, "ZeRO-1 on 2 ranks, each offloading its shard == on-device ZeRO-1, bit for bit", f"differ: {differ}")
+    for stage, dump in (("1", dumps[1]), ("2", dumps[2])):
+        like_on_device(S, dump, dumps[0], f"ZeRO-{stage} on 2 ranks, each offloading its shard == on-device ZeRO-1, "
+                       "2 micro-batches per step")
+    same = np.array_equal(dumps[3]["params"], dumps[2]["params"]) and np.array_equal(dumps[3]["losses"], dumps[2]["losses"][2:])
+    files = all(same_bytes(f"{S.tmp}/zero_out3/ckpt_00000003/{f}", f"{S.tmp}/zero_out2/ckpt_00000003/{f}")
+                for f in ("model.bin", "state_rank0.bin", "state_rank1.bin"))
+    report(same and files, "ZeRO-2 offloaded on 2 ranks: 3 steps == 2 + resume + 1, bit for bit (weights, loss, the "
+           "checkpoint's files)",
+           f"weights and losses same: {same}; checkpoint files same: {files}")
 
 
 def resume(S):
@@ -130,22 +233,39 @@ def estimate(S):
     ok = host is not None and int(host.group(1).replace(",", "")) == 18 * n and total(on) - total(off) == 12 * n
     report(ok, "--estimate: offload moves 12 bytes/param off the GPU and puts 18 on the host (d12)",
            f"totals {total(on)} -> {total(off)}; {host.group(0) if host else 'no host line'}")
+    delayed = run([GPU] + d12 + DELAY).stdout
+    host = re.search(r"host \(pinned, --offload optimizer\) ([\d,]+)", delayed)
+    ok = host is not None and int(host.group(1).replace(",", "")) == 20 * n and total(delayed) == total(off)
+    report(ok, "--estimate: --offload-delay 1 puts 20 bytes/param on the host (a bf16 array for the weights going up), "
+           "the GPU's the same", f"{host.group(0) if host else 'no host line'}")
 
 
 def bad_input(S):
     base = ["--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + STEPS + ["--steps", "1"]
     cases = [(GPU, ["--offload", "disk"], "--offload must be none or optimizer"),
-             (GPU, OFF + ["--zero", "2"], "--zero 2"),
+             (GPU, OFF + ["--zero", "3"], "--zero 3"),
              (GPU, OFF + ["--master-weights", "0"], "--master-weights 0"),
              (GPU, OFF + ["--tensor-parallel", "2"], "tensor or pipeline"),
-             (CPU, OFF, "applies only to the GPU trainer")]
+             (CPU, OFF, "applies only to the GPU trainer"),
+             (GPU, OFF + ["--offload-delay", "2"], "--offload-delay must be 0 or 1"),
+             (GPU, ["--offload-delay", "1"], "give --offload optimizer too"),
+             (GPU, ["--offload-bucket-layers", "2"], "give --offload optimizer too"),
+             (GPU, OFF + ["--offload-bucket-layers", "-1"], "--offload-bucket-layers must be 0 or more"),
+             (CPU, DELAY, "applies only to the GPU trainer")]
     if os.path.exists(GPU32):
         cases.append((GPU32, OFF, "fp32 build"))
+    launcher = mpirun_cmd(2)
+    if launcher:
+        cases.append((launcher + [GPU], DELAY, "runs on one GPU for now"))
     for exe, flags, words in cases:
-        p = run([exe] + base + flags, expect_ok=False)
+        exe = exe if isinstance(exe, list) else [exe]
+        p = run(exe + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
+        if len(exe) > 1:  # under mpirun: one error line among the launcher's own
+            lines = [line for line in lines if "error:" in line]
         report(p.returncode == 2 and len(lines) == 1 and words in lines[0],
-               f"{os.path.basename(exe)} {' '.join(flags)}: one line, exit 2", f"exit {p.returncode}: {p.stderr[-400:]}")
+               f"{' '.join(os.path.basename(e) for e in exe[-3:])} {' '.join(flags)}: one line, exit 2",
+               f"exit {p.returncode}: {p.stderr[-400:]}")
 
 
 def main():
@@ -156,7 +276,7 @@ def main():
     try:
         S = Setup(tmp)
         S.shape("tiny", 2, 128, 2, 64, 500, 1)
-        for fn in (same_as_on_device, zero1_two_ranks, resume, memory_cap, estimate, bad_input):
+        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, resume, memory_cap, estimate, bad_input):
             try:
                 fn(S)
             except Exception as e:  # noqa: BLE001 - one failing group does not hide the others

@@ -77,6 +77,7 @@ struct EstimateSetup {
     // the GPU trainer's choices
     bool master_weights = true;
     bool offload_optimizer = false;     // --offload optimizer
+    bool offload_delay = false;         // --offload-delay 1: a second bf16 array on the host
     bool simple_attention = false;
     // what to predict
     int64_t tokens_per_step = 0;        // all ranks together, accumulation included
@@ -606,6 +607,7 @@ inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
     e->moe_top_k = o.moe_top_k;
     e->expert_parallel = o.expert_parallel;
     e->offload_optimizer = o.offload == "optimizer";
+    e->offload_delay = o.offload_delay == 1;
 }
 
 // The setup the flags describe. The trainer passes what only it knows: its precision, whether it
@@ -734,11 +736,12 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
     if (e.offload_optimizer) {  // --offload optimizer: what left the GPU, in pinned host memory (llmc/optim/offload.cuh)
         size_t n = gpu_offloaded_elements(estimate_gpu_shape(e, e.B, 0));
+        size_t per = offload_host_bytes_per_param(e.offload_delay);
         printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, m, v, the gradient "
-               "in fp32, a bf16 staging array; per step %s down (bf16 gradients) and %s up (bf16 weights)\n",
-               with_commas((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(),
-               format_bytes((double)(n * OFFLOAD_HOST_BYTES_PER_PARAM)).c_str(), OFFLOAD_HOST_BYTES_PER_PARAM,
-               format_bytes(2.0 * n).c_str(), format_bytes(2.0 * n).c_str());
+               "in fp32, a bf16 staging array the gradient's buckets stream into%s; per step %s down (bf16 gradients) and %s "
+               "up (bf16 weights)\n", with_commas((double)(n * per)).c_str(), format_bytes((double)(n * per)).c_str(), per,
+               e.offload_delay ? ", a bf16 array for the delayed weights" : "", format_bytes(2.0 * n).c_str(),
+               format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
         double disk = 8.0 * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));

@@ -265,8 +265,11 @@ inline size_t gpu_buffer_total(const std::vector<BufferSpec>& table) {
 // read, cuBLAS/cuDNN handles and the kernels' images. A margin, not a measurement.
 // --offload optimizer (llmc/optim/offload.cuh): the parameters whose master, m, v moved to pinned host
 // memory (what the rows above would hold on the GPU), and the host bytes each of them costs: master,
-// m, v (12), the gradient widened to fp32 for the CPU's AdamW (4), the bf16 staging array (2).
+// m, v (12), the gradient widened to fp32 for the CPU's AdamW (4), the bf16 staging array the
+// gradient's buckets stream into (2); --offload-delay 1 adds a bf16 array for the weights going up (2),
+// since the staging array receives the next step's gradient while the CPU step runs.
 constexpr size_t OFFLOAD_HOST_BYTES_PER_PARAM = 4 + 4 + 4 + 4 + 2;
+inline size_t offload_host_bytes_per_param(bool delay) { return OFFLOAD_HOST_BYTES_PER_PARAM + (delay ? 2 : 0); }
 inline size_t gpu_offloaded_elements(GPURunShape s) {
     if (!s.offload_optimizer) return 0;
     s.offload_optimizer = false;

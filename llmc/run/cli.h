@@ -77,6 +77,8 @@ struct TrainOptions {
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
+    int offload_delay = 0;           // GPU: 1 = the CPU step overlaps the next step's passes (one step stale)
+    int offload_bucket_layers = 1;   // GPU: layers per bucket streamed to the host in the backward (0: after it)
     std::string offload_dir;         // CPU: AdamW's m and v in files here, streamed (llmc/optim/disk_offload.h)
     int offload_chunk_kib = 4096;    // CPU: the chunk --offload-dir streams them in (DISK_OFFLOAD_DEFAULT_CHUNK_KIB)
     std::string precision;           // bf16 | fp16 | fp32 | fp8 (bf16 build); "" = the binary's own (validate_precision)
@@ -221,8 +223,14 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          Scope::CPUOnly},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
-         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1, no tensor/pipeline "
-         "parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
+         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
+         "no tensor/pipeline parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
+        {"offload-delay", "0|1", "Machine", "1: --offload optimizer's CPU step of step t runs while the GPU computes step t+1, "
+         "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU; "
+         "GPU trainer only, as --offload)", K::Int, &o.offload_delay, Scope::GPUOnly},
+        {"offload-bucket-layers", "K", "Machine", "--offload optimizer streams the gradient to the host in buckets of K layers "
+         "as the backward finishes them, on a side stream (0: all of it after the backward; GPU trainer only, as --offload)",
+         K::Int, &o.offload_bucket_layers, Scope::GPUOnly},
         {"offload-dir", "DIR", "Machine", "keep AdamW's m and v in files DIR/rank<r>_m.bin, _v.bin, streamed through the step in "
          "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk; the same weights bit for bit); AdamW fp32 state, --zero "
          "0|1, no tensor/pipeline parallelism; CPU trainer only: the GPU trainer has --offload optimizer", K::String, &o.offload_dir, Scope::CPUOnly},
@@ -660,6 +668,11 @@ inline void validate_options(const TrainOptions& o) {
                    o.pipeline_parallel);
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
+    if (o.offload_delay != 0 && o.offload_delay != 1) usage_fail("--offload-delay must be 0 or 1, got %d", o.offload_delay);
+    if (o.offload_bucket_layers < 0) usage_fail("--offload-bucket-layers must be 0 or more, got %d", o.offload_bucket_layers);
+    for (const char* flag : {"offload-delay", "offload-bucket-layers"})
+        if (flag_given(o, flag) && o.offload != "optimizer")
+            usage_fail("--%s shapes --offload optimizer's step: give --offload optimizer too, or drop it", flag);
     positive("offload-chunk-kib", o.offload_chunk_kib);
     if (o.offload_chunk_kib > (1 << 22)) usage_fail("--offload-chunk-kib %d is over 4 GiB: the buffer holds 4 chunks; give at most 4194304", o.offload_chunk_kib);
     if (flag_given(o, "offload-chunk-kib") && o.offload_dir.empty())

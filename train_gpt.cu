@@ -142,7 +142,6 @@ struct GPT2 {
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
     Fp8Matmuls fp8;                     // --precision fp8: the linear layers' matmuls in fp8 (llmc/kernels/fp8.cuh)
-    void* fp8_memory = nullptr;         // ... its state and operands, one allocation
     AttentionContext attention;
     // host side of a micro-batch, in pinned memory so the copies are true DMA
     int* host_inputs = nullptr;
@@ -213,7 +212,6 @@ static void gpt2_allocate(GPT2* m) {
 static void gpt2_free(GPT2* m) {
     attention_destroy(&m->attention);
     matmul_destroy(&m->matmul);
-    if (m->fp8_memory) CUDA_CHECK(cudaFree(m->fp8_memory));
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
     offload_free(&m->offload);
@@ -905,8 +903,8 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             s->header.loss_scale_overflows = m->scaler.overflows;
         }
     };
-    if (m->fp8.on) {  // --precision fp8 (one GPU): the delayed scaling's histories and scales
-        parts.write_rank_files = [&](const std::string& dir) {
+    if (m->fp8.on && par->grid.rank == 0) {  // --precision fp8: the delayed scaling's histories and scales, the
+        parts.write_rank_files = [&](const std::string& dir) {  // same on every rank (fp8_share_amax): rank 0's
             write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
         };
     }
@@ -997,6 +995,18 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
                             reports, std::move(grads));
 }
 
+// --precision fp8 over data-parallel ranks (llmc/kernels/fp8.cuh): each rank has measured the amax of
+// its own micro-batches' tensors; their maximum is the amax of the whole step's batch, so every rank
+// takes it into its histories and all choose the same scales (each rank's own would differ with its
+// data, and the ranks would quantize the same weights differently). Exact: a maximum of floats >= 0
+// compares their bits as unsigned integers do, which is how amax_now holds them. One rank: nothing.
+static void fp8_share_amax(GPT2* m, Parallel* par) {
+    if (par->grid.dp == 1) return;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the backward's quantize kernels have written amax_now
+    gpu_all_reduce_max(par->data_on_gpu, (float*)m->fp8.amax_now, (size_t)m->fp8.tensors, "all-reduce of the fp8 amax");
+    gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
+}
+
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
 // rank: the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound
 // finds the step bad.
@@ -1007,7 +1017,10 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     r.lr = learning_rate(plan.schedule, step - 1);
     zero_gradients(m);
     double loss = forward_backward(m, par, train, plan, step);
-    if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: roll the amax histories, next scales
+    if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
+        fp8_share_amax(m, par);
+        fp8_end_step(&m->fp8, m->stream);
+    }
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = m->slice.last_stage && grid.tp_rank == 0;
@@ -1126,6 +1139,7 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     GPURunShape s = gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
                                   grid, in_flight);
     s.offload_optimizer = o.offload == "optimizer";
+    s.fp8_history = fp8_history_of(o);
     fail_unless_fits(s);
     return in_flight;
 }
@@ -1156,19 +1170,13 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, *simple_attention, (int)sizeof(floatX), grid, in_flight);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
     m->shape.offload_optimizer = o.offload == "optimizer";
+    m->shape.fp8_history = fp8_history_of(o);
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
-    if (o.precision == "fp8") {  // the state, then the two operand buffers: the largest input, weight or gradient
-        int L = m->slice.num_layers, tensors = L * FP8_LINEARS * FP8_ROLES;
-        int history = o.fp8_amax_history ? o.fp8_amax_history : FP8_AMAX_HISTORY;
-        size_t state_bytes = fp8_state_floats(tensors, history) * sizeof(float);
-        size_t operand = (size_t)m->slice.fc_channels * std::max((size_t)cfg.channels, (size_t)B * T);
-        state_bytes = ceil_div(state_bytes, (size_t)256) * 256;  // the operands 256-byte aligned
-        CUDA_CHECK(cudaMalloc(&m->fp8_memory, state_bytes + 2 * operand));
-        uint8_t* base = (uint8_t*)m->fp8_memory;
-        fp8_init(&m->fp8, L, history, (float*)base, base + state_bytes, base + state_bytes + operand, m->stream);
-    }
+    if (m->shape.fp8_history)  // --precision fp8: the scaling state and the two operand buffers, rows of the table
+        fp8_init(&m->fp8, m->slice.num_layers, m->shape.fp8_history, B_<float>(m, GB_FP8_SCALING), B_<uint8_t>(m, GB_FP8_A),
+                 B_<uint8_t>(m, GB_FP8_B), m->stream);
     if (*simple_attention) {
         attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
         m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
@@ -1469,9 +1477,9 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
     if (props.major * 10 + props.minor < 89)
         why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
                         "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
-    else if (par.world.world_size > 1)
-        why = "--precision fp8 runs on one GPU for now (each rank's amax histories would need a max across the ranks): run "
-              "one process, or drop --precision fp8";
+    else if (par.grid.tp > 1 || par.grid.pp > 1 || par.grid.zero_stage > 1)
+        why = "--precision fp8 runs on one GPU or over data-parallel ranks with --zero 0 or 1 for now (tensor and pipeline "
+              "slices and ZeRO-2/3's buckets are not quantized yet): use data parallelism, or drop --precision fp8";
     else if (o.cuda_graphs)
         why = "--precision fp8 with --cuda-graphs is not supported yet (step 1's calibration is a host-side branch; the "
               "scales are device memory, but the replay is untested): drop one of them";
@@ -1617,6 +1625,7 @@ int main(int argc, char** argv) {
         // 3rd steps' times alone give 23%; 20% predicted)
         if (step == first_step && plan.steps - first_step > 1) par.pipe.busy_seconds = par.pipe.schedule_seconds = 0;
         dump_step_loss(&dump_probe, r.loss);
+        fp8_test_dump_state(&comm, step + 1, &m->fp8);  // LLMC_TEST_FP8_STATE (llmc/probes/gpu_test_hooks.cuh)
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
             print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, mfu,

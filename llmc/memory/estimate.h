@@ -77,6 +77,7 @@ struct EstimateSetup {
     // the GPU trainer's choices
     bool master_weights = true;
     bool offload_optimizer = false;     // --offload optimizer
+    int fp8_history = 0;                // --precision fp8: its amax history's steps (0: no fp8)
     bool simple_attention = false;
     // what to predict
     int64_t tokens_per_step = 0;        // all ranks together, accumulation included
@@ -106,6 +107,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     int in_flight = pipeline_live_micro_batches(e.schedule, g.pp_rank, g.pp, estimate_micro_batches(e, B));
     GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
     s.offload_optimizer = e.offload_optimizer;
+    s.fp8_history = e.fp8_history;
     return s;
 }
 
@@ -576,6 +578,12 @@ inline GPT2Config estimate_config(const TrainOptions& o) {
     return read_model_header(path).config;
 }
 
+// --precision fp8's amax history (llmc/kernels/fp8.cuh), 0 without fp8: the GPU trainer's size table reads it
+// from here, for --estimate and for its own run (train_gpt.cu's gpu_run_shape calls).
+inline int fp8_history_of(const TrainOptions& o) {
+    return o.precision != "fp8" ? 0 : o.fp8_amax_history ? o.fp8_amax_history : FP8_AMAX_HISTORY;
+}
+
 // The flags' techniques, as sizes see them: the one translation from TrainOptions, used by --estimate
 // (estimate_setup below) and by the CPU trainer's own run (its `predicted` setup, which build_model
 // allocates from). A technique that changes what is allocated adds its field here and in
@@ -592,6 +600,7 @@ inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
     e->moe_top_k = o.moe_top_k;
     e->expert_parallel = o.expert_parallel;
     e->offload_optimizer = o.offload == "optimizer";
+    e->fp8_history = fp8_history_of(o);
 }
 
 // The setup the flags describe. The trainer passes what only it knows: its precision, whether it

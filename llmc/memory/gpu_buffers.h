@@ -54,6 +54,7 @@ struct GPURunShape {
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
+    int fp8_history = 0;               // --precision fp8: the amax history's steps (0: no fp8; llmc/kernels/fp8.cuh)
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -96,6 +97,8 @@ enum GPUBuffer {
     // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
     GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
     GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
+    // --precision fp8 (llmc/kernels/fp8.cuh): the delayed scaling's state, one matmul's two quantized operands
+    GB_FP8_SCALING, GB_FP8_A, GB_FP8_B,
     GB_COUNT
 };
 
@@ -222,6 +225,13 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
+    // fp8: no fp8 copy of the weights or activations is kept; each matmul quantizes its operands into
+    // the same two buffers (the MLP's are the largest), so only the scaling state grows with the layers
+    int hist = s.fp8_history;
+    t[GB_FP8_SCALING] = {"fp8_scaling", MEM_WORKSPACE, sh("(%zu x 12, %d+3) fp32", nl, hist),
+                         hist ? fp8_state_floats((int)nl * FP8_TENSORS_PER_LAYER, hist) : 0, F};
+    t[GB_FP8_A] = {"fp8_operand_a", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
+    t[GB_FP8_B] = {"fp8_operand_b", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
     return t;
 }
 

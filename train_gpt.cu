@@ -388,19 +388,28 @@ static void gpt2_forward(GPT2* m) {
     release_unit_weights(m, ends);
 }
 
+// fp16's loss scale S in device memory, where the loss kernel reads it (GB_STEP_VALUES, llmc/kernels/
+// scratch_sizes.h): S changes when a step overflows, so a captured graph (--cuda-graphs) must not bake it
+// in. The host writes it before each step's passes (upload_loss_scale).
+static float* loss_scale_on_gpu(GPT2* m) { return (float*)((char*)m->buf[GB_STEP_VALUES] + GPU_STEP_LOSS_SCALE_AT); }
+static void upload_loss_scale(GPT2* m) {
+    CUDA_CHECK(cudaMemcpyAsync(loss_scale_on_gpu(m), &m->scaler.scale, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+}
+
 // Loss of the forward just run (the last stage's), per token into GB_LOSSES, and the mean returned
 // (summed on the host in double, as the CPU does). With write_grad, the logits become
-// d(loss)/d(logits) * dloss, in place: the first step of gpt2_backward, fused into the loss's kernel.
-// With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
+// d(loss)/d(logits) * dloss (times fp16's S), in place: the first step of gpt2_backward, fused into the
+// loss's kernel. With tensor parallelism every tensor rank of the last stage takes part (its logits are
+// its rows).
 static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     const GPT2Config& c = m->config;
     int BT = m->B * m->T;
     if (m->tp.host.degree == 1) {
         fused_classifier(A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, c.vocab_size,
-                         c.padded_vocab_size, write_grad, m->stream);
-    } else {
-        tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, m->slice,
-                      write_grad, m->stream);
+                         c.padded_vocab_size, write_grad, m->stream, FLOATX_IS_FP16 ? loss_scale_on_gpu(m) : nullptr);
+    } else {  // (tensor parallelism is never graphed: S by value)
+        tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS),
+                      dloss * m->scaler.scale, BT, m->slice, write_grad, m->stream);
     }
 }
 
@@ -633,14 +642,14 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     a.eps = o.adam_eps;
     a.weight_decay = o.weight_decay;
     a.max_norm = o.grad_clip;
-    a.grad_scale = 1.0f / m->scaler.scale;  // the gradients are S times the true ones (exact: S is a power of two)
     a.seed = o.seed;
     a.decay_mask = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
-    AdamWStep now = adamw_step_values(a, adam_t, lr, norm);
+    // the gradients are S times the true ones: AdamW multiplies by 1/S (exact: S is a power of two)
+    AdamWStep now = adamw_step_values(a, adam_t, lr, norm, 1.0f / m->scaler.scale);
     // the step's values where the kernels read them (copied out of `now` at once): never baked into
     // a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh)
     static_assert(sizeof(AdamWStep) <= GPU_STEP_VALUES_BYTES, "GB_STEP_VALUES must hold AdamWStep");
@@ -684,6 +693,25 @@ static void inject_gradient_overflow(GPT2* m, Parallel* par, int step) {
     if (std::isfinite(first)) return;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     upload_rounded(B_<floatX>(m, GB_GRADS), &first, 1);
+}
+
+// The same for a graphed step (--cuda-graphs, one rank), whose zeroing and backward are one captured
+// graph: the graph copies a device value, the poison slot of GB_STEP_VALUES, into the first gradient
+// element right after zeroing it, and the host writes that slot before each launch: 0 (which changes
+// no bit of a gradient just zeroed) or, at the step LLMC_TEST_GRAD_INF names, inf. Without the
+// variable the graph has no such node.
+static bool graph_injects_overflow() { return getenv("LLMC_TEST_GRAD_INF") != nullptr; }
+static floatX* poison_on_gpu(GPT2* m) { return (floatX*)((char*)m->buf[GB_STEP_VALUES] + GPU_STEP_POISON_AT); }
+static void set_graph_poison(GPT2* m, Parallel* par, int step) {
+    if (!graph_injects_overflow()) return;
+    float first = 0.0f;
+    inject_grad_inf(&par->world, step, &first);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    upload_rounded(poison_on_gpu(m), &first, 1);
+}
+static void graph_poison_gradient(GPT2* m) {  // (inside the capture)
+    if (!graph_injects_overflow()) return;
+    CUDA_CHECK(cudaMemcpyAsync(B_<floatX>(m, GB_GRADS), poison_on_gpu(m), sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
 }
 
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
@@ -731,9 +759,10 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
                 if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
                 // the optimised loss is the mean over all tokens of the step, all ranks together:
                 // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
-                // the loss scale S, so every gradient of the backward is S times larger (exactly: a
-                // power of two), lifted above fp16's underflow; train_step divides it out again.
-                float micro_loss = gpt2_loss(m, m->scaler.scale / (float)plan.total_batch_tokens, true);
+                // the loss scale S (gpt2_loss_kernels), so every gradient of the backward is S times
+                // larger (exactly: a power of two), lifted above fp16's underflow; train_step divides
+                // it out again.
+                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
                 if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
@@ -1007,6 +1036,20 @@ static void fp8_share_amax(GPT2* m, Parallel* par) {
     gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
 }
 
+// Whether step `step`'s update is applied, once its loss and (unscaled) norm are known on every rank.
+// fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
+// anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
+// of the scaled backward (S does not touch the forward): step_is_sound judges it, as in bf16.
+static bool step_applies(GPT2* m, const StepResult& r, const TrainOptions& o, int step, BadSteps* bad_steps, bool leader) {
+    if (!FLOATX_IS_FP16 || !std::isfinite(r.loss)) return step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, leader);
+    bool overflow = !std::isfinite(r.norm);
+    bool applied = loss_scaler_update(&m->scaler, overflow, step);
+    if (overflow && leader)
+        printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
+               (double)r.loss_scale, (double)m->scaler.scale);
+    return applied;
+}
+
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
 // rank: the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound
 // finds the step bad.
@@ -1015,6 +1058,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = learning_rate(plan.schedule, step - 1);
+    if (FLOATX_IS_FP16) upload_loss_scale(m);  // where the loss kernel reads S
     zero_gradients(m);
     double loss = forward_backward(m, par, train, plan, step);
     if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
@@ -1027,22 +1071,11 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     r.loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
     // fp16: the norm of the scaled gradient over S is the true gradient's norm, bit for bit (S is a
     // power of two), so clipping compares the true norm with --grad-clip; AdamW divides the gradients
-    // by S in the same pass (AdamWParams::grad_scale). bf16, fp32: S = 1.
+    // by S in the same pass (AdamWStep::grad_scale). bf16, fp32: S = 1.
     r.loss_scale = m->scaler.scale;
     r.norm = finish_gradients(m, par) / m->scaler.scale;
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
-    // fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
-    // anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
-    // of the scaled backward (S does not touch the forward): step_is_sound judges it, as in bf16.
-    if (FLOATX_IS_FP16 && std::isfinite(r.loss)) {
-        bool overflow = !std::isfinite(r.norm);
-        r.applied = loss_scaler_update(&m->scaler, overflow, step);
-        if (overflow && grid.rank == 0)
-            printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
-                   (double)r.loss_scale, (double)m->scaler.scale);
-    } else {
-        r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
-    }
+    r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1063,8 +1096,11 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     m->buckets[0] = m->B * m->T;
     const floatX* grads = zero_norm_pieces(m->zero).at(0).first;  // one rank: the whole gradient in one piece
     size_t count = zero_norm_pieces(m->zero).at(0).second;
+    if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
+    set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
     graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
         zero_gradients(m);
+        graph_poison_gradient(m);
         gpt2_forward(m);
         gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
         gpt2_backward(m, true);
@@ -1073,8 +1109,11 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     float loss = gpt2_read_loss(m);
     print_micro_step(step, 0, 1, loss, seconds_since(start));
     r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses");
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms"));
-    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, true);
+    // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
+    r.loss_scale = m->scaler.scale;
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
+             m->scaler.scale;
+    r.applied = step_applies(m, r, o, step, bad_steps, true);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }

@@ -1098,12 +1098,17 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     size_t count = zero_norm_pieces(m->zero).at(0).second;
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
     set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
+    // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
+    // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
+    // a host-side branch, and that step is always eager.
+    if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
     graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
         zero_gradients(m);
         graph_poison_gradient(m);
         gpt2_forward(m);
         gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
         gpt2_backward(m, true);
+        if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
         global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
     });
     float loss = gpt2_read_loss(m);
@@ -1519,9 +1524,6 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
     else if (par.grid.tp > 1 || par.grid.pp > 1 || par.grid.zero_stage > 1)
         why = "--precision fp8 runs on one GPU or over data-parallel ranks with --zero 0 or 1 for now (tensor and pipeline "
               "slices and ZeRO-2/3's buckets are not quantized yet): use data parallelism, or drop --precision fp8";
-    else if (o.cuda_graphs)
-        why = "--precision fp8 with --cuda-graphs is not supported yet (step 1's calibration is a host-side branch; the "
-              "scales are device memory, but the replay is untested): drop one of them";
     else if (cfg.channels % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
         why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C=%d, B*T=%d: "
                         "change the shape, or drop --precision fp8", cfg.channels, plan.B * plan.T);

@@ -19,6 +19,9 @@
                    change after the capture at step 2. Losses, weights and every step's S bit for bit:
                    the loss kernel reads S and AdamW 1/S from device memory (S passed by value to the
                    loss kernel was planted by hand: the graphed weights differ from step 7 on)
+  fp8              --precision fp8 (llmc/kernels/fp8.cuh): 10 graphed steps == 10 eager bit for bit (losses,
+                   weights, the step-10 checkpoint's fp8_state.bin): the replays quantize with the scales
+                   and roll the amax histories in device memory as they change
   resume           12 graphed steps == 6 graphed + checkpoint + resume + 6 graphed, and == 12 eager:
                    weights, losses, model.bin and state.bin bit for bit
   refused          --cuda-graphs on 2 ranks, with gradient accumulation, --offload optimizer, --zero 2,
@@ -96,6 +99,21 @@ def fp16_graphed(S):
            f"not the same: {[k for k, v in same.items() if not v]}; scales eager {s_e}, graphed {s_g}")
 
 
+def fp8_graphed(S):
+    flags = STEPS + ["--steps", "10", "--checkpoint-every", "10", "--precision", "fp8"] + DEFAULT_ATTENTION
+    dumps, state = {}, {}
+    for name, extra in [("eager", []), ("graphed", ["--cuda-graphs"])]:
+        dumps[name] = S.dump(GPU, "tiny", flags + extra + ["--out-dir", f"{S.tmp}/fp8_{name}"])
+        path = f"{S.tmp}/fp8_{name}/ckpt_00000010/fp8_state.bin"
+        state[name] = open(path, "rb").read() if os.path.exists(path) else None
+    eager, graphed = dumps["eager"], dumps["graphed"]
+    same = {"losses": np.array_equal(eager["losses"], graphed["losses"]),
+            "weights": np.array_equal(eager["params"], graphed["params"]),
+            "fp8_state.bin": state["eager"] is not None and state["eager"] == state["graphed"]}
+    report(all(same.values()), "fp8: 10 graphed steps == 10 eager bit for bit (losses, weights, the amax histories and "
+           "scales of fp8_state.bin)", f"not the same: {[k for k, v in same.items() if not v]}")
+
+
 def resume(S):
     tmp, data = S.tmp, S.data["tiny"]
     flags = STEPS + ["--steps", "12", "--checkpoint-every", "6"] + DEFAULT_ATTENTION
@@ -150,6 +168,7 @@ def main():
         S.shape("tiny", 2, 64, 4, 64, 500, 1)
         check("graphed == eager", graphed_equals_eager, S)
         check("fp16 with graphs", fp16_graphed, S)
+        check("fp8 with graphs", fp8_graphed, S)
         check("resume with graphs", resume, S)
         check("refused", refused, S)
     finally:

@@ -31,7 +31,7 @@ capability 8.9+ (./train_gpt, build/fp8_check). Tiny model (L=2 C=128 H=2 T=64 V
   resume         8 straight steps == 4 + resume + 4 (--fp8-amax-history 4, B = 2), bit for bit: weights,
                  losses, the step-8 fp8_state.bin.
   flags          one line and exit 2: a GPU of compute capability 8.0 (CUDA_EMU_COMPUTE_CAPABILITY),
-                 tensor parallelism, --cuda-graphs, --fp8-amax-history without fp8 or out of range, the CPU
+                 tensor parallelism, --fp8-amax-history without fp8 or out of range, the CPU
                  trainer's and the fp16 build's --precision fp8.
 
 The fp8 error model. A product of two operands each rounded to a format of unit roundoff u (e4m3:
@@ -295,7 +295,6 @@ def flags(r):
     base = ["--model", os.path.join(r.work, "tiny.bin")] + r.data
     for exe, args, env, needle in [
             (GPU, ["--precision", "fp8"], {"CUDA_EMU_COMPUTE_CAPABILITY": "8.0"}, "compute capability 8.9"),
-            (GPU, ["--precision", "fp8", "--cuda-graphs"], {}, "--cuda-graphs"),
             (GPU, ["--fp8-amax-history", "8"], {}, "add --precision fp8"),
             (GPU, ["--precision", "fp8", "--fp8-amax-history", "2000"], {}, "1..1024"),
             (CPU, ["--precision", "fp8"], {}, "./train_gpt --precision fp8"),

@@ -59,8 +59,9 @@
 //
 // Hook points: none of the step's; the trainer's four linear layers call fp8_linear_forward /
 // _backward_data / _backward_weight instead of matmul.cuh's functions (train_gpt.cu's linear_*),
-// and train_step calls fp8_end_step once per step. The checkpoint: fp8_download_state /
-// fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
+// and train_step calls fp8_end_step once per step (or the graphed passes, --cuda-graphs: everything
+// here is device memory but step 1's calibration, and a run's first step is eager). The checkpoint:
+// fp8_download_state / fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
 #pragma once
 
 #include <cuda_fp8.h>

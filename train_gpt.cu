@@ -145,7 +145,6 @@ struct GPT2 {
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
     Fp8Matmuls fp8;                     // --precision fp8: the linear layers' matmuls in fp8 (llmc/kernels/fp8.cuh)
-    void* fp8_memory = nullptr;         // ... its state and operands, one allocation
     AttentionContext attention;
     // host side of a micro-batch, in pinned memory so the copies are true DMA
     int* host_inputs = nullptr;
@@ -218,7 +217,6 @@ static void gpt2_allocate(GPT2* m) {
 static void gpt2_free(GPT2* m) {
     attention_destroy(&m->attention);
     matmul_destroy(&m->matmul);
-    if (m->fp8_memory) CUDA_CHECK(cudaFree(m->fp8_memory));
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
     offload_free(&m->offload);
@@ -402,19 +400,28 @@ static void gpt2_forward(GPT2* m) {
     release_unit_weights(m, ends);
 }
 
+// fp16's loss scale S in device memory, where the loss kernel reads it (GB_STEP_VALUES, llmc/kernels/
+// scratch_sizes.h): S changes when a step overflows, so a captured graph (--cuda-graphs) must not bake it
+// in. The host writes it before each step's passes (upload_loss_scale).
+static float* loss_scale_on_gpu(GPT2* m) { return (float*)((char*)m->buf[GB_STEP_VALUES] + GPU_STEP_LOSS_SCALE_AT); }
+static void upload_loss_scale(GPT2* m) {
+    CUDA_CHECK(cudaMemcpyAsync(loss_scale_on_gpu(m), &m->scaler.scale, sizeof(float), cudaMemcpyHostToDevice, m->stream));
+}
+
 // Loss of the forward just run (the last stage's), per token into GB_LOSSES, and the mean returned
 // (summed on the host in double, as the CPU does). With write_grad, the logits become
-// d(loss)/d(logits) * dloss, in place: the first step of gpt2_backward, fused into the loss's kernel.
-// With tensor parallelism every tensor rank of the last stage takes part (its logits are its rows).
+// d(loss)/d(logits) * dloss (times fp16's S), in place: the first step of gpt2_backward, fused into the
+// loss's kernel. With tensor parallelism every tensor rank of the last stage takes part (its logits are
+// its rows).
 static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     const GPT2Config& c = m->config;
     int BT = m->B * m->T;
     if (m->tp.host.degree == 1) {
         fused_classifier(A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, c.vocab_size,
-                         c.padded_vocab_size, write_grad, m->stream);
-    } else {
-        tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS), dloss, BT, m->slice,
-                      write_grad, m->stream);
+                         c.padded_vocab_size, write_grad, m->stream, FLOATX_IS_FP16 ? loss_scale_on_gpu(m) : nullptr);
+    } else {  // (tensor parallelism is never graphed: S by value)
+        tp_classifier(&m->tp, A_<floatX>(m, GB_LOGITS), A_<float>(m, GB_LOSSES), A_<int>(m, GB_TARGETS),
+                      dloss * m->scaler.scale, BT, m->slice, write_grad, m->stream);
     }
 }
 
@@ -671,14 +678,14 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     a.eps = o.adam_eps;
     a.weight_decay = o.weight_decay;
     a.max_norm = o.grad_clip;
-    a.grad_scale = 1.0f / m->scaler.scale;  // the gradients are S times the true ones (exact: S is a power of two)
     a.seed = o.seed;
     a.decay_mask = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
-    AdamWStep now = adamw_step_values(a, adam_t, lr, norm);
+    // the gradients are S times the true ones: AdamW multiplies by 1/S (exact: S is a power of two)
+    AdamWStep now = adamw_step_values(a, adam_t, lr, norm, 1.0f / m->scaler.scale);
     // the step's values where the kernels read them (copied out of `now` at once): never baked into
     // a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh)
     static_assert(sizeof(AdamWStep) <= GPU_STEP_VALUES_BYTES, "GB_STEP_VALUES must hold AdamWStep");
@@ -724,6 +731,25 @@ static void inject_gradient_overflow(GPT2* m, Parallel* par, int step) {
     if (std::isfinite(first)) return;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     upload_rounded(B_<floatX>(m, GB_GRADS), &first, 1);
+}
+
+// The same for a graphed step (--cuda-graphs, one rank), whose zeroing and backward are one captured
+// graph: the graph copies a device value, the poison slot of GB_STEP_VALUES, into the first gradient
+// element right after zeroing it, and the host writes that slot before each launch: 0 (which changes
+// no bit of a gradient just zeroed) or, at the step LLMC_TEST_GRAD_INF names, inf. Without the
+// variable the graph has no such node.
+static bool graph_injects_overflow() { return getenv("LLMC_TEST_GRAD_INF") != nullptr; }
+static floatX* poison_on_gpu(GPT2* m) { return (floatX*)((char*)m->buf[GB_STEP_VALUES] + GPU_STEP_POISON_AT); }
+static void set_graph_poison(GPT2* m, Parallel* par, int step) {
+    if (!graph_injects_overflow()) return;
+    float first = 0.0f;
+    inject_grad_inf(&par->world, step, &first);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    upload_rounded(poison_on_gpu(m), &first, 1);
+}
+static void graph_poison_gradient(GPT2* m) {  // (inside the capture)
+    if (!graph_injects_overflow()) return;
+    CUDA_CHECK(cudaMemcpyAsync(B_<floatX>(m, GB_GRADS), poison_on_gpu(m), sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
 }
 
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
@@ -774,9 +800,10 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
                 if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
                 // the optimised loss is the mean over all tokens of the step, all ranks together:
                 // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
-                // the loss scale S, so every gradient of the backward is S times larger (exactly: a
-                // power of two), lifted above fp16's underflow; train_step divides it out again.
-                float micro_loss = gpt2_loss(m, m->scaler.scale / (float)plan.total_batch_tokens, true);
+                // the loss scale S (gpt2_loss_kernels), so every gradient of the backward is S times
+                // larger (exactly: a power of two), lifted above fp16's underflow; train_step divides
+                // it out again.
+                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
                 if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
                 loss += micro_loss / mb;
                 if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
@@ -954,7 +981,8 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
         }
     };
     parts.write_rank_files = [&](const std::string& dir) {
-        if (m->fp8.on)  // --precision fp8 (one GPU): the delayed scaling's histories and scales
+        // --precision fp8: the delayed scaling's histories and scales, the same on every rank (fp8_share_amax): rank 0's
+        if (m->fp8.on && par->grid.rank == 0)
             write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
         grad_compression_gpu_save(m->compression, dir, step);  // PowerSGD: every data-parallel rank its e and Q
         if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
@@ -1067,6 +1095,32 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     }
 }
 
+// --precision fp8 over data-parallel ranks (llmc/kernels/fp8.cuh): each rank has measured the amax of
+// its own micro-batches' tensors; their maximum is the amax of the whole step's batch, so every rank
+// takes it into its histories and all choose the same scales (each rank's own would differ with its
+// data, and the ranks would quantize the same weights differently). Exact: a maximum of floats >= 0
+// compares their bits as unsigned integers do, which is how amax_now holds them. One rank: nothing.
+static void fp8_share_amax(GPT2* m, Parallel* par) {
+    if (par->grid.dp == 1) return;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the backward's quantize kernels have written amax_now
+    gpu_all_reduce_max(par->data_on_gpu, (float*)m->fp8.amax_now, (size_t)m->fp8.tensors, "all-reduce of the fp8 amax");
+    gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
+}
+
+// Whether step `step`'s update is applied, once its loss and (unscaled) norm are known on every rank.
+// fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
+// anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
+// of the scaled backward (S does not touch the forward): step_is_sound judges it, as in bf16.
+static bool step_applies(GPT2* m, const StepResult& r, const TrainOptions& o, int step, BadSteps* bad_steps, bool leader) {
+    if (!FLOATX_IS_FP16 || !std::isfinite(r.loss)) return step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, leader);
+    bool overflow = !std::isfinite(r.norm);
+    bool applied = loss_scaler_update(&m->scaler, overflow, step);
+    if (overflow && leader)
+        printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
+               (double)r.loss_scale, (double)m->scaler.scale);
+    return applied;
+}
+
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
 // rank: the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound
 // finds the step bad.
@@ -1075,33 +1129,26 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = learning_rate(plan.schedule, step - 1);
+    if (FLOATX_IS_FP16) upload_loss_scale(m);  // where the loss kernel reads S
     zero_gradients(m);
     m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(m, par, train, plan, step);
     moe_gpu_step_stats(&m->moe, plan.accumulation_steps);  // --moe-experts: the auxiliary losses' mean over the micro-batches
-    if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: roll the amax histories, next scales
+    if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
+        fp8_share_amax(m, par);
+        fp8_end_step(&m->fp8, m->stream);
+    }
     // the mean loss over every token of the step: the last stage's, one tensor rank of each
     // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
     bool reports = m->slice.last_stage && grid.tp_rank == 0;
     r.loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
     // fp16: the norm of the scaled gradient over S is the true gradient's norm, bit for bit (S is a
     // power of two), so clipping compares the true norm with --grad-clip; AdamW divides the gradients
-    // by S in the same pass (AdamWParams::grad_scale). bf16, fp32: S = 1.
+    // by S in the same pass (AdamWStep::grad_scale). bf16, fp32: S = 1.
     r.loss_scale = m->scaler.scale;
     r.norm = finish_gradients(m, par) / m->scaler.scale;
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
-    // fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
-    // anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
-    // of the scaled backward (S does not touch the forward): step_is_sound judges it, as in bf16.
-    if (FLOATX_IS_FP16 && std::isfinite(r.loss)) {
-        bool overflow = !std::isfinite(r.norm);
-        r.applied = loss_scaler_update(&m->scaler, overflow, step);
-        if (overflow && grid.rank == 0)
-            printf("step %d: the fp16 gradients overflowed at loss scale %.0f: update skipped, the scale halved to %.0f\n", step,
-                   (double)r.loss_scale, (double)m->scaler.scale);
-    } else {
-        r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
-    }
+    r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     else if (m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);  // (the delay's pending weights)
     return r;
@@ -1123,18 +1170,29 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     m->buckets[0] = m->B * m->T;
     const floatX* grads = zero_norm_pieces(m->zero).at(0).first;  // one rank: the whole gradient in one piece
     size_t count = zero_norm_pieces(m->zero).at(0).second;
+    if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
+    set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
+    // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
+    // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
+    // a host-side branch, and that step is always eager.
+    if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
     graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
         zero_gradients(m);
+        graph_poison_gradient(m);
         gpt2_forward(m);
         gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
         gpt2_backward(m, true);
+        if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
         global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
     });
     float loss = gpt2_read_loss(m);
     print_micro_step(step, 0, 1, loss, seconds_since(start));
     r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses");
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms"));
-    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, true);
+    // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
+    r.loss_scale = m->scaler.scale;
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
+             m->scaler.scale;
+    r.applied = step_applies(m, r, o, step, bad_steps, true);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1213,6 +1271,7 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
     take_grad_compression(o, cfg, grid.dp, &s);
+    s.fp8_history = fp8_history_of(o);
     return s;
 }
 
@@ -1261,16 +1320,9 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
                      B_<float>(m, GB_MOE_ADAM_M), B_<float>(m, GB_MOE_ADAM_V), B_<float>(m, GB_MOE_ROUTING),
                      B_<floatX>(m, GB_MOE_ACTIVATIONS), B_<floatX>(m, GB_MOE_SCRATCH));
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
-    if (o.precision == "fp8") {  // the state, then the two operand buffers: the largest input, weight or gradient
-        int L = m->slice.num_layers, tensors = L * FP8_LINEARS * FP8_ROLES;
-        int history = o.fp8_amax_history ? o.fp8_amax_history : FP8_AMAX_HISTORY;
-        size_t state_bytes = fp8_state_floats(tensors, history) * sizeof(float);
-        size_t operand = (size_t)m->slice.fc_channels * std::max((size_t)cfg.channels, (size_t)B * T);
-        state_bytes = ceil_div(state_bytes, (size_t)256) * 256;  // the operands 256-byte aligned
-        CUDA_CHECK(cudaMalloc(&m->fp8_memory, state_bytes + 2 * operand));
-        uint8_t* base = (uint8_t*)m->fp8_memory;
-        fp8_init(&m->fp8, L, history, (float*)base, base + state_bytes, base + state_bytes + operand, m->stream);
-    }
+    if (m->shape.fp8_history)  // --precision fp8: the scaling state and the two operand buffers, rows of the table
+        fp8_init(&m->fp8, m->slice.num_layers, m->shape.fp8_history, B_<float>(m, GB_FP8_SCALING), B_<uint8_t>(m, GB_FP8_A),
+                 B_<uint8_t>(m, GB_FP8_B), m->stream);
     if (*simple_attention) {
         attention_init(&m->attention, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
         m->attention.qkv_scratch = B_<floatX>(m, GB_ATT_QKV);
@@ -1591,12 +1643,9 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
     if (props.major * 10 + props.minor < 89)
         why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
                         "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
-    else if (par.world.world_size > 1)
-        why = "--precision fp8 runs on one GPU for now (each rank's amax histories would need a max across the ranks): run "
-              "one process, or drop --precision fp8";
-    else if (o.cuda_graphs)
-        why = "--precision fp8 with --cuda-graphs is not supported yet (step 1's calibration is a host-side branch; the "
-              "scales are device memory, but the replay is untested): drop one of them";
+    else if (par.grid.tp > 1 || par.grid.pp > 1 || par.grid.zero_stage > 1)
+        why = "--precision fp8 runs on one GPU or over data-parallel ranks with --zero 0 or 1 for now (tensor and pipeline "
+              "slices and ZeRO-2/3's buckets are not quantized yet): use data parallelism, or drop --precision fp8";
     else if (cfg.channels % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
         why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C=%d, B*T=%d: "
                         "change the shape, or drop --precision fp8", cfg.channels, plan.B * plan.T);
@@ -1772,6 +1821,7 @@ int main(int argc, char** argv) {
         // 3rd steps' times alone give 23%; 20% predicted)
         if (step == first_step && plan.steps - first_step > 1) par.pipe.busy_seconds = par.pipe.schedule_seconds = 0;
         dump_step_loss(&dump_probe, r.loss);
+        fp8_test_dump_state(&comm, step + 1, &m->fp8);  // LLMC_TEST_FP8_STATE (llmc/probes/gpu_test_hooks.cuh)
         double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
         if (leader) {
             bool moe = m->moe.moe.experts > 0;  // --moe-experts: the auxiliary losses and the routing beside the LM loss

@@ -13,6 +13,15 @@
                    rate, step count or bias correction passed to it by value would stay at step 2's, and
                    a data-dependent launch shape (the encoder backward's grid) would stay at step 2's
                    batch: both were seen to fail this check (planted by hand; docs/benchmarks.md)
+  fp16             train_gpt_fp16 (dynamic loss scaling, llmc/optim/loss_scaler.h): 30 graphed steps == 30
+                   eager, with an overflow injected at step 7 (LLMC_TEST_GRAD_INF) that both skip, and a
+                   window of 10 clean steps: S goes 2^16 -> 2^15 (step 7) -> 2^16 (17) -> 2^17 (27), each
+                   change after the capture at step 2. Losses, weights and every step's S bit for bit:
+                   the loss kernel reads S and AdamW 1/S from device memory (S passed by value to the
+                   loss kernel was planted by hand: the graphed weights differ from step 7 on)
+  fp8              --precision fp8 (llmc/kernels/fp8.cuh): 10 graphed steps == 10 eager bit for bit (losses,
+                   weights, the step-10 checkpoint's fp8_state.bin): the replays quantize with the scales
+                   and roll the amax histories in device memory as they change
   resume           12 graphed steps == 6 graphed + checkpoint + resume + 6 graphed, and == 12 eager:
                    weights, losses, model.bin and state.bin bit for bit
   refused          --cuda-graphs on 2 ranks, with gradient accumulation, --offload optimizer, --zero 2,
@@ -25,6 +34,7 @@ from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gpu import GPU, CPU, MODE, DEFAULT_ATTENTION, Setup, check, run, same_bytes, skip  # noqa: E402
+from safetensors_io import read_safetensors  # noqa: E402
 from test_bad_inputs import one_line_error  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,6 +76,44 @@ def graphed_equals_eager(S):
            f"weights equal {same_weights}")
 
 
+def fp16_graphed(S):
+    fp16 = os.path.join(os.path.dirname(GPU), "train_gpt_fp16")
+    flags = STEPS + ["--steps", "30", "--loss-scale-init", "65536", "--loss-scale-window", "10"] + DEFAULT_ATTENTION
+    runs = {}
+    for name, extra in [("eager", []), ("graphed", ["--cuda-graphs"])]:
+        path = f"{S.tmp}/fp16_{name}.st"
+        p = run([fp16, "--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + flags + extra + ["--dump-state", path,
+                "--out-dir", f"{S.tmp}/fp16_{name}"], env={"LLMC_TEST_GRAD_INF": "0:7"})
+        scales = [int(line.split("| scale ")[1].split()[0]) for line in p.stdout.splitlines()
+                  if line.startswith("step ") and "| scale " in line]
+        runs[name] = (read_safetensors(path)[0], p.stdout, scales)
+    (eager, out_e, s_e), (graphed, out_g, s_g) = runs["eager"], runs["graphed"]
+    skipped = "step 7: the fp16 gradients overflowed at loss scale 65536: update skipped, the scale halved to 32768"
+    want = [65536] * 7 + [32768] * 10 + [65536] * 10 + [131072] * 3  # the scale each step ran at
+    same = {"losses": np.array_equal(eager["losses"], graphed["losses"]),
+            "weights": np.array_equal(eager["params"], graphed["params"]), "scales": s_e == s_g == want,
+            "step 7 skipped in both": skipped in out_e and skipped in out_g,
+            "graphs captured": "cuda graphs: step 2 captured the passes" in out_g}
+    report(all(same.values()), "fp16: 30 graphed steps == 30 eager bit for bit (losses, weights), the overflow injected "
+           "at step 7 skipped in both, S 2^16 -> 2^15 -> 2^16 -> 2^17 read from device memory by the replays",
+           f"not the same: {[k for k, v in same.items() if not v]}; scales eager {s_e}, graphed {s_g}")
+
+
+def fp8_graphed(S):
+    flags = STEPS + ["--steps", "10", "--checkpoint-every", "10", "--precision", "fp8"] + DEFAULT_ATTENTION
+    dumps, state = {}, {}
+    for name, extra in [("eager", []), ("graphed", ["--cuda-graphs"])]:
+        dumps[name] = S.dump(GPU, "tiny", flags + extra + ["--out-dir", f"{S.tmp}/fp8_{name}"])
+        path = f"{S.tmp}/fp8_{name}/ckpt_00000010/fp8_state.bin"
+        state[name] = open(path, "rb").read() if os.path.exists(path) else None
+    eager, graphed = dumps["eager"], dumps["graphed"]
+    same = {"losses": np.array_equal(eager["losses"], graphed["losses"]),
+            "weights": np.array_equal(eager["params"], graphed["params"]),
+            "fp8_state.bin": state["eager"] is not None and state["eager"] == state["graphed"]}
+    report(all(same.values()), "fp8: 10 graphed steps == 10 eager bit for bit (losses, weights, the amax histories and "
+           "scales of fp8_state.bin)", f"not the same: {[k for k, v in same.items() if not v]}")
+
+
 def resume(S):
     tmp, data = S.tmp, S.data["tiny"]
     flags = STEPS + ["--steps", "12", "--checkpoint-every", "6"] + DEFAULT_ATTENTION
@@ -93,8 +141,6 @@ def refused(S):
                           (["--offload", "optimizer"], "--offload optimizer"),
                           (["--zero", "2"], "--zero 2")]:
         one_line_error(f"train_gpt --cuda-graphs {' '.join(extra)}", base + extra, 2, "--cuda-graphs", needle, binary=GPU)
-    one_line_error("train_gpt_fp16 --cuda-graphs", base, 2, "--cuda-graphs in the fp16 build", "train_gpt (bf16)",
-                   binary=os.path.join(os.path.dirname(GPU), "train_gpt_fp16"))
     one_line_error("train_gpt_cpu --cuda-graphs", ["--model", "L=2,C=64,H=4,T=64", "--cuda-graphs"], 2,
                    "--cuda-graphs applies only to the GPU trainer", "launches no kernels", binary=CPU)
     mpirun = shutil.which("mpirun")
@@ -121,6 +167,8 @@ def main():
         S = Setup(tmp)
         S.shape("tiny", 2, 64, 4, 64, 500, 1)
         check("graphed == eager", graphed_equals_eager, S)
+        check("fp16 with graphs", fp16_graphed, S)
+        check("fp8 with graphs", fp8_graphed, S)
         check("resume with graphs", resume, S)
         check("refused", refused, S)
     finally:

@@ -19,12 +19,19 @@ capability 8.9+ (./train_gpt, build/fp8_check). Tiny model (L=2 C=128 H=2 T=64 V
                  multiple of 16), TN e4m3 x e4m3 / e4m3 x e5m2 / e5m2 x e4m3 accepted.
   fp8 vs cpu     10 AdamW steps against the fp32 CPU reference within the fp8 error model below;
                  control: the bf16 run passes the tighter bound that fp8 fails.
+  memory         --estimate --precision fp8's rows equal the trainer's table row by row, its fp8 rows are
+                 the lesson's sizes (12 L (N + 3) floats, two operands of 4C x max(C, B*T) bytes), and the
+                 emulated device held no byte outside the table (the fp8 run above; no run of its own).
+  data parallel  2 ranks (ZeRO-1, B = 2 each, the NCCL stand-in) against the one-rank fp8 run (B = 4):
+                 within the fp8 limits below; the same amax histories and scales on both ranks after each
+                 of the 10 steps, bit for bit (LLMC_TEST_FP8_STATE); the weights identical (the dump's
+                 gather checks every rank's copy).
   50 steps       B = 2: the mean loss of steps 41-50 within 0.05 of the bf16 run's (measured 5.5907
                  against 5.5937, from 6.232), both at least 0.5 below their first step's.
   resume         8 straight steps == 4 + resume + 4 (--fp8-amax-history 4, B = 2), bit for bit: weights,
                  losses, the step-8 fp8_state.bin.
   flags          one line and exit 2: a GPU of compute capability 8.0 (CUDA_EMU_COMPUTE_CAPABILITY),
-                 2 ranks, --cuda-graphs, --fp8-amax-history without fp8 or out of range, the CPU
+                 tensor parallelism, --fp8-amax-history without fp8 or out of range, the CPU
                  trainer's and the fp16 build's --precision fp8.
 
 The fp8 error model. A product of two operands each rounded to a format of unit roundoff u (e4m3:
@@ -46,20 +53,28 @@ Planted bugs, each caught (by hand, once; see the commit):
     "fp8 vs cpu" (the weight gradients, rel 0.98: the backward reads those bytes as e4m3); the logits
     alone (0.084) stay within 0.1, as the model says (sqrt(u4^2 + u3^2) / sqrt(3) = 0.081);
   - the history not rolled (the shift in fp8_roll_kernel dropped): "delayed scale" (1, 256, 4, 128, ...);
-  - the fp8 state not restored on resume: "resume" (weights, losses and fp8_state.bin differ).
+  - the fp8 state not restored on resume: "resume" (weights, losses and fp8_state.bin differ);
+  - the amax not max-reduced over the ranks (fp8_share_amax's all-reduce dropped): "data parallel"
+    (step 1: 15 amax and 4 scales differ between the ranks; the weights stay identical, the
+    gradients being summed after dequantizing, so only the state check sees it);
+  - --estimate without fp8's rows (estimate_take_techniques' fp8_history 0): "memory" (3 rows differ);
+    fp8's buffers allocated outside the table (the code before): "memory" (the device held 263,464
+    bytes more than the table).
 """
-import math, os, shutil, subprocess, sys, tempfile
+import math, os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import MODE, GPU, ROOT, compare_dumps, rel, tiny_precision_fixture  # noqa: E402
+from test_gpu import DEFAULT_ATTENTION, MODE, GPU, ROOT, compare_dumps, rel, tiny_precision_fixture  # noqa: E402
+from test_estimate import parse_estimate  # noqa: E402
 from test_gpu_data_parallel import CPU, Runner  # noqa: E402
 
 CHECK = os.path.join(ROOT, "build", "fp8_check") if MODE == "gpu" else os.path.join(ROOT, "build", "emu", "fp8_check")
 FP16 = os.path.join(ROOT, "train_gpt_fp16") if MODE == "gpu" else os.path.join(ROOT, "build", "emu", "train_gpt_fp16")
 FP8_TOL = dict(logits=0.1, loss=0.01, grads=0.16, cosine=0.985, losses=0.02, update=0.3)
 CONTROL_LOGITS = 0.02
-CHECKS = ["quantizer", "delayed scale", "decode", "refusals", "fp8 vs cpu", "50 steps", "resume", "flags"]
+CHECKS = ["quantizer", "delayed scale", "decode", "refusals", "fp8 vs cpu", "memory", "data parallel", "50 steps", "resume",
+          "flags"]
 
 
 # ---- the OCP FP8 formats, from the spec (v1.0)
@@ -188,6 +203,7 @@ def refusals():
 # ---- the trainer
 
 def fp8_vs_cpu(r, model):
+    """Returns the fp8 run's dump and output (the memory and data-parallel checks reuse them)."""
     ref, _ = r.dump("cpu", 1, "--batch-size", 4, exe=CPU)
     got, out = r.dump("fp8", 1, "--batch-size", 4, "--precision", "fp8")
     report("fp8: the linear layers' matmuls in fp8" in out, "the run says it trains with fp8 matmuls", out[-800:])
@@ -197,6 +213,57 @@ def fp8_vs_cpu(r, model):
     bf, _ = r.dump("bf16", 1, "--batch-size", 4)
     e = rel(bf["logits"], ref["logits"])
     report(e <= CONTROL_LOGITS, f"control: the bf16 run's logits error {e:.4f} is within {CONTROL_LOGITS}")
+    return got, out
+
+
+def memory(r, out):
+    """--estimate knows fp8's buffers: its rows are the trainer's table, the fp8 rows are the lesson's
+    sizes, and the emulated device held no byte outside the table (`out`: the B = 4 fp8 run's output)."""
+    flags = ["--model", os.path.join(r.work, "tiny.bin")] + r.data + ["--batch-size", "4", "--precision", "fp8"]
+    p = subprocess.run([GPU] + flags + DEFAULT_ATTENTION + ["--estimate"], capture_output=True, text=True, cwd=r.work)
+    est, _ = parse_estimate(p.stdout)
+    held, _ = parse_estimate("memory of rank 0, buffer by buffer\n" + out)  # the trainer prints the same table
+    L, C, BT, history = 2, 128, 4 * 64, 16
+    want = {"fp8_scaling": -(-4 * 12 * L * (history + 3) // 256) * 256,  # 12 tensors a layer: N amax, scale, 1/scale, amax now
+            "fp8_operand_a": 4 * C * max(C, BT), "fp8_operand_b": 4 * C * max(C, BT)}  # the MLP's operands, 1 byte each
+    got = {k: est.get(k, ("", 0))[1] for k in want}
+    differ = [k for k in set(est) | set(held) if est.get(k) != held.get(k)]
+    report(p.returncode == 0 and got == want and not differ and len(est) >= 30,
+           f"--estimate with --precision fp8: the trainer's table row by row, the fp8 rows {got}",
+           f"exit {p.returncode}; fp8 rows {got}, want {want}; rows that differ: {differ}; {p.stderr[-300:]}")
+    m = re.search(r"GPU memory bytes: table (\d+), .* peak minus before (\d+)", out)
+    table, used = (int(m.group(1)), int(m.group(2))) if m else (0, -1)
+    # the emulated device counts the bytes asked of cudaMalloc; the table rounds each row up to 256
+    report(table == sum(b for _, b in est.values()) and table - 256 * len(est) < used <= table,
+           f"fp8 run: the emulated device held {used:,} bytes, within the table's {table:,} (rounding only)",
+           f"held {used}, table {table}, rows {len(est)}")
+
+
+def data_parallel(r, model, one):
+    """2 data-parallel ranks (ZeRO-1, the NCCL path) against the one-rank run `one` (B = 4, 10 steps):
+    the ranks max-reduce every tensor's amax before the scales are chosen, so they hold the same
+    scaling state after every step; the dump's gather checks that their weights are identical."""
+    states = os.path.join(r.work, "fp8_states")
+    os.makedirs(states, exist_ok=True)
+    two, _ = r.dump("fp8_dp2", 2, "--batch-size", 2, "--zero", 1, "--precision", "fp8",
+                    env={"LLMC_TEST_FP8_STATE": states, "CUDA_EMU_DEVICES": "2"})
+    # the dump's step-1 logits and loss are rank 0's micro-batch: the first half of the one-rank batch
+    one = dict(one, logits=one["logits"].reshape(-1)[:two["logits"].size])
+    compare_dumps("fp8, 2 data-parallel ranks vs 1 rank (10 steps)", dict(two, logits=two["logits"].reshape(-1)), one, model,
+                  FP8_TOL)
+    differ, steps = [], 0
+    for step in range(1, 11):
+        files = [os.path.join(states, f"fp8_step{step}_rank{k}.f32") for k in (0, 1)]
+        if not all(os.path.exists(f) for f in files):
+            differ.append(f"step {step}: missing")
+            continue
+        a, b = (np.fromfile(f, np.float32) for f in files)
+        steps += 1
+        if a.tobytes() != b.tobytes():
+            n = 2 * 12 * 16  # the histories, then the scales
+            differ.append(f"step {step}: {int(np.sum(a[:n] != b[:n]))} amax, {int(np.sum(a[n:] != b[n:]))} scales differ")
+    report(steps == 10 and not differ, "fp8, 2 ranks: the same amax histories and scales on both ranks after each of "
+           "10 steps (the amax max-reduced over the ranks)", "; ".join(differ[:4]))
 
 
 def fifty_steps(r):
@@ -228,7 +295,6 @@ def flags(r):
     base = ["--model", os.path.join(r.work, "tiny.bin")] + r.data
     for exe, args, env, needle in [
             (GPU, ["--precision", "fp8"], {"CUDA_EMU_COMPUTE_CAPABILITY": "8.0"}, "compute capability 8.9"),
-            (GPU, ["--precision", "fp8", "--cuda-graphs"], {}, "--cuda-graphs"),
             (GPU, ["--fp8-amax-history", "8"], {}, "add --precision fp8"),
             (GPU, ["--precision", "fp8", "--fp8-amax-history", "2000"], {}, "1..1024"),
             (CPU, ["--precision", "fp8"], {}, "./train_gpt --precision fp8"),
@@ -240,9 +306,9 @@ def flags(r):
         report(p.returncode == 2 and len(lines) == 1 and needle in lines[0],
                f"{os.path.basename(exe)} {' '.join(args)}{' ' + str(env) if env else ''}: one line, exit 2",
                f"exit {p.returncode}: {p.stderr[-600:]}")
-    code, out, err, _ = r.run(2, "--precision", "fp8")
-    report(code != 0 and "--precision fp8 runs on one GPU for now" in out + err, "2 ranks with --precision fp8: refused, "
-           "naming why", (out + err)[-600:])
+    code, out, err, _ = r.run(2, "--precision", "fp8", "--tensor-parallel", "2")
+    report(code != 0 and "over data-parallel ranks with --zero 0 or 1" in out + err, "--precision fp8 with tensor "
+           "parallelism: refused, naming why", (out + err)[-600:])
 
 
 def main():
@@ -252,15 +318,20 @@ def main():
         return exit_code()
     work = tempfile.mkdtemp(prefix="llmc_fp8_")
     try:
-        init, names, off = tiny_precision_fixture(work)
+        model = tiny_precision_fixture(work)
         r = Runner(work)
-        for name, fn, args in [("quantizer", quantizer, (work,)), ("delayed scale", delayed_scale, ()),
-                               ("decode", decode_table, ()), ("refusals", refusals, ()), ("flags", flags, (r,)),
-                               ("fp8 vs cpu", fp8_vs_cpu, (r, (init, names, off))), ("resume", resume, (r, work)),
-                               ("50 steps", fifty_steps, (r,))]:
+        fp8_run = {}  # the memory and data-parallel checks reuse fp8 vs cpu's run
+
+        def vs_cpu():
+            fp8_run["dump"], fp8_run["out"] = fp8_vs_cpu(r, model)
+        for name, fn in [("quantizer", lambda: quantizer(work)), ("delayed scale", delayed_scale), ("decode", decode_table),
+                         ("refusals", refusals), ("flags", lambda: flags(r)), ("fp8 vs cpu", vs_cpu),
+                         ("memory", lambda: memory(r, fp8_run["out"])),
+                         ("data parallel", lambda: data_parallel(r, model, fp8_run["dump"])),
+                         ("resume", lambda: resume(r, work)), ("50 steps", lambda: fifty_steps(r))]:
             try:
-                fn(*args)
-            except (RuntimeError, OSError, ValueError, IndexError) as e:
+                fn()
+            except (RuntimeError, OSError, ValueError, IndexError, KeyError) as e:
                 report(False, name, f"{type(e).__name__}: {e}"[-2000:])
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -41,26 +41,36 @@
 // the classifier (logits feed the loss directly; the tied embedding is the largest, most sensitive
 // matrix) and the loss. The output of every fp8 matmul is bf16, accumulated in fp32.
 //
+// Data parallelism: each rank measures the amax of its own micro-batches; train_gpt.cu's
+// fp8_share_amax max-reduces amax_now over the ranks before fp8_end_step, so every rank rolls the
+// amax of the whole step's batch into its histories and all choose the same scales from step 2 on
+// (step 1's calibration measures each rank's own tensors: the one step whose input and gradient
+// scales may differ between ranks; the gradients are summed after dequantizing, so the weights stay
+// identical either way).
+//
 // Trade-off. Memory: two fp8 operand buffers (one matmul's largest input, weight or gradient, 1 byte
-// an element) and 12 x (N + 3) floats of state per layer; the activations kept for the backward stay
-// bf16 (the backward quantizes them again). Speed: Hopper's fp8 tensor cores do twice the dense
+// an element) and 12 x (N + 3) floats of state per layer, rows of the size table (fp8_scaling,
+// fp8_operand_a, fp8_operand_b in llmc/memory/gpu_buffers.h; --estimate prints them); no fp8 copy of
+// the weights or activations is kept: the activations kept for the backward stay bf16 (the backward
+// quantizes them again). Speed: Hopper's fp8 tensor cores do twice the dense
 // FLOP/s of its bf16 ones (NVIDIA's H100 datasheet), paid for with the quantize passes (a read of
 // bf16 and a write of 1 byte per element, 6 per linear layer per micro-batch; the transposed ones
 // write uncoalesced here: the readable version). Not measured on a GPU yet.
 //
 // Hook points: none of the step's; the trainer's four linear layers call fp8_linear_forward /
 // _backward_data / _backward_weight instead of matmul.cuh's functions (train_gpt.cu's linear_*),
-// and train_step calls fp8_end_step once per step. The checkpoint: fp8_download_state /
-// fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
+// and train_step calls fp8_end_step once per step (or the graphed passes, --cuda-graphs: everything
+// here is device memory but step 1's calibration, and a run's first step is eager). The checkpoint:
+// fp8_download_state / fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
 #pragma once
 
 #include <cuda_fp8.h>
 #include <cmath>
 #include <vector>
 #include "llmc/kernels/matmul.cuh"  // MatmulContext, CUBLAS_CHECK
+#include "llmc/kernels/scratch_sizes.h"  // FP8_AMAX_HISTORY, fp8_state_floats, fp8_operand_bytes: the size table's
 
 constexpr float FP8_E4M3_MAX = 448.0f, FP8_E5M2_MAX = 57344.0f;
-constexpr int FP8_AMAX_HISTORY = 16;  // --fp8-amax-history's default
 
 // The quantized tensors of one linear layer, and the layers of a block.
 enum Fp8Role { FP8_INPUT, FP8_WEIGHT, FP8_GRAD, FP8_ROLES };
@@ -68,6 +78,7 @@ enum Fp8Linear { FP8_QKV, FP8_ATTPROJ, FP8_FC, FP8_FCPROJ, FP8_LINEARS };
 
 // slot of (layer, linear): its three tensors are slots s + FP8_INPUT, s + FP8_WEIGHT, s + FP8_GRAD
 inline int fp8_slot(int layer, Fp8Linear linear) { return (layer * FP8_LINEARS + linear) * FP8_ROLES; }
+static_assert(FP8_LINEARS * FP8_ROLES == FP8_TENSORS_PER_LAYER, "scratch_sizes.h sizes the fp8 state for 12 tensors a layer");
 
 struct Fp8Algo {
     int m, n, k;
@@ -88,8 +99,6 @@ struct Fp8Matmuls {
     uint8_t *a8 = nullptr, *b8 = nullptr;  // the two operands of one matmul, quantized
     std::vector<Fp8Algo> algos;
 };
-
-inline size_t fp8_state_floats(int tensors, int history) { return (size_t)tensors * (history + 3); }
 
 // ---- the kernels
 

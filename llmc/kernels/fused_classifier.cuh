@@ -34,10 +34,13 @@ __device__ __forceinline__ void classifier_row_grad(floatX* z, int V, int Vp, fl
     }
 }
 
-// logits (N, Vp) -> losses (N); if write_grad, logits are replaced by dloss * d(loss)/d(logits).
+// logits (N, Vp) -> losses (N); if write_grad, logits are replaced by dloss * d(loss)/d(logits), times
+// *loss_scale where given: fp16's loss scale S (llmc/optim/loss_scaler.h), read from device memory
+// because it changes from step to step and a captured graph (--cuda-graphs) would bake in a value.
 __global__ void __launch_bounds__(CLASSIFIER_THREADS) fused_classifier_kernel(floatX* logits, float* losses,
                                                                               const int* targets, float dloss, int V,
-                                                                              int Vp, bool write_grad) {
+                                                                              int Vp, bool write_grad,
+                                                                              const float* loss_scale) {
     __shared__ float shared[32];
     int row = blockIdx.x;
     floatX* z = logits + (size_t)row * Vp;
@@ -61,12 +64,13 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) fused_classifier_kernel(fl
     if (threadIdx.x == 0) losses[row] = logf(row_sum) + row_max - to_float(z[target]);
     if (!write_grad) return;
     __syncthreads();  // thread 0 read z[target] above; it is about to be overwritten
-    // pass 2: the gradient, in place
-    classifier_row_grad(z, V, Vp, row_max, 1.0f / row_sum, target, dloss);
+    // pass 2: the gradient, in place (S a power of two: dloss S is S / tokens to the bit)
+    classifier_row_grad(z, V, Vp, row_max, 1.0f / row_sum, target, loss_scale ? dloss * *loss_scale : dloss);
 }
 
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
-                             bool write_grad, cudaStream_t stream) {
-    fused_classifier_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_grad);
+                             bool write_grad, cudaStream_t stream, const float* loss_scale = nullptr) {
+    fused_classifier_kernel<<<N, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_grad,
+                                                                  loss_scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -31,6 +31,18 @@ constexpr size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;
 // partial per block, and the norm after them (GLOBAL_NORM_BLOCKS + 1 floats).
 constexpr int GLOBAL_NORM_BLOCKS = 512;
 
-// llmc/optim/adamw.cuh: the step's values AdamW reads from device memory (AdamWStep, 20 bytes),
-// in a buffer of their own (GB_STEP_VALUES).
+// llmc/optim/adamw.cuh: the step's values AdamW reads from device memory (AdamWStep, 24 bytes), and
+// llmc/kernels/fused_classifier.cuh's loss scale (a float at GPU_STEP_LOSS_SCALE_AT), in a buffer of
+// their own (GB_STEP_VALUES).
 constexpr size_t GPU_STEP_VALUES_BYTES = 32;
+constexpr size_t GPU_STEP_LOSS_SCALE_AT = 24;
+constexpr size_t GPU_STEP_POISON_AT = 28;  // tests only: the graphed step's injected overflow (train_gpt.cu)
+
+// llmc/kernels/fp8.cuh (--precision fp8): per layer 12 quantized tensors (4 linear layers x input,
+// weight, gradient), each with an amax history of N steps, a scale, its inverse and this step's amax
+// (N + 3 floats); and two operand buffers of 1 byte an element, each as large as the largest operand
+// of one matmul: the MLP's (4C x C) weights or its (B*T x 4C) input and gradient.
+constexpr int FP8_AMAX_HISTORY = 16;  // --fp8-amax-history's default
+constexpr int FP8_TENSORS_PER_LAYER = 12;
+inline size_t fp8_state_floats(int tensors, int history) { return (size_t)tensors * (history + 3); }
+inline size_t fp8_operand_bytes(size_t fc_channels, size_t C, size_t BT) { return fc_channels * (C > BT ? C : BT); }

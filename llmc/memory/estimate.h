@@ -78,6 +78,7 @@ struct EstimateSetup {
     bool master_weights = true;
     bool offload_optimizer = false;     // --offload optimizer
     bool offload_delay = false;         // --offload-delay 1: a second bf16 array on the host
+    int fp8_history = 0;                // --precision fp8: its amax history's steps (0: no fp8)
     bool simple_attention = false;
     // what to predict
     int64_t tokens_per_step = 0;        // all ranks together, accumulation included
@@ -112,6 +113,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)
     s.compression_state = z.state;
     s.compression_work = z.work;
+    s.fp8_history = e.fp8_history;
     return s;
 }
 
@@ -591,6 +593,12 @@ inline GPT2Config estimate_config(const TrainOptions& o) {
     return read_model_header(path, o.moe_experts > 0).config;  // (--moe-*: a version-7 file's shape; the flags size its table)
 }
 
+// --precision fp8's amax history (llmc/kernels/fp8.cuh), 0 without fp8: the GPU trainer's size table reads it
+// from here, for --estimate and for its own run (train_gpt.cu's gpu_run_shape calls).
+inline int fp8_history_of(const TrainOptions& o) {
+    return o.precision != "fp8" ? 0 : o.fp8_amax_history ? o.fp8_amax_history : FP8_AMAX_HISTORY;
+}
+
 // The flags' techniques, as sizes see them: the one translation from TrainOptions, used by --estimate
 // (estimate_setup below) and by the CPU trainer's own run (its `predicted` setup, which build_model
 // allocates from). A technique that changes what is allocated adds its field here and in
@@ -608,6 +616,7 @@ inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
     e->expert_parallel = o.expert_parallel;
     e->offload_optimizer = o.offload == "optimizer";
     e->offload_delay = o.offload_delay == 1;
+    e->fp8_history = fp8_history_of(o);
 }
 
 // The setup the flags describe. The trainer passes what only it knows: its precision, whether it

@@ -58,6 +58,7 @@ struct GPURunShape {
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
     size_t compression_state = 0;      // --grad-compression powersgd: fp32 e, next e, Q, next Q (grad_compression_gpu_sizes)
     size_t compression_work = 0;       // ... and P with the exactly summed values
+    int fp8_history = 0;               // --precision fp8: the amax history's steps (0: no fp8; llmc/kernels/fp8.cuh)
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -105,6 +106,8 @@ enum GPUBuffer {
     GB_MOE_PARAMS, GB_MOE_GRADS, GB_MOE_ADAM_M, GB_MOE_ADAM_V, GB_MOE_ROUTING, GB_MOE_ACTIVATIONS, GB_MOE_SCRATCH,
     // PowerSGD's error feedback and factors (llmc/parallel/grad_compression.cuh)
     GB_COMPRESSION_STATE, GB_COMPRESSION_WORK,
+    // --precision fp8 (llmc/kernels/fp8.cuh): the delayed scaling's state, one matmul's two quantized operands
+    GB_FP8_SCALING, GB_FP8_A, GB_FP8_B,
     GB_COUNT
 };
 
@@ -248,6 +251,13 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", Lm > 0 ? kN * (2 * C + H) : 0, X};
     t[GB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q fp32", s.compression_state, F};
     t[GB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums fp32", s.compression_work, F};
+    // fp8: no fp8 copy of the weights or activations is kept; each matmul quantizes its operands into
+    // the same two buffers (the MLP's are the largest), so only the scaling state grows with the layers
+    int hist = s.fp8_history;
+    t[GB_FP8_SCALING] = {"fp8_scaling", MEM_WORKSPACE, sh("(%zu x 12, %d+3) fp32", nl, hist),
+                         hist ? fp8_state_floats((int)nl * FP8_TENSORS_PER_LAYER, hist) : 0, F};
+    t[GB_FP8_A] = {"fp8_operand_a", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
+    t[GB_FP8_B] = {"fp8_operand_b", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
     return t;
 }
 

@@ -30,7 +30,6 @@
 struct AdamWParams {
     float beta1, beta2, eps, weight_decay;
     float max_norm;       // clip to this global norm (0 = no clipping)
-    float grad_scale = 1.0f;  // 1/S: fp16's loss scale divided out (llmc/optim/loss_scaler.h); 1 otherwise
     uint64_t seed;        // stochastic-rounding seed; mixed with the step
     size_t tensor_offset[NUM_PARAM_TENSORS];
     unsigned decay_mask;  // bit t set: tensor t decays
@@ -45,10 +44,12 @@ struct AdamWStep {
     float lr;
     float bias_correction1, bias_correction2_sqrt;  // 1 - beta1^t, sqrt(1 - beta2^t)
     int step;             // t, from 1
+    float grad_scale;     // 1/S: fp16's loss scale divided out (llmc/optim/loss_scaler.h), which changes when
+                          // a step overflows; 1 otherwise
 };
 
-inline AdamWStep adamw_step_values(const AdamWParams& a, int step, float lr, float norm) {
-    return AdamWStep{norm, lr, 1.0f - powf(a.beta1, (float)step), sqrtf(1.0f - powf(a.beta2, (float)step)), step};
+inline AdamWStep adamw_step_values(const AdamWParams& a, int step, float lr, float norm, float grad_scale = 1.0f) {
+    return AdamWStep{norm, lr, 1.0f - powf(a.beta1, (float)step), sqrtf(1.0f - powf(a.beta2, (float)step)), step, grad_scale};
 }
 
 // Four consecutive parameters of the floatX arrays, in one load or store (8 bytes in bf16).
@@ -81,7 +82,7 @@ __device__ __forceinline__ void adamw_update4(floatX* params, float* master, con
 
     float clip = 1.0f;
     if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (now.grad_norm + 1e-6f));
-    clip *= a.grad_scale;  // (now.grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
+    clip *= now.grad_scale;  // (now.grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
     float step_size = now.lr / now.bias_correction1;
     uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
     for (int k = 0; k < 4; k++) {

@@ -37,10 +37,12 @@
 // 0's weights bit for bit those before the step.
 //
 // Memory: two numbers. Speed: one multiply per gradient (folded into the norm pass on a GPU).
-// Hook points (train_gpt.cu, the fp16 build ./train_gpt_fp16): the loss seed (forward_backward's
-// gpt2_loss writes dlogits times S / tokens); train_step (the all-reduced norm divided by S, then
-// loss_scaler_update instead of step_is_sound when the loss is finite); optimizer_step (AdamW's
-// t = step - overflows, its clip factor times 1/S). With bf16 and fp32 the scaler is off: S = 1,
+// Hook points (train_gpt.cu, the fp16 build ./train_gpt_fp16): the loss seed (gpt2_loss_kernels: the
+// classifier reads S from device memory and writes dlogits times S / tokens); train_step and its
+// graphed twin (the all-reduced norm divided by S, then step_applies: loss_scaler_update instead of
+// step_is_sound when the loss is finite); optimizer_step (AdamW's t = step - overflows, its clip
+// factor times 1/S, read from device memory as AdamWStep::grad_scale). S lives in device memory
+// so that --cuda-graphs can replay the step while S changes (llmc/run/cuda_graphs.cuh). With bf16 and fp32 the scaler is off: S = 1,
 // never changes. The CPU trainer computes in fp32 and has none; test/test_loss_scaler.cpp checks
 // this file on its own, test/test_fp16.py the fp16 build. See docs/memory.md "fp16 or bf16".
 #pragma once

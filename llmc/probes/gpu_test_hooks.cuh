@@ -8,6 +8,9 @@
 // gather_to_rank0), which also checks that every copy of an element, on every rank that holds one,
 // is the same to the bit: replicas that drift apart fail the dump. On several ranks that needs MPI.
 //
+// LLMC_TEST_FP8_STATE=<dir> (--precision fp8): every rank writes its delayed-scaling state after every
+// step (fp8_test_dump_state below), so that test_fp8.py can check that data-parallel ranks agree.
+//
 // The other test hooks: LLMC_TEST_FAULT (a rank that hangs, exits or fails at a given step:
 // llmc/probes/fault_injection.h's comm_inject_fault) and, beside what it disturbs, LLMC_TEST_PIPE_DELAY_MS
 // (compute made of sleeps, to measure the pipeline bubble: llmc/parallel/pipeline_parallel.h's pipeline_test_delay).
@@ -16,6 +19,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "llmc/kernels/fp8.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/probes/state_dump.h"
@@ -55,4 +59,15 @@ inline void dump_finish(StateDump* d, Comm* world, const Zero& plan, const GPT2C
     d->state.params.insert(d->state.params.end(), more.begin(), more.end());
     write_dump_state(path, d->state, cfg, B, T, "gpu");
     printf("dumped state to %s\n", path.c_str());
+}
+
+// LLMC_TEST_FP8_STATE=<dir>: this rank's fp8 amax histories, scales and inverse scales after step `step`
+// (fp8_download_state's floats), raw fp32, to <dir>/fp8_step<s>_rank<r>.f32. A no-op without it.
+inline void fp8_test_dump_state(const Comm* world, int step, const Fp8Matmuls* f) {
+    static const char* dir = getenv("LLMC_TEST_FP8_STATE");
+    if (!dir || !*dir || !f->on) return;
+    std::vector<float> values = fp8_download_state(f);
+    AtomicFile out(std::string(dir) + strprintf("/fp8_step%d_rank%d.f32", step, world->rank), "fp8 state dump");
+    out.write(values.data(), values.size() * sizeof(float));
+    out.commit();
 }

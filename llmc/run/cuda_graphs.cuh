@@ -39,8 +39,13 @@
 //
 // Not handled yet, refused with one line by cuda_graphs_problem: more than one rank (the NCCL
 // collectives and ZeRO's buckets between the passes), gradient accumulation (a loss read per
-// micro-batch), --offload optimizer (AdamW runs on the host), ZeRO-2/3 (their per-unit buckets),
-// the fp16 build (its loss scale would have to be read from device memory too).
+// micro-batch), --offload optimizer (AdamW runs on the host), ZeRO-2/3 (their per-unit buckets).
+//
+// fp16 (./train_gpt_fp16, llmc/optim/loss_scaler.h): the loss scale S changes when a step overflows
+// (halved) and after a clean window (doubled), so it is a per-step value like the learning rate: the
+// loss kernel reads S from GB_STEP_VALUES and AdamW reads 1/S from AdamWStep, both written before the
+// launches. The skip needs no device flag: the host already reads the norm between the two graphs
+// (it is the overflow flag, step_applies in train_gpt.cu), and a skipped step does not launch the update.
 //
 // Memory: nothing in the size table (the graphs hold no buffers of ours; the driver keeps the
 // instantiated graphs, a few KiB per node). Hook points: none inside the passes; train_step's
@@ -67,9 +72,6 @@ inline std::string cuda_graphs_problem(const TrainOptions& o, int ranks, int acc
     if (o.zero_stage >= 2)
         return strprintf("--cuda-graphs with --zero %d is not supported yet (ZeRO-2/3's gradient buckets): use --zero 0 or 1 "
                          "(on one GPU they are the same), or drop --cuda-graphs", o.zero_stage);
-    if (FLOATX_IS_FP16)  // the build, not the flag: train_gpt_fp16 scales with or without --precision fp16
-        return "--cuda-graphs in the fp16 build is not supported yet (the loss scale changes from step to step and is passed "
-               "to the loss and AdamW kernels by value, not read from device memory): run train_gpt (bf16), or drop --cuda-graphs";
     return "";
 }
 

@@ -76,6 +76,7 @@
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
+#include "llmc/model/zero_bubble_backward.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
 
@@ -139,6 +140,7 @@ struct GPT2 {
     ParamTensors<floatX> p, g;          // each tensor inside params / grads (the flat arrays of ZeRO-0..2)
     int B = 0, T = 0;
     int slot = 0, slots = 1;            // which micro-batch's activations the passes use, of how many (pipelines)
+    int stash = -1;                     // ZB-H1: the stash B fills and W reads; -1: the whole backward at once
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
     Fp8Matmuls fp8;                     // --precision fp8: the linear layers' matmuls in fp8 (llmc/kernels/fp8.cuh)
@@ -445,6 +447,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
     floatX* dlogits = A_<floatX>(m, GB_LOGITS);
     int ends = ends_unit(L);
+    bool defer = m->stash >= 0;  // ZB-H1's B: the block matmuls' dW wait for W (llmc/model/zero_bubble_backward.cuh)
 
     // classifier (the tied LM head) and final LayerNorm
     if (sl.last_stage) {
@@ -469,6 +472,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
         float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, R), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
         float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, R), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
+        WeightStashOf<floatX> kept{};
+        if (defer) {  // fc's and qkv's dy are computed straight into the stash
+            kept = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
+            dbuf_4c = kept.fc;
+            dbuf_3c = kept.qkv;
+        }
 
         // recompute what was not kept, with the forward's own kernels (so, bit-identically)
         floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
@@ -491,21 +500,30 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
             floatX* dfcb = (floatX*)partials;
             matmul_backward_data_dgelu(&m->matmul, dbuf_4c, dfcb, dout, w[FCPROJW], fch, BT, Cf, C, s);
             add_into(g[FCB], dfcb, Cf, s);
-            matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+            if (!defer) matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+        } else if (defer) {
+            matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
         } else {
             linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
         }
+        if (defer) CUDA_CHECK(cudaMemcpyAsync(kept.fcproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
         bias_backward(g[FCPROJB], partials, dout, BT, C, s);
         if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
+        if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
+        else linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
         if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
         layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the attention's output gradient");
-        linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
+        if (defer) {
+            matmul_backward_data(&m->matmul, dbuf_c, dout, w[ATTPROJW], BT, Ca, C, s);
+            CUDA_CHECK(cudaMemcpyAsync(kept.attproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+        } else {
+            linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
+        }
         bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
@@ -516,11 +534,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
             layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
         }
         const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
+        if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, w[QKVW], BT, C, 3 * Ca, s);
+        else linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
         bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
         floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
         layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
-        unit_grads_done(m, step_ends, unit);  // layer l's gradients are final
+        unit_grads_done(m, step_ends && !defer, unit);  // layer l's gradients are final (deferred: at the last W)
         release_unit_weights(m, unit);
     }
     if (!sl.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
@@ -531,6 +550,45 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
     // joined wte's (the step does it, below)
     if (!m->pipelined) unit_grads_done(m, step_ends, ends);
+}
+
+// ZB-H1's W (llmc/model/zero_bubble_backward.cuh): the block matmuls' weight gradients of the micro-
+// batch whose B filled stash m->stash, from its output gradients there and its inputs in slot m->slot
+// (rebuilt as B rebuilt them where --recompute dropped them). The step's last W starts ZeRO-0/1's sums.
+static void gpt2_backward_weights(GPT2* m, bool step_ends) {
+    const ModelSlice& sl = m->slice;
+    int L = sl.num_layers, C = m->config.channels, Ca = sl.attn_channels, Cf = sl.fc_channels;
+    int BT = m->B * m->T;
+    size_t rc = (size_t)BT * C;  // (no sequence parallelism here: zero_bubble_problem refuses tensor ranks)
+    RecomputePlan keep = recompute_plan(m->shape.recompute);
+    cudaStream_t s = m->stream;
+    for (int l = L - 1; l >= 0; l--) {
+        int unit = unit_of_layer(L, l);
+        ParamTensors<floatX> w = unit_weights(m, unit, -1), g = unit_grads(m, unit);
+        WeightStashOf<floatX> dy = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
+        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
+        if (!keep.gelu) {
+            fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
+            gelu_forward(fch_gelu, layer_x(m, GB_FCH, l, (size_t)BT * Cf), (size_t)BT * Cf, s);
+        }
+        floatX* ln2 = layer_x(m, GB_LN2, l, rc), *ln1 = layer_x(m, GB_LN1, l, rc);
+        if (!keep.ln) {  // one scratch for both: ln2 is done with before ln1 is rebuilt
+            ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
+            layernorm_recompute(ln2, layer_x(m, GB_RESIDUAL2, l, rc), layer_f(m, GB_LN2_MEAN, l, BT),
+                                layer_f(m, GB_LN2_RSTD, l, BT), w[LN2W], w[LN2B], BT, C, s);
+        }
+        matmul_backward_weight(&m->matmul, g[FCPROJW], dy.fcproj, fch_gelu, BT, Cf, C, s);
+        matmul_backward_weight(&m->matmul, g[FCW], dy.fc, ln2, BT, C, Cf, s);
+        matmul_backward_weight(&m->matmul, g[ATTPROJW], dy.attproj, layer_x(m, GB_ATTY, l, (size_t)BT * Ca), BT, Ca, C, s);
+        if (!keep.ln) {
+            ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
+            layernorm_recompute(ln1, layer_x(m, GB_RESIDUAL, l, rc), layer_f(m, GB_LN1_MEAN, l, BT),
+                                layer_f(m, GB_LN1_RSTD, l, BT), w[LN1W], w[LN1B], BT, C, s);
+        }
+        matmul_backward_weight(&m->matmul, g[QKVW], dy.qkv, ln1, BT, C, 3 * Ca, s);
+        unit_grads_done(m, step_ends, unit);
+        release_unit_weights(m, unit);
+    }
 }
 
 // ==============================================================================================
@@ -699,6 +757,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     size_t bytes = n * sizeof(floatX);
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
     std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
+    int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
     double loss = 0.0;  // this rank's mean loss over its micro-batches
     auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < list.size(); k++) {
@@ -746,10 +805,16 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
+            m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
             gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
+            m->stash = -1;
             break;
-        case PipeOp::Weight:  // ZB-H1's: main() refuses it here until the kernels' backward is split (issue 26)
-            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
+        case PipeOp::Weight:  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
+            pipeline_test_delay(1);
+            m->stash = stashes > 0 ? act.micro % stashes : -1;
+            if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
+            m->stash = -1;
+            break;
         }
         if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)
@@ -1122,9 +1187,10 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     const ProcessGrid& grid = par.grid;
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);
-    int in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
+    int mb = o.eval_only ? 1 : shape.accumulation_steps, in_flight = gpu_micro_batches_in_flight(par.schedule, grid, mb);
     GPURunShape s = gpu_run_shape(cfg, o.batch_size, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX),
                                   grid, in_flight);
+    s.weight_stashes = gpu_weight_stashes(par.schedule, grid, mb);
     s.offload_optimizer = o.offload == "optimizer";
     fail_unless_fits(s);
     return in_flight;
@@ -1155,6 +1221,8 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->attention.use_cudnn = !*simple_attention;
     m->shape = gpu_run_shape(cfg, B, T, o.recompute, master_weights, *simple_attention, (int)sizeof(floatX), grid, in_flight);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
+    // ZB-H1's stashes, min(m, s + 1), from in_flight = min(m, p) (gpu_buffers.h): the same, since s + 1 <= p
+    m->shape.weight_stashes = gpu_weight_stashes(par->schedule, grid, in_flight);
     m->shape.offload_optimizer = o.offload == "optimizer";
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
@@ -1297,8 +1365,9 @@ static void report_bubble(Parallel* par, int steps) {
     std::vector<double> busy = gpu_comm_gather(&par->world_gpu, par->pipe.busy_seconds, "collecting the busy times");
     std::vector<double> span = gpu_comm_gather(&par->world_gpu, par->pipe.schedule_seconds, "collecting the schedule times");
     if (grid.rank != 0) return;
-    printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-           "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
+    printf("pipeline bubble: predicted %s = %.1f%%; measured over %d steps, the part of the first stage's "
+           "schedule in which each stage was not computing:", pipeline_bubble_formula(par->schedule),
+           100.0 * par->predicted_bubble, steps);
     for (int stage = 0; stage < grid.pp; stage++) printf(" %.1f%%", 100.0 * (1.0 - busy[(size_t)grid_rank(grid, 0, 0, stage)] / span[0]));
     printf("\n");
 }
@@ -1486,10 +1555,9 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
     check_offload_options(o);
-    // ZB-H1 defers each layer's weight gradient (llmc/model/zero_bubble_backward.h): the kernels' backward is one pass
-    if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
-                   "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
+    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
+        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     // PipeDream-2BW keeps a second weight version per stage (llmc/parallel/pipedream_2bw.h): not on the GPU yet
     if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
         usage_fail("--pipeline-schedule 2bw is not trained by the GPU trainer yet (it keeps no second weight version): train it "
@@ -1550,7 +1618,7 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps);
 
     // ---- the buffers, sized from the table and checked against free memory; then the state: this
     // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed

@@ -36,6 +36,8 @@
 #include "llmc/kernels/scratch_sizes.h"  // the kernels' launch constants that size their scratch
 #include "llmc/memory/size_table.h"
 #include "llmc/model/model.h"
+#include "llmc/model/zero_bubble_backward.h"
+#include "llmc/parallel/pipeline_schedule.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/parallel/sharding.h"
@@ -53,6 +55,7 @@ struct GPURunShape {
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int weight_stashes = 0;            // ZB-H1: micro-batches whose deferred W waits (gpu_weight_stashes)
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
 };
 
@@ -96,6 +99,8 @@ enum GPUBuffer {
     // slots, a pipeline's tied embedding (the last stage's copy; what the first stage receives)
     GB_TP_GATHERED, GB_TP_LOCAL, GB_TP_LOSS_EXCHANGE, GB_ZERO_GATHERED, GB_ZERO_BUCKETS, GB_ZERO_REDUCED,
     GB_LENT_WTE, GB_LENT_WTE_GRAD, GB_TIED_RECEIVED,
+    // ZB-H1: the output gradients B keeps for the deferred W (llmc/model/zero_bubble_backward.cuh)
+    GB_WEIGHT_STASH,
     GB_COUNT
 };
 
@@ -222,7 +227,24 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE] = {"lent_wte", MEM_PARAMS, "(Vp" + tp + ", C) copy", lent ? Vp * C : 0, X};
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
+    size_t stashes = (size_t)s.weight_stashes;
+    t[GB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("(%zu, %zu, B, T, 9C) matmuls' dy", stashes, nl),
+                          stashes * weight_stash_floats(nl, BT, C, Ca, Cf), X};
     return t;
+}
+
+// A pipeline stage's micro-batches in flight (the activation slots) and ZB-H1's stashes. The GPU
+// trainer's ZB-H1 (llmc/model/zero_bubble_backward.cuh) keeps a micro-batch's whole slot from F(k)
+// to W(k), p micro-batches on every stage (the CPU parks only the rows W reads, and keeps 1F1B's
+// p - s slots), and the output gradients from B(k) to W(k) in s + 1 stashes (none on the first
+// stage, whose W follows its B: there B is the whole backward). m: the step's micro-batches (1 for
+// --eval-only, which runs no backward).
+inline int gpu_micro_batches_in_flight(PipelineSchedule kind, const ProcessGrid& g, int m) {
+    if (kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1) return zero_bubble_weight_input_slots(g.pp, m);
+    return pipeline_live_micro_batches(kind, g.pp_rank, g.pp, m);
+}
+inline int gpu_weight_stashes(PipelineSchedule kind, const ProcessGrid& g, int m) {
+    return kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1 && m > 1 ? zero_bubble_stashes(g.pp_rank, m) : 0;
 }
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.

@@ -72,7 +72,7 @@
 //     rest of the forward's activations is free after B as in 1F1B (p - s micro-batches from F
 //     to B). llmc/model/zero_bubble_backward.h: the passes, the sizes, when that is 1F1B's peak in
 //     bytes (at d12, T = 1024: yes). The GPU trainer
-//     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
+//     trains it keeping whole slots until W instead (llmc/model/zero_bubble_backward.cuh).
 //   PipeDream-2BW (Narayanan et al., ICML 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
 //     1F1B's list, with two weight versions per stage (llmc/parallel/pipedream_2bw.h: the rule, why
 //     two suffice, what it costs). The paper's throughput comes from dropping the flush between steps

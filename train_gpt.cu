@@ -44,6 +44,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
+#include "llmc/probes/trace.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
 #include "llmc/memory/gpu_buffers.h"
@@ -667,6 +668,7 @@ static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
 // world in rank order, so every rank gets the same bits. ZeRO-0 then gives every rank the whole
 // summed gradient.
 static float finish_gradients(GPT2* m, Parallel* par) {
+    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h; it returns the norm: the GPU work is done)
     const ModelSlice& sl = m->slice;
     if (par->grid.pp > 1) {
         size_t n = (size_t)sl.vocab_rows * m->config.channels;
@@ -693,6 +695,7 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 // then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
 // to the last (the tied LM head). Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
     // AdamW's t: the steps it has taken. fp16's overflow skips do not count (as PyTorch's GradScaler
     // skips optimizer.step()); a bf16 step skipped by step_is_sound does.
     int adam_t = step - m->scaler.overflows;
@@ -779,6 +782,8 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
         m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
         m->chunk = act.chunk;
         PassLayers pass = pass_layers(sl, act.chunk);
+        // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
+        TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
         int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
         auto busy = std::chrono::steady_clock::now();
         PipeAction send;
@@ -846,13 +851,18 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
             break;
         }
-        if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
+        if ((par->grid.pp > 1 || tracer.file) && pipe_is_compute(act.op)) {
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)
             CUDA_CHECK(cudaStreamSynchronize(m->stream));
             pipe->busy_seconds += seconds_since(busy);
         }
-        // a run's sends and receives go together at its end (llmc/parallel/pipeline_parallel.cuh)
-        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) pipe_flush(pipe, m->stream);
+        span.finish();
+        // a run's sends and receives go together at its end (llmc/parallel/pipeline_parallel.cuh); the
+        // trace's "send/recv" span is that: the group issued, its receives waited for
+        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
+            TraceSpan exchange("send/recv");
+            pipe_flush(pipe, m->stream);
+        }
     }
     m->chunk = 0;
     if (par->grid.pp > 1) {
@@ -1648,6 +1658,7 @@ int main(int argc, char** argv) {
     connect_gpus(&par);
     check_gpu_shape(cfg);
     int in_flight = check_batch_fits(o, cfg, par, master_weights, simple_attention);
+    trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
@@ -1711,6 +1722,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
+        tracer.step = step + 1;
         if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
@@ -1748,6 +1760,7 @@ int main(int argc, char** argv) {
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
+    trace_close();
     release_all(m, &par);
     return 0;
 }

@@ -209,7 +209,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"quiet", nullptr, "Output", "print only errors and the final summary", K::Switch, &o.quiet, Scope::Both},
         {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
         {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
-        {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::CPUOnly},
+        {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::Both},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
         {"stash-precision", "fp32|bf16", "Machine", "the activations kept for the backward (LayerNorm outputs, q k v, the "

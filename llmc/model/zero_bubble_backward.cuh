@@ -17,8 +17,8 @@
 //     stage holds p slots (F(k) to W(k) spans p micro-batches on every stage, the .h derives it)
 //     where 1F1B holds p - s, and slot k mod p is free again at F(k + p). --recompute's rebuilt
 //     rows (GELU(fch), ln1, ln2) are rebuilt again in W from the slot, with the forward's kernels, so
-//     bit for bit what B used. Memory: (s - 0) more slots on stage s, plus the stashes below; the
-//     CPU's parking keeps only 7C of them (--estimate prints both tables).
+//     bit for bit what B used. Memory: s more slots on stage s than 1F1B, plus the stashes below;
+//     the CPU's parking keeps only 7C of those (--estimate prints both tables).
 //   - Stashes: s + 1 on stage s (B(k) to W(k) spans B(k) ... B(k + s)), micro-batch k in stash
 //     k mod (s + 1); none on the first stage, whose W(k) follows B(k) with no send between: its B
 //     runs the whole backward, and its W does nothing.
@@ -27,7 +27,7 @@
 //
 // Bit for bit with 1F1B: each weight gradient gets the same cuBLASLt accumulations (same inputs, same
 // kernel, same order: W runs in micro-batch order), each bias gradient the same additions in B. The
-// test (test/test_gpu_pipeline.py) demands equal bits, losses and final weights.
+// test (test/test_gpu_parallelism.py, 2 and 4 stages) demands equal bits: losses, gradients, weights.
 //
 // Hook points: none new. forward_backward sets GPT2::stash before B (the micro-batch's stash, or -1
 // for the whole backward) and calls gpt2_backward_weights at PipeOp::Weight.

@@ -44,6 +44,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
+#include "llmc/probes/trace.h"
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
 #include "llmc/memory/gpu_buffers.h"
@@ -77,6 +78,7 @@
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/model/moe_gpu.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
+#include "llmc/model/zero_bubble_backward.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
 #include "llmc/parallel/grad_compression.cuh"
@@ -142,6 +144,8 @@ struct GPT2 {
     ParamTensors<floatX> p, g;          // each tensor inside params / grads (the flat arrays of ZeRO-0..2)
     int B = 0, T = 0;
     int slot = 0, slots = 1;            // which micro-batch's activations the passes use, of how many (pipelines)
+    int stash = -1;                     // ZB-H1: the stash B fills and W reads; -1: the whole backward at once
+    int chunk = 0;                      // interleaved 1F1B: the model chunk the passes run (pass_layers), its slot's layers
     cudaStream_t stream = nullptr;
     MatmulContext matmul;
     Fp8Matmuls fp8;                     // --precision fp8: the linear layers' matmuls in fp8 (llmc/kernels/fp8.cuh)
@@ -173,9 +177,12 @@ template <class T> static T* A_(GPT2* m, GPUBuffer b) {
     return (T*)((char*)m->buf[b] + (size_t)m->slot * (m->table[b].bytes() / m->slots));
 }
 
-// The shape of one layer's slice of a stacked activation.
-static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<floatX>(m, b) + (size_t)l * per_layer; }
-static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<float>(m, b) + (size_t)l * per_layer; }
+// The shape of one layer's slice of a stacked activation: local layer l of the slice, in a slot that
+// holds the layers of the chunk being run (interleaved 1F1B: chunk c's slot layer 0 is local layer
+// c * L/v; every other schedule has one chunk, and slot layer l is local layer l).
+static size_t slot_layer(GPT2* m, int l) { return (size_t)(l - pass_layers(m->slice, m->chunk).first); }
+static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<floatX>(m, b) + slot_layer(m, l) * per_layer; }
+static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<float>(m, b) + slot_layer(m, l) * per_layer; }
 
 // Fails, before anything is allocated, if the buffers of `shape` do not fit in the GPU's free
 // memory, saying which micro-batch would.
@@ -322,16 +329,18 @@ static void gpt2_forward(GPT2* m) {
     floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
     floatX* local = B_<floatX>(m, GB_TP_LOCAL);      // sequence parallelism: this rank's rows of it
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
+    PassLayers pass = pass_layers(sl, m->chunk);  // the slice's layers, or interleaved one chunk's
+    int first = pass.first, end = pass.first + pass.count;
 
-    if (sl.first_stage) {
+    if (pass.embeds) {
         ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));
-        floatX* encoded = layer_x(m, GB_RESIDUAL, 0, rc);
+        floatX* encoded = layer_x(m, GB_RESIDUAL, first, rc);
         if (tp->host.degree == 1) encoder_forward(encoded, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], B, T, C, s);
         else tp_embedding_forward(tp, encoded, scratch, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], sl, B, T, C, s);
         release_unit_weights(m, ends);
     }
-    for (int l = 0; l < L; l++) {
-        ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < L ? unit_of_layer(L, l + 1) : -1);
+    for (int l = first; l < end; l++) {
+        ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < end ? unit_of_layer(L, l + 1) : -1);
         floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
         floatX* ln1 = keep.ln ? layer_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
         floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
@@ -345,8 +354,8 @@ static void gpt2_forward(GPT2* m) {
 
         // ln1: layer 0 normalises the embeddings (or what the previous stage sent); every later
         // layer's ln1 was fused into the residual add that ended the previous layer (below)
-        if (l == 0) {
-            fused_residual_layernorm_forward(nullptr, ln1, layer_f(m, GB_LN1_MEAN, 0, R), layer_f(m, GB_LN1_RSTD, 0, R),
+        if (l == first) {
+            fused_residual_layernorm_forward(nullptr, ln1, layer_f(m, GB_LN1_MEAN, l, R), layer_f(m, GB_LN1_RSTD, l, R),
                                              residual, nullptr, w[LN1W], w[LN1B], R, C, s);
         }
         const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
@@ -373,13 +382,13 @@ static void gpt2_forward(GPT2* m) {
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
-        if (l + 1 < L) {
+        if (l + 1 < end) {
             ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
             floatX* next_ln1 = keep.ln ? layer_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
             fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, R),
                                              layer_f(m, GB_LN1_RSTD, l + 1, R), residual2, proj, next[LN1W], next[LN1B],
                                              R, C, s);
-        } else if (sl.last_stage) {
+        } else if (pass.head) {
             ParamTensors<floatX> e = unit_weights(m, ends, -1);
             fused_residual_layernorm_forward(next_residual, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN),
                                              A_<float>(m, GB_LNF_RSTD), residual2, proj, e[LNFW], e[LNFB], R, C, s);
@@ -388,12 +397,12 @@ static void gpt2_forward(GPT2* m) {
         }
         release_unit_weights(m, unit_of_layer(L, l));
     }
-    if (!sl.last_stage) return;  // the last layer's output goes to the next stage
+    if (!pass.head) return;  // the last layer's output goes to the next stage
 
     ParamTensors<floatX> e = unit_weights(m, ends, -1);
-    if (L == 0) {
+    if (pass.count == 0) {
         fused_residual_layernorm_forward(nullptr, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD),
-                                         layer_x(m, GB_RESIDUAL, 0, rc), nullptr, e[LNFW], e[LNFB], R, C, s);
+                                         layer_x(m, GB_RESIDUAL, first, rc), nullptr, e[LNFW], e[LNFB], R, C, s);
     }
     const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
     matmul_forward(&m->matmul, A_<floatX>(m, GB_LOGITS), lnf_all, lm_head_weights(m, e), nullptr, BT, C, Vp, s);  // tied
@@ -464,23 +473,26 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
     floatX* dlogits = A_<floatX>(m, GB_LOGITS);
     int ends = ends_unit(L);
+    bool defer = m->stash >= 0;  // ZB-H1's B: the block matmuls' dW wait for W (llmc/model/zero_bubble_backward.cuh)
+    PassLayers pass = pass_layers(sl, m->chunk);  // the slice's layers, or interleaved one chunk's
+    int first = pass.first, end = pass.first + pass.count;
 
     // classifier (the tied LM head) and final LayerNorm
-    if (sl.last_stage) {
-        ParamTensors<floatX> e = unit_weights(m, ends, L > 0 ? unit_of_layer(L, L - 1) : -1), ge = unit_grads(m, ends);
+    if (pass.head) {
+        ParamTensors<floatX> e = unit_weights(m, ends, end > first ? unit_of_layer(L, end - 1) : -1), ge = unit_grads(m, ends);
         matmul_backward_data(&m->matmul, dbuf_c, dlogits, lm_head_weights(m, e), BT, C, Vp, s);
         const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
         matmul_backward_weight(&m->matmul, lm_head_grads(m, ge), dlogits, lnf_all, BT, C, Vp, s);
         floatX* dlnf = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the LM head's input gradient");
         CUDA_CHECK(cudaMemsetAsync(dresidual, 0, rc * sizeof(floatX), s));
-        layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, L, rc), e[LNFW],
+        layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, end, rc), e[LNFW],
                            A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD), R, C, s);
         release_unit_weights(m, ends);  // (its gradient bucket stays open until the embedding's backward)
     }
 
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = end - 1; l >= first; l--) {
         int unit = unit_of_layer(L, l);
-        ParamTensors<floatX> w = unit_weights(m, unit, l > 0 ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
+        ParamTensors<floatX> w = unit_weights(m, unit, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
         floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
         floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
         floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
@@ -488,6 +500,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
         float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, R), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
         float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, R), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
+        WeightStashOf<floatX> kept{};
+        if (defer) {  // fc's and qkv's dy are computed straight into the stash
+            kept = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
+            dbuf_4c = kept.fc;
+            dbuf_3c = kept.qkv;
+        }
 
         // recompute what was not kept, with the forward's own kernels (so, bit-identically)
         floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
@@ -516,15 +534,19 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
             floatX* dfcb = (floatX*)partials;
             matmul_backward_data_dgelu(&m->matmul, dbuf_4c, dfcb, dout, w[FCPROJW], fch, BT, Cf, C, s);
             add_into(g[FCB], dfcb, Cf, s);
-            matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+            if (!defer) matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
+        } else if (defer) {
+            matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
         } else {
             linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
         }
         if (!moe) {
+            if (defer) CUDA_CHECK(cudaMemcpyAsync(kept.fcproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
             bias_backward(g[FCPROJB], partials, dout, BT, C, s);
             if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
             const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-            linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
+            if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
+            else linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
             if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
         }
         floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
@@ -532,7 +554,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the attention's output gradient");
-        linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
+        if (defer) {
+            matmul_backward_data(&m->matmul, dbuf_c, dout, w[ATTPROJW], BT, Ca, C, s);
+            CUDA_CHECK(cudaMemcpyAsync(kept.attproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+        } else {
+            linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
+        }
         bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
         floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
@@ -543,14 +570,15 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
             layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
         }
         const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
+        if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, w[QKVW], BT, C, 3 * Ca, s);
+        else linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
         bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
         floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
         layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
-        unit_grads_done(m, step_ends, unit);  // layer l's gradients are final
+        unit_grads_done(m, step_ends && !defer, unit);  // layer l's gradients are final (deferred: at the last W)
         release_unit_weights(m, unit);
     }
-    if (!sl.first_stage) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
+    if (!pass.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<floatX> ge = unit_grads(m, ends);
     const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the embeddings' gradient");
@@ -558,6 +586,45 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
     // joined wte's (the step does it, below)
     if (!m->pipelined) unit_grads_done(m, step_ends, ends);
+}
+
+// ZB-H1's W (llmc/model/zero_bubble_backward.cuh): the block matmuls' weight gradients of the micro-
+// batch whose B filled stash m->stash, from its output gradients there and its inputs in slot m->slot
+// (rebuilt as B rebuilt them where --recompute dropped them). The step's last W starts ZeRO-0/1's sums.
+static void gpt2_backward_weights(GPT2* m, bool step_ends) {
+    const ModelSlice& sl = m->slice;
+    int L = sl.num_layers, C = m->config.channels, Ca = sl.attn_channels, Cf = sl.fc_channels;
+    int BT = m->B * m->T;
+    size_t rc = (size_t)BT * C;  // (no sequence parallelism here: zero_bubble_problem refuses tensor ranks)
+    RecomputePlan keep = recompute_plan(m->shape.recompute);
+    cudaStream_t s = m->stream;
+    for (int l = L - 1; l >= 0; l--) {
+        int unit = unit_of_layer(L, l);
+        ParamTensors<floatX> w = unit_weights(m, unit, -1), g = unit_grads(m, unit);
+        WeightStashOf<floatX> dy = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
+        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
+        if (!keep.gelu) {
+            fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
+            gelu_forward(fch_gelu, layer_x(m, GB_FCH, l, (size_t)BT * Cf), (size_t)BT * Cf, s);
+        }
+        floatX* ln2 = layer_x(m, GB_LN2, l, rc), *ln1 = layer_x(m, GB_LN1, l, rc);
+        if (!keep.ln) {  // one scratch for both: ln2 is done with before ln1 is rebuilt
+            ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
+            layernorm_recompute(ln2, layer_x(m, GB_RESIDUAL2, l, rc), layer_f(m, GB_LN2_MEAN, l, BT),
+                                layer_f(m, GB_LN2_RSTD, l, BT), w[LN2W], w[LN2B], BT, C, s);
+        }
+        matmul_backward_weight(&m->matmul, g[FCPROJW], dy.fcproj, fch_gelu, BT, Cf, C, s);
+        matmul_backward_weight(&m->matmul, g[FCW], dy.fc, ln2, BT, C, Cf, s);
+        matmul_backward_weight(&m->matmul, g[ATTPROJW], dy.attproj, layer_x(m, GB_ATTY, l, (size_t)BT * Ca), BT, Ca, C, s);
+        if (!keep.ln) {
+            ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
+            layernorm_recompute(ln1, layer_x(m, GB_RESIDUAL, l, rc), layer_f(m, GB_LN1_MEAN, l, BT),
+                                layer_f(m, GB_LN1_RSTD, l, BT), w[LN1W], w[LN1B], BT, C, s);
+        }
+        matmul_backward_weight(&m->matmul, g[QKVW], dy.qkv, ln1, BT, C, 3 * Ca, s);
+        unit_grads_done(m, step_ends, unit);
+        release_unit_weights(m, unit);
+    }
 }
 
 // ==============================================================================================
@@ -588,6 +655,7 @@ struct Parallel {
     GpuComm* data_on_gpu = nullptr;            // ... on the GPU: world_gpu, or data_gpu
     PipelineGpu pipe;                          // the pipeline group's sends and receives
     PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+    int chunks = 1;                            // interleaved 1F1B: model chunks per stage (--virtual-stages)
     bool groups = false;                       // tensor or pipeline parallelism: groups of their own
     bool model_parallel = false;               // a forward pass needs other ranks (tp, pp or ZeRO-3)
     double predicted_bubble = 0;               // (p-1)/(m+p-1)
@@ -633,6 +701,7 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
 // world in rank order, so every rank gets the same bits. ZeRO-0 then gives every rank the whole
 // summed gradient.
 static float finish_gradients(GPT2* m, Parallel* par) {
+    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h; it returns the norm: the GPU work is done)
     const ModelSlice& sl = m->slice;
     if (par->grid.pp > 1) {
         size_t n = (size_t)sl.vocab_rows * m->config.channels;
@@ -669,6 +738,7 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 // then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
 // to the last (the tied LM head). Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
     // AdamW's t: the steps it has taken. fp16's overflow skips do not count (as PyTorch's GradScaler
     // skips optimizer.step()); a bf16 step skipped by step_is_sound does.
     int adam_t = step - m->scaler.overflows;
@@ -758,11 +828,16 @@ static void graph_poison_gradient(GPT2* m) {  // (inside the capture)
 static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
     const ModelSlice& sl = m->slice;
     PipelineGpu* pipe = &par->pipe;
-    int stage = par->grid.pp_rank, mb = plan.accumulation_steps;
-    size_t n = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels;  // values crossing a stage boundary
+    int stage = par->grid.pp_rank, mb = plan.accumulation_steps, v = sl.chunks;
+    size_t BT = (size_t)m->B * m->T, n = tp_local_rows(m->tp.host, BT) * m->config.channels;  // values crossing a stage boundary
     size_t bytes = n * sizeof(floatX);
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order
-    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb);
+    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
+    // interleaved: each action names the model chunk it runs (pass_layers: which layers)
+    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
+    int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
+    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
+    pipe_slots_reset(&pipe->slots, m->slots, mb, v);
+    if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
     // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
     // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
     m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
@@ -770,29 +845,45 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < list.size(); k++) {
         const PipeAction& act = list[k];
-        m->slot = act.micro % m->slots;
+        // the pair (micro-batch, chunk)'s activation slot, taken at its first action (pipeline_parallel.h)
+        m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
+        m->chunk = act.chunk;
+        PassLayers pass = pass_layers(sl, act.chunk);
+        // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
+        TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
+        int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
         auto busy = std::chrono::steady_clock::now();
+        PipeAction send;
         switch (act.op) {
-        case PipeOp::RecvActivation:
-            pipe_recv(pipe, layer_x(m, GB_RESIDUAL, 0, n), bytes, act.peer, act.tag, m->stream);
+        case PipeOp::RecvActivation:  // (received with the rest of its run: pipe_flush)
+            pipe_recv_later(pipe, layer_x(m, GB_RESIDUAL, pass.first, n), bytes, act.peer, act.tag);
             break;
         case PipeOp::RecvGradient:
-            pipe_recv(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->stream);
+            pipe_recv_later(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag);
             break;
         case PipeOp::SendActivation:
-            pipe_send(pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, n), bytes, act.peer, act.tag, m->slot, m->stream);
+            pipe_send(pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, act.peer, act.tag, m->slot, m->stream);
             break;
         case PipeOp::SendGradient:
             pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
+            // the pair is done with its slot: the send leaves at the end of this run, before any compute
+            // action writes the slot again (pipe_wait_slot), and a receive in the run writes only layer 0
+            if (!zb) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
             break;
         case PipeOp::Forward:
-            dataloader_next_batch(train);  // every stage reads the micro-batches of its data-parallel rank
-            gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
+                dataloader_next_batch(train);
+                if (tokens) std::copy(train->inputs.begin(), train->inputs.end(), tokens);
+                if (tokens) std::copy(train->targets.begin(), train->targets.end(), tokens + BT);
+                gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+            } else {  // interleaved: chunk c > 0 of a micro-batch read at its chunk 0
+                gpt2_upload_batch(m, tokens, tokens + BT);
+            }
             pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
             gpt2_forward(m);
-            if (sl.last_stage) {
+            if (pass.head) {
                 size_t rows = (size_t)m->B * m->T;
                 // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded
                 // before the loss's kernel turns them into their gradient
@@ -810,23 +901,38 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
             }
             break;
         case PipeOp::Backward:
-            if (act.micro == mb - 1) inject_gradient_overflow(m, par, step);  // tests only
+            if (act.micro == mb - 1 && act.chunk == 0) inject_gradient_overflow(m, par, step);  // tests only
             pipe_wait_slot(pipe, m->slot);
             busy = std::chrono::steady_clock::now();
             pipeline_test_delay(2);
-            gpt2_backward(m, act.micro == mb - 1);  // the last one also starts the reduction (ZeRO-0/1)
+            m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
+            // the last micro-batch (of each chunk) also starts the reduction (ZeRO-0/1)
+            gpt2_backward(m, act.micro == mb - 1);
+            m->stash = -1;
+            if (!zb && !pipe_send_of(act, stage, par->grid.pp, v, &send)) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
             break;
-        case PipeOp::Weight:  // ZB-H1's: main() refuses it here until the kernels' backward is split (issue 26)
-            fail("pipeline schedule: a weight-gradient action, which this trainer does not run yet");
+        case PipeOp::Weight:  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
+            pipeline_test_delay(1);
+            m->stash = stashes > 0 ? act.micro % stashes : -1;
+            if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
+            m->stash = -1;
+            pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
+            break;
         }
-        if (par->grid.pp > 1 && pipe_is_compute(act.op)) {
+        if ((par->grid.pp > 1 || tracer.file) && pipe_is_compute(act.op)) {
             // the stage's compute time, for the bubble (the compute stream never waits on another stream)
             CUDA_CHECK(cudaStreamSynchronize(m->stream));
             pipe->busy_seconds += seconds_since(busy);
         }
-        // sends go with the receives of their run, or alone at its end (llmc/parallel/pipeline_parallel.cuh)
-        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) pipe_flush(pipe, m->stream);
+        span.finish();
+        // a run's sends and receives go together at its end (llmc/parallel/pipeline_parallel.cuh); the
+        // trace's "send/recv" span is that: the group issued, its receives waited for
+        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
+            TraceSpan exchange("send/recv");
+            pipe_flush(pipe, m->stream);
+        }
     }
+    m->chunk = 0;
     if (par->grid.pp > 1) {
         pipe_finish(pipe, m->stream);
         pipe->schedule_seconds += seconds_since(start);
@@ -840,21 +946,29 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
 
 // One forward pass of the full (B, T) through the pipeline, in slot 0. Returns the mean loss on the
 // last stage with targets (0 elsewhere, and without targets: sampling reads the logits).
+// Interleaved: around the ring of stages once per model chunk (rank p-1's chunk c feeds rank 0's
+// chunk c+1), one chunk at a time.
 static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const int* targets) {
     const ModelSlice& sl = m->slice;
-    int stage = par->grid.pp_rank;
-    size_t bytes = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels * sizeof(floatX);
+    int p = par->grid.pp, r = par->grid.pp_rank;
+    size_t n = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels, bytes = n * sizeof(floatX);
     m->slot = 0;
     gpt2_upload_batch(m, inputs, targets);
-    if (!sl.first_stage) pipe_recv(&par->pipe, layer_x(m, GB_RESIDUAL, 0, 0), bytes, stage - 1, 0, m->stream);
-    pipe_wait_slot(&par->pipe, 0);
-    gpt2_forward(m);
-    if (!sl.last_stage) {
-        pipe_send(&par->pipe, layer_x(m, GB_RESIDUAL, sl.num_layers, bytes / sizeof(floatX)), bytes, stage + 1, 0, 0, m->stream);
+    for (int c = 0; c < sl.chunks; c++) {
+        m->chunk = c;
+        PassLayers pass = pass_layers(sl, c);
+        if (!pass.embeds) pipe_recv(&par->pipe, layer_x(m, GB_RESIDUAL, pass.first, n), bytes, (r + p - 1) % p, 0, m->stream);
+        pipe_wait_slot(&par->pipe, 0);
+        gpt2_forward(m);
+        if (pass.head) {
+            m->chunk = 0;
+            return targets ? gpt2_loss(m, 0.0f, false) : 0.0f;
+        }
+        pipe_send(&par->pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, (r + 1) % p, 0, 0, m->stream);
         pipe_finish(&par->pipe, m->stream);
-        return 0.0f;
     }
-    return targets ? gpt2_loss(m, 0.0f, false) : 0.0f;
+    m->chunk = 0;
+    return 0.0f;
 }
 
 // Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
@@ -1283,8 +1397,12 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     const ProcessGrid& grid = par.grid;
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);
-    int in_flight = pipeline_live_micro_batches(par.schedule, grid.pp_rank, grid.pp, o.eval_only ? 1 : shape.accumulation_steps);
-    fail_unless_fits(run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, grid, in_flight));
+    int mb = o.eval_only ? 1 : shape.accumulation_steps;
+    int in_flight = gpu_micro_batches_in_flight(par.schedule, grid, mb, par.chunks);
+    GPURunShape s = run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, grid, in_flight);
+    s.weight_stashes = gpu_weight_stashes(par.schedule, grid, mb);
+    s.chunks = par.chunks;
+    fail_unless_fits(s);
     return in_flight;
 }
 
@@ -1295,7 +1413,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
                        bool master_weights, bool* simple_attention) {
     const ProcessGrid& grid = par->grid;
     m->config = cfg;
-    m->slice = model_slice(cfg, grid);
+    m->slice = model_slice(cfg, grid, par->chunks);  // interleaved: v chunks of layers (slice_layer)
     m->layout = slice_layout(cfg, m->slice);
     m->B = B;
     m->T = T;
@@ -1313,6 +1431,9 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->attention.use_cudnn = !*simple_attention;
     m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, grid, in_flight);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
+    // ZB-H1's stashes, min(m, s + 1), from in_flight = min(m, p) (gpu_buffers.h): the same, since s + 1 <= p
+    m->shape.weight_stashes = gpu_weight_stashes(par->schedule, grid, in_flight);
+    m->shape.chunks = par->chunks;
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
     if (o.moe_experts > 0)  // --moe-experts: the MoE state in its rows of the table (llmc/model/moe_gpu.cuh)
@@ -1458,7 +1579,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
         printf("gradient sum: PowerSGD rank %d from step %d on (exact before): %zu matrices compressed, %zu values summed exactly\n",
                gc.settings.rank, gc.settings.start_step + 1, gc.plan.matrices.size(), gc.plan.exact_floats);
     if (grid.pp > 1) {
-        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps).c_str());
+        printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.chunks).c_str());
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
@@ -1471,8 +1592,9 @@ static void report_bubble(Parallel* par, int steps) {
     std::vector<double> busy = gpu_comm_gather(&par->world_gpu, par->pipe.busy_seconds, "collecting the busy times");
     std::vector<double> span = gpu_comm_gather(&par->world_gpu, par->pipe.schedule_seconds, "collecting the schedule times");
     if (grid.rank != 0) return;
-    printf("pipeline bubble: predicted (p-1)/(m+p-1) = %.1f%%; measured over %d steps, the part of the first stage's "
-           "schedule in which each stage was not computing:", 100.0 * par->predicted_bubble, steps);
+    printf("pipeline bubble: predicted %s = %.1f%%; measured over %d steps, the part of the first stage's "
+           "schedule in which each stage was not computing:", pipeline_bubble_formula(par->schedule),
+           100.0 * par->predicted_bubble, steps);
     for (int stage = 0; stage < grid.pp; stage++) printf(" %.1f%%", 100.0 * (1.0 - busy[(size_t)grid_rank(grid, 0, 0, stage)] / span[0]));
     printf("\n");
 }
@@ -1674,19 +1796,13 @@ int main(int argc, char** argv) {
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
     check_offload_options(o);
-    // ZB-H1 defers each layer's weight gradient (llmc/model/zero_bubble_backward.h): the kernels' backward is one pass
-    if (o.pipeline_schedule == "zb-h1" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule zb-h1 is not trained by the GPU trainer yet (its kernels' backward is not split into input "
-                   "and weight gradients): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
+    // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
+    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
+        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     // PipeDream-2BW keeps a second weight version per stage (llmc/parallel/pipedream_2bw.h): not on the GPU yet
     if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !o.pipeline_print_schedule)  // (2bw and 2bw-flush)
         usage_fail("--pipeline-schedule %s is not trained by the GPU trainer yet (it keeps no second weight version): train it "
                    "with train_gpt_cpu, or use --pipeline-schedule 1f1b here", o.pipeline_schedule.c_str());
-    // interleaved 1F1B runs the layers as v chunks per stage (llmc/parallel/process_grid.h's slice_layer): the
-    // GPU trainer's passes and buffers are still one contiguous stage
-    if (o.pipeline_schedule == "interleaved" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule interleaved is not trained by the GPU trainer yet (its passes run one contiguous stage, "
-                   "not --virtual-stages chunks): train it with train_gpt_cpu, or use --pipeline-schedule 1f1b here");
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
         std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,
@@ -1718,6 +1834,7 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&par.world, why);
     const ProcessGrid& grid = par.grid;
     parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
+    par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     par.groups = grid.tp > 1 || grid.pp > 1;
     par.model_parallel = par.groups || grid.zero_stage == 3;
     std::string resume_dir = resolve_resume_dir(o, leader);
@@ -1727,11 +1844,16 @@ int main(int argc, char** argv) {
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
     why = new_model ? "" : moe_file_problem(file, o, model_source);
     if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
+    // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
+    if (why.empty())
+        why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,
+                                        par.chunks, cfg.num_layers);
     if (!why.empty()) grid_usage_fail(&par.world, why);
     start_grid(o, cfg, &par);
     connect_gpus(&par);
     check_gpu_shape(cfg);
     int in_flight = check_batch_fits(o, cfg, par, master_weights, simple_attention);
+    trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
     DataLoader train, val;
@@ -1747,7 +1869,7 @@ int main(int argc, char** argv) {
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.predicted_bubble = pipeline_bubble_fraction(grid.pp, plan.accumulation_steps);
+    par.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
 
     // ---- the buffers, sized from the table and checked against free memory; then the state: this
     // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed
@@ -1801,6 +1923,7 @@ int main(int argc, char** argv) {
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
+        tracer.step = step + 1;
         if (have_val && step % o.val_every == 0) validate(step);
         if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
         if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
@@ -1850,6 +1973,7 @@ int main(int argc, char** argv) {
     dump_at_end(m, &par, o.dump_state, B, T);
     if (leader) print_run_summary(mlog);
     metrics_close(&mlog);
+    trace_close();
     release_all(m, &par);
     return 0;
 }

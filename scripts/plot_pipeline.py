@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""plot_pipeline.py — draw the CPU trainer's --trace files as a pipeline timeline (PNG).
+"""plot_pipeline.py — draw the trainers' --trace files as a pipeline timeline (PNG).
 
     mpirun -np 2 ./train_gpt_cpu ... --pipeline-parallel 2 --trace trace.json   # trace.rank0.json, trace.rank1.json
     python3 scripts/plot_pipeline.py trace.rank*.json -o pipeline.png [--step N]

@@ -13,7 +13,8 @@ lr 1e-3. One rank accumulates 4 micro-batches of B=1; a grid runs them as dp ran
 of a pipeline. The grids:
 
   dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, tp2 + sequence parallel at --recompute 0 (the
-  GELU in cuBLASLt's epilogues, on each rank's columns), pp2 GPipe, pp2 1F1B, pp4 1F1B,
+  GELU in cuBLASLt's epilogues, on each rank's columns), pp2 GPipe, pp2 1F1B, pp4 1F1B, pp2 and pp4 ZB-H1,
+  pp2 interleaved 1F1B over 2 chunks,
   dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
   tp3 on L=2 C=192 H=6: Vp=512 rows over 3 ranks, 176 each, the last with 16 rows of padding.
 
@@ -39,7 +40,8 @@ are 3-4 times the simulated errors, and still an order of magnitude from the con
 Where the arithmetic IS the same the test demands the same bits: ZeRO-3 == ZeRO-2 (the same reduce-
 scatters, the same AdamW on the same shards, the same stochastic rounding), pp2 1F1B == pp2 GPipe
 (schedules change when a layer computes, not what), a resumed run == the straight run on the same
-grid. Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
+grid, and ZB-H1 == 1F1B on 2 and 4 stages (W runs in micro-batch order: each weight gradient gets the same
+accumulations in the same order; --recompute 2's rebuilt rows are exact). Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
 data-parallel replicas, the last stage's copy of wte) is identical on every rank, in the bf16 weights
 and in the master weights: the trainer refuses to write the dump otherwise.
 
@@ -68,7 +70,9 @@ T, LR = 32, 1e-3
 TOL_GRAD, TOL_COS, TOL_LOGITS, TOL_LOSS, TOL_UPDATE = 3e-2, 0.9995, 3e-2, 0.01, 0.10
 CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 bit for bit", "tp2 == one rank",
           "tp4 + sequence parallel == one rank", "tp3 (vocabulary padding) == one rank", "pp2 GPipe == one rank",
-          "pp2 1F1B == pp2 GPipe bit for bit", "pp4 1F1B == one rank", "dp2 x tp2 == one rank", "dp2 x pp2 == one rank",
+          "pp2 1F1B == pp2 GPipe bit for bit", "pp4 1F1B == one rank",
+          "pp2 ZB-H1 == pp2 1F1B bit for bit", "pp2 ZB-H1 == one rank", "pp4 ZB-H1 == pp4 1F1B bit for bit",
+          "pp2 v2 interleaved == pp2 GPipe in step 1 bit for bit", "pp2 v2 interleaved == one rank", "dp2 x tp2 == one rank", "dp2 x pp2 == one rank",
           "tp2 x pp2 + sequence parallel == one rank", "tp2 x pp2 checkpoint files", "tp2 x pp2 resume bit-exact",
           "tp2 x pp2 checkpoint resumed by one rank", "dp2 x tp2 ZeRO-3 == one rank", "dp2 x tp2 ZeRO-3 resume bit-exact",
           "negative control", "the bubble printed and measured"]
@@ -144,24 +148,25 @@ def checks_without_gpu(work):
     report(pr.returncode == 0 and stages == ["stage 0: F0 a0>1 F1 a1>1 g0<1 B0 F2 a2>1 g1<1 B1 F3 a3>1 g2<1 B2 g3<1 B3",
                                              "stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 g1>0 a2<0 F2 B2 g2>0 a3<0 F3 B3 g3>0"],
            "train_gpt --pipeline-print-schedule: pp2 1F1B, m=4, as drawn by hand, without a GPU", pr.stdout[-800:] + pr.stderr)
-    # ZB-H1: printed, and refused for training with one line (the kernels' backward is not split yet, issue 26;
-    # the CPU trainer trains it, test_pipeline_zb_h1.py)
+    # ZB-H1: printed; with tensor parallelism refused with one line (its W reads whole rows, as on the CPU)
     zb = [exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
           "--pipeline-parallel", "2", "--pipeline-schedule", "zb-h1"]
     pr = subprocess.run(zb + ["--pipeline-print-schedule"], capture_output=True, text=True, cwd=work)
-    refused = subprocess.run(zb, capture_output=True, text=True, cwd=work)
+    refused = subprocess.run(zb + ["--tensor-parallel", "2"], capture_output=True, text=True, cwd=work)
     report(pr.returncode == 0 and "stage 1: a0<0 F0 B0 g0>0 a1<0 F1 B1 W0 g1>0" in pr.stdout and refused.returncode == 2 and
-           len(refused.stderr.strip().splitlines()) == 1 and "zb-h1 is not trained by the GPU trainer" in refused.stderr,
-           "train_gpt --pipeline-schedule zb-h1: printed (stage 1 lags its W's by one); training refused, one line, exit 2",
-           pr.stdout[-800:] + pr.stderr + refused.stderr)
-    # interleaved 1F1B: printed, and refused for training with one line (the passes run one contiguous stage; the CPU
-    # trainer trains it, test_pipeline_interleaved.py)
+           len(refused.stderr.strip().splitlines()) == 1 and "zb-h1 with --tensor-parallel is not supported" in refused.stderr,
+           "train_gpt --pipeline-schedule zb-h1: printed (stage 1 lags its W's by one); with --tensor-parallel 2 refused, "
+           "one line, exit 2", pr.stdout[-800:] + pr.stderr + refused.stderr)
+    # interleaved 1F1B: printed; 3 micro-batches (not a multiple of p = 2) refused with one line, before any GPU work
     il = zb[:-1] + ["interleaved", "--virtual-stages", "2"]
     pr = subprocess.run(il + ["--pipeline-print-schedule"], capture_output=True, text=True, cwd=work)
-    refused = subprocess.run(il, capture_output=True, text=True, cwd=work)
+    refused = subprocess.run(["timeout", "120", mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", exe, "--model", MODEL,
+                              "--train-data", os.path.join(work, "train_*.bin"), "--seq-len", str(T), "--batch-size", "1",
+                              "--total-batch-tokens", str(3 * T), "--pipeline-parallel", "2", "--pipeline-schedule",
+                              "interleaved", "--virtual-stages", "2"], capture_output=True, text=True, cwd=work)
     report(pr.returncode == 0 and "stage 0: F0c0 a0c0>1 F1c0" in pr.stdout and refused.returncode == 2 and
-           len(refused.stderr.strip().splitlines()) == 1 and "interleaved is not trained by the GPU trainer" in refused.stderr,
-           "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; training refused, one line, exit 2",
+           refused.stderr.count("error:") == 1 and "runs the micro-batches in groups of p = 2" in refused.stderr,
+           "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; m = 3 on 2 stages refused, one line, exit 2",
            pr.stdout[-800:] + pr.stderr + refused.stderr)
     est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
@@ -226,6 +231,27 @@ def main():
         check_bitwise("pp2 1F1B == pp2 GPipe bit for bit (schedules change when a layer computes, not what)", pp1, ppg)
         pp4, _ = r.dump("pp4_1f1b", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "1f1b")
         check_close("pp4 1F1B == one rank", pp4, one, init)
+        # interleaved 1F1B, p = 2, v = 2 on L = 4: rank 0 runs layers 0 and 2, rank 1 layers 1 and 3, activations per
+        # (micro-batch, chunk), two receives in some runs. The same arithmetic as GPipe: the step-1 gradient and the first
+        # logits bit for bit; later steps only close, since AdamW's stochastic rounding draws by the element's LOCAL
+        # index (adamw.cuh), and rank 0's local layer 1 is global layer 2 here, global layer 1 under GPipe.
+        il2, out = r.dump("pp2_interleaved", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "interleaved",
+                          "--virtual-stages", 2, env=REVERSED if EMULATED else None)
+        report("(p-1)/(vm+p-1) = 1/9 = 11.1%" in out, "pp2 v2 interleaved prints its bubble, 1/9", out[:1500])
+        check_bitwise("pp2 v2 interleaved == pp2 GPipe bit for bit in step 1 (gradient, logits, loss)", il2, ppg,
+                      keys=("grads", "logits", "loss"))
+        check_close("pp2 v2 interleaved == one rank", il2, one, init)
+        # ZB-H1 (llmc/model/zero_bubble_backward.cuh): B without the block matmuls' dW, W later from the stash and the
+        # slot. W runs in micro-batch order, so every gradient gets 1F1B's accumulations in 1F1B's order: the same bits.
+        # --recompute 2: W rebuilds ln1 and ln2 from the slot as B did (recompute is exact: 1F1B's bits at level 1).
+        zb2, out = r.dump("pp2_zb_h1", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "zb-h1", "--recompute", 2,
+                          env=REVERSED if EMULATED else None)
+        report("bubble (p-1)/(3m+p-1) at F = B = W = 1/13 = 7.7%" in out, "pp2 ZB-H1 prints its bubble, 1/13", out[:1500])
+        check_bitwise("pp2 ZB-H1 (--recompute 2) == pp2 1F1B bit for bit (W in micro-batch order)", zb2, pp1)
+        check_close("pp2 ZB-H1 == one rank", zb2, one, init)
+        # four stages: W lags B by s micro-batches, s + 1 stashes on stage s (0, 2, 3, 4 at m = 4)
+        zb4, _ = r.dump("pp4_zb_h1", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "zb-h1")
+        check_bitwise("pp4 ZB-H1 == pp4 1F1B bit for bit", zb4, pp4)
 
         # ---- combinations
         dptp, _ = r.dump("dp2tp2", 4, "--tensor-parallel", 2, "--zero", 1)

@@ -14,8 +14,11 @@ of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, wit
     a missing trace file: one line, exit 1;
   - one rank writes FILE itself (no rank inserted), F0 B0 F1 B1 ... B3, the gradient sums, the optimizer;
   - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
-    that cannot be opened); the GPU trainer refuses --trace with one line, exit 2 (checked on the
-    emulated build, build/emu/train_gpt, when make emu has built it).
+    that cannot be opened);
+  - the GPU trainer (the emulated build, build/emu/train_gpt, where make emu built it; host-staged), ZB-H1 on
+    2 stages, 2 steps: each file parses, each stage's F, B and W spans in the printed order, no overlaps,
+    receives, gradient sums and optimizer traced, one clock (its spans are host timestamps taken after the
+    compute stream is synchronised: llmc/probes/trace.h).
 Planted bugs it caught: spans named by the activation slot instead of the micro-batch (the order
 checks: stage 0 traced F0 F1 B0 F0 ...), each process's clock zeroed at its first span (stage 0's B0
 "started" 160 us before stage 1's B0 ended).
@@ -28,16 +31,49 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from test_parallelism import Runner, MODEL, T, TRAINER, SENDER_DRIVEN_MPI  # noqa: E402
 from test_data_parallel import write_shard  # noqa: E402
+from test_gpu import MODE as GPU_MODE  # noqa: E402
+from test_gpu_parallelism import Runner as GpuRunner  # noqa: E402
 PLOT = os.path.join(ROOT, "scripts", "plot_pipeline.py")
 
 
-def printed_schedule(work):
-    """{stage: ["F0", "F1", "B0", ...]}: the compute actions --pipeline-print-schedule lists."""
+def printed_schedule(work, schedule="1f1b"):
+    """{stage: ["F0", "F1", "B0", ...]}: the compute actions --pipeline-print-schedule lists (ZB-H1: and W3)."""
     p = subprocess.run([TRAINER, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens",
-                        str(4 * T), "--train-data", "none.bin", "--pipeline-parallel", "2", "--pipeline-print-schedule"],
-                       capture_output=True, text=True, cwd=work)
+                        str(4 * T), "--train-data", "none.bin", "--pipeline-parallel", "2", "--pipeline-schedule", schedule,
+                        "--pipeline-print-schedule"], capture_output=True, text=True, cwd=work)
     lines = [line.split() for line in p.stdout.splitlines() if line.startswith("stage ")]
-    return {int(w[1].rstrip(":")): [a for a in w[2:] if re.fullmatch(r"[FB]\d+", a)] for w in lines}
+    return {int(w[1].rstrip(":")): [a for a in w[2:] if re.fullmatch(r"[FBW]\d+", a)] for w in lines}
+
+
+def read_spans(paths, who):
+    """{rank: its "X" events sorted by start}, or None after reporting a file that does not parse."""
+    spans = {}
+    for k, p in enumerate(paths):
+        try:
+            events = json.load(open(p))["traceEvents"]
+            spans[k] = sorted([e for e in events if e["ph"] == "X" and e["pid"] == k], key=lambda e: e["ts"])
+        except (OSError, ValueError, KeyError) as e:
+            report(False, f"{who}: rank {k}'s trace parses as JSON", str(e))
+            return None
+    return spans if all(spans.values()) else None
+
+
+def check_spans(spans, want, who):
+    """Both stages: each step's compute spans in the printed order, no overlaps, receives, the gradient sums and
+    the optimizer traced, and one clock (stage 1's F0 starts after stage 0's ends)."""
+    for k in range(2):
+        for step in (1, 2):
+            got = [e["name"] for e in spans[k] if e["args"]["step"] == step and re.fullmatch(r"[FBW]\d+", e["name"])]
+            report(got == want.get(k), f"{who}: stage {k}, step {step}: compute spans in the printed order {want.get(k)}",
+                   f"traced {got}")
+        overlaps = [(a["name"], b["name"]) for a, b in zip(spans[k], spans[k][1:]) if b["ts"] < a["ts"] + a["dur"]]
+        report(not overlaps, f"{who}: stage {k}: no two spans overlap", str(overlaps[:5]))
+        names = {e["name"] for e in spans[k]}
+        report({"optimizer", "gradient sums"} <= names and any(n.startswith("recv ") for n in names),
+               f"{who}: stage {k}: receives, the gradient sums and the optimizer are traced", str(sorted(names)))
+    f0, f1 = [next(e for e in spans[k] if e["name"] == "F0" and e["args"]["step"] == 1) for k in range(2)]
+    report(f1["ts"] >= f0["ts"] + f0["dur"], f"{who}: one clock: stage 1's F0 starts after stage 0's F0 ends",
+           f"stage 0 F0 ends {f0['ts'] + f0['dur']}, stage 1 F0 starts {f1['ts']}")
 
 
 def main():
@@ -56,37 +92,17 @@ def main():
         paths = [os.path.join(work, f"trace.rank{k}.json") for k in range(2)]
         report(code == 0 and all(os.path.exists(p) for p in paths),
                "--trace on 2 ranks writes trace.rank0.json and trace.rank1.json", f"exit {code}: {(out + err)[-1500:]}")
-        spans = {}
-        for k, p in enumerate(paths):
-            try:
-                events = json.load(open(p))["traceEvents"]
-                spans[k] = sorted([e for e in events if e["ph"] == "X" and e["pid"] == k], key=lambda e: e["ts"])
-            except (OSError, ValueError, KeyError) as e:
-                spans[k] = []
-                report(False, f"rank {k}'s trace parses as JSON", str(e))
-        if not all(spans.values()):
+        spans = read_spans(paths, "CPU")
+        if spans is None:
             return exit_code()
-
-        want = printed_schedule(work)
+        check_spans(spans, printed_schedule(work), "CPU 1F1B")
         for k in range(2):
-            for step in (1, 2):
-                got = [e["name"] for e in spans[k] if e["args"]["step"] == step and re.fullmatch(r"[FB]\d+", e["name"])]
-                report(got == want.get(k), f"stage {k}, step {step}: forwards and backwards in the printed order {want.get(k)}",
-                       f"traced {got}")
-            overlaps = [(a["name"], b["name"]) for a, b in zip(spans[k], spans[k][1:]) if b["ts"] < a["ts"] + a["dur"]]
-            report(not overlaps, f"stage {k}: no two spans overlap", str(overlaps[:5]))
-            names = {e["name"] for e in spans[k]}
-            report({"optimizer", "gradient sums"} <= names and any(n.startswith("recv ") for n in names),
-                   f"stage {k}: receives, the gradient sums and the optimizer are traced", str(sorted(names)))
             short = [e["name"] for e in spans[k] if re.fullmatch(r"[FB]\d+", e["name"]) and
                      e["dur"] < (20000 if e["name"][0] == "F" else 40000)]
             report(not short, f"stage {k}: every F lasts >= 20 ms and every B >= 40 ms (the injected sleeps)", str(short))
 
         def first(k, name, step=1):
             return next(e for e in spans[k] if e["name"] == name and e["args"]["step"] == step)
-        f0, f1 = first(0, "F0"), first(1, "F0")
-        report(f1["ts"] >= f0["ts"] + f0["dur"], "one clock: stage 1's F0 starts after stage 0's F0 ends",
-               f"stage 0 F0 ends {f0['ts'] + f0['dur']}, stage 1 F0 starts {f1['ts']}")
         b0, b1 = first(0, "B0"), first(1, "B0")
         report(b0["ts"] >= b1["ts"] + b1["dur"], "one clock: stage 0's B0 starts after stage 1's B0 ends",
                f"stage 1 B0 ends {b1['ts'] + b1['dur']}, stage 0 B0 starts {b0['ts']}")
@@ -119,12 +135,19 @@ def main():
                "--trace into a missing directory: one line naming the path and the flag, exit 1, before training",
                f"exit {code}: {err[-500:]} {out[-300:]}")
 
-        # the GPU trainer shares the CLI and has no --trace yet: one line, exit 2 (where make emu built it)
-        gpu = os.path.join(ROOT, "build", "emu", "train_gpt")
-        if os.path.exists(gpu):
-            p = subprocess.run([gpu, "--trace", trace], capture_output=True, text=True)
-            report(p.returncode == 2 and p.stderr.strip() == "error: --trace applies only to the CPU trainer",
-                   "the GPU trainer (emulated build) refuses --trace: one line, exit 2", f"exit {p.returncode}: {p.stderr[-300:]}")
+        # the GPU trainer (the emulated build where there is no GPU), ZB-H1 on 2 stages: its F, B and W spans
+        if GPU_MODE is None:
+            print("SKIP: --trace on the GPU trainer (no build/emu/train_gpt: make emu)")
+        else:
+            gtrace = os.path.join(work, "gpu.json")
+            code, out, err = GpuRunner(work).run(2, "--pipeline-parallel", 2, "--pipeline-schedule", "zb-h1", "--trace", gtrace,
+                                                 steps=2)
+            gpaths = [os.path.join(work, f"gpu.rank{k}.json") for k in range(2)]
+            report(code == 0 and all(os.path.exists(p) for p in gpaths), "GPU trainer: --trace on 2 ranks writes a file each",
+                   f"exit {code}: {(out + err)[-1500:]}")
+            gspans = read_spans(gpaths, "GPU") if code == 0 else None
+            if gspans is not None:
+                check_spans(gspans, printed_schedule(work, "zb-h1"), "GPU ZB-H1")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

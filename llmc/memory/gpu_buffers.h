@@ -36,6 +36,8 @@
 #include "llmc/kernels/scratch_sizes.h"  // the kernels' launch constants that size their scratch
 #include "llmc/memory/size_table.h"
 #include "llmc/model/model.h"
+#include "llmc/model/zero_bubble_backward.h"
+#include "llmc/parallel/pipeline_schedule.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
 #include "llmc/parallel/sharding.h"
@@ -53,6 +55,8 @@ struct GPURunShape {
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
+    int weight_stashes = 0;            // ZB-H1: micro-batches whose deferred W waits (gpu_weight_stashes)
+    int chunks = 1;                    // interleaved 1F1B: model chunks per stage; a slot holds one chunk's layers
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
     MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
@@ -108,6 +112,8 @@ enum GPUBuffer {
     GB_COMPRESSION_STATE, GB_COMPRESSION_WORK,
     // --precision fp8 (llmc/kernels/fp8.cuh): the delayed scaling's state, one matmul's two quantized operands
     GB_FP8_SCALING, GB_FP8_A, GB_FP8_B,
+    // ZB-H1: the output gradients B keeps for the deferred W (llmc/model/zero_bubble_backward.cuh)
+    GB_WEIGHT_STASH,
     GB_COUNT
 };
 
@@ -155,6 +161,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     // local shapes (on one rank, the model's own): Ca attention channels, Cf MLP units, Vp vocabulary rows
     size_t nl = slice.num_layers, C = c.channels, NH = slice.heads, Ca = slice.attn_channels, Cf = slice.fc_channels;
     size_t Vp = slice.vocab_rows, head = slice.last_stage ? 1 : 0, M = s.micro_batches_in_flight;
+    // the layers a slot holds: the stage's, or with interleaving one chunk's (a slot per (micro-batch, chunk))
+    size_t al = nl / (size_t)s.chunks;
     size_t B = s.B, T = s.T, BT = B * T, R = g.sequence_parallel ? BT / g.tp : BT;  // R: rows of the residual stream
     size_t opt = z.optimizer / 2;  // master, m, v: of everything, of the ZeRO-1 shard, or of every unit's shard
     RecomputePlan keep = recompute_plan(s.recompute);
@@ -179,20 +187,20 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
     t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
 
-    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", nl) + rows + ", C)" + x, per((nl + 1) * R * C), X};
-    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, per(nl * R * C), X};
-    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
-    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
-    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
-    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", nl) + tp + ")" + x, per(nl * BT * 3 * Ca), X};
-    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", nl) + tp + ")" + x, per(nl * BT * Ca), X};
-    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T, T)" + x, per(nl * B * NH * T * T), X};
-    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", nl) + tp + ", T) fp32" + x, per(nl * B * NH * T), F};
-    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ", C)" + x, keep.ln ? per(nl * R * C) : 0, X};
-    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
-    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", nl) + rows + ") fp32" + x, per(nl * R), F};
-    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, per(nl * BT * Cf), X};
-    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", nl) + tp + ")" + x, keep.gelu ? per(nl * BT * Cf) : 0, X};
+    t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", al) + rows + ", C)" + x, per((al + 1) * R * C), X};
+    t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, per(al * R * C), X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, keep.ln ? per(al * R * C) : 0, X};
+    t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
+    t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
+    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", al) + tp + ")" + x, per(al * BT * 3 * Ca), X};
+    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", al) + tp + ")" + x, per(al * BT * Ca), X};
+    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", al) + tp + ", T, T)" + x, per(al * B * NH * T * T), X};
+    else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", al) + tp + ", T) fp32" + x, per(al * B * NH * T), F};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, keep.ln ? per(al * R * C) : 0, X};
+    t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
+    t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
+    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + x, per(al * BT * Cf), X};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + x, keep.gelu ? per(al * BT * Cf) : 0, X};
     t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, per(head * R * C), X};
     t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
     t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
@@ -258,7 +266,25 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
                          hist ? fp8_state_floats((int)nl * FP8_TENSORS_PER_LAYER, hist) : 0, F};
     t[GB_FP8_A] = {"fp8_operand_a", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
     t[GB_FP8_B] = {"fp8_operand_b", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
+    size_t stashes = (size_t)s.weight_stashes;
+    t[GB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("(%zu, %zu, B, T, 9C) matmuls' dy", stashes, nl),
+                          stashes * weight_stash_floats(nl, BT, C, Ca, Cf), X};
     return t;
+}
+
+// A pipeline stage's micro-batches in flight (the activation slots; interleaved: (micro-batch, chunk)
+// pairs, pipeline_live_micro_batches) and ZB-H1's stashes. The GPU
+// trainer's ZB-H1 (llmc/model/zero_bubble_backward.cuh) keeps a micro-batch's whole slot from F(k)
+// to W(k), p micro-batches on every stage (the CPU parks only the rows W reads, and keeps 1F1B's
+// p - s slots), and the output gradients from B(k) to W(k) in s + 1 stashes (none on the first
+// stage, whose W follows its B: there B is the whole backward). m: the step's micro-batches (1 for
+// --eval-only, which runs no backward).
+inline int gpu_micro_batches_in_flight(PipelineSchedule kind, const ProcessGrid& g, int m, int chunks = 1) {
+    if (kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1) return zero_bubble_weight_input_slots(g.pp, m);
+    return pipeline_live_micro_batches(kind, g.pp_rank, g.pp, m, chunks);
+}
+inline int gpu_weight_stashes(PipelineSchedule kind, const ProcessGrid& g, int m) {
+    return kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1 && m > 1 ? zero_bubble_stashes(g.pp_rank, m) : 0;
 }
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.

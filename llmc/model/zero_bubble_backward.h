@@ -78,16 +78,18 @@
 // projection N x C, its fc N x Cf, the attention's projection N x C, its qkv N x 3Ca. B fills it
 // (matmul_backward_or_defer in llmc/model/cpu_layers.h); W reads it (gpt2_backward_weights in
 // train_gpt_cpu.cpp), with the matmuls' inputs from the micro-batch's slot.
-struct LayerWeightStash {
-    float *fcproj, *fc, *attproj, *qkv;
+// (float on the CPU; the GPU trainer's stash holds floatX, llmc/model/zero_bubble_backward.cuh.)
+template <class T> struct WeightStashOf {
+    T *fcproj, *fc, *attproj, *qkv;
 };
+using LayerWeightStash = WeightStashOf<float>;
 inline size_t weight_stash_layer_floats(size_t N, size_t C, size_t Ca, size_t Cf) { return N * (C + Cf + C + 3 * Ca); }
 inline size_t weight_stash_floats(size_t L, size_t N, size_t C, size_t Ca, size_t Cf) {
     return L * weight_stash_layer_floats(N, C, Ca, Cf);
 }
-inline LayerWeightStash layer_weight_stash(float* stash, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
-    float* p = stash + (size_t)l * weight_stash_layer_floats(N, C, Ca, Cf);
-    LayerWeightStash s;
+template <class T> inline WeightStashOf<T> layer_weight_stash(T* stash, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
+    T* p = stash + (size_t)l * weight_stash_layer_floats(N, C, Ca, Cf);
+    WeightStashOf<T> s;
     s.fcproj = p, p += N * C;
     s.fc = p, p += N * Cf;
     s.attproj = p, p += N * C;

@@ -5,9 +5,10 @@
 // Read llmc/parallel/pipeline_parallel.h first: the bubble (p-1)/(m+p-1), why every stage runs its
 // backward passes in micro-batch order, the tied embedding; and llmc/parallel/pipeline_schedule.h:
 // each stage's list of actions. The training loop (train_gpt.cu's forward_backward) walks that list
-// exactly as the CPU trainer does; this file moves the bytes. (GPipe's and 1F1B's lists have at most
-// one receive in a run of sends and receives, which is what pipe_recv groups; interleaved 1F1B's
-// have two, and the GPU trainer does not run it yet.)
+// exactly as the CPU trainer does; this file moves the bytes. A run of sends and receives between two
+// compute actions is one NCCL group, issued at the run's end (pipe_flush): GPipe's and 1F1B's runs
+// hold at most one receive, interleaved 1F1B's two, and both must be posted before either is waited
+// for (pipeline_schedule.h's pipe_group_ends says why).
 //
 // The difficulty is NCCL's sends. An NCCL send is a kernel on a stream that completes only when the
 // peer receives, and the next operation on that stream waits for it. In 1F1B's steady state stage
@@ -60,6 +61,14 @@ struct PipelineGpu {
         int peer, tag, slot;
     };
     std::vector<Send> deferred;          // NCCL: sends waiting to be issued with the next receive
+    struct Recv {
+        void* data;
+        size_t bytes;
+        int peer, tag;
+    };
+    std::vector<Recv> receives;          // the run's receives, issued with its sends at its end
+    PipeSlots slots;                     // which activation slot each (micro-batch, chunk) holds (pipeline_parallel.h)
+    std::vector<int> tokens;             // interleaved: each micro-batch's inputs and targets, for its chunks after 0
     std::vector<GpuStagedSend> staged;   // host staging: sends in flight (their host copies)
     std::vector<cudaEvent_t> slot_sent;  // NCCL: per activation slot, recorded after its last send
     cudaEvent_t ready = nullptr;         // compute stream -> pipeline stream
@@ -104,19 +113,31 @@ inline void pipe_send(PipelineGpu* pipe, const void* data, size_t bytes, int pee
     pipe->deferred.push_back({data, bytes, peer, tag, slot});
 }
 
-// The deferred sends, now, on their own (the next action receives nothing they could pair with).
-inline void pipe_flush(PipelineGpu* pipe, cudaStream_t compute) {
-    if (pipe->stages == 1 || pipe->deferred.empty()) return;
-    pipe_follow(pipe, compute);
-    gpu_group_begin(pipe->comm, "sending to a neighbouring pipeline stage");
-    pipe_issue_deferred(pipe);
-    gpu_group_end(pipe->comm, "sending to a neighbouring pipeline stage");
-    pipe_mark_slots(pipe);
-    if (pipe->comm->host_staged) gpu_wait_sends(pipe->comm, &pipe->staged);
+// Receives `bytes` from stage `peer` into `data` at the end of the run (pipe_flush), with its other
+// receives and its sends, in one NCCL group.
+inline void pipe_recv_later(PipelineGpu* pipe, void* data, size_t bytes, int peer, int tag) {
+    pipe->receives.push_back({data, bytes, peer, tag});
 }
 
-// Receives `bytes` from stage `peer` into `data`; returns when they are there. The deferred sends
-// go with it, in one NCCL group.
+// The end of a run: the deferred sends and the run's receives, now, in one group; returns when the
+// receives are there (and, host-staged, the sends received: MPI moves them while we wait).
+inline void pipe_flush(PipelineGpu* pipe, cudaStream_t compute) {
+    if (pipe->stages == 1 || (pipe->deferred.empty() && pipe->receives.empty())) return;
+    const char* what = "sending to and receiving from the neighbouring pipeline stages";
+    pipe_follow(pipe, compute);
+    gpu_group_begin(pipe->comm, what);
+    pipe_issue_deferred(pipe);  // (host staging: all the sends are on their way before any receive blocks)
+    for (const PipelineGpu::Recv& r : pipe->receives) gpu_recv(pipe->comm, r.data, r.bytes, r.peer, r.tag, what);
+    gpu_group_end(pipe->comm, what);
+    pipe_mark_slots(pipe);
+    bool received = !pipe->receives.empty();
+    pipe->receives.clear();
+    if (pipe->comm->host_staged) gpu_wait_sends(pipe->comm, &pipe->staged);
+    else if (received) gpu_comm_wait(pipe->comm, what);
+}
+
+// Receives `bytes` from stage `peer` into `data` now; returns when they are there. The deferred sends
+// go with it, in one NCCL group (the tied embedding, evaluation: one receive at a time).
 inline void pipe_recv(PipelineGpu* pipe, void* data, size_t bytes, int peer, int tag, cudaStream_t compute) {
     const char* what = "receiving from a neighbouring pipeline stage";
     pipe_follow(pipe, compute);

@@ -48,10 +48,9 @@
 //     m = 6, and a larger bubble, test_pipeline_schedule). Older Megatron ran everything as warm-up
 //     when m = p; the cap at v m is enough (the test finds no deadlock and the exact bubble at m = p).
 //     In flight on rank r: min(v m, warm-up + 1) (micro-batch, chunk) activations, each 1/v of a
-//     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p. The CPU trainer
-//     trains it (which layers a chunk is: process_grid.h's slice_layer and pass_layers; which slot a
-//     pair's activations use: pipeline_parallel.h's PipeSlots); the GPU trainer prints it and refuses
-//     to train it.
+//     stage's: on rank 0 with v = 2, (3p - 1)/2 stages' worth against 1F1B's p. Both trainers
+//     train it (which layers a chunk is: process_grid.h's slice_layer and pass_layers; which slot a
+//     pair's activations use: pipeline_parallel.h's PipeSlots).
 //   ZB-H1 (Qi et al., 2023, "Zero Bubble Pipeline Parallelism", section 2): a layer's backward is
 //     two jobs. B, the input gradient dx = dy W^T, is what the previous stage waits for; W, the
 //     weight gradient dW = x^T dy, nobody waits for. So B alone travels the critical path and W
@@ -72,7 +71,7 @@
 //     rest of the forward's activations is free after B as in 1F1B (p - s micro-batches from F
 //     to B). llmc/model/zero_bubble_backward.h: the passes, the sizes, when that is 1F1B's peak in
 //     bytes (at d12, T = 1024: yes). The GPU trainer
-//     prints ZB-H1 but refuses to train it (its kernels' backward is one pass).
+//     trains it keeping whole slots until W instead (llmc/model/zero_bubble_backward.cuh).
 //   PipeDream-2BW (Narayanan et al., ICML 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
 //     1F1B's order with no flush between steps (pipeline_2bw_steps below): step t+1's first forwards
 //     run on the newer weight version while step t's last backwards drain on the older, two weight

@@ -1,4 +1,4 @@
-// trace.h — `--trace FILE` for the CPU trainer: every rank's timeline of a pipeline step, as Chrome
+// trace.h — `--trace FILE` for both trainers: every rank's timeline of a pipeline step, as Chrome
 // trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing, or draw it with
 // scripts/plot_pipeline.py).
 //
@@ -14,6 +14,8 @@
 //     recv act 3, recv grad 3        waiting in a receive of micro-batch 3's activations / gradients
 //     send act 3, send grad 3        posting the send (it is non-blocking)
 //     wait sends                     the end of a run of sends and receives: its sends complete
+//     send/recv                      the GPU trainer's end of a run: its sends and receives issued as one
+//                                    NCCL group (pipeline_parallel.cuh), the receives waited for
 //     gradient sums, optimizer       finish_gradients and the AdamW step
 // args.step holds the optimizer step. ts is the monotonic clock (CLOCK_MONOTONIC, time since boot),
 // which every process on one machine shares, so the ranks' files line up without a handshake; ranks
@@ -27,7 +29,15 @@
 // Cost: off, a span is one branch on a global; on, two clock reads and one buffered fprintf. Events
 // are written as they end, so a crashed run still leaves a file that Perfetto reads (it tolerates a
 // missing "]}"); trace_close finishes the JSON.
-// Hook points: forward_backward's action loop, finish_gradients and optimizer_step in train_gpt_cpu.cpp.
+// Hook points: forward_backward's action loop, finish_gradients and optimizer_step in train_gpt_cpu.cpp
+// and train_gpt.cu.
+//
+// On the GPU the spans are host timestamps too, each compute span ended after a cudaStreamSynchronize
+// (which the pipeline does anyway to measure the bubble; with --trace one rank does it too), not CUDA
+// events: events time the GPU between two points of ONE process, with no epoch that the other ranks'
+// events share, while the ranks' timelines must line up on one clock; and the waits worth seeing
+// (a receive, the gradient sums' norm, AdamW's end) are host waits already. The price: the host no
+// longer runs ahead of the GPU, so a traced step shows launch gaps an untraced one hides.
 #pragma once
 
 #include <cerrno>

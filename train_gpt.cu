@@ -1074,6 +1074,10 @@ static void check_gpu_shape(const GPT2Config& cfg) {
         fail("the GPU trainer needs channels and head size divisible by 8 (16-byte vector loads); this model has "
              "C=%d, head size %d. Use the CPU trainer for this shape", cfg.channels, cfg.channels / cfg.num_heads);
     }
+    if (cfg.channels / x128::size > 1024) {  // llmc/kernels/layernorm.cuh: a row's threads are one block's
+        fail("the GPU trainer's LayerNorm backward spreads a row over at most 1024 threads of %d channels: C=%d is "
+             "wider than %d. Use the CPU trainer for this shape", x128::size, cfg.channels, 1024 * x128::size);
+    }
 }
 
 // The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/parallel/process_grid.h). A grid

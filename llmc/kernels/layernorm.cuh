@@ -23,9 +23,9 @@
 //     row's two sums and writes dx from them: every byte read once, one DRAM latency per two rows;
 //   - the thread owns its 8 channels for every row its block takes, so dw and db accumulate in its
 //     registers (no shared-memory traffic per element, no atomics);
-//   - a fixed grid (layernorm_backward_blocks: up to 256 blocks of up to 4 groups) takes the rows in
-//     a fixed stride; at the end a block adds its groups in order into one partial of 2C floats, and
-//     add_column_partials adds the partials in order.
+//   - a fixed grid (layernorm_backward_blocks: up to 256 blocks of up to 4 groups, at least 32 rows
+//     a block) takes the rows in a fixed stride; at the end a block adds its groups in order into one
+//     partial of 2C floats, and add_column_partials adds the partials in order.
 // Fixed grid, fixed order, no atomics: bit-identical every run, on any GPU. Extra traffic: 256
 // partials of 2C floats written and read (3 MB at C = 768, 6% of the floor's bytes). The kernel lab
 // (dev/cuda/layernorm.cu) keeps the version this replaced (a warp per row, 64 rows a block, shared-

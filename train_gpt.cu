@@ -352,8 +352,7 @@ static void gpt2_forward(GPT2* m) {
         fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        // (fp8 runs fc in fp8, whose output no epilogue of ours takes: the separate GELU then)
-        if (!m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
+        if (gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
             matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
         } else {
             linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
@@ -484,7 +483,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        bool fused_gelu = !m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf);  // as the forward chose
+        bool fused_gelu = gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf);  // as the forward chose
         if (fused_gelu) {
             // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
             // (overwriting: into a scratch, the partials, free until bias_backward below; added here)

@@ -366,12 +366,11 @@ static void gpt2_forward(GPT2* m) {
         fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
                                          residual, proj, w[LN2W], w[LN2B], R, C, s);
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        // (fp8 runs fc in fp8, whose output no epilogue of ours takes: the separate GELU then)
         if (is_moe_block(m->moe.moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (llmc/model/moe_gpu.cuh)
             int b = moe_block_index(m->moe.moe, l);
             moe_gpu_block_forward(&m->moe, &m->matmul, b, moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB],
                                   w[FCPROJW], w[FCPROJB]), ln2_all, scratch, s);
-        } else if (!m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
+        } else if (gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
             matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
         } else {
             linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
@@ -521,7 +520,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        bool fused_gelu = !m->fp8.on && gelu_in_matmul_epilogue(keep.gelu, Cf);  // as the forward chose
+        bool fused_gelu = gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf);  // as the forward chose
         bool moe = is_moe_block(m->moe.moe, l);
         if (moe) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c (llmc/model/moe_gpu.cuh)
             int b = moe_block_index(m->moe.moe, l);
@@ -1318,6 +1317,10 @@ static void check_gpu_shape(const GPT2Config& cfg) {
     if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
         fail("the GPU trainer needs channels and head size divisible by 8 (16-byte vector loads); this model has "
              "C=%d, head size %d. Use the CPU trainer for this shape", cfg.channels, cfg.channels / cfg.num_heads);
+    }
+    if (cfg.channels / x128::size > 1024) {  // llmc/kernels/layernorm.cuh: a row's threads are one block's
+        fail("the GPU trainer's LayerNorm backward spreads a row over at most 1024 threads of %d channels: C=%d is "
+             "wider than %d. Use the CPU trainer for this shape", x128::size, cfg.channels, 1024 * x128::size);
     }
 }
 

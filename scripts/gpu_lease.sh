@@ -21,7 +21,10 @@
 #                      issue 28: >= 1.15x llm.c, >= 1.5x PyTorch eager, MFU >= 50%
 #         2. tests     the one-GPU tests (scripts/gpu_check.sh's "tests" part)
 #         3. bench     d12 B=64 and d48 B=8 against PyTorch eager and llm.c
-#         4. lab       the kernel lab's table (scripts/kernel_lab.sh, prebuilt)
+#         4. lab       the kernel lab's table (scripts/kernel_lab.sh, prebuilt): every version of
+#                      every kernel; not yet timed on a GPU, to read first: adamw 4,
+#                      layernorm_backward 4, encoder_backward 4, softmax_backward 4 (each against
+#                      the version 3 it replaced), matmul_bias_gelu 4, matmul_dgelu_bgrad 1-3
 #       It writes summary.md (every table, ready for docs/benchmarks.md), and logs.tar.gz (every log)
 #       to $OUT (the device tool's folder that comes back), or to out/gpu_lease_result/ without one.
 # Record what comes back in docs/benchmarks.md with the GPU, the commit (in summary.md) and the command.

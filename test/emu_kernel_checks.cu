@@ -9,8 +9,9 @@
 // The checks (all with the shapes the trainer's tests keep odd: C = 1600, N not a multiple of a
 // block's rows, a vocabulary V that is not a multiple of 8):
 //   layernorm_forward_768, _1600, _64   the residual add + LayerNorm: residual, y, mean, rstd
-//   layernorm_backward_768, _1600       dinp, dweight, dbias (accumulated); at C = 1600 with 50 KiB
-//                                       of opted-in dynamic shared memory
+//   layernorm_backward_768, _1600, _320, _6400  dinp, dweight, dbias (accumulated), blocks that take
+//                                       several rounds of rows; at C = 6400 with 50 KiB of opted-in
+//                                       dynamic shared memory
 //   classifier           the fused softmax / cross-entropy / gradient (block_max, block_sum, the warp
 //                        reductions): losses and the gradient written over the logits
 //   matmul               cuBLASLt forward with bias, backward data, backward weight (accumulated)
@@ -197,8 +198,11 @@ static bool check_layernorm_forward(int C) {
 // LayerNorm backward, with xhat = (x - mean) * rstd and g = dy * w:
 //   dx += rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw += sum dy * xhat,  db += sum dy
 
-static bool check_layernorm_backward(int C) {
-    const int N = 150;  // two full blocks of 64 rows and a partial one
+// A block takes at least 32 rows, 8 at a time (4 groups of 2) at these widths, over a grid of at most
+// 256 (llmc/kernels/scratch_sizes.h): N = 150 at C = 768 and 1600 is 5 blocks that come round 3 or 4
+// times, the last round partial; N = 330 at C = 320 (two warps a row) 11 blocks, 42 rounds; C = 6400
+// (one group of 800 threads) needs 50 KiB of shared memory (an opt-in).
+static bool check_layernorm_backward(int C, int N) {
     Rng rng{2000u + (uint64_t)C};
     std::vector<float> x = randn(&rng, (size_t)N * C, 0.2, 1.0), dy = randn(&rng, (size_t)N * C, 0.0, 1.0);
     std::vector<float> w = randn(&rng, C, 1.0, 0.3), dx0 = randn(&rng, (size_t)N * C, 0.0, 0.5);
@@ -212,7 +216,7 @@ static bool check_layernorm_backward(int C) {
     }
     floatX *dinp = upload(dx0), *ddw = upload(dw0), *ddb = upload(db0), *ddy = upload(dy), *dx = upload(x), *dwt = upload(w);
     float *dmean = upload_raw(mean32), *drstd = upload_raw(rstd32);
-    float* partials = device_alloc<float>((size_t)ceil_div(N, LN_BACKWARD_ROWS_PER_BLOCK) * 2 * C);
+    float* partials = device_alloc<float>(layernorm_backward_partials_floats(N, C));
     layernorm_backward(dinp, ddw, ddb, partials, ddy, dx, dwt, dmean, drstd, N, C, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -380,8 +384,10 @@ int main(int argc, char** argv) {
         {"layernorm_forward_768", [] { return check_layernorm_forward(768); }},
         {"layernorm_forward_1600", [] { return check_layernorm_forward(1600); }},
         {"layernorm_forward_64", [] { return check_layernorm_forward(64); }},
-        {"layernorm_backward_768", [] { return check_layernorm_backward(768); }},
-        {"layernorm_backward_1600", [] { return check_layernorm_backward(1600); }},
+        {"layernorm_backward_768", [] { return check_layernorm_backward(768, 150); }},
+        {"layernorm_backward_1600", [] { return check_layernorm_backward(1600, 150); }},
+        {"layernorm_backward_320", [] { return check_layernorm_backward(320, 330); }},
+        {"layernorm_backward_6400", [] { return check_layernorm_backward(6400, 12); }},
         {"classifier", check_classifier},
         {"matmul", check_matmul},
     };
@@ -394,7 +400,7 @@ int main(int argc, char** argv) {
         for (const Named& c : checks) known |= selects(argv[i], c.name);
         if (!known) {
             fprintf(stderr, "emu_kernel_checks: unknown check '%s' (layernorm_forward[_768|_1600|_64], "
-                            "layernorm_backward[_768|_1600], classifier, matmul)\n", argv[i]);
+                            "layernorm_backward[_768|_1600|_320|_6400], classifier, matmul)\n", argv[i]);
             return 2;
         }
     }

@@ -8,7 +8,7 @@ no GPU (flags, --estimate, the no-GPU error) run everywhere. With one:
                    logits, loss, every gradient tensor, and a few AdamW steps, for four shapes:
                      tiny   L=2 C=128 H=2 (hs 64) T=64, V=500 (padded to 512)
                      odd    L=2 C=160 H=2 (hs 80) T=50, B=3: nothing a multiple of 64 or of a block
-                     wide   L=1 C=1600 H=25: d48's width (the LayerNorm backward's >48 KiB of shared memory)
+                     wide   L=1 C=1600 H=25: d48's width (200 threads a LayerNorm row: 7 warps, one partial)
                      d12    GPT-2 small, V=50257, B=1 T=64
                    each with cuDNN attention and (tiny, odd) with the simple attention, so a cuDNN
                    failure does not hide whether the other kernels are right
@@ -401,6 +401,15 @@ def precision_refused():
     report(p.returncode == 0, f"{os.path.basename(GPU)} --precision bf16 (its own) is accepted", p.stderr[-500:])
 
 
+def too_wide_refused():
+    """The LayerNorm backward spreads a row over one block (llmc/kernels/layernorm.cuh): C/8 <= 1024
+    threads. A wider model is one line naming the limit and the CPU trainer, before any allocation."""
+    p = run([GPU, "--model", "L=1,C=8320,H=65,T=64"], expect_ok=False)
+    lines = p.stderr.strip().splitlines()
+    report(p.returncode != 0 and len(lines) == 1 and all(n in lines[0] for n in ["C=8320", "8192", "CPU trainer"]),
+           "a model wider than the LayerNorm backward's block (C=8320): one line naming the limit", p.stderr[-500:])
+
+
 def main():
     checks_without_gpu()
     if MODE != "gpu" and os.path.exists(NATIVE_GPU):
@@ -415,6 +424,7 @@ def main():
             report(False, "binaries", f"{exe} is missing: run make")
             sys.exit(1)
     check("precision refused", precision_refused)
+    check("too wide refused", too_wide_refused)
 
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_test_")
     try:

@@ -25,10 +25,22 @@
 //      trainer's encoder_buckets_build); one block per distinct token sums its positions' rows in
 //      position order, so each dwte row has one owner and the sum a fixed order. dwpe: one thread
 //      per (t, channel) sums over b. Scalar 2-byte loads.
-//   3. trainer's: the same buckets, 16-byte loads, one thread per 8 channels.
+//   3. the trainer's until version 4: the same buckets, 16-byte loads, a 128-thread block per bucket.
+//      What it wastes: a thread loads a row, adds it, loads the next: one DRAM latency (~1 us with
+//      the index load before it) per position, so the bucket of a frequent token (2% of 8192
+//      positions: ~160 rows) takes ~100+ us alone and is the kernel's tail; and 32 of the 128
+//      threads idle at C = 768. Measured on an H200: 14% of copy.
+//   4. trainer's (llmc/kernels/encoder.cuh): the block as wide as the row (C/8 threads in whole
+//      warps), the dwte row loaded first, then 8 positions' indices and their 8 rows before adding
+//      any: one latency per 8 positions. Same additions in the same order: version 3's bits
+//      (test_emu_kernel_lab.py checks).
+// Floor: dout read once, the touched dwte rows and dwpe read and written: ~35 MB at B=8, ~8 us at
+// 4.2 TB/s; the dwpe kernel reads dout a second time (12.6 MB, from L2 if it is still there).
+// Prediction: 1 ~15%, 2 40-60%, 3 60-80% (measured 4.3%, 12.3%, 14.3%), 4 40-60%: bounded by
+// the longest bucket's ~20 rounds of 8 and the dwpe kernel's second read.
 // The bucket sort runs on the host while the GPU does the forward (it is not timed here).
 // Inputs: 20% of positions draw one of 10 "frequent" tokens (~2% each, like "the" or ","), the rest
-// are uniform over the vocabulary.
+// are uniform over the vocabulary (on --tiny shapes 2 frequent tokens, ~10% each).
 #include "dev/cuda/common.h"
 #include "llmc/kernels/encoder.cuh"
 
@@ -38,7 +50,8 @@ static const std::vector<Version> VERSIONS = {
     {"encoder_forward", 3, "trainer: 16-byte vectors", "llmc/kernels/encoder.cuh: one thread per 8 channels, 16-byte loads", true},
     {"encoder_backward", 1, "fp32 atomics", "one thread per element, atomicAdd into an fp32 copy, then a pass adding it to bf16", false},
     {"encoder_backward", 2, "buckets, scalar", "positions sorted by token on the host; one block per token, 2-byte loads", false},
-    {"encoder_backward", 3, "trainer: buckets, 16B", "llmc/kernels/encoder.cuh: the same buckets, 16-byte loads", true},
+    {"encoder_backward", 3, "buckets, 16B", "the trainer's until version 4: the same buckets, 16-byte loads, a row at a time", false},
+    {"encoder_backward", 4, "trainer: buckets, 8 rows in flight", "llmc/kernels/encoder.cuh: 8 positions' rows loaded before adding, the dwte row first", true},
 };
 
 // ---- forward 1: one thread per position
@@ -73,14 +86,11 @@ __global__ void encoder_backward_atomic(float* dwte32, float* dwpe32, const floa
 
 // ---- backward 2: buckets (layout: llmc/kernels/encoder.cuh), one block per bucket, one thread per channel
 __global__ void encoder_backward_wte_scalar(floatX* dwte, const floatX* dout, const int* buckets, int BT, int C) {
-    const int* positions = buckets;
-    const int* start = buckets + BT;
-    const int* token_of = buckets + 2 * BT + 1;
-    int u = blockIdx.x;
-    floatX* row = dwte + (size_t)token_of[u] * C;
+    EncoderBucket b = encoder_bucket(buckets, BT, blockIdx.x);
+    floatX* row = dwte + (size_t)b.token * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float sum = 0.0f;
-        for (int i = start[u]; i < start[u + 1]; i++) sum += __bfloat162float(dout[(size_t)positions[i] * C + c]);
+        for (int i = b.begin; i < b.end; i++) sum += __bfloat162float(dout[(size_t)b.positions[i] * C + c]);
         row[c] = __float2bfloat16(__bfloat162float(row[c]) + sum);
     }
 }
@@ -92,6 +102,24 @@ __global__ void encoder_backward_wpe_scalar(floatX* dwpe, const floatX* dout, in
     dwpe[i] = __float2bfloat16(__bfloat162float(dwpe[i]) + sum);
 }
 
+// ---- backward 3: the trainer's wte kernel until version 4 (llmc/kernels/encoder.cuh at 31fc5de): a row
+// loaded, then added, then the next, in 128-thread blocks
+__global__ void encoder_backward_wte_one_row(floatX* dwte, const floatX* dout, const int* buckets, int BT, int C) {
+    EncoderBucket b = encoder_bucket(buckets, BT, blockIdx.x);
+    if (b.begin == b.end) return;
+    floatX* row = dwte + (size_t)b.token * C;
+    for (int c = threadIdx.x * x128::size; c < C; c += blockDim.x * x128::size) {
+        float sum[x128::size] = {};
+        for (int i = b.begin; i < b.end; i++) {
+            x128 d = load128(dout + (size_t)b.positions[i] * C + c);
+            for (int k = 0; k < x128::size; k++) sum[k] += to_float(d[k]);
+        }
+        x128 acc = load128(row + c);
+        for (int k = 0; k < x128::size; k++) acc[k] = from_float<floatX>(to_float(acc[k]) + sum[k]);
+        store128(row + c, acc);
+    }
+}
+
 int main(int argc, char** argv) {
     Lab lab;
     lab_begin(&lab, argc, argv, "encoder", VERSIONS);
@@ -101,7 +129,11 @@ int main(int argc, char** argv) {
     std::vector<float> u = random_uniform(BT, next_seed(&lab), 0.0f, 1.0f);
     std::vector<float> pick = random_uniform(BT, next_seed(&lab), 0.0f, 1.0f);
     std::vector<int> tokens(BT);
-    for (int i = 0; i < BT; i++) tokens[i] = std::min(V - 1, (int)(pick[i] * (u[i] < 0.2f ? 10 : V)));
+    // 10 frequent tokens, fewer on the small shapes (BT / 64: 2 at --tiny's 128 positions) so that
+    // there too a bucket holds more than ENCODER_ROWS_IN_FLIGHT positions (~13: two rounds, the
+    // second partial)
+    int frequent = std::max(1, std::min(10, BT / 64));
+    for (int i = 0; i < BT; i++) tokens[i] = std::min(V - 1, (int)(pick[i] * (u[i] < 0.2f ? frequent : V)));
     std::vector<float> wte = random_normal((size_t)Vp * C, next_seed(&lab), 0.0f, 0.5f);
     std::vector<float> wpe = random_normal((size_t)T * C, next_seed(&lab), 0.0f, 0.5f);
     std::vector<float> dout = random_normal(btc, next_seed(&lab), 0.0f, 1.0f);
@@ -116,7 +148,9 @@ int main(int argc, char** argv) {
     cpu::encoder_backward(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B, T, C);
     std::vector<int> count, buckets(3 * (size_t)BT + 1);
     int U = encoder_buckets_build(tokens.data(), BT, V, &count, buckets.data());
-    printf("%d positions, %d distinct tokens\n", BT, U);
+    int longest = 0;
+    for (int b = 0; b < U; b++) longest = std::max(longest, buckets[BT + b + 1] - buckets[BT + b]);
+    printf("%d positions, %d distinct tokens, the longest bucket %d positions\n", BT, U, longest);
 
     // ---- forward: the touched wte rows, wpe and the tokens read, x written
     double fwd_bytes = 2.0 * btc + 2.0 * U * C + 2.0 * T * C + 4.0 * BT;
@@ -187,6 +221,14 @@ int main(int argc, char** argv) {
     };
     lab_case(&lab, c);
     c.version = 3;
+    c.run = [&](int s) {
+        encoder_backward_wpe_kernel<<<ceil_div(T * (C / x128::size), 256), 256, 0, lab.stream>>>(d_dwpe[s], d_dout[s], B, T, C);
+        CUDA_CHECK_LAUNCH();
+        encoder_backward_wte_one_row<<<U, 128, 0, lab.stream>>>(d_dwte[s], d_dout[s], d_buckets[s], BT, C);
+        CUDA_CHECK_LAUNCH();
+    };
+    lab_case(&lab, c);
+    c.version = 4;
     c.run = [&](int s) { encoder_backward(d_dwte[s], d_dwpe[s], d_dout[s], d_buckets[s], U, B, T, C, lab.stream); };
     lab_case(&lab, c);
     return lab_end(&lab);

@@ -23,10 +23,25 @@
 //   2. one warp per row for dx; each block sums dw and db over its rows in shared memory and adds
 //      its partial sums to an fp32 gradient with atomicAdd; a last pass adds that to the bf16 dw,
 //      db. Parallel, but the order of the atomics is a race: not bit-reproducible.
-//   3. trainer's: each block of 4 warps writes its 64 rows' partial sums to a buffer, and a second
-//      kernel adds the partials in order (llmc/kernels/cuda_common.cuh, add_column_partials): parallel AND
-//      deterministic, for ~C x N/64 x 8 extra bytes (~0.8 MB at B=8).
-// Prediction: 1 far below 10% (the column loop), 2 and 3 at ~60-80% of the copy ceiling.
+//   3. the trainer's until version 4: each block of 4 warps takes 64 rows, each warp adds its rows'
+//      dy*xhat and dy into its own shared-memory row, the block writes one partial, and a second
+//      kernel adds the partials in order (llmc/kernels/cuda_common.cuh, add_column_partials):
+//      parallel AND deterministic. But it wastes: 128 blocks of 4 warps at B=8 (4 warps an SM, too
+//      few loads in flight to cover DRAM's latency), a row's loads in two rounds (dy and x, then dx
+//      and dy, x again from L1) one row after another, and two shared-memory read-modify-writes per
+//      element, with a lane's 8 channels 8 floats apart from its neighbour's: 8-way bank conflicts.
+//      Measured on an H200: 13% of copy.
+//   4. trainer's (llmc/kernels/layernorm.cuh): a row belongs to a group of C/8 threads, 8 channels
+//      each; a thread loads dy, x and dx of two rows at once (six 16-byte loads in flight), keeps them
+//      in registers through the row sums and writes dx from them: each byte read once, one latency
+//      per two rows. The thread owns its channels for all the block's rows, so dw and db add up in
+//      its registers: no shared memory per element, no atomics. A fixed grid of 256 blocks of 4
+//      groups (12 warps at C = 768) strides over the rows; a block adds its groups in order into one
+//      partial, add_column_partials adds the 256 partials in order: deterministic on any GPU.
+// Floor: 8 bytes per element (dy, x read; dx read and written), 50 MB at B=8, ~12 us at 4.2 TB/s;
+// version 4 adds 256 partials of 2C floats written and read (3 MB, 6%).
+// Prediction: 1 far below 10% (the column loop), 2 and 3 at ~60-80% of the copy ceiling (measured:
+// 4.5% and 13.4%: see above for 3), 4 at 70-85%.
 #include "dev/cuda/common.h"
 #include "llmc/kernels/layernorm.cuh"
 
@@ -36,7 +51,8 @@ static const std::vector<Version> VERSIONS = {
     {"layernorm_forward", 3, "trainer: warp, 16B", "llmc/kernels/layernorm.cuh: a warp per row, 16-byte loads", true},
     {"layernorm_backward", 1, "thread per row/column", "dx: a thread per row; dw, db: a thread per channel over all rows", false},
     {"layernorm_backward", 2, "warp per row, atomics", "dx: a warp per row; dw, db: shared-memory block sums + fp32 atomics", false},
-    {"layernorm_backward", 3, "trainer: partials", "llmc/kernels/layernorm.cuh: per-block partials summed in order: deterministic", true},
+    {"layernorm_backward", 3, "warp per row, 64-row partials", "the trainer's until version 4: 64 rows a block, shared-memory accumulators, partials summed in order", false},
+    {"layernorm_backward", 4, "trainer: rows in registers", "llmc/kernels/layernorm.cuh: each row read once into registers, dw/db in registers, 256 partials in order", true},
 };
 
 // ---- forward 1: one thread per row
@@ -158,6 +174,66 @@ __global__ void layernorm_backward_atomic(floatX* dinp, float* dw32, float* db32
     }
 }
 
+constexpr int OLD_WARPS = 4, OLD_ROWS_PER_BLOCK = 64;
+
+// ---- backward 3: the trainer's until version 4 (llmc/kernels/layernorm.cuh at 31fc5de).
+// dinp += dx for rows [64*blockIdx.x, +64); partials[blockIdx.x] = (sum dy*xhat, sum dy) per channel.
+// Dynamic shared memory: OLD_WARPS * 2 * C floats.
+__global__ void layernorm_backward_64rows(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    extern __shared__ float warp_acc[];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* dw_acc = warp_acc + (size_t)warp * 2 * C;
+    float* db_acc = dw_acc + C;
+    // each lane zeroes, and later updates, only its own channels: no synchronisation needed
+    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+        for (int k = 0; k < x128::size; k++) dw_acc[c + k] = db_acc[c + k] = 0.0f;
+    }
+    int row_end = min(N, (blockIdx.x + 1) * OLD_ROWS_PER_BLOCK);
+    for (int row = blockIdx.x * OLD_ROWS_PER_BLOCK + warp; row < row_end; row += OLD_WARPS) {
+        const floatX* dy = dout + (size_t)row * C;
+        const floatX* x = inp + (size_t)row * C;
+        float m = mean[row], s = rstd[row];
+        float sum_g = 0.0f, sum_g_xhat = 0.0f;
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            x128 dy8 = load128(dy + c), x8 = load128(x + c), w8 = load128(weight + c);
+            for (int k = 0; k < x128::size; k++) {
+                float d = to_float(dy8[k]);
+                float xhat = (to_float(x8[k]) - m) * s;
+                float g = d * to_float(w8[k]);
+                sum_g += g;
+                sum_g_xhat += g * xhat;
+                dw_acc[c + k] += d * xhat;
+                db_acc[c + k] += d;
+            }
+        }
+        float mean_g = warp_sum(sum_g) / C;
+        float mean_g_xhat = warp_sum(sum_g_xhat) / C;
+        floatX* dx = dinp + (size_t)row * C;
+        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
+            x128 dy8 = load128(dy + c), x8 = load128(x + c), w8 = load128(weight + c), dx8 = load128(dx + c);
+            for (int k = 0; k < x128::size; k++) {
+                float xhat = (to_float(x8[k]) - m) * s;
+                float g = to_float(dy8[k]) * to_float(w8[k]);
+                dx8[k] = from_float<floatX>(to_float(dx8[k]) + s * (g - mean_g - xhat * mean_g_xhat));
+            }
+            store128(dx + c, dx8);
+        }
+    }
+    __syncthreads();
+    float* out = partials + (size_t)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int w = 0; w < OLD_WARPS; w++) {
+            dw += warp_acc[(size_t)w * 2 * C + c];
+            db += warp_acc[(size_t)w * 2 * C + C + c];
+        }
+        out[c] = dw;
+        out[C + c] = db;
+    }
+}
+
+
 int main(int argc, char** argv) {
     Lab lab;
     lab_begin(&lab, argc, argv, "layernorm", VERSIONS);
@@ -223,7 +299,8 @@ int main(int argc, char** argv) {
     floatX* dw_start = to_device<floatX>(dw0, 1)[0];
     floatX* db_start = to_device<floatX>(db0, 1)[0];
     float* dwdb32 = device_alloc<float>(2 * (size_t)C);
-    float* partials = device_alloc<float>((size_t)ceil_div(N, LN_BACKWARD_ROWS_PER_BLOCK) * 2 * C);
+    float* partials_64rows = device_alloc<float>((size_t)ceil_div(N, OLD_ROWS_PER_BLOCK) * 2 * C);
+    float* partials = device_alloc<float>(layernorm_backward_partials_floats(N, C));
     Case bwd;
     bwd.kernel = "layernorm_backward";
     bwd.bytes = bwd_bytes;
@@ -260,6 +337,19 @@ int main(int argc, char** argv) {
     };
     lab_case(&lab, c);
     c.version = 3;
+    c.run = [&](int s) {
+        int blocks = ceil_div(N, OLD_ROWS_PER_BLOCK);
+        size_t shared = (size_t)OLD_WARPS * 2 * C * sizeof(float);
+        if (shared > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_64rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+        layernorm_backward_64rows<<<blocks, OLD_WARPS * 32, shared, lab.stream>>>(d_dx[s], partials_64rows, d_dy[s], d_xb[s],
+                                                                                  d_w, d_meanb[s], d_rstdb[s], N, C);
+        CUDA_CHECK_LAUNCH();
+        add_column_partials(d_dw[s], partials_64rows, blocks, 2 * (size_t)C, C, lab.stream);
+        add_column_partials(d_db[s], partials_64rows + C, blocks, 2 * (size_t)C, C, lab.stream);
+    };
+    lab_case(&lab, c);
+    c.version = 4;
     c.run = [&](int s) {
         layernorm_backward(d_dx[s], d_dw[s], d_db[s], partials, d_dy[s], d_xb[s], d_w, d_meanb[s], d_rstdb[s], N, C,
                            lab.stream);

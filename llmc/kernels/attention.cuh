@@ -9,11 +9,12 @@
 //   3. P = causal softmax(S)   one warp per row; P (B, NH, T, T) is KEPT for the backward
 //   4. O = P V                 batched GEMM, then permuted back to (B, T, C)
 // Backward: dP = dO V^T, dV = P^T dO, dS = P * (dP - rowsum(P * dP)) * scale, dQ = dS K,
-// dK = dS^T Q: four batched GEMMs and one softmax-backward kernel.
+// dK = dS^T Q: four batched GEMMs and one softmax-backward kernel (a block per row).
 // Not fused, on purpose: it stores P, (B, NH, T, T) per layer (the att buffer), and moves every
 // intermediate through memory. Use it to debug, for shapes cuDNN refuses, or in the fp32 build.
 #pragma once
 
+#include <algorithm>
 #include <cublas_v2.h>
 #include "llmc/kernels/attention_cudnn.cuh"
 #include "llmc/kernels/cuda_common.cuh"
@@ -73,18 +74,52 @@ __global__ void causal_softmax_forward_kernel(floatX* att, const floatX* scores,
     for (int u = lane; u < T; u += 32) a[u] = from_float<floatX>(u <= t ? expf(to_float(s[u]) - m) * inv : 0.0f);
 }
 
-// dscores[row] = att * (datt - sum(att * datt)) * scale, in place over datt. One warp per row.
+// dscores[row] = att * (datt - sum(att * datt)) * scale, in place over datt. One block per row, one
+// thread per 8 columns (T/8 threads in whole warps, at most 1024: beyond T = 8192 a thread takes
+// several chunks). Why not a warp per row, as the forward: the kernel lab measured it at 30% of copy
+// on an H200, below a block per row (40%): 32 lanes with 2-byte loads keep too few bytes in flight.
+// Here the live part (u <= t) is read in 16-byte vectors (2-byte loads where T % 8 leaves rows
+// unaligned, as the tests' T = 50), the second read for the write hits L1 (the same thread's chunk),
+// and the chunks past t, half the matrix, are written as zeros without being read.
+__device__ __forceinline__ x128 softmax_chunk(const floatX* p, bool aligned, int n) {
+    if (aligned) return load128(p);
+    x128 v = x128::zeros();
+    for (int k = 0; k < n; k++) v[k] = p[k];
+    return v;
+}
 __global__ void causal_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    int t = row % T;
+    __shared__ float shared[32];
+    constexpr int K = x128::size;
+    int row = blockIdx.x, t = row % T;
     floatX* d = datt + (size_t)row * T;
     const floatX* a = att + (size_t)row * T;
+    bool aligned = T % K == 0;
     float dot = 0.0f;
-    for (int u = lane; u <= t; u += 32) dot += to_float(a[u]) * to_float(d[u]);
-    dot = warp_sum(dot);
-    for (int u = lane; u < T; u += 32)
-        d[u] = from_float<floatX>(u <= t ? to_float(a[u]) * (to_float(d[u]) - dot) * scale : 0.0f);
+    for (int u0 = threadIdx.x * K; u0 <= t; u0 += blockDim.x * K) {
+        int n = min(K, T - u0);
+        x128 a8 = softmax_chunk(a + u0, aligned, n), d8 = softmax_chunk(d + u0, aligned, n);
+        for (int k = 0; k < n && u0 + k <= t; k++) dot += to_float(a8[k]) * to_float(d8[k]);
+    }
+    dot = block_sum(dot, shared);
+    for (int u0 = threadIdx.x * K; u0 < T; u0 += blockDim.x * K) {
+        int n = min(K, T - u0);
+        x128 out = x128::zeros();  // past t: zeros, nothing read
+        if (u0 <= t) {
+            x128 a8 = softmax_chunk(a + u0, aligned, n), d8 = softmax_chunk(d + u0, aligned, n);
+            for (int k = 0; k < n && u0 + k <= t; k++) out[k] = from_float<floatX>(to_float(a8[k]) * (to_float(d8[k]) - dot) * scale);
+        }
+        if (aligned) {
+            store128(d + u0, out);
+        } else {
+            for (int k = 0; k < n; k++) d[u0 + k] = out[k];
+        }
+    }
+}
+
+inline void causal_softmax_backward(floatX* datt, const floatX* att, int rows, int T, float scale, cudaStream_t stream) {
+    int threads = std::min(1024, ceil_div(ceil_div(T, x128::size), 32) * 32);
+    causal_softmax_backward_kernel<<<rows, threads, 0, stream>>>(datt, att, rows, T, scale);
+    CUDA_CHECK_LAUNCH();
 }
 
 // One batched GEMM over the B*NH heads, column-major as cuBLAS sees it: C = alpha op(A) op(B).
@@ -171,8 +206,7 @@ inline void attention_backward(AttentionContext* ctx, floatX* dqkv, const floatX
     batched_gemm(ctx->cublas, false, true, hs, T, T, 1.0f, d_o, hs, head_size, att, T, score_size, dv, hs, head_size,
                  heads);
     int rows = heads * T;
-    causal_softmax_backward_kernel<<<ceil_div(rows, 8), 256, 0, stream>>>(dscores, att, rows, T, 1.0f / sqrtf((float)hs));
-    CUDA_CHECK_LAUNCH();
+    causal_softmax_backward(dscores, att, rows, T, 1.0f / sqrtf((float)hs), stream);
     // dQ (T x hs) = dS K; column-major dQ^T = K^T dS^T
     batched_gemm(ctx->cublas, false, false, hs, T, T, 1.0f, k, hs, head_size, dscores, T, score_size, dq, hs, head_size,
                  heads);

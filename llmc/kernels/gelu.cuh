@@ -37,10 +37,12 @@
 
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2/pi)
 
-// The one place that decides (see above): the fc layer's GELU in cuBLASLt's epilogues, or in these kernels.
+// The one place that decides (see above): the fc layer's GELU in cuBLASLt's epilogues, or in these kernels;
+// the forward and the backward both ask it, so they always agree.
 // keep_gelu: the recompute level keeps fch_gelu per layer (llmc/model/recompute.h, level 0).
-inline bool gelu_in_matmul_epilogue(bool keep_gelu, int fc_channels) {
-    return keep_gelu && !FLOATX_IS_FP32 && fc_channels % 8 == 0;
+// fc_in_fp8: --precision fp8 runs fc in fp8 (llmc/kernels/fp8.cuh), whose output no epilogue of ours takes.
+inline bool gelu_in_matmul_epilogue(bool keep_gelu, bool fc_in_fp8, int fc_channels) {
+    return keep_gelu && !fc_in_fp8 && !FLOATX_IS_FP32 && fc_channels % 8 == 0;
 }
 
 // The math of one element, on the host too (test/test_gpu_host.cu checks it against the tanh form).

@@ -16,15 +16,25 @@
 // Backward, with xhat = (x - mean) * rstd and g = dy * w:
 //   dx += rstd * (g - mean(g) - xhat * mean(g * xhat))        (added: x is the residual stream)
 //   dw += sum over rows of dy * xhat,  db += sum over rows of dy
-// dx is per row (a warp per row). dw and db sum over all rows: each block of 4 warps takes 64 rows,
-// each warp accumulates its rows' dy*xhat and dy per channel in its own shared-memory row, the block
-// adds its 4 warp rows in order into one partial, and a second kernel adds the partials in order.
-// Fixed grid, fixed order, no atomics: bit-identical every run. Traffic: dy and x read twice (the
-// second time from cache), dx read and written, plus 2C floats per 64 rows of partials.
+// The floor is the row traffic: dy and x read, dx read and written, 8 bytes per element in bf16
+// (50 MB at d12, B=8: ~12 us at 4.2 TB/s). The kernel is shaped so that nothing else costs time:
+//   - a row belongs to a group of C/8 threads, a thread to 8 channels: the thread loads its 16 bytes
+//     of dy, x and dx for two rows at once (six loads in flight), keeps them in registers through the
+//     row's two sums and writes dx from them: every byte read once, one DRAM latency per two rows;
+//   - the thread owns its 8 channels for every row its block takes, so dw and db accumulate in its
+//     registers (no shared-memory traffic per element, no atomics);
+//   - a fixed grid (layernorm_backward_blocks: up to 256 blocks of up to 4 groups, at least 32 rows
+//     a block) takes the rows in a fixed stride; at the end a block adds its groups in order into one
+//     partial of 2C floats, and add_column_partials adds the partials in order.
+// Fixed grid, fixed order, no atomics: bit-identical every run, on any GPU. Extra traffic: 256
+// partials of 2C floats written and read (3 MB at C = 768, 6% of the floor's bytes). The kernel lab
+// (dev/cuda/layernorm.cu) keeps the version this replaced (a warp per row, 64 rows a block, shared-
+// memory accumulators), which ran at 13% of copy on an H200.
 #pragma once
 
+#include <algorithm>
 #include "llmc/kernels/cuda_common.cuh"
-#include "llmc/kernels/scratch_sizes.h"  // LN_BACKWARD_ROWS_PER_BLOCK (the size table reads it too)
+#include "llmc/kernels/scratch_sizes.h"  // layernorm_backward_blocks (the size table reads it too)
 
 constexpr float LN_EPS = 1e-5f;
 
@@ -123,76 +133,114 @@ inline void layernorm_recompute(floatX* ln_out, const floatX* inp, const float* 
     CUDA_CHECK_LAUNCH();
 }
 
-constexpr int LN_BACKWARD_WARPS = 4;
+// Rows a thread holds at once: two rows' loads in flight per DRAM latency, 12 registers a row.
+constexpr int LN_BACKWARD_ROWS_AT_ONCE = 2;
+// Threads across a row: one per 16 bytes of it, rounded up to whole warps (the row sums are warp sums).
+inline int layernorm_backward_lanes(int C) { return ceil_div(C / x128::size, 32) * 32; }
 
-// dinp += dx for rows [64*blockIdx.x, +64); partials[blockIdx.x] = (sum dy*xhat, sum dy) per channel.
-// Dynamic shared memory: LN_BACKWARD_WARPS * 2 * C floats.
+// Block (lanes, groups): thread (x, y) owns channels [x*8, x*8+8) of group y's rows. The block takes
+// LN_BACKWARD_ROWS_AT_ONCE rows per group per iteration, rows first + y*ROWS_AT_ONCE + r, first
+// striding by the grid; partials[blockIdx.x] = (sum dy*xhat, sum dy) over the block's rows.
+// Dynamic shared memory: layernorm_backward_shared_floats.
 __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ float warp_acc[];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float* dw_acc = warp_acc + (size_t)warp * 2 * C;
-    float* db_acc = dw_acc + C;
-    // each lane zeroes, and later updates, only its own channels: no synchronisation needed
-    for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-        for (int k = 0; k < x128::size; k++) dw_acc[c + k] = db_acc[c + k] = 0.0f;
-    }
-    int row_end = min(N, (blockIdx.x + 1) * LN_BACKWARD_ROWS_PER_BLOCK);
-    for (int row = blockIdx.x * LN_BACKWARD_ROWS_PER_BLOCK + warp; row < row_end; row += LN_BACKWARD_WARPS) {
-        const floatX* dy = dout + (size_t)row * C;
-        const floatX* x = inp + (size_t)row * C;
-        float m = mean[row], s = rstd[row];
-        float sum_g = 0.0f, sum_g_xhat = 0.0f;
-        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-            x128 dy8 = load128(dy + c), x8 = load128(x + c), w8 = load128(weight + c);
-            for (int k = 0; k < x128::size; k++) {
-                float d = to_float(dy8[k]);
-                float xhat = (to_float(x8[k]) - m) * s;
+    constexpr int R = LN_BACKWARD_ROWS_AT_ONCE, K = x128::size;
+    extern __shared__ float shared[];
+    int x = threadIdx.x, y = threadIdx.y, groups = blockDim.y;
+    int warps = blockDim.x / 32, warp = x / 32, lane = x % 32;
+    int c = x * K;
+    bool live = c < C;  // the lanes past C/8 (rounding up to a warp) only join the warp sums
+    x128 w8 = live ? load128(weight + c) : x128::zeros();
+    float dw[K] = {}, db[K] = {};
+    // the row sums, two per row, one per warp: sums[parity][y][2R][warps], two buffers so that the
+    // next iteration's writes never meet this one's reads (one barrier per iteration, not two)
+    int sums_size = groups * 2 * R * warps;
+    int rows_per_block = groups * R, it = 0;
+    // every thread of the block runs the same iterations: the barriers inside are reached by all
+    for (int first = blockIdx.x * rows_per_block; first < N; first += gridDim.x * rows_per_block, it++) {
+        x128 dy8[R], x8[R], dx8[R];
+        float m[R], s[R];
+        int row0 = first + y * R;
+        for (int r = 0; r < R; r++) {  // every load of the iteration issued before any is used
+            int row = row0 + r;
+            bool ok = live && row < N;
+            dy8[r] = ok ? load128cs(dout + (size_t)row * C + c) : x128::zeros();
+            x8[r] = ok ? load128cs(inp + (size_t)row * C + c) : x128::zeros();
+            dx8[r] = ok ? load128(dinp + (size_t)row * C + c) : x128::zeros();
+            m[r] = row < N ? mean[row] : 0.0f;
+            s[r] = row < N ? rstd[row] : 0.0f;
+        }
+        float* sums = shared + (it & 1) * sums_size + y * 2 * R * warps;
+        for (int r = 0; r < R; r++) {
+            float sum_g = 0.0f, sum_g_xhat = 0.0f;
+            for (int k = 0; k < K; k++) {  // zeros past the row's end and past C: they add nothing
+                float d = to_float(dy8[r][k]);
+                float xhat = (to_float(x8[r][k]) - m[r]) * s[r];
                 float g = d * to_float(w8[k]);
                 sum_g += g;
                 sum_g_xhat += g * xhat;
-                dw_acc[c + k] += d * xhat;
-                db_acc[c + k] += d;
+                dw[k] += d * xhat;
+                db[k] += d;
+            }
+            sum_g = warp_sum(sum_g);
+            sum_g_xhat = warp_sum(sum_g_xhat);
+            if (lane == 0) {
+                sums[(2 * r) * warps + warp] = sum_g;
+                sums[(2 * r + 1) * warps + warp] = sum_g_xhat;
             }
         }
-        float mean_g = warp_sum(sum_g) / C;
-        float mean_g_xhat = warp_sum(sum_g_xhat) / C;
-        floatX* dx = dinp + (size_t)row * C;
-        for (int c = lane * x128::size; c < C; c += 32 * x128::size) {
-            x128 dy8 = load128(dy + c), x8 = load128(x + c), w8 = load128(weight + c), dx8 = load128(dx + c);
-            for (int k = 0; k < x128::size; k++) {
-                float xhat = (to_float(x8[k]) - m) * s;
-                float g = to_float(dy8[k]) * to_float(w8[k]);
-                dx8[k] = from_float<floatX>(to_float(dx8[k]) + s * (g - mean_g - xhat * mean_g_xhat));
+        __syncthreads();
+        for (int r = 0; r < R; r++) {
+            int row = row0 + r;
+            float sum_g = 0.0f, sum_g_xhat = 0.0f;
+            for (int w = 0; w < warps; w++) {  // in warp order: every thread gets the same bits
+                sum_g += sums[(2 * r) * warps + w];
+                sum_g_xhat += sums[(2 * r + 1) * warps + w];
             }
-            store128(dx + c, dx8);
+            if (!live || row >= N) continue;
+            float mean_g = sum_g / C, mean_g_xhat = sum_g_xhat / C;
+            for (int k = 0; k < K; k++) {
+                float xhat = (to_float(x8[r][k]) - m[r]) * s[r];
+                float g = to_float(dy8[r][k]) * to_float(w8[k]);
+                dx8[r][k] = from_float<floatX>(to_float(dx8[r][k]) + s[r] * (g - mean_g - xhat * mean_g_xhat));
+            }
+            store128(dinp + (size_t)row * C + c, dx8[r]);
         }
     }
-    __syncthreads();
-    float* out = partials + (size_t)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < LN_BACKWARD_WARPS; w++) {
-            dw += warp_acc[(size_t)w * 2 * C + c];
-            db += warp_acc[(size_t)w * 2 * C + C + c];
+    // the groups' column sums into one partial, group 0 first, then 1, ...: a fixed order
+    __syncthreads();  // the last iteration's row sums have been read: the shared memory is free
+    float* acc = shared;  // [0, C): dw, [C, 2C): db
+    for (int g = 0; g < groups; g++) {
+        if (y == g && live) {
+            float* out = g == groups - 1 ? partials + (size_t)blockIdx.x * 2 * C : acc;  // the last writes the partial
+            for (int k = 0; k < K; k++) {
+                out[c + k] = g == 0 ? dw[k] : acc[c + k] + dw[k];
+                out[C + c + k] = g == 0 ? db[k] : acc[C + c + k] + db[k];
+            }
         }
-        out[c] = dw;
-        out[C + c] = db;
+        __syncthreads();
     }
 }
 
-// dinp += dx; dweight += sum dy*xhat; dbias += sum dy. `partials` holds ceil(N/64) * 2C floats
-// (layernorm_backward_partials_floats, llmc/kernels/scratch_sizes.h).
+inline size_t layernorm_backward_shared_floats(int C, int groups) {
+    return std::max((size_t)2 * C, (size_t)2 * groups * 2 * LN_BACKWARD_ROWS_AT_ONCE * (layernorm_backward_lanes(C) / 32));
+}
+
+// dinp += dx; dweight += sum dy*xhat; dbias += sum dy. `partials` holds layernorm_backward_blocks(N)
+// * 2C floats (layernorm_backward_partials_floats, llmc/kernels/scratch_sizes.h). C / 8 <= 1024
+// (a row's threads fit one block): train_gpt.cu's check_gpu_shape refuses wider models.
 inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, cudaStream_t stream) {
-    int blocks = ceil_div(N, LN_BACKWARD_ROWS_PER_BLOCK);
-    size_t shared = (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float);
-    if (shared > 48 * 1024) {  // above 48 KiB a kernel must opt in to more shared memory
+    int lanes = layernorm_backward_lanes(C);
+    int groups = std::max(1, std::min(4, 1024 / lanes));  // up to 4 groups: more rows a block, fewer partials
+    int blocks = layernorm_backward_blocks(N);
+    size_t shared = layernorm_backward_shared_floats(C, groups) * sizeof(float);
+    if (shared > 48 * 1024) {  // above 48 KiB (C > 6144) a kernel must opt in to more shared memory
         CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
     }
-    layernorm_backward_kernel<<<blocks, LN_BACKWARD_WARPS * 32, shared, stream>>>(dinp, partials, dout, inp, weight,
-                                                                                 mean, rstd, N, C);
+    layernorm_backward_kernel<<<blocks, dim3(lanes, groups), shared, stream>>>(dinp, partials, dout, inp, weight,
+                                                                               mean, rstd, N, C);
     CUDA_CHECK_LAUNCH();
     add_column_partials(dweight, partials, blocks, 2 * (size_t)C, C, stream);
     add_column_partials(dbias, partials + C, blocks, 2 * (size_t)C, C, stream);

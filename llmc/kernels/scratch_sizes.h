@@ -10,11 +10,18 @@
 
 #include <cstddef>
 
-// llmc/kernels/layernorm.cuh, layernorm_backward: a block takes 64 rows and writes one partial of 2C
-// floats (the weight's and the bias's column sums); add_column_partials then sums the partials in order.
-constexpr int LN_BACKWARD_ROWS_PER_BLOCK = 64;
+// llmc/kernels/layernorm.cuh, layernorm_backward: a fixed grid of up to 256 blocks takes the rows in
+// a fixed stride; each block writes one partial of 2C floats (the weight's and the bias's column
+// sums); add_column_partials then sums the partials in order. A partial costs as much traffic as two
+// rows (written, then read back), so a block takes at least 32 rows (partials <= 6% of the traffic).
+// The grid depends on the rows alone, never on the GPU: the same sums in the same order everywhere.
+constexpr int LN_BACKWARD_BLOCKS = 256, LN_BACKWARD_MIN_ROWS = 32;
+inline int layernorm_backward_blocks(size_t rows) {
+    size_t blocks = (rows + LN_BACKWARD_MIN_ROWS - 1) / LN_BACKWARD_MIN_ROWS;
+    return (int)(blocks < LN_BACKWARD_BLOCKS ? blocks : LN_BACKWARD_BLOCKS);
+}
 inline size_t layernorm_backward_partials_floats(size_t rows, size_t C) {
-    return (rows + LN_BACKWARD_ROWS_PER_BLOCK - 1) / LN_BACKWARD_ROWS_PER_BLOCK * 2 * C;
+    return (size_t)layernorm_backward_blocks(rows) * 2 * C;
 }
 
 // llmc/kernels/matmul.cuh, bias_backward: a block sums 256 rows of dout into one partial of OC floats.

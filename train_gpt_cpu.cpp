@@ -593,6 +593,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
             // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
             float aux_scale = (float)((double)loss_scale * (double)BT);
+            // --recompute: the block's ln2 (the router's input, for its weight gradient) is rebuilt at
+            // level 2 like a dense block's; the MoE layer itself is not run again (llmc/model/moe.h, recompute)
+            if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
             unstash(ln2, st.ln2, l, Rmax * C, R * C);
             MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
             MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);

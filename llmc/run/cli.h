@@ -533,9 +533,6 @@ inline void validate_moe_options(const TrainOptions& o) {
                    "ranks yet; train MoE with data parallelism only (--expert-parallel splits the experts over its ranks)", o.tensor_parallel, o.pipeline_parallel);
     if (o.zero_stage > 0)
         usage_fail("--moe-experts with --zero %d: ZeRO's shards are not laid out over the experts' tensors yet; use --zero 0", o.zero_stage);
-    if (o.recompute > 0)
-        usage_fail("--moe-experts with --recompute %d: a recomputed MoE forward would add its auxiliary losses a second time "
-                   "(Megatron-LM issue 1330); use --recompute 0 (the MoE layer keeps its activations)", o.recompute);
     if (o.optimizer != "adamw")
         usage_fail("--moe-experts with --optimizer %s: its row and column statistics are not laid out over the experts' tensors; "
                    "use --optimizer adamw", o.optimizer.c_str());

@@ -189,6 +189,7 @@ struct GPT2 {
     // runs every expert), and what each MoE block's exchange keeps for its backward
     Comm* ep = nullptr;
     std::vector<ExpertParallelBlock> ep_blocks;
+    MoEZero moe_zero;   // --zero 1|2: moe_m and moe_v hold this rank's shards (llmc/parallel/expert_parallel.h)
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
@@ -778,12 +779,24 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
     }
-    // --moe-experts: the MoE table, whole on every rank (no ZeRO with MoE), decayed as llmc/model/model.h says
+    // --moe-experts: the MoE table (this rank's held experts), decayed as llmc/model/model.h says; whole,
+    // or with --zero 1|2 this rank's shard of each segment (its moments stored at the segment's `stored`)
     const MoELayout& ml = model->moe_layout;
     for (int t2 = 0; t2 < NUM_MOE_TENSORS; t2++) {
-        size_t at = ml.offset[t2];
-        adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at, model->moe_v.data() + at,
-                     ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, moe_tensor_decays(t2) ? o.weight_decay : 0.0f, t, grad_scale);
+        float wd = moe_tensor_decays(t2) ? o.weight_decay : 0.0f;
+        size_t at = ml.offset[t2], end = at + ml.count[t2];
+        if (model->moe_zero.segments.empty()) {
+            adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at,
+                         model->moe_v.data() + at, ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+            continue;
+        }
+        for (const MoEZeroSegment& g : model->moe_zero.segments) {
+            ShardRange own = moe_zero_owned(g);
+            size_t lo = std::max(at, own.begin), hi = std::min(end, own.end), state = g.stored + (lo - own.begin);
+            if (lo < hi)
+                adamw_update(model->moe_params.data() + lo, model->moe_grads.data() + lo, model->moe_m.data() + state,
+                             model->moe_v.data() + state, hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+        }
     }
 }
 
@@ -977,7 +990,9 @@ static float finish_gradients(GPT2* model, Parallel* par) {
         grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
         // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens);
         // with --expert-parallel each rank holds its experts only: theirs over their replicas alone
-        if (mo.ep)
+        if (!mo.moe_zero.segments.empty())  // --zero 1|2: each rank its shard of the sum (the update shares the weights)
+            moe_zero_reduce(&mo.moe_zero, mo.moe_grads.data(), &mo.moe_sum_scratch);
+        else if (mo.ep)
             ep_sum_gradients(&par->comms.dp, &par->ep_replicas, mo.moe_grads.data(), mo.moe_layout.count[MOE_ROUTER],
                              mo.moe_grads.size(), &mo.moe_sum_scratch);
         else if (!mo.moe_grads.empty() && par->grid.dp > 1)
@@ -989,8 +1004,13 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     // the summed MoE gradient, each value once: rank 0 counts its table (after the dense part, so that
     // with one expert, whose router gradient is exactly 0, the norm is the dense model's bits); with
     // --expert-parallel the rest of expert group 0 adds its experts (the other groups are their replicas)
+    // (--zero 1|2: every rank its shards, which cover the table once over the ranks that share it)
     size_t counted_from = par->grid.rank == 0 ? 0 : mo.moe_layout.count[MOE_ROUTER];
-    if (par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
+    for (const MoEZeroSegment& g : mo.moe_zero.segments) {
+        ShardRange own = moe_zero_owned(g);
+        squares += sum_of_squares(mo.moe_grads.data() + own.begin, own.size());
+    }
+    if (mo.moe_zero.segments.empty() && par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
         squares += sum_of_squares(mo.moe_grads.data() + counted_from, mo.moe_grads.size() - counted_from);
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
@@ -1006,6 +1026,7 @@ static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, in
     ProfileScope prof("communication (weights)", 0);
     if (server->on) parameter_server_send_weights(server, model->params.data(), model->layout.total);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
+    moe_zero_share(&model->moe_zero, model->moe_params.data(), &model->moe_sum_scratch);  // and the MoE table's (--zero 1|2)
     if (model->zero.whole_gradient) factored_share_weights(&par->comms.dp, model->params.data(), model->factored);
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
@@ -1141,10 +1162,15 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
     // --moe-experts: the whole MoE table and its moments on rank 0 (gathered, with --expert-parallel)
-    std::vector<float> whole_params, whole_m, whole_v;
+    // (--zero 1|2: the moments' shards first made the held table's on every rank)
+    std::vector<float> whole_params, whole_m, whole_v, held_m, held_v;
+    if (!model->moe_zero.segments.empty()) {
+        moe_zero_unshard(&model->moe_zero, model->moe_m.data(), &held_m, model->moe_params.size(), &model->moe_sum_scratch);
+        moe_zero_unshard(&model->moe_zero, model->moe_v.data(), &held_v, model->moe_params.size(), &model->moe_sum_scratch);
+    }
     const float* moe_params = whole_moe_table(model, par, model->moe_params, &whole_params);
-    const float* moe_m = whole_moe_table(model, par, model->moe_m, &whole_m);
-    const float* moe_v = whole_moe_table(model, par, model->moe_v, &whole_v);
+    const float* moe_m = whole_moe_table(model, par, held_m.empty() ? model->moe_m : held_m, &whole_m);
+    const float* moe_v = whole_moe_table(model, par, held_v.empty() ? model->moe_v : held_v, &whole_v);
     CheckpointParts parts;
     parts.write_model_bin = [&](const std::string& path) {
         if (model->moe.experts == 0) write_model_file(path, cfg, model->params.data(), false);
@@ -1238,7 +1264,9 @@ static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
     d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
     dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads,
                           !model->server.on || parameter_server_is_server(model->server));
-    // --moe-experts: then the MoE table's, summed (whole on rank 0, which writes the file)
+    // --moe-experts: then the MoE table's, summed (whole on rank 0, which writes the file; with --zero 1|2
+    // each rank holds its shard of the sum: shared first)
+    moe_zero_share(&model->moe_zero, model->moe_grads.data(), &model->moe_sum_scratch);
     std::vector<float> whole;
     const float* moe = whole_moe_table(model, par, model->moe_grads, &whole);
     if (par->grid.rank == 0) d->state.grads.insert(d->state.grads.end(), moe, moe + moe_layout(model->config, model->moe).total);
@@ -1305,6 +1333,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
         comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
     }
     gpt2_allocate(model, sizes);
+    if (grid.zero_stage >= 1 && o.moe_experts > 0)  // --zero 1|2: the MoE table's moments sharded (expert_parallel.h)
+        model->moe_zero = moe_zero_setup(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
+                                         model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
                           model->adam_m.data(), model->adam_v.data());
@@ -1366,8 +1397,16 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
     if (model->moe.experts > 0) {  // --moe-experts: the MoE table's moments (its weights came with model.bin), this rank's part
         std::vector<float> m, v;
         read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_layout(cfg, model->moe).total, &m, &v);
-        keep_held_experts(model, m, &model->moe_m);
-        keep_held_experts(model, v, &model->moe_v);
+        if (model->moe_zero.segments.empty()) {
+            keep_held_experts(model, m, &model->moe_m);
+            keep_held_experts(model, v, &model->moe_v);
+        } else {  // --zero 1|2: this rank's shards of its held table's
+            std::vector<float> held(model->moe_params.size());
+            keep_held_experts(model, m, &held);
+            moe_zero_keep(model->moe_zero, held.data(), model->moe_m.data());
+            keep_held_experts(model, v, &held);
+            moe_zero_keep(model->moe_zero, held.data(), model->moe_v.data());
+        }
     }
     grad_compression_load(&model->compression, resume_dir, resumed->step);  // its error feedback and Q, or a refusal
     model->compression.steps_done = resumed->step;

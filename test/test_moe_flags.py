@@ -8,8 +8,8 @@ fix and exit 2:
                    layer's own shape checks reached through the CPU trainer (moe_shape_problem):
                    top-3, top-2 of one expert, a negative capacity factor, alpha or c_z
   MoE flags alone  --moe-top-k 2 (or any --moe-* flag) without --moe-experts: nothing to shape
-  combinations     tensor and pipeline parallelism, ZeRO, the factored optimizers, compression
-                   (--recompute with MoE trains: test_moe_trainer.py's recompute check)
+  combinations     tensor and pipeline parallelism, ZeRO-3, the factored optimizers, compression
+                   (--recompute and --zero 1|2 with MoE train: test_moe_trainer.py, test_expert_parallel.py)
   not yet on the CPU trainer: --generate (its KV-cache forward has no MoE layer), --optimizer-state
                    bf16, --data-parallel server (checkpoints: test_moe_trainer.py)
   good values      pass every check and train one step (so the checks above do not refuse valid
@@ -47,7 +47,7 @@ def main():
         ("--moe-z-loss 0 without --moe-experts", base + ["--moe-z-loss", "0"], ["--moe-z-loss", "add --moe-experts"]),
         ("--moe-experts with --tensor-parallel 2", moe + ["--tensor-parallel", "2"], ["--tensor-parallel 2", "data parallelism"]),
         ("--moe-experts with --pipeline-parallel 2", moe + ["--pipeline-parallel", "2"], ["--pipeline-parallel 2"]),
-        ("--moe-experts with --zero 1", moe + ["--zero", "1"], ["--zero 1", "--zero 0"]),
+        ("--moe-experts with --zero 3", moe + ["--zero", "3"], ["--zero 3", "--zero 1 or 2"]),
         ("--moe-experts with --optimizer adafactor", moe + ["--optimizer", "adafactor"], ["--optimizer adafactor", "adamw"]),
         ("--moe-experts with --grad-compression bf16", moe + ["--grad-compression", "bf16"], ["--grad-compression bf16"]),
         ("--moe-experts with --generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),

@@ -309,7 +309,7 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q", gc.state, F};
     t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};
     t[CB_COMPRESSION_SCRATCH] = {"compression_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", gc.scratch, F};
-    // (MoE runs on one slice: cli.h refuses it with tensor, pipeline parallelism and ZeRO)
+    // (MoE runs on one slice: cli.h refuses it with tensor and pipeline parallelism and ZeRO-3)
     // --expert-parallel: a rank holds the routers and its own experts (llmc/parallel/expert_parallel.h)
     MoELayout held = moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
     size_t moe = held.total, router = held.count[MOE_ROUTER], Lm = moe_block_count(s.moe, c.num_layers);
@@ -318,8 +318,15 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
                                                  : strprintf("its experts %d..%d", held.first_expert, held.first_expert + held.held_experts - 1);
     t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + " + experts, moe, F};
     t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
-    t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params", moe, F};
-    t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params", moe, F};
+    // --zero 1|2: each rank ceil(n / N) of the n values N ranks share (llmc/parallel/expert_parallel.h's
+    // moe_zero_setup): the routers over all data-parallel ranks, the held experts over their replicas
+    auto shard = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N; };
+    size_t moe_moments = s.zero_stage == 0 || moe == 0 ? moe
+                       : s.expert_parallel == 1 ? shard(moe, s.world_size)
+                                                : shard(router, s.world_size) + shard(moe - router, s.world_size / s.expert_parallel);
+    const char* moe_moments_what = s.zero_stage >= 1 ? "its shard of moe_params" : "as moe_params";
+    t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
+    t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
     t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)",
                              Lm * (s.moe.experts > 0 ? moe_activation_values(BT, C, s.moe.experts, s.moe_top_k) : 0), F};
     // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself);

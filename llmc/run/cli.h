@@ -531,8 +531,9 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
                    "ranks yet; train MoE with data parallelism only (--expert-parallel splits the experts over its ranks)", o.tensor_parallel, o.pipeline_parallel);
-    if (o.zero_stage > 0)
-        usage_fail("--moe-experts with --zero %d: ZeRO's shards are not laid out over the experts' tensors yet; use --zero 0", o.zero_stage);
+    if (o.zero_stage > 2)
+        usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
+                   "(the table's moments sharded), or 0", o.zero_stage);
     if (o.optimizer != "adamw")
         usage_fail("--moe-experts with --optimizer %s: its row and column statistics are not laid out over the experts' tensors; "
                    "use --optimizer adamw", o.optimizer.c_str());

@@ -183,6 +183,8 @@ struct GPT2 {
     MoEShape moe_shape;
     MoELayout moe_layout;
     std::vector<float> moe_params, moe_grads, moe_m, moe_v, moe_sum_scratch;
+    std::vector<ParamBlock> moe_blocks;     // --optimizer adafactor|sm3: the MoE table's matrices and vectors
+    std::vector<float> moe_factored;        //   and their statistics (llmc/optim/optimizer_state.h)
     std::vector<MoEActivations> moe_acts;   // one per MoE block (MoE runs without a pipeline: one micro-batch in flight)
     MoEStepStats moe_stats;
     // --expert-parallel (llmc/parallel/expert_parallel.h): this rank's expert group (null: every rank
@@ -226,6 +228,7 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_COMPRESSION_WORK: return &m->compression.work;
         case CB_COMPRESSION_SCRATCH: return &m->compression.scratch;
         case CB_MOE_PARAMS: return &m->moe_params; case CB_MOE_GRADS: return &m->moe_grads;
+        case CB_MOE_FACTORED_STATE: return &m->moe_factored;
         case CB_MOE_ADAM_M: return &m->moe_m;     case CB_MOE_ADAM_V: return &m->moe_v;
         case CB_MOE_SUM_SCRATCH: return &m->moe_sum_scratch;
         default: return nullptr;
@@ -306,6 +309,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
         model->factored = factored_shard(all, model->layout.total, N);
         model->blocks = factored_owned_blocks(all, model->factored, N == 1 ? 0 : shape.rank);
         model->zero.whole_gradient = N > 1;
+        model->moe_blocks = moe_param_blocks(model->config, model->moe_layout);  // (--moe-experts: ZeRO-0, every rank all)
     }
 }
 
@@ -744,11 +748,15 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
     if (model->optimizer == Optimizer::Adafactor) {
         adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
                        o.weight_decay, grad_scale);
+        adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
+                       o.weight_decay, grad_scale);  // --moe-experts: each router and expert tensor a block of its own
         return;
     }
     if (model->optimizer == Optimizer::SM3) {
         sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
                      model->blocks, lr, o.weight_decay, grad_scale);
+        sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
+                     model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);  // (--moe-experts)
         return;
     }
     Zero& z = model->zero;
@@ -1211,7 +1219,10 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
         grad_compression_save(model->compression, dir, step);
         pipedream_2bw_save(model->versions, dir, par->grid.rank, par->grid.world, step);  // every rank its stage's W(t-1)
         if (model->moe.experts > 0 && par->grid.rank == 0)  // (the whole table: every replica holds the same)
-            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_m, moe_v, moe_layout(cfg, model->moe).total);
+            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, (int)model->optimizer,
+                            model->optimizer == Optimizer::AdamW ? moe_m : model->moe_factored.data(),
+                            model->optimizer == Optimizer::AdamW ? moe_v : nullptr,
+                            model->optimizer == Optimizer::AdamW ? moe_layout(cfg, model->moe).total : model->moe_factored.size());
     };
     write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
@@ -1396,11 +1407,13 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
     if (model->moe.experts > 0) {  // --moe-experts: the MoE table's moments (its weights came with model.bin), this rank's part
         std::vector<float> m, v;
-        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_layout(cfg, model->moe).total, &m, &v);
-        if (model->moe_zero.segments.empty()) {
+        bool adamw = model->optimizer == Optimizer::AdamW;  // (a factored optimizer's: every rank the whole table's, cli.h)
+        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, (int)model->optimizer,
+                       adamw ? moe_layout(cfg, model->moe).total : model->moe_factored.size(), adamw ? &m : &model->moe_factored, &v);
+        if (adamw && model->moe_zero.segments.empty()) {
             keep_held_experts(model, m, &model->moe_m);
             keep_held_experts(model, v, &model->moe_v);
-        } else {  // --zero 1|2: this rank's shards of its held table's
+        } else if (adamw) {  // --zero 1|2: this rank's shards of its held table's
             std::vector<float> held(model->moe_params.size());
             keep_held_experts(model, m, &held);
             moe_zero_keep(model->moe_zero, held.data(), model->moe_m.data());

@@ -149,7 +149,8 @@ enum CPUBuffer {
     CB_COMPRESSION_STATE, CB_COMPRESSION_WORK, CB_COMPRESSION_SCRATCH,
     // mixture of experts: the MoE table (router, experts 1 .. E-1), its gradient and AdamW moments;
     // what each MoE block keeps for its backward (llmc/model/moe.h's MoEActivations, one per block)
-    CB_MOE_PARAMS, CB_MOE_GRADS, CB_MOE_ADAM_M, CB_MOE_ADAM_V, CB_MOE_ACTIVATIONS, CB_MOE_SUM_SCRATCH,
+    // (or, --optimizer adafactor|sm3, its blocks' factored statistics)
+    CB_MOE_PARAMS, CB_MOE_GRADS, CB_MOE_ADAM_M, CB_MOE_ADAM_V, CB_MOE_FACTORED_STATE, CB_MOE_ACTIVATIONS, CB_MOE_SUM_SCRATCH,
     // --expert-parallel: each MoE block's exchange buffers (llmc/parallel/expert_parallel.h's ExpertParallelBlock)
     CB_EP_EXCHANGE,
     CB_COUNT
@@ -321,12 +322,18 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     // --zero 1|2: each rank ceil(n / N) of the n values N ranks share (llmc/parallel/expert_parallel.h's
     // moe_zero_setup): the routers over all data-parallel ranks, the held experts over their replicas
     auto shard = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N; };
-    size_t moe_moments = s.zero_stage == 0 || moe == 0 ? moe
+    size_t moe_moments = !adamw ? 0 : s.zero_stage == 0 || moe == 0 ? moe
                        : s.expert_parallel == 1 ? shard(moe, s.world_size)
                                                 : shard(router, s.world_size) + shard(moe - router, s.world_size / s.expert_parallel);
     const char* moe_moments_what = s.zero_stage >= 1 ? "its shard of moe_params" : "as moe_params";
     t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
     t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
+    // --optimizer adafactor|sm3: rows + cols per expert matrix and router, n per vector (optimizer_state.h)
+    size_t moe_factored = 0;
+    if (!adamw)
+        for (const ParamBlock& b : moe_param_blocks(c, held)) moe_factored += b.state_floats();
+    t[CB_MOE_FACTORED_STATE] = {"moe_optimizer_state", MEM_OPTIMIZER, sh("%s: per router and expert tensor", optimizer_name((int)s.optimizer)),
+                                moe_factored, F};
     t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)",
                              Lm * (s.moe.experts > 0 ? moe_activation_values(BT, C, s.moe.experts, s.moe_top_k) : 0), F};
     // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself);

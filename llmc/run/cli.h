@@ -534,9 +534,10 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.zero_stage > 2)
         usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
                    "(the table's moments sharded), or 0", o.zero_stage);
-    if (o.optimizer != "adamw")
-        usage_fail("--moe-experts with --optimizer %s: its row and column statistics are not laid out over the experts' tensors; "
-                   "use --optimizer adamw", o.optimizer.c_str());
+    if (o.optimizer != "adamw" && (o.zero_stage > 0 || o.expert_parallel > 1))
+        usage_fail("--moe-experts with --optimizer %s and --zero %d --expert-parallel %d: its statistics of the MoE table are "
+                   "kept whole on every rank; use --zero 0 --expert-parallel 1 with it, or --optimizer adamw", o.optimizer.c_str(),
+                   o.zero_stage, o.expert_parallel);
     if (o.grad_compression != "none")
         usage_fail("--moe-experts with --grad-compression %s: the experts' gradients are not compressed yet; use --grad-compression none",
                    o.grad_compression.c_str());

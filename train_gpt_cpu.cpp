@@ -191,7 +191,8 @@ struct GPT2 {
     // runs every expert), and what each MoE block's exchange keeps for its backward
     Comm* ep = nullptr;
     std::vector<ExpertParallelBlock> ep_blocks;
-    MoEZero moe_zero;   // --zero 1|2: moe_m and moe_v hold this rank's shards (llmc/parallel/expert_parallel.h)
+    MoESharing moe_zero;   // --zero 1|2: moe_m and moe_v hold this rank's shards (llmc/parallel/expert_parallel.h)
+    MoESharing moe_bf16;   // --grad-compression bf16: the table's parts summed in bf16, each over its sharers
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
@@ -798,7 +799,7 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
                          model->moe_v.data() + at, ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
             continue;
         }
-        for (const MoEZeroSegment& g : model->moe_zero.segments) {
+        for (const MoESharedPart& g : model->moe_zero.segments) {
             ShardRange own = moe_zero_owned(g);
             size_t lo = std::max(at, own.begin), hi = std::min(end, own.end), state = g.stored + (lo - own.begin);
             if (lo < hi)
@@ -998,7 +999,9 @@ static float finish_gradients(GPT2* model, Parallel* par) {
         grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
         // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens);
         // with --expert-parallel each rank holds its experts only: theirs over their replicas alone
-        if (!mo.moe_zero.segments.empty())  // --zero 1|2: each rank its shard of the sum (the update shares the weights)
+        if (!mo.moe_bf16.segments.empty())  // --grad-compression bf16: the sums in bf16 (as the dense table's)
+            moe_bf16_sum(mo.moe_bf16, mo.moe_grads.data(), &mo.moe_sum_scratch);
+        else if (!mo.moe_zero.segments.empty())  // --zero 1|2: each rank its shard of the sum (the update shares the weights)
             moe_zero_reduce(&mo.moe_zero, mo.moe_grads.data(), &mo.moe_sum_scratch);
         else if (mo.ep)
             ep_sum_gradients(&par->comms.dp, &par->ep_replicas, mo.moe_grads.data(), mo.moe_layout.count[MOE_ROUTER],
@@ -1014,7 +1017,7 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     // --expert-parallel the rest of expert group 0 adds its experts (the other groups are their replicas)
     // (--zero 1|2: every rank its shards, which cover the table once over the ranks that share it)
     size_t counted_from = par->grid.rank == 0 ? 0 : mo.moe_layout.count[MOE_ROUTER];
-    for (const MoEZeroSegment& g : mo.moe_zero.segments) {
+    for (const MoESharedPart& g : mo.moe_zero.segments) {
         ShardRange own = moe_zero_owned(g);
         squares += sum_of_squares(mo.moe_grads.data() + own.begin, own.size());
     }
@@ -1345,8 +1348,11 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     }
     gpt2_allocate(model, sizes);
     if (grid.zero_stage >= 1 && o.moe_experts > 0)  // --zero 1|2: the MoE table's moments sharded (expert_parallel.h)
-        model->moe_zero = moe_zero_setup(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
+        model->moe_zero = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
                                          model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
+    if (o.grad_compression == "bf16" && o.moe_experts > 0)  // (cli.h: ZeRO-0 then)
+        model->moe_bf16 = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
+                                      model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
                           model->adam_m.data(), model->adam_v.data());

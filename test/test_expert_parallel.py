@@ -30,12 +30,14 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
                run, or of --estimate's --estimate-ranks),
                --expert-parallel without --moe-experts, with --zero 3 / --tensor-parallel /
                --pipeline-parallel, and the GPU trainer (when built)
-  zero         --zero 1 with MoE (the MoE table's moments sharded: expert_parallel.h's MoEZero), 10
+  zero         --zero 1 with MoE (the MoE table's moments sharded: expert_parallel.h's MoESharing), 10
                AdamW steps == 1 rank: dp 2 (the whole table over 2 ranks) and EP 2 x DP 2 (the routers
                over 4 ranks, each expert over its 2 replicas), norms included; memory and bytes =
                --estimate's, and its moe_adam_m = the hand count; --zero 2 == --zero 1 bit for bit;
                a --zero 1 checkpoint resumed at the same degree bit for bit, and resharded to --zero 2
                without expert parallelism (the whole table over 4 ranks) within tolerance
+  bf16         --grad-compression bf16 at EP 2 x DP 2: the summed MoE table all bf16 values, within
+               bf16's rounding of the exact run's sum, losses close; bytes = --estimate's
 Planted by hand and caught (docs/moe.md, its expert-parallel section): the owner running its local expert
 index as the global one; the combine with the counts not transposed; the backward without the
 reorder to expert-major; the experts' gradients summed over all ranks (not their replicas); the norm
@@ -108,6 +110,31 @@ def check_equivalence(r):
            out[-1500:])
     check_close("starved: E = 8 top-1 over 4 ranks (EP 4)", four8, one8)
     check_memory("memory: EP 4, E = 8", out, 4, 8, 4)
+    return four
+
+
+def check_bf16(r, exact):
+    """--grad-compression bf16 with MoE at EP 2 x DP 2 (llmc/parallel/expert_parallel.h's moe_bf16_sum):
+    the routers' gradient summed in bf16 over the 4 ranks, each expert's over its 2 replicas. Against the
+    exact run (check_equivalence's EP 2 x DP 2, the same 5 steps): every value of the summed step-1 MoE
+    table is a bf16 (its low 16 bits zero: the sums were rounded), the table within bf16's rounding of the
+    exact sum (0 < |dg|/|g| <= 2^-7: each rank's gradient and the sum rounded once, half an ulp = 2^-9
+    each), the losses within 1e-3; memory and bytes = --estimate's (the table's sum at 2 bytes a value)."""
+    bf16, out = r.dump("bf16_ep2dp2", 4, "--moe-experts", 4, "--moe-top-k", 2, "--expert-parallel", 2,
+                       "--grad-compression", "bf16", steps=5)
+    if bf16 is None or exact is None:
+        return
+    L, C, E = 4, 64, 4
+    table = L * (E * C + (E - 1) * (8 * C * C + 5 * C))
+    g, want = bf16["grads"][-table:], exact["grads"][-table:].astype(np.float64)
+    rounded = bool(np.all((g.view(np.uint32) & 0xFFFF) == 0))
+    rel = float(np.linalg.norm(g - want) / np.linalg.norm(want))
+    loss = float(np.max(np.abs(bf16["losses"] - exact["losses"]) / np.abs(exact["losses"])))
+    report(rounded and 0 < rel <= 2.0 ** -7 and loss <= 1e-3,
+           f"bf16: EP 2 x DP 2 with --grad-compression bf16: the summed MoE table all bf16 values, within bf16's rounding "
+           f"of the exact sum (|dg|/|g| = {rel:.1e}), losses over 5 steps within {loss:.1e} of the exact run's",
+           f"all bf16: {rounded}; |dg|/|g| {rel:.2e}; losses {loss:.2e}")
+    check_predictions("bf16: EP 2 x DP 2 with --grad-compression bf16", out, 4)
 
 
 def check_traffic(out):
@@ -254,7 +281,8 @@ def main():
             print("SKIP: expert parallelism over ranks (no mpirun, or train_gpt_cpu built without MPI)")
             return exit_code()
         r = Runner(tmp)
-        check_equivalence(r)
+        exact = check_equivalence(r)
+        check_bf16(r, exact)
         check_capacity(r)
         check_resume(r)
         check_zero(r)

@@ -9,8 +9,8 @@ fix and exit 2:
                    top-3, top-2 of one expert, a negative capacity factor, alpha or c_z
   MoE flags alone  --moe-top-k 2 (or any --moe-* flag) without --moe-experts: nothing to shape
   combinations     tensor and pipeline parallelism, ZeRO-3, the factored optimizers with ZeRO or
-                   expert parallelism, compression (--recompute, --zero 1|2 and --optimizer adafactor|sm3
-                   with MoE train: test_moe_trainer.py, test_expert_parallel.py)
+                   expert parallelism, PowerSGD (--recompute, --zero 1|2, --optimizer adafactor|sm3 and
+                   --grad-compression bf16 with MoE train: test_moe_trainer.py, test_expert_parallel.py)
   not yet on the CPU trainer: --generate (its KV-cache forward has no MoE layer), --optimizer-state
                    bf16, --data-parallel server (checkpoints: test_moe_trainer.py)
   good values      pass every check and train one step (so the checks above do not refuse valid
@@ -51,7 +51,8 @@ def main():
         ("--moe-experts with --zero 3", moe + ["--zero", "3"], ["--zero 3", "--zero 1 or 2"]),
         ("--moe-experts with --optimizer adafactor --zero 1", moe + ["--optimizer", "adafactor", "--zero", "1"],
          ["--optimizer adafactor", "--zero 0 --expert-parallel 1", "adamw"]),
-        ("--moe-experts with --grad-compression bf16", moe + ["--grad-compression", "bf16"], ["--grad-compression bf16"]),
+        ("--moe-experts with --grad-compression powersgd", moe + ["--grad-compression", "powersgd"],
+         ["--grad-compression powersgd", "bf16 or none"]),
         ("--moe-experts with --generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),
         ("--moe-experts with --optimizer-state bf16", moe + ["--optimizer-state", "bf16"], ["--optimizer-state fp32"]),
         ("--moe-experts with --data-parallel server", moe + ["--data-parallel", "server"], ["--data-parallel allreduce"]),

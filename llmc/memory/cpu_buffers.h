@@ -320,7 +320,7 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + " + experts, moe, F};
     t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
     // --zero 1|2: each rank ceil(n / N) of the n values N ranks share (llmc/parallel/expert_parallel.h's
-    // moe_zero_setup): the routers over all data-parallel ranks, the held experts over their replicas
+    // moe_sharing): the routers over all data-parallel ranks, the held experts over their replicas
     auto shard = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N; };
     size_t moe_moments = !adamw ? 0 : s.zero_stage == 0 || moe == 0 ? moe
                        : s.expert_parallel == 1 ? shard(moe, s.world_size)
@@ -342,7 +342,14 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t sum_scratch = s.expert_parallel == 1 ? (moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0)
                        : std::max(identical_scratch_floats(router, s.world_size),
                                   replicas > 1 ? identical_scratch_floats(moe - router, replicas) : 0);
-    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", sum_scratch, F};
+    bool bf16 = s.compression.kind == GradCompressionKind::BF16;  // the padded copy + bf16 send and receive
+    if (bf16 && moe > 0 && s.world_size > 1) {
+        auto padded = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N * (size_t)N; };
+        sum_scratch = s.expert_parallel == 1 ? 2 * padded(moe, s.world_size)
+                    : std::max(2 * padded(router, s.world_size), replicas > 1 ? 2 * padded(moe - router, replicas) : 0);
+    }
+    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, bf16 ? "the bf16 sum's padded copy, send and receive"
+                                                                    : "the all-reduce's padded copy + a shard", sum_scratch, F};
     // per MoE block, sized for the worst case (every rank's k B T rows to one owner): R = N_ep k B T rows
     // of staging, x, out, dout, dx (C) and fch, fch_gelu, dh (4C); the counts: 3 E + 2 N_ep ints
     size_t ep_rows = (size_t)s.expert_parallel * s.moe_top_k * BT;

@@ -78,6 +78,7 @@
 #include "llmc/model/model.h"  // the MoE table's layout: which experts a rank holds
 #include "llmc/model/moe.h"
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/grad_compression.h"  // bf16_sum_over
 #include "llmc/parallel/sharding.h"  // ShardRange
 
 namespace cpu {
@@ -216,23 +217,23 @@ inline void ep_gather_table(Comm* ep, const GPT2Config& cfg, const MoEConfig& m,
 }
 
 // ----------------------------------------------------------------------------------------------
-// --zero 1|2 with MoE: the MoE table's moments sharded over the ranks that share its values.
-// A segment of the (held) table [begin, begin + count) is the same on every rank of `group`; each
-// of its N ranks owns ceil(count / N) values of it (the last fewer: the shards are padded, as
-// comm_allreduce_sum_identical's, so the bytes are that all-reduce's).
-struct MoEZeroSegment {
+// Which ranks share which part of the MoE table: what --zero 1|2 shards the moments over, and what
+// --grad-compression bf16 sums over. A segment of the (held) table [begin, begin + count) is the
+// same on every rank of `group`; each of its N ranks owns ceil(count / N) values of it (the last
+// fewer: the shards are padded, as comm_allreduce_sum_identical's, so the bytes are that all-reduce's).
+struct MoESharedPart {
     Comm* group;
     size_t begin, count, shard;
     size_t stored;   // where this rank's shard starts in the moment arrays (the segments' shards in turn)
 };
-struct MoEZero {
-    std::vector<MoEZeroSegment> segments;   // empty: --zero 0, every rank updates its whole held table
+struct MoESharing {
+    std::vector<MoESharedPart> segments;   // (GPT2::moe_zero's empty: --zero 0, every rank updates its whole held table)
 };
 
 // The segments: the whole table over `dp`, or with expert parallelism (replicas != null) the
 // routers (the table's first `router` floats) over `dp` and the held experts over `replicas`.
-inline MoEZero moe_zero_setup(Comm* dp, Comm* replicas, size_t router, size_t total) {
-    MoEZero z;
+inline MoESharing moe_sharing(Comm* dp, Comm* replicas, size_t router, size_t total) {
+    MoESharing z;
     auto add = [&](Comm* g, size_t begin, size_t count) {
         size_t N = (size_t)g->world_size, stored = z.segments.empty() ? 0 : z.segments.back().stored + z.segments.back().shard;
         z.segments.push_back({g, begin, count, (count + N - 1) / N, stored});
@@ -243,15 +244,15 @@ inline MoEZero moe_zero_setup(Comm* dp, Comm* replicas, size_t router, size_t to
 }
 
 // This rank's part of a segment, in table positions (empty for a rank past a short segment's end).
-inline ShardRange moe_zero_owned(const MoEZeroSegment& g) {
+inline ShardRange moe_zero_owned(const MoESharedPart& g) {
     size_t lo = std::min(g.count, g.shard * (size_t)g.group->rank), hi = std::min(g.count, lo + g.shard);
     return {g.begin + lo, g.begin + hi};
 }
 
 // The first half of the table's all-reduce: each rank's shard of the summed gradient, written back
 // into its own place of `grads` (the rest of `grads` is left unsummed: only the owner reads a value).
-inline void moe_zero_reduce(MoEZero* z, float* grads, std::vector<float>* scratch) {
-    for (MoEZeroSegment& g : z->segments) {
+inline void moe_zero_reduce(MoESharing* z, float* grads, std::vector<float>* scratch) {
+    for (MoESharedPart& g : z->segments) {
         size_t N = (size_t)g.group->world_size;
         if (N == 1) continue;
         scratch->assign(g.shard * N + g.shard, 0.0f);   // (sized by the table: moe_sum_scratch)
@@ -265,8 +266,8 @@ inline void moe_zero_reduce(MoEZero* z, float* grads, std::vector<float>* scratc
 
 // The second half: every rank of each segment's group gets every owner's part of `table` (the
 // updated weights; for a dump, the summed gradient).
-inline void moe_zero_share(MoEZero* z, float* table, std::vector<float>* scratch) {
-    for (MoEZeroSegment& g : z->segments) {
+inline void moe_zero_share(MoESharing* z, float* table, std::vector<float>* scratch) {
+    for (MoESharedPart& g : z->segments) {
         size_t N = (size_t)g.group->world_size;
         if (N == 1) continue;
         scratch->assign(g.shard * N, 0.0f);
@@ -278,19 +279,35 @@ inline void moe_zero_share(MoEZero* z, float* table, std::vector<float>* scratch
 }
 
 // A checkpoint's moments: the held table's `whole` from every rank's shards (every rank calls).
-inline void moe_zero_unshard(MoEZero* z, const float* shards, std::vector<float>* held, size_t held_count,
+inline void moe_zero_unshard(MoESharing* z, const float* shards, std::vector<float>* held, size_t held_count,
                              std::vector<float>* scratch) {
     held->assign(held_count, 0.0f);
-    for (const MoEZeroSegment& g : z->segments) {
+    for (const MoESharedPart& g : z->segments) {
         ShardRange o = moe_zero_owned(g);
         memcpy(held->data() + o.begin, shards + g.stored, (o.end - o.begin) * sizeof(float));
     }
     moe_zero_share(z, held->data(), scratch);
 }
 
+// --grad-compression bf16 with MoE: the table's gradient summed in bf16 (grad_compression.h's
+// bf16_sum_over: bf16 on the wire, fp32 sums in rank order, the sums rounded to bf16), each segment
+// over the ranks that share it: the routers over every rank, the experts over their replicas only
+// (an expert's gradient summed with another rank's different expert would be wrong, compressed or
+// not). Half the table's bytes of the exact sum.
+inline void moe_bf16_sum(const MoESharing& parts, float* grads, std::vector<float>* scratch) {
+    for (const MoESharedPart& g : parts.segments) {
+        size_t N = (size_t)g.group->world_size, padded = g.shard * N;
+        if (N == 1) continue;
+        scratch->assign(2 * padded, 0.0f);   // the padded fp32 copy, then bf16 send and receive (moe_sum_scratch)
+        memcpy(scratch->data(), grads + g.begin, g.count * sizeof(float));
+        bf16_sum_over(g.group, (uint16_t*)(scratch->data() + padded), scratch->data(), padded);
+        memcpy(grads + g.begin, scratch->data(), g.count * sizeof(float));
+    }
+}
+
 // A resume's moments: this rank's shards of the held table's.
-inline void moe_zero_keep(const MoEZero& z, const float* held, float* shards) {
-    for (const MoEZeroSegment& g : z.segments) {
+inline void moe_zero_keep(const MoESharing& z, const float* held, float* shards) {
+    for (const MoESharedPart& g : z.segments) {
         ShardRange o = moe_zero_owned(g);
         memcpy(shards + g.stored, held + o.begin, (o.end - o.begin) * sizeof(float));
     }

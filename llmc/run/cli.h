@@ -538,9 +538,9 @@ inline void validate_moe_options(const TrainOptions& o) {
         usage_fail("--moe-experts with --optimizer %s and --zero %d --expert-parallel %d: its statistics of the MoE table are "
                    "kept whole on every rank; use --zero 0 --expert-parallel 1 with it, or --optimizer adamw", o.optimizer.c_str(),
                    o.zero_stage, o.expert_parallel);
-    if (o.grad_compression != "none")
-        usage_fail("--moe-experts with --grad-compression %s: the experts' gradients are not compressed yet; use --grad-compression none",
-                   o.grad_compression.c_str());
+    if (o.grad_compression != "none" && o.grad_compression != "bf16")
+        usage_fail("--moe-experts with --grad-compression %s: the MoE table's gradients are not compressed that way yet; use "
+                   "--grad-compression bf16 or none", o.grad_compression.c_str());
 }
 
 // --precision names the binary's own element type or is refused, naming the binary that has the one

@@ -69,6 +69,8 @@
 //              gradient stays whole (also at --zero 2: the table is not in the units the backward
 //              reduces), so only the moments shrink. Files keep one layout: the checkpoint gathers the
 //              moments whole, a resume keeps its shard, so any degree resumes any other.
+//   bf16      --grad-compression bf16 sums the table over the same groups with the dense table's
+//              bf16 exchange (llmc/parallel/grad_compression.h): half the table's bytes.
 //
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
 // and the backward's three parts), called from train_gpt_cpu.cpp's MoE block in place of the local loop.

@@ -171,12 +171,16 @@ struct GPT2 {
     MoEShape moe_shape;
     MoELayout moe_layout;
     std::vector<float> moe_params, moe_grads, moe_m, moe_v, moe_sum_scratch;
+    std::vector<ParamBlock> moe_blocks;     // --optimizer adafactor|sm3: the MoE table's matrices and vectors
+    std::vector<float> moe_factored;        //   and their statistics (llmc/optim/optimizer_state.h)
     std::vector<MoEActivations> moe_acts;   // one per MoE block (MoE runs without a pipeline: one micro-batch in flight)
     MoEStepStats moe_stats;
     // --expert-parallel (llmc/parallel/expert_parallel.h): this rank's expert group (null: every rank
     // runs every expert), and what each MoE block's exchange keeps for its backward
     Comm* ep = nullptr;
     std::vector<ExpertParallelBlock> ep_blocks;
+    MoESharing moe_zero;   // --zero 1|2: moe_m and moe_v hold this rank's shards (llmc/parallel/expert_parallel.h)
+    MoESharing moe_bf16;   // --grad-compression bf16: the table's parts summed in bf16, each over its sharers
 };
 
 // The vector that holds row `b` of the size table (of micro-batch slot `slot` for the rows every
@@ -213,6 +217,7 @@ static std::vector<float>* gpt2_buffer(GPT2* m, int b, int slot = 0) {
         case CB_COMPRESSION_WORK: return &m->compression.work;
         case CB_COMPRESSION_SCRATCH: return &m->compression.scratch;
         case CB_MOE_PARAMS: return &m->moe_params; case CB_MOE_GRADS: return &m->moe_grads;
+        case CB_MOE_FACTORED_STATE: return &m->moe_factored;
         case CB_MOE_ADAM_M: return &m->moe_m;     case CB_MOE_ADAM_V: return &m->moe_v;
         case CB_MOE_SUM_SCRATCH: return &m->moe_sum_scratch;
         default: return nullptr;
@@ -293,6 +298,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
         model->factored = factored_shard(all, model->layout.total, N);
         model->blocks = factored_owned_blocks(all, model->factored, N == 1 ? 0 : shape.rank);
         model->zero.whole_gradient = N > 1;
+        model->moe_blocks = moe_param_blocks(model->config, model->moe_layout);  // (--moe-experts: ZeRO-0, every rank all)
     }
 }
 
@@ -576,6 +582,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
             // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
             // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
             float aux_scale = (float)((double)loss_scale * (double)BT);
+            // --recompute: the block's ln2 (the router's input, for its weight gradient) is rebuilt at
+            // level 2 like a dense block's; the MoE layer itself is not run again (llmc/model/moe.h, recompute)
+            if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
             unstash(ln2, st.ln2, l, Rmax * C, R * C);
             MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
             MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
@@ -723,11 +732,15 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
     if (model->optimizer == Optimizer::Adafactor) {
         adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
                        o.weight_decay, grad_scale);
+        adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
+                       o.weight_decay, grad_scale);  // --moe-experts: each router and expert tensor a block of its own
         return;
     }
     if (model->optimizer == Optimizer::SM3) {
         sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
                      model->blocks, lr, o.weight_decay, grad_scale);
+        sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
+                     model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);  // (--moe-experts)
         return;
     }
     Zero& z = model->zero;
@@ -758,12 +771,24 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
     }
-    // --moe-experts: the MoE table, whole on every rank (no ZeRO with MoE), decayed as llmc/model/model.h says
+    // --moe-experts: the MoE table (this rank's held experts), decayed as llmc/model/model.h says; whole,
+    // or with --zero 1|2 this rank's shard of each segment (its moments stored at the segment's `stored`)
     const MoELayout& ml = model->moe_layout;
     for (int t2 = 0; t2 < NUM_MOE_TENSORS; t2++) {
-        size_t at = ml.offset[t2];
-        adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at, model->moe_v.data() + at,
-                     ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, moe_tensor_decays(t2) ? o.weight_decay : 0.0f, t, grad_scale);
+        float wd = moe_tensor_decays(t2) ? o.weight_decay : 0.0f;
+        size_t at = ml.offset[t2], end = at + ml.count[t2];
+        if (model->moe_zero.segments.empty()) {
+            adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at,
+                         model->moe_v.data() + at, ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+            continue;
+        }
+        for (const MoESharedPart& g : model->moe_zero.segments) {
+            ShardRange own = moe_zero_owned(g);
+            size_t lo = std::max(at, own.begin), hi = std::min(end, own.end), state = g.stored + (lo - own.begin);
+            if (lo < hi)
+                adamw_update(model->moe_params.data() + lo, model->moe_grads.data() + lo, model->moe_m.data() + state,
+                             model->moe_v.data() + state, hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+        }
     }
 }
 
@@ -967,7 +992,11 @@ static float finish_gradients(GPT2* model, Parallel* par) {
         grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
         // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens);
         // with --expert-parallel each rank holds its experts only: theirs over their replicas alone
-        if (mo.ep)
+        if (!mo.moe_bf16.segments.empty())  // --grad-compression bf16: the sums in bf16 (as the dense table's)
+            moe_bf16_sum(mo.moe_bf16, mo.moe_grads.data(), &mo.moe_sum_scratch);
+        else if (!mo.moe_zero.segments.empty())  // --zero 1|2: each rank its shard of the sum (the update shares the weights)
+            moe_zero_reduce(&mo.moe_zero, mo.moe_grads.data(), &mo.moe_sum_scratch);
+        else if (mo.ep)
             ep_sum_gradients(&par->comms.dp, &par->ep_replicas, mo.moe_grads.data(), mo.moe_layout.count[MOE_ROUTER],
                              mo.moe_grads.size(), &mo.moe_sum_scratch);
         else if (!mo.moe_grads.empty() && par->grid.dp > 1)
@@ -979,8 +1008,13 @@ static float finish_gradients(GPT2* model, Parallel* par) {
     // the summed MoE gradient, each value once: rank 0 counts its table (after the dense part, so that
     // with one expert, whose router gradient is exactly 0, the norm is the dense model's bits); with
     // --expert-parallel the rest of expert group 0 adds its experts (the other groups are their replicas)
+    // (--zero 1|2: every rank its shards, which cover the table once over the ranks that share it)
     size_t counted_from = par->grid.rank == 0 ? 0 : mo.moe_layout.count[MOE_ROUTER];
-    if (par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
+    for (const MoESharedPart& g : mo.moe_zero.segments) {
+        ShardRange own = moe_zero_owned(g);
+        squares += sum_of_squares(mo.moe_grads.data() + own.begin, own.size());
+    }
+    if (mo.moe_zero.segments.empty() && par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
         squares += sum_of_squares(mo.moe_grads.data() + counted_from, mo.moe_grads.size() - counted_from);
     return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
 }
@@ -996,6 +1030,7 @@ static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, in
     ProfileScope prof("communication (weights)", 0);
     if (server->on) parameter_server_send_weights(server, model->params.data(), model->layout.total);
     zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
+    moe_zero_share(&model->moe_zero, model->moe_params.data(), &model->moe_sum_scratch);  // and the MoE table's (--zero 1|2)
     if (model->zero.whole_gradient) factored_share_weights(&par->comms.dp, model->params.data(), model->factored);
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
@@ -1131,10 +1166,15 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
     // --moe-experts: the whole MoE table and its moments on rank 0 (gathered, with --expert-parallel)
-    std::vector<float> whole_params, whole_m, whole_v;
+    // (--zero 1|2: the moments' shards first made the held table's on every rank)
+    std::vector<float> whole_params, whole_m, whole_v, held_m, held_v;
+    if (!model->moe_zero.segments.empty()) {
+        moe_zero_unshard(&model->moe_zero, model->moe_m.data(), &held_m, model->moe_params.size(), &model->moe_sum_scratch);
+        moe_zero_unshard(&model->moe_zero, model->moe_v.data(), &held_v, model->moe_params.size(), &model->moe_sum_scratch);
+    }
     const float* moe_params = whole_moe_table(model, par, model->moe_params, &whole_params);
-    const float* moe_m = whole_moe_table(model, par, model->moe_m, &whole_m);
-    const float* moe_v = whole_moe_table(model, par, model->moe_v, &whole_v);
+    const float* moe_m = whole_moe_table(model, par, held_m.empty() ? model->moe_m : held_m, &whole_m);
+    const float* moe_v = whole_moe_table(model, par, held_v.empty() ? model->moe_v : held_v, &whole_v);
     CheckpointParts parts;
     parts.write_model_bin = [&](const std::string& path) {
         if (model->moe.experts == 0) write_model_file(path, cfg, model->params.data(), false);
@@ -1175,7 +1215,10 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
         grad_compression_save(model->compression, dir, step);
         pipedream_2bw_save(model->versions, dir, par->grid.rank, par->grid.world, step);  // every rank its stage's W(t-1)
         if (model->moe.experts > 0 && par->grid.rank == 0)  // (the whole table: every replica holds the same)
-            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_m, moe_v, moe_layout(cfg, model->moe).total);
+            write_moe_state(dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, (int)model->optimizer,
+                            model->optimizer == Optimizer::AdamW ? moe_m : model->moe_factored.data(),
+                            model->optimizer == Optimizer::AdamW ? moe_v : nullptr,
+                            model->optimizer == Optimizer::AdamW ? moe_layout(cfg, model->moe).total : model->moe_factored.size());
     };
     write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
 }
@@ -1228,7 +1271,9 @@ static void dump_first_step(GPT2* model, Parallel* par, size_t rows) {
     d->state.loss = (float)comm_sum(&par->comms.world, reports ? d->first_loss : 0.0, "the first loss");
     dump_gather_gradients(&par->comms.world, model->zero, model->config, s, model->grads, &d->state.grads,
                           !model->server.on || parameter_server_is_server(model->server));
-    // --moe-experts: then the MoE table's, summed (whole on rank 0, which writes the file)
+    // --moe-experts: then the MoE table's, summed (whole on rank 0, which writes the file; with --zero 1|2
+    // each rank holds its shard of the sum: shared first)
+    moe_zero_share(&model->moe_zero, model->moe_grads.data(), &model->moe_sum_scratch);
     std::vector<float> whole;
     const float* moe = whole_moe_table(model, par, model->moe_grads, &whole);
     if (par->grid.rank == 0) d->state.grads.insert(d->state.grads.end(), moe, moe + moe_layout(model->config, model->moe).total);
@@ -1295,6 +1340,12 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
         comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
     }
     gpt2_allocate(model, sizes);
+    if (grid.zero_stage >= 1 && o.moe_experts > 0)  // --zero 1|2: the MoE table's moments sharded (expert_parallel.h)
+        model->moe_zero = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
+                                         model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
+    if (o.grad_compression == "bf16" && o.moe_experts > 0)  // (cli.h: ZeRO-0 then)
+        model->moe_bf16 = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
+                                      model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
                           model->adam_m.data(), model->adam_v.data());
@@ -1355,9 +1406,19 @@ static void resume_state(GPT2* model, const TrainOptions& o, const std::string& 
     check_resume_state(*resumed, resume_dir, param_layout(cfg).total, plan, true);
     if (model->moe.experts > 0) {  // --moe-experts: the MoE table's moments (its weights came with model.bin), this rank's part
         std::vector<float> m, v;
-        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, moe_layout(cfg, model->moe).total, &m, &v);
-        keep_held_experts(model, m, &model->moe_m);
-        keep_held_experts(model, v, &model->moe_v);
+        bool adamw = model->optimizer == Optimizer::AdamW;  // (a factored optimizer's: every rank the whole table's, cli.h)
+        read_moe_state(resume_dir + "/moe_state.bin", model->moe, model->moe_shape.top_k, (int)model->optimizer,
+                       adamw ? moe_layout(cfg, model->moe).total : model->moe_factored.size(), adamw ? &m : &model->moe_factored, &v);
+        if (adamw && model->moe_zero.segments.empty()) {
+            keep_held_experts(model, m, &model->moe_m);
+            keep_held_experts(model, v, &model->moe_v);
+        } else if (adamw) {  // --zero 1|2: this rank's shards of its held table's
+            std::vector<float> held(model->moe_params.size());
+            keep_held_experts(model, m, &held);
+            moe_zero_keep(model->moe_zero, held.data(), model->moe_m.data());
+            keep_held_experts(model, v, &held);
+            moe_zero_keep(model->moe_zero, held.data(), model->moe_v.data());
+        }
     }
     grad_compression_load(&model->compression, resume_dir, resumed->step);  // its error feedback and Q, or a refusal
     model->compression.steps_done = resumed->step;

@@ -28,8 +28,16 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
                run, within tolerance, and an EP 1 checkpoint resumed with EP 2 == the EP 1 run
   refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree (of a
                run, or of --estimate's --estimate-ranks),
-               --expert-parallel without --moe-experts, with --zero / --tensor-parallel /
+               --expert-parallel without --moe-experts, with --zero 3 / --tensor-parallel /
                --pipeline-parallel, and the GPU trainer (when built)
+  zero         --zero 1 with MoE (the MoE table's moments sharded: expert_parallel.h's MoESharing), 10
+               AdamW steps == 1 rank: dp 2 (the whole table over 2 ranks) and EP 2 x DP 2 (the routers
+               over 4 ranks, each expert over its 2 replicas), norms included; memory and bytes =
+               --estimate's, and its moe_adam_m = the hand count; --zero 2 == --zero 1 bit for bit;
+               a --zero 1 checkpoint resumed at the same degree bit for bit, and resharded to --zero 2
+               without expert parallelism (the whole table over 4 ranks) within tolerance
+  bf16         --grad-compression bf16 at EP 2 x DP 2: the summed MoE table all bf16 values, within
+               bf16's rounding of the exact run's sum, losses close; bytes = --estimate's
 Planted by hand and caught (docs/moe.md, its expert-parallel section): the owner running its local expert
 index as the global one; the combine with the counts not transposed; the backward without the
 reorder to expert-major; the experts' gradients summed over all ranks (not their replicas); the norm
@@ -42,7 +50,8 @@ from checks import report, exit_code
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 from token_shards import write_shard  # noqa: E402
-from test_parallelism import Runner, check_close, check_bitwise, check_predictions  # noqa: E402
+from test_parallelism import Runner, check_close, check_bitwise, check_predictions, TOL_LOSS_REL, TOL_PARAM_ABS  # noqa: E402
+from test_estimate import parse_estimate  # noqa: E402
 from test_bad_inputs import one_line_error, gpu_trainer  # noqa: E402
 
 BIN = os.path.join(ROOT, "train_gpt_cpu")
@@ -101,6 +110,31 @@ def check_equivalence(r):
            out[-1500:])
     check_close("starved: E = 8 top-1 over 4 ranks (EP 4)", four8, one8)
     check_memory("memory: EP 4, E = 8", out, 4, 8, 4)
+    return four
+
+
+def check_bf16(r, exact):
+    """--grad-compression bf16 with MoE at EP 2 x DP 2 (llmc/parallel/expert_parallel.h's moe_bf16_sum):
+    the routers' gradient summed in bf16 over the 4 ranks, each expert's over its 2 replicas. Against the
+    exact run (check_equivalence's EP 2 x DP 2, the same 5 steps): every value of the summed step-1 MoE
+    table is a bf16 (its low 16 bits zero: the sums were rounded), the table within bf16's rounding of the
+    exact sum (0 < |dg|/|g| <= 2^-7: each rank's gradient and the sum rounded once, half an ulp = 2^-9
+    each), the losses within 1e-3; memory and bytes = --estimate's (the table's sum at 2 bytes a value)."""
+    bf16, out = r.dump("bf16_ep2dp2", 4, "--moe-experts", 4, "--moe-top-k", 2, "--expert-parallel", 2,
+                       "--grad-compression", "bf16", steps=5)
+    if bf16 is None or exact is None:
+        return
+    L, C, E = 4, 64, 4
+    table = L * (E * C + (E - 1) * (8 * C * C + 5 * C))
+    g, want = bf16["grads"][-table:], exact["grads"][-table:].astype(np.float64)
+    rounded = bool(np.all((g.view(np.uint32) & 0xFFFF) == 0))
+    rel = float(np.linalg.norm(g - want) / np.linalg.norm(want))
+    loss = float(np.max(np.abs(bf16["losses"] - exact["losses"]) / np.abs(exact["losses"])))
+    report(rounded and 0 < rel <= 2.0 ** -7 and loss <= 1e-3,
+           f"bf16: EP 2 x DP 2 with --grad-compression bf16: the summed MoE table all bf16 values, within bf16's rounding "
+           f"of the exact sum (|dg|/|g| = {rel:.1e}), losses over 5 steps within {loss:.1e} of the exact run's",
+           f"all bf16: {rounded}; |dg|/|g| {rel:.2e}; losses {loss:.2e}")
+    check_predictions("bf16: EP 2 x DP 2 with --grad-compression bf16", out, 4)
 
 
 def check_traffic(out):
@@ -166,6 +200,51 @@ def check_resume(r):
     check_close("resume: an EP 1 checkpoint resumed with EP 2", at2, resumed)
 
 
+def check_zero(r):
+    """--zero 1 and 2 with MoE: the MoE table's AdamW moments sharded over the ranks that hold the same
+    values (llmc/parallel/expert_parallel.h: the routers over every rank, the experts over their replicas;
+    without expert parallelism the whole table over every rank). 10 AdamW steps against one rank."""
+    top2 = ["--moe-experts", 4, "--moe-top-k", 2]
+    one, out_one = r.dump("zero_one", 1, *top2, steps=10)
+    dp2, out = r.dump("zero1_dp2", 2, *top2, "--zero", 1, steps=10)
+    check_close("zero 1, dp 2: the whole MoE table's moments over 2 ranks, 10 steps", dp2, one)
+    check_predictions("zero 1, dp 2", out, 2)
+    ep, out = r.dump("zero1_ep2dp2", 4, *top2, "--expert-parallel", 2, "--zero", 1, "--checkpoint-every", 5,
+                     "--out-dir", os.path.join(r.work, "out_zero"), steps=10)
+    check_close("zero 1, EP 2 x DP 2: the routers' moments over 4 ranks, each expert's over its 2 replicas, 10 steps", ep, one)
+    check_norms("zero 1, EP 2 x DP 2", out, out_one)
+    check_memory("memory: zero 1, EP 2 x DP 2", out, 4, 4, 2)
+    # rank 0's moments by hand: L = 4 blocks of C = 64, E = 4 over EP 2: it holds the routers (L E C) and
+    # one expert besides expert 0 (L x (8 C^2 + 5 C)); the routers cut in 4, the experts in 2 (its replica)
+    est = subprocess.run([BIN, "--model", "L=4,C=64,H=4,T=32,V=501", "--seq-len", "32", "--batch-size", "1",
+                          "--total-batch-tokens", "128", "--moe-experts", "4", "--moe-top-k", "2", "--expert-parallel", "2",
+                          "--zero", "1", "--estimate-ranks", "4", "--estimate"], capture_output=True, text=True)
+    rows, _ = parse_estimate(est.stdout)
+    L, C, E = 4, 64, 4
+    want = 4 * (-(-L * E * C // 4) + -(-L * (8 * C * C + 5 * C) // 2))
+    got = [rows.get(k, (None, -1))[1] for k in ("moe_adam_m", "moe_adam_v")]
+    report(got == [want, want], f"zero 1, EP 2 x DP 2: --estimate's moe_adam_m and moe_adam_v on rank 0 = {want:,} bytes each "
+           "(a quarter of the routers' + half its expert's)", f"{got} vs {want}\n{est.stderr[-300:]}")
+    z2, _ = r.dump("zero2_ep2dp2", 4, *top2, "--expert-parallel", 2, "--zero", 2, steps=10)
+    check_bitwise("zero 2, EP 2 x DP 2 == zero 1 bit for bit (the same sums, the same per-element AdamW)", z2, ep)
+    # checkpoints keep the whole table's moments: resumed at the same degree (bit for bit), and resharded
+    # to --zero 2 without expert parallelism (the whole table's moments over all 4 ranks)
+    ckpt = os.path.join(r.work, "out_zero", "ckpt_00000005")
+    same, _ = r.dump("zero1_resumed", 4, *top2, "--expert-parallel", 2, "--zero", 1, "--resume", ckpt, steps=10)
+    other, _ = r.dump("zero2_resumed_ep1", 4, *top2, "--zero", 2, "--resume", ckpt, steps=10)
+    if ep is not None:
+        ep = dict(ep, losses=ep["losses"][5:])
+        check_bitwise("zero 1 resume: EP 2 x DP 2, 5 + 5 steps == 10, bit for bit (losses, weights)", same, ep,
+                      keys=("losses", "params"))
+        if other is not None:
+            loss = float(np.max(np.abs(other["losses"] - ep["losses"]) / np.abs(ep["losses"])))
+            param = float(np.max(np.abs(other["params"] - ep["params"])))
+            report(loss <= TOL_LOSS_REL and param <= TOL_PARAM_ABS,
+                   f"zero 1 resume resharded: the EP 2 x DP 2 --zero 1 checkpoint resumed with --zero 2 and no expert "
+                   f"parallelism == the straight run (losses {loss:.1e}, weights {param:.1e})",
+                   f"beyond tolerance (losses {TOL_LOSS_REL}, weights {TOL_PARAM_ABS})")
+
+
 def check_refusals(tmp):
     base = ["--model", "L=2,C=64,H=4,T=32,V=501", "--train-data", os.path.join(tmp, "train_000.bin"), "--seq-len", "32",
             "--steps", "1", "--out-dir", os.path.join(tmp, "out")]
@@ -179,7 +258,7 @@ def check_refusals(tmp):
                    "--expert-parallel 2 must divide", "--estimate-ranks", seconds=10)
     one_line_error("--expert-parallel without --moe-experts", base + ["--expert-parallel", "2"], 2,
                    "--expert-parallel", "add --moe-experts", seconds=10)
-    for flag in (["--zero", "1"], ["--tensor-parallel", "2"], ["--pipeline-parallel", "2"]):
+    for flag in (["--zero", "3"], ["--tensor-parallel", "2"], ["--pipeline-parallel", "2"]):
         one_line_error(f"--expert-parallel 2 with {' '.join(flag)}", base + moe + ["--expert-parallel", "2"] + flag, 2,
                        "--moe-experts with", " ".join(flag), seconds=10)
     gpu = gpu_trainer()
@@ -202,9 +281,11 @@ def main():
             print("SKIP: expert parallelism over ranks (no mpirun, or train_gpt_cpu built without MPI)")
             return exit_code()
         r = Runner(tmp)
-        check_equivalence(r)
+        exact = check_equivalence(r)
+        check_bf16(r, exact)
         check_capacity(r)
         check_resume(r)
+        check_zero(r)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return exit_code()

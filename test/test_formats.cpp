@@ -110,11 +110,27 @@ int main() {
         check_fails("a dense-only reader refuses model v7", [&] { GPT2Config c; std::vector<float> p; read_model_file(moe_path, &c, &p); },
                     "is a mixture-of-experts model (version 7: 3 experts)");
         std::vector<float> m(table.size(), 0.5f), v(table.size(), 0.25f), m2(table.size()), v2(table.size());
-        write_moe_state(dir + "/moe_state.bin", moe, 2, m.data(), v.data(), m.size());
-        read_moe_state(dir + "/moe_state.bin", moe, 2, table.size(), &m2, &v2);
+        write_moe_state(dir + "/moe_state.bin", moe, 2, 0, m.data(), v.data(), m.size());
+        read_moe_state(dir + "/moe_state.bin", moe, 2, 0, table.size(), &m2, &v2);
         check(m2 == m && v2 == v, "moe_state.bin round trip is exact");
-        check_fails("moe_state.bin of another top-k is refused", [&] { read_moe_state(dir + "/moe_state.bin", moe, 1, table.size(), &m2, &v2); },
+        check_fails("moe_state.bin of another top-k is refused", [&] { read_moe_state(dir + "/moe_state.bin", moe, 1, 0, table.size(), &m2, &v2); },
                     "does not belong with this checkpoint");
+        // version 2: a factored optimizer's statistics (one array), and the optimizer named in field 7
+        std::vector<float> stats(37, 0.125f), stats2, none;
+        write_moe_state(dir + "/moe_factored.bin", moe, 2, 1, stats.data(), nullptr, stats.size());
+        std::vector<char> fraw = read_whole_file(dir + "/moe_factored.bin", "MoE state");
+        const int32_t* fh = (const int32_t*)fraw.data();
+        read_moe_state(dir + "/moe_factored.bin", moe, 2, 1, stats.size(), &stats2, &none);
+        check(fraw.size() == 1024 + 37 * 4 && fh[1] == 2 && fh[7] == 1 && stats2 == stats && none.empty(),
+              "moe_state.bin version 2 with Adafactor's statistics: header, size and round trip");
+        check_fails("moe_state.bin of Adafactor resumed with SM3 is refused",
+                    [&] { read_moe_state(dir + "/moe_factored.bin", moe, 2, 2, stats.size(), &stats2, &none); }, "resume with --optimizer adafactor");
+        // a version 1 file (AdamW's, before field 7) is still read
+        std::vector<char> v1 = read_whole_file(dir + "/moe_state.bin", "MoE state");
+        ((int32_t*)v1.data())[1] = 1;
+        { FILE* f = fopen((dir + "/moe_v1.bin").c_str(), "wb"); fwrite(v1.data(), 1, v1.size(), f); fclose(f); }
+        read_moe_state(dir + "/moe_v1.bin", moe, 2, 0, table.size(), &m2, &v2);
+        check(m2 == m && v2 == v, "moe_state.bin version 1 (AdamW's m and v) is still read");
     }
     {   // --expert-parallel's slices of the MoE table (llmc/parallel/expert_parallel.h): E = 8 in 2 blocks of 2,
         // over 4 ranks. Each rank's initialisation is the whole table's at its runs, and the 4 slices'

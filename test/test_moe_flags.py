@@ -9,8 +9,9 @@ fix and exit 2:
                    layer's own shape checks reached through the CPU trainer (moe_shape_problem):
                    top-3, top-2 of one expert, a negative capacity factor, alpha or c_z
   MoE flags alone  --moe-top-k 2 (or any --moe-* flag) without --moe-experts: nothing to shape
-  combinations     tensor and pipeline parallelism, ZeRO, --recompute (the auxiliary losses would
-                   be added twice, Megatron-LM issue 1330), the factored optimizers, compression
+  combinations     tensor and pipeline parallelism, ZeRO-3, the factored optimizers with ZeRO or
+                   expert parallelism, PowerSGD (--recompute, --zero 1|2, --optimizer adafactor|sm3 and
+                   --grad-compression bf16 with MoE train: test_moe_trainer.py, test_expert_parallel.py)
   not yet on the CPU trainer: --generate (its KV-cache forward has no MoE layer), --optimizer-state
                    bf16, --data-parallel server (checkpoints: test_moe_trainer.py)
   good values      pass every check and train one step (so the checks above do not refuse valid
@@ -49,10 +50,11 @@ def main():
         ("--moe-z-loss 0 without --moe-experts", base + ["--moe-z-loss", "0"], ["--moe-z-loss", "add --moe-experts"]),
         ("--moe-experts with --tensor-parallel 2", moe + ["--tensor-parallel", "2"], ["--tensor-parallel 2", "data parallelism"]),
         ("--moe-experts with --pipeline-parallel 2", moe + ["--pipeline-parallel", "2"], ["--pipeline-parallel 2"]),
-        ("--moe-experts with --zero 1", moe + ["--zero", "1"], ["--zero 1", "--zero 0"]),
-        ("--moe-experts with --recompute 1", moe + ["--recompute", "1"], ["--recompute 1", "second time", "--recompute 0"]),
-        ("--moe-experts with --optimizer adafactor", moe + ["--optimizer", "adafactor"], ["--optimizer adafactor", "adamw"]),
-        ("--moe-experts with --grad-compression bf16", moe + ["--grad-compression", "bf16"], ["--grad-compression bf16"]),
+        ("--moe-experts with --zero 3", moe + ["--zero", "3"], ["--zero 3", "--zero 1 or 2"]),
+        ("--moe-experts with --optimizer adafactor --zero 1", moe + ["--optimizer", "adafactor", "--zero", "1"],
+         ["--optimizer adafactor", "--zero 0 --expert-parallel 1", "adamw"]),
+        ("--moe-experts with --grad-compression powersgd", moe + ["--grad-compression", "powersgd"],
+         ["--grad-compression powersgd", "bf16 or none"]),
         ("--moe-experts with --generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),
         ("--moe-experts with --optimizer-state bf16", moe + ["--optimizer-state", "bf16"], ["--optimizer-state fp32"]),
         ("--moe-experts with --data-parallel server", moe + ["--data-parallel", "server"], ["--data-parallel allreduce"]),

@@ -28,6 +28,9 @@ table, the step, the loss normalisation, data parallelism, the estimate. Tiny mo
                in one line (exit 2), by the GPU trainer too (build/emu/train_gpt, when built; it trains
                MoE on one GPU: test_gpu_moe_trainer.py); readers that hold dense GPT-2 only refuse the
                file in one line: hf_convert export, --generate
+  factored     --optimizer adafactor and sm3: Adafactor's step-1 statistics of every router and expert
+               tensor (moe_state.bin version 2) = the paper's R, C, V of the dumped gradient; 3 + resume
+               + 2 == 5 bit for bit for both (and in "ranks": dp2 == one rank for both)
   estimate     one rank: every buffer allocated (the MoE table, its gradient, moments and the MoE
                blocks' activations among them) = --estimate's row, to the byte; --estimate's
                parameter counts (total, active per token) = the trainer's.
@@ -47,6 +50,7 @@ from test_parallelism import Runner, check_close, check_predictions, differences
 from test_parallelism import TOL_LOSS_REL, TOL_GRAD_REL, TOL_PARAM_ABS  # noqa: E402
 from test_estimate import parse_estimate, parse_allocations, compare  # noqa: E402
 from test_bad_inputs import one_line_error, gpu_trainer  # noqa: E402
+from test_optimizers import not_key_biases  # noqa: E402
 
 BIN = os.path.join(ROOT, "train_gpt_cpu")
 MODEL = "L=2,C=64,H=4,T=32,V=501"
@@ -193,17 +197,52 @@ def check_ranks(tmp):
     two, out = r.dump("two", 2, *flags, steps=5)
     check_close("ranks: E = 4 top-2 on dp2", two, one)
     check_predictions("ranks: E = 4 top-2 on dp2", out, 2)
+    # the factored optimizers: every rank updates the whole table from the same sum. Compared as
+    # test_optimizers.py compares them (1e-5, the dense key biases left out: their gradient is rounding
+    # noise, which Adafactor and SM3 divide by its own size, so the summation order moves them a full step)
+    for opt in ("adafactor", "sm3"):
+        one, _ = r.dump(opt + "_one", 1, *flags, "--optimizer", opt, steps=5)
+        two, out = r.dump(opt + "_two", 2, *flags, "--optimizer", opt, steps=5)
+        if one is None or two is None:
+            continue
+        mask = not_key_biases(one["params"].size)
+        d = np.max(np.abs(two["params"].astype(np.float64) - one["params"])[mask])
+        loss = np.max(np.abs(two["losses"].astype(np.float64) - one["losses"]) / np.abs(one["losses"]))
+        report(d <= 1e-5 and loss <= 1e-5, f"ranks: E = 4 top-2, --optimizer {opt}, dp2 == one rank, 5 steps (weights with "
+               f"the MoE table {d:.1e} but the dense key biases, losses {loss:.1e})", f"weights {d:.2e}, losses {loss:.2e} beyond 1e-5")
+        check_predictions(f"ranks: --optimizer {opt} on dp2", out, 2)
+
+
+def check_recompute(tmp, flags, straight, logged):
+    """--recompute 1 and 2 with MoE == --recompute 0 bit for bit (the resume check's straight run, 5 steps of
+    2 micro-batches, tokens dropped): losses, the auxiliary losses, drops and loads in metrics.jsonl, the
+    final weights. The MoE layer is not run again in the backward (its routing is kept, so it routes the
+    same and adds its auxiliary losses once, Megatron-LM issue 1330); level 2 rebuilds its ln2."""
+    keys = ("loss", "moe_aux", "moe_z", "moe_dropped", "moe_load_min", "moe_load_max")
+    for level in (1, 2):
+        _, out, d, got = train(tmp, f"recompute{level}", *flags, "--recompute", level, steps=5)
+        if d is None:
+            report(False, f"recompute {level}: MoE with --recompute {level} runs", out[-1500:])
+            continue
+        stats_same = len(got) == len(logged) == 5 and all(a[k] == b[k] for a, b in zip(got, logged) for k in keys)
+        same = [k for k in ("losses", "params") if np.array_equal(d[k], straight[k])]
+        report(stats_same and len(same) == 2,
+               f"recompute {level}: E = 4 top-2 with drops, --recompute {level} == --recompute 0 bit for bit over 5 steps "
+               "(losses, aux and z losses, drops, loads, final weights with the MoE table)",
+               f"bit-identical: {same}; step stats equal {stats_same}\n" +
+               "\n".join(f"{a} vs {b}" for a, b in zip(got, logged)))
 
 
 def check_resume(tmp):
     flags = ["--total-batch-tokens", 4 * T, "--moe-experts", 4, "--moe-top-k", 2, "--moe-capacity-factor", 1.25]
     out_dir = os.path.join(tmp, "out")  # train()'s --out-dir
-    _, out, straight, _ = train(tmp, "straight", *flags, "--checkpoint-every", 3, steps=5)
+    _, out, straight, straight_logged = train(tmp, "straight", *flags, "--checkpoint-every", 3, steps=5)
     ckpt = os.path.join(out_dir, "ckpt_00000003")
     _, out2, resumed, _ = train(tmp, "resumed", *flags, "--resume", ckpt, steps=5)
     if straight is None or resumed is None:
         report(False, "resume: runs", (out + out2)[-1500:])
         return
+    check_recompute(tmp, flags, straight, straight_logged)
     header = np.fromfile(os.path.join(ckpt, "model.bin"), dtype=np.int32, count=11)
     dropped = sum(int(d) for (_, _, _, d, _, _) in step_lines(out))
     report(np.array_equal(straight["losses"][3:], resumed["losses"]) and np.array_equal(straight["params"], resumed["params"])
@@ -226,6 +265,57 @@ def check_resume(tmp):
     else:
         one_line_error(f"{os.path.relpath(gpu, ROOT)}: --resume of an MoE checkpoint without its --moe-* flags", base, 2,
                        "--moe-experts 4", "a dense model", binary=gpu, seconds=60)
+
+
+def check_factored(tmp):
+    """--optimizer adafactor and sm3 with MoE: every router and every expert tensor a block of its own
+    (llmc/optim/optimizer_state.h's moe_param_blocks), its statistics in moe_state.bin (version 2).
+    Adafactor's step 1 against the paper (Shazeer & Stern 2018, Algorithm 4: beta2_1 = 1 - 1^-0.8 = 0,
+    so R_i = sum_j (g_ij^2 + eps1), C_j = sum_i (g_ij^2 + eps1) of each matrix, V_i = g_i^2 + eps1 of each
+    vector), computed here from the dumped step-1 gradient of the MoE table, laid out as
+    llmc/model/model.h's MoE table; then, for both optimizers, 3 steps + checkpoint + resume + 2 == 5
+    straight, bit for bit (weights and the MoE table's statistics resumed)."""
+    E, Lm, H = 4, L, 4 * C
+    flags = ["--moe-experts", E, "--moe-top-k", 2, "--moe-capacity-factor", 1.25, "--total-batch-tokens", 4 * T]
+    out_dir = os.path.join(tmp, "out_factored")
+    _, out, d, _ = train(tmp, "adafactor1", *flags, "--optimizer", "adafactor", "--grad-clip", 0, "--checkpoint-every", 1,
+                         "--out-dir", out_dir, steps=1)
+    path = os.path.join(out_dir, "ckpt_00000001", "moe_state.bin")
+    if d is None or not os.path.exists(path):
+        report(False, "factored: Adafactor with MoE runs and writes moe_state.bin", out[-1500:])
+        return
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    state = np.fromfile(path, dtype=np.float32, offset=1024).astype(np.float64)
+    table = Lm * (E * C + (E - 1) * (8 * C * C + 5 * C))
+    g = d["grads"][-table:].astype(np.float64)
+    # the MoE table: router (Lm, E, C) | fcw (Lm, E-1, H, C) | fcb (Lm, E-1, H) | fcprojw (Lm, E-1, C, H) | fcprojb (Lm, E-1, C)
+    want, at = [], 0
+    for count, rows, cols in ((Lm, E, C), (Lm * (E - 1), H, C), (Lm * (E - 1), H, 0), (Lm * (E - 1), C, H), (Lm * (E - 1), C, 0)):
+        for _ in range(count):
+            if cols:
+                sq = g[at:at + rows * cols].reshape(rows, cols) ** 2 + 1e-30
+                want += [sq.sum(axis=1), sq.sum(axis=0)]
+                at += rows * cols
+            else:
+                want.append(g[at:at + rows] ** 2 + 1e-30)
+                at += rows
+    want = np.concatenate(want)
+    rel = float(np.max(np.abs(state - want) / want)) if state.size == want.size else float("inf")
+    report(header[1] == 2 and header[7] == 1 and rel <= 1e-6,
+           f"factored: Adafactor's step-1 statistics of the MoE table (moe_state.bin v2, {want.size} values: per MoE block "
+           f"the router's E + C, per expert its 4 tensors' rows and columns) = the paper's R, C, V from the step-1 gradient "
+           f"(max rel {rel:.1e})", f"header {header[:8]}; {state.size} values vs {want.size}")
+    for opt in ("adafactor", "sm3"):
+        _, out, straight, _ = train(tmp, f"{opt}_straight", *flags, "--optimizer", opt, "--checkpoint-every", 3,
+                                    "--out-dir", out_dir, steps=5)
+        _, out2, resumed, _ = train(tmp, f"{opt}_resumed", *flags, "--optimizer", opt, "--resume",
+                                    os.path.join(out_dir, "ckpt_00000003"), "--out-dir", out_dir, steps=5)
+        if straight is None or resumed is None:
+            report(False, f"factored: {opt} resume runs", (out + out2)[-1500:])
+            continue
+        report(np.array_equal(straight["losses"][3:], resumed["losses"]) and np.array_equal(straight["params"], resumed["params"]),
+               f"factored: --optimizer {opt} with MoE (tokens dropped): 3 steps + resume + 2 == 5 bit for bit (losses, weights "
+               "with the MoE table)", f"losses {straight['losses']} vs {resumed['losses']}")
 
 
 def check_estimate(tmp):
@@ -269,6 +359,7 @@ def main():
         check_accumulation(tmp)
         check_ranks(tmp)
         check_resume(tmp)
+        check_factored(tmp)
         check_estimate(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 #include "llmc/model/model.h"
+#include "llmc/optim/optimizer_state.h"  // optimizer_name: moe_state.bin names its optimizer
 #include "llmc/utils.h"
 
 constexpr int32_t MODEL_MAGIC = 20240326;
@@ -36,7 +37,7 @@ constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t MODEL_VERSION_MOE = 7;  // fp32, + E, top-k, every and the MoE table (docs/formats.md)
 constexpr int32_t MOE_STATE_MAGIC = 20261126;
-constexpr int32_t MOE_STATE_VERSION = 1;
+constexpr int32_t MOE_STATE_VERSION = 2;  // 2: field 7 names the optimizer (1: AdamW's, still read)
 constexpr int32_t FP8_STATE_MAGIC = 20261127;
 constexpr int32_t FP8_STATE_VERSION = 1;
 constexpr int32_t SHARD_MAGIC = 20240520;
@@ -235,43 +236,59 @@ inline void write_moe_model_file(const std::string& path, const GPT2Config& c, c
     out.commit();
 }
 
-// The MoE table's AdamW moments (moe_state.bin): 256 int32 header (magic, version, E, top-k, every,
-// then the table's size as an int64 in h[5..6]), m, then v, fp32: the whole table's n values each,
-// whatever the expert-parallel degree. Written by rank 0 (which gathers the experts it does not hold).
-inline void write_moe_state(const std::string& path, const MoEConfig& moe, int top_k, const float* m, const float* v, size_t n_values) {
+// The MoE table's optimizer state (moe_state.bin): 256 int32 header (magic, version, E, top-k, every,
+// then n as an int64 in h[5..6], then the optimizer in h[7]: llmc/optim/optimizer_state.h's numbers,
+// 0 AdamW, 1 Adafactor, 2 SM3), then fp32: AdamW's m then v, the whole table's n values each,
+// whatever the expert-parallel degree; or a factored optimizer's n statistics (`v` null: the MoE
+// table's blocks' rows and columns, optimizer_state.h's moe_param_blocks order). Written by rank 0
+// (which gathers the experts it does not hold). Version 1 had no field 7: AdamW's.
+inline void write_moe_state(const std::string& path, const MoEConfig& moe, int top_k, int optimizer, const float* m, const float* v,
+                            size_t n_values) {
     int32_t h[HEADER_INTS] = {};
     h[0] = MOE_STATE_MAGIC;
     h[1] = MOE_STATE_VERSION;
     h[2] = moe.experts, h[3] = top_k, h[4] = moe.every;
     int64_t n = (int64_t)n_values;
     memcpy(&h[5], &n, sizeof(n));
+    h[7] = optimizer;
     AtomicFile out(path, "MoE training-state file");
     out.write(h, sizeof(h));
     out.write(m, n_values * sizeof(float));
-    out.write(v, n_values * sizeof(float));
+    if (v) out.write(v, n_values * sizeof(float));
     out.commit();
 }
 
-// Reads them back into m and v (n_values each, the whole table); the settings and the size must be this run's.
-inline void read_moe_state(const std::string& path, const MoEConfig& moe, int top_k, size_t n_values, std::vector<float>* m,
-                           std::vector<float>* v) {
-    m->resize(n_values), v->resize(n_values);
+// Reads them back into m and v (n_values each, the whole table; v left empty for a factored
+// optimizer); the settings, the optimizer and the size must be this run's.
+inline void read_moe_state(const std::string& path, const MoEConfig& moe, int top_k, int optimizer, size_t n_values,
+                           std::vector<float>* m, std::vector<float>* v) {
     FILE* f = open_for_reading(path, "MoE training-state file");
     int32_t h[HEADER_INTS];
     read_exactly(f, h, sizeof(h), path, "MoE training-state file");
     int64_t n = 0;
     memcpy(&n, &h[5], sizeof(n));
-    if (h[0] != MOE_STATE_MAGIC || h[1] != MOE_STATE_VERSION) {
-        fail("'%s' is not an MoE training-state file of version %d (it looks like %s): resume from a checkpoint written by "
-             "this program", path.c_str(), MOE_STATE_VERSION, describe_magic(h[0]));
+    if (h[0] != MOE_STATE_MAGIC || h[1] < 1 || h[1] > MOE_STATE_VERSION) {
+        fail("'%s' is not an MoE training-state file of versions 1 to %d (it looks like %s%s): resume from a checkpoint written "
+             "by this program", path.c_str(), MOE_STATE_VERSION, describe_magic(h[0]),
+             h[0] == MOE_STATE_MAGIC ? strprintf(", version %d", h[1]).c_str() : "");
     }
-    if (h[2] != moe.experts || h[3] != top_k || h[4] != moe.every || n != (int64_t)m->size() ||
-        file_size(f) != (int64_t)sizeof(h) + 8 * n) {
-        fail("'%s' holds the moments of %s (%lld values), not this model's: it does not belong with this checkpoint", path.c_str(),
-             describe_moe_flags(MoEConfig{h[2], h[4]}, h[3]).c_str(), (long long)n);
+    int file_optimizer = h[1] == 1 ? 0 : h[7];
+    if (file_optimizer != optimizer) {
+        fail("'%s' holds the MoE table's %s state, and this run's --optimizer is %s: resume with --optimizer %s", path.c_str(),
+             optimizer_name(file_optimizer), optimizer_name(optimizer), optimizer_name(file_optimizer));
     }
+    int arrays = optimizer == 0 ? 2 : 1;
+    if (h[2] != moe.experts || h[3] != top_k || h[4] != moe.every || n != (int64_t)n_values ||
+        file_size(f) != (int64_t)sizeof(h) + 4 * arrays * n) {
+        fail("'%s' holds the optimizer state of %s (%lld values), not this model's: it does not belong with this checkpoint",
+             path.c_str(), describe_moe_flags(MoEConfig{h[2], h[4]}, h[3]).c_str(), (long long)n);
+    }
+    m->resize(n_values);
     read_exactly(f, m->data(), m->size() * sizeof(float), path, "MoE training-state file");
-    read_exactly(f, v->data(), v->size() * sizeof(float), path, "MoE training-state file");
+    if (arrays == 2) {
+        v->resize(n_values);
+        read_exactly(f, v->data(), v->size() * sizeof(float), path, "MoE training-state file");
+    }
     fclose(f);
 }
 

@@ -175,8 +175,10 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                                  e.virtual_stages);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double
     MoELayout moe = moe_layout(e.cfg, e.moe, moe_held_experts(e.moe, e.expert_parallel, g.dp_rank % e.expert_parallel));
-    auto identical_sum = [](size_t n, int N) {  // comm_allreduce_sum_identical: a reduce-scatter and an all-gather of padded shards
-        return N > 1 && n > 0 ? 2 * (uint64_t)(N - 1) * ((n + N - 1) / N) * sizeof(float) : 0;
+    // --grad-compression bf16: the same exchange of padded shards (an all-to-all for the reduce-scatter), 2 bytes a value
+    uint64_t value_bytes = e.compression.kind == GradCompressionKind::BF16 ? sizeof(uint16_t) : sizeof(float);
+    auto identical_sum = [value_bytes](size_t n, int N) {  // comm_allreduce_sum_identical: a reduce-scatter and an all-gather of padded shards
+        return N > 1 && n > 0 ? 2 * (uint64_t)(N - 1) * ((n + N - 1) / N) * value_bytes : 0;
     };
     if (e.expert_parallel == 1) c.bytes[0] += identical_sum(moe.total, g.dp);  // the MoE table's gradient
     else  // --expert-parallel: the routers' over every rank, the held experts' over their replicas (counted as data)

@@ -57,6 +57,10 @@
 // and scatter are memory copies a dense layer does not need; the matmuls are per expert, on fewer
 // rows each, so less efficient than one big one.
 //
+// Recompute (--recompute 1|2, llmc/model/recompute.h): the layer is never run again in the backward;
+// MoEActivations is kept at every level, so the routing (and its drops) is the forward's and the
+// auxiliary losses are added once (a re-run forward added them twice in Megatron-LM, issue 1330).
+//
 // Hook points: none yet. train_gpt_cpu.cpp calls it in place of the dense MLP's two matmuls and GELU
 // (between the second LayerNorm and the residual add) of every MoE block; expert parallelism's
 // dispatch and combine will be a pair of hooks around the experts' matmuls (docs/adding-a-technique.md

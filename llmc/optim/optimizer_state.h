@@ -89,6 +89,29 @@ inline size_t factored_state_floats(const GPT2Config& cfg) {
     return n;
 }
 
+// --moe-experts: the blocks of the MoE table this rank holds (llmc/model/model.h's MoELayout): per
+// MoE block its router (E, C), and per held expert its fcw (4C, C), fcb (4C), fcprojw (C, 4C) and
+// fcprojb (C), each a matrix or vector of its own, as a dense layer's: an expert's statistics are
+// its own, never pooled with another expert's (nor with the router's). Offsets are into the MoE
+// table; `tensor` is the dense tensor whose weight-decay rule it follows (the router decays, as a
+// matrix: moe_tensor_decays), so the optimizers' param_tensor_decays needs no MoE case. The state
+// follows the blocks in the table's order, as the dense model's does.
+inline std::vector<ParamBlock> moe_param_blocks(const GPT2Config& cfg, const MoELayout& held) {
+    size_t C = cfg.channels, H = 4 * C, state = 0;
+    const int as_dense[NUM_MOE_TENSORS] = {FCW, FCW, FCB, FCPROJW, FCPROJB};
+    const size_t rows[NUM_MOE_TENSORS] = {held.per_block[MOE_ROUTER] / C, H, H, C, C};   // the router: E rows
+    const size_t cols[NUM_MOE_TENSORS] = {C, C, 0, H, 0};
+    std::vector<ParamBlock> blocks;
+    for (int t = 0; t < NUM_MOE_TENSORS; t++) {
+        size_t each = cols[t] ? rows[t] * cols[t] : rows[t];
+        for (size_t at = 0; each > 0 && at < held.count[t]; at += each) {
+            blocks.push_back({as_dense[t], held.offset[t] + at, rows[t], cols[t], state});
+            state += rows[t] + cols[t];
+        }
+    }
+    return blocks;
+}
+
 // The widest matrix's columns: SM3 computes the new column statistics there before it overwrites
 // the old ones (llmc/optim/sm3.h).
 inline size_t factored_scratch_floats(const GPT2Config& cfg) {

@@ -59,6 +59,19 @@
 //              the experts saved (docs/moe.md measures both).
 //   groups     the N_ep consecutive data-parallel ranks dp_rank / N_ep form one expert group.
 //
+//   ZeRO      --zero 1 or 2 shards the MoE table's AdamW moments like the dense table's (llmc/parallel/
+//              zero.h), each over the ranks that hold the same values: with --expert-parallel the
+//              routers over every data-parallel rank and the held experts over their replicas; without
+//              it the whole table over every rank. The table's all-reduce is a reduce-scatter and an
+//              all-gather already (comm_allreduce_sum_identical); ZeRO runs AdamW between its halves,
+//              each rank on its shard of the summed gradient, and all-gathers the updated weights
+//              instead of the gradient: the same bytes, m and v divided by the group's size. The
+//              gradient stays whole (also at --zero 2: the table is not in the units the backward
+//              reduces), so only the moments shrink. Files keep one layout: the checkpoint gathers the
+//              moments whole, a resume keeps its shard, so any degree resumes any other.
+//   bf16      --grad-compression bf16 sums the table over the same groups with the dense table's
+//              bf16 exchange (llmc/parallel/grad_compression.h): half the table's bytes.
+//
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
 // and the backward's three parts), called from train_gpt_cpu.cpp's MoE block in place of the local loop.
 #pragma once
@@ -67,6 +80,8 @@
 #include "llmc/model/model.h"  // the MoE table's layout: which experts a rank holds
 #include "llmc/model/moe.h"
 #include "llmc/parallel/comm.h"
+#include "llmc/parallel/grad_compression.h"  // bf16_sum_over
+#include "llmc/parallel/sharding.h"  // ShardRange
 
 namespace cpu {
 
@@ -200,6 +215,103 @@ inline void ep_gather_table(Comm* ep, const GPT2Config& cfg, const MoEConfig& m,
             from = slice.data();
         }
         for (const MoETableRun& r : moe_table_runs(all, theirs)) memcpy(whole->data() + r.whole, from + r.held, r.count * sizeof(float));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Which ranks share which part of the MoE table: what --zero 1|2 shards the moments over, and what
+// --grad-compression bf16 sums over. A segment of the (held) table [begin, begin + count) is the
+// same on every rank of `group`; each of its N ranks owns ceil(count / N) values of it (the last
+// fewer: the shards are padded, as comm_allreduce_sum_identical's, so the bytes are that all-reduce's).
+struct MoESharedPart {
+    Comm* group;
+    size_t begin, count, shard;
+    size_t stored;   // where this rank's shard starts in the moment arrays (the segments' shards in turn)
+};
+struct MoESharing {
+    std::vector<MoESharedPart> segments;   // (GPT2::moe_zero's empty: --zero 0, every rank updates its whole held table)
+};
+
+// The segments: the whole table over `dp`, or with expert parallelism (replicas != null) the
+// routers (the table's first `router` floats) over `dp` and the held experts over `replicas`.
+inline MoESharing moe_sharing(Comm* dp, Comm* replicas, size_t router, size_t total) {
+    MoESharing z;
+    auto add = [&](Comm* g, size_t begin, size_t count) {
+        size_t N = (size_t)g->world_size, stored = z.segments.empty() ? 0 : z.segments.back().stored + z.segments.back().shard;
+        z.segments.push_back({g, begin, count, (count + N - 1) / N, stored});
+    };
+    if (replicas) add(dp, 0, router), add(replicas, router, total - router);
+    else add(dp, 0, total);
+    return z;
+}
+
+// This rank's part of a segment, in table positions (empty for a rank past a short segment's end).
+inline ShardRange moe_zero_owned(const MoESharedPart& g) {
+    size_t lo = std::min(g.count, g.shard * (size_t)g.group->rank), hi = std::min(g.count, lo + g.shard);
+    return {g.begin + lo, g.begin + hi};
+}
+
+// The first half of the table's all-reduce: each rank's shard of the summed gradient, written back
+// into its own place of `grads` (the rest of `grads` is left unsummed: only the owner reads a value).
+inline void moe_zero_reduce(MoESharing* z, float* grads, std::vector<float>* scratch) {
+    for (MoESharedPart& g : z->segments) {
+        size_t N = (size_t)g.group->world_size;
+        if (N == 1) continue;
+        scratch->assign(g.shard * N + g.shard, 0.0f);   // (sized by the table: moe_sum_scratch)
+        memcpy(scratch->data(), grads + g.begin, g.count * sizeof(float));
+        float* mine = scratch->data() + g.shard * N;
+        comm_reduce_scatter_sum(g.group, scratch->data(), mine, g.shard, "reduce-scatter of the MoE table's gradients");
+        ShardRange o = moe_zero_owned(g);
+        memcpy(grads + o.begin, mine, (o.end - o.begin) * sizeof(float));
+    }
+}
+
+// The second half: every rank of each segment's group gets every owner's part of `table` (the
+// updated weights; for a dump, the summed gradient).
+inline void moe_zero_share(MoESharing* z, float* table, std::vector<float>* scratch) {
+    for (MoESharedPart& g : z->segments) {
+        size_t N = (size_t)g.group->world_size;
+        if (N == 1) continue;
+        scratch->assign(g.shard * N, 0.0f);
+        ShardRange o = moe_zero_owned(g);
+        memcpy(scratch->data() + (o.begin - g.begin), table + o.begin, (o.end - o.begin) * sizeof(float));
+        comm_all_gather(g.group, scratch->data(), g.shard * sizeof(float), "all-gather of the MoE table's weights");
+        memcpy(table + g.begin, scratch->data(), g.count * sizeof(float));
+    }
+}
+
+// A checkpoint's moments: the held table's `whole` from every rank's shards (every rank calls).
+inline void moe_zero_unshard(MoESharing* z, const float* shards, std::vector<float>* held, size_t held_count,
+                             std::vector<float>* scratch) {
+    held->assign(held_count, 0.0f);
+    for (const MoESharedPart& g : z->segments) {
+        ShardRange o = moe_zero_owned(g);
+        memcpy(held->data() + o.begin, shards + g.stored, (o.end - o.begin) * sizeof(float));
+    }
+    moe_zero_share(z, held->data(), scratch);
+}
+
+// --grad-compression bf16 with MoE: the table's gradient summed in bf16 (grad_compression.h's
+// bf16_sum_over: bf16 on the wire, fp32 sums in rank order, the sums rounded to bf16), each segment
+// over the ranks that share it: the routers over every rank, the experts over their replicas only
+// (an expert's gradient summed with another rank's different expert would be wrong, compressed or
+// not). Half the table's bytes of the exact sum.
+inline void moe_bf16_sum(const MoESharing& parts, float* grads, std::vector<float>* scratch) {
+    for (const MoESharedPart& g : parts.segments) {
+        size_t N = (size_t)g.group->world_size, padded = g.shard * N;
+        if (N == 1) continue;
+        scratch->assign(2 * padded, 0.0f);   // the padded fp32 copy, then bf16 send and receive (moe_sum_scratch)
+        memcpy(scratch->data(), grads + g.begin, g.count * sizeof(float));
+        bf16_sum_over(g.group, (uint16_t*)(scratch->data() + padded), scratch->data(), padded);
+        memcpy(grads + g.begin, scratch->data(), g.count * sizeof(float));
+    }
+}
+
+// A resume's moments: this rank's shards of the held table's.
+inline void moe_zero_keep(const MoESharing& z, const float* held, float* shards) {
+    for (const MoESharedPart& g : z.segments) {
+        ShardRange o = moe_zero_owned(g);
+        memcpy(shards + g.stored, held + o.begin, (o.end - o.begin) * sizeof(float));
     }
 }
 

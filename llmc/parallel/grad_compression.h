@@ -286,22 +286,27 @@ inline void grad_compression_setup(GradCompression* c, const GradCompressionSett
     powersgd_first_q(seed, c->q, c->plan.q_floats);
 }
 
-// bf16: see the top of the file. grads holds the padded flat gradient (shard_layout(total, N)).
-inline void bf16_sum(GradCompression* c, float* grads, size_t padded) {
-    int N = c->dp->world_size, me = c->dp->rank;
+// bf16: see the top of the file. grads holds `padded` floats, a multiple of the group's size;
+// work 2 x padded bf16 (send, receive). Also the MoE table's (llmc/parallel/expert_parallel.h).
+inline void bf16_sum_over(Comm* group, uint16_t* work, float* grads, size_t padded) {
+    int N = group->world_size, me = group->rank;
     size_t s = padded / (size_t)N;
-    uint16_t* send = (uint16_t*)c->work.data();
+    uint16_t* send = work;
     uint16_t* recv = send + padded;
     for (size_t i = 0; i < padded; i++) send[i] = float_to_bf16_round_nearest(grads[i]);
-    comm_all_to_all(c->dp, send, recv, s * sizeof(uint16_t), "all-to-all of the bf16 gradients");
+    comm_all_to_all(group, send, recv, s * sizeof(uint16_t), "all-to-all of the bf16 gradients");
     uint16_t* mine = send + (size_t)me * s;  // this rank's block of the send array is free again: the sums go there
     for (size_t i = 0; i < s; i++) {
         float sum = 0.0f;
         for (int j = 0; j < N; j++) sum += bf16_to_float(recv[(size_t)j * s + i]);  // fp32, rank order
         mine[i] = float_to_bf16_round_nearest(sum);
     }
-    comm_all_gather(c->dp, send, s * sizeof(uint16_t), "all-gather of the bf16 gradient sums");
+    comm_all_gather(group, send, s * sizeof(uint16_t), "all-gather of the bf16 gradient sums");
     for (size_t i = 0; i < padded; i++) grads[i] = bf16_to_float(send[i]);
+}
+// grads holds the padded flat gradient (shard_layout(total, N)).
+inline void bf16_sum(GradCompression* c, float* grads, size_t padded) {
+    bf16_sum_over(c->dp, (uint16_t*)c->work.data(), grads, padded);
 }
 
 // The columns of P (n x r, row-major) made orthonormal: modified Gram-Schmidt, twice. A column that

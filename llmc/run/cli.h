@@ -542,17 +542,16 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
                    "ranks yet; train MoE with data parallelism only (--expert-parallel splits the experts over its ranks)", o.tensor_parallel, o.pipeline_parallel);
-    if (o.zero_stage > 0)
-        usage_fail("--moe-experts with --zero %d: ZeRO's shards are not laid out over the experts' tensors yet; use --zero 0", o.zero_stage);
-    if (o.recompute > 0)
-        usage_fail("--moe-experts with --recompute %d: a recomputed MoE forward would add its auxiliary losses a second time "
-                   "(Megatron-LM issue 1330); use --recompute 0 (the MoE layer keeps its activations)", o.recompute);
-    if (o.optimizer != "adamw")
-        usage_fail("--moe-experts with --optimizer %s: its row and column statistics are not laid out over the experts' tensors; "
-                   "use --optimizer adamw", o.optimizer.c_str());
-    if (o.grad_compression != "none")
-        usage_fail("--moe-experts with --grad-compression %s: the experts' gradients are not compressed yet; use --grad-compression none",
-                   o.grad_compression.c_str());
+    if (o.zero_stage > 2)
+        usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
+                   "(the table's moments sharded), or 0", o.zero_stage);
+    if (o.optimizer != "adamw" && (o.zero_stage > 0 || o.expert_parallel > 1))
+        usage_fail("--moe-experts with --optimizer %s and --zero %d --expert-parallel %d: its statistics of the MoE table are "
+                   "kept whole on every rank; use --zero 0 --expert-parallel 1 with it, or --optimizer adamw", o.optimizer.c_str(),
+                   o.zero_stage, o.expert_parallel);
+    if (o.grad_compression != "none" && o.grad_compression != "bf16")
+        usage_fail("--moe-experts with --grad-compression %s: the MoE table's gradients are not compressed that way yet; use "
+                   "--grad-compression bf16 or none", o.grad_compression.c_str());
 }
 
 // --precision names the binary's own element type or is refused, naming the binary that has the one

@@ -56,8 +56,9 @@ def main():
         write_pattern_shard(work)
         shape = ["--model", a.model, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size),
                  "--total-batch-tokens", str(a.micro_batches * a.batch_size * a.seq_len), "--pipeline-parallel", str(a.stages)]
-        print(f"# {a.trainer}; {' '.join(shape)}; peaks read {a.seconds:.0f} s into the first step; "
-              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        print(f"# {a.trainer}; {' '.join(shape)}; "
+              + (f"{a.steps} steps to the end, {a.rounds} round(s); " if a.steps else f"peaks read {a.seconds:.0f} s into the first step; ")
+              + f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
         print(f"{'schedule':9s} {'rank':>4s} {'est. total':>11s} {'est. act.':>10s} {'peak RSS':>9s}   (MB)"
               + ("  step (ms)" if a.steps else ""))
         times = {}

@@ -173,13 +173,13 @@ def main():
 
         check_memory(r)
 
-        one_line_error("--stash-precision fp16", ["--stash-precision", "fp16", "--model", MODEL], 2, "fp32 or bf16", "fp16")
+        one_line_error("--stash-precision fp16", ["--stash-precision", "fp16", "--model", MODEL], 2, "fp32, bf16", "fp16")
         for flag in ("--tensor-parallel", "--pipeline-parallel"):
             one_line_error(f"--stash-precision bf16 {flag} 2", [*BF16, flag, "2", "--model", MODEL], 2, "--stash-precision bf16",
                            "--stash-precision fp32")
         gpu = gpu_trainer()
         if gpu:
-            one_line_error("the GPU trainer: --stash-precision bf16", [*BF16, "--model", MODEL], 2, "only to the CPU trainer",
+            one_line_error("the GPU trainer: --stash-precision bf16", [*BF16, "--model", MODEL], 2, "--stash-precision fp8",
                            binary=gpu)
         else:
             print("SKIP: the GPU trainer's refusal of --stash-precision (no build/emu/train_gpt)")

@@ -34,9 +34,11 @@ mpirun; the reference is the same binary without the flag (bf16 activations).
                       pipeline parallelism (not tested yet), with --moe-experts, with --precision fp8; the
                       CPU trainer's fp8.
 
-Planted bugs these checks caught (by hand, once; see the commit): the scale not applied on dequantize
-(x~ = q instead of q / s: "gradients", every tensor off by 2^k); ln2 quantized before the fc matmul's
-forward read (the forward's bits).
+Planted bugs these checks caught (by hand, once; see the commit):
+  - the scale not applied on dequantize (x~ = q, not q / s, in stash_dequantize_kernel): the gradient
+    bound (every tensor off, qkvw by 4.5e17), the bias (+3.0e14) and the losses (5.2e-2 apart);
+  - the layer's tensors quantized and restored before the MLP (the fc matmul then reads ln2's e4m3
+    values, fch and fch_gelu stashed before they exist): the forward's bits and lnf's gradient.
 """
 import os, shutil, subprocess, sys, tempfile
 import numpy as np

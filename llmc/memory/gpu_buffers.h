@@ -17,6 +17,10 @@
 // Recompute (--recompute, llmc/model/recompute.h): a level keeps fewer activations per layer (fch_gelu at
 // level 1, also ln1 and ln2 at level 2) and one layer of scratch for them instead; exact.
 //
+// The fp8 stash (--stash-precision fp8, llmc/memory/stash_precision.cuh): the stashed rows (GPU_STASH_ROWS,
+// those the recompute level keeps) hold 1 byte a value, plus one layer of them in the build's type
+// (stash_work) and 7 amax a layer (stash_amax); the same rows, so a pipeline's slots hold them as before.
+//
 // Parallelism: every row is for this rank's SLICE of the model (llmc/parallel/process_grid.h), exactly as in
 // llmc/memory/cpu_buffers.h: its pipeline stage's layers, its tensor rank's heads (C/t attention channels),
 // MLP units (4C/t) and vocabulary rows, B*T/t rows of the residual stream with sequence parallelism,

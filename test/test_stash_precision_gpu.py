@@ -32,11 +32,14 @@ mpirun; the reference is the same binary without the flag (bf16 activations).
                       the activations + workspace fall by (2 - 1) L S - 2 S - 4 * 7 L (rounded to 256 per
                       row), S computed here from the shapes (the lesson's formula); the emulated device
                       held no byte outside the table.
+  grids               tp2 with sequence parallelism, pp2 with 1F1B (2 micro-batches): the fp8 grid against
+                      the bf16 grid, one step: the same forward bits and gradient bounds (each rank
+                      stashes its slice with its own scales).
   resume              4 straight == 2 + checkpoint + resume 2, bit for bit (the stash is not state: its
                       scale is the tensor's own, nothing carries over between steps).
-  refusals            one line, exit 2: the GPU trainer's bf16 (already its type), fp8 with tensor or
-                      pipeline parallelism (not tested yet), with --moe-experts, with --precision fp8; the
-                      CPU trainer's fp8.
+  refusals            one line, exit 2: the GPU trainer's bf16 (already its type), fp8 with ZB-H1 (its W
+                      pass reads its inputs in place), with --moe-experts, with --precision fp8; the CPU
+                      trainer's fp8.
 
 Planted bugs these checks caught (by hand, once; see the commit):
   - the scale not applied on dequantize (x~ = q, not q / s, in stash_dequantize_kernel): the gradient
@@ -149,8 +152,7 @@ def refusals(r):
     base = ["--model", os.path.join(r.work, "tiny.bin")] + r.data
     for exe, args, needle in [
             (GPU, ["--stash-precision", "bf16"], "--stash-precision fp8"),
-            (GPU, [*FP8, "--tensor-parallel", "2"], "not tested on model-parallel grids"),
-            (GPU, [*FP8, "--pipeline-parallel", "2"], "not tested on model-parallel grids"),
+            (GPU, [*FP8, "--pipeline-parallel", "2", "--pipeline-schedule", "zb-h1"], "zb-h1"),
             (GPU, [*FP8, "--moe-experts", "4"], "--moe-experts"),
             (GPU, [*FP8, "--precision", "fp8"], "drop one of the two"),
             (CPU, [*FP8], "--stash-precision bf16")]:
@@ -160,6 +162,18 @@ def refusals(r):
         lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
         report(p.returncode == 2 and len(lines) == 1 and needle in lines[0],
                f"{os.path.basename(exe)} {' '.join(args)}: one line, exit 2", f"exit {p.returncode}: {p.stderr[-600:]}")
+
+
+def grids(r, names, off):
+    """Each rank stashes its own slice with its own scales (a tensor rank's heads and MLP units, its rows
+    with sequence parallelism; a stage's layers for each micro-batch in flight), so the fp8 grid is held to
+    the bf16 grid as one rank is: one step each, the same forward bits and gradient bounds."""
+    for name, ranks, flags in (("tp2 sequence-parallel", 2, ("--tensor-parallel", 2, "--sequence-parallel", 1)),
+                               ("pp2 1f1b", 2, ("--pipeline-parallel", 2, "--total-batch-tokens", 2 * T))):
+        tag = name.replace(" ", "_")
+        ref, _ = r.dump(f"bf16_{tag}", ranks, "--batch-size", B, "--recompute", 0, *flags, "--steps", 1)
+        got, _ = r.dump(f"fp8_{tag}", ranks, "--batch-size", B, "--recompute", 0, *FP8, *flags, "--steps", 1)
+        against_bf16(ref, got, names, off, f"fp8 stash, {name}")
 
 
 def main():
@@ -184,6 +198,7 @@ def main():
             got, _ = r.dump(f"fp8_r{level}", 1, "--batch-size", B, "--recompute", level, *FP8, "--steps", 1)
             against_bf16(ref, got, names, off, f"fp8 stash, --recompute {level}", direct)
         memory(r, base_out, fp8_out)
+        grids(r, names, off)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

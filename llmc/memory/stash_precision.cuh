@@ -36,6 +36,14 @@
 // (stash_amax). With S the stashed values of a layer (stash_precision.h's formula), bf16 keeps 2 L S
 // bytes, fp8 L S + 2 S: at L = 12 it saves 5/12 of those rows. docs/memory.md has the numbers.
 //
+// How it composes. --recompute 1, 2: what recompute drops is not stashed; level 1's GELU is recomputed
+// from the dequantized fch (as on the CPU). Tensor and pipeline parallelism: each rank stashes its own
+// slice (gpu_stash_layer_values: its heads, MLP units and rows) with its own scales, one stash per
+// micro-batch in flight (the rows are per micro-batch, as before); stash_work is live only within one
+// layer's pass, so a stage's micro-batches share it. Refused for now (cli.h, one line each): ZB-H1,
+// whose deferred W reads the layer's inputs in place; --moe-experts (its blocks keep their own rows);
+// --precision fp8 (not checked together). The checkpoint: nothing (no state between steps).
+//
 // Hook points: as on the CPU, none of step.h's: train_gpt.cu's gpt2_forward calls stash_fp8_keep on
 // a layer's stashed tensors once its last read (the fc projection's matmul) is done, and gpt2_backward
 // calls stash_fp8_restore on them before the layer's backward reads any. The rows the trainer allocates

@@ -76,6 +76,7 @@
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/fp8.cuh"
+#include "llmc/memory/stash_precision.cuh"  // --stash-precision fp8
 #include "llmc/model/moe_gpu.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/model/zero_bubble_backward.cuh"
@@ -183,6 +184,31 @@ template <class T> static T* A_(GPT2* m, GPUBuffer b) {
 static size_t slot_layer(GPT2* m, int l) { return (size_t)(l - pass_layers(m->slice, m->chunk).first); }
 static floatX* layer_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<floatX>(m, b) + slot_layer(m, l) * per_layer; }
 static float* layer_f(GPT2* m, GPUBuffer b, int l, size_t per_layer) { return A_<float>(m, b) + slot_layer(m, l) * per_layer; }
+
+// A stashed activation of layer l (ln1, ln2, qkv, atty, att, fch, fch_gelu) where the passes compute and
+// read it: its row, or with --stash-precision fp8 the one layer in the build's type that the forward
+// computes into and the backward dequantizes into (llmc/memory/stash_precision.cuh).
+static int stash_index(GPUBuffer b) {
+    for (int i = 0; i < GPU_STASHED; i++)
+        if (GPU_STASH_ROWS[i] == b) return i;
+    return -1;
+}
+static floatX* kept_x(GPT2* m, GPUBuffer b, int l, size_t per_layer) {
+    if (!m->shape.fp8_stash) return layer_x(m, b, l, per_layer);
+    return B_<floatX>(m, GB_STASH_WORK) + gpu_stash_work_offset(m->shape, stash_index(b));
+}
+// --stash-precision fp8: layer l's stashed tensors, kept in e4m3 once the forward is done with them
+// (keep) or back in the build's type before the backward reads them (restore).
+static void stash_layer(GPT2* m, int l, bool keep) {
+    if (!m->shape.fp8_stash) return;
+    for (int i = 0; i < GPU_STASHED; i++) {
+        size_t n = gpu_stash_layer_values(m->shape, i);
+        StashedTensor t{kept_x(m, GPU_STASH_ROWS[i], l, n), A_<uint8_t>(m, GPU_STASH_ROWS[i]) + slot_layer(m, l) * n,
+                        A_<unsigned int>(m, GB_STASH_AMAX) + slot_layer(m, l) * GPU_STASHED + i, n};
+        if (keep) stash_fp8_keep(t, m->stream);
+        else stash_fp8_restore(t, m->stream);
+    }
+}
 
 // Fails, before anything is allocated, if the buffers of `shape` do not fit in the GPU's free
 // memory, saying which micro-batch would.
@@ -342,15 +368,15 @@ static void gpt2_forward(GPT2* m) {
     for (int l = first; l < end; l++) {
         ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < end ? unit_of_layer(L, l + 1) : -1);
         floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
-        floatX* ln1 = keep.ln ? layer_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
-        floatX* atty = layer_x(m, GB_ATTY, l, (size_t)BT * Ca);
+        floatX* ln1 = keep.ln ? kept_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* qkv = kept_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
+        floatX* atty = kept_x(m, GB_ATTY, l, (size_t)BT * Ca);
         floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
-        floatX* ln2 = keep.ln ? layer_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
-        floatX* fch_gelu = keep.gelu ? layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
+        floatX* ln2 = keep.ln ? kept_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+        floatX* fch = kept_x(m, GB_FCH, l, (size_t)BT * Cf);
+        floatX* fch_gelu = keep.gelu ? kept_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
-        floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
+        floatX* att = simple ? kept_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
 
         // ln1: layer 0 normalises the embeddings (or what the previous stage sent); every later
         // layer's ln1 was fused into the residual add that ended the previous layer (below)
@@ -378,12 +404,13 @@ static void gpt2_forward(GPT2* m) {
         }
         if (!is_moe_block(m->moe.moe, l))
             linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
+        stash_layer(m, l, true);  // --stash-precision fp8: the layer's last read of them is done (before ln1 of l + 1)
         proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
         if (l + 1 < end) {
             ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
-            floatX* next_ln1 = keep.ln ? layer_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
+            floatX* next_ln1 = keep.ln ? kept_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
             fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, R),
                                              layer_f(m, GB_LN1_RSTD, l + 1, R), residual2, proj, next[LN1W], next[LN1B],
                                              R, C, s);
@@ -494,9 +521,10 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         ParamTensors<floatX> w = unit_weights(m, unit, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
         floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
         floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
-        floatX* qkv = layer_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
-        floatX* atty = layer_x(m, GB_ATTY, l, (size_t)BT * Ca);
-        floatX* fch = layer_x(m, GB_FCH, l, (size_t)BT * Cf);
+        stash_layer(m, l, false);  // --stash-precision fp8: back in the build's type before any is read
+        floatX* qkv = kept_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
+        floatX* atty = kept_x(m, GB_ATTY, l, (size_t)BT * Ca);
+        floatX* fch = kept_x(m, GB_FCH, l, (size_t)BT * Cf);
         float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, R), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
         float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, R), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
         WeightStashOf<floatX> kept{};
@@ -507,12 +535,12 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         }
 
         // recompute what was not kept, with the forward's own kernels (so, bit-identically)
-        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
+        floatX* fch_gelu = kept_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
         if (!keep.gelu) {
             fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
             gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
         }
-        floatX* ln2 = layer_x(m, GB_LN2, l, rc);
+        floatX* ln2 = kept_x(m, GB_LN2, l, rc);
         if (!keep.ln) {
             ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
             layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], R, C, s);
@@ -561,9 +589,9 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         }
         bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
         float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
-        floatX* att = simple ? layer_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
+        floatX* att = simple ? kept_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
         attention_backward(&m->attention, dbuf_3c, dbuf_c, qkv, atty, stats, att, B, T, Ca, NH, s);
-        floatX* ln1 = layer_x(m, GB_LN1, l, rc);
+        floatX* ln1 = kept_x(m, GB_LN1, l, rc);
         if (!keep.ln) {
             ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
             layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
@@ -1389,6 +1417,7 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
     s.moe_top_k = o.moe_top_k;
     take_grad_compression(o, cfg, grid.dp, &s);
     s.fp8_history = fp8_history_of(o);
+    s.fp8_stash = o.stash_precision == "fp8";  // (cli.h refused it where it does not compose)
     return s;
 }
 

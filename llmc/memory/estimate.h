@@ -68,6 +68,7 @@ struct EstimateSetup {
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
     bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
     bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
+    bool fp8_stash = false;                  // --stash-precision fp8 (GPU trainer, llmc/memory/stash_precision.cuh)
     int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
     GradCompressionSettings compression;  // --grad-compression (llmc/parallel/grad_compression.h)
     bool parameter_server = false;        // --data-parallel server (the CPU trainer's; llmc/parallel/parameter_server.h)
@@ -117,6 +118,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     s.compression_state = z.state;
     s.compression_work = z.work;
     s.fp8_history = e.fp8_history;
+    s.fp8_stash = e.fp8_stash;
     return s;
 }
 
@@ -475,6 +477,12 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
         lines[3].why = "the probabilities, materialised (L, B, NH, T, T) in bf16 (the stash; one layer in fp32 in the "
                        "workspace); no dropout, so no mask and no second copy";
     }
+    if (e.fp8_stash) {  // llmc/memory/stash_precision.cuh: their layer in the build's type is in the workspace
+        std::string stashed = "fp8 stash (--stash-precision fp8): e4m3, 1 byte per value, half the paper's; one layer in "
+                              "the build's type in the workspace";
+        for (int i : {1, 2, 3, 4, 7, 8, 9})
+            if (lines[(size_t)i].ours > 0 && !(i == 3 && cudnn)) lines[(size_t)i].why = stashed;
+    }
     lines[11].why = strprintf("outside the per-layer formula (the paper counts fp32 logits there): our logits (B, T, Vp) "
                               "are %s and overwritten in place by their gradient; the probabilities are never stored%s",
                               width.c_str(), e.trainer == Trainer::GPU ? " (fused classifier)" : " (one log-sum-exp per row)");
@@ -613,6 +621,7 @@ inline void estimate_take_techniques(EstimateSetup* e, const TrainOptions& o) {
     parse_optimizer(o.optimizer, &e->optimizer);
     e->bf16_moments = o.optimizer_state == "bf16";
     e->bf16_stash = o.stash_precision == "bf16";
+    e->fp8_stash = o.stash_precision == "fp8";
     e->offload_chunk_kib = o.offload_dir.empty() ? 0 : o.offload_chunk_kib;
     e->compression = grad_compression_settings(o);
     e->parameter_server = o.data_parallel == "server";
@@ -704,6 +713,7 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
         what = strprintf("GPU trainer, %s%s, recompute %d, %s attention", e.dtype_bytes == 2 ? e.half_name.c_str() : "fp32",
                          e.dtype_bytes == 2 ? (e.master_weights ? " with fp32 master weights" : " without master weights") : "",
                          e.recompute, e.simple_attention ? "simple" : "cuDNN");
+        if (e.fp8_stash) what += ", fp8 stash";
     }
     std::string grid = e.tp > 1 || e.pp > 1 ? strprintf(" x tp %d x pp %d%s (%d ranks)", e.tp, e.pp,
                                                          e.sequence_parallel ? " sequence parallel" : "", estimate_world(e)) : "";

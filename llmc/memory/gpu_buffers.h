@@ -17,6 +17,10 @@
 // Recompute (--recompute, llmc/model/recompute.h): a level keeps fewer activations per layer (fch_gelu at
 // level 1, also ln1 and ln2 at level 2) and one layer of scratch for them instead; exact.
 //
+// The fp8 stash (--stash-precision fp8, llmc/memory/stash_precision.cuh): the stashed rows (GPU_STASH_ROWS,
+// those the recompute level keeps) hold 1 byte a value, plus one layer of them in the build's type
+// (stash_work) and 7 amax a layer (stash_amax); the same rows, so a pipeline's slots hold them as before.
+//
 // Parallelism: every row is for this rank's SLICE of the model (llmc/parallel/process_grid.h), exactly as in
 // llmc/memory/cpu_buffers.h: its pipeline stage's layers, its tensor rank's heads (C/t attention channels),
 // MLP units (4C/t) and vocabulary rows, B*T/t rows of the residual stream with sequence parallelism,
@@ -63,6 +67,7 @@ struct GPURunShape {
     size_t compression_state = 0;      // --grad-compression powersgd: fp32 e, next e, Q, next Q (grad_compression_gpu_sizes)
     size_t compression_work = 0;       // ... and P with the exactly summed values
     int fp8_history = 0;               // --precision fp8: the amax history's steps (0: no fp8; llmc/kernels/fp8.cuh)
+    bool fp8_stash = false;            // --stash-precision fp8: the activations kept in e4m3 (llmc/memory/stash_precision.cuh)
 };
 
 // The shape of a run as its flags describe it, with cuDNN's workspace at the bound used before any
@@ -114,6 +119,10 @@ enum GPUBuffer {
     GB_FP8_SCALING, GB_FP8_A, GB_FP8_B,
     // ZB-H1: the output gradients B keeps for the deferred W (llmc/model/zero_bubble_backward.cuh)
     GB_WEIGHT_STASH,
+    // --stash-precision fp8 (llmc/memory/stash_precision.cuh): one layer of the stashed tensors in the
+    // build's type, which the forward computes into and the backward dequantizes into; each stashed
+    // tensor's amax (its scale's source)
+    GB_STASH_WORK, GB_STASH_AMAX,
     GB_COUNT
 };
 
@@ -121,7 +130,37 @@ enum GPUBuffer {
 // forward keeps for the backward, the tokens, and the residual gradient that travels between stages.
 inline bool gpu_buffer_per_micro_batch(int row) {
     return (row >= GB_RESIDUAL && row <= GB_LOSSES) || row == GB_DRESIDUAL || row == GB_INPUTS || row == GB_TARGETS ||
-           row == GB_ENCODER_BUCKETS;
+           row == GB_ENCODER_BUCKETS || row == GB_STASH_AMAX;
+}
+
+// --stash-precision fp8: the rows it stashes, in the order of their places in GB_STASH_WORK (one
+// layer each) and of their amax in GB_STASH_AMAX (GPU_STASHED per layer), and each one's values per
+// layer: 0 where the row is not kept (recompute dropped it; cuDNN keeps its statistics, fp32 and
+// tiny, instead of att). The residual stream and the LayerNorm statistics stay as they are
+// (llmc/memory/stash_precision.h says why).
+constexpr GPUBuffer GPU_STASH_ROWS[] = {GB_LN1, GB_LN2, GB_QKV, GB_ATTY, GB_ATT, GB_FCH, GB_FCH_GELU};
+constexpr int GPU_STASHED = sizeof(GPU_STASH_ROWS) / sizeof(GPU_STASH_ROWS[0]);
+inline size_t gpu_stash_layer_values(const GPURunShape& s, int i) {
+    ProcessGrid g = s.grid;
+    ModelSlice slice = model_slice(s.cfg, g);
+    size_t BT = (size_t)s.B * s.T, R = g.sequence_parallel ? BT / g.tp : BT, C = s.cfg.channels;
+    size_t Ca = slice.attn_channels, Cf = slice.fc_channels, NH = slice.heads;
+    RecomputePlan keep = recompute_plan(s.recompute);
+    switch (GPU_STASH_ROWS[i]) {
+        case GB_LN1: case GB_LN2: return keep.ln ? R * C : 0;
+        case GB_QKV: return BT * 3 * Ca;
+        case GB_ATTY: return BT * Ca;
+        case GB_ATT: return s.simple_attention ? (size_t)s.B * NH * s.T * s.T : 0;
+        case GB_FCH: return BT * Cf;
+        case GB_FCH_GELU: return keep.gelu ? BT * Cf : 0;
+        default: return 0;
+    }
+}
+// where row i's layer starts in GB_STASH_WORK (values), and the whole of it
+inline size_t gpu_stash_work_offset(const GPURunShape& s, int i) {
+    size_t at = 0;
+    for (int r = 0; r < i; r++) at += gpu_stash_layer_values(s, r);
+    return at;
 }
 
 // A bound on cuDNN's attention workspace, used before any plan exists (--estimate, and when looking
@@ -179,6 +218,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
   // row maxima; (sum, target logit) pairs, padded to t shards
 
     std::vector<BufferSpec> t(GB_COUNT);
+    size_t S = s.fp8_stash ? 1 : X;  // the stashed rows' bytes per value: e4m3, or the build's type
+    std::string e4m3 = s.fp8_stash ? " e4m3" : "";
     size_t grads = g.zero_stage >= 2 ? z.grad_shard : z.grads;  // ZeRO-2/3: only this rank's shard of every unit
     t[GB_PARAMS] = {"params", MEM_PARAMS, sh(g.zero_stage == 3 ? "(%zu) shards" : "(%zu)", z.params), z.params, X};
     t[GB_GRADS] = {"grads", MEM_GRADS, sh(g.zero_stage >= 2 ? "(%zu) shards" : "(%zu)", grads), grads, X};
@@ -189,18 +230,18 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
 
     t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", al) + rows + ", C)" + x, per((al + 1) * R * C), X};
     t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, per(al * R * C), X};
-    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, keep.ln ? per(al * R * C) : 0, X};
+    t[GB_LN1] = {"ln1", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + e4m3 + x, keep.ln ? per(al * R * C) : 0, S};
     t[GB_LN1_MEAN] = {"ln1_mean", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
     t[GB_LN1_RSTD] = {"ln1_rstd", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
-    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", al) + tp + ")" + x, per(al * BT * 3 * Ca), X};
-    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", al) + tp + ")" + x, per(al * BT * Ca), X};
-    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", al) + tp + ", T, T)" + x, per(al * B * NH * T * T), X};
+    t[GB_QKV] = {"qkv", MEM_ACTIVATIONS, sh("(%zu, B, T, 3C", al) + tp + ")" + e4m3 + x, per(al * BT * 3 * Ca), S};
+    t[GB_ATTY] = {"atty", MEM_ACTIVATIONS, sh("(%zu, B, T, C", al) + tp + ")" + e4m3 + x, per(al * BT * Ca), S};
+    if (simple) t[GB_ATT] = {"att", MEM_ACTIVATIONS, sh("(%zu, B, NH", al) + tp + ", T, T)" + e4m3 + x, per(al * B * NH * T * T), S};
     else t[GB_ATT] = {"att_stats", MEM_ACTIVATIONS, sh("(%zu, B, NH", al) + tp + ", T) fp32" + x, per(al * B * NH * T), F};
-    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, keep.ln ? per(al * R * C) : 0, X};
+    t[GB_LN2] = {"ln2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + e4m3 + x, keep.ln ? per(al * R * C) : 0, S};
     t[GB_LN2_MEAN] = {"ln2_mean", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
     t[GB_LN2_RSTD] = {"ln2_rstd", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ") fp32" + x, per(al * R), F};
-    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + x, per(al * BT * Cf), X};
-    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + x, keep.gelu ? per(al * BT * Cf) : 0, X};
+    t[GB_FCH] = {"fch", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + e4m3 + x, per(al * BT * Cf), S};
+    t[GB_FCH_GELU] = {"fch_gelu", MEM_ACTIVATIONS, sh("(%zu, B, T, 4C", al) + tp + ")" + e4m3 + x, keep.gelu ? per(al * BT * Cf) : 0, S};
     t[GB_LNF] = {"lnf", MEM_ACTIVATIONS, "(" + rows + ", C)" + x, per(head * R * C), X};
     t[GB_LNF_MEAN] = {"lnf_mean", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
     t[GB_LNF_RSTD] = {"lnf_rstd", MEM_ACTIVATIONS, "(" + rows + ") fp32" + x, per(head * R), F};
@@ -269,6 +310,10 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t stashes = (size_t)s.weight_stashes;
     t[GB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("(%zu, %zu, B, T, 9C) matmuls' dy", stashes, nl),
                           stashes * weight_stash_floats(nl, BT, C, Ca, Cf), X};
+    size_t work = s.fp8_stash ? gpu_stash_work_offset(s, GPU_STASHED) : 0;
+    t[GB_STASH_WORK] = {"stash_work", MEM_WORKSPACE, "one layer of the stashed rows", work, X};
+    t[GB_STASH_AMAX] = {"stash_amax", MEM_ACTIVATIONS, sh("(%zu, %d) fp32", al, GPU_STASHED) + x,
+                        s.fp8_stash ? per(al * GPU_STASHED) : 0, F};
     return t;
 }
 

@@ -57,10 +57,17 @@
 //     exactly, from the fp32 residual stream and statistics.
 //   gradient accumulation, data parallelism: each micro-batch's forward stashes, its backward widens;
 //     every rank has its own stash, no communication changes.
-//   tensor, pipeline parallelism: refused for now (validate_options): not tested yet.
+//   tensor, pipeline parallelism: each rank stashes its own slice, with the sizes above (its heads and MLP
+//     units, its R rows with sequence parallelism, its stage's layers, one stash per micro-batch in
+//     flight: the stacks live in each activation slot); the one layer of scratch is live only within
+//     one layer's pass, so a pipeline's interleaved micro-batches share it. ZB-H1's W widens what it
+//     reads again. No communication changes: what crosses ranks (the residual stream, the gathered
+//     LayerNorm outputs, gradients) is fp32 as before. test_stash_precision.py: tp2 with sequence
+//     parallelism, pp2 with 1F1B and ZB-H1 == one rank.
 //   the checkpoint: the stash is not training state (it lives from a forward to its backward, within
 //     a step), so checkpoints are unchanged and a run resumes bit for bit (tested).
-//   the GPU trainer: refused (its stash would be fp8 e4m3 with a per-tensor scale, not built yet).
+//   the GPU trainer: its activations are bf16 already; its stash is fp8 e4m3 with each tensor's own
+//     scale (--stash-precision fp8, stash_precision.cuh), which refuses bf16.
 //
 // Hook points: none of step.h's: the technique lives inside gpt2_forward and gpt2_backward, one line
 // after each tensor's last use in the forward (stash_round) and one before its first use in the

@@ -73,7 +73,7 @@ struct TrainOptions {
     // machine
     int threads = 0;                 // CPU: 0 = all cores
     int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
-    std::string stash_precision = "fp32";  // CPU: fp32 | bf16 activations kept for the backward (llmc/memory/stash_precision.h)
+    std::string stash_precision = "fp32";  // CPU: fp32 | bf16, GPU: fp32 (as built) | fp8: activations kept for the backward (llmc/memory/stash_precision.h, .cuh)
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
     int master_weights = 1;          // GPU: keep fp32 master weights
     std::string offload = "none";    // GPU: none | optimizer (llmc/optim/offload.cuh)
@@ -215,12 +215,13 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::Both},
         {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
-        {"stash-precision", "fp32|bf16", "Machine", "the activations kept for the backward (LayerNorm outputs, q k v, the "
-         "attention probabilities, its output, the GELU input and output): fp32, or bf16 once the forward has used them in "
-         "fp32 (Gist's delayed precision reduction: the same logits and loss, 2 bytes a value instead of 4, 24% less "
-         "memory for d12 at B=4 T=1024, gradients within bf16's 2^-8; no tensor/pipeline parallelism yet) (CPU trainer "
-         "only: the GPU trainer's stash, fp8 with a per-tensor scale, is not built yet)", K::String, &o.stash_precision,
-         Scope::CPUOnly},
+        {"stash-precision", "fp32|bf16|fp8", "Machine", "the activations kept for the backward (LayerNorm outputs, q k v, the "
+         "attention probabilities, its output, the GELU input and output), stored narrower once the forward has used them "
+         "for the last time (Gist's delayed precision reduction: the same logits and loss, only the gradients see the "
+         "rounding). CPU trainer: fp32 (default) or bf16 (2 bytes a value instead of 4, 24% less memory for d12 at B=4 "
+         "T=1024, gradients within bf16's 2^-8). GPU trainer: fp32 (default: as built, bf16 in ./train_gpt) or fp8 (e4m3 "
+         "with each tensor's own scale, 1 byte a value, gradients within e4m3's 2^-4; not with ZB-H1 yet)",
+         K::String, &o.stash_precision, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
          "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
@@ -504,6 +505,19 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "
                    "rank; on GPUs NCCL's all-reduce is the way, --data-parallel allreduce");
     }
+    // (the flag is shared; each trainer has its own narrow type: refused, not ignored)
+    if (trainer == Trainer::CPU && o->stash_precision == "fp8")
+        usage_fail("--stash-precision fp8 is the GPU trainer's stash (e4m3 with a per-tensor scale); train_gpt_cpu keeps fp32 "
+                   "or bf16: use --stash-precision bf16");
+    if (trainer == Trainer::GPU && o->stash_precision == "bf16")
+        usage_fail("--stash-precision bf16: the GPU trainer's activations are already its build's type (bf16 in ./train_gpt); "
+                   "its narrower stash is --stash-precision fp8");
+    if (trainer == Trainer::GPU && o->stash_precision == "fp8" && o->moe_experts != 0)
+        usage_fail("--stash-precision fp8 with --moe-experts: the MoE blocks keep their own activations, not stashed in fp8 "
+                   "yet; drop one of the two");
+    if (trainer == Trainer::GPU && o->stash_precision == "fp8" && o->precision == "fp8")
+        usage_fail("--stash-precision fp8 with --precision fp8: the two fp8 paths are not checked together yet; drop one of "
+                   "the two");
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
@@ -659,12 +673,11 @@ inline void validate_options(const TrainOptions& o) {
     if (prompt_given && o.generate.empty()) usage_fail("--generate: the prompt is empty; give some text to continue");
     if (o.json && !prompt_given && !file_given) usage_fail("--json prints generated samples: it needs --generate TEXT or --prompt-file FILE");
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
-    if (o.stash_precision != "fp32" && o.stash_precision != "bf16")
-        usage_fail("--stash-precision must be fp32 or bf16, got '%s'", o.stash_precision.c_str());
-    if (o.stash_precision == "bf16" && (o.tensor_parallel > 1 || o.pipeline_parallel > 1))
-        usage_fail("--stash-precision bf16 with --tensor-parallel %d --pipeline-parallel %d: the bf16 stash is not tested on "
-                   "model-parallel grids yet; use data parallelism only, or --stash-precision fp32", o.tensor_parallel,
-                   o.pipeline_parallel);
+    if (o.stash_precision != "fp32" && o.stash_precision != "bf16" && o.stash_precision != "fp8")
+        usage_fail("--stash-precision must be fp32, bf16 (CPU trainer) or fp8 (GPU trainer), got '%s'", o.stash_precision.c_str());
+    if (o.stash_precision == "fp8" && o.pipeline_parallel > 1 && o.pipeline_schedule == "zb-h1")
+        usage_fail("--stash-precision fp8 with --pipeline-schedule zb-h1: the GPU's deferred weight pass reads its inputs in "
+                   "place, not from the fp8 stash yet; use another schedule, or --stash-precision fp32");
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
     if (o.offload_delay != 0 && o.offload_delay != 1) usage_fail("--offload-delay must be 0 or 1, got %d", o.offload_delay);

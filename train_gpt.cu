@@ -763,7 +763,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
     if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
-    else if (m->shape.bf16_moments)  // --optimizer-state bf16 (one GPU: check_optimizer_options), its own kernel
+    else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel
         adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
                           m->zero.plan.updated.begin, m->zero.plan.updated.size(), now_on_gpu, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
@@ -1817,14 +1817,16 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
 }
 
 // --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
-// (test/test_gpu_optimizers.py): one GPU, the bf16 and fp32 builds, eager steps. Everything else is one
-// line and exit 2 before anything is allocated.
-static std::string optimizer_gpu_problem(const TrainOptions& o, int world_size) {
+// (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
+// shard: one launch), the bf16 and fp32 builds, eager steps. Everything else is one line and exit 2
+// before anything is allocated.
+static std::string optimizer_gpu_problem(const TrainOptions& o) {
     if (o.optimizer_state != "bf16") return "";
     const char* what = "--optimizer-state bf16 on the GPU trainer";
-    if (world_size > 1)
-        return strprintf("%s runs on one GPU for now (%d ranks here): run one process, or use --optimizer-state fp32, or "
-                         "train_gpt_cpu (which shards bf16 moments over ZeRO-1)", what, world_size);
+    if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+        return strprintf("%s with --zero %d --tensor-parallel %d --pipeline-parallel %d: built for data parallelism with --zero 0 "
+                         "or 1 for now; use those, or --optimizer-state fp32", what, o.zero_stage, o.tensor_parallel,
+                         o.pipeline_parallel);
     if (o.offload == "optimizer") return strprintf("%s with --offload optimizer: the host's moments are fp32; drop one of them", what);
     if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
     if (o.cuda_graphs) return strprintf("%s with --cuda-graphs is not checked yet: drop --cuda-graphs", what);
@@ -1885,7 +1887,7 @@ int main(int argc, char** argv) {
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
     why = new_model ? "" : moe_file_problem(file, o, model_source);
     if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
-    if (why.empty()) why = optimizer_gpu_problem(o, comm.world_size);
+    if (why.empty()) why = optimizer_gpu_problem(o);
     // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
     if (why.empty())
         why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,

@@ -27,10 +27,13 @@ checkpoints at steps 5 and 10; each run below is made once and shared by the che
                      test_gpu.py's bf16 tolerances.
   memory             --estimate: m and v 4 bytes per parameter in all (8 with fp32 moments), the adam_m row
                      exactly 2 bytes per element; the run allocates exactly the table --estimate prints.
-  refusals           what is not proven yet (--offload optimizer, --cuda-graphs, more than one rank):
-                     one line naming it, exit 2.
+  refusals           what is not proven yet (--offload optimizer, --cuda-graphs, --zero 2): one line
+                     naming it, exit 2.
+  data parallel      2 ranks (mpirun), 3 steps of 2 micro-batches: ZeRO-1 == ZeRO-0 bit for bit (each
+                     shard's elements round with their index in the whole model, not in the shard), and
+                     == one rank accumulating the same micro-batches within FP32_TOL.
 
-Cost: 4 emulated runs of 10 (or 5) steps of the tiny model and 3 CPU runs, about 25 s of CPU time.
+Cost: 4 emulated runs of 10 (or 5) steps of the tiny model, 3 CPU runs, and 3 short data-parallel runs.
 """
 import os, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -59,6 +62,30 @@ def dump_run(exe, tmp, name, flags):
     path = f"{tmp}/{name}.st"
     p = run([exe, "--model", f"{tmp}/tiny.bin", "--dump-state", path] + flags)
     return read_safetensors(path)[0], p.stdout
+
+
+def data_parallel(tmp, model):
+    """2 ranks, 3 steps of 2 micro-batches of B=2 (the fp32 build): ZeRO-1 (each rank updates its shard of
+    m and v, rounding each element with its index in the whole model) == ZeRO-0 (both ranks update
+    everything) bit for bit, and == one rank accumulating the same micro-batches within FP32_TOL."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        print("SKIP: --optimizer-state bf16 over 2 data-parallel ranks (mpirun is not installed)")
+        return
+    flags = ["--model", f"{tmp}/tiny.bin", "--train-data", f"{tmp}/train_*.bin", "--val-data", "none", "--sample-every", "0",
+             "--batch-size", "2", "--seq-len", "64", "--total-batch-tokens", "256", "--steps", "3", "--lr", "1e-3",
+             "--optimizer-state", "bf16"] + DEFAULT_ATTENTION
+    dumps = {}
+    for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"])):
+        path = f"{tmp}/dp_{name}.st"
+        launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
+        run(launch + [GPU32] + flags + extra + ["--out-dir", f"{tmp}/dp_{name}", "--dump-state", path],
+            env={"LLMC_HOST_STAGED": "1"})
+        dumps[name] = read_safetensors(path)[0]
+    same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
+    report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
+           "the weights or losses differ")
+    compare_dumps("--optimizer-state bf16: 2 ranks ZeRO-1 vs one rank", dumps["zero1"], dumps["one"], model, FP32_TOL)
 
 
 def main():
@@ -130,10 +157,10 @@ def main():
             lines = p.stderr.strip().splitlines()
             report(p.returncode == 2 and len(lines) == 1 and words in lines[0] and "--optimizer-state bf16" in lines[0],
                    f"the GPU trainer refuses --optimizer-state bf16 with {' '.join(flags)} in one line", p.stderr[-400:])
-        if shutil.which("mpirun"):
-            p = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", GPU] + base + data[:4], expect_ok=False)
-            report(p.returncode != 0 and "runs on one GPU for now" in p.stderr,
-                   "the GPU trainer refuses --optimizer-state bf16 on 2 ranks", p.stderr[-400:])
+        p = run([GPU] + base + ["--zero", "2"] + data[:4], expect_ok=False)
+        report(p.returncode == 2 and "--zero 2" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+               "the GPU trainer refuses --optimizer-state bf16 with --zero 2 in one line", p.stderr[-400:])
+        data_parallel(tmp, model)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(exit_code())

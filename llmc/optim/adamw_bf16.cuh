@@ -16,8 +16,10 @@
 // llmc/memory/gpu_buffers.h): 16 -> 12 bytes per parameter of model state with fp32 master weights.
 // Speed: the update is memory-bound, and its traffic per parameter falls from 12 (16 with master)
 // bytes read and 10 (14) written to 8 (12) read and 6 (10) written, plus a splitmix64 per element.
-// Hook point: optimizer_step in train_gpt.cu, over the range of the flat arrays this rank updates
-// (one GPU for now: train_gpt.cu's check_optimizer_options refuses what is not proven).
+// Hook point: optimizer_step in train_gpt.cu, over the range of the flat arrays this rank updates:
+// all of it, or with ZeRO-1 its shard, whose elements round with their index in the whole array, so
+// ZeRO-1 gives ZeRO-0's bits (train_gpt.cu's optimizer_gpu_problem refuses ZeRO-2/3 and model
+// parallelism: not proven yet).
 #pragma once
 
 #include "llmc/optim/adamw.cuh"

@@ -63,6 +63,7 @@
 
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/optim/adamw.cuh"
+#include "llmc/optim/adamw_bf16.cuh"
 #include "llmc/optim/loss_scaler.h"
 #include "llmc/optim/offload.cuh"
 #include "llmc/run/cuda_graphs.cuh"
@@ -790,6 +791,9 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
     if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
+    else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel
+        adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
+                          m->zero.plan.updated.begin, m->zero.plan.updated.size(), now_on_gpu, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
                    m->stream);
@@ -1085,15 +1089,29 @@ static size_t optimizer_elements(const GPT2* m) {
 static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
     return row == GB_MASTER ? m->offload.master : row == GB_ADAM_M ? m->offload.m : m->offload.v;
 }
+// --optimizer-state bf16: m and v are bf16 on the GPU and fp32 in the file, as the CPU trainer's (widened
+// exactly; read back by rounding to nearest, exact for a bf16 run's values: bit-exact resume).
+static bool bf16_row(const GPT2* m, GPUBuffer row) { return m->shape.bf16_moments && row != GB_MASTER; }
 static std::vector<float> read_optimizer_array(GPT2* m, GPUBuffer row) {
     size_t n = optimizer_elements(m);
+    if (bf16_row(m, row)) {
+        std::vector<uint16_t> half(n);
+        CUDA_CHECK(cudaMemcpy(half.data(), m->buf[row], n * 2, cudaMemcpyDeviceToHost));
+        std::vector<float> out(n);
+        for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
+        return out;
+    }
     if (!m->shape.offload_optimizer) return download_floats(B_<float>(m, row), n);
     offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
     const float* h = host_optimizer_array(m, row);
     return std::vector<float>(h, h + n);
 }
 static void write_optimizer_array(GPT2* m, GPUBuffer row, const std::vector<float>& values) {
-    if (m->shape.offload_optimizer) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
+    if (bf16_row(m, row)) {
+        std::vector<uint16_t> half(values.size());
+        for (size_t i = 0; i < values.size(); i++) half[i] = float_to_bf16_round_nearest(values[i]);
+        CUDA_CHECK(cudaMemcpy(m->buf[row], half.data(), half.size() * 2, cudaMemcpyHostToDevice));
+    } else if (m->shape.offload_optimizer) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
     else CUDA_CHECK(cudaMemcpy(m->buf[row], values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
@@ -1413,6 +1431,7 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
                              const ProcessGrid& grid, int in_flight) {
     GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
     s.offload_optimizer = o.offload == "optimizer";
+    s.bf16_moments = o.optimizer_state == "bf16";
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
     take_grad_compression(o, cfg, grid.dp, &s);
@@ -1826,6 +1845,24 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     return "";
 }
 
+// --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
+// (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
+// shard: one launch), the bf16 and fp32 builds, eager steps. Everything else is one line and exit 2
+// before anything is allocated.
+static std::string optimizer_gpu_problem(const TrainOptions& o) {
+    if (o.optimizer_state != "bf16") return "";
+    const char* what = "--optimizer-state bf16 on the GPU trainer";
+    if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+        return strprintf("%s with --zero %d --tensor-parallel %d --pipeline-parallel %d: built for data parallelism with --zero 0 "
+                         "or 1 for now; use those, or --optimizer-state fp32", what, o.zero_stage, o.tensor_parallel,
+                         o.pipeline_parallel);
+    if (o.offload == "optimizer") return strprintf("%s with --offload optimizer: the host's moments are fp32; drop one of them", what);
+    if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
+    if (o.cuda_graphs) return strprintf("%s with --cuda-graphs is not checked yet: drop --cuda-graphs", what);
+    if (FLOATX_IS_FP16) return strprintf("%s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", what);
+    return "";
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
@@ -1879,6 +1916,7 @@ int main(int argc, char** argv) {
     std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
     why = new_model ? "" : moe_file_problem(file, o, model_source);
     if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
+    if (why.empty()) why = optimizer_gpu_problem(o);
     // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
     if (why.empty())
         why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,

@@ -205,6 +205,9 @@ inline uint16_t bf16_round_stochastic(float x, uint32_t random) {
     return (uint16_t)(bits >> 16);
 }
 
+#ifdef __CUDACC__
+__host__ __device__  // (also the GPU's bf16 moments: llmc/optim/adamw_bf16.cuh)
+#endif
 inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float x;

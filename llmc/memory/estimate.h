@@ -66,7 +66,7 @@ struct EstimateSetup {
     std::string half_name = "bf16";     // the 2-byte type: bf16, or fp16 in ./train_gpt_fp16
     int recompute = 1;                  // --recompute: 0, 1, 2 (both trainers)
     Optimizer optimizer = Optimizer::AdamW;  // --optimizer (the CPU trainer's factored ones: optimizer_state.h)
-    bool bf16_moments = false;               // --optimizer-state bf16 (CPU trainer, AdamW)
+    bool bf16_moments = false;               // --optimizer-state bf16 (AdamW: adamw_bf16.h, adamw_bf16.cuh)
     bool bf16_stash = false;                 // --stash-precision bf16 (CPU trainer, llmc/memory/stash_precision.h)
     bool fp8_stash = false;                  // --stash-precision fp8 (GPU trainer, llmc/memory/stash_precision.cuh)
     int offload_chunk_kib = 0;               // --offload-dir (CPU trainer): m and v on disk, in chunks of this
@@ -112,6 +112,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     s.weight_stashes = gpu_weight_stashes(e.schedule, g, m);
     s.chunks = chunks;
     s.offload_optimizer = e.offload_optimizer;
+    s.bf16_moments = e.bf16_moments;
     s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
     GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)

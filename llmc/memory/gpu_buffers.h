@@ -55,6 +55,7 @@ struct GPURunShape {
     int recompute = 1;                 // 0, 1, 2 (see above)
     bool master_weights = true;        // fp32 copy of the parameters
     bool offload_optimizer = false;    // --offload optimizer: master, m, v in host memory (llmc/optim/offload.cuh)
+    bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.cuh)
     bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
@@ -225,8 +226,11 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_GRADS] = {"grads", MEM_GRADS, sh(g.zero_stage >= 2 ? "(%zu) shards" : "(%zu)", grads), grads, X};
     size_t on_gpu = s.offload_optimizer ? 0 : opt;  // offloaded: the same arrays live in pinned host memory
     t[GB_MASTER] = {"master_weights", MEM_MASTER, sh("(%zu) fp32", opt), s.master_weights ? on_gpu : 0, F};
-    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
-    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) fp32", opt), on_gpu, F};
+    // --optimizer-state bf16: m and v in 2 bytes each (llmc/optim/adamw_bf16.cuh)
+    size_t moment_bytes = s.bf16_moments ? 2 : F;
+    const char* moment_type = s.bf16_moments ? "bf16" : "fp32";
+    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), on_gpu, moment_bytes};
+    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), on_gpu, moment_bytes};
 
     t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", al) + rows + ", C)" + x, per((al + 1) * R * C), X};
     t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, per(al * R * C), X};

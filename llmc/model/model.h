@@ -174,6 +174,9 @@ inline ParamTensors<T> point_into(T* flat, const ParamLayout& layout) {
 // for any thread count, and a rank that owns a slice of the model (tensor or pipeline parallel,
 // ZeRO-3) can initialise exactly its slice. The GPU trainer calls this same function on the host.
 
+#ifdef __CUDACC__
+__host__ __device__  // (also the GPU's bf16 moments' rounding bits: llmc/optim/adamw_bf16.h)
+#endif
 inline uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

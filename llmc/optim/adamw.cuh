@@ -52,6 +52,35 @@ inline AdamWStep adamw_step_values(const AdamWParams& a, int step, float lr, flo
     return AdamWStep{norm, lr, 1.0f - powf(a.beta1, (float)step), sqrtf(1.0f - powf(a.beta2, (float)step)), step, grad_scale};
 }
 
+// The step's factor on every gradient: the clip coefficient (torch's clip_grad_norm_) times 1/S.
+__device__ __forceinline__ float adamw_clip(const AdamWStep& now, const AdamWParams& a) {
+    float clip = 1.0f;
+    if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (now.grad_norm + 1e-6f));
+    return clip * now.grad_scale;  // (now.grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
+}
+
+// The weights' decay factor of element i of the flat array: its tensor's, from the layout's offsets.
+__device__ __forceinline__ float adamw_decay(size_t i, const AdamWStep& now, const AdamWParams& a) {
+    int tensor = NUM_PARAM_TENSORS - 1;
+    while (i < a.tensor_offset[tensor]) tensor--;
+    return (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
+}
+
+// The random stream of the weights' stochastic rounding at this step (hash_u32(stream ^ index)).
+__device__ __forceinline__ uint64_t adamw_weight_stream(const AdamWStep& now, const AdamWParams& a) {
+    return (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
+}
+
+// One element's AdamW in fp32, its gradient already clipped: m, v and the weight w updated in place.
+// (adamw_bf16.cuh calls it too: the bf16 moments change where m and v rest, not this arithmetic.)
+__device__ __forceinline__ void adamw_element(float g, float* m, float* v, float* w, float decay, float step_size,
+                                              const AdamWStep& now, const AdamWParams& a) {
+    *m = a.beta1 * *m + (1.0f - a.beta1) * g;
+    *v = a.beta2 * *v + (1.0f - a.beta2) * g * g;
+    float denom = sqrtf(*v) / now.bias_correction2_sqrt + a.eps;
+    *w = *w * decay - step_size * *m / denom;
+}
+
 // Four consecutive parameters of the floatX arrays, in one load or store (8 bytes in bf16).
 struct alignas(4 * sizeof(floatX)) FloatX4 {
     floatX v[4];
@@ -80,17 +109,11 @@ __device__ __forceinline__ void adamw_update4(floatX* params, float* master, con
     else
         for (int k = 0; k < 4; k++) w4[k] = to_float(p4.v[k]);
 
-    float clip = 1.0f;
-    if (a.max_norm > 0.0f) clip = fminf(1.0f, a.max_norm / (now.grad_norm + 1e-6f));
-    clip *= now.grad_scale;  // (now.grad_norm is already the unscaled norm; times 1/S is exact, a power of two)
+    float clip = adamw_clip(now, a);
     float step_size = now.lr / now.bias_correction1;
-    uint64_t stream = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
+    uint64_t stream = adamw_weight_stream(now, a);
     for (int k = 0; k < 4; k++) {
-        float g = to_float(g4.v[k]) * clip;
-        m4[k] = a.beta1 * m4[k] + (1.0f - a.beta1) * g;
-        v4[k] = a.beta2 * v4[k] + (1.0f - a.beta2) * g * g;
-        float denom = sqrtf(v4[k]) / now.bias_correction2_sqrt + a.eps;
-        w4[k] = w4[k] * decay - step_size * m4[k] / denom;
+        adamw_element(to_float(g4.v[k]) * clip, &m4[k], &v4[k], &w4[k], decay, step_size, now, a);
         stochastic_round(&p4.v[k], w4[k], hash_u32(stream ^ (uint64_t)(index + k)));
     }
     store128(m + local, m4);
@@ -105,10 +128,7 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     if (local >= count) return;
     AdamWStep now = *step_values;
     size_t i = begin + local;  // index into the whole model's flat arrays
-    int tensor = NUM_PARAM_TENSORS - 1;
-    while (i < a.tensor_offset[tensor]) tensor--;
-    float decay = (a.decay_mask >> tensor) & 1u ? 1.0f - now.lr * a.weight_decay : 1.0f;
-    adamw_update4(params, master, grads, m, v, local, i, i, decay, now, a);
+    adamw_update4(params, master, grads, m, v, local, i, i, adamw_decay(i, now, a), now, a);
 }
 
 // params/grads are the whole model's arrays; master/m/v hold only the slice [begin, begin + count).

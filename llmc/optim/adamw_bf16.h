@@ -36,6 +36,27 @@
 #define LAYER_PROFILE(...)
 #endif
 
+// The random bits of one element's rounding, written once for both trainers: the GPU's kernel
+// (llmc/optim/adamw_bf16.cuh) calls these same functions, so the same seed, step and element give
+// the same bits on either trainer, and a GPU run's moments can be compared bit for bit with the CPU's.
+// A step's key mixes t alone (not --seed): the rounding is a property of the update, as AdamW's
+// arithmetic is, and a resumed run only needs t to round as the straight run did.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline uint64_t adamw_bf16_step_key(int t) { return splitmix64(0x5eed0000ull + (uint64_t)t); }
+
+// m and v widened to fp32 (mi, vi, already updated), rounded back for storage: 16 random bits for
+// m, the next 16 for v, from the element's index in the flat parameter array.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline void adamw_bf16_store(uint16_t* m, uint16_t* v, float mi, float vi, uint64_t step_key, size_t index) {
+    uint64_t bits = splitmix64(step_key ^ (uint64_t)index);
+    *m = bf16_round_stochastic(mi, (uint32_t)bits);
+    *v = bf16_round_stochastic(vi, (uint32_t)(bits >> 16));
+}
+
 namespace cpu {
 
 // (bf16 is fp32's upper 16 bits: llmc/utils.h widens it, rounds to nearest, and rounds
@@ -54,16 +75,14 @@ inline void adamw_update_bf16(float* params, const float* grads, uint16_t* m, ui
     float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
     float step_size = lr / bias_correction1;
     float decay = 1.0f - lr * weight_decay;
-    uint64_t step_key = splitmix64(0x5eed0000ull + (uint64_t)t);
+    uint64_t step_key = adamw_bf16_step_key(t);
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float grad = grads[i] * grad_scale;
         float mi = beta1 * bf16_to_float(m[i]) + (1.0f - beta1) * grad;
         float vi = beta2 * bf16_to_float(v[i]) + (1.0f - beta2) * grad * grad;
         if (rounding == BF16Rounding::Stochastic) {
-            uint64_t bits = splitmix64(step_key ^ (uint64_t)(first_index + i));  // 16 bits for m, 16 for v
-            m[i] = bf16_round_stochastic(mi, (uint32_t)bits);
-            v[i] = bf16_round_stochastic(vi, (uint32_t)(bits >> 16));
+            adamw_bf16_store(&m[i], &v[i], mi, vi, step_key, first_index + i);
         } else {
             m[i] = float_to_bf16_round_nearest(mi);
             v[i] = float_to_bf16_round_nearest(vi);

@@ -35,7 +35,7 @@ struct TrainOptions {
     // optimisation
     int steps = 0;                   // 0 = one pass over the training data
     std::string optimizer = "adamw"; // adamw | adafactor | sm3 (llmc/optim/optimizer_state.h)
-    std::string optimizer_state = "fp32";  // CPU, AdamW: fp32 | bf16 m and v (llmc/optim/adamw_bf16.h)
+    std::string optimizer_state = "fp32";  // AdamW: fp32 | bf16 m and v (llmc/optim/adamw_bf16.h, .cuh)
     float lr = 6e-4f;
     std::string lr_schedule = "cosine";
     int warmup_steps = 0;
@@ -177,7 +177,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
          "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), without tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
-         "rounding (4: the GPU trainer's is fp32 only, for now)", K::String, &o.optimizer_state, Scope::CPUOnly},
+         "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, no --offload, --moe-experts, --cuda-graphs, fp16 build)",
+         K::String, &o.optimizer_state, Scope::Both},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
         {"warmup-steps", "N", "Optimizer", "steps of linear warmup", K::Int, &o.warmup_steps, Scope::Both},

@@ -1,0 +1,69 @@
+// adamw_bf16.cuh — AdamW with its moments m and v stored in bf16 on the GPU (--optimizer-state bf16).
+// Read llmc/optim/adamw_bf16.h first (why a bf16 moving average needs stochastic rounding: with
+// beta2 = 0.999 a round-to-nearest v never decays), then llmc/optim/adamw.cuh (the fp32 kernel):
+// this file adds only the kernel whose m and v rest in 2 bytes each.
+//
+// Per element, as adamw_bf16.h's loop: m and v widened to fp32 (exact), updated and used in fp32 by
+// adamw.cuh's adamw_element (the same arithmetic as the fp32-state kernel), then rounded back to bf16
+// stochastically with adamw_bf16_store, the CPU trainer's function: the random bits are the CPU's
+// exact stream, keyed by (t, the element's index in the flat parameter array). So the same run gives
+// the same moments on either trainer wherever the fp32 values before rounding agree, a resumed run
+// rounds as the straight one did (bit-exact resume), and the checkpoint is the CPU's: m and v widened
+// to fp32 in state.bin (a bf16 value widens without rounding), which either trainer resumes.
+// The weights keep their own rounding stream (adamw.cuh's adamw_weight_stream), as with fp32 moments.
+//
+// Memory: m and v 2 + 2 bytes per parameter instead of 4 + 4 (GB_ADAM_M, GB_ADAM_V in
+// llmc/memory/gpu_buffers.h): 16 -> 12 bytes per parameter of model state with fp32 master weights.
+// Speed: the update is memory-bound, and its traffic per parameter falls from 12 (16 with master)
+// bytes read and 10 (14) written to 8 (12) read and 6 (10) written, plus a splitmix64 per element.
+// Hook point: optimizer_step in train_gpt.cu, over the range of the flat arrays this rank updates:
+// all of it, or with ZeRO-1 its shard, whose elements round with their index in the whole array, so
+// ZeRO-1 gives ZeRO-0's bits (train_gpt.cu's optimizer_gpu_problem refuses ZeRO-2/3 and model
+// parallelism: not proven yet).
+#pragma once
+
+#include "llmc/optim/adamw.cuh"
+#include "llmc/optim/adamw_bf16.h"  // adamw_bf16_step_key, adamw_bf16_store: the CPU's rounding
+
+// Four consecutive bf16 moments, one 8-byte load or store.
+struct alignas(8) BF16x4 {
+    uint16_t v[4];
+};
+
+// AdamW on params[begin + local .. + 4) for one thread; master, m and v hold the range from `begin`.
+__global__ void adamw_bf16_kernel(floatX* params, float* master, const floatX* grads, uint16_t* m, uint16_t* v,
+                                  size_t begin, size_t count, const AdamWStep* step_values, AdamWParams a) {
+    size_t local = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (local >= count) return;
+    AdamWStep now = *step_values;  // (from device memory: a captured graph would replay this step's values)
+    size_t i = begin + local;      // the element's index in the flat arrays: its rounding's key
+    FloatX4 p4 = *reinterpret_cast<const FloatX4*>(params + i);
+    FloatX4 g4 = *reinterpret_cast<const FloatX4*>(grads + i);
+    BF16x4 m4 = *reinterpret_cast<const BF16x4*>(m + local), v4 = *reinterpret_cast<const BF16x4*>(v + local);
+    f128 w4;
+    if (master != nullptr) w4 = load128(master + local);
+    else
+        for (int k = 0; k < 4; k++) w4[k] = to_float(p4.v[k]);
+
+    float decay = adamw_decay(i, now, a), clip = adamw_clip(now, a), step_size = now.lr / now.bias_correction1;
+    uint64_t step_key = adamw_bf16_step_key(now.step), stream = adamw_weight_stream(now, a);
+    for (int k = 0; k < 4; k++) {
+        float mk = bf16_to_float(m4.v[k]), vk = bf16_to_float(v4.v[k]);
+        adamw_element(to_float(g4.v[k]) * clip, &mk, &vk, &w4[k], decay, step_size, now, a);
+        adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, i + k);  // the update used mk, vk unrounded
+        stochastic_round(&p4.v[k], w4[k], hash_u32(stream ^ (uint64_t)(i + k)));
+    }
+    *reinterpret_cast<BF16x4*>(m + local) = m4;
+    *reinterpret_cast<BF16x4*>(v + local) = v4;
+    if (master != nullptr) store128(master + local, w4);
+    *reinterpret_cast<FloatX4*>(params + i) = p4;
+}
+
+// adamw.cuh's adamw_update with bf16 m and v: params/grads the whole flat arrays, master/m/v the
+// range [begin, begin + count) only; count a multiple of 4 (the flat array's padding makes it one).
+inline void adamw_bf16_update(floatX* params, float* master, const floatX* grads, uint16_t* m, uint16_t* v, size_t begin,
+                              size_t count, const AdamWStep* step_values, const AdamWParams& a, cudaStream_t stream) {
+    adamw_bf16_kernel<<<ceil_div(count / 4, 256), 256, 0, stream>>>(params, master, grads, m, v, begin, count,
+                                                                     step_values, a);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1380,39 +1380,36 @@ static void connect_gpus(Parallel* par) {
     par->data_on_gpu = &par->data_gpu;
 }
 
-// The buffer table's shape of this run: the flags' and the grid's (--offload, --moe-experts) on top of gpu_run_shape's.
+// The buffer table's shape of this run: the flags' and the grid's (--offload, --moe-experts) on top of
+// gpu_run_shape's, and the pipeline's slots, stashes and chunks from the schedule and the step's
+// micro_batches (gpu_pipeline_shape: the same translation --estimate makes).
 static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B, int T, bool master_weights, bool simple_attention,
-                             const ProcessGrid& grid, int in_flight) {
-    GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
+                             const Parallel& par, int micro_batches) {
+    GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), par.grid);
+    gpu_pipeline_shape(&s, par.schedule, micro_batches, par.chunks);
     s.offload_optimizer = o.offload == "optimizer";
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
-    take_grad_compression(o, cfg, grid.dp, &s);
+    take_grad_compression(o, cfg, par.grid.dp, &s);
     s.fp8_history = fp8_history_of(o);
     return s;
 }
 
-// Micro-batches whose activations this rank keeps at once (1, or more in a pipeline), after checking
-// that a batch of that shape fits: a batch that cannot stops here, before the data is read or
-// anything allocated.
+// The step's micro-batches (1 for --eval-only, which runs no backward), after checking that a batch
+// of that shape fits: a batch that cannot stops here, before the data is read or anything allocated.
 static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const Parallel& par, bool master_weights,
                             bool simple_attention) {
-    const ProcessGrid& grid = par.grid;
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);
-    int mb = o.eval_only ? 1 : shape.accumulation_steps;
-    int in_flight = gpu_micro_batches_in_flight(par.schedule, grid, mb, par.chunks);
-    GPURunShape s = run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, grid, in_flight);
-    s.weight_stashes = gpu_weight_stashes(par.schedule, grid, mb);
-    s.chunks = par.chunks;
-    fail_unless_fits(s);
-    return in_flight;
+    int micro_batches = o.eval_only ? 1 : plan_run(o, cfg, par.grid.dp, 0).accumulation_steps;
+    fail_unless_fits(run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, par, micro_batches));
+    return micro_batches;
 }
 
-// The model's buffers and the state of every hook, for micro-batches of (B, T), `in_flight` at once.
+// The model's buffers and the state of every hook, for micro-batches of (B, T), `micro_batches` a
+// step (the schedule decides how many of them this stage holds at once: run_shape).
 // cuDNN's workspace is known only once its plans exist, so they are built first (they need no
 // buffers); a cuDNN that is missing or has no engine for this GPU or shape costs speed, not the run.
-static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int T, int in_flight, const TrainOptions& o,
+static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int T, int micro_batches, const TrainOptions& o,
                        bool master_weights, bool* simple_attention) {
     const ProcessGrid& grid = par->grid;
     m->config = cfg;
@@ -1420,8 +1417,6 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->layout = slice_layout(cfg, m->slice);
     m->B = B;
     m->T = T;
-    m->slots = in_flight;
-    m->buckets.assign((size_t)in_flight, 0);
     m->pipelined = grid.pp > 1;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     size_t cudnn_workspace_bytes = 0;
@@ -1432,11 +1427,10 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         *simple_attention = true;
     }
     m->attention.use_cudnn = !*simple_attention;
-    m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, grid, in_flight);
+    m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, *par, micro_batches);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
-    // ZB-H1's stashes, min(m, s + 1), from in_flight = min(m, p) (gpu_buffers.h): the same, since s + 1 <= p
-    m->shape.weight_stashes = gpu_weight_stashes(par->schedule, grid, in_flight);
-    m->shape.chunks = par->chunks;
+    m->slots = m->shape.micro_batches_in_flight;
+    m->buckets.assign((size_t)m->slots, 0);
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
     if (o.moe_experts > 0)  // --moe-experts: the MoE state in its rows of the table (llmc/model/moe_gpu.cuh)
@@ -1478,7 +1472,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
                          grid.dp == 1, o.offload_delay == 1);
     }
-    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
+    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
                                B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
 }
@@ -1858,7 +1852,7 @@ int main(int argc, char** argv) {
     start_grid(o, cfg, &par);
     connect_gpus(&par);
     check_gpu_shape(cfg);
-    int in_flight = check_batch_fits(o, cfg, par, master_weights, simple_attention);
+    int micro_batches = check_batch_fits(o, cfg, par, master_weights, simple_attention);
     trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
@@ -1881,7 +1875,7 @@ int main(int argc, char** argv) {
     // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed
     GPT2 model;
     GPT2* m = &model;
-    gpt2_build(m, &par, cfg, B, T, in_flight, o, master_weights, &simple_attention);
+    gpt2_build(m, &par, cfg, B, T, micro_batches, o, master_weights, &simple_attention);
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     m->scaler = start_loss_scaler(o, resumed);

@@ -72,7 +72,9 @@ CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 
           "tp4 + sequence parallel == one rank", "tp3 (vocabulary padding) == one rank", "pp2 GPipe == one rank",
           "pp2 1F1B == pp2 GPipe bit for bit", "pp4 1F1B == one rank",
           "pp2 ZB-H1 == pp2 1F1B bit for bit", "pp2 ZB-H1 == one rank", "pp4 ZB-H1 == pp4 1F1B bit for bit",
-          "pp2 v2 interleaved == pp2 GPipe in step 1 bit for bit", "pp2 v2 interleaved == one rank", "dp2 x tp2 == one rank", "dp2 x pp2 == one rank",
+          "pp2 v2 interleaved == pp2 GPipe in step 1 bit for bit", "pp2 v2 interleaved == one rank",
+          "pp2 v2 interleaved resume bit-exact", "pp2 v2 interleaved checkpoint resumed by one rank", "dp2 x tp2 == one rank",
+          "dp2 x pp2 == one rank", "dp2 x pp2 ZB-H1 == dp2 x pp2 1F1B bit for bit", "dp2 x pp2 ZB-H1 == one rank",
           "tp2 x pp2 + sequence parallel == one rank", "tp2 x pp2 checkpoint files", "tp2 x pp2 resume bit-exact",
           "tp2 x pp2 checkpoint resumed by one rank", "dp2 x tp2 ZeRO-3 == one rank", "dp2 x tp2 ZeRO-3 resume bit-exact",
           "negative control", "the bubble printed and measured"]
@@ -235,12 +237,27 @@ def main():
         # (micro-batch, chunk), two receives in some runs. The same arithmetic as GPipe: the step-1 gradient and the first
         # logits bit for bit; later steps only close, since AdamW's stochastic rounding draws by the element's LOCAL
         # index (adamw.cuh), and rank 0's local layer 1 is global layer 2 here, global layer 1 under GPipe.
-        il2, out = r.dump("pp2_interleaved", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "interleaved",
-                          "--virtual-stages", 2, env=REVERSED if EMULATED else None)
+        interleaved = ["--pipeline-parallel", 2, "--pipeline-schedule", "interleaved", "--virtual-stages", 2]
+        il2, out = r.dump("pp2_interleaved", 2, *interleaved, "--checkpoint-every", 5, env=REVERSED if EMULATED else None)
         report("(p-1)/(vm+p-1) = 1/9 = 11.1%" in out, "pp2 v2 interleaved prints its bubble, 1/9", out[:1500])
         check_bitwise("pp2 v2 interleaved == pp2 GPipe bit for bit in step 1 (gradient, logits, loss)", il2, ppg,
                       keys=("grads", "logits", "loss"))
         check_close("pp2 v2 interleaved == one rank", il2, one, init)
+        # its checkpoint is in global layer order (slice_layer), so it resumes on its own grid bit for bit and, resharded,
+        # on one rank within the tolerances (a chunk's layers written to another chunk's place would be far off)
+        ckpt = os.path.join(work, "out", "ckpt_00000005")
+        il2r, out = r.dump("pp2_interleaved_resumed", 2, *interleaved, "--resume", ckpt, env=RANDOM if EMULATED else None)
+        if il2 is not None and il2r is not None:
+            report("resumed from" in out and np.array_equal(il2r["params"], il2["params"]) and
+                   np.array_equal(il2r["losses"], il2["losses"][5:]),
+                   "pp2 v2 interleaved: 5 steps + checkpoint + resume + 5 steps == 10 straight, bit for bit", out[-800:])
+        il2one, out = r.dump("pp2_interleaved_to_one", 1, "--resume", ckpt)
+        if il2one is not None and il2 is not None and init is not None:
+            update = rel(il2one["params"] - init, il2["params"] - init)
+            loss = float(np.max(np.abs(il2one["losses"] - il2["losses"][5:])))
+            report("resharded: the checkpoint was written by 2 ranks" in out and update <= TOL_UPDATE and loss <= TOL_LOSS,
+                   f"the pp2 v2 interleaved checkpoint resumed by one rank continues like the grid (weight change rel "
+                   f"{update:.1e}, losses {loss:.1e})", out[-600:])
         # ZB-H1 (llmc/model/zero_bubble_backward.cuh): B without the block matmuls' dW, W later from the stash and the
         # slot. W runs in micro-batch order, so every gradient gets 1F1B's accumulations in 1F1B's order: the same bits.
         # --recompute 2: W rebuilds ln1 and ln2 from the slot as B did (recompute is exact: 1F1B's bits at level 1).
@@ -258,6 +275,12 @@ def main():
         check_close("dp2 x tp2 (ZeRO-1) == one rank", dptp, one, init)
         dppp, _ = r.dump("dp2pp2", 4, "--pipeline-parallel", 2, "--zero", 1)
         check_close("dp2 x pp2 (ZeRO-1) == one rank", dppp, one, init)
+        # ZB-H1 over data-parallel ranks: each stage's last W (not its last B) completes the gradients the data group
+        # sums (gpt2_backward_weights' step_ends); W in micro-batch order, so 1F1B's bits on the same grid
+        dpzb, _ = r.dump("dp2pp2_zb_h1", 4, "--pipeline-parallel", 2, "--zero", 1, "--pipeline-schedule", "zb-h1",
+                         env=RANDOM if EMULATED else None)
+        check_bitwise("dp2 x pp2 ZB-H1 (ZeRO-1) == dp2 x pp2 1F1B bit for bit", dpzb, dppp)
+        check_close("dp2 x pp2 ZB-H1 (ZeRO-1) == one rank", dpzb, one, init)
         # tp2 x pp2 with sequence parallelism: checkpoints at 5 and 10, then resumed from 5
         tppp, _ = r.dump("tp2pp2", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel", 1,
                          "--checkpoint-every", 5)

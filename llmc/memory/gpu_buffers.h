@@ -286,6 +286,14 @@ inline int gpu_micro_batches_in_flight(PipelineSchedule kind, const ProcessGrid&
 inline int gpu_weight_stashes(PipelineSchedule kind, const ProcessGrid& g, int m) {
     return kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1 && m > 1 ? zero_bubble_stashes(g.pp_rank, m) : 0;
 }
+// The pipeline's part of a run's shape, from the schedule and the step's micro-batches m, in one place
+// (as cpu_run_shape on the CPU side): --estimate, the early memory check and the allocation all
+// size the slots, ZB-H1's stashes and the interleaved chunks here, from the same m.
+inline void gpu_pipeline_shape(GPURunShape* s, PipelineSchedule kind, int m, int chunks) {
+    s->chunks = kind == PipelineSchedule::Interleaved ? chunks : 1;
+    s->micro_batches_in_flight = gpu_micro_batches_in_flight(kind, s->grid, m, s->chunks);
+    s->weight_stashes = gpu_weight_stashes(kind, s->grid, m);
+}
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.
 constexpr size_t GPU_ALLOCATION_GRANULE = 256;

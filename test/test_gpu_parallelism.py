@@ -131,6 +131,14 @@ def check_bitwise(name, a, b, keys=("losses", "params", "grads", "logits")):
     report(not bad, name, "not bit-identical: " + ", ".join(bad))
 
 
+def estimate_totals(work, flags):
+    """--estimate's (params, total) bytes of each rank of a grid on the test model, without a GPU."""
+    exe = NATIVE_GPU if os.path.exists(NATIVE_GPU) else GPU
+    p = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+                        "--estimate"] + DEFAULT_ATTENTION + flags, capture_output=True, text=True, cwd=work)
+    return [(int(a), int(b)) for a, b in re.findall(r"^  rank \d+: params=(\d+) .* total=(\d+)", p.stdout, re.M)]
+
+
 def checks_without_gpu(work):
     """Impossible grids stop before any GPU is touched; --estimate needs none."""
     mpirun = shutil.which("mpirun")
@@ -170,6 +178,13 @@ def checks_without_gpu(work):
            refused.stderr.count("error:") == 1 and "runs the micro-batches in groups of p = 2" in refused.stderr,
            "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; m = 3 on 2 stages refused, one line, exit 2",
            pr.stdout[-800:] + pr.stderr + refused.stderr)
+    # PipeDream-2BW: 2bw-flush is trained here, 2bw without the flush refused, and 2bw-flush with what it cannot serve
+    for flags, expect in ((["--pipeline-schedule", "2bw"], "use --pipeline-schedule 2bw-flush here"),
+                          (["--pipeline-schedule", "2bw-flush", "--tensor-parallel", "2"], "2bw with --tensor-parallel is not supported"),
+                          (["--pipeline-schedule", "2bw-flush", "--cuda-graphs"], "2bw-flush with --cuda-graphs")):
+        refused = subprocess.run(zb[:-2] + flags, capture_output=True, text=True, cwd=work)
+        report(refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1 and expect in refused.stderr,
+               f"train_gpt {' '.join(flags)}: refused, one line, exit 2: '{expect}'", refused.stdout[-300:] + refused.stderr)
     est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
                          capture_output=True, text=True, cwd=work)
@@ -269,6 +284,37 @@ def main():
         # four stages: W lags B by s micro-batches, s + 1 stashes on stage s (0, 2, 3, 4 at m = 4)
         zb4, _ = r.dump("pp4_zb_h1", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "zb-h1")
         check_bitwise("pp4 ZB-H1 == pp4 1F1B bit for bit", zb4, pp4)
+
+        # PipeDream-2BW, each step drained (llmc/parallel/pipedream_2bw.cuh): W(t+1) = W(t) - lr AdamW(grad f(W(t-1))).
+        # Step 1 is the synchronous step (W(-1) = W(0)): one rank's 1F1B bits; from step 2 on it is not synchronous, and
+        # step 2's loss is f(W(0), batch 2), far from 1F1B's f(W(1), batch 2). The reference is the GPU's own one-rank run
+        # of the rule (no pipeline code, no message); the 2-stage run is checkpointed at 2 (files from every rank) and
+        # resumed bit for bit.
+        two = ["--pipeline-schedule", "2bw-flush"]
+        bw1, _ = r.dump("2bw_one", 1, *two, steps=4)
+        bw2, out = r.dump("2bw_pp2", 2, "--pipeline-parallel", 2, *two, "--checkpoint-every", 2, steps=4,
+                          env=REVERSED if EMULATED else None)
+        if bw1 is not None and one is not None:
+            report(bw1["losses"][0] == one["losses"][0] and abs(float(bw1["losses"][1] - one["losses"][1])) > 10 * TOL_LOSS,
+                   f"2bw-flush on one rank: step 1 is 1F1B's bit for bit, step 2 is not (losses {bw1['losses'][:2]} against "
+                   f"1F1B's {one['losses'][:2]})", "the delayed rule does not show")
+        check_close("pp2 2bw-flush == one rank's 2bw-flush", bw2, bw1, init)
+        table = re.search(r"GPU memory bytes: table (\d+)", out)
+        estimated = [estimate_totals(work, ["--pipeline-parallel", "2", "--pipeline-schedule", sched]) for sched in ("2bw-flush", "1f1b")]
+        report(table is not None and estimated[0] and estimated[1] and int(table.group(1)) == estimated[0][0][1] and
+               all(a[0] == 2 * b[0] for a, b in zip(estimated[0], estimated[1])),
+               f"pp2 2bw-flush: rank 0 allocates what --estimate predicts ({table.group(1) if table else '?'} bytes), and "
+               f"each rank's params twice 1F1B's (the older_weights row: {[a[0] for a in estimated[0]]} bytes)",
+               f"{estimated} {out[-300:]}")
+        ckpt = os.path.join(work, "out", "ckpt_00000002")
+        files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+        bw2r, out = r.dump("2bw_pp2_resumed", 2, "--pipeline-parallel", 2, *two, "--resume", ckpt, steps=4,
+                           env=RANDOM if EMULATED else None)
+        if bw2 is not None and bw2r is not None:
+            report("pipedream_2bw_rank0.bin" in files and "pipedream_2bw_rank1.bin" in files and
+                   np.array_equal(bw2r["params"], bw2["params"]) and np.array_equal(bw2r["losses"], bw2["losses"][2:]),
+                   "pp2 2bw-flush: 2 steps + checkpoint (each rank's older version) + resume + 2 steps == 4 straight, "
+                   "bit for bit", f"{files} {out[-600:]}")
 
         # ---- combinations
         dptp, _ = r.dump("dp2tp2", 4, "--tensor-parallel", 2, "--zero", 1)

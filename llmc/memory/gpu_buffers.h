@@ -57,6 +57,7 @@ struct GPURunShape {
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int weight_stashes = 0;            // ZB-H1: micro-batches whose deferred W waits (gpu_weight_stashes)
     int chunks = 1;                    // interleaved 1F1B: model chunks per stage; a slot holds one chunk's layers
+    bool two_weight_versions = false;  // PipeDream-2BW: W(t-1) beside W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
     MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
@@ -114,6 +115,8 @@ enum GPUBuffer {
     GB_FP8_SCALING, GB_FP8_A, GB_FP8_B,
     // ZB-H1: the output gradients B keeps for the deferred W (llmc/model/zero_bubble_backward.cuh)
     GB_WEIGHT_STASH,
+    // PipeDream-2BW: the weights one version older, params (and the last stage's wte copy) again
+    GB_OLDER_WEIGHTS,
     GB_COUNT
 };
 
@@ -269,6 +272,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     size_t stashes = (size_t)s.weight_stashes;
     t[GB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("(%zu, %zu, B, T, 9C) matmuls' dy", stashes, nl),
                           stashes * weight_stash_floats(nl, BT, C, Ca, Cf), X};
+    t[GB_OLDER_WEIGHTS] = {"older_weights", MEM_PARAMS, sh("2BW's W(t-1): params%s", lent ? " + lent_wte" : ""),
+                           s.two_weight_versions ? z.params + (lent ? Vp * C : 0) : 0, X};
     return t;
 }
 
@@ -293,6 +298,7 @@ inline void gpu_pipeline_shape(GPURunShape* s, PipelineSchedule kind, int m, int
     s->chunks = kind == PipelineSchedule::Interleaved ? chunks : 1;
     s->micro_batches_in_flight = gpu_micro_batches_in_flight(kind, s->grid, m, s->chunks);
     s->weight_stashes = gpu_weight_stashes(kind, s->grid, m);
+    s->two_weight_versions = kind == PipelineSchedule::PipeDream2BW;
 }
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.

@@ -14,8 +14,9 @@ of a pipeline. The grids:
 
   dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, tp2 + sequence parallel at --recompute 0 (the
   GELU in cuBLASLt's epilogues, on each rank's columns), pp2 GPipe, pp2 1F1B, pp4 1F1B, pp2 and pp4 ZB-H1,
-  pp2 interleaved 1F1B over 2 chunks,
-  dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
+  pp2 interleaved 1F1B over 2 chunks (checkpointed at 5, resumed on its grid and by one rank),
+  PipeDream-2BW (2bw-flush) on one rank and on pp2 (4 steps, checkpointed at 2 and resumed),
+  dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1, 1F1B and ZB-H1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
   tp3 on L=2 C=192 H=6: Vp=512 rows over 3 ranks, 176 each, the last with 16 rows of padding.
 
 Tolerances (grid vs one rank, both bf16). The arithmetic is the same; what a grid changes is where
@@ -40,8 +41,14 @@ are 3-4 times the simulated errors, and still an order of magnitude from the con
 Where the arithmetic IS the same the test demands the same bits: ZeRO-3 == ZeRO-2 (the same reduce-
 scatters, the same AdamW on the same shards, the same stochastic rounding), pp2 1F1B == pp2 GPipe
 (schedules change when a layer computes, not what), a resumed run == the straight run on the same
-grid, and ZB-H1 == 1F1B on 2 and 4 stages (W runs in micro-batch order: each weight gradient gets the same
-accumulations in the same order; --recompute 2's rebuilt rows are exact). Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
+grid, and ZB-H1 == 1F1B on 2 and 4 stages and on dp2 x pp2 (W runs in micro-batch order: each weight gradient gets
+the same accumulations in the same order; --recompute 2's rebuilt rows are exact). PipeDream-2BW is not synchronous
+by design: its step 1 is one rank's 1F1B step bit for bit, its step 2 loss far from 1F1B's (taken on W(0)), and pp2
+equals the GPU's own one-rank run of the rule W(t+1) = W(t) - lr AdamW(grad f(W(t-1))) within the grid tolerances;
+its memory is --estimate's to the byte (the older_weights row: params twice 1F1B's).
+Planted bugs caught (by hand, then reverted): the interleaved state files written in contiguous-block order (both
+interleaved resume checks); the data-parallel sum started at ZB-H1's last B, not its last W (both dp2 x pp2 ZB-H1
+checks); 2BW's swap never done (the step-2 check); 2BW's older version not read back on resuming (its resume check). Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
 data-parallel replicas, the last stage's copy of wte) is identical on every rank, in the bf16 weights
 and in the master weights: the trainer refuses to write the dump otherwise.
 

@@ -81,6 +81,7 @@
 #include "llmc/model/moe_gpu.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/model/zero_bubble_backward.cuh"
+#include "llmc/parallel/pipedream_2bw.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
 #include "llmc/parallel/grad_compression.cuh"
@@ -167,6 +168,7 @@ struct GPT2 {
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
+    PipeDream2BWGpu versions;           // --pipeline-schedule 2bw-flush: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
 
@@ -864,7 +866,10 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     size_t bytes = n * sizeof(floatX);
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
     // interleaved: each action names the model chunk it runs (pass_layers: which layers)
-    std::vector<PipeAction> list = pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
+    // PipeDream-2BW (2bw-flush): 1F1B's list, each compute action labelled with the weight version it reads
+    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
+    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, mb, step, 1, false, true)[0]
+                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
     int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
     bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
     pipe_slots_reset(&pipe->slots, m->slots, mb, v);
@@ -883,6 +888,8 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
         // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
         TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
         int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
+        // 2BW: step `step` reads W(step-2), the older version (llmc/parallel/pipedream_2bw.cuh)
+        if (two_versions && pipe_is_compute(act.op)) pipedream_2bw_gpu_read(&m->versions, act.version < step - 1, m->stream);
         auto busy = std::chrono::steady_clock::now();
         PipeAction send;
         switch (act.op) {
@@ -1144,6 +1151,12 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
         if (m->fp8.on && par->grid.rank == 0)
             write_fp8_state(dir + "/fp8_state.bin", m->fp8.tensors, m->fp8.history, fp8_download_state(&m->fp8));
         grad_compression_gpu_save(m->compression, dir, step);  // PowerSGD: every data-parallel rank its e and Q
+        if (m->versions.on) {  // 2BW: every rank its stage's W(t-1), widened to fp32 (exact) in the CPU trainer's file
+            PipeDream2BW host;
+            host.on = true;
+            host.older = download_as_float(m->versions.older, m->versions.params_n + m->versions.lent_n);
+            pipedream_2bw_save(host, dir, par->grid.rank, par->grid.world, step);
+        }
         if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
             size_t n = m->moe.layout.total;
             write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, (int)Optimizer::AdamW, download_floats(m->moe.m, n).data(),
@@ -1292,6 +1305,8 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     zero_gradients(m);
     m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(m, par, train, plan, step);
+    // --pipeline-schedule 2bw-flush: the passes read W(t-2); the optimizer below updates W(t-1) into W(t)
+    pipedream_2bw_gpu_after_passes(&m->versions, m->stream);
     moe_gpu_step_stats(&m->moe, plan.accumulation_steps);  // --moe-experts: the auxiliary losses' mean over the micro-batches
     if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
         fp8_share_amax(m, par);
@@ -1426,41 +1441,38 @@ static void connect_gpus(Parallel* par) {
     par->data_on_gpu = &par->data_gpu;
 }
 
-// The buffer table's shape of this run: the flags' and the grid's (--offload, --moe-experts) on top of gpu_run_shape's.
+// The buffer table's shape of this run: the flags' and the grid's (--offload, --moe-experts) on top of
+// gpu_run_shape's, and the pipeline's slots, stashes and chunks from the schedule and the step's
+// micro_batches (gpu_pipeline_shape: the same translation --estimate makes).
 static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B, int T, bool master_weights, bool simple_attention,
-                             const ProcessGrid& grid, int in_flight) {
-    GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), grid, in_flight);
+                             const Parallel& par, int micro_batches) {
+    GPURunShape s = gpu_run_shape(cfg, B, T, o.recompute, master_weights, simple_attention, (int)sizeof(floatX), par.grid);
+    gpu_pipeline_shape(&s, par.schedule, micro_batches, par.chunks);
     s.offload_optimizer = o.offload == "optimizer";
     s.bf16_moments = o.optimizer_state == "bf16";
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
-    take_grad_compression(o, cfg, grid.dp, &s);
+    take_grad_compression(o, cfg, par.grid.dp, &s);
     s.fp8_history = fp8_history_of(o);
     s.fp8_stash = o.stash_precision == "fp8";  // (cli.h refused it where it does not compose)
     return s;
 }
 
-// Micro-batches whose activations this rank keeps at once (1, or more in a pipeline), after checking
-// that a batch of that shape fits: a batch that cannot stops here, before the data is read or
-// anything allocated.
+// The step's micro-batches (1 for --eval-only, which runs no backward), after checking that a batch
+// of that shape fits: a batch that cannot stops here, before the data is read or anything allocated.
 static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const Parallel& par, bool master_weights,
                             bool simple_attention) {
-    const ProcessGrid& grid = par.grid;
     int T = o.seq_len > 0 ? std::min(o.seq_len, cfg.max_seq_len) : cfg.max_seq_len;
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);
-    int mb = o.eval_only ? 1 : shape.accumulation_steps;
-    int in_flight = gpu_micro_batches_in_flight(par.schedule, grid, mb, par.chunks);
-    GPURunShape s = run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, grid, in_flight);
-    s.weight_stashes = gpu_weight_stashes(par.schedule, grid, mb);
-    s.chunks = par.chunks;
-    fail_unless_fits(s);
-    return in_flight;
+    int micro_batches = o.eval_only ? 1 : plan_run(o, cfg, par.grid.dp, 0).accumulation_steps;
+    fail_unless_fits(run_shape(o, cfg, o.batch_size, T, master_weights, simple_attention, par, micro_batches));
+    return micro_batches;
 }
 
-// The model's buffers and the state of every hook, for micro-batches of (B, T), `in_flight` at once.
+// The model's buffers and the state of every hook, for micro-batches of (B, T), `micro_batches` a
+// step (the schedule decides how many of them this stage holds at once: run_shape).
 // cuDNN's workspace is known only once its plans exist, so they are built first (they need no
 // buffers); a cuDNN that is missing or has no engine for this GPU or shape costs speed, not the run.
-static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int T, int in_flight, const TrainOptions& o,
+static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int T, int micro_batches, const TrainOptions& o,
                        bool master_weights, bool* simple_attention) {
     const ProcessGrid& grid = par->grid;
     m->config = cfg;
@@ -1468,8 +1480,6 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->layout = slice_layout(cfg, m->slice);
     m->B = B;
     m->T = T;
-    m->slots = in_flight;
-    m->buckets.assign((size_t)in_flight, 0);
     m->pipelined = grid.pp > 1;
     CUDA_CHECK(cudaStreamCreate(&m->stream));
     size_t cudnn_workspace_bytes = 0;
@@ -1480,13 +1490,19 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         *simple_attention = true;
     }
     m->attention.use_cudnn = !*simple_attention;
-    m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, grid, in_flight);
+    m->shape = run_shape(o, cfg, B, T, master_weights, *simple_attention, *par, micro_batches);
     m->shape.cudnn_workspace_bytes = cudnn_workspace_bytes;
-    // ZB-H1's stashes, min(m, s + 1), from in_flight = min(m, p) (gpu_buffers.h): the same, since s + 1 <= p
-    m->shape.weight_stashes = gpu_weight_stashes(par->schedule, grid, in_flight);
-    m->shape.chunks = par->chunks;
+    m->slots = m->shape.micro_batches_in_flight;
+    m->buckets.assign((size_t)m->slots, 0);
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
+    if (m->shape.two_weight_versions) {  // 2BW's older version: the stage's weights and its wte copy (pipedream_2bw.cuh)
+        PipeDream2BWGpu& v = m->versions;
+        v.on = true;
+        v.params = B_<floatX>(m, GB_PARAMS), v.params_n = m->table[GB_PARAMS].elements;
+        v.lent = B_<floatX>(m, GB_LENT_WTE), v.lent_n = m->table[GB_LENT_WTE].elements;
+        v.older = B_<floatX>(m, GB_OLDER_WEIGHTS);
+    }
     if (o.moe_experts > 0)  // --moe-experts: the MoE state in its rows of the table (llmc/model/moe_gpu.cuh)
         moe_gpu_init(&m->moe, m->shape.moe, moe_run_shape(o), cfg, B * T, B_<floatX>(m, GB_MOE_PARAMS), B_<floatX>(m, GB_MOE_GRADS),
                      B_<float>(m, GB_MOE_ADAM_M), B_<float>(m, GB_MOE_ADAM_V), B_<float>(m, GB_MOE_ROUTING),
@@ -1526,7 +1542,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
                          grid.dp == 1, o.offload_delay == 1);
     }
-    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, in_flight);
+    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
                                B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
 }
@@ -1871,10 +1887,17 @@ int main(int argc, char** argv) {
     // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    // PipeDream-2BW keeps a second weight version per stage (llmc/parallel/pipedream_2bw.h): not on the GPU yet
-    if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !o.pipeline_print_schedule)  // (2bw and 2bw-flush)
-        usage_fail("--pipeline-schedule %s is not trained by the GPU trainer yet (it keeps no second weight version): train it "
-                   "with train_gpt_cpu, or use --pipeline-schedule 1f1b here", o.pipeline_schedule.c_str());
+    // PipeDream-2BW (llmc/parallel/pipedream_2bw.cuh): each step drained here; the CPU's refusals, and two of the GPU's own
+    if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
+        usage_fail("--pipeline-schedule 2bw (without the flush) is not trained by the GPU trainer yet: use --pipeline-schedule "
+                   "2bw-flush here (the same arithmetic, each step drained), or train_gpt_cpu");
+    if (o.pipeline_schedule == "2bw-flush") {
+        std::string bad = pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts);
+        if (!bad.empty()) usage_fail("%s", bad.c_str());
+        if (o.cuda_graphs) usage_fail("--pipeline-schedule 2bw-flush with --cuda-graphs: the graphed step swaps no weight versions; drop --cuda-graphs");
+        if (o.offload == "optimizer")
+            usage_fail("--pipeline-schedule 2bw-flush with --offload optimizer is not supported yet (not tested); drop --offload");
+    }
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
         std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,
@@ -1925,7 +1948,7 @@ int main(int argc, char** argv) {
     start_grid(o, cfg, &par);
     connect_gpus(&par);
     check_gpu_shape(cfg);
-    int in_flight = check_batch_fits(o, cfg, par, master_weights, simple_attention);
+    int micro_batches = check_batch_fits(o, cfg, par, master_weights, simple_attention);
     trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
@@ -1948,7 +1971,7 @@ int main(int argc, char** argv) {
     // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed
     GPT2 model;
     GPT2* m = &model;
-    gpt2_build(m, &par, cfg, B, T, in_flight, o, master_weights, &simple_attention);
+    gpt2_build(m, &par, cfg, B, T, micro_batches, o, master_weights, &simple_attention);
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
     m->scaler = start_loss_scaler(o, resumed);
@@ -1971,6 +1994,15 @@ int main(int argc, char** argv) {
         if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
     }
     if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
+    // 2BW: W(-1) = W(0), or a resumed run's W(t-1) from its checkpoint (rounded back to the same bits)
+    pipedream_2bw_gpu_copy_newer(&m->versions, m->stream);
+    if (m->versions.on && !resume_dir.empty()) {
+        PipeDream2BW host;
+        host.on = true;
+        host.older.assign(m->versions.params_n + m->versions.lent_n, 0.0f);
+        pipedream_2bw_load(&host, resume_dir, grid.rank, grid.world, resumed.step);
+        upload_rounded(m->versions.older, host.older.data(), host.older.size());
+    }
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
     double peak_tflops = device_peak_tflops(par.world_gpu.device);  // 0 for a GPU we do not know: no MFU

@@ -14,8 +14,9 @@ of a pipeline. The grids:
 
   dp2 ZeRO-2, dp2 ZeRO-3, tp2, tp4 + sequence parallel, tp2 + sequence parallel at --recompute 0 (the
   GELU in cuBLASLt's epilogues, on each rank's columns), pp2 GPipe, pp2 1F1B, pp4 1F1B, pp2 and pp4 ZB-H1,
-  pp2 interleaved 1F1B over 2 chunks,
-  dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
+  pp2 interleaved 1F1B over 2 chunks (checkpointed at 5, resumed on its grid and by one rank),
+  PipeDream-2BW (2bw-flush) on one rank and on pp2 (4 steps, checkpointed at 2 and resumed),
+  dp2 x tp2 (ZeRO-1), dp2 x pp2 (ZeRO-1, 1F1B and ZB-H1), tp2 x pp2 + sequence parallel, dp2 x tp2 ZeRO-3,
   tp3 on L=2 C=192 H=6: Vp=512 rows over 3 ranks, 176 each, the last with 16 rows of padding.
 
 Tolerances (grid vs one rank, both bf16). The arithmetic is the same; what a grid changes is where
@@ -40,8 +41,14 @@ are 3-4 times the simulated errors, and still an order of magnitude from the con
 Where the arithmetic IS the same the test demands the same bits: ZeRO-3 == ZeRO-2 (the same reduce-
 scatters, the same AdamW on the same shards, the same stochastic rounding), pp2 1F1B == pp2 GPipe
 (schedules change when a layer computes, not what), a resumed run == the straight run on the same
-grid, and ZB-H1 == 1F1B on 2 and 4 stages (W runs in micro-batch order: each weight gradient gets the same
-accumulations in the same order; --recompute 2's rebuilt rows are exact). Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
+grid, and ZB-H1 == 1F1B on 2 and 4 stages and on dp2 x pp2 (W runs in micro-batch order: each weight gradient gets
+the same accumulations in the same order; --recompute 2's rebuilt rows are exact). PipeDream-2BW is not synchronous
+by design: its step 1 is one rank's 1F1B step bit for bit, its step 2 loss far from 1F1B's (taken on W(0)), and pp2
+equals the GPU's own one-rank run of the rule W(t+1) = W(t) - lr AdamW(grad f(W(t-1))) within the grid tolerances;
+its memory is --estimate's to the byte (the older_weights row: params twice 1F1B's).
+Planted bugs caught (by hand, then reverted): the interleaved state files written in contiguous-block order (both
+interleaved resume checks); the data-parallel sum started at ZB-H1's last B, not its last W (both dp2 x pp2 ZB-H1
+checks); 2BW's swap never done (the step-2 check); 2BW's older version not read back on resuming (its resume check). Every dump also proves that every copy of every element (tensor ranks' replicated LayerNorms,
 data-parallel replicas, the last stage's copy of wte) is identical on every rank, in the bf16 weights
 and in the master weights: the trainer refuses to write the dump otherwise.
 
@@ -72,7 +79,9 @@ CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 
           "tp4 + sequence parallel == one rank", "tp3 (vocabulary padding) == one rank", "pp2 GPipe == one rank",
           "pp2 1F1B == pp2 GPipe bit for bit", "pp4 1F1B == one rank",
           "pp2 ZB-H1 == pp2 1F1B bit for bit", "pp2 ZB-H1 == one rank", "pp4 ZB-H1 == pp4 1F1B bit for bit",
-          "pp2 v2 interleaved == pp2 GPipe in step 1 bit for bit", "pp2 v2 interleaved == one rank", "dp2 x tp2 == one rank", "dp2 x pp2 == one rank",
+          "pp2 v2 interleaved == pp2 GPipe in step 1 bit for bit", "pp2 v2 interleaved == one rank",
+          "pp2 v2 interleaved resume bit-exact", "pp2 v2 interleaved checkpoint resumed by one rank", "dp2 x tp2 == one rank",
+          "dp2 x pp2 == one rank", "dp2 x pp2 ZB-H1 == dp2 x pp2 1F1B bit for bit", "dp2 x pp2 ZB-H1 == one rank",
           "tp2 x pp2 + sequence parallel == one rank", "tp2 x pp2 checkpoint files", "tp2 x pp2 resume bit-exact",
           "tp2 x pp2 checkpoint resumed by one rank", "dp2 x tp2 ZeRO-3 == one rank", "dp2 x tp2 ZeRO-3 resume bit-exact",
           "negative control", "the bubble printed and measured"]
@@ -129,6 +138,14 @@ def check_bitwise(name, a, b, keys=("losses", "params", "grads", "logits")):
     report(not bad, name, "not bit-identical: " + ", ".join(bad))
 
 
+def estimate_totals(work, flags):
+    """--estimate's (params, total) bytes of each rank of a grid on the test model, without a GPU."""
+    exe = NATIVE_GPU if os.path.exists(NATIVE_GPU) else GPU
+    p = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+                        "--estimate"] + DEFAULT_ATTENTION + flags, capture_output=True, text=True, cwd=work)
+    return [(int(a), int(b)) for a, b in re.findall(r"^  rank \d+: params=(\d+) .* total=(\d+)", p.stdout, re.M)]
+
+
 def checks_without_gpu(work):
     """Impossible grids stop before any GPU is touched; --estimate needs none."""
     mpirun = shutil.which("mpirun")
@@ -168,6 +185,13 @@ def checks_without_gpu(work):
            refused.stderr.count("error:") == 1 and "runs the micro-batches in groups of p = 2" in refused.stderr,
            "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; m = 3 on 2 stages refused, one line, exit 2",
            pr.stdout[-800:] + pr.stderr + refused.stderr)
+    # PipeDream-2BW: 2bw-flush is trained here, 2bw without the flush refused, and 2bw-flush with what it cannot serve
+    for flags, expect in ((["--pipeline-schedule", "2bw"], "use --pipeline-schedule 2bw-flush here"),
+                          (["--pipeline-schedule", "2bw-flush", "--tensor-parallel", "2"], "2bw with --tensor-parallel is not supported"),
+                          (["--pipeline-schedule", "2bw-flush", "--cuda-graphs"], "2bw-flush with --cuda-graphs")):
+        refused = subprocess.run(zb[:-2] + flags, capture_output=True, text=True, cwd=work)
+        report(refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1 and expect in refused.stderr,
+               f"train_gpt {' '.join(flags)}: refused, one line, exit 2: '{expect}'", refused.stdout[-300:] + refused.stderr)
     est = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
                           "--tensor-parallel", "2", "--pipeline-parallel", "2", "--sequence-parallel", "1", "--estimate"],
                          capture_output=True, text=True, cwd=work)
@@ -235,12 +259,27 @@ def main():
         # (micro-batch, chunk), two receives in some runs. The same arithmetic as GPipe: the step-1 gradient and the first
         # logits bit for bit; later steps only close, since AdamW's stochastic rounding draws by the element's LOCAL
         # index (adamw.cuh), and rank 0's local layer 1 is global layer 2 here, global layer 1 under GPipe.
-        il2, out = r.dump("pp2_interleaved", 2, "--pipeline-parallel", 2, "--pipeline-schedule", "interleaved",
-                          "--virtual-stages", 2, env=REVERSED if EMULATED else None)
+        interleaved = ["--pipeline-parallel", 2, "--pipeline-schedule", "interleaved", "--virtual-stages", 2]
+        il2, out = r.dump("pp2_interleaved", 2, *interleaved, "--checkpoint-every", 5, env=REVERSED if EMULATED else None)
         report("(p-1)/(vm+p-1) = 1/9 = 11.1%" in out, "pp2 v2 interleaved prints its bubble, 1/9", out[:1500])
         check_bitwise("pp2 v2 interleaved == pp2 GPipe bit for bit in step 1 (gradient, logits, loss)", il2, ppg,
                       keys=("grads", "logits", "loss"))
         check_close("pp2 v2 interleaved == one rank", il2, one, init)
+        # its checkpoint is in global layer order (slice_layer), so it resumes on its own grid bit for bit and, resharded,
+        # on one rank within the tolerances (a chunk's layers written to another chunk's place would be far off)
+        ckpt = os.path.join(work, "out", "ckpt_00000005")
+        il2r, out = r.dump("pp2_interleaved_resumed", 2, *interleaved, "--resume", ckpt, env=RANDOM if EMULATED else None)
+        if il2 is not None and il2r is not None:
+            report("resumed from" in out and np.array_equal(il2r["params"], il2["params"]) and
+                   np.array_equal(il2r["losses"], il2["losses"][5:]),
+                   "pp2 v2 interleaved: 5 steps + checkpoint + resume + 5 steps == 10 straight, bit for bit", out[-800:])
+        il2one, out = r.dump("pp2_interleaved_to_one", 1, "--resume", ckpt)
+        if il2one is not None and il2 is not None and init is not None:
+            update = rel(il2one["params"] - init, il2["params"] - init)
+            loss = float(np.max(np.abs(il2one["losses"] - il2["losses"][5:])))
+            report("resharded: the checkpoint was written by 2 ranks" in out and update <= TOL_UPDATE and loss <= TOL_LOSS,
+                   f"the pp2 v2 interleaved checkpoint resumed by one rank continues like the grid (weight change rel "
+                   f"{update:.1e}, losses {loss:.1e})", out[-600:])
         # ZB-H1 (llmc/model/zero_bubble_backward.cuh): B without the block matmuls' dW, W later from the stash and the
         # slot. W runs in micro-batch order, so every gradient gets 1F1B's accumulations in 1F1B's order: the same bits.
         # --recompute 2: W rebuilds ln1 and ln2 from the slot as B did (recompute is exact: 1F1B's bits at level 1).
@@ -253,11 +292,48 @@ def main():
         zb4, _ = r.dump("pp4_zb_h1", 4, "--pipeline-parallel", 4, "--pipeline-schedule", "zb-h1")
         check_bitwise("pp4 ZB-H1 == pp4 1F1B bit for bit", zb4, pp4)
 
+        # PipeDream-2BW, each step drained (llmc/parallel/pipedream_2bw.cuh): W(t+1) = W(t) - lr AdamW(grad f(W(t-1))).
+        # Step 1 is the synchronous step (W(-1) = W(0)): one rank's 1F1B bits; from step 2 on it is not synchronous, and
+        # step 2's loss is f(W(0), batch 2), far from 1F1B's f(W(1), batch 2). The reference is the GPU's own one-rank run
+        # of the rule (no pipeline code, no message); the 2-stage run is checkpointed at 2 (files from every rank) and
+        # resumed bit for bit.
+        two = ["--pipeline-schedule", "2bw-flush"]
+        bw1, _ = r.dump("2bw_one", 1, *two, steps=4)
+        bw2, out = r.dump("2bw_pp2", 2, "--pipeline-parallel", 2, *two, "--checkpoint-every", 2, steps=4,
+                          env=REVERSED if EMULATED else None)
+        if bw1 is not None and one is not None:
+            report(bw1["losses"][0] == one["losses"][0] and abs(float(bw1["losses"][1] - one["losses"][1])) > 10 * TOL_LOSS,
+                   f"2bw-flush on one rank: step 1 is 1F1B's bit for bit, step 2 is not (losses {bw1['losses'][:2]} against "
+                   f"1F1B's {one['losses'][:2]})", "the delayed rule does not show")
+        check_close("pp2 2bw-flush == one rank's 2bw-flush", bw2, bw1, init)
+        table = re.search(r"GPU memory bytes: table (\d+)", out)
+        estimated = [estimate_totals(work, ["--pipeline-parallel", "2", "--pipeline-schedule", sched]) for sched in ("2bw-flush", "1f1b")]
+        report(table is not None and estimated[0] and estimated[1] and int(table.group(1)) == estimated[0][0][1] and
+               all(a[0] == 2 * b[0] for a, b in zip(estimated[0], estimated[1])),
+               f"pp2 2bw-flush: rank 0 allocates what --estimate predicts ({table.group(1) if table else '?'} bytes), and "
+               f"each rank's params twice 1F1B's (the older_weights row: {[a[0] for a in estimated[0]]} bytes)",
+               f"{estimated} {out[-300:]}")
+        ckpt = os.path.join(work, "out", "ckpt_00000002")
+        files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+        bw2r, out = r.dump("2bw_pp2_resumed", 2, "--pipeline-parallel", 2, *two, "--resume", ckpt, steps=4,
+                           env=RANDOM if EMULATED else None)
+        if bw2 is not None and bw2r is not None:
+            report("pipedream_2bw_rank0.bin" in files and "pipedream_2bw_rank1.bin" in files and
+                   np.array_equal(bw2r["params"], bw2["params"]) and np.array_equal(bw2r["losses"], bw2["losses"][2:]),
+                   "pp2 2bw-flush: 2 steps + checkpoint (each rank's older version) + resume + 2 steps == 4 straight, "
+                   "bit for bit", f"{files} {out[-600:]}")
+
         # ---- combinations
         dptp, _ = r.dump("dp2tp2", 4, "--tensor-parallel", 2, "--zero", 1)
         check_close("dp2 x tp2 (ZeRO-1) == one rank", dptp, one, init)
         dppp, _ = r.dump("dp2pp2", 4, "--pipeline-parallel", 2, "--zero", 1)
         check_close("dp2 x pp2 (ZeRO-1) == one rank", dppp, one, init)
+        # ZB-H1 over data-parallel ranks: each stage's last W (not its last B) completes the gradients the data group
+        # sums (gpt2_backward_weights' step_ends); W in micro-batch order, so 1F1B's bits on the same grid
+        dpzb, _ = r.dump("dp2pp2_zb_h1", 4, "--pipeline-parallel", 2, "--zero", 1, "--pipeline-schedule", "zb-h1",
+                         env=RANDOM if EMULATED else None)
+        check_bitwise("dp2 x pp2 ZB-H1 (ZeRO-1) == dp2 x pp2 1F1B bit for bit", dpzb, dppp)
+        check_close("dp2 x pp2 ZB-H1 (ZeRO-1) == one rank", dpzb, one, init)
         # tp2 x pp2 with sequence parallelism: checkpoints at 5 and 10, then resumed from 5
         tppp, _ = r.dump("tp2pp2", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel", 1,
                          "--checkpoint-every", 5)

@@ -30,7 +30,8 @@ It is not a synchronous run, by design, so the references are:
     checkpoint, so it holds no micro-batch in flight: only the two versions, the older in each
     rank's pipedream_2bw_rank<r>.bin); a 2BW resume from a 1F1B checkpoint is refused.
 Bad input (one line, exit 2, before anything is allocated): 2BW with ZeRO-2/3, with tensor
-parallelism, with m < p, and on the GPU trainer (the emulated build, when it is built).
+parallelism, with m < p, and without the flush on the GPU trainer (the emulated build, when it is built;
+2bw-flush it trains: test_gpu_parallelism.py).
 Planted bugs caught (by hand, then reverted):
   - a backward reading the newer version, not its forward's (forward_backward's pipedream_2bw_read
     for forwards only): the PyTorch check failed (losses 3e-2, weights 5e-2 off);
@@ -228,7 +229,7 @@ def main():
                f"exit {code}: {(out + err)[-400:]}")
         if os.path.exists(GPU_TRAINER):
             refused([GPU_TRAINER] + base[1:] + [str(f) for f in pipe(2, 4)], "not trained by the GPU trainer",
-                    "the GPU trainer with 2BW", work)
+                    "the GPU trainer with 2BW without the flush (2bw-flush it trains)", work)
         else:
             print("SKIP: the GPU trainer's refusal of 2BW (build/emu/train_gpt is not built: make emu)")
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)

@@ -106,11 +106,8 @@ inline int estimate_micro_batches(const EstimateSetup& e, int B) {
 // (ZeRO-1: master, m, v of its shard only) and, in a pipeline, the micro-batches its stage keeps.
 inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     ProcessGrid g = estimate_grid(e, rank);
-    int m = estimate_micro_batches(e, B), chunks = e.schedule == PipelineSchedule::Interleaved ? e.virtual_stages : 1;
-    int in_flight = gpu_micro_batches_in_flight(e.schedule, g, m, chunks);
-    GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g, in_flight);
-    s.weight_stashes = gpu_weight_stashes(e.schedule, g, m);
-    s.chunks = chunks;
+    GPURunShape s = gpu_run_shape(e.cfg, B, e.T, e.recompute, e.master_weights, e.simple_attention, e.dtype_bytes, g);
+    gpu_pipeline_shape(&s, e.schedule, estimate_micro_batches(e, B), e.virtual_stages);
     s.offload_optimizer = e.offload_optimizer;
     s.bf16_moments = e.bf16_moments;
     s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)

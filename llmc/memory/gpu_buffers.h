@@ -62,6 +62,7 @@ struct GPURunShape {
     int micro_batches_in_flight = 1;   // activations kept at once: more than one only in a pipeline
     int weight_stashes = 0;            // ZB-H1: micro-batches whose deferred W waits (gpu_weight_stashes)
     int chunks = 1;                    // interleaved 1F1B: model chunks per stage; a slot holds one chunk's layers
+    bool two_weight_versions = false;  // PipeDream-2BW: W(t-1) beside W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
     MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
@@ -124,6 +125,8 @@ enum GPUBuffer {
     // build's type, which the forward computes into and the backward dequantizes into; each stashed
     // tensor's amax (its scale's source)
     GB_STASH_WORK, GB_STASH_AMAX,
+    // PipeDream-2BW: the weights one version older, params (and the last stage's wte copy) again
+    GB_OLDER_WEIGHTS,
     GB_COUNT
 };
 
@@ -318,6 +321,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_STASH_WORK] = {"stash_work", MEM_WORKSPACE, "one layer of the stashed rows", work, X};
     t[GB_STASH_AMAX] = {"stash_amax", MEM_ACTIVATIONS, sh("(%zu, %d) fp32", al, GPU_STASHED) + x,
                         s.fp8_stash ? per(al * GPU_STASHED) : 0, F};
+    t[GB_OLDER_WEIGHTS] = {"older_weights", MEM_PARAMS, sh("2BW's W(t-1): params%s", lent ? " + lent_wte" : ""),
+                           s.two_weight_versions ? z.params + (lent ? Vp * C : 0) : 0, X};
     return t;
 }
 
@@ -334,6 +339,15 @@ inline int gpu_micro_batches_in_flight(PipelineSchedule kind, const ProcessGrid&
 }
 inline int gpu_weight_stashes(PipelineSchedule kind, const ProcessGrid& g, int m) {
     return kind == PipelineSchedule::ZeroBubbleH1 && g.pp > 1 && m > 1 ? zero_bubble_stashes(g.pp_rank, m) : 0;
+}
+// The pipeline's part of a run's shape, from the schedule and the step's micro-batches m, in one place
+// (as cpu_run_shape on the CPU side): --estimate, the early memory check and the allocation all
+// size the slots, ZB-H1's stashes and the interleaved chunks here, from the same m.
+inline void gpu_pipeline_shape(GPURunShape* s, PipelineSchedule kind, int m, int chunks) {
+    s->chunks = kind == PipelineSchedule::Interleaved ? chunks : 1;
+    s->micro_batches_in_flight = gpu_micro_batches_in_flight(kind, s->grid, m, s->chunks);
+    s->weight_stashes = gpu_weight_stashes(kind, s->grid, m);
+    s->two_weight_versions = kind == PipelineSchedule::PipeDream2BW;
 }
 
 // Each buffer is its own cudaMalloc, rounded up to 256 bytes as the allocator does.

@@ -753,7 +753,7 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
     if (m->moe.moe.experts > 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);  // --moe-experts: its table
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
-    if (!compressed) zero_share_gradients(&m->zero);
+    if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
     return norm;
 }
 
@@ -792,16 +792,23 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
     CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
     float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
+    // --cuda-graphs over data-parallel ranks: the update's graph holds ZeRO-0's all-gather of the summed
+    // gradient (eager, finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each
+    // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
+    bool graphed = m->graphs.replay;
     if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel
         adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
                           m->zero.plan.updated.begin, m->zero.plan.updated.size(), now_on_gpu, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
+        if (graphed) zero_share_gradients(&m->zero, m->stream, true);
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
                    m->stream);
+        if (graphed) zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, true);
     });
     if (m->moe.moe.experts > 0) moe_gpu_adamw(&m->moe, m->layout.total, now_on_gpu, a, m->stream);  // --moe-experts: its table
-    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream);
+    if (graphed) zero_wait_reduction(&m->zero);  // (NCCL's asynchronous errors; nothing is left to wait for)
+    else zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
     grad_compression_commit(&m->compression.c);  // a sound step: its error feedback and Q are kept
@@ -1328,9 +1335,10 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU with one micro-batch per step:
-// the same kernels in the same order, the passes' from a graph (captured at the run's second step),
-// the host's reads of the loss and the norm after it; optimizer_step replays the update's graph.
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1)
+// with one micro-batch per step: the same kernels and collectives in the same order, the passes' from
+// a graph (captured at the run's second step), the host's reads of the loss and the norm after it;
+// optimizer_step replays the update's graph.
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
     StepResult r;
@@ -1342,7 +1350,8 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     // changes with the data, which a graph would bake in. Graphed, it has a block for every position
     // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
     m->buckets[0] = m->B * m->T;
-    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;  // one rank: the whole gradient in one piece
+    // this rank's part of the norm: one piece (ZeRO-0/1 without tensor parallelism: its shard of the flat gradient)
+    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;
     size_t count = zero_norm_pieces(m->zero).at(0).second;
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
     set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
@@ -1355,13 +1364,15 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
         graph_poison_gradient(m);
         gpt2_forward(m);
         gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-        gpt2_backward(m, true);
+        gpt2_backward(m, true);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+        if (par->grid.dp > 1) zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
         if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
         global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
     });
+    zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
     float loss = gpt2_read_loss(m);
     print_micro_step(step, 0, 1, loss, seconds_since(start));
-    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses");
+    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.loss_scale = m->scaler.scale;
     r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
@@ -1957,7 +1968,7 @@ int main(int argc, char** argv) {
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
-    std::string graphs_problem = cuda_graphs_problem(o, comm.world_size, plan.accumulation_steps);  // before any allocation
+    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged, plan.accumulation_steps);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
         grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
@@ -2025,6 +2036,7 @@ int main(int argc, char** argv) {
     double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
     BadSteps bad_steps;
     uint64_t first_sent = 0, last_sent = 0;  // bytes this rank sent to its data group in the run's first and last step
+    uint64_t graph_sent = 0;  // --cuda-graphs: the bytes the capture step counted (the counters run on the host, at the calls)
     for (int step = first_step; step < plan.steps; step++) {
         bool last_step = step == plan.steps - 1;
         comm_inject_fault(&comm, step + 1);
@@ -2035,6 +2047,7 @@ int main(int argc, char** argv) {
 
         auto start = std::chrono::steady_clock::now();
         uint64_t sent_before = par.data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
+        if (m->graphs.replay && step > first_step + 1) sent_before -= graph_sent;  // (a replay sends what its capture counted)
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
@@ -2042,6 +2055,7 @@ int main(int argc, char** argv) {
         if (last_step && m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
+        if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;
         if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's

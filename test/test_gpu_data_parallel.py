@@ -18,6 +18,11 @@ ranks without a GPU all stop with a message) run everywhere. With one:
   failures         a rank that hangs, exits or fails at step 3: every rank stops, with a message,
                    within the --comm-timeout
   launcher         scripts/run_mpi_local.sh 2 with TRAINER=./train_gpt
+  cuda graphs      (emulated NCCL) --cuda-graphs on the 2 NCCL ranks, ZeRO-0 and ZeRO-1: steps 2-10 replay
+                   graphs holding the captured NCCL sums and all-gathers (llmc/run/cuda_graphs.cuh), the
+                   learning rate changing at every step; losses, step-1 gradient, final weights and every
+                   step's printed loss and norm (read by the host after the replay) == the eager run's, bit
+                   for bit (the same collectives in the same order: the same bits)
 
 Without a GPU these checks run on the CPU emulation of CUDA (test/emu/, see test_gpu.py): each rank
 a process with its own emulated GPU, the simple attention instead of cuDNN's. The emulation also
@@ -67,7 +72,9 @@ CHECKS = ["2 ranks == 1 rank x 2 accumulation steps", "4 ranks == 1 rank x 4 acc
           "rank 1 hangs at step 3: all ranks stop", "rank 1 exits at step 3: all ranks stop",
           "rank 1 errors at step 3: all ranks stop",
           "scripts/run_mpi_local.sh runs train_gpt"]
-NCCL_CHECKS = ["2 ranks over NCCL == 1 rank x 2 accumulation steps", "ZeRO-1 over NCCL == ZeRO-0 bit for bit (3 ranks)"]
+NCCL_CHECKS = ["2 ranks over NCCL == 1 rank x 2 accumulation steps", "ZeRO-1 over NCCL == ZeRO-0 bit for bit (3 ranks)",
+               "--cuda-graphs over 2 NCCL ranks == eager bit for bit (ZeRO-0)",
+               "--cuda-graphs over 2 NCCL ranks == eager bit for bit (ZeRO-1)"]
 EMULATED_NCCL = {"CUDA_EMU_DEVICES": "4"}  # a GPU per rank: the NCCL path instead of host staging
 
 
@@ -236,6 +243,21 @@ def main():
             differ = [k for k in ("losses", "grads", "params") if not np.array_equal(nz1[k], nz0[k])]
             report(not differ, NCCL_CHECKS[1] + " (losses, step-1 gradient, final weights)",
                    "not bit-identical: " + ", ".join(differ))
+            def step_columns(text):  # each step's loss, lr and norm as printed (the time columns differ)
+                return [line.split(" ms")[0].rsplit("|", 1)[0] for line in text.splitlines() if line.startswith("step ")]
+            for zero in (0, 1):
+                graphed, g_out = r.dump(f"nccl_graphs_zero{zero}", 2, "--batch-size", 2, "--zero", zero, "--cuda-graphs",
+                                        env=EMULATED_NCCL)
+                differ = [k for k in ("losses", "grads", "params") if not np.array_equal(graphed[k], nccl_two[k])]
+                if step_columns(g_out) != step_columns(out) or len(step_columns(out)) != STEPS:
+                    differ.append("the printed losses and norms")
+                # the replayed steps (3-10) each at a learning rate of their own
+                lrs = {line.split("| lr ")[1].split()[0] for line in g_out.splitlines()
+                       if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 3}
+                if "step 2 captured the passes" not in g_out or len(lrs) != STEPS - 2:
+                    differ.append(f"the capture at step 2 and a learning rate per replayed step ({len(lrs)})")
+                report(not differ, NCCL_CHECKS[2 + zero] + " (losses, norms, step-1 gradient, final weights; 10 steps, "
+                       "the learning rate changing at each replay)", "differ: " + ", ".join(differ) + "\n" + g_out[-1200:])
 
         # (g) the one-node launcher, with the GPU trainer
         p = subprocess.run(["timeout", "300", "bash", os.path.join(ROOT, "scripts", "run_mpi_local.sh"), "2", "--model",

@@ -91,6 +91,7 @@ struct ZeroGpu {
     int holds[3] = {-1, -1, -1};      // stage 3: the unit each gather slot holds (-1: none, or stale)
     bool open[3] = {};                // stages 2-3: a bucket is open in the slot
     cudaEvent_t gathered_ev[3] = {}, released_ev[3] = {}, reduced_ev[3] = {}, ready = nullptr;
+    cudaEvent_t joined = nullptr;     // --cuda-graphs: the compute stream waits here for the communication stream
 };
 
 inline int zero_slot(const ZeroGpu& z, int unit) {
@@ -106,6 +107,7 @@ inline void zero_gpu_init(ZeroGpu* z, int stage, Comm* dp, GpuComm* comm, const 
     z->comm = comm;
     z->grads = grads;
     CUDA_CHECK(cudaEventCreateWithFlags(&z->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&z->joined, cudaEventDisableTiming));
     if (stage < 2) {
         for (int u = 0; u < (int)z->plan.units.size(); u++) z->flat_buckets.push_back(gradient_bucket(layout, slice.num_layers, u));
         return;
@@ -128,6 +130,7 @@ inline void zero_gpu_destroy(ZeroGpu* z) {
         for (int i = 0; i < 3; i++)
             if (e[i]) CUDA_CHECK(cudaEventDestroy(e[i]));
     if (z->ready) CUDA_CHECK(cudaEventDestroy(z->ready));
+    if (z->joined) CUDA_CHECK(cudaEventDestroy(z->joined));
 }
 
 // The communication stream goes on only once the compute stream has reached this point (the compute
@@ -135,6 +138,20 @@ inline void zero_gpu_destroy(ZeroGpu* z) {
 inline void zero_follow(ZeroGpu* z, cudaStream_t compute) {
     CUDA_CHECK(cudaEventRecord(z->ready, compute));
     CUDA_CHECK(cudaStreamWaitEvent(z->comm->stream, z->ready, 0));
+}
+
+// Until the communication stream's work so far is done. Eager, the host waits (gpu_comm_wait, under
+// the deadline). Inside a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh) the host cannot
+// wait: the compute stream waits on the device instead, which also joins the communication stream
+// back into the capture (the real runtime, and the emulation, refuse to end a capture that a forked
+// stream has not rejoined); the host checks NCCL's errors after the replay (zero_wait_reduction).
+inline void zero_wait(ZeroGpu* z, cudaStream_t compute, bool graphed, const char* what) {
+    if (!graphed) {
+        gpu_comm_wait(z->comm, what);
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(z->joined, z->comm->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, z->joined, 0));
 }
 
 // ZeRO-3: starts gathering unit u into its slot on the communication stream (after the compute
@@ -213,11 +230,12 @@ inline void zero_grads_done(ZeroGpu* z, int u, bool step_ends, cudaStream_t comp
 inline void zero_wait_reduction(ZeroGpu* z) { gpu_comm_wait(z->comm, "reduction of the gradients"); }
 
 // Stage 0, after the norm: every rank takes the whole summed gradient (its AdamW updates everything;
-// a reduce-scatter and this all-gather make an all-reduce).
-inline void zero_share_gradients(ZeroGpu* z) {
-    if (z->plan.stage != 0) return;
+// a reduce-scatter and this all-gather make an all-reduce). `graphed`: inside the update's graph.
+inline void zero_share_gradients(ZeroGpu* z, cudaStream_t compute, bool graphed) {
+    if (z->plan.stage != 0 || z->plan.dp->world_size == 1) return;
+    zero_follow(z, compute);  // (eager, the host has already waited for the norm; a graph has no such wait)
     gpu_all_gather(z->comm, z->grads, z->plan.shards.shard_size, NCCL_FLOATX, "all-gather of the gradients");
-    gpu_comm_wait(z->comm, "all-gather of the gradients");
+    zero_wait(z, compute, graphed, "all-gather of the gradients");
 }
 
 // The parts of the summed gradient this rank adds to the squared norm (llmc/parallel/zero.h's rule: every
@@ -261,13 +279,13 @@ inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, floa
 }
 
 // After AdamW, every data-parallel rank gets the updated weights it uses. ZeRO-1: the shards of the
-// flat array are all-gathered. ZeRO-2: every unit's updated shards are all-gathered back into the
+// flat array are all-gathered (`graphed`: inside the update's graph, waited for on the device). ZeRO-2: every unit's updated shards are all-gathered back into the
 // flat array (packed into a bucket slot, gathered, unpacked). ZeRO-3: the slots' units are stale.
-inline void zero_after_update(ZeroGpu* z, floatX* params, cudaStream_t compute) {
+inline void zero_after_update(ZeroGpu* z, floatX* params, cudaStream_t compute, bool graphed) {
     if (z->plan.stage == 1 && z->plan.dp->world_size > 1) {
         zero_follow(z, compute);
         gpu_all_gather(z->comm, params, z->plan.shards.shard_size, NCCL_FLOATX, "all-gather of the parameters");
-        gpu_comm_wait(z->comm, "all-gather of the parameters");
+        zero_wait(z, compute, graphed, "all-gather of the parameters");
         return;
     }
     if (z->plan.stage == 3) {

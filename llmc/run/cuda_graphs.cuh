@@ -37,9 +37,24 @@
 // The first step of a run is eager (it also builds cuBLASLt's and cuDNN's plans, and --dump-state
 // reads its logits in the middle); the second captures; every later one replays.
 //
-// Not handled yet, refused with one line by cuda_graphs_problem: more than one rank (the NCCL
-// collectives and ZeRO's buckets between the passes), gradient accumulation (a loss read per
-// micro-batch), --offload optimizer (AdamW runs on the host), ZeRO-2/3 (their per-unit buckets).
+// Data-parallel ranks (ZeRO-0/1, one GPU per rank). NCCL's collectives can be captured like kernels
+// (NCCL >= 2.9; the NCCL user guide, "Using NCCL with CUDA Graphs"): every rank captures the same
+// collectives in the same order, and a graph launch is then a collective call of its own, made by
+// every rank. The sums run on ZeRO's communication stream, which the capture takes in as on a GPU:
+// it waits on an event recorded on the captured compute stream (zero_follow: the fork), and the
+// compute stream waits on one recorded after the sums (zero_wait: the join; the host's own wait,
+// eager, cannot happen inside a capture). So the graphs hold:
+//   "passes":  ... backward, each unit's reduce-to-owners as it finishes (forked), join, the norm's partials
+//   "update":  ZeRO-0's all-gather of the summed gradient, AdamW, ZeRO-1's all-gather of the weights
+// The host's reads between them are unchanged: the loss and this rank's partial sums of squares,
+// each added over the ranks on the host (gpu_comm_sum), after the replay. The pointers the
+// collectives were captured with are the size table's, the same every step.
+//
+// Not handled yet, refused with one line by cuda_graphs_problem: tensor and pipeline parallelism
+// (their exchanges), ranks sharing one GPU (the host-staged sums wait on the host), fp8 over several
+// ranks (its amax max-reduction waits on the host), PowerSGD (its orthogonalisation is host-driven),
+// gradient accumulation (a loss read per micro-batch), --offload optimizer (AdamW runs on the host),
+// ZeRO-2/3 (their per-unit buckets).
 //
 // fp16 (./train_gpt_fp16, llmc/optim/loss_scaler.h): the loss scale S changes when a step overflows
 // (halved) and after a clean window (doubled), so it is a per-step value like the learning rate: the
@@ -55,14 +70,24 @@
 #include <string>
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/run/cli.h"
+#include "llmc/parallel/process_grid.h"
 
-// Why --cuda-graphs cannot run this configuration ("" = it can). `ranks`: the world size;
-// `accumulation_steps`: micro-batches per optimizer step.
-inline std::string cuda_graphs_problem(const TrainOptions& o, int ranks, int accumulation_steps) {
+// Why --cuda-graphs cannot run this configuration ("" = it can). `ranks_share_a_gpu`: the ranks'
+// collectives are host-staged (comm_nccl.cuh); `accumulation_steps`: micro-batches per optimizer step.
+inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid& grid, bool ranks_share_a_gpu,
+                                       int accumulation_steps) {
     if (!o.cuda_graphs) return "";
-    if (ranks > 1)
-        return strprintf("--cuda-graphs runs on one GPU for now, got %d ranks (the data-parallel sums and the tensor and "
-                         "pipeline exchanges are not captured yet): run one rank, or drop --cuda-graphs", ranks);
+    if (grid.tp > 1 || grid.pp > 1)
+        return strprintf("--cuda-graphs runs on one GPU or data-parallel ranks for now, got tensor %d x pipeline %d (their "
+                         "exchanges are not captured yet): use data parallelism, or drop --cuda-graphs", grid.tp, grid.pp);
+    if (grid.world > 1 && ranks_share_a_gpu)
+        return strprintf("--cuda-graphs with %d ranks sharing a GPU: their host-staged sums wait on the host, which a graph "
+                         "cannot; give each rank its own GPU, or drop --cuda-graphs", grid.world);
+    if (grid.world > 1 && o.precision == "fp8")
+        return "--cuda-graphs with --precision fp8 over several ranks is not supported yet (the amax max-reduction waits on "
+               "the host): run one rank, or drop one of them";
+    if (grid.world > 1 && o.grad_compression == "powersgd")
+        return "--cuda-graphs with --grad-compression powersgd is not supported (its sums are host-driven): drop one of them";
     if (accumulation_steps > 1)
         return strprintf("--cuda-graphs with gradient accumulation (%d micro-batches per step) is not supported yet: each "
                          "micro-batch's loss is read by the host; set --total-batch-tokens to one micro-batch's tokens, or "

@@ -112,6 +112,55 @@ int main() {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
 
+    // ---- a second stream joins the capture (fork: it waits on an event recorded in the capture) and
+    // must be joined back (the origin waits on an event recorded on it) before the capture ends, as
+    // the trainer's communication stream is in a data-parallel graphed step
+    cudaStream_t side;
+    cudaStreamCreate(&side);
+    cudaEvent_t fork_ev, join_ev;
+    cudaEventCreate(&fork_ev);
+    cudaEventCreate(&join_ev);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaMemsetAsync(y, 0, N * sizeof(float), s);
+    cudaEventRecord(fork_ev, s);
+    cudaStreamWaitEvent(side, fork_ev, 0);
+    axpy<<<2, 32, 0, side>>>(y, x, 1.0f, N);  // on the forked stream: recorded, y += x
+    cudaStreamIsCapturing(side, &status);
+    check(status == cudaStreamCaptureStatusActive, "a stream that waits on a captured event joins the capture (fork)");
+    cudaEventRecord(join_ev, side);
+    cudaStreamWaitEvent(s, join_ev, 0);
+    axpy<<<2, 32, 0, s>>>(y, x, 1.0f, N);  // after the join, on the origin: y += x
+    end = cudaStreamEndCapture(s, &graph);
+    check(end == cudaSuccess && graph != nullptr, "fork and join: the capture ends with the forked stream's work in the graph",
+          cudaGetErrorName(end));
+    count = 0;
+    if (graph) cudaGraphGetNodes(graph, nullptr, &count);
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphLaunch(exec, s);
+    cudaStreamSynchronize(s);
+    std::vector<float> forked = download(y);  // x holds 3 (replay 2's copy)
+    check(count == 3 && all_equal(forked, 6.0f), "fork and join: 3 nodes; the replay runs both streams' work (y = 2 x = 6)",
+          std::to_string(count) + " nodes, y[0] = " + std::to_string(forked[0]));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaEventRecord(fork_ev, s);
+    cudaStreamWaitEvent(side, fork_ev, 0);
+    axpy<<<2, 32, 0, side>>>(y, x, 1.0f, N);  // never joined back
+    end = cudaStreamEndCapture(s, &graph);
+    cudaGetLastError();
+    check(end == cudaErrorStreamCaptureUnjoined && graph == nullptr,
+          "a forked stream not joined back: cudaStreamEndCapture returns cudaErrorStreamCaptureUnjoined and no graph",
+          cudaGetErrorName(end));
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaEventRecord(fork_ev, s);
+    cudaStreamWaitEvent(side, fork_ev, 0);
+    cudaError_t side_sync = cudaStreamSynchronize(side);
+    end = cudaStreamEndCapture(s, &graph);
+    cudaGetLastError();
+    check(side_sync == cudaErrorStreamCaptureUnsupported && end == cudaErrorStreamCaptureInvalidated,
+          "cudaStreamSynchronize on a forked stream during a capture: refused, the capture invalidated", cudaGetErrorName(side_sync));
+
     // ---- the calls a global-mode capture forbids
     check_refused(s, "cudaMalloc", [](cudaStream_t) { void* p; return cudaMalloc(&p, 256); });
     check_refused(s, "cudaMemcpy (synchronous)", [](cudaStream_t) {

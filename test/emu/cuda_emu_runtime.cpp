@@ -639,6 +639,7 @@ static bool check_range(const void* p, size_t bytes, bool device, const char* ca
 // global-mode capture (anything that would wait for the captured work, or allocate) return
 // cudaErrorStreamCaptureUnsupported, as there, and invalidate the capture: cudaStreamEndCapture then
 // returns cudaErrorStreamCaptureInvalidated and no graph. A graph replays its nodes in capture order.
+// Other streams fork into the capture and join back through events (Forked, below).
 
 struct GraphNode {
     std::string what;  // the kernel's or the call's name
@@ -646,15 +647,32 @@ struct GraphNode {
     std::function<void()> run;
 };
 
-static cudaStream_t capture_stream = nullptr;  // the stream being captured, or none
+static cudaStream_t capture_stream = nullptr;  // the stream being captured (the capture's origin), or none
 static bool capture_valid = false;
 static std::vector<GraphNode> captured;         // the nodes recorded so far
 
-bool stream_capturing(cudaStream_t stream) { return capture_stream && stream == capture_stream && capture_valid; }
+// Other streams join a capture as on a GPU: a stream that waits on an event recorded inside the
+// capture (cudaStreamWaitEvent) is forked into it, and its work from then on is recorded too. Every
+// stream here runs in issue order, so the nodes of all of them, recorded in the order issued, replay
+// in an order the graph's edges allow. Before cudaStreamEndCapture each forked stream must be joined
+// back: the origin waits on an event recorded on it after its last work; one that is not makes the
+// end fail with cudaErrorStreamCaptureUnjoined, as the real runtime does.
+struct Forked {
+    uint64_t work = 0;    // nodes recorded on the stream so far
+    uint64_t joined = 0;  // how many of them the origin stream has waited for
+};
+static std::map<cudaStream_t, Forked> forked;
+
+static bool in_capture(cudaStream_t stream) {
+    return capture_stream && (stream == capture_stream || forked.count(stream) > 0);
+}
+
+bool stream_capturing(cudaStream_t stream) { return capture_valid && in_capture(stream); }
 
 void stream_work(cudaStream_t stream, const char* what, int node_type, std::function<void()> work) {
-    if (capture_stream && stream == capture_stream) {
+    if (in_capture(stream)) {
         if (capture_valid) captured.push_back(GraphNode{what, node_type, std::move(work)});
+        if (stream != capture_stream) forked[stream].work++;
         return;  // an invalidated capture records nothing more; its end reports it
     }
     work();
@@ -853,6 +871,7 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
         case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
         case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+        case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
         case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
         default: return "cudaError (emulated)";
     }
@@ -870,13 +889,19 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
         case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
         case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+        case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
         case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
         default: return "emulated error";
     }
 }
 
 // Streams and events: handles with nothing behind them but a time stamp.
-struct CUevent_st { std::chrono::steady_clock::time_point when; bool recorded; bool in_capture; };
+struct CUevent_st {
+    std::chrono::steady_clock::time_point when;
+    bool recorded, in_capture;
+    cudaStream_t stream;  // in a capture: the stream it was recorded on, and how much of that stream's work it follows
+    uint64_t mark;
+};
 struct CUstream_st { int unused; };
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
@@ -890,17 +915,30 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    if ((s == capture_stream || s == nullptr) && refused_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
+    if ((in_capture(s) || s == nullptr) && refused_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
     return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-    if ((s == capture_stream || s == nullptr) && refused_in_capture("cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
+    if ((in_capture(s) || s == nullptr) && refused_in_capture("cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
     return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+// The fork and the join of a capture ("Stream capture" above): waiting on an event recorded inside
+// the capture pulls the waiting stream into it; the origin waiting on a forked stream's event joins
+// that stream's work up to the event.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    auto* ev = (CUevent_st*)e;
+    if (!ev->in_capture || !capture_stream) return cudaSuccess;
+    if (!in_capture(s)) forked[s] = Forked{};
+    if (s == capture_stream && ev->stream != capture_stream && forked.count(ev->stream)) {
+        Forked& f = forked[ev->stream];
+        f.joined = std::max(f.joined, ev->mark);
+    }
+    return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-    *e = (cudaEvent_t) new CUevent_st{std::chrono::steady_clock::now(), false, false};
+    *e = (cudaEvent_t) new CUevent_st{std::chrono::steady_clock::now(), false, false, nullptr, 0};
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
@@ -913,8 +951,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return cudaErrorInvalidResourceHandle;
     auto* ev = (CUevent_st*)e;
-    ev->in_capture = capture_stream && s == capture_stream;
-    if (ev->in_capture) return cudaSuccess;
+    ev->in_capture = in_capture(s);
+    if (ev->in_capture) {
+        ev->stream = s;
+        ev->mark = s == capture_stream ? 0 : forked[s].work;
+        return cudaSuccess;
+    }
     ev->when = std::chrono::steady_clock::now();
     ev->recorded = true;
     return cudaSuccess;
@@ -949,11 +991,21 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     *graph = nullptr;
     if (!capture_stream || s != capture_stream) return last_error = cudaErrorStreamCaptureUnmatched;
     bool valid = capture_valid;
+    bool unjoined = false;
+    for (const auto& f : forked) unjoined = unjoined || f.second.work > f.second.joined;
     capture_stream = nullptr;
     capture_valid = false;
+    forked.clear();
     if (!valid) {
         captured.clear();
         return last_error = cudaErrorStreamCaptureInvalidated;
+    }
+    if (unjoined) {
+        fprintf(stderr, "CUDA emulator: cudaStreamEndCapture with a forked stream's work not joined back into the "
+                "origin stream (record an event on it after its last work, and make the origin wait on it): "
+                "cudaErrorStreamCaptureUnjoined\n");
+        captured.clear();
+        return last_error = cudaErrorStreamCaptureUnjoined;
     }
     *graph = new CUgraph_st{std::move(captured)};
     captured.clear();
@@ -962,7 +1014,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
     if (!status) return cudaErrorInvalidValue;
-    *status = !capture_stream || s != capture_stream ? cudaStreamCaptureStatusNone
+    *status = !in_capture(s) ? cudaStreamCaptureStatusNone
               : capture_valid                        ? cudaStreamCaptureStatusActive
                                                      : cudaStreamCaptureStatusInvalidated;
     return cudaSuccess;

@@ -13,12 +13,12 @@ EMU_CXX      := $(MPICXX)
 # -O1: a third of -O2's build time, and the run time goes to the scheduling, not to the kernels' code.
 EMU_FLAGS    := -std=c++17 -O1 -g0 -fno-strict-aliasing -Wno-attributes -I$(EMU_SRC) -I. -I$(EMU_CUDA_INC)
 EMU_KERNEL   := -x c++ -include test/emu/cuda_emu.h -DUSE_MPI
-EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu test/fp8_check.cu test/emu/capture_check.cu dev/comm/comm_bench.cu dev/comm/comm_bench.h $(wildcard llmc/*/*.cuh llmc/*.h llmc/*/*.h dev/cuda/*.cu dev/cuda/*.h)
+EMU_SOURCES  := train_gpt.cu test/gpu_comm_check.cu test/fp8_check.cu test/emu/capture_check.cu test/emu/nccl_capture_check.cu dev/comm/comm_bench.cu dev/comm/comm_bench.h $(wildcard llmc/*/*.cuh llmc/*.h llmc/*/*.h dev/cuda/*.cu dev/cuda/*.h)
 EMU_STAMP    := $(EMU_SRC)/.rewritten
 EMU_LIBS     := $(EMU_DIR)/cuda_emu_runtime.o $(EMU_DIR)/cublas_standin.o $(EMU_DIR)/cudnn_standin.o \
                 $(EMU_DIR)/nccl_standin.o
 EMU_PROGRAMS := $(EMU_DIR)/train_gpt $(EMU_DIR)/train_gpt_fp32 $(EMU_DIR)/train_gpt_fp16 $(EMU_DIR)/gpu_comm_check $(EMU_DIR)/comm_bench_gpu \
-                $(EMU_DIR)/capture_check $(EMU_DIR)/fp8_check
+                $(EMU_DIR)/capture_check $(EMU_DIR)/nccl_capture_check $(EMU_DIR)/fp8_check
 # The kernel lab (dev/cuda/*.cu) in build/emu/dev/, each program with the CPU trainer's layers
 # (llmc/model/cpu_layers.h) as its reference and no MPI, as on a GPU.
 EMU_DEV_PROGRAMS := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/dev/%,$(wildcard dev/cuda/*.cu))
@@ -54,6 +54,10 @@ $(EMU_DIR)/gpu_comm_check: $(EMU_STAMP) $(EMU_LIBS)
 # the emulation's own stream capture and graph replay (test/test_cuda_graphs.py runs it)
 $(EMU_DIR)/capture_check: $(EMU_STAMP) $(EMU_LIBS)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/test/emu/capture_check.cu -x none $(EMU_LIBS) -o $@
+
+# NCCL operations captured into a CUDA graph and replayed (test/test_emu_nccl_graphs.py runs it)
+$(EMU_DIR)/nccl_capture_check: $(EMU_STAMP) $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_KERNEL) $(EMU_SRC)/test/emu/nccl_capture_check.cu -x none $(EMU_LIBS) -o $@
 
 # fp8's quantizer, delayed scaling and the stand-in's fp8 matmuls (test/test_fp8.py runs it)
 $(EMU_DIR)/fp8_check: $(EMU_STAMP) $(EMU_LIBS)

@@ -54,6 +54,14 @@
 //     and the call returns ncclRemoteError (the communicator's async error says the same), which
 //     the trainer turns into gpu_comm_fail and a stop of every rank.
 //
+// CUDA graphs (NCCL >= 2.9). A call issued on a stream being captured (the emulated runtime's
+// stream capture, stream_capture.h), or a group whose ncclGroupEnd comes while its streams are
+// captured, is checked at the call and recorded as one kernel node of the graph, with its pointers
+// and counts as they were; each replay of the graph runs it over MPI, in the graph's order, with the
+// same agreement check as an eager call (so a rank whose graph lacks the collective, or replays
+// another, fails by the deadline or the mismatch). A group left open across cudaStreamEndCapture,
+// and a group mixing captured and eager operations, are refused with one line (group_capture_problem).
+//
 // What it cannot show. The host blocks where NCCL would block only the stream: a program that is
 // correct only because its host runs ahead of a send still in flight would stall here (and be
 // reported by the deadline). No overlap of communication with computation, no timing, no transport
@@ -249,6 +257,8 @@ struct Op {
     ncclComm* comm = nullptr;
     const void* send = nullptr;
     void* recv = nullptr;
+    cudaStream_t stream = nullptr;
+    bool captured = false;  // issued on a stream being captured into a CUDA graph
 };
 
 static int group_depth = 0;
@@ -444,12 +454,60 @@ static ncclResult_t run_ops(const std::vector<Op>& ops) {
     return r;
 }
 
-static ncclResult_t issue(const Op& o) {
+// A launch recorded into a CUDA graph (NCCL >= 2.9; the NCCL user guide, "Using NCCL with CUDA
+// Graphs"): the operations, with their buffers' pointers and counts as they were at the call, become
+// one kernel node of the graph (a real NCCL launch is one kernel), run over MPI each time the graph
+// is replayed, in the graph's order. The ranks' agreement (agree) is then checked at every replay:
+// a rank whose graph lacks the node, or holds another collective, fails as an eager one would. A
+// replay cannot return an error to the host: as on a GPU, a failure is the communicator's async
+// error (ncclCommGetAsyncError), which the next call on it, or the trainer's wait, reports.
+static ncclResult_t check_comm(ncclComm* c, const char* call);
+
+static void record(const std::vector<Op>& ops) {
+    const Op& first = ops.front();
+    emu::stream_work(first.stream, ops.size() > 1 ? "ncclGroup" : describe(first.call).c_str(), cudaGraphNodeTypeKernel,
+                     [ops]() {
+                         for (const Op& o : ops)  // a communicator that failed (at an earlier replay) is not waited on again
+                             if (check_comm(o.comm, "a CUDA graph's replay of a captured NCCL launch") != ncclSuccess) return;
+                         run_ops(ops);
+                     });
+}
+
+static ncclResult_t issue(Op o) {
+    o.captured = emu::stream_capturing(o.stream);
     if (group_depth > 0) {
         queued.push_back(o);
         return ncclSuccess;
     }
+    if (o.captured) {
+        record({o});
+        return ncclSuccess;
+    }
     return run_ops({o});
+}
+
+// A group is one launch, at its ncclGroupEnd (NCCL's "group semantics"), so whether it is captured
+// is decided there, for all its operations at once. The stand-in refuses the two ways this goes
+// silently wrong on a GPU: an operation issued inside a capture whose capture ended before the
+// group did (the group left open across cudaStreamEndCapture: NCCL would launch it eagerly, and the
+// graph would replay without it), and a group mixing operations issued inside and outside a capture.
+// Nothing of the group has been launched, so the communicator stays usable (no async error).
+static ncclResult_t group_capture_problem(const std::vector<Op>& ops) {
+    for (const Op& o : ops) {
+        if (o.captured != ops.front().captured)
+            return failure(nullptr, ncclInvalidUsage, true,
+                           strprintf("%s: a group mixes operations issued on a stream being captured into a CUDA graph "
+                                     "with operations issued outside the capture (%s): a group is one launch, captured "
+                                     "or not; close the group before the capture begins, or open it inside",
+                                     where(o.comm).c_str(), describe(o.call).c_str()));
+        if (o.captured && !emu::stream_capturing(o.stream))
+            return failure(nullptr, ncclInvalidUsage, true,
+                           strprintf("%s: %s was issued inside a CUDA graph capture, but its group ended after the "
+                                     "capture did: NCCL launches a group at ncclGroupEnd, so the graph would replay "
+                                     "without it; call ncclGroupEnd before cudaStreamEndCapture",
+                                     where(o.comm).c_str(), describe(o.call).c_str()));
+    }
+    return ncclSuccess;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -559,6 +617,7 @@ static ncclResult_t settled(const ncclComm* c) { return c->blocking ? ncclSucces
 // Linked without the emulated CUDA runtime, as test/emu/nccl_standin_check.cpp is, no stream is
 // ever captured; the runtime's definition replaces this one.
 __attribute__((weak)) bool emu::stream_capturing(cudaStream_t) { return false; }
+__attribute__((weak)) void emu::stream_work(cudaStream_t, const char*, int, std::function<void()> work) { work(); }
 
 extern "C" {
 
@@ -716,28 +775,18 @@ const char* ncclGetLastError(ncclComm_t) { return last_error.c_str(); }
 // ----------------------------------------------------------------------------------------------
 // Collectives and point to point
 
-// The real NCCL records a collective issued on a capturing stream into the CUDA graph; the stand-in
-// runs each one over MPI at the call and does not record it (the GPU trainer refuses --cuda-graphs
-// on more than one rank), so such a call is refused, naming it, rather than run at capture time.
-static ncclResult_t not_captured(cudaStream_t stream, const char* call) {
-    if (!emu::stream_capturing(stream)) return ncclSuccess;
-    return failure(nullptr, ncclInvalidUsage, true, strprintf("%s on a stream being captured into a CUDA graph: not emulated", call));
-}
-
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-    Op o{{KIND_ALL_REDUCE, datatype, op, 0, count}, comm, sendbuff, recvbuff};
+    Op o{{KIND_ALL_REDUCE, datatype, op, 0, count}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, "ncclAllReduce");
-    if (r == ncclSuccess) r = not_captured(stream, "ncclAllReduce");
     if (r == ncclSuccess) r = check_op(o, true, count, count, nullptr);
     return r == ncclSuccess ? issue(o) : r;
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-    Op o{{KIND_REDUCE, datatype, op, root, count}, comm, sendbuff, recvbuff};
+    Op o{{KIND_REDUCE, datatype, op, root, count}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, "ncclReduce");
-    if (r == ncclSuccess) r = not_captured(stream, "ncclReduce");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     bool is_root = comm->rank == root;  // recvbuff matters (and may be NULL elsewhere) only at the root
@@ -747,9 +796,8 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    Op o{{KIND_REDUCE_SCATTER, datatype, op, 0, recvcount}, comm, sendbuff, recvbuff};
+    Op o{{KIND_REDUCE_SCATTER, datatype, op, 0, recvcount}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, "ncclReduceScatter");
-    if (r == ncclSuccess) r = not_captured(stream, "ncclReduceScatter");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff - (size_t)comm->rank * recvcount * type_bytes(datatype);
     r = check_op(o, true, (size_t)comm->nranks * recvcount, recvcount, in_place);
@@ -758,9 +806,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    Op o{{KIND_ALL_GATHER, datatype, 0, 0, sendcount}, comm, sendbuff, recvbuff};
+    Op o{{KIND_ALL_GATHER, datatype, 0, 0, sendcount}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, "ncclAllGather");
-    if (r == ncclSuccess) r = not_captured(stream, "ncclAllGather");
     if (r != ncclSuccess) return r;
     const char* in_place = (const char*)recvbuff + (size_t)comm->rank * sendcount * type_bytes(datatype);
     r = check_op(o, false, sendcount, (size_t)comm->nranks * sendcount, in_place);
@@ -769,9 +816,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-    Op o{{KIND_BROADCAST, datatype, 0, root, count}, comm, sendbuff, recvbuff};
+    Op o{{KIND_BROADCAST, datatype, 0, root, count}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, "ncclBroadcast");
-    if (r == ncclSuccess) r = not_captured(stream, "ncclBroadcast");
     if (r != ncclSuccess) return r;
     if (root < 0 || root >= comm->nranks) return bad_argument(comm, o.call, "the root is not a rank of the communicator");
     r = check_op(o, false, comm->rank == root ? count : 0, count, nullptr);  // sendbuff is read at the root only
@@ -780,9 +826,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 
 static ncclResult_t point_to_point(Kind kind, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                    int peer, ncclComm_t comm, cudaStream_t stream) {
-    Op o{{kind, datatype, 0, peer, count}, comm, sendbuff, recvbuff};
+    Op o{{kind, datatype, 0, peer, count}, comm, sendbuff, recvbuff, stream};
     ncclResult_t r = check_comm(comm, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
-    if (r == ncclSuccess) r = not_captured(stream, kind == KIND_SEND ? "ncclSend" : "ncclRecv");
     if (r != ncclSuccess) return r;
     if (peer < 0 || peer >= comm->nranks) return bad_argument(comm, o.call, "the peer is not a rank of the communicator");
     r = check_op(o, false, kind == KIND_SEND ? count : 0, kind == KIND_RECV ? count : 0, nullptr);
@@ -808,6 +853,13 @@ ncclResult_t ncclGroupEnd() {
     if (--group_depth > 0) return ncclSuccess;
     std::vector<Op> ops;
     ops.swap(queued);
+    if (ops.empty()) return ncclSuccess;
+    ncclResult_t r = group_capture_problem(ops);
+    if (r != ncclSuccess) return r;
+    if (ops.front().captured) {
+        record(ops);
+        return ncclSuccess;
+    }
     return run_ops(ops);
 }
 

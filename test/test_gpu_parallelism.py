@@ -8,7 +8,7 @@ shards, tensor-parallel sums, pipeline sends and checkpoints, only slower. What 
 GPU is the trainer's logic on a grid; NCCL's own collectives are build/gpu_comm_check's business.
 
 The model is test_parallelism.py's with the GPU's shapes (channels and head size multiples of 8):
-L=4 C=128 H=4 T=32 V=501 (hs 32; V odd, so no tensor degree divides it), 128 tokens a step, 10 steps,
+L=4 C=128 H=4 T=32 V=501 (hs 32; V odd, so no tensor degree divides it), 128 tokens a step, 6 steps,
 lr 1e-3. One rank accumulates 4 micro-batches of B=1; a grid runs them as dp ranks x m micro-batches
 of a pipeline. The grids:
 
@@ -31,13 +31,15 @@ measures, against one rank:
     dp 2, dp 4           2.8e-3 .. 3.1e-3     0.999995   0 (same)      5.4e-4       1.7e-2
     dp 2 x tp 2          7.9e-3               0.99997    7.9e-3        1.1e-3       2.7e-2
     control (half batch) 0.74                 0.80       0 (same)      0.19         0.62
+(over 10 steps; the test runs 6 (CI's time), where the model measures the weight change 3.1e-2 .. 3.2e-2
+for tp, 1.6e-2 for dp, 3.0e-2 for dp x tp and 0.64 for the control, the losses <= 3.0e-4 and 0.19)
 What the model leaves out (cuBLASLt's and cuDNN's accumulation orders, which change with the local
 shapes) adds fp32-level noise that bf16 rounding turns into the odd flipped last bit; so the limits
 are 3-4 times the simulated errors, and still an order of magnitude from the control:
     step-1 gradient   relative L2 <= 3e-2 and cosine >= 0.9995         (control: 0.74, 0.80)
     first logits      relative L2 <= 3e-2
     losses            |loss_grid - loss_one| <= 0.01 every step         (control: 0.19)
-    weight change     ||dW_grid - dW_one|| / ||dW_one|| <= 0.10 after 10 steps   (control: 0.62)
+    weight change     ||dW_grid - dW_one|| / ||dW_one|| <= 0.10 after 6 steps    (control: 0.64)
 Where the arithmetic IS the same the test demands the same bits: ZeRO-3 == ZeRO-2 (the same reduce-
 scatters, the same AdamW on the same shards, the same stochastic rounding), pp2 1F1B == pp2 GPipe
 (schedules change when a layer computes, not what), a resumed run == the straight run on the same
@@ -74,6 +76,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "L=4,C=128,H=4,T=32,V=501"
 MODEL3 = "L=2,C=192,H=6,T=32,V=501"
 T, LR = 32, 1e-3
+# 6 steps, a checkpoint after 3: each emulated step costs more than a run's start (CI's time, docs/benchmarks.md)
+STEPS, CKPT = 6, 3
 TOL_GRAD, TOL_COS, TOL_LOGITS, TOL_LOSS, TOL_UPDATE = 3e-2, 0.9995, 3e-2, 0.01, 0.10
 CHECKS = ["dp2 ZeRO-2 == one rank", "dp2 ZeRO-3 == one rank", "ZeRO-3 == ZeRO-2 bit for bit", "tp2 == one rank",
           "tp4 + sequence parallel == one rank", "tp3 (vocabulary padding) == one rank", "pp2 GPipe == one rank",
@@ -93,7 +97,7 @@ class Runner:
         self.mpirun = shutil.which("mpirun")
         self.seconds = 0.0
 
-    def run(self, ranks, *flags, model=MODEL, steps=10, env=None, guard=300):
+    def run(self, ranks, *flags, model=MODEL, steps=STEPS, env=None, guard=300):
         common = ["--model", model, "--train-data", os.path.join(self.work, "train_*.bin"), "--val-data", "none",
                   "--sample-every", "0", "--seq-len", str(T), "--steps", str(steps), "--lr", str(LR), "--batch-size", "1",
                   "--total-batch-tokens", str(4 * T if model == MODEL else 3 * T), "--out-dir", os.path.join(self.work, "out")]
@@ -334,11 +338,11 @@ def main():
                          env=RANDOM if EMULATED else None)
         check_bitwise("dp2 x pp2 ZB-H1 (ZeRO-1) == dp2 x pp2 1F1B bit for bit", dpzb, dppp)
         check_close("dp2 x pp2 ZB-H1 (ZeRO-1) == one rank", dpzb, one, init)
-        # tp2 x pp2 with sequence parallelism: checkpoints at 5 and 10, then resumed from 5
+        # tp2 x pp2 with sequence parallelism: checkpoints every CKPT steps, then resumed from the first
         tppp, _ = r.dump("tp2pp2", 4, "--tensor-parallel", 2, "--pipeline-parallel", 2, "--sequence-parallel", 1,
-                         "--checkpoint-every", 5)
+                         "--checkpoint-every", CKPT)
         check_close("tp2 x pp2 + sequence parallel == one rank", tppp, one, init)
-        ckpt = os.path.join(work, "out", "ckpt_00000005")
+        ckpt = os.path.join(work, "out", f"ckpt_{CKPT:08d}")
         files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
         report(files == ["checksums.txt", "model.bin"] + [f"state_rank{i}.bin" for i in range(4)],
                "a tp2 x pp2 checkpoint: model.bin (bf16, collected by rank 0) and one state file per rank", str(files))
@@ -346,23 +350,23 @@ def main():
                               1, "--resume", ckpt, env=REVERSED if EMULATED else None)
         if resumed is not None and tppp is not None:
             report("resumed from" in out and "resharded" not in out and np.array_equal(resumed["params"], tppp["params"]) and
-                   np.array_equal(resumed["losses"], tppp["losses"][5:]),
-                   "tp2 x pp2: 5 steps + checkpoint + resume + 5 steps == 10 straight, bit for bit", out[-800:])
+                   np.array_equal(resumed["losses"], tppp["losses"][CKPT:]),
+                   f"tp2 x pp2: {CKPT} steps + checkpoint + resume + {STEPS - CKPT} steps == {STEPS} straight, bit for bit", out[-800:])
         one_r, out = r.dump("tp2pp2_to_one", 1, "--resume", ckpt)
         if one_r is not None and tppp is not None and init is not None:
             update = rel(one_r["params"] - init, tppp["params"] - init)
-            loss = float(np.max(np.abs(one_r["losses"] - tppp["losses"][5:])))
+            loss = float(np.max(np.abs(one_r["losses"] - tppp["losses"][CKPT:])))
             report("resharded: the checkpoint was written by 4 ranks with ZeRO-0 (tp 2 x pp 2)" in out and
                    update <= TOL_UPDATE and loss <= TOL_LOSS,
                    f"the tp2 x pp2 checkpoint resumed by one rank continues like the grid (weight change rel {update:.1e}, "
                    f"losses {loss:.1e})", out[-600:])
         # dp2 x tp2 with ZeRO-3: the weights live only as shards; resume bit for bit
-        dz3, _ = r.dump("dp2tp2_zero3", 4, "--tensor-parallel", 2, "--zero", 3, "--checkpoint-every", 5)
+        dz3, _ = r.dump("dp2tp2_zero3", 4, "--tensor-parallel", 2, "--zero", 3, "--checkpoint-every", CKPT)
         check_close("dp2 x tp2 ZeRO-3 == one rank", dz3, one, init)
         dz3r, out = r.dump("dp2tp2_zero3_resumed", 4, "--tensor-parallel", 2, "--zero", 3, "--resume", ckpt,
                            env=RANDOM if EMULATED else None)
         if dz3 is not None and dz3r is not None:
-            report(np.array_equal(dz3r["params"], dz3["params"]) and np.array_equal(dz3r["losses"], dz3["losses"][5:]),
+            report(np.array_equal(dz3r["params"], dz3["params"]) and np.array_equal(dz3r["losses"], dz3["losses"][CKPT:]),
                    "dp2 x tp2 ZeRO-3: resume on the same grid == straight, bit for bit", out[-600:])
 
         # ---- the bubble, with compute made of sleeps (20 ms forward, 40 ms backward per micro-batch)

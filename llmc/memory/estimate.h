@@ -420,6 +420,7 @@ inline const std::vector<ActivationTerm>& activation_terms() {
          {"lnf", "lnf_mean", "lnf_rstd", "logits", "losses", "logsumexp"}},
         {"ZB-H1: what the deferred weight gradients read", 0, 0, {"weight_stash"}},
         {"MoE blocks: the router's and the experts' rows", 0, 0, {"moe_activations", "moe_routing"}},
+        {"fp8 stash: each stashed tensor's amax", 0, 0, {"stash_amax"}},
     };
     return terms;
 }
@@ -489,6 +490,8 @@ inline std::vector<ActivationLine> activation_lines(const EstimateSetup& e, cons
                     "zero_bubble_backward.h); 0 with the other schedules";
     lines[13].why = "outside the dense formula: each MoE block's routing (logits, probabilities, choices) and the k B T "
                     "rows its experts gather, with their fc, GELU and gradient rows (llmc/model/moe.h); 0 without --moe-experts";
+    lines[14].why = "the source of each stashed tensor's scale, 7 per layer (llmc/memory/stash_precision.cuh); 0 without "
+                    "--stash-precision fp8";
     return lines;
 }
 

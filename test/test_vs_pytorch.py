@@ -54,7 +54,7 @@ in float64 (one fp32 code's own rounding noise; two fp32 codes differ by up to a
                  logits   grads    loss     losses   params max  params rms  wpe>=T   norm
     tiny         3.2e-7   6.1e-7   4.8e-7   4.8e-7   3.3e-3      1.2e-4      4.9e-3   <1e-6
     GPT-2 124M   9.8e-7   1.4e-6   0        2.9e-6   5.2e-3      2.5e-4      4.4e-3   ~1e-6
-(both over 10 steps; the 124M fixture now trains 3, whose errors can only be smaller)
+(both over 10 steps; the 124M fixture now trains 3: the PASS lines print its errors)
 The params rms floor is set by LayerNorm gains near 1.5, whose fp32 ulp (1.2e-7) is 1e-3 of a
 step's update; the losses floor by the fp32 spacing at loss 11 (9.5e-7): 2e-5 is 20 ulps.
 The self-checks verify both directions on the tiny model: fp32 vs float64 passes at 1/5 of every
@@ -111,7 +111,8 @@ FIXTURES = os.path.join(HERE, "fixtures")
 # steps: the tiny model trains 10 steps (the trajectory: AdamW's moments, bias correction,
 # decay and clipping compounding, the calibration's planted bugs); GPT-2 124M proves the same code
 # at the real size (V=50257 padded to 50304, C=768, 12 layers, the norm summed over 124M squares)
-# in 3 steps, each of which costs as much as the rest of the file (CI's time, docs/benchmarks.md)
+# in 3 steps: at 124M a step of the reference and of each trainer costs more than the whole tiny
+# part (CI's time, docs/benchmarks.md)
 CONFIGS = {
     "tiny": dict(layers=2, channels=64, heads=4, max_seq_len=64, vocab=512, batch=4, seq_len=32,
                  steps=10),

@@ -111,8 +111,8 @@ FIXTURES = os.path.join(HERE, "fixtures")
 # steps: the tiny model trains 10 steps (the trajectory: AdamW's moments, bias correction,
 # decay and clipping compounding, the calibration's planted bugs); GPT-2 124M proves the same code
 # at the real size (V=50257 padded to 50304, C=768, 12 layers, the norm summed over 124M squares)
-# in 3 steps: at 124M a step of the reference and of each trainer costs more than the whole tiny
-# part (CI's time, docs/benchmarks.md)
+# in 3 steps: at 10 steps its three runs took about 313 of this file's 324 s in CI (CI's time,
+# docs/benchmarks.md)
 CONFIGS = {
     "tiny": dict(layers=2, channels=64, heads=4, max_seq_len=64, vocab=512, batch=4, seq_len=32,
                  steps=10),

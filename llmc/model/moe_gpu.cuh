@@ -141,6 +141,17 @@ inline void moe_gpu_block_forward(MoEGpu* g, MatmulContext* ctx, int b, const cp
                   *std::max_element(kept.begin(), kept.end()));
 }
 
+// Generation (--generate, llmc/run/generate.h): the n new rows of a step (n <= N, the rows the state
+// was sized for) through MoE block b, as the CPU's moe_forward_new_rows: routed without dropping
+// (g->shape from moe_generation_shape: llmc/model/moe.h says why), nothing kept for a backward.
+inline void moe_gpu_block_forward_new_rows(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<const floatX>& w,
+                                           const floatX* x, floatX* y, int n, cudaStream_t s) {
+    int N = g->N;
+    g->N = n;  // the routing state and rows hold N; this step uses the first n (every kernel reads g->N)
+    moe_gpu_block_forward(g, ctx, b, w, x, y, s);
+    g->N = N;
+}
+
 // Backward of MoE block b, after its forward: dx (N, C) = d loss / d x (overwritten), from dy = d loss
 // / d y; the weights' gradients ADDED to gw (expert 0's into the dense gradient, as the MLP's).
 // partials: bias_backward's scratch.

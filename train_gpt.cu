@@ -1797,9 +1797,6 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (world_size > 1)
         return strprintf("--moe-experts on the GPU trainer runs on one GPU for now (%d ranks here): run one process, or train MoE "
                          "with data or expert parallelism on train_gpt_cpu", world_size);
-    if (o.recompute > 0)  // (the CPU trainer's MoE blocks recompute: test_moe_trainer.py; the GPU's are not proven yet)
-        return strprintf("--moe-experts with --recompute %d on the GPU trainer: its MoE blocks are not checked under recompute yet; "
-                         "use --recompute 0 (the default with MoE here), or train_gpt_cpu", o.recompute);
     if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
     if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
     if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";

@@ -25,8 +25,11 @@
 // Memory (llmc/memory/gpu_buffers.h's moe_* rows): the table, its gradient (bf16) and m, v (fp32);
 // per MoE block the routing state (N (3E + 5k + 1) + 3E + 3 4-byte values) and the k N rows its
 // experts gather, with their fc, GELU and output rows (k N (2C + 2H) bf16: k times the dense MLP's);
-// the backward's rows once (k N (2C + H)). --recompute is refused with MoE (cli.h): the blocks keep
-// their activations, and nothing re-runs the router (which would add the auxiliary losses twice).
+// the backward's rows once (k N (2C + H)). --recompute 1|2 leaves these alone, as on the CPU
+// (llmc/model/moe.h): the blocks keep their routing and rows at every level, and nothing re-runs the
+// router (which would add the auxiliary losses twice, Megatron-LM issue 1330); what level 2 drops is
+// the block's ln2, the router's and experts' input, which gpt2_backward rebuilds (layernorm_recompute)
+// before the MoE branch reads it. Checked bit for bit against --recompute 0: test_gpu_moe_trainer.py.
 // The dense table's fch and fch_gelu rows of an MoE block are still allocated, unused: 8 N C bf16
 // values a block, left for the simplicity of one activation table (E = 1 costs them twice).
 //

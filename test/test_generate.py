@@ -29,7 +29,7 @@ GPU trainer:
                     cache's MoE blocks == the training forward's (tokens, log-probabilities; bf16: see
                     MOE_BF16), a capacity factor changing nothing (generation never drops: moe.h's
                     moe_forward_new_rows says why), the GPU's fp32 tokens == the CPU's; the file without
-                    its --moe-* flags and a dense file with them refused (exit 2, one line). Planted and
+                    its --moe-* flags, a dense file with them and --expert-parallel refused (exit 2, one line). Planted and
                     caught: the MoE block reading the residual instead of ln2 in the cached forward;
                     moe_generation_shape keeping the capacity factor
 The GPU trainer runs them twice: its fp32 build (the same kernels in fp32) to the CPU trainer's
@@ -272,14 +272,17 @@ def check_moe(label, binary, tmp, tol, env=None, extra=()):
                    f"{label}: MoE {name}, --kv-cache {kv}: --moe-capacity-factor 0.5 drops nothing when generating (the same "
                    "tokens)", err or str(capped))
     model = os.path.join(tmp, "moe_top-2.bin")
-    for what, args, needle in (
-            ("an MoE file without its --moe-* flags", ["--model", model, "--generate", "1 2"], "--moe-experts 4 --moe-top-k 2"),
+    for what, args, needles in (
+            ("an MoE file without its --moe-* flags", ["--model", model, "--generate", "1 2"],
+             ["--moe-experts 4 --moe-top-k 2", "pass the model's --moe-* flags"]),
             ("a dense file with --moe-* flags", ["--model", os.path.join(tmp, "model.bin"), "--generate", "1 2"] + moe_flags(4, 2, 1),
-             "a dense model")) if fp32 else ():
+             ["a dense model", "pass the model's --moe-* flags"]),
+            ("--expert-parallel 2", ["--model", model, "--generate", "1 2", "--expert-parallel", "2"] + moe_flags(4, 2, 1),
+             ["--expert-parallel"])) if fp32 else ():
         p = run(binary, args + list(extra), env)
         lines = p.stderr.strip().splitlines()
-        report(p.returncode == 2 and len(lines) == 1 and needle in lines[0] and "pass the model's --moe-* flags" in lines[0],
-               f"{label}: --generate with {what}: exit 2, one line naming both", f"exit {p.returncode}: {p.stderr.strip()[:300]}")
+        report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),
+               f"{label}: --generate with {what}: exit 2, one line naming it", f"exit {p.returncode}: {p.stderr.strip()[:300]}")
     return greedy
 
 

@@ -58,8 +58,9 @@
 // dropping (llmc/model/moe.h, moe_forward_new_rows, says why), so --moe-capacity-factor is unused.
 inline GPT2Config generation_model(const TrainOptions& o, int world_size, const char* where, std::string* resume_dir) {
     if (world_size > 1) usage_fail("--generate runs on %s: run it without mpirun", where);
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0) {
-        usage_fail("--generate runs the whole model on %s: drop --tensor-parallel, --pipeline-parallel and --zero", where);
+    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0 || o.expert_parallel > 1) {
+        usage_fail("--generate runs the whole model on %s: drop --tensor-parallel, --pipeline-parallel, --zero and --expert-parallel",
+                   where);
     }
     *resume_dir = resolve_resume_dir(o);
     GPT2Config cfg;

@@ -1753,9 +1753,15 @@ static const float* gpt2_forward_cached(GPT2* m, KVCacheGpu* c, const int* token
         attention_cached(c->atty, c->qkv, k_cache, v_cache, pos, n, C, NH, s);
         matmul_forward(&m->matmul, c->proj, c->atty, w[ATTPROJW], w[ATTPROJB], n, C, C, s);
         fused_residual_layernorm_forward(c->x2, c->ln, c->mean, c->rstd, c->x, c->proj, w[LN2W], w[LN2B], n, C, s);
-        matmul_forward(&m->matmul, c->fch, c->ln, w[FCW], w[FCB], n, C, 4 * C, s);
-        gelu_forward(c->fch_gelu, c->fch, (size_t)n * 4 * C, s);
-        matmul_forward(&m->matmul, c->proj, c->fch_gelu, w[FCPROJW], w[FCPROJB], n, 4 * C, C, s);
+        if (is_moe_block(m->moe.moe, l)) {  // --moe-experts: the router sends each new row to its top-k experts
+            int b = moe_block_index(m->moe.moe, l);
+            moe_gpu_block_forward_new_rows(&m->moe, &m->matmul, b, moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW],
+                                           w[FCB], w[FCPROJW], w[FCPROJB]), c->ln, c->proj, n, s);
+        } else {
+            matmul_forward(&m->matmul, c->fch, c->ln, w[FCW], w[FCB], n, C, 4 * C, s);
+            gelu_forward(c->fch_gelu, c->fch, (size_t)n * 4 * C, s);
+            matmul_forward(&m->matmul, c->proj, c->fch_gelu, w[FCPROJW], w[FCPROJB], n, 4 * C, C, s);
+        }
         residual_forward(c->x, c->x2, c->proj, (size_t)n * C, s);
     }
     // only the last row's logits are wanted: one row through the final LayerNorm and the LM head
@@ -1772,15 +1778,19 @@ static int generate_main(const TrainOptions& o) {
     comm_init(&par.world, o.comm_timeout);
     std::string resume_dir;
     GPT2Config cfg = generation_model(o, par.world.world_size, "one GPU", &resume_dir);
+    std::string why = o.moe_experts > 0 ? moe_gpu_shape_problem(moe_run_shape(o), cfg.channels) : "";  // (the kernels' limits)
+    if (!why.empty()) usage_fail(why);
     connect_gpus(&par);
     check_gpu_shape(cfg);
     // the training buffers for one sequence: the weights, and (--kv-cache 0) the window's activations;
-    // the cached path runs no training forward, so a short T will do (and the simple attention: no cuDNN plan)
+    // the cached path runs no training forward, so a short T will do (and the simple attention: no cuDNN
+    // plan), but for an MoE model's routing state and rows, which a prompt's prefill of T rows needs
     bool simple_attention = o.kv_cache ? true : wants_simple_attention(o);
-    int T = o.kv_cache ? std::min(64, cfg.max_seq_len) : cfg.max_seq_len;
+    int T = o.kv_cache && o.moe_experts == 0 ? std::min(64, cfg.max_seq_len) : cfg.max_seq_len;
     GPT2 model;
     GPT2* m = &model;
     gpt2_build(m, &par, cfg, 1, T, 1, o, false, &simple_attention);
+    if (o.moe_experts > 0) m->moe.shape = moe_generation_shape(o);  // both paths route without dropping (moe.h says why)
     load_state(m, o, resume_dir, false);
     if (o.kv_cache) {
         KVCacheGpu cache;
@@ -1862,9 +1872,6 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (world_size > 1)
         return strprintf("--moe-experts on the GPU trainer runs on one GPU for now (%d ranks here): run one process, or train MoE "
                          "with data or expert parallelism on train_gpt_cpu", world_size);
-    if (o.recompute > 0)  // (the CPU trainer's MoE blocks recompute: test_moe_trainer.py; the GPU's are not proven yet)
-        return strprintf("--moe-experts with --recompute %d on the GPU trainer: its MoE blocks are not checked under recompute yet; "
-                         "use --recompute 0 (the default with MoE here), or train_gpt_cpu", o.recompute);
     if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
     if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
     if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";
@@ -1915,8 +1922,6 @@ int main(int argc, char** argv) {
                                              o.loss_scale_window == 0 ? LOSS_SCALE_WINDOW : o.loss_scale_window);
         if (!bad.empty()) usage_fail("%s (--loss-scale-init, --loss-scale-window)", bad.c_str());
     }
-    if (generation_mode(o) && o.moe_experts > 0)  // (the KV-cache forward has no MoE layer yet)
-        usage_fail("--moe-experts with --generate: generation has no MoE layer yet, on either trainer; drop --moe-*");
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master

@@ -1496,9 +1496,10 @@ struct KVCache {
     std::vector<float> x, ln, qkv, atty, proj, fch, fch_gelu;   // (T, C), (T, C), (T, 3C), (T, C), (T, C), (T, 4C) x2
     std::vector<float> mean, rstd;           // (T)
     std::vector<float> logits;               // (Vp): the last new token's
+    MoEActivations moe;                      // --moe-experts: one MoE block's routing and rows, reused by each
 };
 
-static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg) {
+static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg, const MoEShape* moe) {
     size_t T = cfg.max_seq_len, C = cfg.channels;
     c->k.assign(cfg.num_layers * T * C, 0.0f);
     c->v.assign(cfg.num_layers * T * C, 0.0f);
@@ -1509,6 +1510,7 @@ static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg) {
     c->mean.assign(T, 0.0f);
     c->rstd.assign(T, 0.0f);
     c->logits.assign(cfg.padded_vocab_size, 0.0f);
+    if (moe) moe_allocate(&c->moe, *moe, (int)T, (int)C, 4 * (int)C);  // (--moe-experts)
 }
 
 // The forward pass of n new tokens at positions pos .. pos+n-1, the earlier ones' keys and values
@@ -1532,10 +1534,16 @@ static const float* gpt2_forward_cached(GPT2* model, KVCache* c, const int* toke
         add_bias(c->proj.data(), w[ATTPROJB], n, C);
         residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
         layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN2W], w[LN2B], n, C);
-        matmul_forward_new_rows(c->fch.data(), c->ln.data(), w[FCW], w[FCB], n, C, 4 * C);
-        gelu_forward(c->fch_gelu.data(), c->fch.data(), (size_t)n * 4 * C);
-        matmul_forward_new_rows(c->proj.data(), c->fch_gelu.data(), w[FCPROJW], nullptr, n, 4 * C, C);
-        add_bias(c->proj.data(), w[FCPROJB], n, C);
+        if (is_moe_block(model->moe, l)) {  // --moe-experts: the router sends each new row to its top-k experts
+            int b = moe_block_index(model->moe, l);
+            MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
+            moe_forward_new_rows(c->proj.data(), &c->moe, model->moe_shape, mw, c->ln.data(), n);
+        } else {
+            matmul_forward_new_rows(c->fch.data(), c->ln.data(), w[FCW], w[FCB], n, C, 4 * C);
+            gelu_forward(c->fch_gelu.data(), c->fch.data(), (size_t)n * 4 * C);
+            matmul_forward_new_rows(c->proj.data(), c->fch_gelu.data(), w[FCPROJW], nullptr, n, 4 * C, C);
+            add_bias(c->proj.data(), w[FCPROJB], n, C);
+        }
         residual_forward(c->x.data(), c->proj.data(), c->x.data(), (size_t)n * C);
     }
     // only the last row's logits are wanted: one row through the final LayerNorm and the LM head
@@ -1553,17 +1561,28 @@ static int generate_main(const TrainOptions& o) {
     GPT2Config cfg = generation_model(o, launched.world_size, "one rank", &resume_dir);
     GPT2 model;
     gpt2_build(&model, cfg, std::vector<float>(param_layout(cfg).total, 0.0f));
+    // --moe-experts (generation_model checked them against the file): every expert, routed without dropping
+    if (o.moe_experts > 0) model.moe_shape = moe_generation_shape(o);
+    CPURunShape training_forward = cpu_run_shape(cfg, 1, cfg.max_seq_len, ProcessGrid{}, PipelineSchedule::OneFOneB, 1, 0);
+    training_forward.moe = MoEConfig{o.moe_experts, o.moe_every};
+    training_forward.moe_top_k = o.moe_top_k;
+    if (o.kv_cache) {  // (the MoE table alone from the size table's rows: the cache has its own buffers)
+        model.moe = training_forward.moe;
+        model.moe_layout = moe_layout(cfg, model.moe);
+        model.moe_params.assign(model.moe_layout.total, 0.0f);
+    } else {
+        gpt2_allocate(&model, training_forward);  // before the weights: it sizes (and zeroes) the MoE table
+    }
     load_weights(&model, o, resume_dir, false);
     if (o.kv_cache) {
         KVCache cache;
-        kv_cache_allocate(&cache, cfg);
+        kv_cache_allocate(&cache, cfg, model.moe.experts > 0 ? &model.moe_shape : nullptr);
         run_generation(o, cfg, "KV cache", [&](const std::vector<int>& tokens, int first, int cached) {
             int n = (int)tokens.size() - first - cached;
             return gpt2_forward_cached(&model, &cache, tokens.data() + first + cached, n, cached);
         });
     } else {
         // the training forward, B = 1, over the whole window for every token
-        gpt2_allocate(&model, cpu_run_shape(cfg, 1, cfg.max_seq_len, ProcessGrid{}, PipelineSchedule::OneFOneB, 1, 0));
         run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
             int len = (int)tokens.size() - first;
             gpt2_forward(&model, tokens.data() + first, 1, len, 0);
@@ -1636,7 +1655,6 @@ static void refuse_moe_problems(const TrainOptions& o) {
     auto refuse = [&](const char* what, const char* fix) {
         usage_fail("--moe-experts with %s: %s", what, fix);
     };
-    if (generation_mode(o)) refuse("--generate", "generation has no MoE layer in its KV-cache forward yet; drop --moe-*");
     if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
     if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
     if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");

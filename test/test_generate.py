@@ -25,6 +25,13 @@ GPU trainer:
                     prompt file: exit 1; each with one line on stderr
   tokenizer         (GPT-2's vocabulary in data/gpt2, a V=50257 model, CPU trainer) the prompt's tokens
                     decode back to the prompt, and the printed text is the decoded tokens
+  moe               mixture-of-experts models (version 7; E = 4 top-1 in one block, top-2 in both): the KV
+                    cache's MoE blocks == the training forward's (tokens, log-probabilities; bf16: see
+                    MOE_BF16), a capacity factor changing nothing (generation never drops: moe.h's
+                    moe_forward_new_rows says why), the GPU's fp32 tokens == the CPU's; the file without
+                    its --moe-* flags, a dense file with them and --expert-parallel refused (exit 2, one line). Planted and
+                    caught: the MoE block reading the residual instead of ln2 in the cached forward;
+                    moe_generation_shape keeping the capacity factor
 The GPU trainer runs them twice: its fp32 build (the same kernels in fp32) to the CPU trainer's
 tolerances, against PyTorch and the CPU trainer too; its bf16 build on a prefix of the tokens and a loose
 log-probability tolerance (Tolerance below says why), which catches gross errors only.
@@ -60,10 +67,12 @@ def skip(name, why):
     print(f"SKIP: {name} ({why})", flush=True)
 
 
-def write_model(path, L, C, NH, T, V, seed, std=0.3):
+def write_model(path, L, C, NH, T, V, seed, std=0.3, moe=None):
     """A model file (version 3, fp32) with random weights: LayerNorm gains 1 + N(0, 0.1), the rest N(0, std).
     At std 0.3 the greedy continuation of the test's prompt visits 33 distinct tokens in 150; at 0.1 (the
-    embedding dominates the residual stream, and the tied head predicts the input token) only 10."""
+    embedding dominates the residual stream, and the tied head predicts the input token) only 10.
+    moe = (E, top_k, every): a mixture-of-experts file (version 7, docs/formats.md), its MoE table N(0, std)
+    too, so that the router's logits (std ~2.4 at C = 64) pick clearly among the experts."""
     Vp = (V + 127) // 128 * 128
     rng = np.random.default_rng(seed)
     shapes = [("wte", (Vp, C)), ("wpe", (T, C)), ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)),
@@ -72,6 +81,12 @@ def write_model(path, L, C, NH, T, V, seed, std=0.3):
               ("lnfw", (C,)), ("lnfb", (C,))]
     header = np.zeros(256, dtype="<i4")
     header[:8] = [20240326, 3, T, V, L, NH, C, Vp]
+    if moe:
+        E, top_k, every = moe
+        header[1], header[8:11] = 7, [E, top_k, every]
+        Lm = L // every  # the MoE table: router, then experts 1 .. E-1's MLPs (expert 0 is the block's fcw ...)
+        shapes += [("router", (Lm, E, C)), ("moe_fcw", (Lm, E - 1, 4 * C, C)), ("moe_fcb", (Lm, E - 1, 4 * C)),
+                   ("moe_fcprojw", (Lm, E - 1, C, 4 * C)), ("moe_fcprojb", (Lm, E - 1, C))]
     with open(path, "wb") as f:
         header.tofile(f)
         for name, shape in shapes:
@@ -219,6 +234,58 @@ def check_trainer(label, binary, model, reference, tol, env=None, extra=()):
     return greedy
 
 
+# The mixture-of-experts models: (name, E, top-k, every). Top-1 in the second block only (a dense block
+# before it), top-2 in both. Their prompt fills 40 of the 64 positions (a prefill routes 40 rows at once)
+# and 40 tokens follow, so the window slides once (a second prefill of 32 rows) and 8 tokens decode after.
+MOE_MODELS = (("top-1", 4, 1, 2), ("top-2", 4, 2, 1))
+MOE_PROMPT = " ".join(str((11 * i + 5) % V) for i in range(40))
+# bf16 and MoE: the routing is a discrete choice made on bf16 rows, so where two experts' probabilities
+# are closer than bf16 resolves, the paths pick different experts, whose outputs differ by O(1) at these
+# weights: the cached and recomputed bf16 paths (and the CPU) part after 1 to 10 tokens (measured). So
+# the first token and its log-probability only, a check for gross errors; fp32 is where it is checked.
+MOE_BF16 = Tolerance(agree=1, logprob=0.25)
+
+
+def moe_flags(E, k, every):
+    return ["--moe-experts", str(E), "--moe-top-k", str(k), "--moe-every", str(every)]
+
+
+def check_moe(label, binary, tmp, tol, env=None, extra=()):
+    """--generate with an MoE model (version 7): the KV cache's MoE blocks (new rows routed without dropping,
+    llmc/model/moe.h's moe_forward_new_rows) == the training forward's, token for token at temperature 0 and
+    in log-probability; in fp32 also: a capacity factor changes nothing on either path (there is no dropping
+    in generation); the file without its --moe-* flags, and a dense file with them: exit 2, one line.
+    Returns {name: the cached path's greedy tokens}."""
+    greedy, fp32 = {}, tol is FP32
+    tol = tol if fp32 else MOE_BF16
+    for name, E, k, every in MOE_MODELS:
+        model = os.path.join(tmp, f"moe_{name}.bin")
+        if not os.path.exists(model):
+            write_model(model, L, C, NH, T, V, seed=11, moe=(E, k, every))
+        flags = list(extra) + moe_flags(E, k, every)
+        greedy[name] = check_cache(label, binary, model, MOE_PROMPT, 40, f"MoE E = {E} {name} every {every}, 40 tokens over a "
+                                   "slide", tol, env, flags)
+        for kv in ("1", "0") if fp32 else ():  # (at 0.5 a 40-row prefill would overflow the capacity ceil(k 40 0.5 / 4))
+            capped, err = generated(binary, model, MOE_PROMPT, 40, ["--temperature", "0", "--moe-capacity-factor", "0.5",
+                                                                     "--kv-cache", kv] + flags, env)
+            report(capped is not None and greedy[name] is not None and capped == greedy[name],
+                   f"{label}: MoE {name}, --kv-cache {kv}: --moe-capacity-factor 0.5 drops nothing when generating (the same "
+                   "tokens)", err or str(capped))
+    model = os.path.join(tmp, "moe_top-2.bin")
+    for what, args, needles in (
+            ("an MoE file without its --moe-* flags", ["--model", model, "--generate", "1 2"],
+             ["--moe-experts 4 --moe-top-k 2", "pass the model's --moe-* flags"]),
+            ("a dense file with --moe-* flags", ["--model", os.path.join(tmp, "model.bin"), "--generate", "1 2"] + moe_flags(4, 2, 1),
+             ["a dense model", "pass the model's --moe-* flags"]),
+            ("--expert-parallel 2", ["--model", model, "--generate", "1 2", "--expert-parallel", "2"] + moe_flags(4, 2, 1),
+             ["--expert-parallel"])) if fp32 else ():
+        p = run(binary, args + list(extra), env)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),
+               f"{label}: --generate with {what}: exit 2, one line naming it", f"exit {p.returncode}: {p.stderr.strip()[:300]}")
+    return greedy
+
+
 def check_bad_inputs(label, binary, model, tmp, env=None, extra=()):
     not_a_model = os.path.join(tmp, "not_a_model.bin")
     with open(not_a_model, "wb") as f:
@@ -301,6 +368,7 @@ def main():
             skip("greedy continuation == PyTorch reference's", why)
         cpu_greedy = check_trainer("cpu", CPU, model, reference, FP32)
         check_bad_inputs("cpu", CPU, model, tmp)
+        cpu_moe = check_moe("cpu", CPU, tmp, FP32)
         prompt_file = os.path.join(tmp, "prompt.txt")
         with open(prompt_file, "w") as f:
             f.write("3 141\n59 26 5\n")
@@ -318,6 +386,13 @@ def main():
         for label, gpu, extra, tol in gpus:
             gpu_greedy = check_trainer(label, gpu, model, reference if tol is FP32 else None, tol, None, extra)
             check_bad_inputs(label, gpu, model, tmp, None, extra)
+            for name, tokens in check_moe(label, gpu, tmp, tol, None, extra).items():
+                if tokens is not None and cpu_moe[name] is not None:
+                    agree = first_difference(tokens, cpu_moe[name])
+                    need = min(len(tokens), (tol if tol is FP32 else MOE_BF16).agree)
+                    report(agree >= need, f"{label}: MoE {name}: greedy tokens == the CPU trainer's" +
+                           ("" if need == len(tokens) else f" for at least {need}"), f"they agree on {agree}",
+                           f"agree on {agree} of {len(tokens)}")
             if gpu_greedy is not None and cpu_greedy is not None:
                 agree = first_difference(gpu_greedy, cpu_greedy)
                 need = min(len(cpu_greedy), tol.agree)

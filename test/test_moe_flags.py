@@ -12,12 +12,12 @@ fix and exit 2:
   combinations     tensor and pipeline parallelism, ZeRO-3, the factored optimizers with ZeRO or
                    expert parallelism, PowerSGD (--recompute, --zero 1|2, --optimizer adafactor|sm3 and
                    --grad-compression bf16 with MoE train: test_moe_trainer.py, test_expert_parallel.py)
-  not yet on the CPU trainer: --generate (its KV-cache forward has no MoE layer), --optimizer-state
-                   bf16, --data-parallel server (checkpoints: test_moe_trainer.py)
+  not yet on the CPU trainer: --optimizer-state bf16, --data-parallel server (checkpoints:
+                   test_moe_trainer.py; --generate with an MoE model file: test_generate.py)
   good values      pass every check and train one step (so the checks above do not refuse valid
                    shapes); --moe-experts 0 is the dense model and trains
-  GPU trainer      the same checks (--recompute 1 refused; without the flag MoE runs at --recompute 0, not the
-                   GPU's usual 1), on build/emu/train_gpt or ./train_gpt, when built
+  GPU trainer      the same checks, and --recompute 1 and 2 with MoE pass them (the GPU's default is 1, MoE
+                   or not), on build/emu/train_gpt or ./train_gpt, when built
 """
 import os, sys, tempfile
 import numpy as np
@@ -55,7 +55,6 @@ def main():
          ["--optimizer adafactor", "--zero 0 --expert-parallel 1", "adamw"]),
         ("--moe-experts with --grad-compression powersgd", moe + ["--grad-compression", "powersgd"],
          ["--grad-compression powersgd", "bf16 or none"]),
-        ("--moe-experts with --generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),
         ("--moe-experts with --optimizer-state bf16", moe + ["--optimizer-state", "bf16"], ["--optimizer-state fp32"]),
         ("--moe-experts with --data-parallel server", moe + ["--data-parallel", "server"], ["--data-parallel allreduce"]),
         ("--moe-experts with --offload-dir", moe + ["--offload-dir", "/tmp"], ["--offload-dir", "drop --offload-dir"]),
@@ -75,13 +74,12 @@ def main():
     gpu = gpu_trainer()
     if gpu is None:
         print("SKIP: the GPU trainer's MoE flags (neither build/emu/train_gpt nor train_gpt is built)")
-    else:  # it trains MoE on one GPU (test_gpu_moe_trainer.py), with the same checks, and its own default --recompute 0
+    else:  # it trains MoE on one GPU (test_gpu_moe_trainer.py), with the same checks
         name = os.path.relpath(gpu, ROOT)
-        one_line_error(f"{name}: --moe-experts 4 --recompute 1", ["--model", MODEL, "--moe-experts", "4", "--recompute", "1"], 2,
-                       "--recompute 1", "use --recompute 0", binary=gpu)
-        rc, out, err, _ = run(["--model", MODEL, "--moe-experts", "4", "--estimate"], binary=gpu)
-        report(rc == 0 and "mixture of experts: 2 of 2 blocks, 4 experts" in out and "recompute 0" in out,
-               f"{name}: --moe-experts 4 passes the flag checks (its --recompute defaults to 0 with MoE)", f"exit {rc}: {err[-300:]}")
+        for level in ("1", "2"):  # (recompute with MoE trains, bit for bit as level 0: test_gpu_moe_trainer.py)
+            rc, out, err, _ = run(["--model", MODEL, "--moe-experts", "4", "--recompute", level, "--estimate"], binary=gpu)
+            report(rc == 0 and "mixture of experts: 2 of 2 blocks, 4 experts" in out and f"recompute {level}" in out,
+                   f"{name}: --moe-experts 4 --recompute {level} passes the flag checks", f"exit {rc}: {err[-300:]}")
     return exit_code()
 
 

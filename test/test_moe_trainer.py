@@ -257,8 +257,18 @@ def check_resume(tmp):
     one_line_error("resume: an MoE checkpoint as a dense model", base, 2, "--moe-experts 4", "a dense model", seconds=10)
     one_line_error("hf_convert export of an MoE checkpoint", ["export", ckpt, os.path.join(tmp, "hf")], 1,
                    "mixture-of-experts", "dense GPT-2 only", binary=os.path.join(ROOT, "hf_convert"), seconds=10)
-    one_line_error("--generate from an MoE checkpoint", ["--generate", "4", "--resume", ckpt], 1, "mixture-of-experts",
-                   "dense GPT-2 only", seconds=10)
+    # --generate reads the checkpoint's MoE model (test_generate.py tests it closely on large random weights):
+    # here the trained one, with the run's flags, the KV cache against the training forward
+    gen = ["--resume", ckpt, "--generate", "4 8 15 16 23", "--sample-tokens", "20", "--temperature", "0", "--json", "--threads", "1"]
+    tokens = {}
+    for kv in ("1", "0"):
+        p = subprocess.run([BIN, *gen, "--kv-cache", kv, *map(str, flags[2:])], capture_output=True, text=True, cwd=ROOT)
+        tokens[kv] = json.loads(p.stdout)["tokens"] if p.returncode == 0 else p.stderr.strip()[-300:]
+    report(isinstance(tokens["1"], list) and tokens["1"] == tokens["0"],
+           "--generate from the MoE checkpoint: the KV cache's greedy tokens == the training forward's", f"{tokens}",
+           f"{len(set(tokens['1']))} distinct of 20" if isinstance(tokens["1"], list) else "")
+    one_line_error("--generate from an MoE checkpoint without its --moe-* flags", ["--generate", "4", "--resume", ckpt], 2,
+                   "--moe-experts 4", "pass the model's --moe-* flags", seconds=10)
     gpu = gpu_trainer()
     if gpu is None:
         print("SKIP: the GPU trainer refuses an MoE checkpoint without its flags (neither build/emu/train_gpt nor train_gpt is built)")

@@ -78,8 +78,8 @@ inline std::string describe_moe_flags(const MoEConfig& m, int top_k) {
     return strprintf("--moe-experts %d --moe-top-k %d --moe-every %d", m.experts, top_k, m.every);
 }
 
-// `holds_moe`: the caller can hold a mixture-of-experts model (the CPU trainer's training). Every
-// other reader (the GPU trainer, hf_convert, generation) refuses a version 7 file here, in one line.
+// `holds_moe`: the caller can hold a mixture-of-experts model (both trainers' training and --generate).
+// Every other reader (hf_convert) refuses a version 7 file here, in one line.
 inline ModelHeader parse_model_header(const int32_t* h, const std::string& path, bool holds_moe = false) {
     if (h[0] != MODEL_MAGIC) {
         fail("'%s' is not a model file (magic %d, expected %d; it looks like %s). "

@@ -317,6 +317,24 @@ inline MoEStats moe_forward(float* y, MoEActivations* a, const MoEShape& s, cons
     return moe_forward_combine(y, a, s);
 }
 
+// Generation (--generate, llmc/run/generate.h): the n new tokens of a step (a prompt's prefill, or
+// one token while decoding) through the layer, with `a` allocated for up to the context's N rows.
+// Routing as in training (the same router, the same top-k gates), but nothing is dropped: capacity
+// is a training device that bounds each expert's rows per batch so the work splits evenly, and it
+// makes a token's output depend on the other tokens routed with it. Here that would be wrong twice:
+// the same prompt would route differently fed as one prefill or token by token (so the KV cache
+// would no longer match the full forward), and since all first choices are accepted before any
+// second choice, a later token could push out an earlier token's second expert, letting the
+// future change the past in a causal model. With no dropping every token's output is a function of
+// its own row alone. (One token decoding alone could never be dropped anyway: ceil(k f / E) >= 1.)
+// So `s` has capacity_factor 0 (llmc/run/moe_run.h's moe_generation_shape, which the recomputing
+// path --kv-cache 0 uses too, so that both route alike).
+inline MoEStats moe_forward_new_rows(float* y, MoEActivations* a, const MoEShape& s, const MoEWeights<const float>& w,
+                                     const float* x, int n) {
+    a->N = n;  // the buffers hold the context's rows; this step uses the first n (all the routing reads)
+    return moe_forward(y, a, s, w, x);
+}
+
 // The backward in three parts, as the forward:
 //   moe_backward_rows   each kept row's output gradient a->drow, and the gates' gradients
 //   (the experts)       a->dxg's rows = each expert's backward of a->drow's

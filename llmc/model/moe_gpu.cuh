@@ -25,8 +25,11 @@
 // Memory (llmc/memory/gpu_buffers.h's moe_* rows): the table, its gradient (bf16) and m, v (fp32);
 // per MoE block the routing state (N (3E + 5k + 1) + 3E + 3 4-byte values) and the k N rows its
 // experts gather, with their fc, GELU and output rows (k N (2C + 2H) bf16: k times the dense MLP's);
-// the backward's rows once (k N (2C + H)). --recompute is refused with MoE (cli.h): the blocks keep
-// their activations, and nothing re-runs the router (which would add the auxiliary losses twice).
+// the backward's rows once (k N (2C + H)). --recompute 1|2 leaves these alone, as on the CPU
+// (llmc/model/moe.h): the blocks keep their routing and rows at every level, and nothing re-runs the
+// router (which would add the auxiliary losses twice, Megatron-LM issue 1330); what level 2 drops is
+// the block's ln2, the router's and experts' input, which gpt2_backward rebuilds (layernorm_recompute)
+// before the MoE branch reads it. Checked bit for bit against --recompute 0: test_gpu_moe_trainer.py.
 // The dense table's fch and fch_gelu rows of an MoE block are still allocated, unused: 8 N C bf16
 // values a block, left for the simplicity of one activation table (E = 1 costs them twice).
 //
@@ -139,6 +142,17 @@ inline void moe_gpu_block_forward(MoEGpu* g, MatmulContext* ctx, int b, const cp
     const std::vector<int>& kept = g->host_kept;
     moe_stats_add(&g->stats, g->host_losses[0], g->host_losses[1], k * N - first_row[E], *std::min_element(kept.begin(), kept.end()),
                   *std::max_element(kept.begin(), kept.end()));
+}
+
+// Generation (--generate, llmc/run/generate.h): the n new rows of a step (n <= N, the rows the state
+// was sized for) through MoE block b, as the CPU's moe_forward_new_rows: routed without dropping
+// (g->shape from moe_generation_shape: llmc/model/moe.h says why), nothing kept for a backward.
+inline void moe_gpu_block_forward_new_rows(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<const floatX>& w,
+                                           const floatX* x, floatX* y, int n, cudaStream_t s) {
+    int N = g->N;
+    g->N = n;  // the routing state and rows hold N; this step uses the first n (every kernel reads g->N)
+    moe_gpu_block_forward(g, ctx, b, w, x, y, s);
+    g->N = N;
 }
 
 // Backward of MoE block b, after its forward: dx (N, C) = d loss / d x (overwritten), from dy = d loss

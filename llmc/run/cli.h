@@ -164,7 +164,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; the CPU trainer on one rank or data parallel, the GPU trainer on one GPU)", K::Int, &o.moe_experts, Scope::Both},
         {"moe-top-k", "K", "Model", "--moe-experts: experts per token, 1 (Switch) or 2 (GShard, gates renormalised)", K::Int, &o.moe_top_k, Scope::Both},
         {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
-        {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping", K::String, &o.moe_capacity_factor, Scope::Both},
+        {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping; --generate never drops", K::String, &o.moe_capacity_factor, Scope::Both},
         {"moe-aux-alpha", "A", "Model", "--moe-experts: weight of the load-balancing loss A E sum_i f_i P_i (Switch)", K::Float, &o.moe_aux_alpha, Scope::Both},
         {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h; CPU trainer; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
         {"moe-z-loss", "C", "Model", "--moe-experts: weight of the router z-loss C mean logsumexp(logits)^2 (ST-MoE)", K::Float, &o.moe_z_loss, Scope::Both},
@@ -496,11 +496,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
                    "(train_gpt_cpu), or drop the flag", o->expert_parallel);
     }
-    // --moe-experts: the GPU's default --recompute 1 would be refused (validate_moe_options); its MoE runs keep
-    // their activations, as the CPU trainer's do
-    if (trainer == Trainer::GPU && o->moe_experts != 0 &&
-        std::find(o->given.begin(), o->given.end(), "recompute") == o->given.end())
-        o->recompute = 0;
     // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
     if (trainer == Trainer::GPU && o->data_parallel == "server") {
         usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "

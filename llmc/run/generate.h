@@ -53,16 +53,23 @@
 // The model to generate from: the shape of --model FILE's or --resume CKPT's weights (*resume_dir:
 // the checkpoint, or ""). Generation runs the whole model in one process (`where`: "one rank", "one
 // GPU"): mpirun and the grid flags are refused, and so is a descriptor (there are no weights to use).
+// A mixture-of-experts file (version 7) is read when the --moe-* flags name its experts, top-k and
+// every, as training checks them (llmc/run/plan.h's moe_file_problem); its MoE blocks route without
+// dropping (llmc/model/moe.h, moe_forward_new_rows, says why), so --moe-capacity-factor is unused.
 inline GPT2Config generation_model(const TrainOptions& o, int world_size, const char* where, std::string* resume_dir) {
     if (world_size > 1) usage_fail("--generate runs on %s: run it without mpirun", where);
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0) {
-        usage_fail("--generate runs the whole model on %s: drop --tensor-parallel, --pipeline-parallel and --zero", where);
+    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1 || o.zero_stage > 0 || o.expert_parallel > 1) {
+        usage_fail("--generate runs the whole model on %s: drop --tensor-parallel, --pipeline-parallel, --zero and --expert-parallel",
+                   where);
     }
     *resume_dir = resolve_resume_dir(o);
     GPT2Config cfg;
     bool new_model = false;
-    load_model_config(o, *resume_dir, &cfg, &new_model);
+    ModelHeader file;
+    std::string source = load_model_config(o, *resume_dir, &cfg, &new_model, &file);
     if (new_model) usage_fail("--generate needs trained weights: --model FILE or --resume CKPT, not the descriptor '%s'", o.model.c_str());
+    std::string why = moe_file_problem(file, o, source);
+    if (!why.empty()) usage_fail(why);
     return cfg;
 }
 

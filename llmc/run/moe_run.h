@@ -18,6 +18,14 @@ inline cpu::MoEShape moe_run_shape(const TrainOptions& o) {
     return cpu::MoEShape{o.moe_experts, o.moe_top_k, moe_capacity_factor_value(o), o.moe_aux_alpha, o.moe_z_loss};
 }
 
+// --generate: the same, with no dropping (llmc/model/moe.h's moe_forward_new_rows says why). The
+// recomputing path (--kv-cache 0) runs the training forward with it, so both paths route alike.
+inline cpu::MoEShape moe_generation_shape(const TrainOptions& o) {
+    cpu::MoEShape s = moe_run_shape(o);
+    s.capacity_factor = 0.0f;
+    return s;
+}
+
 // What the MoE blocks report over one step: the auxiliary losses (summed over the blocks, averaged
 // over the micro-batches and ranks as the optimised loss averages them), the dropped assignments
 // (summed), and the least and most loaded expert of any block, micro-batch and rank.

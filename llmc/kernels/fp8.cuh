@@ -80,13 +80,6 @@ enum Fp8Linear { FP8_QKV, FP8_ATTPROJ, FP8_FC, FP8_FCPROJ, FP8_LINEARS };
 inline int fp8_slot(int layer, Fp8Linear linear) { return (layer * FP8_LINEARS + linear) * FP8_ROLES; }
 static_assert(FP8_LINEARS * FP8_ROLES == FP8_TENSORS_PER_LAYER, "scratch_sizes.h sizes the fp8 state for 12 tensors a layer");
 
-struct Fp8Algo {
-    int m, n, k;
-    cudaDataType_t b_type;
-    bool bias, accumulate;
-    cublasLtMatmulAlgo_t algo;
-};
-
 struct Fp8Matmuls {
     bool on = false;
     bool calibrating = true;      // no history yet: step 1 of a run that did not resume
@@ -97,7 +90,6 @@ struct Fp8Matmuls {
     float* scale_inv = nullptr;     // tensors: what cuBLASLt multiplies back
     unsigned int* amax_now = nullptr;  // tensors: this step's amax so far, as float bits
     uint8_t *a8 = nullptr, *b8 = nullptr;  // the two operands of one matmul, quantized
-    std::vector<Fp8Algo> algos;
 };
 
 // ---- the kernels
@@ -234,11 +226,10 @@ inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const ui
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, a_type, k, m, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, b_type, k, n, k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_FLOATX, m, n, m));
-    const Fp8Algo* cached = nullptr;
-    for (const Fp8Algo& x : f->algos)
-        if (x.m == m && x.n == n && x.k == k && x.b_type == b_type && x.bias == (bias != nullptr) && x.accumulate == accumulate)
-            cached = &x;
-    if (!cached) {  // asked once per shape, as matmul.cuh does (same algorithm every step: reproducible)
+    // asked once per shape, in matmul.cuh's cache (same algorithm every step: reproducible); an fp8
+    // matmul is always A^T B, and its key's type is B's (e4m3 or e5m2), which no bf16 matmul has
+    MatmulAlgo key{b_type, m, n, k, true, false, accumulate, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, {}};
+    const cublasLtMatmulAlgo_t* algo = matmul_algo(ctx, key, [&] {
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -250,11 +241,10 @@ inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const ui
         if (found == 0)
             fail("cuBLASLt has no fp8 algorithm for m=%d n=%d k=%d (%s x %s): this GPU or shape has no fp8 matmul", m, n, k,
                  "e4m3", b_type == CUDA_R_8F_E5M2 ? "e5m2" : "e4m3");
-        f->algos.push_back({m, n, k, b_type, bias != nullptr, accumulate, result.algo});
-        cached = &f->algos.back();
-    }
+        return result.algo;
+    });
     if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
+    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, algo, accumulate, stream);
 }
 
 // The three matmuls of a linear layer (matmul.cuh's, same arguments, plus the layer's slot).

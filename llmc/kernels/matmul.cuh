@@ -40,7 +40,8 @@ inline void cublas_check(cublasStatus_t status, const char* call, const char* fi
 
 constexpr cudaDataType_t CUDA_FLOATX = FLOATX_IS_FP32 ? CUDA_R_32F : FLOATX_IS_FP16 ? CUDA_R_16F : CUDA_R_16BF;
 
-// One cached heuristic answer.
+// One cached heuristic answer, and the key it answers for. `type`: the operands' type (fp8: B's,
+// e4m3 or e5m2; A is always e4m3, llmc/kernels/fp8.cuh), so a shape asked in two types has two.
 struct MatmulAlgo {
     cudaDataType_t type;
     int m, n, k;
@@ -49,12 +50,28 @@ struct MatmulAlgo {
     cublasLtMatmulAlgo_t algo;
 };
 
+inline bool same_matmul(const MatmulAlgo& x, const MatmulAlgo& y) {
+    return x.type == y.type && x.m == y.m && x.n == y.n && x.k == y.k && x.trans_a == y.trans_a && x.trans_b == y.trans_b &&
+           x.epilogue == y.epilogue && x.accumulate == y.accumulate;
+}
+
 struct MatmulContext {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
     std::vector<MatmulAlgo> algos;
 };
+
+// The algorithm for the matmul `key` describes: asked of cuBLASLt's heuristic once (`ask`, the
+// caller's query with its own preferences), then cached, so every step runs the same algorithm
+// (reproducible) and pays no query. Used by every cuBLASLt call here and by fp8.cuh's.
+template <class Ask> const cublasLtMatmulAlgo_t* matmul_algo(MatmulContext* ctx, MatmulAlgo key, Ask ask) {
+    for (const MatmulAlgo& x : ctx->algos)
+        if (same_matmul(x, key)) return &x.algo;
+    key.algo = ask();
+    ctx->algos.push_back(key);
+    return &ctx->algos.back().algo;
+}
 
 inline void matmul_init(MatmulContext* ctx, void* workspace, size_t workspace_bytes) {
     CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
@@ -121,13 +138,8 @@ inline void cublaslt_matmul_typed(MatmulContext* ctx, cudaDataType_t type, void*
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, type, m, n, m));
 
-    const MatmulAlgo* cached = nullptr;
-    for (const MatmulAlgo& x : ctx->algos) {
-        if (x.type == type && x.m == m && x.n == n && x.k == k && x.trans_a == trans_a && x.trans_b == trans_b && x.epilogue == epilogue &&
-            x.accumulate == accumulate)
-            cached = &x;
-    }
-    if (!cached) {
+    MatmulAlgo key{type, m, n, k, trans_a, trans_b, accumulate, epilogue, {}};
+    const cublasLtMatmulAlgo_t* algo = matmul_algo(ctx, key, [&] {
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -155,12 +167,11 @@ inline void cublaslt_matmul_typed(MatmulContext* ctx, cudaDataType_t type, void*
             fail("cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (transa=%d transb=%d epilogue=%d): the "
                  "shape or the GPU is not supported", type == CUDA_R_32F ? "fp32" : FLOATX_NAME, m, n, k, trans_a, trans_b, (int)epilogue);
         }
-        ctx->algos.push_back({type, m, n, k, trans_a, trans_b, accumulate, epilogue, result.algo});
-        cached = &ctx->algos.back();
-    }
+        return result.algo;
+    });
     if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (aux) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, &cached->algo, accumulate, stream);
+    cublaslt_run(ctx, desc, la, lb, ld, a, b, d, algo, accumulate, stream);
 }
 
 inline void cublaslt_matmul(MatmulContext* ctx, floatX* d, const floatX* a, const floatX* b, cublasLtEpilogue_t epilogue,

@@ -80,23 +80,37 @@ def step_lines(out):
         r"^step +\d+/\d+ \| loss ([\d.]+) .*\| aux ([\d.]+) \| z ([\d.]+) \| dropped (\d+) \| load (\d+)\.\.(\d+)$", out, re.M)]
 
 
+def step_norms(out):
+    """Each step's gradient norm, from the step lines."""
+    return [float(x) for x in re.findall(r"^step +\d+/\d+ \| loss [\d.]+ \| lr \S+ \| norm ([\d.]+)", out, re.M)]
+
+
+def check_norms(tag, out, ref, tol):
+    a, b = step_norms(out), step_norms(ref)
+    e = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else 1e9
+    report(e <= tol, f"{tag}: every step's gradient norm, the MoE table's counted once (rel {e:.1e})", f"{a} vs {b} (> {tol})")
+
+
 class Runs:
     def __init__(self, tmp):
         self.tmp = tmp
         self.data = ["--train-data", f"{tmp}/train.bin", "--val-data", "none", "--sample-every", "0"]
         self.n = 0
 
-    def run(self, exe, model, flags, expect_ok=True, out_dir=None):
-        """Runs a trainer with --dump-state; returns (stdout, the dump or None)."""
+    def run(self, exe, model, flags, expect_ok=True, out_dir=None, ranks=0):
+        """Runs a trainer with --dump-state (under mpirun with `ranks` ranks, the emulated GPUs one a rank:
+        NCCL's path, not host staging); returns (stdout, the dump or None)."""
         self.n += 1
         dump = f"{self.tmp}/d{self.n}.st"
-        cmd = [exe, "--model", model, "--dump-state", dump, "--out-dir", out_dir or f"{self.tmp}/out{self.n}",
+        mpi = ["timeout", "300", shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+               "-np", str(ranks)] if ranks else []
+        cmd = mpi + [exe, "--model", model, "--dump-state", dump, "--out-dir", out_dir or f"{self.tmp}/out{self.n}",
                "--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-steps", "1"] + self.data + flags
         if exe == tg.CPU:
             cmd += ["--threads", "1"]
         else:
             cmd += tg.DEFAULT_ATTENTION
-        p = tg.run(cmd, expect_ok=expect_ok)
+        p = tg.run(cmd, expect_ok=expect_ok, env={"CUDA_EMU_DEVICES": str(ranks)} if ranks and tg.EMULATED else None)
         return p.stdout, (read_safetensors(dump)[0] if os.path.exists(dump) else None)
 
 
@@ -215,6 +229,46 @@ def check_estimate(R, models, out):
            f"{total.group(1) if total else '?'})", "; ".join(diff) + f"\n{p.stdout[:1500]}")
 
 
+def check_data_parallel(R, models):
+    """--moe-experts on 2 GPU ranks (B = 2 each, --zero 0), E = 4 top-2 capacity 1.25 (drops), 3 AdamW steps:
+      == 1 GPU rank accumulating 2 micro-batches of B = 2 (the same tokens). Step 1's forward is the same
+         arithmetic on the same micro-batches, so its logits, loss and routing (aux and z losses, drops,
+         loads: summed over the ranks as over the micro-batches) are identical; the gradients differ by
+         where bf16 rounds the sum (accumulated in the table vs summed by NCCL): the dense dump at
+         test_gpu.py's BF16_TOL, the MoE table's gradient within 2% relative (measured: 0.3%)
+      == the CPU trainer's 2 ranks: the fp32 build (the same kernels in fp32) at FP32_TOL with every
+         step's routing identical, as "fp32 vs cpu" above on one rank; the bf16 build as "bf16 vs cpu":
+         each step's loss within 0.05, step 1's aux and z losses within 1%, drops within 2 (bf16 router
+         inputs decide a near-tie the other way: its logits then differ beyond BF16_TOL, 5.6e-2 measured)."""
+    if not shutil.which("mpirun"):
+        tg.skip("MoE data parallel", "no mpirun")
+        return
+    flags = ["--moe-experts", str(E), "--moe-top-k", "2", "--moe-capacity-factor", "1.25", "--steps", "3"]
+    out1, one = R.run(tg.GPU, models[2], flags + ["--total-batch-tokens", str(2 * B * T)])
+    out2, two = R.run(tg.GPU, models[2], flags, ranks=2)
+    outc, cpu = R.run(tg.CPU, models[2], flags, ranks=2)
+    report("2 ranks" in out2 and "1 accumulation step" in out2 and "2 accumulation steps" in out1,
+           "MoE data parallel: the 2-rank GPU run has no accumulation, the 1-rank one 2 micro-batches", out2[:600] + out1[:300])
+    s1, s2, sc = step_lines(out1), step_lines(out2), step_lines(outc)
+    report(len(s1) == 3 and s1[0][1:] == s2[0][1:], f"MoE data parallel: step 1's routing identical on 2 ranks and on 1 "
+           f"(aux {s2[0][1]}, z {s2[0][2]}, {int(s2[0][3])} dropped, loads {int(s2[0][4])}..{int(s2[0][5])})",
+           f"1 rank {s1}\n2 ranks {s2}")
+    compare_moe("MoE 2 GPU ranks vs 1 rank x 2 micro-batches", two, one, R.models[2], out2, out1, tg.BF16_TOL, 2e-2, False)
+    check_norms("MoE 2 GPU ranks vs 1 rank x 2 micro-batches", out2, out1, 1e-2)
+    dl = max(abs(x[0] - y[0]) for x, y in zip(s2, sc)) if len(s2) == len(sc) == 3 else 1e9
+    aux = max(abs(s2[0][i] - sc[0][i]) / sc[0][i] for i in (1, 2)) if sc else 1e9
+    dd = abs(s2[0][3] - sc[0][3]) if sc else 1e9
+    report(dl <= tg.BF16_TOL["losses"] and aux <= 0.01 and dd <= 2, f"MoE 2 GPU ranks (bf16) vs the CPU's 2 ranks: each step's "
+           f"loss (max diff {dl:.1e}), step 1's aux and z losses (rel {aux:.1e}), dropped ({int(s2[0][3])} vs {int(sc[0][3])})",
+           f"GPU {s2}\nCPU {sc}")
+    if os.path.exists(tg.GPU32):
+        out32, g32 = R.run(tg.GPU32, models[2], flags, ranks=2)
+        compare_moe("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", g32, cpu, R.models[2], out32, outc, tg.FP32_TOL, 1e-3, True)
+        check_norms("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", out32, outc, 1e-3)
+    else:
+        tg.skip("MoE 2 GPU ranks (fp32 build) vs the CPU's", f"{tg.GPU32} not built")
+
+
 def check_refused(R, models):
     base = ["--model", models[2], "--batch-size", str(B), "--seq-len", str(T)] + R.data + tg.DEFAULT_ATTENTION
     moe = ["--moe-experts", str(E), "--moe-top-k", "2"]
@@ -247,6 +301,7 @@ def main():
         out = tg.check("bf16 and resume", check_bf16_and_resume, R, models, cpu2) if cpu2 else None
         if out:
             tg.check("estimate", check_estimate, R, models, out)
+        tg.check("data parallel", check_data_parallel, R, models)
         tg.check("refused", check_refused, R, models)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -157,14 +157,6 @@ inline void moe_gpu_block_backward(MoEGpu* g, MatmulContext* ctx, int b, const c
     moe_backward_input(dx, gw.router, r, sh, x, w.router, g->dxg, N, C, g->aux_scale, s);
 }
 
-// The step's routing statistics: the auxiliary losses averaged over the step's micro-batches (the
-// optimised loss's weighting of them; one rank), the drops summed, the loads' extremes (as
-// train_gpt_cpu.cpp's moe_step_stats on one rank).
-inline void moe_gpu_step_stats(MoEGpu* g, int micro_batches) {
-    g->stats.aux_loss /= micro_batches;
-    g->stats.z_loss /= micro_batches;
-}
-
 // AdamW on the MoE table, tensor by tensor (the router and the experts' matrices decay, their biases
 // do not: llmc/model/model.h's moe_tensor_decays), with the dense table's step values and clipping.
 // No master copy (see above). Each element's stochastic rounding is seeded by its index after the

@@ -494,7 +494,7 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
                    "(train_gpt_cpu), or drop the flag", o->expert_parallel);
     }
-    // --moe-experts: the GPU's default --recompute 1 would be refused (validate_moe_options); its MoE runs keep
+    // --moe-experts: the GPU's default --recompute 1 would be refused (train_gpt.cu's moe_gpu_problem); its MoE runs keep
     // their activations, as the CPU trainer's do
     if (trainer == Trainer::GPU && o->moe_experts != 0 &&
         std::find(o->given.begin(), o->given.end(), "recompute") == o->given.end())

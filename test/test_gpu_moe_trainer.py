@@ -28,13 +28,19 @@ B=2 (N = 64 tokens a micro-batch), V=500; both trainers start from one bf16-exac
                byte for byte; and the CPU trainer resumes the GPU's MoE checkpoint
   estimate     --estimate's rows for the run's shape = the table the trainer printed and allocated
                from, the moe_* rows among them, byte for byte
+  data parallel  2 GPU ranks (emulated NCCL) == 1 rank x 2 micro-batches and == the CPU trainer's 2 ranks
+               (fp32 build at FP32_TOL, bf16 at the step lines' tolerances), every step's norm; a resume
+               on 2 ranks bit for bit (check_data_parallel's docstring has the tolerances)
   refused      one line and exit 2 each: --cuda-graphs, --precision fp8, a version-7 file without its
-               --moe-* flags, --generate with --moe-*
+               --moe-* flags, --generate with --moe-*, --expert-parallel 2
 Planted by hand and caught (docs/moe.md): the auxiliary losses left out of the optimised loss
 (aux_scale 0: "fp32 vs cpu" failed, the router's gradient off by 0.59 and 0.91 relative); the gates'
 gradient dropped (moe_backward_rows_kernel's dgate 0: off by 0.68 and 0.47); the MoE table's moments
 not read on resume ("resume" failed). "bf16 vs cpu" lets the first two through: bf16's tolerances.
-About 30 s on the shared 2-core machine (11 trainer runs; emulated, ~1 s a step of this shape).
+Planted for data parallel and caught: the MoE table's gradient not summed over the ranks; its
+squares added to the norm on every rank; the aux losses averaged over micro-batches but not ranks.
+About 30 s on the shared 2-core machine (11 trainer runs; emulated, ~1 s a step of this shape), and
+about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -245,7 +251,13 @@ def check_data_parallel(R, models):
         return
     flags = ["--moe-experts", str(E), "--moe-top-k", "2", "--moe-capacity-factor", "1.25", "--steps", "3"]
     out1, one = R.run(tg.GPU, models[2], flags + ["--total-batch-tokens", str(2 * B * T)])
-    out2, two = R.run(tg.GPU, models[2], flags, ranks=2)
+    a, b = f"{R.tmp}/dp_straight", f"{R.tmp}/dp_resumed"
+    out2, two = R.run(tg.GPU, models[2], flags + ["--checkpoint-every", "2"], ranks=2, out_dir=a)
+    outr, resumed = R.run(tg.GPU, models[2], flags + ["--resume", f"{a}/ckpt_00000002"], ranks=2, out_dir=b)
+    report("resumed from" in outr and np.array_equal(two["losses"][2:], resumed["losses"]) and
+           np.array_equal(two["params"], resumed["params"]) and step_lines(outr) == step_lines(out2)[2:],
+           "MoE data parallel: resume on 2 GPU ranks, 2 + 1 steps == 3 bit for bit (the loss, its routing line, the weights "
+           "with the MoE table)", f"losses {two['losses']} vs {resumed['losses']}\n{outr[-800:]}")
     outc, cpu = R.run(tg.CPU, models[2], flags, ranks=2)
     report("2 ranks" in out2 and "1 accumulation step" in out2 and "2 accumulation steps" in out1,
            "MoE data parallel: the 2-rank GPU run has no accumulation, the 1-rank one 2 micro-batches", out2[:600] + out1[:300])
@@ -276,7 +288,8 @@ def check_refused(R, models):
             ("--cuda-graphs", moe + ["--cuda-graphs"], ["--cuda-graphs", "drop"]),
             ("--precision fp8", moe + ["--precision", "fp8"], ["--precision fp8", "drop"]),
             ("a version-7 file without its --moe-* flags", [], ["--moe-experts 4", "a dense model"]),
-            ("--generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"])]:
+            ("--generate", moe + ["--generate", "4"], ["--generate", "drop --moe-*"]),
+            ("--expert-parallel 2", moe + ["--expert-parallel", "2"], ["--expert-parallel 2", "train_gpt_cpu"])]:
         p = tg.run([tg.GPU] + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),

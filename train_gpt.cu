@@ -1174,6 +1174,7 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
         CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
+    if (moe.moe.experts > 0) check_same_weights(m->zero.comm, moe_table);  // --moe-experts: the MoE table, whole on every rank
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
     size_t opt = optimizer_elements(m);

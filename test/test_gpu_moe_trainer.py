@@ -93,10 +93,13 @@ def step_norms(out):
     return [float(x) for x in re.findall(r"^step +\d+/\d+ \| loss [\d.]+ \| lr \S+ \| norm ([\d.]+)", out, re.M)]
 
 
-def check_norms(tag, out, ref, tol):
+def check_norms(tag, out, ref, first_tol, later_tol):
+    """Step 1's norm within first_tol relative (the same routing), the later steps' within later_tol (in
+    bf16 a near-tie routed the other way moves a norm by about 1%)."""
     a, b = step_norms(out), step_norms(ref)
-    e = max(abs(x - y) / y for x, y in zip(a, b)) if a and len(a) == len(b) else 1e9
-    report(e <= tol, f"{tag}: every step's gradient norm, the MoE table's counted once (rel {e:.1e})", f"{a} vs {b} (> {tol})")
+    e = [abs(x - y) / y for x, y in zip(a, b)] if a and len(a) == len(b) else [1e9]
+    report(e[0] <= first_tol and max(e) <= later_tol, f"{tag}: every step's gradient norm, the MoE table's counted once (step 1 "
+           f"rel {e[0]:.1e}, at most {max(e):.1e})", f"{a} vs {b} (tolerances {first_tol}, {later_tol})")
 
 
 class Runs:
@@ -268,7 +271,7 @@ def check_data_parallel(R, models):
            f"(aux {s2[0][1]}, z {s2[0][2]}, {int(s2[0][3])} dropped, loads {int(s2[0][4])}..{int(s2[0][5])})",
            f"1 rank {s1}\n2 ranks {s2}")
     compare_moe("MoE 2 GPU ranks vs 1 rank x 2 micro-batches", two, one, R.models[2], out2, out1, tg.BF16_TOL, 2e-2, False)
-    check_norms("MoE 2 GPU ranks vs 1 rank x 2 micro-batches", out2, out1, 1e-2)
+    check_norms("MoE 2 GPU ranks vs 1 rank x 2 micro-batches", out2, out1, 2e-3, 5e-2)
     dl = max(abs(x[0] - y[0]) for x, y in zip(s2, sc)) if len(s2) == len(sc) == 3 else 1e9
     aux = max(abs(s2[0][i] - sc[0][i]) / sc[0][i] for i in (1, 2)) if sc else 1e9
     dd = abs(s2[0][3] - sc[0][3]) if sc else 1e9
@@ -284,7 +287,7 @@ def check_data_parallel(R, models):
     if os.path.exists(tg.GPU32):
         out32, g32 = R.run(tg.GPU32, models[2], flags, ranks=2)
         compare_moe("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", g32, cpu, R.models[2], out32, outc, tg.FP32_TOL, 1e-3, True)
-        check_norms("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", out32, outc, 1e-3)
+        check_norms("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", out32, outc, 1e-3, 1e-3)
     else:
         tg.skip("MoE 2 GPU ranks (fp32 build) vs the CPU's", f"{tg.GPU32} not built")
 

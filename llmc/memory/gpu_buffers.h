@@ -243,7 +243,7 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
 
-    // --moe-experts, one rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
+    // --moe-experts, whole on every rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
     // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
     // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
     // backward's rows (drow, dh, dxg) once

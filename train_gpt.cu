@@ -722,6 +722,20 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
     grad_compression_test_dump(&par->world, step, what, download_as_float(m->zero.grads, m->layout.total));
 }
 
+// --moe-experts on several data-parallel ranks: the MoE table's gradient summed over the data group,
+// the same bits on every rank (each rank's AdamW then updates the whole table alike, as ZeRO-0 does
+// the dense one). A reduce-scatter and an all-gather over the table padded to a multiple of the group
+// (its GB_MOE_GRADS row is: the padding stays zero). The compute stream's last backward must be done
+// before the communication stream reads the table: the host waits for it (one wait a step; the MoE
+// blocks already wait once per block), then for the sum.
+static void moe_gpu_sum_gradients(GPT2* m, Parallel* par) {
+    GpuComm* data = par->data_on_gpu;
+    if (data->host->world_size == 1) return;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_all_reduce_identical(data, m->moe.grads, m->table[GB_MOE_GRADS].elements, NCCL_FLOATX, "all-reduce of the MoE table's gradients");
+    gpu_comm_wait(data, "all-reduce of the MoE table's gradients");
+}
+
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
 // pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
 // every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
@@ -751,7 +765,10 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    if (m->moe.moe.experts > 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);  // --moe-experts: its table
+    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, summed over the data group, its squares counted once
+        moe_gpu_sum_gradients(m, par);
+        if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
+    }
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
     if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
     return norm;
@@ -1223,6 +1240,7 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
         CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
+    if (moe.moe.experts > 0) check_same_weights(m->zero.comm, moe_table);  // --moe-experts: the MoE table, whole on every rank
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
     size_t opt = optimizer_elements(m);
@@ -1268,7 +1286,7 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     for (float& g : grads) g /= m->scaler.scale;  // fp16: the true gradient (exact); S = 1 otherwise
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
                             reports, std::move(grads));
-    if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (one GPU)
+    if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (summed: whole on every rank)
         std::vector<float> moe = download_as_float(m->moe.grads, m->moe.layout.total);
         dump_probe.state.grads.insert(dump_probe.state.grads.end(), moe.begin(), moe.end());
     }
@@ -1314,7 +1332,8 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     double loss = forward_backward(m, par, train, plan, step);
     // --pipeline-schedule 2bw-flush: the passes read W(t-2); the optimizer below updates W(t-1) into W(t)
     pipedream_2bw_gpu_after_passes(&m->versions, m->stream);
-    moe_gpu_step_stats(&m->moe, plan.accumulation_steps);  // --moe-experts: the auxiliary losses' mean over the micro-batches
+    if (m->moe.moe.experts > 0)  // --moe-experts: the routing over the micro-batches and ranks (llmc/run/moe_run.h, as the CPU's)
+        moe_step_stats(&m->moe.stats, &par->world, plan.accumulation_steps, grid.dp);
     if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
         fp8_share_amax(m, par);
         fp8_end_step(&m->fp8, m->stream);
@@ -1863,15 +1882,23 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
 }
 
 // --moe-experts on this trainer (llmc/model/moe_gpu.cuh): the layer's shape and the kernels' limits,
-// then what the GPU's MoE blocks do not do yet, each one line and exit 2 before anything is allocated
-// (cli.h's validate_moe_options refused tensor and pipeline parallelism and ZeRO-3).
+// then what the GPU's MoE blocks do not do yet, each one line and exit 2 before anything is allocated.
+// Every refusal of the GPU's alone lives here (cli.h's validate_moe_options holds the ones both
+// trainers make: tensor and pipeline parallelism, ZeRO-3, the optimizers and compressions): lifting
+// one is deleting its line.
 static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const GPT2Config& cfg) {
     if (o.moe_experts == 0) return "";
     std::string why = moe_gpu_shape_problem(moe_run_shape(o), cfg.channels);
     if (!why.empty()) return why;
-    if (world_size > 1)
-        return strprintf("--moe-experts on the GPU trainer runs on one GPU for now (%d ranks here): run one process, or train MoE "
-                         "with data or expert parallelism on train_gpt_cpu", world_size);
+    if (o.expert_parallel > 1)
+        return strprintf("--expert-parallel %d on the GPU trainer: its MoE blocks do not exchange tokens between GPUs yet; train "
+                         "MoE data parallel here (--expert-parallel 1), or expert parallel with train_gpt_cpu", o.expert_parallel);
+    if (world_size > 1 && o.zero_stage > 0)
+        return strprintf("--moe-experts with --zero %d on %d GPUs: the MoE table's moments are not sharded on the GPU yet; use "
+                         "--zero 0 (every rank keeps the whole table), or train_gpt_cpu", o.zero_stage, world_size);
+    if (world_size > 1 && o.grad_compression != "none")
+        return strprintf("--moe-experts with --grad-compression %s on %d GPUs: the MoE table's sum is not compressed on the GPU "
+                         "yet; drop --grad-compression, or train_gpt_cpu", o.grad_compression.c_str(), world_size);
     if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
     if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
     if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";

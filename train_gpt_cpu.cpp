@@ -1605,18 +1605,6 @@ static void zero_gradients(GPT2* model) {
     std::fill(model->moe_grads.begin(), model->moe_grads.end(), 0.0f);
 }
 
-// --moe-experts: the step's routing statistics over every micro-batch and rank: the auxiliary losses
-// averaged (the optimised loss's weighting of them), the drops summed, the loads' extremes.
-static void moe_step_stats(MoEStepStats* s, Comm* world, int micro_batches, int dp) {
-    s->aux_loss = comm_sum(world, s->aux_loss, "sum of the MoE load-balancing losses") / ((double)micro_batches * dp);
-    s->z_loss = comm_sum(world, s->z_loss, "sum of the MoE z-losses") / ((double)micro_batches * dp);
-    s->dropped = comm_sum(world, s->dropped, "sum of the MoE drops");
-    float loads[2] = {(float)-s->min_load, (float)s->max_load};  // (counts below 2^24: exact in a float)
-    comm_allreduce_max(world, loads, 2, "the MoE loads' extremes");
-    s->min_load = (int)-loads[0];
-    s->max_load = (int)loads[1];
-}
-
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt.cu's) on every rank:
 // the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound finds
 // the step bad.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_moe_flags.py — the mixture-of-experts flags (llmc/run/cli.h, issue 24 item 1) on both trainers.
 
-The CPU trainer trains MoE models (test_moe_trainer.py), the GPU trainer on one GPU
+The CPU trainer trains MoE models (test_moe_trainer.py), the GPU trainer on one GPU or data parallel
 (test_gpu_moe_trainer.py). What the
 command line owes is to refuse, before anything is allocated, with ONE line naming the flag and the
 fix and exit 2:

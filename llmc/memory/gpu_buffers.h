@@ -291,14 +291,18 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
 
-    // --moe-experts, one rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
+    // --moe-experts, whole on every rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
     // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
     // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
     // backward's rows (drow, dh, dxg) once
     size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
     size_t E = (size_t)s.moe.experts, H = 4 * C;
     t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, X};
-    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, X};
+    // (padded to a multiple of the data-parallel ranks: train_gpt.cu's moe_gpu_sum_gradients sums it as a
+    // reduce-scatter and an all-gather, every rank the same bits)
+    size_t moe_padded = (moe + g.dp - 1) / g.dp * g.dp;
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, g.dp > 1 ? "as moe_params, padded to a multiple of dp" : "as moe_params",
+                       moe_padded, X};
     t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
     t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
     t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",

@@ -37,9 +37,10 @@
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
 // and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
 //
-// Hook points: none of the grid's (one GPU: no expert parallelism, ZeRO, tensor or pipeline
-// parallelism; main refuses them). train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE
-// blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW from the step.
+// Hook points: none of the grid's (no expert parallelism, ZeRO-1+, tensor or pipeline parallelism:
+// moe_gpu_problem refuses them; data parallelism is train_gpt.cu's finish_gradients summing the table,
+// docs/moe.md). train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of
+// gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW from the step.
 #pragma once
 
 #include <algorithm>
@@ -169,14 +170,6 @@ inline void moe_gpu_block_backward(MoEGpu* g, MatmulContext* ctx, int b, const c
     moe_backward_rows(g->drow, dy, eout, r, N, k, C, s);
     moe_experts_backward(ctx, gw, w, g->first_row[(size_t)b], C, H, g->drow, xg, fch, fch_gelu, g->dh, g->dxg, partials, s);
     moe_backward_input(dx, gw.router, r, sh, x, w.router, g->dxg, N, C, g->aux_scale, s);
-}
-
-// The step's routing statistics: the auxiliary losses averaged over the step's micro-batches (the
-// optimised loss's weighting of them; one rank), the drops summed, the loads' extremes (as
-// train_gpt_cpu.cpp's moe_step_stats on one rank).
-inline void moe_gpu_step_stats(MoEGpu* g, int micro_batches) {
-    g->stats.aux_loss /= micro_batches;
-    g->stats.z_loss /= micro_batches;
 }
 
 // AdamW on the MoE table, tensor by tensor (the router and the experts' matrices decay, their biases

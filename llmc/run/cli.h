@@ -95,7 +95,7 @@ struct TrainOptions {
     int powersgd_rank = 4;           // r of PowerSGD's rank-r approximation
     int powersgd_start_step = 0;     // steps 1..N use the exact sum before PowerSGD starts
     // mixture of experts (llmc/model/moe.h, docs/moe.md): the flags and their checks; the CPU trainer
-    // trains MoE models on one rank or data parallel, the GPU trainer on one GPU (llmc/model/moe_gpu.cuh)
+    // trains MoE models on one rank or data parallel, the GPU trainer on one GPU or data parallel (llmc/model/moe_gpu.cuh)
     int moe_experts = 0;             // E experts per MoE block; 0 = dense (every block a plain MLP)
     int moe_top_k = 1;               // experts per token: 1 (Switch) or 2 (GShard)
     int moe_every = 1;               // blocks n-1, 2n-1, ... are MoE blocks (1: all of them)
@@ -161,12 +161,12 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"val-data", "GLOB", "Data", "validation token shards ('none' to skip validation)", K::String, &o.val_data, Scope::Both},
         {"tokenizer", "DIR", "Data", "folder with GPT-2's encoder.json and vocab.bpe, to print samples as text", K::String, &o.tokenizer_dir, Scope::Both},
         {"model", "SPEC", "Model", "a model file to start from, or a new model: d12|d24|d36|d48 (GPT-2 124M..1.5B), dN, or L=2,C=64,H=4[,T=256][,V=50257]", K::String, &o.model, Scope::Both},
-        {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; the CPU trainer on one rank or data parallel, the GPU trainer on one GPU)", K::Int, &o.moe_experts, Scope::Both},
+        {"moe-experts", "E", "Model", "mixture of experts (llmc/model/moe.h): E copies of the MLP per MoE block and a router choosing --moe-top-k of them per token (0 = dense; both trainers on one rank or data parallel)", K::Int, &o.moe_experts, Scope::Both},
         {"moe-top-k", "K", "Model", "--moe-experts: experts per token, 1 (Switch) or 2 (GShard, gates renormalised)", K::Int, &o.moe_top_k, Scope::Both},
         {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
         {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping; --generate never drops", K::String, &o.moe_capacity_factor, Scope::Both},
         {"moe-aux-alpha", "A", "Model", "--moe-experts: weight of the load-balancing loss A E sum_i f_i P_i (Switch)", K::Float, &o.moe_aux_alpha, Scope::Both},
-        {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h; CPU trainer; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
+        {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h; CPU trainer, the GPU trainer refuses more than 1; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
         {"moe-z-loss", "C", "Model", "--moe-experts: weight of the router z-loss C mean logsumexp(logits)^2 (ST-MoE)", K::Float, &o.moe_z_loss, Scope::Both},
         {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},

@@ -43,6 +43,22 @@ inline void moe_stats_add(MoEStepStats* s, double aux_loss, double z_loss, int d
     s->max_load = std::max(s->max_load, max_load);
 }
 
+// The step's routing statistics over every micro-batch and rank (both trainers, after the passes):
+// the auxiliary losses averaged (the optimised loss's weighting of them: each micro-batch's scaled by
+// 1/(micro-batches x ranks)), the drops summed, the loads' extremes. Every rank calls it. A template
+// over the host group (llmc/parallel/comm.h's Comm) only so that this file includes no communication
+// header: llmc/model/moe_gpu.cuh includes it, and a model file includes none (docs/adding-a-technique.md).
+template <typename Group>
+inline void moe_step_stats(MoEStepStats* s, Group* world, int micro_batches, int dp) {
+    s->aux_loss = comm_sum(world, s->aux_loss, "sum of the MoE load-balancing losses") / ((double)micro_batches * dp);
+    s->z_loss = comm_sum(world, s->z_loss, "sum of the MoE z-losses") / ((double)micro_batches * dp);
+    s->dropped = comm_sum(world, s->dropped, "sum of the MoE drops");
+    float loads[2] = {(float)-s->min_load, (float)s->max_load};  // (counts below 2^24: exact in a float)
+    comm_allreduce_max(world, loads, 2, "the MoE loads' extremes");
+    s->min_load = (int)-loads[0];
+    s->max_load = (int)loads[1];
+}
+
 // The step line's end, " | aux A | z Z | dropped D | load MIN..MAX" (empty for a dense model).
 inline std::string moe_step_line(const MoEStepStats& s, bool moe) {
     if (!moe) return "";

@@ -30,6 +30,7 @@
 #include "llmc/model/kv_cache.h"
 #include "llmc/optim/adafactor.h"
 #include "llmc/optim/factored_sharding.h"
+#include "llmc/optim/factored_tensor_parallel.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
 #include "llmc/optim/disk_offload.h"
@@ -140,6 +141,7 @@ struct GPT2 {
     Optimizer optimizer = Optimizer::AdamW;
     std::vector<ParamBlock> blocks;            // the matrices and vectors this rank updates (llmc/optim/optimizer_state.h)
     FactoredShard factored;                    // which rank updates which blocks: all on one rank, or ZeRO-1's cut
+    FactoredGroup factored_tp;                 // --tensor-parallel: the cut blocks' group (factored_tensor_parallel.h)
     std::vector<float> optimizer_state, optimizer_scratch;
     // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
     bool bf16_moments = false;
@@ -294,7 +296,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->optimizer = shape.optimizer;
     if (shape.optimizer != Optimizer::AdamW) {  // ZeRO-1: whole blocks per rank (llmc/optim/factored_sharding.h)
         int N = shape.zero_stage == 1 ? shape.world_size : 1;
-        std::vector<ParamBlock> all = param_blocks(model->config);
+        std::vector<ParamBlock> all = slice_param_blocks(model->config, model->slice);  // (one rank: param_blocks)
         model->factored = factored_shard(all, model->layout.total, N);
         model->blocks = factored_owned_blocks(all, model->factored, N == 1 ? 0 : shape.rank);
         model->zero.whole_gradient = N > 1;
@@ -726,19 +728,21 @@ static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int 
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
 // weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
 void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
-    // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0 or
-    // ZeRO-1, no model parallelism: validate_options), and updates its blocks (all of them, or with
-    // ZeRO-1 its share of whole matrices: llmc/optim/factored_sharding.h), as one rank would
+    // the factored optimizers: every rank holds its slice and its summed gradient (ZeRO-0 or ZeRO-1,
+    // no pipeline: validate_options), and updates its blocks (all of them, or with ZeRO-1 its share of
+    // whole matrices: llmc/optim/factored_sharding.h), as one rank would; the blocks tensor parallelism
+    // cuts complete their statistics over the tensor group (llmc/optim/factored_tensor_parallel.h)
+    const FactoredGroup* tp_group = model->tp.degree > 1 ? &model->factored_tp : nullptr;
     if (model->optimizer == Optimizer::Adafactor) {
         adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
-                       o.weight_decay, grad_scale);
+                       o.weight_decay, grad_scale, tp_group);
         adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
                        o.weight_decay, grad_scale);  // --moe-experts: each router and expert tensor a block of its own
         return;
     }
     if (model->optimizer == Optimizer::SM3) {
         sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
-                     model->blocks, lr, o.weight_decay, grad_scale);
+                     model->blocks, lr, o.weight_decay, grad_scale, tp_group);
         sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
                      model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);  // (--moe-experts)
         return;
@@ -1331,6 +1335,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     ModelSlice slice = model_slice(cfg, grid, par->chunks);  // interleaved: v chunks of layers (slice_layer)
     gpt2_build(model, cfg, {}, &slice);
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
+    if (grid.tp > 1) model->factored_tp = factored_tensor_group(&par->comms.tp);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
     CPURunShape sizes = estimate_cpu_shape(predicted, shape.B, grid.rank);  // every buffer as --estimate counts it
     if (o.moe_experts > 0) model->moe_shape = moe_run_shape(o);

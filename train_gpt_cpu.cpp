@@ -1189,6 +1189,9 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             s->header.optimizer = (int)model->optimizer;
             s->header.optimizer_state_floats = (int64_t)model->optimizer_state.size();
             s->factored = model->optimizer_state;
+            if (s->header.has_master_weights)  // tensor parallelism: no rank holds every weight; model.bin is assembled from these
+                zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true), nullptr, nullptr,
+                                weight_storage(model), false);
             return;
         }
         if (model->offload.on) {  // m and v from the files, chunk by chunk, straight into the state file
@@ -1378,14 +1381,17 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
 
 // Resuming: each rank reads the optimizer state of the elements it updates, from whichever files
 // hold it; the sampler and the training data go on where the checkpoint left them.
-static void resume_state(GPT2* model, const TrainOptions& o, const std::string& resume_dir, const RunPlan& plan, bool leader,
-                         DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
+static void resume_state(GPT2* model, const ProcessGrid& grid, const TrainOptions& o, const std::string& resume_dir,
+                         const RunPlan& plan, bool leader, DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
     const GPT2Config& cfg = model->config;
-    if (model->optimizer != Optimizer::AdamW) {
+    if (model->optimizer != Optimizer::AdamW && model->tp.degree > 1) {  // its own file, on the same grid
+        *resumed = read_factored_state_tensor_parallel(resume_dir, param_layout(cfg).total, model->optimizer, grid,
+                                                       model->optimizer_state.size(), model->optimizer_state.data());
+    } else if (model->optimizer != Optimizer::AdamW) {
         const FactoredShard& f = model->factored;  // this rank's slice of the whole state
         *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, f.state.back().end,
                                        f.state[model->zero.whole_gradient ? (size_t)model->zero.dp->rank : 0].begin,
-                                       model->optimizer_state.size(), model->optimizer_state.data());
+                                       model->optimizer_state.size(), model->optimizer_state.data(), grid.world);
     } else if (model->offload.on) {  // into the files, chunk by chunk: each chunk's part of what this rank keeps
         std::vector<WantedRun> all = wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false);
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total, {}, nullptr, nullptr, nullptr);  // the header
@@ -1738,7 +1744,7 @@ int main(int argc, char** argv) {
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;
-    if (!resume_dir.empty()) resume_state(&model, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    if (!resume_dir.empty()) resume_state(&model, par.grid, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
     if (!resume_dir.empty()) pipedream_2bw_load(&model.versions, resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
     int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps

@@ -175,7 +175,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
-         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), without tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
+         "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
          "rounding (4: the GPU trainer's is fp32 only, for now)", K::String, &o.optimizer_state, Scope::CPUOnly},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
@@ -648,9 +649,6 @@ inline void validate_options(const TrainOptions& o) {
         if (o.tensor_parallel > 1 && o.zero_stage == 1)  // (a TP rank's blocks differ in size: wte's last rows)
             usage_fail("--optimizer %s with --tensor-parallel %d --zero 1: ZeRO-1's whole-block cut is not built over "
                        "tensor slices yet; use --zero 0 with --tensor-parallel", name, o.tensor_parallel);
-        if (o.tensor_parallel > 1 && (o.checkpoint_every > 0 || !o.resume.empty()))
-            usage_fail("--optimizer %s with --tensor-parallel %d: the checkpoint of its cut statistics is not built yet; "
-                       "drop --checkpoint-every and --resume, or use data parallelism only", name, o.tensor_parallel);
     }
     if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);

@@ -1348,7 +1348,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
         comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
     }
     gpt2_allocate(model, sizes);
-    if (grid.zero_stage >= 1 && o.moe_experts > 0)  // --zero 1|2: the MoE table's moments sharded (expert_parallel.h)
+    // --zero 1|2: the MoE table's AdamW moments sharded (expert_parallel.h); a factored optimizer's statistics
+    // of the table stay whole on every rank (tiny, and a shard would cut an expert's matrices mid-row)
+    if (grid.zero_stage >= 1 && o.moe_experts > 0 && o.optimizer == "adamw")
         model->moe_zero = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
                                          model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (o.grad_compression == "bf16" && o.moe_experts > 0)  // (cli.h: ZeRO-0 then)

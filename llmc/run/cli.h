@@ -546,10 +546,10 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.zero_stage > 2)
         usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
                    "(the table's moments sharded), or 0", o.zero_stage);
-    if (o.optimizer != "adamw" && (o.zero_stage > 0 || o.expert_parallel > 1))
-        usage_fail("--moe-experts with --optimizer %s and --zero %d --expert-parallel %d: its statistics of the MoE table are "
-                   "kept whole on every rank; use --zero 0 --expert-parallel 1 with it, or --optimizer adamw", o.optimizer.c_str(),
-                   o.zero_stage, o.expert_parallel);
+    if (o.optimizer != "adamw" && o.expert_parallel > 1)  // (--zero 1: the table's statistics stay whole on every rank)
+        usage_fail("--moe-experts with --optimizer %s and --expert-parallel %d: its statistics of the MoE table are kept whole "
+                   "on every rank (moe_state.bin gathers no expert's from another rank yet); use --expert-parallel 1 with it, or "
+                   "--optimizer adamw", o.optimizer.c_str(), o.expert_parallel);
     if (o.grad_compression != "none" && o.grad_compression != "bf16")
         usage_fail("--moe-experts with --grad-compression %s: the MoE table's gradients are not compressed that way yet; use "
                    "--grad-compression bf16 or none", o.grad_compression.c_str());

@@ -98,12 +98,13 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
                 for (size_t j = j0; j < j1; j++) s[j - j0] += grad(i * m + j) * grad(i * m + j) + ADAFACTOR_EPS1;
             for (size_t j = j0; j < j1; j++) col_sums[j] = s[j - j0];
         }
-        bool rows_here = !cut || b.cut == BlockCut::Rows;  // R is this rank's own (rows cut, or whole)
         double sum_r = 0.0;
-        if (rows_here) {
+        auto update_rows = [&] {
             for (size_t i = 0; i < n; i++) R[i] = (float)(keep * R[i] + fresh * row_sums[i]);
             for (size_t i = 0; i < n; i++) sum_r += R[i];
-        }
+        };
+        bool rows_here = !cut || b.cut == BlockCut::Rows;  // R is this rank's own (rows cut, or whole)
+        if (rows_here) update_rows();
         if (cut) {  // group: RMS(X)'s sum and count, sum(R) (rows cut), and the other dimension's G^2 sums
             std::vector<double>& across = b.cut == BlockCut::Rows ? col_sums : row_sums;
             across.insert(across.begin(), {sum_x2, elements, sum_r});
@@ -111,10 +112,7 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
             sum_x2 = across[0], elements = across[1], sum_r = across[2];
             across.erase(across.begin(), across.begin() + 3);
         }
-        if (!rows_here) {  // columns cut: every rank holds all n rows' R, now from the whole rows' sums
-            for (size_t i = 0; i < n; i++) R[i] = (float)(keep * R[i] + fresh * row_sums[i]);
-            for (size_t i = 0; i < n; i++) sum_r += R[i];
-        }
+        if (!rows_here) update_rows();  // columns cut: every rank holds all n rows' R, from the whole rows' sums
         for (size_t j = 0; j < m; j++) C[j] = (float)(keep * C[j] + fresh * col_sums[j]);
         inv_sum_r = 1.0 / sum_r;
         inv_col.resize(m);

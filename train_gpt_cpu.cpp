@@ -30,6 +30,7 @@
 #include "llmc/model/kv_cache.h"
 #include "llmc/optim/adafactor.h"
 #include "llmc/optim/factored_sharding.h"
+#include "llmc/optim/factored_tensor_parallel.h"
 #include "llmc/optim/adamw.h"
 #include "llmc/optim/adamw_bf16.h"
 #include "llmc/optim/disk_offload.h"
@@ -140,6 +141,7 @@ struct GPT2 {
     Optimizer optimizer = Optimizer::AdamW;
     std::vector<ParamBlock> blocks;            // the matrices and vectors this rank updates (llmc/optim/optimizer_state.h)
     FactoredShard factored;                    // which rank updates which blocks: all on one rank, or ZeRO-1's cut
+    FactoredGroup factored_tp;                 // --tensor-parallel: the cut blocks' group (factored_tensor_parallel.h)
     std::vector<float> optimizer_state, optimizer_scratch;
     // --optimizer-state bf16: AdamW's m and v in 2 bytes each (llmc/optim/adamw_bf16.h), in place of adam_m, adam_v
     bool bf16_moments = false;
@@ -294,7 +296,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     model->optimizer = shape.optimizer;
     if (shape.optimizer != Optimizer::AdamW) {  // ZeRO-1: whole blocks per rank (llmc/optim/factored_sharding.h)
         int N = shape.zero_stage == 1 ? shape.world_size : 1;
-        std::vector<ParamBlock> all = param_blocks(model->config);
+        std::vector<ParamBlock> all = slice_param_blocks(model->config, model->slice);  // (one rank: param_blocks)
         model->factored = factored_shard(all, model->layout.total, N);
         model->blocks = factored_owned_blocks(all, model->factored, N == 1 ? 0 : shape.rank);
         model->zero.whole_gradient = N > 1;
@@ -726,19 +728,21 @@ static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int 
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
 // weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
 void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
-    // the factored optimizers: every rank holds the whole model and its summed gradient (ZeRO-0 or
-    // ZeRO-1, no model parallelism: validate_options), and updates its blocks (all of them, or with
-    // ZeRO-1 its share of whole matrices: llmc/optim/factored_sharding.h), as one rank would
+    // the factored optimizers: every rank holds its slice and its summed gradient (ZeRO-0 or ZeRO-1,
+    // no pipeline: validate_options), and updates its blocks (all of them, or with ZeRO-1 its share of
+    // whole matrices: llmc/optim/factored_sharding.h), as one rank would; the blocks tensor parallelism
+    // cuts complete their statistics over the tensor group (llmc/optim/factored_tensor_parallel.h)
+    const FactoredGroup* tp_group = model->tp.degree > 1 ? &model->factored_tp : nullptr;
     if (model->optimizer == Optimizer::Adafactor) {
         adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
-                       o.weight_decay, grad_scale);
+                       o.weight_decay, grad_scale, tp_group);
         adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
                        o.weight_decay, grad_scale);  // --moe-experts: each router and expert tensor a block of its own
         return;
     }
     if (model->optimizer == Optimizer::SM3) {
         sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
-                     model->blocks, lr, o.weight_decay, grad_scale);
+                     model->blocks, lr, o.weight_decay, grad_scale, tp_group);
         sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
                      model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);  // (--moe-experts)
         return;
@@ -1185,6 +1189,9 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             s->header.optimizer = (int)model->optimizer;
             s->header.optimizer_state_floats = (int64_t)model->optimizer_state.size();
             s->factored = model->optimizer_state;
+            if (s->header.has_master_weights)  // tensor parallelism: no rank holds every weight; model.bin is assembled from these
+                zero_fill_state(s, par->grid, zero_state_runs(model->zero, slice_runs(cfg, model->slice), true), nullptr, nullptr,
+                                weight_storage(model), false);
             return;
         }
         if (model->offload.on) {  // m and v from the files, chunk by chunk, straight into the state file
@@ -1331,6 +1338,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
     ModelSlice slice = model_slice(cfg, grid, par->chunks);  // interleaved: v chunks of layers (slice_layer)
     gpt2_build(model, cfg, {}, &slice);
     tensor_parallel_init(&model->tp, &par->comms.tp, grid.sequence_parallel);
+    if (grid.tp > 1) model->factored_tp = factored_tensor_group(&par->comms.tp);
     zero_setup(&model->zero, grid.zero_stage, &par->comms.dp, grid, slice, model->layout);
     CPURunShape sizes = estimate_cpu_shape(predicted, shape.B, grid.rank);  // every buffer as --estimate counts it
     if (o.moe_experts > 0) model->moe_shape = moe_run_shape(o);
@@ -1340,7 +1348,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
         comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
     }
     gpt2_allocate(model, sizes);
-    if (grid.zero_stage >= 1 && o.moe_experts > 0)  // --zero 1|2: the MoE table's moments sharded (expert_parallel.h)
+    // --zero 1|2: the MoE table's AdamW moments sharded (expert_parallel.h); a factored optimizer's statistics
+    // of the table stay whole on every rank (tiny, and a shard would cut an expert's matrices mid-row)
+    if (grid.zero_stage >= 1 && o.moe_experts > 0 && o.optimizer == "adamw")
         model->moe_zero = moe_sharing(&par->comms.dp, o.expert_parallel > 1 ? &par->ep_replicas : nullptr,
                                          model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (o.grad_compression == "bf16" && o.moe_experts > 0)  // (cli.h: ZeRO-0 then)
@@ -1373,14 +1383,17 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
 
 // Resuming: each rank reads the optimizer state of the elements it updates, from whichever files
 // hold it; the sampler and the training data go on where the checkpoint left them.
-static void resume_state(GPT2* model, const TrainOptions& o, const std::string& resume_dir, const RunPlan& plan, bool leader,
-                         DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
+static void resume_state(GPT2* model, const ProcessGrid& grid, const TrainOptions& o, const std::string& resume_dir,
+                         const RunPlan& plan, bool leader, DataLoader* train, TrainStateHeader* resumed, uint64_t* sampler_rng) {
     const GPT2Config& cfg = model->config;
-    if (model->optimizer != Optimizer::AdamW) {
+    if (model->optimizer != Optimizer::AdamW && model->tp.degree > 1) {  // its own file, on the same grid
+        *resumed = read_factored_state_tensor_parallel(resume_dir, param_layout(cfg).total, model->optimizer, grid,
+                                                       model->optimizer_state.size(), model->optimizer_state.data());
+    } else if (model->optimizer != Optimizer::AdamW) {
         const FactoredShard& f = model->factored;  // this rank's slice of the whole state
         *resumed = read_factored_state(resume_dir, param_layout(cfg).total, model->optimizer, f.state.back().end,
                                        f.state[model->zero.whole_gradient ? (size_t)model->zero.dp->rank : 0].begin,
-                                       model->optimizer_state.size(), model->optimizer_state.data());
+                                       model->optimizer_state.size(), model->optimizer_state.data(), grid.world);
     } else if (model->offload.on) {  // into the files, chunk by chunk: each chunk's part of what this rank keeps
         std::vector<WantedRun> all = wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false);
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total, {}, nullptr, nullptr, nullptr);  // the header
@@ -1739,7 +1752,7 @@ int main(int argc, char** argv) {
 
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed;
-    if (!resume_dir.empty()) resume_state(&model, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    if (!resume_dir.empty()) resume_state(&model, par.grid, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
     if (!resume_dir.empty()) pipedream_2bw_load(&model.versions, resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
     int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps

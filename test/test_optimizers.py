@@ -42,8 +42,13 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
                         fp32 m and v's movement; 10 + resume + 10 == 20 bit for bit; dp2 ZeRO-1 == one
                         rank; 4 bytes per parameter in --estimate and in what every rank holds. (Why
                         plain bf16 would not do, and that stochastic rounding does: build/test_adamw_bf16.)
+  tensor parallel       --tensor-parallel 2 (llmc/optim/factored_tensor_parallel.h), and dp2 x tp2 for
+                        Adafactor: == 1 rank to 1e-5 (the key biases left out), memory and bytes as
+                        --estimate predicts; a tp2 checkpoint resumes bit for bit on the same grid and
+                        is refused in one line on another.
   refusals              resuming with another optimizer (exit 1, one line); unknown --optimizer or
-                        --optimizer-state, a factored optimizer with --zero 2, --tensor-parallel 2,
+                        --optimizer-state, a factored optimizer with --zero 2, --pipeline-parallel 2,
+                        --tensor-parallel 2 with --zero 1,
                         --optimizer-state bf16 or AdamW's --beta1 (exit 2, one line); the GPU trainer (when
                         build/emu/train_gpt is built) refuses adafactor, sm3, and --optimizer-state bf16 with
                         --cuda-graphs (its bf16 moments: test_gpu_optimizers.py).
@@ -51,7 +56,9 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
 updated from its own unsummed gradient (no all-gather of the sum: 13 checks failed, 6e-2 off), every
-rank resuming slice 0 of the state (the resume and reshard checks failed).
+rank resuming slice 0 of the state (the resume and reshard checks failed). Tensor parallelism:
+Adafactor's column sums of a rows-cut matrix left local (tp2 and dp2 x tp2 3.1e-4 off), SM3's
+column maxima left local (3.5e-3 off), every rank resuming rank 0's file (the resume check failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -256,6 +263,17 @@ def not_key_biases(size, layers=4, C=64, maxT=32, Vp=512):
     return keep
 
 
+def check_factored_close(name, got, one):
+    """A factored optimizer's run on ranks `got` == the one-rank run `one` to 1e-5 (fp32 summation order),
+    the key biases left out (why: the data-parallel check in main). Returns the weights' distance."""
+    mask = not_key_biases(one["params"].size)
+    d = np.max(np.abs(got["params"].astype(np.float64) - one["params"])[mask])
+    loss = np.max(np.abs(got["losses"].astype(np.float64) - one["losses"]) / np.abs(one["losses"]))
+    report(d <= 1e-5 and loss <= 1e-5, f"{name} == 1 rank (weights {d:.1e} but the key biases, losses {loss:.1e})",
+           f"weights {d:.2e}, losses {loss:.2e} beyond 1e-5")
+    return d
+
+
 def check_one_line(label, p, code, words):
     lines = p.stderr.strip().splitlines()
     ok = p.returncode == code and len(lines) == 1 and all(w in lines[0] for w in words)
@@ -279,11 +297,7 @@ def check_factored_zero1(r, par):
             report(np.array_equal(z1["params"], z0["params"]) and np.array_equal(z1["losses"], z0["losses"]),
                    f"{opt}: {n} ranks ZeRO-1 (whole matrices per rank) == ZeRO-0, 10 steps, bit for bit",
                    f"weights differ by {np.max(np.abs(z1['params'].astype(np.float64) - z0['params'])):.2e}")
-            mask = not_key_biases(one["params"].size)
-            d = np.max(np.abs(z1["params"].astype(np.float64) - one["params"])[mask])
-            loss = np.max(np.abs(z1["losses"].astype(np.float64) - one["losses"]) / np.abs(one["losses"]))
-            report(d <= 1e-5 and loss <= 1e-5, f"{opt}: {n} ranks ZeRO-1 == 1 rank (weights {d:.1e} but the key biases, "
-                   f"losses {loss:.1e})", f"weights {d:.2e}, losses {loss:.2e} beyond 1e-5")
+            check_factored_close(f"{opt}: {n} ranks ZeRO-1", z1, one)
             check_predictions(f"{opt} dp{n} ZeRO-1", out, n)
     # checkpoints: 5 + resume + 5 == 10 on the same grid, bit for bit; resharded onto 3 ranks and 1
     # rank, each rank reads its slice of the concatenated state files: ZeRO-1 == ZeRO-0 resumed from
@@ -306,6 +320,42 @@ def check_factored_zero1(r, par):
             report("resharded" in out_a and np.array_equal(a["params"], b["params"]),
                    f"adafactor: the 2-rank ZeRO-1 checkpoint resumed on {n} rank{'s' if n > 1 else ''} with ZeRO-1 == with "
                    "ZeRO-0, bit for bit (each rank's slice of the state is the right one)", out_a[-600:])
+
+
+def check_factored_tensor_parallel(r, par, ones):
+    """--tensor-parallel 2 (llmc/optim/factored_tensor_parallel.h): each rank keeps the statistics of
+    its part of every cut matrix, the cut dimension's (and Adafactor's RMS(X), sum(R), RMS(U)) summed
+    or max-reduced over the tensor group. So TP2, and dp2 x tp2, == one rank over 10 steps, to the
+    summation order of the TP gradients and of those sums (1e-5, the key biases left out, as above);
+    memory and bytes (the group's statistics included) as --estimate predicts. Adafactor's TP2
+    checkpoint (each rank its cut statistics and its weights, model.bin assembled from them): 5 +
+    resume + 5 == 10 bit for bit on the same grid, and one line (exit 1) on another grid."""
+    lr = ["--lr", "0.01"]
+    out_dir = os.path.join(par, "ckpt_tp2")
+    for opt, ranks, grid in (("adafactor", 2, ["--tensor-parallel", 2, "--checkpoint-every", 5, "--out-dir", out_dir]),
+                             ("sm3", 2, ["--tensor-parallel", 2]),
+                             ("adafactor", 4, ["--tensor-parallel", 2])):
+        name = f"{opt} {'dp2 x ' if ranks == 4 else ''}tp2"
+        tp, out = r.dump(f"{opt}_tp2_{ranks}", ranks, "--optimizer", opt, *lr, *grid)
+        one = ones.get(opt)
+        if tp is None or one is None:
+            continue
+        check_factored_close(f"{name}, 10 steps,", tp, one)
+        check_predictions(name, out, ranks)
+        if "--checkpoint-every" in grid:
+            straight, ckpt = tp, os.path.join(out_dir, "ckpt_00000005")
+    files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+    report(files == ["checksums.txt", "model.bin", "state_rank0.bin", "state_rank1.bin"],
+           "adafactor tp2 checkpoint: model.bin (assembled) and each rank's cut statistics and weights", str(files))
+    resumed, out = r.dump("adafactor_tp2_resumed", 2, "--optimizer", "adafactor", *lr, "--tensor-parallel", 2, "--resume", ckpt)
+    if resumed is not None:
+        report(np.array_equal(resumed["params"], straight["params"]) and np.array_equal(resumed["losses"], straight["losses"][5:]),
+               "adafactor tp2: 5 steps + checkpoint + resume + 5 == 10 straight, bit for bit", out[-600:])
+    code, _, err = r.run(1, "--optimizer", "adafactor", *lr, "--resume", ckpt, steps=6)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    report(code == 1 and len(lines) == 1 and "same grid only" in lines[0],
+           "adafactor: the tp2 checkpoint resumed on 1 rank is refused in one line (exit 1: its cut statistics are not resharded)",
+           f"exit {code}: {err[-400:]}")
 
 
 def main():
@@ -395,7 +445,8 @@ def main():
         check_one_line("resuming an AdamW checkpoint with --optimizer adafactor is refused", p, 1, ["--optimizer adamw"])
         for flags, words in ((["--optimizer", "lion"], ["adamw, adafactor or sm3", "lion"]),
                              (["--optimizer", "sm3", "--zero", "2"], ["--zero 2", "use --zero 1"]),
-                             (["--optimizer", "adafactor", "--tensor-parallel", "2"], ["--tensor-parallel 2"]),
+                             (["--optimizer", "adafactor", "--pipeline-parallel", "2"], ["--pipeline-parallel 2"]),
+                             (["--optimizer", "sm3", "--tensor-parallel", "2", "--zero", "1"], ["--zero 1", "use --zero 0"]),
                              (["--optimizer-state", "fp16"], ["fp32 or bf16", "fp16"]),
                              (["--optimizer", "adafactor", "--beta1", "0.9"], ["--beta1 is AdamW's", "beta1 = 0"]),
                              (["--optimizer", "sm3", "--optimizer-state", "bf16"], ["--optimizer-state bf16", "sm3"])):
@@ -425,22 +476,21 @@ def main():
             # own size, so it moves them by a full step in a direction set by the summation order.
             # AdamW's eps hides this; Adafactor's eps1 = 1e-30 and SM3's none do not. They are left out
             # of the comparison (and every other weight must agree).
+            ones = {}
             for opt in ("adafactor", "sm3"):
                 one, _ = r.dump(f"{opt}_one", 1, "--optimizer", opt, "--lr", "0.01")
+                ones[opt] = one
                 two, out = r.dump(f"{opt}_two", 2, "--optimizer", opt, "--lr", "0.01")
                 half, _ = r.dump(f"{opt}_half", 1, "--optimizer", opt, "--lr", "0.01", "--total-batch-tokens", 64)
                 if one is None or two is None or half is None:
                     continue
-                mask = not_key_biases(one["params"].size)
-                d_two = np.max(np.abs(two["params"].astype(np.float64) - one["params"])[mask])
-                d_half = np.max(np.abs(half["params"].astype(np.float64) - one["params"])[mask])
-                loss = np.max(np.abs(two["losses"].astype(np.float64) - one["losses"]) / np.abs(one["losses"]))
-                report(d_two <= 1e-5 and loss <= 1e-5, f"{opt}: 2 ranks == 1 rank, 10 steps (weights {d_two:.1e} but the "
-                       f"key biases, losses {loss:.1e})", f"weights {d_two:.2e}, losses {loss:.2e} beyond 1e-5")
+                d_two = check_factored_close(f"{opt}: 2 ranks, 10 steps,", two, one)
+                d_half = np.max(np.abs(half["params"].astype(np.float64) - one["params"])[not_key_biases(one["params"].size)])
                 report(d_half > 100 * max(d_two, 1e-7), f"{opt}: negative control, half of each step's batch, differs "
                        f"(weights {d_half:.1e})", f"{d_half:.2e}")
                 check_predictions(f"{opt} dp2", out, 2)
             check_factored_zero1(r, par)
+            check_factored_tensor_parallel(r, par, ones)
             # bf16 m and v on ZeRO-1's shards (each element's rounding keyed by its index in the model)
             one, _ = r.dump("bf16_one", 1, "--optimizer-state", "bf16")
             two, out = r.dump("bf16_zero1", 2, "--optimizer-state", "bf16", "--zero", 1)

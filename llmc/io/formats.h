@@ -413,7 +413,9 @@ struct TrainStateHeader {
     int64_t num_runs = 0;
     // version 3: which optimizer's state the file holds (llmc/optim/optimizer_state.h: 0 AdamW, whose
     // m and v follow as before; 1 Adafactor, 2 SM3, whose optimizer_state_floats follow instead, in
-    // the order of param_blocks(), and shard_count is 0: no per-element state)
+    // the order of param_blocks(), and shard_count is 0: no per-element state; or, with tensor
+    // parallelism, the rank's slice_param_blocks() statistics, then its shard_count weights in the
+    // order of the run table, has_master_weights 1, for model.bin's assembly)
     int32_t optimizer = 0, reserved_pad = 0;
     int64_t optimizer_state_floats = 0;
     // fp16's loss scaler (llmc/optim/loss_scaler.h), in the reserved space (readers of any version
@@ -490,7 +492,7 @@ inline std::string train_state_header_problem(const TrainStateHeader& h) {
         return strprintf("rank %d of %d ranks", h.rank, h.world_size);
     if (h.zero_stage < 0 || h.zero_stage > 3) return strprintf("ZeRO stage %d", h.zero_stage);
     if (h.optimizer < 0 || h.optimizer > 2) return strprintf("optimizer %d (0 AdamW, 1 Adafactor, 2 SM3)", h.optimizer);
-    if (h.optimizer != 0 && (h.version < 3 || h.shard_count != 0))
+    if (h.optimizer != 0 && (h.version < 3 || (h.shard_count != 0 && !h.has_master_weights)))
         return "a factored optimizer's state in a version 2 file, or beside per-element state";
     if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
     if (h.loss_scale != 0 && (!(h.loss_scale >= 1.0f && h.loss_scale <= 3e38f) || std::frexp(h.loss_scale, &exponent) != 0.5f))
@@ -523,7 +525,8 @@ inline TrainStateHeader read_train_state_header(FILE* f, const std::string& path
     // every count is bounded by the file's length before it enters a product, so nothing overflows
     int64_t actual = file_size(f);
     if (h.version < 3) h.optimizer = 0, h.optimizer_state_floats = 0;  // reserved, zero: AdamW
-    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / 8 || h.num_runs > actual / 16 ||
+    if (h.shard_count < 0 || h.num_runs < 0 || h.shard_count > actual / (h.optimizer != 0 ? 4 : 8) ||  // (factored: weights only)
+        h.num_runs > actual / 16 ||
         h.optimizer_state_floats < 0 || h.optimizer_state_floats > actual / 4) {
         fail("training-state file '%s' claims %lld elements in %lld runs (%lld of optimizer state), impossible in %lld bytes: "
              "it is damaged", path.c_str(), (long long)h.shard_count, (long long)h.num_runs,

@@ -55,6 +55,7 @@
 #include "llmc/model/model.h"
 #include "llmc/optim/disk_offload.h"
 #include "llmc/optim/factored_sharding.h"
+#include "llmc/optim/factored_tensor_parallel.h"
 #include "llmc/optim/optimizer_state.h"
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/pipeline_parallel.h"
@@ -251,7 +252,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
         t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
     }
     // (ZeRO-1: the rows and columns of this rank's whole blocks only, llmc/optim/factored_sharding.h)
-    size_t factored = adamw ? 0 : s.zero_stage == 1 ? factored_state_floats_of(c, s.world_size, s.rank) : factored_state_floats(c);
+    // (--tensor-parallel: the rows and columns of this rank's part of each block, factored_tensor_parallel.h)
+    size_t factored = adamw ? 0 : s.zero_stage == 1 ? factored_state_floats_of(c, s.world_size, s.rank)
+                                : slice_factored_state_floats(c, slice);
     t[CB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER,
                              sh("%s: rows + cols per matrix, n per vector%s", optimizer_name((int)s.optimizer),
                                 s.zero_stage == 1 ? ", this rank's blocks" : ""), factored, F};

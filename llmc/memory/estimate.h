@@ -170,7 +170,8 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
                      ? factored_zero1_comm_bytes(e.cfg, g.dp, g.dp_rank)
                      : zero_comm_bytes(g.zero_stage, model_units(layout, s.num_layers), layout.total, g.dp, m);
     c.bytes[1] = tp_comm_bytes(g.tp, g.sequence_parallel, rows, e.cfg.channels, s.num_layers, s.first_stage, s.last_stage, m,
-                               g.zero_stage);
+                               g.zero_stage) +
+                 factored_tp_comm_bytes(e.cfg, s, e.optimizer);  // a factored optimizer's cut blocks' statistics
     c.bytes[2] = pipe_comm_bytes(g.pp_rank, g.pp, m, rows / sp * e.cfg.channels, (size_t)s.vocab_rows * e.cfg.channels,
                                  e.virtual_stages);
     c.bytes[3] = g.world > 1 ? 2 * (uint64_t)(g.world - 1) * sizeof(double) : 0;  // two comm_sum's of one double

@@ -66,11 +66,14 @@ inline float adafactor_beta2(int t) { return 1.0f - powf((float)t, -0.8f); }
 inline float adafactor_relative_step(int t) { return std::min(1e-2f, 1.0f / sqrtf((float)t)); }
 
 // One block (a matrix or a vector, optimizer_state.h) of step t: `x` its weights, `g` its gradient
-// (times grad_scale, the global-norm clip), `state` its R then C (matrix) or V (vector).
+// (times grad_scale, the global-norm clip), `state` its R then C (matrix) or V (vector). `group`
+// (tensor parallelism): a block cut over ranks adds its partial sums over them at the points
+// marked "group", as llmc/optim/factored_tensor_parallel.h explains; null, the one-rank update.
 inline void adafactor_update(float* x, const float* g, float* state, const ParamBlock& b, float rho, float beta2,
-                             float weight_decay, float grad_scale) {
+                             float weight_decay, float grad_scale, const FactoredGroup* group = nullptr) {
+    bool cut = group && b.cut != BlockCut::Whole;
     size_t n = b.rows, m = b.cols, count = b.elements();
-    double alpha = std::max((double)ADAFACTOR_EPS2, std::sqrt(ordered_sum(count, [&](size_t i) { return (double)x[i] * x[i]; }) / count)) * rho;
+    double sum_x2 = ordered_sum(count, [&](size_t i) { return (double)x[i] * x[i]; }), elements = (double)count;
     double keep = beta2, fresh = 1.0 - (double)beta2;
     auto grad = [&](size_t i) { return (double)(g[i] * grad_scale); };
     std::vector<double> inv_col;  // 1/C_j, so the passes below divide once per column, not per element
@@ -78,11 +81,12 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
     double inv_sum_r = 0.0;
     if (b.is_matrix()) {
         float* C = state + n;
+        std::vector<double> row_sums(n), col_sums(m);  // this step's sums of G^2 + eps1 over each row, each column
         #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++) {
             double s = 0.0;
             for (size_t j = 0; j < m; j++) s += grad(i * m + j) * grad(i * m + j) + ADAFACTOR_EPS1;
-            R[i] = (float)(keep * R[i] + fresh * s);
+            row_sums[i] = s;
         }
         // column sums: each thread owns a band of columns and walks every row through it
         const size_t band = 64;
@@ -92,24 +96,46 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
             double s[band] = {0.0};
             for (size_t i = 0; i < n; i++)
                 for (size_t j = j0; j < j1; j++) s[j - j0] += grad(i * m + j) * grad(i * m + j) + ADAFACTOR_EPS1;
-            for (size_t j = j0; j < j1; j++) C[j] = (float)(keep * C[j] + fresh * s[j - j0]);
+            for (size_t j = j0; j < j1; j++) col_sums[j] = s[j - j0];
         }
         double sum_r = 0.0;
-        for (size_t i = 0; i < n; i++) sum_r += R[i];
+        auto update_rows = [&] {
+            for (size_t i = 0; i < n; i++) R[i] = (float)(keep * R[i] + fresh * row_sums[i]);
+            for (size_t i = 0; i < n; i++) sum_r += R[i];
+        };
+        bool rows_here = !cut || b.cut == BlockCut::Rows;  // R is this rank's own (rows cut, or whole)
+        if (rows_here) update_rows();
+        if (cut) {  // group: RMS(X)'s sum and count, sum(R) (rows cut), and the other dimension's G^2 sums
+            std::vector<double>& across = b.cut == BlockCut::Rows ? col_sums : row_sums;
+            across.insert(across.begin(), {sum_x2, elements, sum_r});
+            group->sum(across.data(), across.size());
+            sum_x2 = across[0], elements = across[1], sum_r = across[2];
+            across.erase(across.begin(), across.begin() + 3);
+        }
+        if (!rows_here) update_rows();  // columns cut: every rank holds all n rows' R, from the whole rows' sums
+        for (size_t j = 0; j < m; j++) C[j] = (float)(keep * C[j] + fresh * col_sums[j]);
         inv_sum_r = 1.0 / sum_r;
         inv_col.resize(m);
         for (size_t j = 0; j < m; j++) inv_col[j] = 1.0 / C[j];
     } else {
         #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++) state[i] = (float)(keep * state[i] + fresh * (grad(i) * grad(i) + ADAFACTOR_EPS1));
+        if (cut) {  // group: a cut vector's V is elementwise, only RMS(X) spans the ranks
+            double sums[2] = {sum_x2, elements};
+            group->sum(sums, 2);
+            sum_x2 = sums[0], elements = sums[1];
+        }
     }
+    double alpha = std::max((double)ADAFACTOR_EPS2, std::sqrt(sum_x2 / elements)) * rho;
     // U = G / sqrt(V), with V_ij = R_i C_j / sum(R) (matrix) or V_i (vector)
     auto update = [&](size_t k) {
         if (!b.is_matrix()) return grad(k) / std::sqrt((double)state[k]);
         size_t i = k / m, j = k % m;
         return grad(k) * std::sqrt(inv_col[j] / ((double)R[i] * inv_sum_r));
     };
-    double rms_u = std::sqrt(ordered_sum(count, [&](size_t k) { double u = update(k); return u * u; }) / count);
+    double sum_u2 = ordered_sum(count, [&](size_t k) { double u = update(k); return u * u; });
+    if (cut) group->sum(&sum_u2, 1);  // group: RMS(U) is over the whole update
+    double rms_u = std::sqrt(sum_u2 / elements);
     double step = alpha / std::max(1.0, rms_u / ADAFACTOR_CLIP_D);
     float decay = 1.0f - rho * weight_decay;
     #pragma omp parallel for schedule(static)
@@ -119,14 +145,14 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
 // Adafactor over the whole model (every block of optimizer_state.h), step t (from 1), at relative
 // step rho (adafactor_relative_step(t), or the run's schedule when --lr was given).
 inline void adafactor_step(float* params, const float* grads, float* state, const std::vector<ParamBlock>& blocks, float rho,
-                           int t, float weight_decay, float grad_scale) {
+                           int t, float weight_decay, float grad_scale, const FactoredGroup* group = nullptr) {
     size_t n = 0;
     for (const ParamBlock& b : blocks) n += b.elements();
     LAYER_PROFILE("Adafactor", 0, 7.0 * n * sizeof(float));  // reads x twice, g four times; writes x
     float beta2 = adafactor_beta2(t);
     for (const ParamBlock& b : blocks) {
         float wd = param_tensor_decays(b.tensor) ? weight_decay : 0.0f;
-        adafactor_update(params + b.offset, grads + b.offset, state + b.state, b, rho, beta2, wd, grad_scale);
+        adafactor_update(params + b.offset, grads + b.offset, state + b.state, b, rho, beta2, wd, grad_scale, group);
     }
 }
 

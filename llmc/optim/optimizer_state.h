@@ -22,12 +22,13 @@
 // (docs/formats.md, state.bin version 3).
 //
 // The whole model's layout. ZeRO-1 gives each rank a run of whole blocks of it
-// (llmc/optim/factored_sharding.h); tensor parallelism, which would need a split matrix's row and
-// column sums combined over ranks, is not built: the CLI refuses it (validate_options).
+// (llmc/optim/factored_sharding.h); tensor parallelism cuts some blocks over the tensor group, and
+// their row or column statistics are then combined over it (llmc/optim/factored_tensor_parallel.h).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 #include "llmc/model/model.h"
@@ -55,9 +56,15 @@ inline const char* optimizer_name(int optimizer) {
 
 // One matrix or vector of the parameters: `rows` x `cols` elements from params[offset] (cols == 0:
 // a vector of `rows` elements), with its statistics from state[state].
+// Tensor parallelism cuts a block over the ranks of the tensor group (factored_tensor_parallel.h):
+// by its rows (wte's vocabulary, the column-parallel qkvw and fcw; a cut vector: qkvb, fcb) or by its
+// columns (the row-parallel attprojw and fcprojw). Whole: every rank holds all of it.
+enum class BlockCut { Whole, Rows, Cols };
+
 struct ParamBlock {
     int tensor;
-    size_t offset, rows, cols, state;
+    size_t offset, rows, cols, state;   // rows and cols: this rank's part of a cut block
+    BlockCut cut = BlockCut::Whole;
     bool is_matrix() const { return cols > 0; }
     size_t elements() const { return is_matrix() ? rows * cols : rows; }
     size_t state_floats() const { return rows + cols; }
@@ -81,6 +88,14 @@ inline std::vector<ParamBlock> param_blocks(const GPT2Config& cfg) {
     }
     return blocks;
 }
+
+// What a cut block's update asks of the ranks that hold its other parts (factored_tensor_parallel.h
+// builds it over the tensor group): `sum` adds an array over the group, `max` takes its elementwise
+// maximum, both giving every rank the same bits. Null, or a Whole block: the one-rank update.
+struct FactoredGroup {
+    std::function<void(double* data, size_t n)> sum;
+    std::function<void(float* data, size_t n)> max;
+};
 
 // Floats of state a factored optimizer (Adafactor, SM3) keeps for the whole model.
 inline size_t factored_state_floats(const GPT2Config& cfg) {

@@ -51,9 +51,11 @@ inline float sm3_scaled_gradient(float g, float nu) { return nu > 0.0f ? g / sqr
 
 // One block (optimizer_state.h): `w` its weights, `grad` its gradient (times grad_scale), `state`
 // its row accumulators then column accumulators (matrix) or one per element (vector); `scratch`
-// holds at least b.cols floats.
+// holds at least b.cols floats. `group` (tensor parallelism): a matrix cut over ranks takes the
+// maximum over them of the accumulators of the dimension it is cut along, at the points marked
+// "group" (llmc/optim/factored_tensor_parallel.h); null, the one-rank update.
 inline void sm3_update(float* w, const float* grad, float* state, float* scratch, const ParamBlock& b, float lr,
-                       float weight_decay, float grad_scale) {
+                       float weight_decay, float grad_scale, const FactoredGroup* group = nullptr) {
     size_t n = b.rows, m = b.cols;
     float decay = 1.0f - lr * weight_decay;
     if (!b.is_matrix()) {
@@ -79,7 +81,12 @@ inline void sm3_update(float* w, const float* grad, float* state, float* scratch
                 scratch[j] = std::max(scratch[j], std::min(r[i], c[j]) + g * g);
             }
     }
-    // 2. each row: the update with the same nu, and the row's new accumulator (row i alone reads r_i)
+    bool cut = group && b.cut != BlockCut::Whole;
+    if (cut && b.cut == BlockCut::Rows) group->max(scratch, m);  // group: a column runs through every rank's rows
+    // 2. each row: the update with the same nu, and the row's new accumulator (row i alone reads r_i);
+    // with the columns cut, the row's maximum over this rank's part, kept aside until the others' arrive
+    std::vector<float> row_part(cut && b.cut == BlockCut::Cols ? n : 0);
+    float* new_r = row_part.empty() ? r : row_part.data();
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float row_max = 0.0f;
@@ -89,20 +96,24 @@ inline void sm3_update(float* w, const float* grad, float* state, float* scratch
             row_max = std::max(row_max, nu);
             w[i * m + j] = w[i * m + j] * decay - lr * sm3_scaled_gradient(g, nu);
         }
-        r[i] = row_max;
+        new_r[i] = row_max;
+    }
+    if (!row_part.empty()) {
+        group->max(row_part.data(), n);  // group: a row runs through every rank's columns
+        std::copy(row_part.begin(), row_part.end(), r);
     }
     std::copy(scratch, scratch + m, c);
 }
 
 // SM3-II over the whole model (every block of optimizer_state.h), at the schedule's lr.
 inline void sm3_step_all(float* params, const float* grads, float* state, float* scratch, const std::vector<ParamBlock>& blocks,
-                         float lr, float weight_decay, float grad_scale) {
+                         float lr, float weight_decay, float grad_scale, const FactoredGroup* group = nullptr) {
     size_t n = 0;
     for (const ParamBlock& b : blocks) n += b.elements();
     LAYER_PROFILE("SM3", 0, 4.0 * n * sizeof(float));  // reads g twice, w once; writes w
     for (const ParamBlock& b : blocks) {
         float wd = param_tensor_decays(b.tensor) ? weight_decay : 0.0f;
-        sm3_update(params + b.offset, grads + b.offset, state + b.state, scratch, b, lr, wd, grad_scale);
+        sm3_update(params + b.offset, grads + b.offset, state + b.state, scratch, b, lr, wd, grad_scale, group);
     }
 }
 

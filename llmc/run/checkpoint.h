@@ -347,8 +347,11 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
         }
         if (h.optimizer != (int)Optimizer::AdamW) {
             // a factored optimizer's checkpoint: no per-element state, and its weights are in model.bin
+            // (with tensor parallelism assembled from the state files' weights: take them from there)
             if (m || v) refuse_other_optimizer(dir, h.optimizer, (int)Optimizer::AdamW);
-            return h;
+            TrainStateHeader none = h;
+            none.has_master_weights = 0;  // none read here
+            return none;
         }
         if (i > 0 && (h.step != headers[0].step || h.world_size != headers[0].world_size)) {
             fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks; expected step %lld "
@@ -412,13 +415,21 @@ inline TrainStateHeader read_optimizer_state(const std::string& dir, size_t num_
     return read_state_runs(dir, num_params, wanted, m, v, master);
 }
 
+// A factored optimizer's tensor-parallel checkpoint on another grid: one line, no reshard.
+inline void refuse_factored_reshard(const std::string& dir, const TrainStateHeader& h, int world, int tp) {
+    fail("checkpoint '%s' holds %s state written by %d rank%s with --tensor-parallel %d; this run has %d with "
+         "--tensor-parallel %d: a factored optimizer resumes a tensor-parallel checkpoint on the same grid only (its cut "
+         "statistics are not resharded)", dir.c_str(), optimizer_name(h.optimizer), h.world_size, h.world_size == 1 ? "" : "s",
+         std::max(1, h.tensor_parallel), world, tp);
+}
+
 // A factored optimizer's state (Adafactor, SM3: llmc/optim/optimizer_state.h) from a checkpoint:
 // state.bin (every rank held all of it), or with ZeRO-1 state_rank<r>.bin, each rank's slice of whole
 // blocks (llmc/optim/factored_sharding.h), which read in rank order are the whole model's state.
 // Takes floats [begin, begin + count) of the whole into `state`, so any number of ranks resumes
 // any other's checkpoint. Refuses another optimizer's checkpoint and a model of another shape.
 inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_params, Optimizer optimizer, size_t whole,
-                                            size_t begin, size_t count, float* state) {
+                                            size_t begin, size_t count, float* state, int world = 1) {
     std::vector<std::string> files = checkpoint_state_files(dir);
     std::vector<float> all;
     TrainStateHeader h;
@@ -430,6 +441,7 @@ inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_p
                  (long long)s.header.num_params, num_params);
         }
         if (s.header.optimizer != (int)optimizer) refuse_other_optimizer(dir, s.header.optimizer, (int)optimizer);
+        if (s.header.tensor_parallel > 1) refuse_factored_reshard(dir, s.header, world, 1);
         all.insert(all.end(), s.factored.begin(), s.factored.end());
     }
     if (all.size() != whole || begin + count > whole) {
@@ -438,6 +450,26 @@ inline TrainStateHeader read_factored_state(const std::string& dir, size_t num_p
     }
     std::copy(all.begin() + (long)begin, all.begin() + (long)(begin + count), state);
     return h;
+}
+
+// A factored optimizer's state under tensor parallelism (llmc/optim/factored_tensor_parallel.h): each
+// rank's statistics are of its slice's cut blocks, some of them shared with the tensor group, so a
+// rank reads its own file, written on the same grid; another grid is refused (no reshard is built).
+inline TrainStateHeader read_factored_state_tensor_parallel(const std::string& dir, size_t num_params, Optimizer optimizer,
+                                                            const ProcessGrid& g, size_t count, float* state) {
+    std::string path = dir + "/" + strprintf("state_rank%d.bin", g.rank);
+    TrainStateHeader h0 = read_train_state(checkpoint_state_files(dir)[0]).header;
+    if (h0.tensor_parallel != g.tp || h0.world_size != g.world || !file_exists(path))
+        refuse_factored_reshard(dir, h0, g.world, g.tp);
+    TrainState s = read_train_state(path);
+    if (s.header.num_params != (int64_t)num_params)
+        fail("checkpoint '%s' holds optimizer state for %lld parameters, the model has %zu", dir.c_str(), (long long)s.header.num_params, num_params);
+    if (s.header.optimizer != (int)optimizer) refuse_other_optimizer(dir, s.header.optimizer, (int)optimizer);
+    if (s.factored.size() != count)
+        fail("checkpoint '%s': rank %d's file holds %zu values of %s state, this rank needs %zu: the checkpoint is damaged or "
+             "mixed up", dir.c_str(), g.rank, s.factored.size(), optimizer_name(s.header.optimizer), count);
+    std::copy(s.factored.begin(), s.factored.end(), state);
+    return s.header;
 }
 
 // Writes `dir`/model.bin from the weights in the checkpoint's state files (when no single rank held
@@ -475,7 +507,8 @@ inline void assemble_model_file(const std::string& dir, const GPT2Config& cfg) {
         const std::string& path = files[(size_t)r.file];
         FILE*& f = open[(size_t)r.file];
         if (!f) f = open_for_reading(path, "training-state file");
-        long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) + (2 * (size_t)h.shard_count + r.at) * 4);
+        size_t before = h.optimizer != 0 ? (size_t)h.optimizer_state_floats : 2 * (size_t)h.shard_count;  // the state, then the weights
+        long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) + (before + r.at) * 4);
         if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
         buffer.resize(r.count);
         read_exactly(f, buffer.data(), r.count * sizeof(float), path, "training-state file");

@@ -175,7 +175,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
-         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), without tensor/pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
+         "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
          "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, no --offload, --moe-experts, --cuda-graphs, fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},
@@ -555,10 +556,10 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.zero_stage > 2)
         usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
                    "(the table's moments sharded), or 0", o.zero_stage);
-    if (o.optimizer != "adamw" && (o.zero_stage > 0 || o.expert_parallel > 1))
-        usage_fail("--moe-experts with --optimizer %s and --zero %d --expert-parallel %d: its statistics of the MoE table are "
-                   "kept whole on every rank; use --zero 0 --expert-parallel 1 with it, or --optimizer adamw", o.optimizer.c_str(),
-                   o.zero_stage, o.expert_parallel);
+    if (o.optimizer != "adamw" && o.expert_parallel > 1)  // (--zero 1: the table's statistics stay whole on every rank)
+        usage_fail("--moe-experts with --optimizer %s and --expert-parallel %d: its statistics of the MoE table are kept whole "
+                   "on every rank (moe_state.bin gathers no expert's from another rank yet); use --expert-parallel 1 with it, or "
+                   "--optimizer adamw", o.optimizer.c_str(), o.expert_parallel);
     if (o.grad_compression != "none" && o.grad_compression != "bf16")
         usage_fail("--moe-experts with --grad-compression %s: the MoE table's gradients are not compressed that way yet; use "
                    "--grad-compression bf16 or none", o.grad_compression.c_str());
@@ -652,10 +653,12 @@ inline void validate_options(const TrainOptions& o) {
             usage_fail("--optimizer %s with --zero %d: ZeRO-2/3 shard gradients by flat ranges, which would cut %s's whole-"
                        "matrix row and column statistics; use --zero 1 (each rank owns whole matrices) or --zero 0", name,
                        o.zero_stage, name);
-        if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
-            usage_fail("--optimizer %s with --tensor-parallel %d --pipeline-parallel %d: its row and column statistics are not "
-                       "split over model-parallel ranks yet; use data parallelism only, or --optimizer adamw", name,
-                       o.tensor_parallel, o.pipeline_parallel);
+        if (o.pipeline_parallel > 1)
+            usage_fail("--optimizer %s with --pipeline-parallel %d: its state is not split over pipeline stages yet; use "
+                       "data or tensor parallelism, or --optimizer adamw", name, o.pipeline_parallel);
+        if (o.tensor_parallel > 1 && o.zero_stage == 1)  // (a TP rank's blocks differ in size: wte's last rows)
+            usage_fail("--optimizer %s with --tensor-parallel %d --zero 1: ZeRO-1's whole-block cut is not built over "
+                       "tensor slices yet; use --zero 0 with --tensor-parallel", name, o.tensor_parallel);
     }
     if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);

@@ -61,6 +61,7 @@
 #pragma once
 
 #include <string>
+#include <algorithm>
 #include <vector>
 #include "llmc/parallel/comm.h"
 #include "llmc/parallel/pipeline_schedule.h"
@@ -81,17 +82,27 @@ inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers,
 // The tied embedding, after the backward pass: the last stage's LM-head gradient (n floats) is
 // added to the first stage's wte gradient. Then, after the optimizer step, the first stage's
 // updated wte replaces the last stage's copy. Nothing happens without a pipeline.
+// The gradient travels in pieces of TIED_GRADIENT_PIECE floats, received into one piece-sized
+// buffer and added: a whole Vp x C receive buffer (154 MB at d12) would sit on the first stage
+// outside the size table, so beyond what --estimate promises (measured: peak RSS 171 MB over it).
+// MPI keeps messages of one sender and tag in order, so the pieces arrive as they were sent.
+constexpr size_t TIED_GRADIENT_PIECE = (size_t)1 << 18;  // 1 MiB of floats
 inline void pipe_tied_gradient(Comm* pp, bool first, bool last, float* wte_grad, const float* lent_grad, size_t n) {
     if (pp->world_size == 1) return;
     if (last) {
         std::vector<CommSend> pending;
-        comm_send(pp, lent_grad, n, 0, 0, &pending, "sending the tied embedding's gradient to the first stage");
+        for (size_t at = 0; at < n; at += TIED_GRADIENT_PIECE)
+            comm_send(pp, lent_grad + at, std::min(TIED_GRADIENT_PIECE, n - at), 0, 0, &pending,
+                      "sending the tied embedding's gradient to the first stage");
         comm_wait_sends(pp, &pending);
     }
     if (first) {
-        std::vector<float> received(n);
-        comm_recv(pp, received.data(), n, pp->world_size - 1, 0, "receiving the tied embedding's gradient from the last stage");
-        for (size_t i = 0; i < n; i++) wte_grad[i] += received[i];
+        std::vector<float> piece(std::min(n, TIED_GRADIENT_PIECE));
+        for (size_t at = 0; at < n; at += TIED_GRADIENT_PIECE) {
+            size_t k = std::min(TIED_GRADIENT_PIECE, n - at);
+            comm_recv(pp, piece.data(), k, pp->world_size - 1, 0, "receiving the tied embedding's gradient from the last stage");
+            for (size_t i = 0; i < k; i++) wte_grad[at + i] += piece[i];
+        }
     }
 }
 

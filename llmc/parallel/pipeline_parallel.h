@@ -86,7 +86,7 @@ inline std::string describe_pipeline(PipelineSchedule s, int stages, int layers,
 // buffer and added: a whole Vp x C receive buffer (154 MB at d12) would sit on the first stage
 // outside the size table, so beyond what --estimate promises (measured: peak RSS 171 MB over it).
 // MPI keeps messages of one sender and tag in order, so the pieces arrive as they were sent.
-constexpr size_t TIED_GRADIENT_PIECE = (size_t)1 << 18;  // 1 MiB of floats
+constexpr size_t TIED_GRADIENT_PIECE = (size_t)1 << 14;  // 64 KiB of floats (the tests' models need 2 pieces)
 inline void pipe_tied_gradient(Comm* pp, bool first, bool last, float* wte_grad, const float* lent_grad, size_t n) {
     if (pp->world_size == 1) return;
     if (last) {

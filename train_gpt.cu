@@ -168,7 +168,7 @@ struct GPT2 {
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
-    PipeDream2BWGpu versions;           // --pipeline-schedule 2bw-flush: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
+    PipeDream2BWGpu versions;           // --pipeline-schedule 2bw: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
 
@@ -689,6 +689,9 @@ struct Parallel {
     bool groups = false;                       // tensor or pipeline parallelism: groups of their own
     bool model_parallel = false;               // a forward pass needs other ranks (tp, pp or ZeRO-3)
     double predicted_bubble = 0;               // (p-1)/(m+p-1)
+    // --pipeline-schedule 2bw, no flush (pipeline_2bw_steps): this step's first forwards ran in the
+    // previous step's list / this step's list ends with nothing in flight (main decides, step by step)
+    bool pipe_filled = false, pipe_drains = true;
 };
 
 // ==============================================================================================
@@ -890,13 +893,15 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
     size_t bytes = n * sizeof(floatX);
     // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
     // interleaved: each action names the model chunk it runs (pass_layers: which layers)
-    // PipeDream-2BW (2bw-flush): 1F1B's list, each compute action labelled with the weight version it reads
+    // PipeDream-2BW: its list crosses the step boundary (2bw-flush: 1F1B's), each compute action labelled
+    // with the weight version it reads
     bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
-    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, mb, step, 1, false, true)[0]
+    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, mb, step, 1, par->pipe_filled, par->pipe_drains)[0]
                                                 : pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
     int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
     bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
-    pipe_slots_reset(&pipe->slots, m->slots, mb, v);
+    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+        pipe_slots_reset(&pipe->slots, m->slots, mb, v);
     if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
     // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
     // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
@@ -912,7 +917,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
         // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
         TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
         int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
-        // 2BW: step `step` reads W(step-2), the older version (llmc/parallel/pipedream_2bw.cuh)
+        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
         if (two_versions && pipe_is_compute(act.op)) pipedream_2bw_gpu_read(&m->versions, act.version < step - 1, m->stream);
         auto busy = std::chrono::steady_clock::now();
         PipeAction send;
@@ -1330,7 +1335,9 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     zero_gradients(m);
     m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(m, par, train, plan, step);
-    // --pipeline-schedule 2bw-flush: the passes read W(t-2); the optimizer below updates W(t-1) into W(t)
+    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
+    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
+    // optimizer below updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.cuh)
     pipedream_2bw_gpu_after_passes(&m->versions, m->stream);
     if (m->moe.moe.experts > 0)  // --moe-experts: the routing over the micro-batches and ranks (llmc/run/moe_run.h, as the CPU's)
         moe_step_stats(&m->moe.stats, &par->world, plan.accumulation_steps, grid.dp);
@@ -1932,16 +1939,20 @@ int main(int argc, char** argv) {
     // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    // PipeDream-2BW (llmc/parallel/pipedream_2bw.cuh): each step drained here; the CPU's refusals, and two of the GPU's own
-    if (o.pipeline_schedule == "2bw" && !o.pipeline_print_schedule)
-        usage_fail("--pipeline-schedule 2bw (without the flush) is not trained by the GPU trainer yet: use --pipeline-schedule "
-                   "2bw-flush here (the same arithmetic, each step drained), or train_gpt_cpu");
-    if (o.pipeline_schedule == "2bw-flush") {
+    // PipeDream-2BW (llmc/parallel/pipedream_2bw.cuh), with and without the flush: the CPU's refusals, and the GPU's own
+    if (o.pipeline_schedule.rfind("2bw", 0) == 0) {
+        const char* name = o.pipeline_schedule.c_str();
         std::string bad = pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts);
         if (!bad.empty()) usage_fail("%s", bad.c_str());
-        if (o.cuda_graphs) usage_fail("--pipeline-schedule 2bw-flush with --cuda-graphs: the graphed step swaps no weight versions; drop --cuda-graphs");
+        if (o.cuda_graphs)
+            usage_fail("--pipeline-schedule %s with --cuda-graphs: the graphed step swaps no weight versions; drop --cuda-graphs", name);
         if (o.offload == "optimizer")
-            usage_fail("--pipeline-schedule 2bw-flush with --offload optimizer is not supported yet (not tested); drop --offload");
+            usage_fail("--pipeline-schedule %s with --offload optimizer is not supported yet (not tested); drop --offload", name);
+        // fp8's scales come from the amax the step's forwards record: run ahead into the previous step, the
+        // first forwards of a step would record theirs in that step's history (not tested either)
+        if (o.pipeline_schedule == "2bw" && o.precision == "fp8")
+            usage_fail("--pipeline-schedule 2bw with --precision fp8 is not supported yet (the forwards run ahead would record "
+                       "their amax in the previous step's history); use --pipeline-schedule 2bw-flush");
     }
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
@@ -2081,6 +2092,8 @@ int main(int argc, char** argv) {
         uint64_t sent_before = par.data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
         if (m->graphs.replay && step > first_step + 1) sent_before -= graph_sent;  // (a replay sends what its capture counted)
         m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
+        // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
+        par.pipe_drains = pipeline_drains_after(o, step + 1, plan.steps, have_val, hellaswag, evaluator);
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         // --offload-delay 1: the last step's weights reach the GPU (the trained weights are not stale)

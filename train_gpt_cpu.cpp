@@ -1788,9 +1788,7 @@ int main(int argc, char** argv) {
         profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
         auto start = std::chrono::steady_clock::now();
         // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
-        par.pipe_drains = o.pipeline_schedule == "2bw-flush" || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) ||
-                          (have_val && (step + 1) % o.val_every == 0) || hellaswag_due(o, hellaswag, step + 1) ||
-                          (evaluator && is_sample_step(o, step + 1));
+        par.pipe_drains = pipeline_drains_after(o, step + 1, plan.steps, have_val, hellaswag, evaluator);
         StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
         double seconds = seconds_since(start);
         profile_step_end(step + 1);

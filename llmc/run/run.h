@@ -98,6 +98,17 @@ inline bool is_sample_step(const TrainOptions& o, int step) {
     return o.sample_every > 0 && step > 0 && step % o.sample_every == 0;
 }
 
+// PipeDream-2BW without the flush (llmc/parallel/pipedream_2bw.h) runs the next step's first forwards
+// inside this step's list. Step `step` (from 1) drains instead (pipeline_2bw_steps' `drain`) where
+// nothing may be in flight after it: every step of --pipeline-schedule 2bw-flush, the run's last step,
+// a checkpoint, and the validation, HellaSwag or sample that the training loop runs before the next
+// step (the loop's own conditions, asked at step + 1). Both trainers' loops ask it.
+inline bool pipeline_drains_after(const TrainOptions& o, int step, int steps, bool have_val, const HellaSwagSet& hellaswag,
+                                  bool evaluator) {
+    return o.pipeline_schedule == "2bw-flush" || step == steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) ||
+           (have_val && step % o.val_every == 0) || hellaswag_due(o, hellaswag, step) || (evaluator && is_sample_step(o, step));
+}
+
 // Samples print as text when the tokenizer is there, and as token ids (with a line saying why) when not.
 inline void sample_decoder_init(TokenText* d, const TrainOptions& o, const GPT2Config& cfg) {
     if (o.sample_every <= 0) return;

@@ -97,12 +97,12 @@ class Runner:
         self.mpirun = shutil.which("mpirun")
         self.seconds = 0.0
 
-    def run(self, ranks, *flags, model=MODEL, steps=STEPS, env=None, guard=300):
+    def run(self, ranks, *flags, model=MODEL, steps=STEPS, env=None, guard=300, exe=GPU):
         common = ["--model", model, "--train-data", os.path.join(self.work, "train_*.bin"), "--val-data", "none",
                   "--sample-every", "0", "--seq-len", str(T), "--steps", str(steps), "--lr", str(LR), "--batch-size", "1",
                   "--total-batch-tokens", str(4 * T if model == MODEL else 3 * T), "--out-dir", os.path.join(self.work, "out")]
         cmd = ["timeout", str(guard), self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
-               str(ranks), GPU] + common + DEFAULT_ATTENTION + [str(f) for f in flags]
+               str(ranks), exe] + common + DEFAULT_ATTENTION + [str(f) for f in flags]
         start = time.time()
         p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True,
                            env=dict(os.environ, LLMC_HOST_STAGED="1", **(env or {})))
@@ -142,10 +142,12 @@ def check_bitwise(name, a, b, keys=("losses", "params", "grads", "logits")):
     report(not bad, name, "not bit-identical: " + ", ".join(bad))
 
 
-def estimate_totals(work, flags):
-    """--estimate's (params, total) bytes of each rank of a grid on the test model, without a GPU."""
-    exe = NATIVE_GPU if os.path.exists(NATIVE_GPU) else GPU
-    p = subprocess.run([exe, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(4 * T),
+def estimate_totals(work, flags, exe=None, model=MODEL):
+    """--estimate's (params, total) bytes of each rank of a grid on the test model (or `model`, with
+    Runner's batch for it), without a GPU."""
+    exe = exe or (NATIVE_GPU if os.path.exists(NATIVE_GPU) else GPU)
+    tokens = 4 * T if model == MODEL else 3 * T
+    p = subprocess.run([exe, "--model", model, "--seq-len", str(T), "--batch-size", "1", "--total-batch-tokens", str(tokens),
                         "--estimate"] + DEFAULT_ATTENTION + flags, capture_output=True, text=True, cwd=work)
     return [(int(a), int(b)) for a, b in re.findall(r"^  rank \d+: params=(\d+) .* total=(\d+)", p.stdout, re.M)]
 

@@ -105,7 +105,7 @@ class Runner:
                str(ranks), exe] + common + DEFAULT_ATTENTION + [str(f) for f in flags]
         start = time.time()
         p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True,
-                           env=dict(os.environ, LLMC_HOST_STAGED="1", **(env or {})))
+                           env=dict(os.environ, **{"LLMC_HOST_STAGED": "1", **(env or {})}))  # (env may take NCCL's path)
         self.seconds += time.time() - start
         return p.returncode, p.stdout, p.stderr
 
@@ -191,8 +191,8 @@ def checks_without_gpu(work):
            refused.stderr.count("error:") == 1 and "runs the micro-batches in groups of p = 2" in refused.stderr,
            "train_gpt --pipeline-schedule interleaved --virtual-stages 2: printed; m = 3 on 2 stages refused, one line, exit 2",
            pr.stdout[-800:] + pr.stderr + refused.stderr)
-    # PipeDream-2BW: 2bw-flush is trained here, 2bw without the flush refused, and 2bw-flush with what it cannot serve
-    for flags, expect in ((["--pipeline-schedule", "2bw"], "use --pipeline-schedule 2bw-flush here"),
+    # PipeDream-2BW (both, test_gpu_pipeline_2bw.py): with what it cannot serve refused (2bw: fp8's amax, run ahead)
+    for flags, expect in ((["--pipeline-schedule", "2bw", "--precision", "fp8"], "2bw with --precision fp8 is not supported"),
                           (["--pipeline-schedule", "2bw-flush", "--tensor-parallel", "2"], "2bw with --tensor-parallel is not supported"),
                           (["--pipeline-schedule", "2bw-flush", "--cuda-graphs"], "2bw-flush with --cuda-graphs")):
         refused = subprocess.run(zb[:-2] + flags, capture_output=True, text=True, cwd=work)

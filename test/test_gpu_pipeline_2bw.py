@@ -26,24 +26,32 @@ W(t-1) differ a lot), every rank host-staged (test_gpu_parallelism.Runner). The 
   - resume: 2 steps + checkpoint (each rank's older version) + 2 resumed == 4 straight, bit for bit;
   - memory: rank 0 allocates what --estimate predicts for 2bw (its older_weights row), and each rank's
     parameters are twice 1F1B's.
+  - on the bf16 build, what it does not serve refused in one line each, exit 2: ZeRO-3, tensor
+    parallelism, CUDA graphs, optimizer offload, and fp8 (without the flush, the forwards run ahead
+    would record their amax in the previous step's history).
+The pp3 run takes NCCL's path on the emulation (a GPU per rank: the NCCL stand-in, which enforces
+NCCL's rules), the others host staging over MPI: the overlap's groups are right for both.
 Planted bugs caught (by hand, then reverted):
   - a backward reading the newer version, not its forward's (train_gpt.cu's pipedream_2bw_gpu_read for
-    forwards only; the previous GPU test could not see it): against the CPU, step 4's loss 1.3e-2 off
-    and the weight change 0.32 (tolerances 1e-3 and 1e-2);
+    forwards only; test_gpu_parallelism's one-rank reference shares that code and cannot see it): every
+    CPU comparison failed, losses 8.2e-2 apart and the weight change 0.33 (limits 1e-3 and 1e-2);
   - without the flush, the next step's first forwards reading the older version (pipedream_2bw_gpu_read's
-    `act.version < step - 1` as `< step`): 2bw != 2bw-flush bit for bit, and against the CPU step 3's
-    loss 2.9e-3 off and the weight change 2.9e-2;
-  - a filled step's activation slots reset (pipe_slots_reset every step): the bit-for-bit checks and
-    the CPU comparisons failed.
-CI: 4 emulated runs (2 and 3 ranks, 2-4 steps) and 3 CPU runs, about 25 s on 2 quiet cores.
+    `act.version < step - 1` as `< step`): both bit-for-bit checks failed, and the pp3 CPU comparison
+    (losses 6.2e-3, weight change 4.4e-2);
+  - a filled step's slot map reset (pipe_slots_reset every step): the pp3 bit-for-bit check and its CPU
+    comparison failed (losses 1.8e-2, weight change 0.13; on 2 stages the reset happens to hand the
+    waiting micro-batch its own slot back).
+CI: 4 emulated runs (2 and 3 ranks, 2-4 steps), 3 CPU runs and 7 refusals: 36 s measured on 2 cores
+shared with 8 other builds (load 10); about 20 s on quiet cores (an emulated pp2 run: 4.5 s there).
 """
 import json, os, re, shutil, sys, tempfile
 from checks import report, exit_code
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import FP32_TOL, GPU32, MODE, compare_dumps, write_model  # noqa: E402
+from test_gpu import DEFAULT_ATTENTION, EMULATED, FP32_TOL, GPU, GPU32, MODE, compare_dumps, write_model  # noqa: E402
 from test_gpu_parallelism import Runner as GpuRunner, check_bitwise, estimate_totals  # noqa: E402
 from test_parallelism import Runner as CpuRunner, mpi_trainer_missing, write_pattern_shard  # noqa: E402
+from test_pipeline_2bw import refused  # noqa: E402
 
 STEPS, LR = 4, "1e-2"
 # each stage's compute actions in steps 1 and 4 of pp3, m = 3 (pipeline_schedule.h's pipeline_2bw_steps,
@@ -80,8 +88,8 @@ def main():
         def on_cpu(name, p, schedule):
             return cpu.dump(name, p, *pipe(p, schedule), model=model_path, steps=STEPS)[0]
 
-        def on_gpu(name, p, schedule, *flags, steps=STEPS):
-            return gpu.dump(name, p, *pipe(p, schedule), *flags, model=model_path, steps=steps, exe=GPU32)
+        def on_gpu(name, p, schedule, *flags, steps=STEPS, env=None):
+            return gpu.dump(name, p, *pipe(p, schedule), *flags, model=model_path, steps=steps, exe=GPU32, env=env)
 
         # ---- the GPU's 2BW against the CPU trainer's
         flushed, _ = on_gpu("gpu_pp2_2bw_flush", 2, "2bw-flush")
@@ -96,7 +104,10 @@ def main():
         two, out = on_gpu("gpu_pp2_2bw", 2, "2bw", "--checkpoint-every", 2)
         check_bitwise("GPU pp2 2bw (no flush, checkpointed at 2) == GPU pp2 2bw-flush bit for bit", two, flushed)
         trace = os.path.join(work, "trace.json")
-        three, _ = on_gpu("gpu_pp3_2bw", 3, "2bw", "--trace", trace)
+        # emulated: a GPU per rank, so the pipeline's sends and receives take NCCL's path (the stand-in, with
+        # NCCL's rules: test/emu/nccl_standin.cpp) where the other runs are host-staged over MPI
+        three, _ = on_gpu("gpu_pp3_2bw", 3, "2bw", "--trace", trace,
+                          env={"CUDA_EMU_DEVICES": "3", "LLMC_HOST_STAGED": "0"} if EMULATED else None)
         check_bitwise("GPU pp3 2bw (no flush) == GPU pp2 2bw-flush bit for bit", three, flushed)
         if three is not None and cpu_three is not None:
             compare_dumps("GPU fp32 pp3 2bw vs CPU pp3 2bw", three, cpu_three, model, FP32_TOL)
@@ -125,6 +136,14 @@ def main():
                all(a[0] == 2 * b[0] for a, b in zip(est["2bw"], est["1f1b"])),
                f"GPU pp2 2bw: rank 0 allocates what --estimate predicts ({table.group(1) if table else '?'} bytes), each "
                f"rank's params twice 1F1B's ({[a[0] for a in est['2bw']]} bytes: the older_weights row)", f"{est} {out[-300:]}")
+        # ---- what it does not serve: one line each, exit 2, before anything is allocated (the bf16 build; MoE
+        # is refused on any pipeline, ZeRO-2 and tensor parallelism also by test_pipeline_2bw.py for both trainers)
+        base = [GPU, "--model", model_path, "--seq-len", "32", "--batch-size", "1", "--train-data",
+                os.path.join(work, "train_000.bin")] + DEFAULT_ATTENTION + [str(f) for f in pipe(2, "2bw")]
+        for flags, needle in ((["--zero", "3"], "2bw with --zero 3"), (["--tensor-parallel", "2"], "2bw with --tensor-parallel"),
+                              (["--cuda-graphs"], "2bw with --cuda-graphs"), (["--offload", "optimizer"], "2bw with --offload"),
+                              (["--precision", "fp8"], "2bw with --precision fp8")):
+            refused(base + flags, needle, f"the GPU trainer with 2bw and {' '.join(flags)}", work)
         print(f"({gpu.seconds + cpu.seconds:.0f} s in the trainers)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -30,8 +30,8 @@ It is not a synchronous run, by design, so the references are:
     checkpoint, so it holds no micro-batch in flight: only the two versions, the older in each
     rank's pipedream_2bw_rank<r>.bin); a 2BW resume from a 1F1B checkpoint is refused.
 Bad input (one line, exit 2, before anything is allocated): 2BW with ZeRO-2/3, with tensor
-parallelism, with m < p, and without the flush on the GPU trainer (the emulated build, when it is built;
-2bw-flush it trains: test_gpu_parallelism.py).
+parallelism, with m < p, and on the GPU trainer with CUDA graphs (the emulated build, when it is built;
+it trains 2bw and 2bw-flush: test_gpu_pipeline_2bw.py, test_gpu_parallelism.py).
 Planted bugs caught (by hand, then reverted):
   - a backward reading the newer version, not its forward's (forward_backward's pipedream_2bw_read
     for forwards only): the PyTorch check failed (losses 3e-2, weights 5e-2 off);
@@ -227,11 +227,11 @@ def main():
         code, out, err = r.run(2, *pipe(2, 1))
         report(code == 2 and "cannot fill a pipeline of 2 stages" in out + err, "2BW with m = 1 < p = 2: refused, exit 2",
                f"exit {code}: {(out + err)[-400:]}")
-        if os.path.exists(GPU_TRAINER):
-            refused([GPU_TRAINER] + base[1:] + [str(f) for f in pipe(2, 4)], "not trained by the GPU trainer",
-                    "the GPU trainer with 2BW without the flush (2bw-flush it trains)", work)
+        if os.path.exists(GPU_TRAINER):  # (it trains 2bw: test_gpu_pipeline_2bw.py)
+            refused([GPU_TRAINER] + base[1:] + [str(f) for f in pipe(2, 4)] + ["--cuda-graphs"], "2bw with --cuda-graphs",
+                    "the GPU trainer with 2BW and CUDA graphs", work)
         else:
-            print("SKIP: the GPU trainer's refusal of 2BW (build/emu/train_gpt is not built: make emu)")
+            print("SKIP: the GPU trainer's refusal of 2BW with CUDA graphs (build/emu/train_gpt is not built: make emu)")
         print(f"({r.seconds:.0f} s in the trainer)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -12,14 +12,24 @@
 //     updates the newer version, W(t-1) into W(t), as the .h says.
 //   - The swap is one kernel over the stage's elements on the compute stream, so it is ordered
 //     with the passes around it; the copy after the passes one device-to-device copy.
-//   - Only --pipeline-schedule 2bw-flush: each step's list is 1F1B's (pipeline_2bw_steps with every
-//     step drained), so every pass of step t reads W(t-2) and a step swaps twice. 2bw without the
-//     flush (the next step's first forwards before the last backwards) is the CPU trainer's.
+//   - Without the flush (--pipeline-schedule 2bw) forward_backward walks the CPU's lists
+//     (pipeline_2bw_steps, with the trainer's pipe_filled and pipe_drains): stage s runs the first
+//     p-1-s forwards of step t+1 inside step t's list. Their activations stay in their slots across
+//     the optimizer step (the slot map is not reset at a filled step), and so does the input of the
+//     next forward, received in the same NCCL group as the last backward's gradient send (the
+//     cut comes after that group). So no send or receive is in flight across the cut: pipe_finish
+//     completes the list's sends before the gradient sums, as the CPU's group end does over MPI,
+//     and the update's collectives on the world never interleave with the pipeline's. The swaps
+//     are the CPU's: a forward of step t+1 reads the newer version, so stage s swaps at most
+//     2(p-s) times a step. 2bw-flush runs each step's list to its end (1F1B's): the same bits.
+//     Not with --precision fp8 (the forwards run ahead would record their amax in the previous
+//     step's history), CUDA graphs or optimizer offload (refused in main, one line each).
 //   - The checkpoint's pipedream_2bw_rank<r>.bin is the CPU's file (the .h writes and reads it; the
 //     trainer downloads the older version widened to fp32, exact, and rounds it back to the same bits).
 //
 // Hook points: forward_backward calls pipedream_2bw_gpu_read before each compute action (the
-// version its label names), train_step pipedream_2bw_gpu_after_passes before the gradient sums.
+// version its label names), train_step pipedream_2bw_gpu_after_passes before the gradient sums;
+// main decides step by step whether the list drains (run.h's pipeline_drains_after, as the CPU's).
 #pragma once
 
 #include "llmc/parallel/pipedream_2bw.h"

@@ -118,7 +118,7 @@ struct TrainOptions {
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
     int pipeline_parallel = 1;       // stages the layers are split into
-    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | 2bw | 2bw-flush (2bw: the CPU trainer's)
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | 2bw | 2bw-flush
     int virtual_stages = 1;          // model chunks per pipeline stage (interleaved)
     float max_memory_mib = 0;        // CPU: refuse to start if a rank would need more (0 = no limit)
     // switches
@@ -242,7 +242,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"tensor-parallel", "N", "Parallelism", "split every layer's heads, MLP and vocabulary over N ranks (Megatron)", K::Int, &o.tensor_parallel, Scope::Both},
         {"sequence-parallel", "0|1", "Parallelism", "tensor-parallel ranks also split the LayerNorm and residual rows", K::Int, &o.sequence_parallel, Scope::Both},
         {"pipeline-parallel", "N", "Parallelism", "split the layers into N pipeline stages", K::Int, &o.pipeline_parallel, Scope::Both},
-        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward) | interleaved (1F1B over --virtual-stages chunks per stage) | zb-h1 (1F1B with the backward split into input and weight gradients, the weight gradients deferred into the bubble) | 2bw (PipeDream-2BW: 1F1B's order with no flush between steps, the gradient taken on the weights one step older, two weight versions per stage; the CPU trainer only) | 2bw-flush (the same arithmetic, each step drained: 1F1B's bubble; both trainers)", K::String, &o.pipeline_schedule, Scope::Both},
+        {"pipeline-schedule", "NAME", "Parallelism", "gpipe (all forwards, then all backwards) | 1f1b (one forward, one backward) | interleaved (1F1B over --virtual-stages chunks per stage) | zb-h1 (1F1B with the backward split into input and weight gradients, the weight gradients deferred into the bubble) | 2bw (PipeDream-2BW: 1F1B's order with no flush between steps, the gradient taken on the weights one step older, two weight versions per stage) | 2bw-flush (the same arithmetic, each step drained: 1F1B's bubble)", K::String, &o.pipeline_schedule, Scope::Both},
         {"virtual-stages", "V", "Parallelism", "model chunks per pipeline stage for --pipeline-schedule interleaved (chunk c of stage r = layer block c*p + r)", K::Int, &o.virtual_stages, Scope::Both},
         {"pipeline-print-schedule", nullptr, "Parallelism", "print every pipeline stage's ordered actions (forwards, backwards, sends, receives) for this configuration and exit (needs no data)", K::Switch, &o.pipeline_print_schedule, Scope::Both},
         {"profile", nullptr, "Machine", "print each step's time and GFLOP/s per kind of work (each matmul shape, attention, LayerNorm, ...) next to a measured SGEMM ceiling", K::Switch, &o.profile, Scope::CPUOnly},

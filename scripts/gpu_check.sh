@@ -12,7 +12,8 @@
 #   3. "parallel": several ranks sharing this GPU (host-staged): test_gpu_data_parallel.py (2 and 4
 #      ranks against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks) and test_gpu_parallelism.py
 #      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
-#      bit-exact resume on a grid, the bubble); and the communication layer's exact sums
+#      bit-exact resume on a grid, the bubble) and test_gpu_pipeline_2bw.py (PipeDream-2BW, the fp32
+#      build against the CPU trainer, without the flush == with it); and the communication layer's exact sums
 #      (build/gpu_comm_check under mpirun): 2 ranks host-staged and, on a machine with several GPUs,
 #      all of them over NCCL; and the communication benchmark (./comm_bench_gpu, dev/comm/comm_bench.h:
 #      every collective timed and checked) on every GPU, and on 2 ranks sharing one
@@ -73,7 +74,7 @@ gpu_tests() {  # name, log, test name substrings...
 }
 if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs test_gpu_moe_trainer test_offload test_stash_precision_gpu test_gpu_optimizers; fi
 if part parallel; then
-    gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism
+    gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism test_gpu_pipeline_2bw
 fi
 
 # 3. the communication layer: exact sums in every collective the trainer uses

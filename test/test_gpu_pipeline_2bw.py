@@ -41,8 +41,9 @@ Planted bugs caught (by hand, then reverted):
   - a filled step's slot map reset (pipe_slots_reset every step): the pp3 bit-for-bit check and its CPU
     comparison failed (losses 1.8e-2, weight change 0.13; on 2 stages the reset happens to hand the
     waiting micro-batch its own slot back).
-CI: 4 emulated runs (2 and 3 ranks, 2-4 steps), 3 CPU runs and 7 refusals: 36 s measured on 2 cores
-shared with 8 other builds (load 10); about 20 s on quiet cores (an emulated pp2 run: 4.5 s there).
+CI: 4 emulated runs (2 and 3 ranks, 2-4 steps), 3 CPU runs and 5 refusals: 12 s of CPU time; 36 to 53 s
+of wall time measured on 2 cores shared with 8 other builds (load 10 to 12), about 20 s on quiet cores
+(an emulated pp2 run of 4 steps took 4.5 s at load 0.2).
 """
 import json, os, re, shutil, sys, tempfile
 from checks import report, exit_code

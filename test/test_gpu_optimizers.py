@@ -38,7 +38,7 @@ checkpoints at steps 5 and 10; each run below is made once and shared by the che
 Cost: 4 emulated runs of 10 (or 5) steps of the tiny model, 3 CPU runs, and 3 short data-parallel runs:
 20 s of CPU time here (2 shared cores, 80 s wall while 7 others built and tested).
 """
-import os, shutil, subprocess, sys, tempfile
+import glob, os, shutil, subprocess, sys, tempfile
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import report, exit_code  # noqa: E402
@@ -67,28 +67,75 @@ def dump_run(exe, tmp, name, flags):
     return read_safetensors(path)[0], p.stdout
 
 
-def data_parallel(tmp, model):
-    """2 ranks, 3 steps of 2 micro-batches of B=2 (the fp32 build): ZeRO-1 (each rank updates its shard of
-    m and v, rounding each element with its index in the whole model) == ZeRO-0 (both ranks update
-    everything) bit for bit, and == one rank accumulating the same micro-batches within FP32_TOL."""
+def grid_moments(ckpt):
+    """m and v of a checkpoint in the whole model's order: state.bin, or every rank's state_rank<r>.bin
+    (llmc/io/formats.h: after the 1024-byte header the run table, num_runs (global, count) pairs, when
+    has_run_table, else the one run [shard_begin, + shard_count); then m, v). Unwritten elements: NaN."""
+    files = [f"{ckpt}/state.bin"] if os.path.exists(f"{ckpt}/state.bin") else sorted(glob.glob(f"{ckpt}/state_rank*.bin"))
+    m = v = None
+    for path in files:
+        raw = open(path, "rb").read()
+        i64 = lambda at: int(np.frombuffer(raw[at:at + 8], np.int64)[0])  # noqa: E731
+        total, begin, count = i64(16), i64(24), i64(32)
+        if m is None:
+            m, v = np.full(total, np.nan, np.float32), np.full(total, np.nan, np.float32)
+        has_table = int(np.frombuffer(raw[104:108], np.int32)[0])
+        runs = np.frombuffer(raw[1024:1024 + 16 * i64(120)], np.int64).reshape(-1, 2) if has_table else [(begin, count)]
+        at = 1024 + (16 * i64(120) if has_table else 0)
+        fm = np.frombuffer(raw[at:at + 4 * count], np.float32)
+        fv = np.frombuffer(raw[at + 4 * count:at + 8 * count], np.float32)
+        k = 0
+        for g, n in runs:
+            m[g:g + n], v[g:g + n] = fm[k:k + n], fv[k:k + n]
+            k += n
+    return m, v
+
+
+def grids(tmp, model):
+    """The fp32 build, 3 steps of 2 micro-batches of B=2 (one rank accumulates them; data-parallel ranks
+    take one each; a tensor or pipeline grid both), checkpoints at step 2:
+      dp2    ZeRO-1 (each rank updates its shard of m and v, rounding each element with its index in the
+             whole model) == ZeRO-0 (both ranks update everything) bit for bit, and == one rank within FP32_TOL;
+      tp2 + sequence parallel, pp2 (1F1B): == one rank within FP32_TOL; their step-2 moments, assembled from
+             the ranks' state files in the model's order, bit-identical to one rank's for >= 95% of the
+             elements (each element rounds with its index in the whole model, slice_global_index); and
+             2 steps + resume + 1 == 3 straight on the same grid, bit for bit."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
-        print("SKIP: --optimizer-state bf16 over 2 data-parallel ranks (mpirun is not installed)")
+        print("SKIP: --optimizer-state bf16 over 2 data-, tensor- or pipeline-parallel ranks (mpirun is not installed)")
         return
     flags = ["--model", f"{tmp}/tiny.bin", "--train-data", f"{tmp}/train_*.bin", "--val-data", "none", "--sample-every", "0",
              "--batch-size", "2", "--seq-len", "64", "--total-batch-tokens", "256", "--steps", "3", "--lr", "1e-3",
              "--optimizer-state", "bf16"] + DEFAULT_ATTENTION
+    grid = {"tp2": ["--tensor-parallel", "2", "--sequence-parallel", "1"], "pp2": ["--pipeline-parallel", "2"]}
     dumps = {}
-    for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"])):
-        path = f"{tmp}/dp_{name}.st"
-        launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
-        run(launch + [GPU32] + flags + extra + ["--out-dir", f"{tmp}/dp_{name}", "--dump-state", path],
-            env={"LLMC_HOST_STAGED": "1"})
+
+    def launch(name, ranks, extra):
+        path = f"{tmp}/grid_{name}.st"
+        mpi = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
+        run(mpi + [GPU32] + flags + extra + ["--dump-state", path], env={"LLMC_HOST_STAGED": "1"})
         dumps[name] = read_safetensors(path)[0]
+
+    keep = ["--checkpoint-every", "2"]
+    for name, ranks, extra in (("one", 1, keep), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]),
+                               ("tp2", 2, grid["tp2"] + keep), ("pp2", 2, grid["pp2"] + keep)):
+        launch(name, ranks, extra + ["--out-dir", f"{tmp}/grid_{name}"])
     same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
     report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
            "the weights or losses differ")
     compare_dumps("--optimizer-state bf16: 2 ranks ZeRO-1 vs one rank", dumps["zero1"], dumps["one"], model, FP32_TOL)
+    one_m, one_v = grid_moments(f"{tmp}/grid_one/ckpt_00000002")
+    for name in ("tp2", "pp2"):
+        compare_dumps(f"--optimizer-state bf16: {name} vs one rank", dumps[name], dumps["one"], model, FP32_TOL)
+        gm, gv = grid_moments(f"{tmp}/grid_{name}/ckpt_00000002")
+        same = [float(np.mean(a.view(np.uint32) == b.view(np.uint32))) for a, b in ((gm, one_m), (gv, one_v))]
+        report(min(same) >= 0.95, f"--optimizer-state bf16: {name}'s moments round with one rank's bits (keyed in the whole model)",
+               f"bit-identical to one rank's: m {same[0]:.1%}, v {same[1]:.1%} (< 95%)", f"m {same[0]:.1%}, v {same[1]:.1%}")
+        shutil.copytree(f"{tmp}/grid_{name}", f"{tmp}/grid_{name}_again", ignore=shutil.ignore_patterns("ckpt_00000003"))
+        launch(f"{name}_again", 2, grid[name] + ["--out-dir", f"{tmp}/grid_{name}_again", "--resume", "latest"])
+        again, straight = dumps[f"{name}_again"], dumps[name]
+        report(np.array_equal(again["params"], straight["params"]) and np.array_equal(again["losses"], straight["losses"][2:]),
+               f"--optimizer-state bf16 on {name}: 2 steps + resume + 1 == 3 straight, bit for bit", "the weights or losses differ")
 
 
 def main():
@@ -163,7 +210,7 @@ def main():
         p = run([GPU] + base + ["--zero", "2"] + data[:4], expect_ok=False)
         report(p.returncode == 2 and "--zero 2" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                "the GPU trainer refuses --optimizer-state bf16 with --zero 2 in one line", p.stderr[-400:])
-        data_parallel(tmp, model)
+        grids(tmp, model)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(exit_code())

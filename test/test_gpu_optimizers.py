@@ -38,12 +38,13 @@ checkpoints at steps 5 and 10; each run below is made once and shared by the che
 Cost: 4 emulated runs of 10 (or 5) steps of the tiny model, 3 CPU runs, and 3 short data-parallel runs:
 20 s of CPU time here (2 shared cores, 80 s wall while 7 others built and tested).
 """
-import glob, os, shutil, subprocess, sys, tempfile
+import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import report, exit_code  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 import test_gpu  # noqa: E402
+from test_optimizers import grid_moments  # noqa: E402
 from test_gpu import CPU, GPU, GPU32, MODE, DEFAULT_ATTENTION, FP32_TOL, BF16_TOL, run, compare_dumps, same_bytes  # noqa: E402
 
 STEPS = ["--batch-size", "4", "--seq-len", "64", "--steps", "10", "--lr", "1e-3", "--warmup-steps", "2",
@@ -65,30 +66,6 @@ def dump_run(exe, tmp, name, flags):
     path = f"{tmp}/{name}.st"
     p = run([exe, "--model", f"{tmp}/tiny.bin", "--dump-state", path] + flags)
     return read_safetensors(path)[0], p.stdout
-
-
-def grid_moments(ckpt):
-    """m and v of a checkpoint in the whole model's order: state.bin, or every rank's state_rank<r>.bin
-    (llmc/io/formats.h: after the 1024-byte header the run table, num_runs (global, count) pairs, when
-    has_run_table, else the one run [shard_begin, + shard_count); then m, v). Unwritten elements: NaN."""
-    files = [f"{ckpt}/state.bin"] if os.path.exists(f"{ckpt}/state.bin") else sorted(glob.glob(f"{ckpt}/state_rank*.bin"))
-    m = v = None
-    for path in files:
-        raw = open(path, "rb").read()
-        i64 = lambda at: int(np.frombuffer(raw[at:at + 8], np.int64)[0])  # noqa: E731
-        total, begin, count = i64(16), i64(24), i64(32)
-        if m is None:
-            m, v = np.full(total, np.nan, np.float32), np.full(total, np.nan, np.float32)
-        has_table = int(np.frombuffer(raw[104:108], np.int32)[0])
-        runs = np.frombuffer(raw[1024:1024 + 16 * i64(120)], np.int64).reshape(-1, 2) if has_table else [(begin, count)]
-        at = 1024 + (16 * i64(120) if has_table else 0)
-        fm = np.frombuffer(raw[at:at + 4 * count], np.float32)
-        fv = np.frombuffer(raw[at + 4 * count:at + 8 * count], np.float32)
-        k = 0
-        for g, n in runs:
-            m[g:g + n], v[g:g + n] = fm[k:k + n], fv[k:k + n]
-            k += n
-    return m, v
 
 
 def grids(tmp, model):
@@ -113,13 +90,15 @@ def grids(tmp, model):
     def launch(name, ranks, extra):
         path = f"{tmp}/grid_{name}.st"
         mpi = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
-        run(mpi + [GPU32] + flags + extra + ["--dump-state", path], env={"LLMC_HOST_STAGED": "1"})
+        out = run(mpi + [GPU32] + flags + extra + ["--dump-state", path], env={"LLMC_HOST_STAGED": "1"}).stdout
         dumps[name] = read_safetensors(path)[0]
+        return out
 
     keep = ["--checkpoint-every", "2"]
+    tables = {}
     for name, ranks, extra in (("one", 1, keep), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]),
                                ("tp2", 2, grid["tp2"] + keep), ("pp2", 2, grid["pp2"] + keep)):
-        launch(name, ranks, extra + ["--out-dir", f"{tmp}/grid_{name}"])
+        tables[name] = int(launch(name, ranks, extra + ["--out-dir", f"{tmp}/grid_{name}"]).split("GPU memory bytes: table ")[1].split(",")[0])
     same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
     report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
            "the weights or losses differ")
@@ -127,6 +106,11 @@ def grids(tmp, model):
     one_m, one_v = grid_moments(f"{tmp}/grid_one/ckpt_00000002")
     for name in ("tp2", "pp2"):
         compare_dumps(f"--optimizer-state bf16: {name} vs one rank", dumps[name], dumps["one"], model, FP32_TOL)
+        est = run([GPU32] + flags + grid[name] + ["--estimate"]).stdout
+        ranks = [int(b) for b in re.findall(r"^  ranks? [-\d]+: params=\d+ .* total=(\d+)", est, re.M)]  # ("ranks 0-1": equal)
+        report(ranks and ranks[0] == tables[name],
+               f"--optimizer-state bf16 on {name}: rank 0 allocates the table --estimate predicts ({tables[name]} bytes)",
+               f"run {tables[name]}, --estimate {ranks}")
         gm, gv = grid_moments(f"{tmp}/grid_{name}/ckpt_00000002")
         same = [float(np.mean(a.view(np.uint32) == b.view(np.uint32))) for a, b in ((gm, one_m), (gv, one_v))]
         report(min(same) >= 0.95, f"--optimizer-state bf16: {name}'s moments round with one rank's bits (keyed in the whole model)",

@@ -31,7 +31,9 @@
 // global elements [g, g+n)". That list is all that checkpoints, --dump-state and initialisation
 // need: a rank initialises its runs with the counter-based generator of llmc/model/model.h (so every
 // grid starts from the same weights as one rank), writes its runs into a checkpoint in global
-// coordinates (so any grid can read them back), and sends its runs to rank 0 for a dump.
+// coordinates (so any grid can read them back), and sends its runs to rank 0 for a dump. The same
+// map one element at a time (slice_global_index) keys what is drawn per element, such as the bf16
+// moments' stochastic rounding (llmc/optim/adamw_bf16.h), so a grid draws the one-rank run's bits.
 #pragma once
 
 #include <algorithm>

@@ -763,12 +763,16 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
         });
         return;
     }
+    // --optimizer-state bf16: the element's index in the whole model keys its random rounding (on a
+    // tensor- or pipeline-parallel rank, through its slice's map; one rank's slice is the model)
+    SliceIndexMap keys = slice_index_map(model->config, model->slice);
+    bool sliced = model->slice.tp > 1 || model->slice.stages > 1;
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
-        if (model->bf16_moments) {  // the element's index in the flat array keys its random rounding
+        if (model->bf16_moments) {
             adamw_update_bf16(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
                               model->adam_m16.data() + piece.stored, model->adam_v16.data() + piece.stored, piece.count, lr,
-                              o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local);
+                              o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local, sliced ? &keys : nullptr);
             continue;
         }
         adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),

@@ -16,6 +16,11 @@
 //                        reductions): losses and the gradient written over the logits
 //   matmul               cuBLASLt forward with bias, backward data, backward weight (accumulated)
 //                        through llmc/kernels/matmul.cuh, and the bias-gradient kernel
+//   adamw_bf16           --optimizer-state bf16's kernel (llmc/optim/adamw_bf16.cuh), issue 25's case: g = 0
+//                        for 300 steps at beta2 = 0.999, so v must decay like 0.999^t (0.741); stored in
+//                        bf16 and rounded to nearest it would never move from 1 (each step's 1e-3 is less
+//                        than half of bf16's spacing there); stochastic rounding is unbiased, so the mean of
+//                        4096 elements tracks 0.999^t and each element stays near it
 // Tolerances: every kernel computes in fp32 from bf16 inputs and rounds its output to bf16 once, so
 // a bf16 output may be off by one bf16 ulp (2^-7 relative) plus a few fp32 roundings of the terms
 // summed; the float outputs (mean, rstd, losses) by a few fp32 roundings of their terms.
@@ -34,6 +39,7 @@
 #include "llmc/kernels/fused_classifier.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/optim/adamw_bf16.cuh"
 
 static const double BF16_ULP = 1.0 / 128;  // one unit in the last place of bf16, relative
 static const double FP32_EPS = 1.0 / (1 << 23);
@@ -375,6 +381,45 @@ static bool check_matmul() {
 
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+// AdamW with bf16 moments: v's decay under g = 0 (issue 25; the CPU's twin is test/test_adamw_bf16.cpp)
+
+static bool check_adamw_bf16() {
+    const size_t n = 4096;
+    const int steps = 300;
+    AdamWParams a{};
+    a.beta1 = 0.9f, a.beta2 = 0.999f, a.eps = 1e-8f, a.seed = 7;  // no decay, no clipping; every tensor_offset 0
+    SliceIndexMap identity{};  // one rank's map for any n: global = 0 + 0 + (o / width) * 0 + 0 + o % width = o
+    for (auto& t : identity.tensor) t.local_per_layer = t.width = (uint64_t)1 << 62;
+    identity.per_chunk = 1;
+    floatX* params = upload(std::vector<float>(n, 0.5f));
+    floatX* grads = upload(std::vector<float>(n, 0.0f));
+    uint16_t* m = upload_raw(std::vector<uint16_t>(n, 0));
+    uint16_t* v = upload_raw(std::vector<uint16_t>(n, float_to_bf16_round_nearest(1.0f)));
+    AdamWStep* now = device_alloc<AdamWStep>(1);
+    for (int t = 1; t <= steps; t++) {
+        AdamWStep values = adamw_step_values(a, t, 1e-3f, 0.0f);
+        CUDA_CHECK(cudaMemcpy(now, &values, sizeof(values), cudaMemcpyHostToDevice));
+        adamw_bf16_update(params, nullptr, grads, m, v, 0, n, now, a, identity, 0);
+    }
+    std::vector<uint16_t> v16(n);
+    CUDA_CHECK(cudaMemcpy(v16.data(), v, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<float> got(n);
+    double mean = 0.0;
+    for (size_t i = 0; i < n; i++) mean += got[i] = bf16_to_float(v16[i]);
+    mean /= n;
+    // Each step's rounding error is under one spacing (2^-8 for v in [0.5, 1)), zero on average, its
+    // variance at most spacing^2 / 4: summed over 300 steps, one sigma is at most 0.034 for an element's
+    // v and 5e-4 for the mean of 4096. Limits: 0.2 per element, 0.005 for the mean (about 10 sigma);
+    // round-to-nearest leaves v at 1, off by 0.26.
+    double want = std::pow(0.999, steps);
+    Check ck{"adamw_bf16"};
+    compare(&ck, "mean v", {(float)mean}, {want}, {0.005});
+    compare(&ck, "v", got, std::vector<double>(n, want), std::vector<double>(n, 0.2));
+    for (void* p : {(void*)params, (void*)grads, (void*)m, (void*)v, (void*)now}) CUDA_CHECK(cudaFree(p));
+    return report(ck);
+}
+
 int main(int argc, char** argv) {
     struct Named {
         const char* name;
@@ -390,6 +435,7 @@ int main(int argc, char** argv) {
         {"layernorm_backward_6400", [] { return check_layernorm_backward(6400, 12); }},
         {"classifier", check_classifier},
         {"matmul", check_matmul},
+        {"adamw_bf16", check_adamw_bf16},
     };
     // an argument names a check, or a family of them: "layernorm_forward" is every width
     auto selects = [](const std::string& arg, const std::string& name) {
@@ -400,7 +446,7 @@ int main(int argc, char** argv) {
         for (const Named& c : checks) known |= selects(argv[i], c.name);
         if (!known) {
             fprintf(stderr, "emu_kernel_checks: unknown check '%s' (layernorm_forward[_768|_1600|_64], "
-                            "layernorm_backward[_768|_1600|_320|_6400], classifier, matmul)\n", argv[i]);
+                            "layernorm_backward[_768|_1600|_320|_6400], classifier, matmul, adamw_bf16)\n", argv[i]);
             return 2;
         }
     }

@@ -33,9 +33,9 @@ int main() {
         std::vector<float> g(n, 0.0f), p_rn(n, 0.5f), p_sr(n, 0.5f), p32(n, 0.5f), m32(n, 0.0f), v32(n, 1.0f);
         std::vector<uint16_t> m_rn(n, 0), v_rn(n, float_to_bf16_round_nearest(1.0f)), m_sr = m_rn, v_sr = v_rn;
         for (int t = 1; t <= steps; t++) {
-            adamw_update_bf16(p_rn.data(), g.data(), m_rn.data(), v_rn.data(), n, lr, beta1, beta2, 1e-8f, 0.0f, t, 1.0f, 0,
+            adamw_update_bf16(p_rn.data(), g.data(), m_rn.data(), v_rn.data(), n, lr, beta1, beta2, 1e-8f, 0.0f, t, 1.0f, 0, nullptr,
                               BF16Rounding::Nearest);
-            adamw_update_bf16(p_sr.data(), g.data(), m_sr.data(), v_sr.data(), n, lr, beta1, beta2, 1e-8f, 0.0f, t, 1.0f, 0,
+            adamw_update_bf16(p_sr.data(), g.data(), m_sr.data(), v_sr.data(), n, lr, beta1, beta2, 1e-8f, 0.0f, t, 1.0f, 0, nullptr,
                               BF16Rounding::Stochastic);
             adamw_update(p32.data(), g.data(), m32.data(), v32.data(), n, lr, beta1, beta2, 1e-8f, 0.0f, t, 1.0f);
         }

@@ -98,6 +98,9 @@ MUTATIONS = [
     ("a race: the bias gradient's __syncthreads deleted (row 0 of the block sums the others' partials)",
      "llmc/kernels/matmul.cuh", "    __syncthreads();\n    if (threadIdx.y == 0 && c < OC) {",
      "    \n    if (threadIdx.y == 0 && c < OC) {", "matmul", {"forward": True, "reverse": False}),
+    ("bf16 moments rounded to nearest, not stochastically (issue 25: v stuck at 1 under beta2 = 0.999, g = 0)",
+     "llmc/optim/adamw_bf16.cuh", "adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, slice_global_index(keys, i + k));",
+     "m4.v[k] = float_to_bf16_round_nearest(mk), v4.v[k] = float_to_bf16_round_nearest(vk);", "adamw_bf16", "all"),
 ]
 
 

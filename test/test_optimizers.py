@@ -51,7 +51,7 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
                         --tensor-parallel 2 with --zero 1,
                         --optimizer-state bf16 or AdamW's --beta1 (exit 2, one line); the GPU trainer (when
                         build/emu/train_gpt is built) refuses adafactor, sm3, and --optimizer-state bf16 with
-                        --cuda-graphs (its bf16 moments: test_gpu_optimizers.py).
+                        --moe-experts (its bf16 moments: test_gpu_optimizers.py).
 
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
@@ -60,7 +60,7 @@ rank resuming slice 0 of the state (the resume and reshard checks failed). Tenso
 Adafactor's column sums of a rows-cut matrix left local (tp2 and dp2 x tp2 3.1e-4 off), SM3's
 column maxima left local (3.5e-3 off), every rank resuming rank 0's file (the resume check failed).
 """
-import os, re, shutil, subprocess, sys, tempfile
+import glob, os, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from checks import report, exit_code
 
@@ -157,6 +157,30 @@ def read_state(path):
     optimizer = int(np.frombuffer(raw[OPTIMIZER_AT:OPTIMIZER_AT + 4], np.int32)[0])
     count = int(np.frombuffer(raw[OPT_FLOATS_AT:OPT_FLOATS_AT + 8], np.int64)[0])
     return optimizer, np.frombuffer(raw[STATE_HEADER:STATE_HEADER + 4 * count], np.float32).astype(np.float64)
+
+
+def grid_moments(ckpt):
+    """m and v of a checkpoint in the whole model's order: state.bin, or every rank's state_rank<r>.bin
+    (llmc/io/formats.h: after the 1024-byte header the run table, num_runs (global, count) pairs, when
+    has_run_table, else the one run [shard_begin, + shard_count); then m, v). Unwritten elements: NaN."""
+    files = [f"{ckpt}/state.bin"] if os.path.exists(f"{ckpt}/state.bin") else sorted(glob.glob(f"{ckpt}/state_rank*.bin"))
+    m = v = None
+    for path in files:
+        raw = open(path, "rb").read()
+        i64 = lambda at: int(np.frombuffer(raw[at:at + 8], np.int64)[0])  # noqa: E731
+        total, begin, count = i64(16), i64(24), i64(32)
+        if m is None:
+            m, v = np.full(total, np.nan, np.float32), np.full(total, np.nan, np.float32)
+        has_table = int(np.frombuffer(raw[104:108], np.int32)[0])
+        runs = np.frombuffer(raw[1024:1024 + 16 * i64(120)], np.int64).reshape(-1, 2) if has_table else [(begin, count)]
+        at = 1024 + (16 * i64(120) if has_table else 0)
+        fm = np.frombuffer(raw[at:at + 4 * count], np.float32)
+        fv = np.frombuffer(raw[at + 4 * count:at + 8 * count], np.float32)
+        k = 0
+        for g, n in runs:
+            m[g:g + n], v[g:g + n] = fm[k:k + n], fv[k:k + n]
+            k += n
+    return m, v
 
 
 class Trainer:
@@ -455,9 +479,9 @@ def main():
         if os.path.exists(GPU_EMU):
             p = subprocess.run([GPU_EMU, "--optimizer", "sm3", "--model", MODEL], capture_output=True, text=True)
             check_one_line("the GPU trainer refuses --optimizer sm3", p, 2, ["CPU trainer"])
-            p = subprocess.run([GPU_EMU, "--optimizer-state", "bf16", "--cuda-graphs", "--model", MODEL], capture_output=True, text=True)
-            check_one_line("the GPU trainer refuses --optimizer-state bf16 with --cuda-graphs (test_gpu_optimizers.py: the rest)",
-                           p, 2, ["--cuda-graphs"])
+            p = subprocess.run([GPU_EMU, "--optimizer-state", "bf16", "--moe-experts", "2", "--model", MODEL], capture_output=True, text=True)
+            check_one_line("the GPU trainer refuses --optimizer-state bf16 with --moe-experts (test_gpu_optimizers.py: the rest)",
+                           p, 2, ["--moe-experts"])
         else:
             print("SKIP: the GPU trainer's refusal (build/emu/train_gpt is not built: make emu)")
 
@@ -491,13 +515,26 @@ def main():
                 check_predictions(f"{opt} dp2", out, 2)
             check_factored_zero1(r, par)
             check_factored_tensor_parallel(r, par, ones)
-            # bf16 m and v on ZeRO-1's shards (each element's rounding keyed by its index in the model)
-            one, _ = r.dump("bf16_one", 1, "--optimizer-state", "bf16")
+            # bf16 m and v on ZeRO-1's shards, and on tp2 and pp2 slices (each element's rounding keyed by its
+            # index in the whole model: slice_global_index): the step-10 moments, in the model's order, are one
+            # rank's bits wherever the fp32 values before rounding agree
+            keep = lambda name: ["--checkpoint-every", 10, "--out-dir", os.path.join(par, name)]  # noqa: E731
+            one, _ = r.dump("bf16_one", 1, "--optimizer-state", "bf16", *keep("bf16_one"))
             two, out = r.dump("bf16_zero1", 2, "--optimizer-state", "bf16", "--zero", 1)
             if one is not None and two is not None:
                 d_two = np.max(np.abs(two["params"].astype(np.float64) - one["params"]))
                 report(d_two <= 5e-5, f"--optimizer-state bf16: dp2 ZeRO-1 == 1 rank (weights {d_two:.1e})", f"{d_two:.2e}")
                 check_predictions("bf16 dp2 ZeRO-1", out, 2)
+            one_m, one_v = grid_moments(os.path.join(par, "bf16_one", "ckpt_00000010"))
+            for name, flags in (("tp2", ["--tensor-parallel", 2]), ("pp2", ["--pipeline-parallel", 2])):
+                grid, _ = r.dump(f"bf16_{name}", 2, "--optimizer-state", "bf16", *flags, *keep(f"bf16_{name}"))
+                if grid is None or one is None:
+                    continue
+                d = np.max(np.abs(grid["params"].astype(np.float64) - one["params"]))
+                gm, gv = grid_moments(os.path.join(par, f"bf16_{name}", "ckpt_00000010"))
+                same = [float(np.mean(a.view(np.uint32) == b.view(np.uint32))) for a, b in ((gm, one_m), (gv, one_v))]
+                report(d <= 5e-5 and min(same) >= 0.95, f"--optimizer-state bf16: {name} == 1 rank (weights {d:.1e}), its moments "
+                       f"one rank's bits (m {same[0]:.1%}, v {same[1]:.1%} identical)", f"weights {d:.2e}, identical m {same[0]:.1%} v {same[1]:.1%}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return exit_code()

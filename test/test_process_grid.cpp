@@ -114,6 +114,23 @@ static std::string slices_problem(const GPT2Config& cfg, int tp, int pp) {
 }
 
 // runs_in_local_range against a brute-force map of every local element.
+// slice_global_index (element by element, for the GPU's bf16 rounding keys) against slice_runs (the
+// checkpoints' map, which slices_problem checks against the model itself): every local element of
+// every rank of a tp x pp grid (chunks > 1: interleaved 1F1B), the padding excepted.
+static std::string index_map_problem(const GPT2Config& cfg, int tp, int pp, int chunks) {
+    for (int r = 0; r < tp * pp; r++) {
+        ModelSlice s = model_slice(cfg, grid_at(1, tp, pp, r), chunks);
+        SliceIndexMap map = slice_index_map(cfg, s);
+        for (const SliceRun& run : slice_runs(cfg, s))
+            for (size_t i = 0; i < run.count; i++)
+                if (slice_global_index(map, run.local + i) != run.global + i)
+                    return strprintf("%s tp=%d pp=%d chunks=%d rank %d: local %zu maps to %llu, slice_runs says %zu",
+                                     describe_config(cfg).c_str(), tp, pp, chunks, r, run.local + i,
+                                     (unsigned long long)slice_global_index(map, run.local + i), run.global + i);
+    }
+    return "";
+}
+
 static std::string range_problem(const GPT2Config& cfg, int tp) {
     ModelSlice s = model_slice(cfg, grid_at(1, tp, 1, tp - 1));
     std::vector<SliceRun> runs = slice_runs(cfg, s);
@@ -256,6 +273,16 @@ int main() {
     bad = range_problem(cfg, 3);
     if (bad.empty()) bad = range_problem(cfg, 2);
     check(bad.empty(), "runs_in_local_range matches a brute-force map of every local element", bad);
+    bad = "";
+    for (int tp : {1, 2, 3, 6})
+        for (int pp : {1, 2, 3, 5})
+            if (bad.empty()) bad = index_map_problem(cfg, tp, pp, 1);
+    GPT2Config even;  // interleaved 1F1B: L a multiple of pp x chunks
+    parse_model_descriptor("L=8,C=48,H=6,T=32,V=501", &even);
+    if (bad.empty()) bad = index_map_problem(even, 2, 2, 2);
+    if (bad.empty()) bad = index_map_problem(even, 1, 2, 4);
+    check(bad.empty(), "slice_global_index (the bf16 moments' rounding key) == slice_runs for every element of every rank "
+                       "(16 grids, uneven stages, vocab over 3 and 6 ranks, interleaved chunks)", bad);
 
     // ---- ZeRO units and ownership
     bad = "";

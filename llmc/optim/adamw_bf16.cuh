@@ -6,8 +6,10 @@
 // Per element, as adamw_bf16.h's loop: m and v widened to fp32 (exact), updated and used in fp32 by
 // adamw.cuh's adamw_element (the same arithmetic as the fp32-state kernel), then rounded back to bf16
 // stochastically with adamw_bf16_store, the CPU trainer's function: the random bits are the CPU's
-// exact stream, keyed by (t, the element's index in the flat parameter array). So the same run gives
-// the same moments on either trainer wherever the fp32 values before rounding agree, a resumed run
+// exact stream, keyed by (t, the element's index in the whole model's flat parameter array: on a
+// tensor- or pipeline-parallel rank the kernel maps its local index there with slice_global_index,
+// llmc/parallel/process_grid.h, a map passed by value). So the same run gives
+// the same moments on either trainer and on any grid wherever the fp32 values before rounding agree, a resumed run
 // rounds as the straight one did (bit-exact resume), and the checkpoint is the CPU's: m and v widened
 // to fp32 in state.bin (a bf16 value widens without rounding), which either trainer resumes.
 // The weights keep their own rounding stream (adamw.cuh's adamw_weight_stream), as with fp32 moments.
@@ -18,8 +20,10 @@
 // bytes read and 10 (14) written to 8 (12) read and 6 (10) written, plus a splitmix64 per element.
 // Hook point: optimizer_step in train_gpt.cu, over the range of the flat arrays this rank updates:
 // all of it, or with ZeRO-1 its shard, whose elements round with their index in the whole array, so
-// ZeRO-1 gives ZeRO-0's bits (train_gpt.cu's optimizer_gpu_problem refuses ZeRO-2/3 and model
-// parallelism: not proven yet).
+// ZeRO-1 gives ZeRO-0's bits, and a tensor- or pipeline-parallel rank's elements the one-rank run's.
+// With --cuda-graphs the kernel is captured once: t (its rounding key's step) and the learning rate
+// are read from device memory at each replay (AdamWStep), the slice's map is the run's constant.
+// (train_gpt.cu's optimizer_gpu_problem refuses what is not proven yet.)
 #pragma once
 
 #include "llmc/optim/adamw.cuh"
@@ -32,11 +36,12 @@ struct alignas(8) BF16x4 {
 
 // AdamW on params[begin + local .. + 4) for one thread; master, m and v hold the range from `begin`.
 __global__ void adamw_bf16_kernel(floatX* params, float* master, const floatX* grads, uint16_t* m, uint16_t* v,
-                                  size_t begin, size_t count, const AdamWStep* step_values, AdamWParams a) {
+                                  size_t begin, size_t count, const AdamWStep* step_values, AdamWParams a,
+                                  SliceIndexMap keys) {
     size_t local = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (local >= count) return;
     AdamWStep now = *step_values;  // (from device memory: a captured graph would replay this step's values)
-    size_t i = begin + local;      // the element's index in the flat arrays: its rounding's key
+    size_t i = begin + local;      // the element's index in this rank's flat arrays
     FloatX4 p4 = *reinterpret_cast<const FloatX4*>(params + i);
     FloatX4 g4 = *reinterpret_cast<const FloatX4*>(grads + i);
     BF16x4 m4 = *reinterpret_cast<const BF16x4*>(m + local), v4 = *reinterpret_cast<const BF16x4*>(v + local);
@@ -50,7 +55,7 @@ __global__ void adamw_bf16_kernel(floatX* params, float* master, const floatX* g
     for (int k = 0; k < 4; k++) {
         float mk = bf16_to_float(m4.v[k]), vk = bf16_to_float(v4.v[k]);
         adamw_element(to_float(g4.v[k]) * clip, &mk, &vk, &w4[k], decay, step_size, now, a);
-        adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, i + k);  // the update used mk, vk unrounded
+        adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, slice_global_index(keys, i + k));  // (the update used mk, vk unrounded)
         stochastic_round(&p4.v[k], w4[k], hash_u32(stream ^ (uint64_t)(i + k)));
     }
     *reinterpret_cast<BF16x4*>(m + local) = m4;
@@ -60,10 +65,12 @@ __global__ void adamw_bf16_kernel(floatX* params, float* master, const floatX* g
 }
 
 // adamw.cuh's adamw_update with bf16 m and v: params/grads the whole flat arrays, master/m/v the
-// range [begin, begin + count) only; count a multiple of 4 (the flat array's padding makes it one).
+// range [begin, begin + count) only; count a multiple of 4 (the flat array's padding makes it one);
+// keys: the rank's slice's map to the whole model's indexes (slice_index_map).
 inline void adamw_bf16_update(floatX* params, float* master, const floatX* grads, uint16_t* m, uint16_t* v, size_t begin,
-                              size_t count, const AdamWStep* step_values, const AdamWParams& a, cudaStream_t stream) {
+                              size_t count, const AdamWStep* step_values, const AdamWParams& a, const SliceIndexMap& keys,
+                              cudaStream_t stream) {
     adamw_bf16_kernel<<<ceil_div(count / 4, 256), 256, 0, stream>>>(params, master, grads, m, v, begin, count,
-                                                                     step_values, a);
+                                                                     step_values, a, keys);
     CUDA_CHECK_LAUNCH();
 }

@@ -15,7 +15,11 @@
 // The random bits: a counter-based hash of (step, element index) (llmc/model/model.h's splitmix64),
 // not a generator's state, so the rounding is the same for any number of threads, the same on every
 // data-parallel replica (ZeRO-1's shards use the element's index in the flat array, so ZeRO-1 equals
-// ZeRO-0), and a resumed run rounds as the straight run did: resume stays bit-exact.
+// ZeRO-0), and a resumed run rounds as the straight run did: resume stays bit-exact. The index is
+// the element's in the WHOLE model's flat array, also on a tensor- or pipeline-parallel rank whose
+// slice holds it elsewhere (llmc/parallel/process_grid.h's slice_global_index): each element rounds
+// with the bits it gets on one rank, so a grid's moments are the one-rank run's wherever the values
+// before rounding agree (test_gpu_optimizers.py compares them), not a stream of the rank's own.
 //
 // Memory: m and v 2 bytes each instead of 4 (4 bytes per parameter saved). Speed: the same passes as
 // AdamW plus a hash per element; traffic per parameter 4 + 4 + 2 + 2 read, 4 + 2 + 2 written.
@@ -30,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include "llmc/model/model.h"  // splitmix64
+#include "llmc/parallel/process_grid.h"  // SliceIndexMap: a grid rank's element -> its index in the model
 #include "llmc/utils.h"        // bf16_to_float, float_to_bf16_round_nearest
 
 #ifndef LAYER_PROFILE
@@ -66,10 +71,11 @@ enum class BF16Rounding { Nearest, Stochastic };
 
 // AdamW on n elements whose moments are bf16 (adamw.h's adamw_update, line for line): m and v are
 // widened, updated and used in fp32, and rounded back to bf16 for storage. `first_index` is the
-// first element's index in the flat parameter array: with t, the random bits' counter.
+// first element's index in the rank's flat parameter array; `keys` maps it to the whole model's
+// (null: the slice is the whole model): with t, the random bits' counter.
 inline void adamw_update_bf16(float* params, const float* grads, uint16_t* m, uint16_t* v, size_t n, float lr, float beta1,
                               float beta2, float eps, float weight_decay, int t, float grad_scale, size_t first_index,
-                              BF16Rounding rounding = BF16Rounding::Stochastic) {
+                              const SliceIndexMap* keys = nullptr, BF16Rounding rounding = BF16Rounding::Stochastic) {
     LAYER_PROFILE("AdamW (bf16 m, v)", 0, 5.0 * n * sizeof(float));  // reads p, g (4 B) and m, v (2 B); writes p, m, v
     float bias_correction1 = 1.0f - powf(beta1, (float)t);
     float bias_correction2_sqrt = sqrtf(1.0f - powf(beta2, (float)t));
@@ -82,7 +88,8 @@ inline void adamw_update_bf16(float* params, const float* grads, uint16_t* m, ui
         float mi = beta1 * bf16_to_float(m[i]) + (1.0f - beta1) * grad;
         float vi = beta2 * bf16_to_float(v[i]) + (1.0f - beta2) * grad * grad;
         if (rounding == BF16Rounding::Stochastic) {
-            adamw_bf16_store(&m[i], &v[i], mi, vi, step_key, first_index + i);
+            size_t index = keys ? slice_global_index(*keys, first_index + i) : first_index + i;
+            adamw_bf16_store(&m[i], &v[i], mi, vi, step_key, index);
         } else {
             m[i] = float_to_bf16_round_nearest(mi);
             v[i] = float_to_bf16_round_nearest(vi);

@@ -31,7 +31,9 @@
 // global elements [g, g+n)". That list is all that checkpoints, --dump-state and initialisation
 // need: a rank initialises its runs with the counter-based generator of llmc/model/model.h (so every
 // grid starts from the same weights as one rank), writes its runs into a checkpoint in global
-// coordinates (so any grid can read them back), and sends its runs to rank 0 for a dump.
+// coordinates (so any grid can read them back), and sends its runs to rank 0 for a dump. The same
+// map one element at a time (slice_global_index) keys what is drawn per element, such as the bf16
+// moments' stochastic rounding (llmc/optim/adamw_bf16.h), so a grid draws the one-rank run's bits.
 #pragma once
 
 #include <algorithm>
@@ -363,6 +365,64 @@ inline int tensor_of(const ParamLayout& layout, size_t local) {
 // writes it to a checkpoint. Among the holders that keep its optimizer state, that is tensor rank 0
 // for a replicated tensor, and the only holder for a split one.
 inline bool counts_once(const ProcessGrid& g, int tensor) { return !tensor_is_replicated(tensor) || g.tp_rank == 0; }
+
+// The same map as slice_runs, element by element, for code that has one element in hand and no
+// table to search: a GPU thread (the bf16 moments' rounding key, llmc/optim/adamw_bf16.h, whose
+// kernel takes this struct by value). Every split in slice_runs has one shape: inside a layer's
+// piece of tensor t, local offset o is row o / width and column o % width of a block that starts
+// at `base` in the global layer and whose rows are `stride` apart:
+//     global = global_offset + global_layer * global_per_layer + (o / width) * stride + base + o % width
+// (a whole tensor is one row: width = its count). Layers map as slice_layer does, written with
+// divisions: global layer = (l / per_chunk) * chunk_stride + first_layer + l % per_chunk.
+// Local elements with no global counterpart (tensor-parallel vocab padding, always zero) get the
+// index the formula gives them, inside or past wte: keys only, never read or written there.
+struct SliceIndexMap {
+    struct Tensor {
+        uint64_t local_offset, local_per_layer, global_offset, global_per_layer, width, stride, base;
+    } tensor[NUM_PARAM_TENSORS];
+    uint64_t per_chunk, chunk_stride, first_layer;
+};
+
+inline SliceIndexMap slice_index_map(const GPT2Config& cfg, const ModelSlice& s) {
+    ParamLayout local = slice_layout(cfg, s), global = param_layout(cfg);
+    uint64_t C = cfg.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    uint64_t q0 = (uint64_t)s.head_begin * (C / cfg.num_heads);  // first q/k/v channel of this rank's heads
+    SliceIndexMap map;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        bool layered = tensor_is_per_layer(t);
+        uint64_t per_layer = layered ? slice_tensor_count(cfg, s, t) : local.count[t];
+        SliceIndexMap::Tensor& m = map.tensor[t];
+        m = {local.offset[t], std::max<uint64_t>(per_layer, 1), global.offset[t], layered ? global.count[t] / cfg.num_layers : 0,
+             std::max<uint64_t>(per_layer, 1), 0, 0};
+        switch (t) {
+            case WTE: m.base = (uint64_t)s.vocab_begin * C; break;
+            case QKVW: m.width = Ca * C, m.stride = C * C, m.base = q0 * C; break;   // q | k | v blocks of Ca rows
+            case QKVB: m.width = Ca, m.stride = C, m.base = q0; break;
+            case ATTPROJW: m.width = Ca, m.stride = C, m.base = q0; break;           // every row, this rank's heads' columns
+            case FCW: m.base = (uint64_t)s.fc_begin * C; break;
+            case FCB: m.base = s.fc_begin; break;
+            case FCPROJW: m.width = Cf, m.stride = 4 * C, m.base = s.fc_begin; break;  // every row, Cf columns
+            default: break;
+        }
+    }
+    map.per_chunk = std::max(1, s.num_layers / s.chunks);
+    map.chunk_stride = (uint64_t)s.stages * map.per_chunk;
+    map.first_layer = s.chunks == 1 ? s.layer_begin : (uint64_t)s.stage * map.per_chunk;
+    return map;
+}
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline uint64_t slice_global_index(const SliceIndexMap& map, uint64_t local) {
+    int t = NUM_PARAM_TENSORS - 1;
+    while (t > 0 && local < map.tensor[t].local_offset) t--;  // (an empty tensor shares its successor's offset)
+    const SliceIndexMap::Tensor& m = map.tensor[t];
+    uint64_t o = local - m.local_offset, l = o / m.local_per_layer;
+    o %= m.local_per_layer;
+    uint64_t layer = (l / map.per_chunk) * map.chunk_stride + map.first_layer + l % map.per_chunk;
+    return m.global_offset + layer * m.global_per_layer + (o / m.width) * m.stride + m.base + o % m.width;
+}
 
 // Initialises the slice: every run gets the values the full model has there (llmc/model/model.h's
 // counter-based generator depends on the global index only). Tensor-parallel vocab padding is 0.

@@ -493,10 +493,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
                    o->optimizer.c_str());
     }
-    if (trainer == Trainer::GPU && o->expert_parallel != 1) {
-        usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
-                   "(train_gpt_cpu), or drop the flag", o->expert_parallel);
-    }
     // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
     if (trainer == Trainer::GPU && o->data_parallel == "server") {
         usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "

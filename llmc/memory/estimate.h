@@ -110,8 +110,10 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     gpu_pipeline_shape(&s, e.schedule, estimate_micro_batches(e, B), e.virtual_stages);
     s.offload_optimizer = e.offload_optimizer;
     s.bf16_moments = e.bf16_moments;
-    s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
+    s.moe = e.moe;  // --moe-experts (llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
+    s.expert_parallel = e.expert_parallel;  // (llmc/parallel/expert_parallel.cuh)
+    s.expert_rank = g.dp_rank % e.expert_parallel;  // (consecutive data-parallel ranks form an expert group)
     GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)
     s.compression_state = z.state;
     s.compression_work = z.work;

@@ -1952,6 +1952,9 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (o.expert_parallel > 1 && world_size % o.expert_parallel != 0)
         return strprintf("--expert-parallel %d on %d GPUs: the expert groups must split the data-parallel ranks evenly; run a "
                          "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, world_size, o.expert_parallel, world_size);
+    if (o.expert_parallel > 1 && o.zero_stage > 0)
+        return strprintf("--expert-parallel %d with --zero %d on the GPU: the held experts' moments are not sharded over their "
+                         "replicas yet; use --zero 0, or train_gpt_cpu", o.expert_parallel, o.zero_stage);
     size_t routers = moe_layout(cfg, MoEConfig{o.moe_experts, o.moe_every}).count[MOE_ROUTER];
     if (o.expert_parallel > 1 && routers % (size_t)world_size != 0)  // (summed as a reduce-scatter and an all-gather)
         return strprintf("--expert-parallel %d on %d GPUs: the routers' %zu values do not split over the %d ranks; run a power of "

@@ -23,6 +23,9 @@ T=32 B=2, N = 64 tokens a rank and micro-batch) and helpers; 3 AdamW steps.
                  whole MoE table); the checkpoint is the same file at any degree (rank 0 gathers the
                  experts), so resuming it at EP 1 (data parallel on the same 2 GPUs) gives the EP 2
                  run's losses and weights within BF16_TOL
+  estimate       rank 0's table (the ep_* rows: the rows an owner receives, the exchange's scratch and
+                 counts) == --estimate --estimate-ranks 2's, byte for byte; the bytes sent a step and rank
+                 between --estimate's counts and its bound
   refused        --expert-parallel 2 with ranks sharing one GPU (host staging), --zero 1, 3 ranks:
                  one line, exit 2
 Planted by hand and caught (docs/moe.md): the experts' gradients summed over the whole data group
@@ -115,6 +118,28 @@ def check_bf16_and_resume(R, models):
     report("resumed from" in outd and dl <= tg.BF16_TOL["losses"] and e <= tg.BF16_TOL["update"],
            f"resume: the EP 2 checkpoint resumed at EP 1 on 2 GPUs == the EP 2 run (losses max diff {dl:.1e}, weights' change "
            f"rel {e:.1e})", f"losses {dp['losses']} vs {two['losses']}\n{outd[-800:]}")
+    return out2
+
+
+def check_estimate(R, models, out):
+    """Rank 0's table, printed by the EP 2 run it allocated from, == --estimate --estimate-ranks 2's, byte for byte
+    (the ep_* rows among them); the run's all-to-all bytes a step and rank between --estimate's counts and its bound."""
+    p = tg.run([tg.GPU, "--model", models[2], "--batch-size", str(gm.B), "--seq-len", str(gm.T), "--moe-experts", str(E),
+                "--moe-top-k", "2", "--moe-capacity-factor", "1.25", "--expert-parallel", "2", "--estimate", "--estimate-ranks",
+                "2"] + tg.DEFAULT_ATTENTION)
+    est, _ = gm.parse_estimate(p.stdout)
+    trainer = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\S+)\s+\S+\s.*?\s(\d+)  \S+ \S+$", out, re.M)}
+    diff = [f"{n}: estimated {est[n][1]}, trainer {trainer.get(n)}" for n in est if est[n][1] != trainer.get(n)]
+    ep = [n for n in est if n.startswith("ep_")]
+    report(not diff and len(ep) == 3 and all(est[n][1] > 0 for n in ep),
+           f"estimate: --estimate's rows for EP 2 = the table rank 0 allocated from, byte for byte ({', '.join(ep)})",
+           "; ".join(diff) + f"\n{p.stdout[:1500]}")
+    m = re.search(r"counts (\d+) bytes \+ rows at most (\d+) bytes", p.stdout)
+    sent = re.search(r"^expert parallel: the all-to-alls sent (\d+) bytes from all ranks over 3 steps", out, re.M)
+    per = int(sent.group(1)) / 3 / 2 if sent else -1
+    report(m and sent and int(m.group(1)) <= per <= int(m.group(1)) + int(m.group(2)),
+           f"estimate: the all-to-alls sent {per:.0f} bytes a step and rank (bf16), within --estimate's counts and bound",
+           f"{m.group(0) if m else p.stdout[-800:]}; sent {sent.group(0) if sent else out[-800:]}")
 
 
 def check_starved(R, tmp):
@@ -168,7 +193,9 @@ def main():
         models, R.models = {2: f"{tmp}/moe_top2.bin"}, {}
         R.models[2] = gm.write_moe_model(models[2], 2)
         tg.check("fp32 vs cpu", check_fp32_vs_cpu, R, models)
-        tg.check("bf16 and resume", check_bf16_and_resume, R, models)
+        out = tg.check("bf16 and resume", check_bf16_and_resume, R, models)
+        if out:
+            tg.check("estimate", check_estimate, R, models, out)
         tg.check("starved", check_starved, R, tmp)
         if tg.EMULATED:
             tg.check("refused", check_refused, R, models)

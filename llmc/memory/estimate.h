@@ -194,7 +194,7 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
 // --expert-parallel: what one rank's all-to-alls send a step (llmc/parallel/expert_parallel.h's
 // arithmetic). The counts are exact: per MoE block and micro-batch E/N_ep ints to each other rank of
 // the group. The rows depend on the router: a row that leaves the rank leaves 4 times (dispatch,
-// combine, the output gradient out, the input gradient back), C floats each; at most all k B T of a
+// combine, the output gradient out, the input gradient back), C values each; at most all k B T of a
 // micro-batch leave, (N_ep - 1)/N_ep of them when the router spreads evenly.
 struct ExpertParallelBytes {
     uint64_t counts = 0, rows_at_most = 0, rows_even = 0, calls = 0;
@@ -204,7 +204,8 @@ inline ExpertParallelBytes estimate_expert_parallel_bytes(const EstimateSetup& e
     int N = e.expert_parallel;
     if (N <= 1 || e.moe.experts == 0) return b;
     uint64_t blocks = (uint64_t)moe_block_count(e.moe, e.cfg.num_layers) * estimate_micro_batches(e, e.B);
-    uint64_t row_bytes = 4 * (uint64_t)e.cfg.channels * sizeof(float), rows = (uint64_t)e.moe_top_k * e.B * e.T;
+    // (a value: the CPU's fp32, the GPU's bf16, expert_parallel.cuh: 2 bytes)
+    uint64_t row_bytes = 4 * (uint64_t)e.cfg.channels * (uint64_t)e.dtype_bytes, rows = (uint64_t)e.moe_top_k * e.B * e.T;
     b.counts = blocks * (uint64_t)(N - 1) * (e.moe.experts / N) * sizeof(int);
     b.rows_at_most = blocks * rows * row_bytes;
     b.rows_even = blocks * (rows * (N - 1) / N) * row_bytes;

@@ -37,10 +37,11 @@
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
 // and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
 //
-// Hook points: none of the grid's (no expert parallelism, ZeRO-1+, tensor or pipeline parallelism:
-// moe_gpu_problem refuses them; data parallelism is train_gpt.cu's finish_gradients summing the table,
-// docs/moe.md). train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of
-// gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW from the step.
+// Hook points: none of the grid's (ZeRO-1+, tensor or pipeline parallelism: moe_gpu_problem refuses
+// them; data parallelism is train_gpt.cu's finish_gradients summing the table, docs/moe.md).
+// train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of gpt2_forward /
+// gpt2_backward, and the table's zeroing, norm and AdamW from the step; with --expert-parallel it
+// calls their parts (route | the experts on their owners | combine: llmc/parallel/expert_parallel.cuh).
 #pragma once
 
 #include <algorithm>

@@ -74,6 +74,7 @@
 //
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
 // and the backward's three parts), called from train_gpt_cpu.cpp's MoE block in place of the local loop.
+// The GPU trainer's twin, expert_parallel.cuh, moves the rows with NCCL by the same ExpertParallelPlan.
 #pragma once
 
 #include <vector>

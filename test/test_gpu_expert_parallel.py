@@ -29,10 +29,10 @@ T=32 B=2, N = 64 tokens a rank and micro-batch) and helpers; 3 AdamW steps.
   refused        --expert-parallel 2 with ranks sharing one GPU (host staging), --zero 1, 3 ranks:
                  one line, exit 2
 Planted by hand and caught (docs/moe.md): the experts' gradients summed over the whole data group
-instead of their replicas ("fp32 vs cpu" and "bf16 vs 1 rank": the MoE table's gradient); the reverse
-exchange with the forward's counts (the combine sent send_floats: the NCCL stand-in fails the run);
-the norm counting rank 1's experts twice ("norms"). About 25 s on a quiet 2-core machine (4 emulated
-2-rank runs, 1 emulated 1-rank run, 3 short CPU runs).
+instead of their replicas (the NCCL stand-in stops the run: the ranks' held tables differ in size);
+the combine sent back with the forward's counts (the emulator faults past the end of eout's
+allocation); the norm without rank 1's experts ("fp32 vs cpu": every step's norm 9% low). Cost: 4
+emulated 2-rank runs and 1 one-rank run of 3 steps or fewer, 3 short CPU runs, 4 refusals.
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

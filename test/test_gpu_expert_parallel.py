@@ -34,10 +34,9 @@ Planted by hand and caught (docs/moe.md): the experts' gradients summed over the
 instead of their replicas (the NCCL stand-in stops the run: the ranks' held tables differ in size);
 the combine sent back with the forward's counts (the emulator faults past the end of eout's
 allocation); the norm without rank 1's experts ("fp32 vs cpu" when it ran EP 2 on 2 ranks: every
-step's norm 9% low); the norm
-counting every replica's experts (EP 2 x DP 2: "fp32 vs cpu"'s norms 8.6% high). Cost: 1 emulated
-4-rank run of 2 steps, 4 emulated 2-rank runs of 1 to 3 steps, 1 one-rank run and an --estimate, 2
-short CPU runs, 3 refusals: 57 s on the busy shared 2-core machine.
+step's norm 9% low); the norm counting every replica's experts (EP 2 x DP 2: "fp32 vs cpu"'s norms
+8.6% high). Cost: 1 emulated 4-rank run of 2 steps, 4 emulated 2-rank runs of 1 to 3 steps, 1
+one-rank run and an --estimate, 2 short CPU runs, 3 refusals: 57 s on the busy shared 2-core machine.
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

@@ -79,6 +79,7 @@
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/memory/stash_precision.cuh"  // --stash-precision fp8
 #include "llmc/model/moe_gpu.cuh"
+#include "llmc/parallel/expert_parallel.cuh"
 #include "llmc/parallel/pipeline_parallel.cuh"
 #include "llmc/model/zero_bubble_backward.cuh"
 #include "llmc/parallel/pipedream_2bw.cuh"
@@ -168,6 +169,7 @@ struct GPT2 {
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
+    ExpertParallelGpu ep;               // --expert-parallel: the experts on their owners (llmc/parallel/expert_parallel.cuh)
     PipeDream2BWGpu versions;           // --pipeline-schedule 2bw: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -397,8 +399,15 @@ static void gpt2_forward(GPT2* m) {
         const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
         if (is_moe_block(m->moe.moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (llmc/model/moe_gpu.cuh)
             int b = moe_block_index(m->moe.moe, l);
-            moe_gpu_block_forward(&m->moe, &m->matmul, b, moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB],
-                                  w[FCPROJW], w[FCPROJB]), ln2_all, scratch, s);
+            cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
+            if (m->ep.on) {  // --expert-parallel: the experts on their owners (llmc/parallel/expert_parallel.cuh)
+                moe_gpu_block_route(&m->moe, b, mw, ln2_all, s);
+                MoEBlockRows rows = moe_gpu_block_rows(m->moe, b);
+                ep_gpu_experts_forward(&m->ep, &m->matmul, b, mw, m->moe.first_row[(size_t)b], rows.xg, rows.eout, s);
+                moe_gpu_block_combine(&m->moe, b, scratch, s);
+            } else {
+                moe_gpu_block_forward(&m->moe, &m->matmul, b, mw, ln2_all, scratch, s);
+            }
         } else if (gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
             matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
         } else {
@@ -555,9 +564,15 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         bool moe = is_moe_block(m->moe.moe, l);
         if (moe) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c (llmc/model/moe_gpu.cuh)
             int b = moe_block_index(m->moe.moe, l);
-            moe_gpu_block_backward(&m->moe, &m->matmul, b, moe_gpu_weights<floatX>(m->moe, m->moe.grads, b, g[FCW], g[FCB], g[FCPROJW],
-                                   g[FCPROJB]), moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW],
-                                   w[FCPROJB]), ln2, dout, dbuf_c, partials, s);
+            cpu::MoEWeights<floatX> mg = moe_gpu_weights<floatX>(m->moe, m->moe.grads, b, g[FCW], g[FCB], g[FCPROJW], g[FCPROJB]);
+            cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
+            if (m->ep.on) {  // --expert-parallel: the transpose of the forward's exchange (llmc/parallel/expert_parallel.cuh)
+                moe_gpu_block_backward_rows(&m->moe, b, dout, s);
+                ep_gpu_experts_backward(&m->ep, &m->matmul, b, mg, mw, m->moe.drow, m->moe.dxg, partials, s);
+                moe_gpu_block_backward_input(&m->moe, b, mg, mw, ln2, dbuf_c, s);
+            } else {
+                moe_gpu_block_backward(&m->moe, &m->matmul, b, mg, mw, ln2, dout, dbuf_c, partials, s);
+            }
         } else if (fused_gelu) {
             // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
             // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
@@ -768,7 +783,13 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, summed over the data group, its squares counted once
+    if (m->moe.moe.experts > 0 && m->ep.on) {  // --expert-parallel: the routers over the data group, the experts over
+        size_t router = m->moe.layout.count[MOE_ROUTER];   // their replicas; each expert counted once: expert group 0's
+        ep_gpu_sum_gradients(&m->ep, par->data_on_gpu, m->moe.grads, router, m->table[GB_MOE_GRADS].elements - router, m->stream);
+        if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, router);
+        if (par->grid.dp_rank < m->ep.ranks)
+            squares += gradient_sum_of_squares(m, m->moe.grads + router, m->moe.layout.total - router);
+    } else if (m->moe.moe.experts > 0) {  // --moe-experts: its table, summed over the data group, its squares counted once
         moe_gpu_sum_gradients(m, par);
         if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
     }
@@ -1070,13 +1091,30 @@ static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const To
 // ==============================================================================================
 // Checkpoints
 
+// --moe-experts: this rank's part of the whole MoE table (all of it, or with --expert-parallel the
+// routers and its experts: llmc/parallel/expert_parallel.h), and back: the whole table on rank 0 from
+// every rank's part, gathered over its expert group on the host (on other ranks: empty).
+static std::vector<float> moe_held_part(GPT2* m, const std::vector<float>& whole) {
+    std::vector<float> held(m->moe.layout.total, 0.0f);
+    for (const MoETableRun& r : moe_table_runs(moe_layout(m->config, m->moe.moe), m->moe.layout))
+        memcpy(held.data() + r.held, whole.data() + r.whole, r.count * sizeof(float));
+    return held;
+}
+static std::vector<float> moe_whole_table(GPT2* m, std::vector<float> held) {
+    if (!m->ep.on) return held;
+    std::vector<float> whole;
+    cpu::ep_gather_table(&m->ep.group_host, m->config, m->moe.moe, held.data(), held.size(), &whole);
+    return whole;
+}
+
 // model.bin from this rank's weights, when it holds them all: the bf16 weights bit for bit (fp32 in
 // the fp32 build; the fp16 weights widened to fp32, exactly, in the fp16 build).
-static void write_params_file(GPT2* m, const std::string& path) {
+// moe_table: the whole MoE table (moe_whole_table's).
+static void write_params_file(GPT2* m, const std::string& path, const std::vector<float>& moe_table) {
     size_t P = m->layout.total;
     if (m->moe.moe.experts > 0) {  // --moe-experts: version 7 (fp32, the MoE table after the dense one), as the CPU trainer
         std::vector<float> params = download_as_float(B_<floatX>(m, GB_PARAMS), P);   // writes it (bf16 widened: exact)
-        std::vector<float> table = download_as_float(m->moe.params, m->moe.layout.total);
+        const std::vector<float>& table = moe_table;
         write_moe_model_file(path, m->config, m->moe.moe, m->moe.shape.top_k, params.data(), table.data());
         return;
     }
@@ -1164,7 +1202,15 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
     size_t P = param_layout(cfg).total;
     CheckpointParts parts;
     parts.master_weights = m->shape.master_weights;
-    parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path); };
+    // --moe-experts: the whole table and moments on rank 0 (with --expert-parallel gathered from its expert group)
+    std::vector<float> moe_table, moe_m, moe_v;
+    if (m->moe.moe.experts > 0) {
+        size_t n = m->moe.layout.total;
+        moe_table = moe_whole_table(m, download_as_float(m->moe.params, n));
+        moe_m = moe_whole_table(m, download_floats(m->moe.m, n));
+        moe_v = moe_whole_table(m, download_floats(m->moe.v, n));
+    }
+    parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path, moe_table); };
     parts.fill_state = [&](TrainState* s) {
         std::vector<float> adam_m = read_optimizer_array(m, GB_ADAM_M), adam_v = read_optimizer_array(m, GB_ADAM_V);
         std::vector<float> weights = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER)
@@ -1188,11 +1234,9 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             host.older = download_as_float(m->versions.older, m->versions.params_n + m->versions.lent_n);
             pipedream_2bw_save(host, dir, par->grid.rank, par->grid.world, step);
         }
-        if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
-            size_t n = m->moe.layout.total;
-            write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, (int)Optimizer::AdamW, download_floats(m->moe.m, n).data(),
-                            download_floats(m->moe.v, n).data(), n);
-        }
+        if (m->moe.moe.experts > 0 && par->grid.rank == 0)  // --moe-experts (main refuses it with fp8): the MoE table's m and v
+            write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, (int)Optimizer::AdamW, moe_m.data(), moe_v.data(),
+                            moe_m.size());
     };
     parts.assemble_model_bin = [&](const std::string& dir) {
         std::vector<float> all = gather_bf16_weights(m, par, false);
@@ -1227,7 +1271,8 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
     std::vector<float> weights(m->table[GB_PARAMS].elements, 0.0f);  // in GB_PARAMS's order; padding stays zero
     std::vector<StateRun> weight_runs = zero_weight_runs(m->zero.plan, slice);
     MoEGpu& moe = m->moe;
-    std::vector<float> moe_table(moe.layout.total, 0.0f);  // --moe-experts: the MoE table (empty for a dense model)
+    std::vector<float> moe_table(moe.layout.total, 0.0f);  // --moe-experts: this rank's MoE table (empty for a dense model)
+    std::vector<float> moe_whole;                          // ... the file's whole table
     if (new_model) {
         for (const StateRun& r : weight_runs) init_gpt2_params(cfg, o.seed, weights.data() + r.weight_at, r.global, r.global + r.count);
         if (moe.moe.experts > 0) init_moe_params(cfg, moe.moe, moe.layout, o.seed, moe_table.data());
@@ -1235,19 +1280,25 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
         GPT2Config file_cfg;
         std::vector<float> full;
         read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full,
-                        moe.moe.experts > 0 ? &moe_table : nullptr);
+                        moe.moe.experts > 0 ? &moe_whole : nullptr);
         for (const StateRun& r : weight_runs) memcpy(weights.data() + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+        if (moe.moe.experts > 0) moe_table = moe_held_part(m, moe_whole);  // (--expert-parallel: its experts only)
     }
     if (moe.moe.experts > 0) {  // its weights, and when resuming its moments (moe_state.bin; no master copy: moe_gpu.cuh)
         upload_rounded(moe.params, moe_table.data(), moe_table.size());
         std::vector<float> moe_m(moe_table.size(), 0.0f), moe_v(moe_table.size(), 0.0f);
-        if (!resume_dir.empty())
-            read_moe_state(resume_dir + "/moe_state.bin", moe.moe, moe.shape.top_k, (int)Optimizer::AdamW, moe_table.size(), &moe_m, &moe_v);
+        if (!resume_dir.empty()) {  // (the file holds the whole table's: any --expert-parallel degree resumes it)
+            std::vector<float> whole_m, whole_v;
+            read_moe_state(resume_dir + "/moe_state.bin", moe.moe, moe.shape.top_k, (int)Optimizer::AdamW,
+                           moe_layout(cfg, moe.moe).total, &whole_m, &whole_v);
+            moe_m = moe_held_part(m, whole_m), moe_v = moe_held_part(m, whole_v);
+        }
         CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data(), moe_m.size() * sizeof(float), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
-    if (moe.moe.experts > 0) check_same_weights(m->zero.comm, moe_table);  // --moe-experts: the MoE table, whole on every rank
+    if (moe.moe.experts > 0)  // --moe-experts: the MoE table, whole on every rank (--expert-parallel: the same on its replicas)
+        check_same_weights(m->ep.on ? &m->ep.replicas : m->zero.comm, moe_table);
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
     size_t opt = optimizer_elements(m);
@@ -1294,7 +1345,7 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
                             reports, std::move(grads));
     if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (summed: whole on every rank)
-        std::vector<float> moe = download_as_float(m->moe.grads, m->moe.layout.total);
+        std::vector<float> moe = moe_whole_table(m, download_as_float(m->moe.grads, m->moe.layout.total));  // (rank 0: whole)
         dump_probe.state.grads.insert(dump_probe.state.grads.end(), moe.begin(), moe.end());
     }
 }
@@ -1491,6 +1542,8 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
     s.bf16_moments = o.optimizer_state == "bf16";
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
+    s.expert_parallel = o.expert_parallel;  // (consecutive data-parallel ranks form an expert group)
+    s.expert_rank = par.grid.dp_rank % o.expert_parallel;
     take_grad_compression(o, cfg, par.grid.dp, &s);
     s.fp8_history = fp8_history_of(o);
     s.fp8_stash = o.stash_precision == "fp8";  // (cli.h refused it where it does not compose)
@@ -1543,9 +1596,14 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
         v.older = B_<floatX>(m, GB_OLDER_WEIGHTS);
     }
     if (o.moe_experts > 0)  // --moe-experts: the MoE state in its rows of the table (llmc/model/moe_gpu.cuh)
-        moe_gpu_init(&m->moe, m->shape.moe, moe_run_shape(o), cfg, B * T, B_<floatX>(m, GB_MOE_PARAMS), B_<floatX>(m, GB_MOE_GRADS),
-                     B_<float>(m, GB_MOE_ADAM_M), B_<float>(m, GB_MOE_ADAM_V), B_<float>(m, GB_MOE_ROUTING),
-                     B_<floatX>(m, GB_MOE_ACTIVATIONS), B_<floatX>(m, GB_MOE_SCRATCH));
+        moe_gpu_init(&m->moe, m->shape.moe, moe_run_shape(o), cfg, gpu_moe_layout(cfg, m->shape), B * T, B_<floatX>(m, GB_MOE_PARAMS),
+                     B_<floatX>(m, GB_MOE_GRADS), B_<float>(m, GB_MOE_ADAM_M), B_<float>(m, GB_MOE_ADAM_V),
+                     B_<float>(m, GB_MOE_ROUTING), B_<floatX>(m, GB_MOE_ACTIVATIONS), B_<floatX>(m, GB_MOE_SCRATCH));
+    if (o.expert_parallel > 1) {  // --expert-parallel: its groups and its rows of the table (llmc/parallel/expert_parallel.cuh)
+        ep_gpu_connect(&m->ep, &par->world, &par->world_gpu, grid.dp_rank, o.expert_parallel);
+        ep_gpu_init(&m->ep, moe_block_count(m->shape.moe, cfg.num_layers), o.moe_experts, o.moe_top_k, B * T, cfg.channels,
+                    B_<floatX>(m, GB_EP_ROWS), B_<floatX>(m, GB_EP_SCRATCH), B_<int>(m, GB_EP_COUNTS));
+    }
     matmul_init(&m->matmul, m->buf[GB_CUBLASLT_WORKSPACE], CUBLASLT_WORKSPACE_BYTES);
     if (m->shape.fp8_history)  // --precision fp8: the scaling state and the two operand buffers, rows of the table
         fp8_init(&m->fp8, m->slice.num_layers, m->shape.fp8_history, B_<float>(m, GB_FP8_SCALING), B_<uint8_t>(m, GB_FP8_A),
@@ -1629,7 +1687,7 @@ static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, 
     std::vector<float> master = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER) : std::vector<float>();
     dump_finish(&dump_probe, &par->world, m->zero.plan, m->config, m->slice, gather_bf16_weights(m, par, true),
                 m->shape.master_weights ? &master : nullptr, path, B, T,
-                m->moe.moe.experts > 0 ? download_as_float(m->moe.params, m->moe.layout.total) : std::vector<float>());
+                m->moe.moe.experts > 0 ? moe_whole_table(m, download_as_float(m->moe.params, m->moe.layout.total)) : std::vector<float>());
 }
 
 // What rank 0 says before the first step: the device, the model, precision, batch, ranks, data and
@@ -1721,6 +1779,7 @@ static void release_all(GPT2* m, Parallel* par) {
     if (par->groups) {
         for (GpuComm* g : {&par->pipe_gpu, &par->tensor_gpu, &par->data_gpu}) gpu_comm_finalize(g);
     }
+    ep_gpu_finalize(&m->ep);
     gpu_comm_finalize(&par->world_gpu);
     comm_finalize(&par->world);
 }
@@ -1899,9 +1958,16 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (o.moe_experts == 0) return "";
     std::string why = moe_gpu_shape_problem(moe_run_shape(o), cfg.channels);
     if (!why.empty()) return why;
-    if (o.expert_parallel > 1)
-        return strprintf("--expert-parallel %d on the GPU trainer: its MoE blocks do not exchange tokens between GPUs yet; train "
-                         "MoE data parallel here (--expert-parallel 1), or expert parallel with train_gpt_cpu", o.expert_parallel);
+    if (o.expert_parallel > 1 && world_size % o.expert_parallel != 0)
+        return strprintf("--expert-parallel %d on %d GPUs: the expert groups must split the data-parallel ranks evenly; run a "
+                         "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, world_size, o.expert_parallel, world_size);
+    if (o.expert_parallel > 1 && o.zero_stage > 0)
+        return strprintf("--expert-parallel %d with --zero %d on the GPU: the held experts' moments are not sharded over their "
+                         "replicas yet; use --zero 0, or train_gpt_cpu", o.expert_parallel, o.zero_stage);
+    size_t routers = moe_layout(cfg, MoEConfig{o.moe_experts, o.moe_every}).count[MOE_ROUTER];
+    if (o.expert_parallel > 1 && routers % (size_t)world_size != 0)  // (summed as a reduce-scatter and an all-gather)
+        return strprintf("--expert-parallel %d on %d GPUs: the routers' %zu values do not split over the %d ranks; run a power of "
+                         "two ranks, or --expert-parallel 1", o.expert_parallel, world_size, routers, world_size);
     if (world_size > 1 && o.zero_stage > 0)
         return strprintf("--moe-experts with --zero %d on %d GPUs: the MoE table's moments are not sharded on the GPU yet; use "
                          "--zero 0 (every rank keeps the whole table), or train_gpt_cpu", o.zero_stage, world_size);
@@ -1984,7 +2050,7 @@ int main(int argc, char** argv) {
     parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
     par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     par.groups = grid.tp > 1 || grid.pp > 1;
-    par.model_parallel = par.groups || grid.zero_stage == 3;
+    par.model_parallel = par.groups || grid.zero_stage == 3 || o.expert_parallel > 1;  // (--expert-parallel: the experts' owners)
     std::string resume_dir = resolve_resume_dir(o, leader);
     GPT2Config cfg;
     bool new_model = false;
@@ -2000,6 +2066,10 @@ int main(int argc, char** argv) {
     if (!why.empty()) grid_usage_fail(&par.world, why);
     start_grid(o, cfg, &par);
     connect_gpus(&par);
+    if (o.expert_parallel > 1 && par.world_gpu.host_staged)  // (llmc/parallel/expert_parallel.cuh: grouped ncclSend/ncclRecv)
+        grid_usage_fail(&par.world, strprintf("--expert-parallel %d with %d ranks sharing a GPU: the exchange runs on NCCL, one GPU "
+                                              "a rank; give each rank its own GPU, or use --expert-parallel 1", o.expert_parallel,
+                                              par.world.world_size));
     check_gpu_shape(cfg);
     int micro_batches = check_batch_fits(o, cfg, par, master_weights, simple_attention);
     trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
@@ -2129,6 +2199,14 @@ int main(int argc, char** argv) {
     if (leader && grid.dp > 1 && plan.steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
         printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
                format_bytes((double)first_sent).c_str(), plan.steps, format_bytes((double)last_sent).c_str());
+    if (m->ep.on && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved (as train_gpt_cpu reports it)
+        const CommCounters& ec = m->ep.group.sent;
+        double bytes = gpu_comm_sum(&par.world_gpu, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+        if (leader)
+            printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step (%llu calls a rank: "
+                   "counts and rows, forward and backward, %zu bytes a value)\n", bytes, plan.steps - first_step,
+                   bytes / (plan.steps - first_step), (unsigned long long)ec.calls[COMM_ALL_TO_ALL], sizeof(floatX));
+    }
     if (leader && m->shape.offload_optimizer)
         printf("offload: the last step's backward sent %d of %zu gradient buckets to the host as it finished them\n",
                m->offload.streamed_last_step, m->offload.buckets.size());

@@ -1262,7 +1262,7 @@ static std::vector<size_t> held_bytes(GPT2* model) {
     for (const ExpertParallelBlock& b : model->ep_blocks) {  // --expert-parallel's exchange buffers, 4 bytes a value
         for (const std::vector<float>* v : {&b.staging, &b.x, &b.fch, &b.fch_gelu, &b.out, &b.dout, &b.dh, &b.dx})
             held[CB_EP_EXCHANGE] += v->capacity() * sizeof(float);
-        for (const std::vector<int>* v : {&b.send_rows, &b.recv_rows, &b.send_floats, &b.recv_floats, &b.expert_row})
+        for (const std::vector<int>* v : {&b.plan.send_rows, &b.plan.recv_rows, &b.plan.send_floats, &b.plan.recv_floats, &b.plan.expert_row})
             held[CB_EP_EXCHANGE] += v->capacity() * sizeof(int);
     }
     return held;

@@ -29,7 +29,7 @@ rounding: the owner's matmuls see the rows of several ranks in one call).
   refusals     one line, exit 2: E not divisible by N, N not dividing the data-parallel degree (of a
                run, or of --estimate's --estimate-ranks),
                --expert-parallel without --moe-experts, with --zero 3 / --tensor-parallel /
-               --pipeline-parallel, and the GPU trainer (when built)
+               --pipeline-parallel, and on the GPU trainer (when built) N not dividing its ranks
   zero         --zero 1 with MoE (the MoE table's moments sharded: expert_parallel.h's MoESharing), 10
                AdamW steps == 1 rank: dp 2 (the whole table over 2 ranks) and EP 2 x DP 2 (the routers
                over 4 ranks, each expert over its 2 replicas), norms included; memory and bytes =
@@ -263,10 +263,10 @@ def check_refusals(tmp):
                        "--moe-experts with", " ".join(flag), seconds=10)
     gpu = gpu_trainer()
     if gpu is None:
-        print("SKIP: the GPU trainer refuses --expert-parallel (neither build/emu/train_gpt nor train_gpt is built)")
-    else:
-        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --expert-parallel 2", base + ["--expert-parallel", "2"], 2,
-                       "--expert-parallel 2", "GPU trainer", binary=gpu, seconds=60)
+        print("SKIP: the GPU trainer's --expert-parallel on 1 rank (neither build/emu/train_gpt nor train_gpt is built)")
+    else:  # (its expert parallelism over 2 GPUs: test_gpu_expert_parallel.py)
+        one_line_error(f"{os.path.relpath(gpu, ROOT)}: --expert-parallel 2 on 1 rank", base + moe + ["--expert-parallel", "2"], 2,
+                       "--expert-parallel 2 on 1 GPUs", "multiple of 2 ranks", binary=gpu, seconds=60)
 
 
 def main():

@@ -35,7 +35,8 @@ B=2 (N = 64 tokens a micro-batch), V=500; both trainers start from one bf16-exac
                on 2 ranks bit for bit; --zero 1 on 2 ranks refused in one line (check_data_parallel's
                docstring has the tolerances)
   refused      one line and exit 2 each: --cuda-graphs, --precision fp8, a version-7 file without its
-               --moe-* flags, --expert-parallel 2 (--generate with an MoE model runs: test_generate.py)
+               --moe-* flags, --expert-parallel 2 on one GPU (expert parallelism on 2: test_gpu_expert_parallel.py;
+               --generate with an MoE model runs: test_generate.py)
 Planted by hand and caught (docs/moe.md): the auxiliary losses left out of the optimised loss
 (aux_scale 0: "fp32 vs cpu" failed, the router's gradient off by 0.59 and 0.91 relative); the gates'
 gradient dropped (moe_backward_rows_kernel's dgate 0: off by 0.68 and 0.47); the MoE table's moments
@@ -324,7 +325,7 @@ def check_refused(R, models):
             ("--cuda-graphs", moe + ["--cuda-graphs"], ["--cuda-graphs", "drop"]),
             ("--precision fp8", moe + ["--precision", "fp8"], ["--precision fp8", "drop"]),
             ("a version-7 file without its --moe-* flags", [], ["--moe-experts 4", "a dense model"]),
-            ("--expert-parallel 2", moe + ["--expert-parallel", "2"], ["--expert-parallel 2", "train_gpt_cpu"])]:
+            ("--expert-parallel 2 on one GPU", moe + ["--expert-parallel", "2"], ["--expert-parallel 2 on 1 GPUs", "multiple of 2"])]:
         p = tg.run([tg.GPU] + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),

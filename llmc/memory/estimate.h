@@ -110,8 +110,10 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     gpu_pipeline_shape(&s, e.schedule, estimate_micro_batches(e, B), e.virtual_stages);
     s.offload_optimizer = e.offload_optimizer;
     s.bf16_moments = e.bf16_moments;
-    s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
+    s.moe = e.moe;  // --moe-experts (llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
+    s.expert_parallel = e.expert_parallel;  // (llmc/parallel/expert_parallel.cuh)
+    s.expert_rank = g.dp_rank % e.expert_parallel;  // (consecutive data-parallel ranks form an expert group)
     GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)
     s.compression_state = z.state;
     s.compression_work = z.work;
@@ -192,7 +194,7 @@ inline CommEstimate estimate_comm(const EstimateSetup& e, int rank) {
 // --expert-parallel: what one rank's all-to-alls send a step (llmc/parallel/expert_parallel.h's
 // arithmetic). The counts are exact: per MoE block and micro-batch E/N_ep ints to each other rank of
 // the group. The rows depend on the router: a row that leaves the rank leaves 4 times (dispatch,
-// combine, the output gradient out, the input gradient back), C floats each; at most all k B T of a
+// combine, the output gradient out, the input gradient back), C values each; at most all k B T of a
 // micro-batch leave, (N_ep - 1)/N_ep of them when the router spreads evenly.
 struct ExpertParallelBytes {
     uint64_t counts = 0, rows_at_most = 0, rows_even = 0, calls = 0;
@@ -202,7 +204,8 @@ inline ExpertParallelBytes estimate_expert_parallel_bytes(const EstimateSetup& e
     int N = e.expert_parallel;
     if (N <= 1 || e.moe.experts == 0) return b;
     uint64_t blocks = (uint64_t)moe_block_count(e.moe, e.cfg.num_layers) * estimate_micro_batches(e, e.B);
-    uint64_t row_bytes = 4 * (uint64_t)e.cfg.channels * sizeof(float), rows = (uint64_t)e.moe_top_k * e.B * e.T;
+    // (a value: the CPU's fp32, the GPU's bf16, expert_parallel.cuh: 2 bytes)
+    uint64_t row_bytes = 4 * (uint64_t)e.cfg.channels * (uint64_t)e.dtype_bytes, rows = (uint64_t)e.moe_top_k * e.B * e.T;
     b.counts = blocks * (uint64_t)(N - 1) * (e.moe.experts / N) * sizeof(int);
     b.rows_at_most = blocks * rows * row_bytes;
     b.rows_even = blocks * (rows * (N - 1) / N) * row_bytes;

@@ -66,6 +66,8 @@ struct GPURunShape {
     size_t cudnn_workspace_bytes = 0;  // as the cuDNN plans report it (see cudnn_workspace_estimate)
     MoEConfig moe;                     // --moe-experts, --moe-every: the MoE table and blocks (llmc/model/moe_gpu.cuh)
     int moe_top_k = 1;                 // --moe-top-k: rows each MoE block gathers per token
+    int expert_parallel = 1;           // --expert-parallel: the experts split over this many data-parallel ranks
+    int expert_rank = 0;               // ... this rank's place in its expert group (llmc/parallel/expert_parallel.cuh)
     size_t compression_state = 0;      // --grad-compression powersgd: fp32 e, next e, Q, next Q (grad_compression_gpu_sizes)
     size_t compression_work = 0;       // ... and P with the exactly summed values
     int fp8_history = 0;               // --precision fp8: the amax history's steps (0: no fp8; llmc/kernels/fp8.cuh)
@@ -115,6 +117,8 @@ enum GPUBuffer {
     // --moe-experts (llmc/model/moe_gpu.cuh): the MoE table, its gradient and moments (no master copy),
     // each MoE block's routing state and gathered rows, the backward's rows (shared by the blocks)
     GB_MOE_PARAMS, GB_MOE_GRADS, GB_MOE_ADAM_M, GB_MOE_ADAM_V, GB_MOE_ROUTING, GB_MOE_ACTIVATIONS, GB_MOE_SCRATCH,
+    // --expert-parallel (llmc/parallel/expert_parallel.cuh): the rows an owner receives, the exchange's scratch and counts
+    GB_EP_ROWS, GB_EP_SCRATCH, GB_EP_COUNTS,
     // PowerSGD's error feedback and factors (llmc/parallel/grad_compression.cuh)
     GB_COMPRESSION_STATE, GB_COMPRESSION_WORK,
     // --precision fp8 (llmc/kernels/fp8.cuh): the delayed scaling's state, one matmul's two quantized operands
@@ -192,6 +196,12 @@ inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
     return z;
 }
 
+// The MoE table this rank holds: the whole (routers, experts 1..E-1), or with --expert-parallel the
+// routers and its own experts (llmc/parallel/expert_parallel.h says which).
+inline MoELayout gpu_moe_layout(const GPT2Config& c, const GPURunShape& s) {
+    return moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
+}
+
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
     const ProcessGrid& g = s.grid;
@@ -216,6 +226,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     std::string tp = g.tp > 1 ? "/t" : "";
     size_t ln_partials = layernorm_backward_partials_floats(R, C);
     size_t bias_partials = bias_backward_partials_floats(BT, std::max({C, 3 * Ca, Cf}));
+    if (s.expert_parallel > 1)  // (an owner's expert sees up to N_ep B T rows: expert_parallel.cuh)
+        bias_partials = std::max(bias_partials, bias_backward_partials_floats((size_t)s.expert_parallel * BT, 4 * C));
     size_t exchange = BT + (2 * BT + g.tp - 1) / g.tp * g.tp;
     // rows every micro-batch in flight has its own of: M copies, each from a 128-byte boundary
     auto per = [&](size_t n) { return M > 1 ? M * ((n + 63) / 64 * 64) : n; };
@@ -295,20 +307,32 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
     // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
     // backward's rows (drow, dh, dxg) once
-    size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
-    size_t E = (size_t)s.moe.experts, H = 4 * C;
-    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, X};
+    // (--expert-parallel: the routers and this rank's experts only, llmc/parallel/expert_parallel.h)
+    MoELayout moe_held = gpu_moe_layout(c, s);
+    size_t moe = moe_held.total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
+    size_t E = (size_t)s.moe.experts, H = 4 * C, ep = (size_t)s.expert_parallel;
+    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, ep > 1 ? "router (Lm, E, C) + this rank's experts" : "router (Lm, E, C) + experts 1..E-1",
+                        moe, X};
     // (padded to a multiple of the data-parallel ranks: train_gpt.cu's moe_gpu_sum_gradients sums it as a
-    // reduce-scatter and an all-gather, every rank the same bits)
-    size_t moe_padded = (moe + g.dp - 1) / g.dp * g.dp;
-    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, g.dp > 1 ? "as moe_params, padded to a multiple of dp" : "as moe_params",
-                       moe_padded, X};
+    // reduce-scatter and an all-gather, every rank the same bits; with --expert-parallel the experts'
+    // part is padded to a multiple of their replicas, dp / N_ep, which ep_gpu_sum_gradients sums them over)
+    size_t router = moe_held.count[MOE_ROUTER], replicas = (size_t)g.dp / ep;
+    size_t moe_padded = ep > 1 ? router + (moe - router + replicas - 1) / replicas * replicas : (moe + g.dp - 1) / g.dp * g.dp;
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, ep > 1 ? "as moe_params, the experts padded to a multiple of dp/N_ep"
+                       : g.dp > 1 ? "as moe_params, padded to a multiple of dp" : "as moe_params", moe_padded, X};
     t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
     t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
     t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",
                          Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
     t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};
     t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", Lm > 0 ? kN * (2 * C + H) : 0, X};
+    // --expert-parallel (llmc/parallel/expert_parallel.cuh): an owner receives at most N_ep k B T rows (every
+    // rank's every choice to its experts), kept per MoE block for the backward (x, fc, GELU, out); the
+    // exchange's staging and the backward's rows (dout, dh, dx) once; the count exchange's ints
+    size_t ep_R = ep > 1 && Lm > 0 ? ep * kN : 0;
+    t[GB_EP_ROWS] = {"ep_rows", MEM_WORKSPACE, "Lm x N_ep k B T (2C + 2 x 4C) rows", Lm * ep_R * (2 * C + 2 * H), X};
+    t[GB_EP_SCRATCH] = {"ep_scratch", MEM_WORKSPACE, "N_ep k B T (3C + 4C) rows", ep_R * (3 * C + H), X};
+    t[GB_EP_COUNTS] = {"ep_counts", MEM_WORKSPACE, "2E int32", ep_R > 0 ? 2 * E : 0, F};
     t[GB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q fp32", s.compression_state, F};
     t[GB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums fp32", s.compression_work, F};
     // fp8: no fp8 copy of the weights or activations is kept; each matmul quantizes its operands into

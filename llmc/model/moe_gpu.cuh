@@ -37,10 +37,11 @@
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
 // and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
 //
-// Hook points: none of the grid's (no expert parallelism, ZeRO-1+, tensor or pipeline parallelism:
-// moe_gpu_problem refuses them; data parallelism is train_gpt.cu's finish_gradients summing the table,
-// docs/moe.md). train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of
-// gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW from the step.
+// Hook points: none of the grid's (ZeRO-1+, tensor or pipeline parallelism: moe_gpu_problem refuses
+// them; data parallelism is train_gpt.cu's finish_gradients summing the table, docs/moe.md).
+// train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of gpt2_forward /
+// gpt2_backward, and the table's zeroing, norm and AdamW from the step; with --expert-parallel it
+// calls their parts (route | the experts on their owners | combine: llmc/parallel/expert_parallel.cuh).
 #pragma once
 
 #include <algorithm>
@@ -53,7 +54,7 @@
 struct MoEGpu {
     MoEConfig moe;                            // experts 0: a dense model, and nothing below is used
     cpu::MoEShape shape;                      // E, k, the capacity factor, alpha, c_z
-    MoELayout layout;                         // the MoE table's tensors (the whole table: one GPU)
+    MoELayout layout;                         // the MoE table's tensors (the whole table, or --expert-parallel's held experts)
     int N = 0, C = 0, H = 0;                  // tokens per micro-batch (B T), channels, hidden units (4C)
     floatX* params = nullptr;                 // the MoE table, its gradient (bf16) and AdamW's m, v (fp32)
     floatX* grads = nullptr;
@@ -72,12 +73,12 @@ struct MoEGpu {
 // Points the MoE state into the trainer's buffers (the moe_* rows of gpu_buffers.h, sized by the same
 // numbers): routing is Lm blocks of moe_gpu_routing_values 4-byte values, activations Lm blocks of
 // k N (2C + 2H) rows, scratch k N (2C + H).
-inline void moe_gpu_init(MoEGpu* g, const MoEConfig& moe, const cpu::MoEShape& shape, const GPT2Config& cfg, int N,
+inline void moe_gpu_init(MoEGpu* g, const MoEConfig& moe, const cpu::MoEShape& shape, const GPT2Config& cfg, const MoELayout& layout, int N,
                          floatX* params, floatX* grads, float* m, float* v, float* routing, floatX* activations,
                          floatX* scratch) {
     g->moe = moe;
     g->shape = shape;
-    g->layout = moe_layout(cfg, moe);
+    g->layout = layout;  // (the whole table, or with --expert-parallel this rank's experts: gpu_moe_layout)
     g->N = N, g->C = cfg.channels, g->H = 4 * cfg.channels;
     g->params = params, g->grads = grads, g->m = m, g->v = v;
     size_t E = shape.experts, k = shape.top_k, kN = k * (size_t)N, C = g->C, H = g->H;
@@ -122,27 +123,49 @@ inline cpu::MoEWeights<T> moe_gpu_weights(const MoEGpu& g, T* table, int b, T* f
             l.first_expert};
 }
 
+// MoE block b's rows (k N of each, in g->rows[b]): the gathered inputs, the experts' fc and GELU
+// rows, their outputs.
+struct MoEBlockRows { floatX *xg, *fch, *fch_gelu, *eout; };
+inline MoEBlockRows moe_gpu_block_rows(const MoEGpu& g, int b) {
+    size_t kN = (size_t)g.shape.top_k * g.N;
+    floatX* xg = g.rows[(size_t)b];
+    return {xg, xg + kN * g.C, xg + kN * (g.C + g.H), xg + kN * (g.C + 2 * g.H)};
+}
+
+// The forward of MoE block b in its three parts (moe_gpu_block_forward runs them in turn; with
+// --expert-parallel train_gpt.cu runs the experts on their owners between the first and the last,
+// llmc/parallel/expert_parallel.cuh). Route: x (N, C, the block's ln2) routed and gathered into the
+// block's rows, its row ranges read (g->first_row[b]: the host waits for the routing).
+inline void moe_gpu_block_route(MoEGpu* g, int b, const cpu::MoEWeights<const floatX>& w, const floatX* x, cudaStream_t s) {
+    const cpu::MoEShape& sh = g->shape;
+    int N = g->N, C = g->C, E = sh.experts, k = sh.top_k;
+    MoERouting& r = g->routing[(size_t)b];
+    moe_route_dispatch(r, sh, x, w.router, N, C, s);
+    moe_gather(moe_gpu_block_rows(*g, b).xg, x, r, E, N, k, C, s);
+    // the statistics come back in the row ranges' wait (moe_read_rows synchronises the stream)
+    CUDA_CHECK(cudaMemcpyAsync(g->host_losses.data(), r.losses, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(g->host_kept.data(), r.kept, E * sizeof(int), cudaMemcpyDeviceToHost, s));
+    g->first_row[(size_t)b] = moe_read_rows(r, E, s);
+}
+
+// Combine: y (N, C) = the experts' outputs (the block's eout rows) mixed by their gates; the routing
+// into the step's statistics.
+inline void moe_gpu_block_combine(MoEGpu* g, int b, floatX* y, cudaStream_t s) {
+    int N = g->N, C = g->C, E = g->shape.experts, k = g->shape.top_k;
+    moe_combine(y, moe_gpu_block_rows(*g, b).eout, g->routing[(size_t)b], N, k, C, s);
+    const std::vector<int>& kept = g->host_kept;
+    moe_stats_add(&g->stats, g->host_losses[0], g->host_losses[1], k * N - g->first_row[(size_t)b][E],
+                  *std::min_element(kept.begin(), kept.end()), *std::max_element(kept.begin(), kept.end()));
+}
+
 // Forward of MoE block b: y (N, C) = the experts' mixture of x (N, C, the block's ln2), its routing
 // into the step's statistics.
 inline void moe_gpu_block_forward(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<const floatX>& w,
                                   const floatX* x, floatX* y, cudaStream_t s) {
-    const cpu::MoEShape& sh = g->shape;
-    int N = g->N, C = g->C, H = g->H, E = sh.experts, k = sh.top_k;
-    size_t kN = (size_t)k * N;
-    MoERouting& r = g->routing[(size_t)b];
-    floatX *xg = g->rows[(size_t)b], *fch = xg + kN * C, *fch_gelu = fch + kN * H, *eout = fch_gelu + kN * H;
-    moe_route_dispatch(r, sh, x, w.router, N, C, s);
-    moe_gather(xg, x, r, E, N, k, C, s);
-    // the statistics come back in the row ranges' wait (moe_read_rows synchronises the stream)
-    CUDA_CHECK(cudaMemcpyAsync(g->host_losses.data(), r.losses, 2 * sizeof(float), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(g->host_kept.data(), r.kept, E * sizeof(int), cudaMemcpyDeviceToHost, s));
-    std::vector<int>& first_row = g->first_row[(size_t)b];
-    first_row = moe_read_rows(r, E, s);
-    moe_experts_forward(ctx, w, first_row, C, H, xg, fch, fch_gelu, eout, s);
-    moe_combine(y, eout, r, N, k, C, s);
-    const std::vector<int>& kept = g->host_kept;
-    moe_stats_add(&g->stats, g->host_losses[0], g->host_losses[1], k * N - first_row[E], *std::min_element(kept.begin(), kept.end()),
-                  *std::max_element(kept.begin(), kept.end()));
+    moe_gpu_block_route(g, b, w, x, s);
+    MoEBlockRows r = moe_gpu_block_rows(*g, b);
+    moe_experts_forward(ctx, w, g->first_row[(size_t)b], g->C, g->H, r.xg, r.fch, r.fch_gelu, r.eout, s);
+    moe_gpu_block_combine(g, b, y, s);
 }
 
 // Generation (--generate, llmc/run/generate.h): the n new rows of a step (n <= N, the rows the state
@@ -158,18 +181,22 @@ inline void moe_gpu_block_forward_new_rows(MoEGpu* g, MatmulContext* ctx, int b,
 
 // Backward of MoE block b, after its forward: dx (N, C) = d loss / d x (overwritten), from dy = d loss
 // / d y; the weights' gradients ADDED to gw (expert 0's into the dense gradient, as the MLP's).
-// partials: bias_backward's scratch.
+// partials: bias_backward's scratch. In three parts, as the forward: the rows' gradients (g->drow =
+// gate x dy, and the gates'), the experts' (g->dxg from g->drow), the router's and x's.
+inline void moe_gpu_block_backward_rows(MoEGpu* g, int b, const floatX* dy, cudaStream_t s) {
+    moe_backward_rows(g->drow, dy, moe_gpu_block_rows(*g, b).eout, g->routing[(size_t)b], g->N, g->shape.top_k, g->C, s);
+}
+inline void moe_gpu_block_backward_input(MoEGpu* g, int b, const cpu::MoEWeights<floatX>& gw, const cpu::MoEWeights<const floatX>& w,
+                                         const floatX* x, floatX* dx, cudaStream_t s) {
+    moe_backward_input(dx, gw.router, g->routing[(size_t)b], g->shape, x, w.router, g->dxg, g->N, g->C, g->aux_scale, s);
+}
 inline void moe_gpu_block_backward(MoEGpu* g, MatmulContext* ctx, int b, const cpu::MoEWeights<floatX>& gw,
                                    const cpu::MoEWeights<const floatX>& w, const floatX* x, const floatX* dy, floatX* dx,
                                    float* partials, cudaStream_t s) {
-    const cpu::MoEShape& sh = g->shape;
-    int N = g->N, C = g->C, H = g->H, k = sh.top_k;
-    size_t kN = (size_t)k * N;
-    const MoERouting& r = g->routing[(size_t)b];
-    floatX *xg = g->rows[(size_t)b], *fch = xg + kN * C, *fch_gelu = fch + kN * H, *eout = fch_gelu + kN * H;
-    moe_backward_rows(g->drow, dy, eout, r, N, k, C, s);
-    moe_experts_backward(ctx, gw, w, g->first_row[(size_t)b], C, H, g->drow, xg, fch, fch_gelu, g->dh, g->dxg, partials, s);
-    moe_backward_input(dx, gw.router, r, sh, x, w.router, g->dxg, N, C, g->aux_scale, s);
+    MoEBlockRows r = moe_gpu_block_rows(*g, b);
+    moe_gpu_block_backward_rows(g, b, dy, s);
+    moe_experts_backward(ctx, gw, w, g->first_row[(size_t)b], g->C, g->H, g->drow, r.xg, r.fch, r.fch_gelu, g->dh, g->dxg, partials, s);
+    moe_gpu_block_backward_input(g, b, gw, w, x, dx, s);
 }
 
 // AdamW on the MoE table, tensor by tensor (the router and the experts' matrices decay, their biases

@@ -74,6 +74,7 @@
 //
 // Hook points: around the experts of llmc/model/moe.h (moe_forward_route | experts | moe_forward_combine,
 // and the backward's three parts), called from train_gpt_cpu.cpp's MoE block in place of the local loop.
+// The GPU trainer's twin, expert_parallel.cuh, moves the rows with NCCL by the same ExpertParallelPlan.
 #pragma once
 
 #include <vector>
@@ -85,13 +86,74 @@
 
 namespace cpu {
 
-// What one MoE block's expert-parallel forward keeps for its backward, and the exchange's scratch.
-// Rows received are stored expert-major (expert, source rank, token order).
-struct ExpertParallelBlock {
+// The exchange's plan, host-side and the same on both trainers (expert_parallel.cuh moves the rows
+// with NCCL by it): how many rows go to and come from each rank, for which expert, and where they
+// land. Rows received are stored expert-major (expert, source rank, token order).
+struct ExpertParallelPlan {
     int local_experts = 0, rows = 0;     // E / N_ep; rows received this micro-batch
     std::vector<int> send_rows, recv_rows;   // (N_ep * local_experts): rows to / from each rank for each of ITS / MY experts
-    std::vector<int> send_floats, recv_floats;  // (N_ep): floats in each block of the row all-to-all
+    std::vector<int> send_floats, recv_floats;  // (N_ep): values (rows x C) in each rank's block of the row all-to-all
     std::vector<int> expert_row;             // (N_ep * local_experts): where each received block starts, expert-major (ep_arrange)
+};
+
+inline void ep_plan_allocate(ExpertParallelPlan* p, int ranks, int experts) {
+    p->local_experts = experts / ranks;
+    for (std::vector<int>* v : {&p->send_rows, &p->recv_rows, &p->expert_row}) v->assign((size_t)ranks * p->local_experts, 0);
+    for (std::vector<int>* v : {&p->send_floats, &p->recv_floats}) v->assign((size_t)ranks, 0);
+}
+
+// What this rank sends, from its routing: its rows grouped by expert (first_row, E + 1 entries), expert
+// e's to its owner e / El (as that owner's local expert e % El). Owner q's block is contiguous.
+inline void ep_plan_sends(ExpertParallelPlan* p, const int* first_row, int experts, int ranks, int C) {
+    int El = p->local_experts;
+    for (int e = 0; e < experts; e++) p->send_rows[(size_t)e] = first_row[e + 1] - first_row[e];
+    for (int q = 0; q < ranks; q++) p->send_floats[(size_t)q] = (first_row[(q + 1) * El] - first_row[q * El]) * C;
+}
+
+// Rows of my local expert j received from rank s start at expert_row[s * El + j] in the expert-major
+// order; in the staging (source-major) order they follow one another by source, then expert.
+inline void ep_arrange(ExpertParallelPlan* p, int ranks, int C) {
+    int El = p->local_experts, r = 0;
+    for (int j = 0; j < El; j++)
+        for (int s = 0; s < ranks; s++) {
+            p->expert_row[(size_t)s * El + j] = r;
+            r += p->recv_rows[(size_t)s * El + j];
+        }
+    p->rows = r;
+    for (int s = 0; s < ranks; s++) {
+        int n = 0;
+        for (int j = 0; j < El; j++) n += p->recv_rows[(size_t)s * El + j];
+        p->recv_floats[(size_t)s] = n * C;
+    }
+}
+
+// The copies between the staging order (source, expert, token) and the expert-major one: for each
+// received block, copy(staged value offset, expert-major value offset, values). The CPU copies with
+// memcpy, the GPU with cudaMemcpyAsync.
+template <class Copy>
+inline void ep_for_each_block(const ExpertParallelPlan& p, int ranks, int C, Copy copy) {
+    int El = p.local_experts;
+    size_t staged = 0;
+    for (int s = 0; s < ranks; s++)
+        for (int j = 0; j < El; j++) {
+            size_t n = (size_t)p.recv_rows[(size_t)s * El + j] * C;
+            copy(staged, (size_t)p.expert_row[(size_t)s * El + j] * C, n);
+            staged += n;
+        }
+}
+
+// Owner's local expert j's rows: where they start in the expert-major order and how many.
+inline void ep_local_expert_rows(const ExpertParallelPlan& p, int ranks, int j, size_t* first, size_t* count) {
+    int El = p.local_experts;
+    *first = (size_t)p.expert_row[(size_t)j];   // (source 0's rows of expert j come first)
+    *count = 0;
+    for (int q = 0; q < ranks; q++) *count += (size_t)p.recv_rows[(size_t)q * El + j];
+}
+
+// What one MoE block's expert-parallel forward keeps for its backward, and the exchange's scratch
+// (the CPU's: fp32 rows in host vectors).
+struct ExpertParallelBlock {
+    ExpertParallelPlan plan;
     std::vector<float> staging;              // (N_ep k N, C): rows in the order the all-to-all delivers them
     std::vector<float> x, fch, fch_gelu, out, dout, dh, dx;  // expert-major rows: (R, C), (R, H), (R, H), (R, C), ...
 };
@@ -99,68 +161,41 @@ struct ExpertParallelBlock {
 // The rows' sizes are fixed once: N_ep k N rows at most (every rank's every choice to one owner).
 inline void ep_allocate(ExpertParallelBlock* b, int ranks, int experts, int top_k, int N, int C, int H) {
     size_t R = (size_t)ranks * top_k * N;
-    b->local_experts = experts / ranks;
-    b->send_rows.assign((size_t)ranks * b->local_experts, 0);
-    b->recv_rows.assign((size_t)ranks * b->local_experts, 0);
-    b->send_floats.assign((size_t)ranks, 0);
-    b->recv_floats.assign((size_t)ranks, 0);
-    b->expert_row.assign((size_t)ranks * b->local_experts, 0);
+    ep_plan_allocate(&b->plan, ranks, experts);
     for (std::vector<float>* v : {&b->staging, &b->x, &b->out, &b->dout, &b->dx}) v->assign(R * C, 0.0f);
     for (std::vector<float>* v : {&b->fch, &b->fch_gelu, &b->dh}) v->assign(R * H, 0.0f);
 }
 
-// Rows of my local expert j received from rank s start at expert_row[s * El + j] in the expert-major
-// order; in the staging (source-major) order they follow one another by source, then expert.
-inline void ep_arrange(ExpertParallelBlock* b, int ranks, int C) {
-    int El = b->local_experts, r = 0;
-    for (int j = 0; j < El; j++)
-        for (int s = 0; s < ranks; s++) {
-            b->expert_row[(size_t)s * El + j] = r;
-            r += b->recv_rows[(size_t)s * El + j];
-        }
-    b->rows = r;
-    for (int s = 0; s < ranks; s++) {
-        int n = 0;
-        for (int j = 0; j < El; j++) n += b->recv_rows[(size_t)s * El + j];
-        b->recv_floats[(size_t)s] = n * C;
-    }
-}
-
-// Copies between the staging order (source, expert, token) and the expert-major one, either way.
+// Copies between the staging order and the expert-major one, either way.
 inline void ep_reorder(ExpertParallelBlock* b, int ranks, int C, const float* from, float* to, bool to_expert_major) {
-    int El = b->local_experts;
-    size_t staged = 0;
-    for (int s = 0; s < ranks; s++)
-        for (int j = 0; j < El; j++) {
-            size_t n = (size_t)b->recv_rows[(size_t)s * El + j] * C, at = (size_t)b->expert_row[(size_t)s * El + j] * C;
-            if (to_expert_major) memcpy(to + at, from + staged, n * sizeof(float));
-            else memcpy(to + staged, from + at, n * sizeof(float));
-            staged += n;
-        }
+    ep_for_each_block(b->plan, ranks, C, [&](size_t staged, size_t at, size_t n) {
+        if (to_expert_major) memcpy(to + at, from + staged, n * sizeof(float));
+        else memcpy(to + staged, from + at, n * sizeof(float));
+    });
 }
 
 // Forward of the experts with the rows on their owners: a->xg (this rank's rows, grouped by expert in
 // expert order, moe_forward_route's) out, a->eout's rows back. `ep`: this rank's expert group.
 inline void ep_experts_forward(ExpertParallelBlock* b, Comm* ep, MoEActivations* a, const MoEShape& s,
                                const MoEWeights<const float>& w) {
-    int ranks = ep->world_size, El = b->local_experts, C = a->C, H = a->H;
+    ExpertParallelPlan& p = b->plan;
+    int ranks = ep->world_size, El = p.local_experts, C = a->C, H = a->H;
     // the counts: my rows for each expert, sent to its owner; each owner learns its rows per source
-    for (int e = 0; e < s.experts; e++) b->send_rows[(size_t)e] = a->kept[(size_t)e];  // owner e / El, its local e % El
-    comm_all_to_all(ep, b->send_rows.data(), b->recv_rows.data(), (size_t)El * sizeof(int), "all-to-all of the MoE row counts");
-    for (int q = 0; q < ranks; q++) b->send_floats[(size_t)q] = (a->first_row[(size_t)(q + 1) * El] - a->first_row[(size_t)q * El]) * C;
-    ep_arrange(b, ranks, C);
-    comm_all_to_all_v(ep, a->xg.data(), b->send_floats.data(), b->staging.data(), b->recv_floats.data(),
+    ep_plan_sends(&p, a->first_row.data(), s.experts, ranks, C);
+    comm_all_to_all(ep, p.send_rows.data(), p.recv_rows.data(), (size_t)El * sizeof(int), "all-to-all of the MoE row counts");
+    ep_arrange(&p, ranks, C);
+    comm_all_to_all_v(ep, a->xg.data(), p.send_floats.data(), b->staging.data(), p.recv_floats.data(),
                       "all-to-all of the MoE rows to their experts");
     ep_reorder(b, ranks, C, b->staging.data(), b->x.data(), true);
     for (int j = 0; j < El; j++) {
         int e = ep->rank * El + j;
-        size_t r0 = b->expert_row[(size_t)j], n = 0;   // (source 0's rows of expert j come first)
-        for (int q = 0; q < ranks; q++) n += b->recv_rows[(size_t)q * El + j];
+        size_t r0, n;
+        ep_local_expert_rows(p, ranks, j, &r0, &n);
         moe_expert_forward(w, e, (int)n, C, H, &b->x[r0 * C], &b->fch[r0 * H], &b->fch_gelu[r0 * H], &b->out[r0 * C]);
     }
     // the outputs home: the reverse exchange, each block as many floats as came in
     ep_reorder(b, ranks, C, b->out.data(), b->staging.data(), false);
-    comm_all_to_all_v(ep, b->staging.data(), b->recv_floats.data(), a->eout.data(), b->send_floats.data(),
+    comm_all_to_all_v(ep, b->staging.data(), p.recv_floats.data(), a->eout.data(), p.send_floats.data(),
                       "all-to-all of the MoE outputs to their tokens");
 }
 
@@ -168,19 +203,20 @@ inline void ep_experts_forward(ExpertParallelBlock* b, Comm* ep, MoEActivations*
 // into a->dxg; the owned experts' weight gradients added to g.
 inline void ep_experts_backward(ExpertParallelBlock* b, Comm* ep, MoEActivations* a, const MoEWeights<float>& g,
                                 const MoEWeights<const float>& w) {
-    int ranks = ep->world_size, El = b->local_experts, C = a->C, H = a->H;
-    comm_all_to_all_v(ep, a->drow.data(), b->send_floats.data(), b->staging.data(), b->recv_floats.data(),
+    const ExpertParallelPlan& p = b->plan;
+    int ranks = ep->world_size, El = p.local_experts, C = a->C, H = a->H;
+    comm_all_to_all_v(ep, a->drow.data(), p.send_floats.data(), b->staging.data(), p.recv_floats.data(),
                       "all-to-all of the MoE output gradients to their experts");
     ep_reorder(b, ranks, C, b->staging.data(), b->dout.data(), true);
     for (int j = 0; j < El; j++) {
         int e = ep->rank * El + j;
-        size_t r0 = b->expert_row[(size_t)j], n = 0;
-        for (int q = 0; q < ranks; q++) n += b->recv_rows[(size_t)q * El + j];
+        size_t r0, n;
+        ep_local_expert_rows(p, ranks, j, &r0, &n);
         moe_expert_backward(g, w, e, (int)n, C, H, &b->dout[r0 * C], &b->x[r0 * C], &b->fch[r0 * H], &b->fch_gelu[r0 * H],
                             &b->dh[r0 * H], &b->dx[r0 * C]);
     }
     ep_reorder(b, ranks, C, b->dx.data(), b->staging.data(), false);
-    comm_all_to_all_v(ep, b->staging.data(), b->recv_floats.data(), a->dxg.data(), b->send_floats.data(),
+    comm_all_to_all_v(ep, b->staging.data(), p.recv_floats.data(), a->dxg.data(), p.send_floats.data(),
                       "all-to-all of the MoE input gradients to their tokens");
 }
 

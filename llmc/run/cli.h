@@ -166,7 +166,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"moe-every", "N", "Model", "--moe-experts: blocks N-1, 2N-1, ... (counting from 0) are MoE blocks, the others dense (1 = every block)", K::Int, &o.moe_every, Scope::Both},
         {"moe-capacity-factor", "F", "Model", "--moe-experts: an expert takes at most ceil(k N F / E) of a micro-batch's N tokens, the rest are dropped (the residual carries them); none or 0 = no dropping; --generate never drops", K::String, &o.moe_capacity_factor, Scope::Both},
         {"moe-aux-alpha", "A", "Model", "--moe-experts: weight of the load-balancing loss A E sum_i f_i P_i (Switch)", K::Float, &o.moe_aux_alpha, Scope::Both},
-        {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h; CPU trainer, the GPU trainer refuses more than 1; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
+        {"expert-parallel", "N", "Model", "--moe-experts: split each MoE block's experts over N ranks of the data-parallel group, tokens sent to their expert's rank by all-to-all (llmc/parallel/expert_parallel.h, .cuh; the GPU trainer's with --zero 0 and one GPU a rank; 1 = every rank runs every expert)", K::Int, &o.expert_parallel, Scope::Both},
         {"moe-z-loss", "C", "Model", "--moe-experts: weight of the router z-loss C mean logsumexp(logits)^2 (ST-MoE)", K::Float, &o.moe_z_loss, Scope::Both},
         {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
@@ -492,10 +492,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
     if (trainer == Trainer::GPU && (o->optimizer == "adafactor" || o->optimizer == "sm3")) {
         usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
                    o->optimizer.c_str());
-    }
-    if (trainer == Trainer::GPU && o->expert_parallel != 1) {
-        usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
-                   "(train_gpt_cpu), or drop the flag", o->expert_parallel);
     }
     // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
     if (trainer == Trainer::GPU && o->data_parallel == "server") {

@@ -725,15 +725,14 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
 // --moe-experts on several data-parallel ranks: the MoE table's gradient summed over the data group,
 // the same bits on every rank (each rank's AdamW then updates the whole table alike, as ZeRO-0 does
 // the dense one). A reduce-scatter and an all-gather over the table padded to a multiple of the group
-// (its GB_MOE_GRADS row is: the padding stays zero). The compute stream's last backward must be done
-// before the communication stream reads the table: the host waits for it (one wait a step; the MoE
-// blocks already wait once per block), then for the sum.
+// (its GB_MOE_GRADS row is: the padding stays zero). On ZeRO's communication stream, behind the
+// dense buckets' sums, once the compute stream has finished the last backward (an event, as the
+// buckets: zero_follow); zero_wait_reduction's host wait, which the norm needs anyway, covers it.
 static void moe_gpu_sum_gradients(GPT2* m, Parallel* par) {
     GpuComm* data = par->data_on_gpu;
     if (data->host->world_size == 1) return;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    zero_follow(&m->zero, m->stream);
     gpu_all_reduce_identical(data, m->moe.grads, m->table[GB_MOE_GRADS].elements, NCCL_FLOATX, "all-reduce of the MoE table's gradients");
-    gpu_comm_wait(data, "all-reduce of the MoE table's gradients");
 }
 
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
@@ -762,13 +761,12 @@ static float finish_gradients(GPT2* m, Parallel* par) {
         powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
         compression_dump(m, par, step, "sum");
     }
+    if (m->moe.moe.experts > 0) moe_gpu_sum_gradients(m, par);  // --moe-experts: its table, summed over the data group
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, summed over the data group, its squares counted once
-        moe_gpu_sum_gradients(m, par);
-        if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
-    }
+    if (m->moe.moe.experts > 0 && par->grid.dp_rank == 0)  // (its squares counted once)
+        squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
     if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
     return norm;

@@ -84,6 +84,7 @@
 #include "llmc/parallel/pipedream_2bw.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
+#include "llmc/parallel/moe_zero.cuh"
 #include "llmc/parallel/grad_compression.cuh"
 #include "llmc/probes/grad_compression_probe.h"
 
@@ -168,6 +169,7 @@ struct GPT2 {
     StepGraphs graphs;                  // --cuda-graphs: the step's captured graphs (llmc/run/cuda_graphs.cuh)
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
+    MoEZeroGpu moe_zero;                // ... over data-parallel GPUs: its sum, ZeRO-1/2's shard (llmc/parallel/moe_zero.cuh)
     PipeDream2BWGpu versions;           // --pipeline-schedule 2bw-flush: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -255,6 +257,7 @@ static void gpt2_free(GPT2* m) {
     matmul_destroy(&m->matmul);
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
+    moe_zero_gpu_destroy(&m->moe_zero);
     offload_free(&m->offload);
     graphs_free(&m->graphs);
     for (int i = 0; i < GB_COUNT; i++)
@@ -722,19 +725,6 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
     grad_compression_test_dump(&par->world, step, what, download_as_float(m->zero.grads, m->layout.total));
 }
 
-// --moe-experts on several data-parallel ranks: the MoE table's gradient summed over the data group,
-// the same bits on every rank (each rank's AdamW then updates the whole table alike, as ZeRO-0 does
-// the dense one). A reduce-scatter and an all-gather over the table padded to a multiple of the group
-// (its GB_MOE_GRADS row is: the padding stays zero). On ZeRO's communication stream, behind the
-// dense buckets' sums, once the compute stream has finished the last backward (an event, as the
-// buckets: zero_follow); zero_wait_reduction's host wait, which the norm needs anyway, covers it.
-static void moe_gpu_sum_gradients(GPT2* m, Parallel* par) {
-    GpuComm* data = par->data_on_gpu;
-    if (data->host->world_size == 1) return;
-    zero_follow(&m->zero, m->stream);
-    gpu_all_reduce_identical(data, m->moe.grads, m->table[GB_MOE_GRADS].elements, NCCL_FLOATX, "all-reduce of the MoE table's gradients");
-}
-
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
 // pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
 // every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
@@ -761,12 +751,16 @@ static float finish_gradients(GPT2* m, Parallel* par) {
         powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
         compression_dump(m, par, step, "sum");
     }
-    if (m->moe.moe.experts > 0) moe_gpu_sum_gradients(m, par);  // --moe-experts: its table, summed over the data group
+    // --moe-experts: its table summed over the data group on the same stream, behind the dense sums
+    // (llmc/parallel/moe_zero.cuh), each rank counting its shard's squares
+    if (m->moe.moe.experts > 0) moe_zero_sum(&m->moe_zero, m->moe.grads, m->stream);
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    if (m->moe.moe.experts > 0 && par->grid.dp_rank == 0)  // (its squares counted once)
-        squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
+    if (m->moe.moe.experts > 0) {
+        auto piece = moe_zero_norm_piece(m->moe_zero, m->moe.grads);
+        if (piece.second > 0) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    }
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
     if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
     return norm;
@@ -821,7 +815,11 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
                    m->stream);
         if (graphed) zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, true);
     });
-    if (m->moe.moe.experts > 0) moe_gpu_adamw(&m->moe, m->layout.total, now_on_gpu, a, m->stream);  // --moe-experts: its table
+    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, or its shard then the all-gather (llmc/parallel/moe_zero.cuh)
+        ShardRange mine = moe_zero_updated(m->moe_zero);
+        moe_gpu_adamw(&m->moe, m->layout.total, mine.begin, mine.end, now_on_gpu, a, m->stream);
+        moe_zero_share_weights(&m->moe_zero, m->moe.params, m->stream);
+    }
     if (graphed) zero_wait_reduction(&m->zero);  // (NCCL's asynchronous errors; nothing is left to wait for)
     else zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -1179,10 +1177,11 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
             host.older = download_as_float(m->versions.older, m->versions.params_n + m->versions.lent_n);
             pipedream_2bw_save(host, dir, par->grid.rank, par->grid.world, step);
         }
-        if (m->moe.moe.experts > 0) {  // --moe-experts (one GPU; main refuses it with fp8): the MoE table's m and v
-            size_t n = m->moe.layout.total;
-            write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, (int)Optimizer::AdamW, download_floats(m->moe.m, n).data(),
-                            download_floats(m->moe.v, n).data(), n);
+        if (m->moe.moe.experts > 0) {  // --moe-experts (main refuses it with fp8): the MoE table's m and v, whole (rank 0's file)
+            size_t n = m->moe.layout.total, mine = moe_zero_updated(m->moe_zero).size();
+            std::vector<float> mm = moe_zero_whole_moments(m->moe_zero, par->data, download_floats(m->moe.m, mine));
+            std::vector<float> vv = moe_zero_whole_moments(m->moe_zero, par->data, download_floats(m->moe.v, mine));
+            if (par->grid.rank == 0) write_moe_state(dir + "/moe_state.bin", m->moe.moe, m->moe.shape.top_k, (int)Optimizer::AdamW, mm.data(), vv.data(), n);
         }
     };
     parts.assemble_model_bin = [&](const std::string& dir) {
@@ -1234,8 +1233,9 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
         std::vector<float> moe_m(moe_table.size(), 0.0f), moe_v(moe_table.size(), 0.0f);
         if (!resume_dir.empty())
             read_moe_state(resume_dir + "/moe_state.bin", moe.moe, moe.shape.top_k, (int)Optimizer::AdamW, moe_table.size(), &moe_m, &moe_v);
-        CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data(), moe_m.size() * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
+        ShardRange mine = moe_zero_updated(m->moe_zero);  // (--zero 1|2 on several GPUs: its shard)
+        CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data() + mine.begin, mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data() + mine.begin, mine.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
     if (moe.moe.experts > 0) check_same_weights(m->zero.comm, moe_table);  // --moe-experts: the MoE table, whole on every rank
@@ -1285,6 +1285,7 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
                             reports, std::move(grads));
     if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (summed: whole on every rank)
+        moe_zero_gather_gradient(&m->moe_zero, m->moe.grads, m->stream);  // (--zero 1|2: each rank had its shard)
         std::vector<float> moe = download_as_float(m->moe.grads, m->moe.layout.total);
         dump_probe.state.grads.insert(dump_probe.state.grads.end(), moe.begin(), moe.end());
     }
@@ -1573,6 +1574,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
                                B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
+    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
 }
 
 // --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
@@ -1891,9 +1893,6 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (o.expert_parallel > 1)
         return strprintf("--expert-parallel %d on the GPU trainer: its MoE blocks do not exchange tokens between GPUs yet; train "
                          "MoE data parallel here (--expert-parallel 1), or expert parallel with train_gpt_cpu", o.expert_parallel);
-    if (world_size > 1 && o.zero_stage > 0)
-        return strprintf("--moe-experts with --zero %d on %d GPUs: the MoE table's moments are not sharded on the GPU yet; use "
-                         "--zero 0 (every rank keeps the whole table), or train_gpt_cpu", o.zero_stage, world_size);
     if (world_size > 1 && o.grad_compression != "none")
         return strprintf("--moe-experts with --grad-compression %s on %d GPUs: the MoE table's sum is not compressed on the GPU "
                          "yet; drop --grad-compression, or train_gpt_cpu", o.grad_compression.c_str(), world_size);

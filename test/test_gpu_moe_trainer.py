@@ -250,19 +250,26 @@ def check_bf16_and_resume(R, models, cpu2):
     return out
 
 
-def check_estimate(R, models, out):
-    """The trainer printed the table it allocated from; --estimate prints the same rows for the shape."""
-    p = tg.run([tg.GPU, "--model", models[2], "--batch-size", str(B), "--seq-len", str(T), "--moe-experts", str(E),
-                "--moe-top-k", "2", "--moe-capacity-factor", "1.25", "--recompute", "0", "--estimate"] + tg.DEFAULT_ATTENTION)
+def estimate_rows(R, models, flags, out):
+    """(--estimate's rows for the run's flags, rows that differ from the table the trainer printed (rank 0's)
+    and allocated from, whether the table's total is the estimate's)."""
+    p = tg.run([tg.GPU, "--model", models[2], "--batch-size", str(B), "--seq-len", str(T), "--estimate"] + flags + tg.DEFAULT_ATTENTION)
     est, _ = parse_estimate(p.stdout)
     trainer = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\S+)\s+\S+\s.*?\s(\d+)  \S+ \S+$", out, re.M)}
-    moe = [n for n in est if n.startswith("moe_")]
     diff = [f"{n}: estimated {est[n][1]}, trainer {trainer.get(n)}" for n in est if est[n][1] != trainer.get(n)]
     table = re.search(r"^GPU memory bytes: table (\d+)", out, re.M)
     total = re.search(r"^  total\s+(\d+)", p.stdout, re.M)
-    report(not diff and len(moe) == 7 and all(est[n][1] > 0 for n in moe) and table and total and table.group(1) == total.group(1),
-           f"estimate: --estimate's rows = the table the trainer allocated from, byte for byte ({', '.join(moe)}; total "
-           f"{total.group(1) if total else '?'})", "; ".join(diff) + f"\n{p.stdout[:1500]}")
+    return est, diff, bool(table and total and table.group(1) == total.group(1)), p.stdout
+
+
+def check_estimate(R, models, out):
+    """The trainer printed the table it allocated from; --estimate prints the same rows for the shape."""
+    est, diff, same_total, text = estimate_rows(R, models, ["--moe-experts", str(E), "--moe-top-k", "2", "--moe-capacity-factor",
+                                                           "1.25", "--recompute", "0"], out)
+    moe = [n for n in est if n.startswith("moe_")]
+    report(not diff and len(moe) == 7 and all(est[n][1] > 0 for n in moe) and same_total,
+           f"estimate: --estimate's rows = the table the trainer allocated from, byte for byte ({', '.join(moe)})",
+           "; ".join(diff) + f"\n{text[:1500]}")
 
 
 def check_data_parallel(R, models):
@@ -303,18 +310,65 @@ def check_data_parallel(R, models):
     report(dl <= tg.BF16_TOL["losses"] and aux <= 0.01 and dd <= 2, f"MoE 2 GPU ranks (bf16) vs the CPU's 2 ranks: each step's "
            f"loss (max diff {dl:.1e}), step 1's aux and z losses (rel {aux:.1e}), dropped ({int(s2[0][3])} vs {int(sc[0][3])})",
            f"GPU {s2}\nCPU {sc}")
-    # what is not proven on several GPUs yet is refused there: one line (rank 0's), exit 2, before any allocation
-    p = subprocess.run(["timeout", "120", shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                        "-np", "2", tg.GPU, "--model", models[2], "--zero", "1"] + flags + R.data + tg.DEFAULT_ATTENTION,
-                       capture_output=True, text=True, cwd=tg.ROOT)
-    report(p.returncode == 2 and p.stderr.count("error:") == 1 and "--zero 1 on 2 GPUs" in p.stderr and "use --zero 0" in p.stderr,
-           "refused: --moe-experts with --zero 1 on 2 GPU ranks: one line, exit 2", f"exit {p.returncode}: {p.stderr[-600:]}")
+    check_zero(R, models, flags, out2, two, a)
     if os.path.exists(tg.GPU32):
         out32, g32 = R.run(tg.GPU32, models[2], flags, ranks=2)
         compare_moe("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", g32, cpu, R.models[2], out32, outc, tg.FP32_TOL, 1e-3, True)
         check_norms("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", out32, outc, 1e-3, 1e-3)
     else:
         tg.skip("MoE 2 GPU ranks (fp32 build) vs the CPU's", f"{tg.GPU32} not built")
+
+
+def traffic(out):
+    """The data group's bytes per step, as the trainer counted them (rank 0's counters)."""
+    m = re.search(r"^data-parallel traffic from rank 0 \(its counters\): (.*)$", out, re.M)
+    return m.group(1) if m else None
+
+
+def check_zero(R, models, flags, out0, zero0, dir0):
+    """--zero 1 and 2 with MoE on 2 GPU ranks (llmc/parallel/moe_zero.cuh: the MoE table's m and v sharded,
+    its gradient reduce-scattered, each rank updating its shard, the updated table all-gathered) == --zero 0
+    on 2 ranks bit for bit over 3 steps: the same sums (the reduce-scatter is ZeRO-0's all-reduce's first
+    half), the same per-element AdamW (stochastic rounding seeded by the element's index), the same norm
+    (each rank counts its shard of the table at every stage). So step 1's logits, loss and summed gradient
+    (the MoE table's all-gathered for the dump), every loss, norm and routing line, the final weights; for
+    ZeRO-1 also the bytes step 3 sent (the same collectives' bytes; step 1's add the dump's all-gather, and
+    ZeRO-2's the dense buckets' padding) and the checkpoints' moe_state.bin (the shards gathered, rank 0
+    writing) byte for byte ZeRO-0's; a ZeRO-1 resume from step 1 == the straight run; --estimate --estimate-ranks 2 --zero 1 = the
+    table the trainer allocated, its moe_adam_m/v rows half the table's."""
+    a, b = f"{R.tmp}/z1_straight", f"{R.tmp}/z1_resumed"
+    for stage in ("1", "2"):
+        out, got = R.run(tg.GPU, models[2], flags + ["--zero", stage] + (["--checkpoint-every", "1"] if stage == "1" else []),
+                         ranks=2, out_dir=a if stage == "1" else None)
+        if got is None:
+            report(False, f"MoE data parallel, ZeRO-{stage}: runs on 2 GPU ranks", out[-1500:])
+            continue
+        differ = [k for k in zero0 if not np.array_equal(zero0[k], got[k])]
+        if step_lines(out) != step_lines(out0) or step_norms(out) != step_norms(out0):
+            differ.append("step lines")
+        last = [x and x.split(", ")[-1] for x in (traffic(out), traffic(out0))]  # (step 1's has the dump's all-gather too)
+        if stage == "1" and (last[0] is None or last[0] != last[1]):
+            differ.append(f"traffic {traffic(out)} vs {traffic(out0)}")
+        if stage == "1":
+            differ += [f"ckpt {s} moe_state.bin" for s in (1, 3) if not tg.same_bytes(f"{a}/ckpt_0000000{s}/moe_state.bin",
+                                                                                      f"{dir0}/ckpt_0000000{s}/moe_state.bin")]
+        report(not differ, f"MoE data parallel: --zero {stage} == --zero 0 on 2 GPU ranks bit for bit over 3 steps (logits, "
+               f"summed gradient, losses, norms, routing, weights" + (f"; step 3's bytes sent ({last[0]}), the checkpoints' "
+               "moe_state.bin" if stage == "1" else "") + ")", f"differ: {differ}\n{out[-800:]}")
+        if stage == "1":
+            z1, out1 = got, out
+    outr, resumed = R.run(tg.GPU, models[2], flags + ["--zero", "1", "--resume", f"{a}/ckpt_00000001"], ranks=2, out_dir=b)
+    report(resumed is not None and "resumed from" in outr and np.array_equal(z1["losses"][1:], resumed["losses"]) and
+           np.array_equal(z1["params"], resumed["params"]) and step_lines(outr) == step_lines(out1)[1:],
+           "MoE data parallel: --zero 1 resume on 2 GPU ranks, 1 + 2 steps == 3 bit for bit (losses, routing, weights)",
+           f"{outr[-800:]}")
+    est, diff, same_total, text = estimate_rows(R, models, flags[:-2] + ["--zero", "1", "--estimate-ranks", "2"], out1)
+    n = moe_table_size(E)
+    rows = {r: est.get(r, (0, 0))[1] for r in ("moe_params", "moe_adam_m", "moe_adam_v")}
+    report(not diff and same_total and rows == {"moe_params": 2 * n, "moe_adam_m": 2 * n, "moe_adam_v": 2 * n},
+           f"MoE data parallel: --estimate --estimate-ranks 2 --zero 1 = the table the ZeRO-1 trainer allocated, byte for byte "
+           f"(moe_adam_m, moe_adam_v {rows['moe_adam_m']} bytes each: half of the {4 * n} of one rank)",
+           "; ".join(diff) + f" {rows}\n{text[:1500]}")
 
 
 def check_refused(R, models):

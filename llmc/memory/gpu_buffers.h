@@ -192,6 +192,10 @@ inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
     return z;
 }
 
+// --moe-experts over data-parallel GPUs: the MoE table's shards, ceil(n / dp) values each (granule 1),
+// which its rows are padded to and --zero 1|2 keeps m and v of (llmc/parallel/moe_zero.cuh)
+inline ShardLayout moe_table_shards(size_t n, int dp) { return shard_layout(n, dp, 1); }
+
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
     const ProcessGrid& g = s.grid;
@@ -292,19 +296,23 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
 
     // --moe-experts, whole on every rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
-    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
-    // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
+    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0), its gradient, and m and v
+    // (--zero 1|2 on several GPUs: this rank's shard of them, llmc/parallel/moe_zero.cuh); per MoE block
+    // the routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
     // backward's rows (drow, dh, dxg) once
     size_t moe = moe_layout(c, s.moe).total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
     size_t E = (size_t)s.moe.experts, H = 4 * C;
-    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + experts 1..E-1", moe, X};
-    // (padded to a multiple of the data-parallel ranks: train_gpt.cu's moe_gpu_sum_gradients sums it as a
-    // reduce-scatter and an all-gather, every rank the same bits)
-    size_t moe_padded = (moe + g.dp - 1) / g.dp * g.dp;
-    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, g.dp > 1 ? "as moe_params, padded to a multiple of dp" : "as moe_params",
-                       moe_padded, X};
-    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
-    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
+    // (the table and its gradient padded to a multiple of the data-parallel ranks: their sums and
+    // all-gathers work in place, every rank the same bits)
+    ShardLayout moe_shards = moe_table_shards(moe, g.dp);  // (a dense model: no rows at all)
+    size_t moe_padded = moe > 0 ? moe_shards.padded_total : 0;
+    size_t moe_moments = moe > 0 && g.zero_stage >= 1 && g.dp > 1 ? moe_shards.shard_size : moe;
+    const char* padded = g.dp > 1 ? ", padded to a multiple of dp" : "";
+    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, sh("router (Lm, E, C) + experts 1..E-1%s", padded), moe_padded, X};
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, sh("as moe_params%s", padded), moe_padded, X};
+    const char* moments = moe_moments < moe ? "a 1/dp shard of moe_params, fp32" : "as moe_params, fp32";
+    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moments, moe_moments, F};
+    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moments, moe_moments, F};
     t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",
                          Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
     t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};

@@ -1893,9 +1893,6 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (o.expert_parallel > 1)
         return strprintf("--expert-parallel %d on the GPU trainer: its MoE blocks do not exchange tokens between GPUs yet; train "
                          "MoE data parallel here (--expert-parallel 1), or expert parallel with train_gpt_cpu", o.expert_parallel);
-    if (world_size > 1 && o.grad_compression != "none")
-        return strprintf("--moe-experts with --grad-compression %s on %d GPUs: the MoE table's sum is not compressed on the GPU "
-                         "yet; drop --grad-compression, or train_gpt_cpu", o.grad_compression.c_str(), world_size);
     if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
     if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
     if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";

@@ -334,27 +334,31 @@ def check_zero(R, models, flags, out0, zero0, dir0):
     (the MoE table's all-gathered for the dump), every loss, norm and routing line, the final weights; for
     ZeRO-1 also the bytes step 3 sent (the same collectives' bytes; step 1's add the dump's all-gather, and
     ZeRO-2's the dense buckets' padding) and the checkpoints' moe_state.bin (the shards gathered, rank 0
-    writing) byte for byte ZeRO-0's; a ZeRO-1 resume from step 1 == the straight run; --estimate --estimate-ranks 2 --zero 1 = the
-    table the trainer allocated, its moe_adam_m/v rows half the table's."""
+    writing) byte for byte ZeRO-0's. --grad-compression bf16 (ZeRO-0) == the same run bit for bit, the bytes
+    sent too: the GPU's sums of both tables are bf16 already (llmc/parallel/grad_compression.cuh), which is
+    all the CPU's bf16 compression buys. Then: a ZeRO-1 resume from step 1 == the straight run; --estimate
+    --estimate-ranks 2 --zero 1 = the table the trainer allocated, its moe_adam_m/v rows half the table's."""
     a, b = f"{R.tmp}/z1_straight", f"{R.tmp}/z1_resumed"
-    for stage in ("1", "2"):
-        out, got = R.run(tg.GPU, models[2], flags + ["--zero", stage] + (["--checkpoint-every", "1"] if stage == "1" else []),
+    for stage in ("1", "2", "bf16"):
+        what = "--grad-compression bf16" if stage == "bf16" else f"--zero {stage}"
+        out, got = R.run(tg.GPU, models[2], flags + what.split() + (["--checkpoint-every", "1"] if stage == "1" else []),
                          ranks=2, out_dir=a if stage == "1" else None)
         if got is None:
-            report(False, f"MoE data parallel, ZeRO-{stage}: runs on 2 GPU ranks", out[-1500:])
+            report(False, f"MoE data parallel, {what}: runs on 2 GPU ranks", out[-1500:])
             continue
         differ = [k for k in zero0 if not np.array_equal(zero0[k], got[k])]
         if step_lines(out) != step_lines(out0) or step_norms(out) != step_norms(out0):
             differ.append("step lines")
         last = [x and x.split(", ")[-1] for x in (traffic(out), traffic(out0))]  # (step 1's has the dump's all-gather too)
-        if stage == "1" and (last[0] is None or last[0] != last[1]):
+        if stage == "1" and (last[0] is None or last[0] != last[1]) or stage == "bf16" and traffic(out) != traffic(out0):
             differ.append(f"traffic {traffic(out)} vs {traffic(out0)}")
         if stage == "1":
             differ += [f"ckpt {s} moe_state.bin" for s in (1, 3) if not tg.same_bytes(f"{a}/ckpt_0000000{s}/moe_state.bin",
                                                                                       f"{dir0}/ckpt_0000000{s}/moe_state.bin")]
-        report(not differ, f"MoE data parallel: --zero {stage} == --zero 0 on 2 GPU ranks bit for bit over 3 steps (logits, "
+        report(not differ, f"MoE data parallel: {what} == {'--grad-compression none' if stage == 'bf16' else '--zero 0'} on 2 GPU ranks bit for bit over 3 steps (logits, "
                f"summed gradient, losses, norms, routing, weights" + (f"; step 3's bytes sent ({last[0]}), the checkpoints' "
-               "moe_state.bin" if stage == "1" else "") + ")", f"differ: {differ}\n{out[-800:]}")
+               "moe_state.bin" if stage == "1" else "; the bytes sent" if stage == "bf16" else "") + ")",
+               f"differ: {differ}\n{out[-800:]}")
         if stage == "1":
             z1, out1 = got, out
     outr, resumed = R.run(tg.GPU, models[2], flags + ["--zero", "1", "--resume", f"{a}/ckpt_00000001"], ranks=2, out_dir=b)
@@ -378,7 +382,9 @@ def check_refused(R, models):
             ("--cuda-graphs", moe + ["--cuda-graphs"], ["--cuda-graphs", "drop"]),
             ("--precision fp8", moe + ["--precision", "fp8"], ["--precision fp8", "drop"]),
             ("a version-7 file without its --moe-* flags", [], ["--moe-experts 4", "a dense model"]),
-            ("--expert-parallel 2", moe + ["--expert-parallel", "2"], ["--expert-parallel 2", "train_gpt_cpu"])]:
+            ("--expert-parallel 2", moe + ["--expert-parallel", "2"], ["--expert-parallel 2", "train_gpt_cpu"]),
+            ("--zero 3", moe + ["--zero", "3"], ["--zero 3", "use --zero 1 or 2"]),
+            ("--grad-compression powersgd", moe + ["--grad-compression", "powersgd"], ["--grad-compression powersgd", "bf16 or none"])]:
         p = tg.run([tg.GPU] + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),

@@ -32,10 +32,12 @@ B=2 (N = 64 tokens a micro-batch), V=500; both trainers start from one bf16-exac
                step 1's gradient, every loss, aux and z loss, drop count and load
   data parallel  2 GPU ranks (emulated NCCL) == 1 rank x 2 micro-batches and == the CPU trainer's 2 ranks
                (fp32 build at FP32_TOL, bf16 at the step lines' tolerances), every step's norm; a resume
-               on 2 ranks bit for bit; --zero 1 on 2 ranks refused in one line (check_data_parallel's
-               docstring has the tolerances)
+               on 2 ranks bit for bit (check_data_parallel's docstring has the tolerances)
+  zero         on 2 GPU ranks, --zero 1 and --zero 2 (the MoE table's moments sharded: llmc/parallel/moe_zero.cuh)
+               and --grad-compression bf16 == --zero 0 bit for bit; the ZeRO-1 checkpoint's moe_state.bin
+               = ZeRO-0's, its resume bit-exact; its memory = --estimate --estimate-ranks 2 --zero 1 (check_zero)
   refused      one line and exit 2 each: --cuda-graphs, --precision fp8, a version-7 file without its
-               --moe-* flags, --expert-parallel 2 (--generate with an MoE model runs: test_generate.py)
+               --moe-* flags, --expert-parallel 2, --zero 3, --grad-compression powersgd (--generate with an MoE model runs: test_generate.py)
 Planted by hand and caught (docs/moe.md): the auxiliary losses left out of the optimised loss
 (aux_scale 0: "fp32 vs cpu" failed, the router's gradient off by 0.59 and 0.91 relative); the gates'
 gradient dropped (moe_backward_rows_kernel's dgate 0: off by 0.68 and 0.47); the MoE table's moments
@@ -44,8 +46,12 @@ not read on resume ("resume" failed); the ln2 rebuild skipped at MoE blocks ("re
 Planted for data parallel and caught: the MoE table's gradient not summed over the ranks; its
 squares added to the norm on every rank; the aux losses averaged over micro-batches but not ranks;
 only rank 0 reading moe_state.bin on resume.
+Planted for ZeRO-1/2 and caught (docs/moe.md): every rank updating rank 0's shard; the all-gather of the
+updated weights skipped; a resume keeping the moments from the table's start, not its shard; the
+checkpoint's moments not gathered; every rank counting the whole table's squares.
 About 40 s on the shared 2-core machine (13 trainer runs; emulated, ~1 s a step of this shape), and
-about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks).
+about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks), and ZEROTIME for check_zero (4
+runs of 2 ranks).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -326,25 +332,29 @@ def traffic(out):
 
 
 def check_zero(R, models, flags, out0, zero0, dir0):
-    """--zero 1 and 2 with MoE on 2 GPU ranks (llmc/parallel/moe_zero.cuh: the MoE table's m and v sharded,
-    its gradient reduce-scattered, each rank updating its shard, the updated table all-gathered) == --zero 0
-    on 2 ranks bit for bit over 3 steps: the same sums (the reduce-scatter is ZeRO-0's all-reduce's first
-    half), the same per-element AdamW (stochastic rounding seeded by the element's index), the same norm
-    (each rank counts its shard of the table at every stage). So step 1's logits, loss and summed gradient
-    (the MoE table's all-gathered for the dump), every loss, norm and routing line, the final weights; for
-    ZeRO-1 also the bytes step 3 sent (the same collectives' bytes; step 1's add the dump's all-gather, and
-    ZeRO-2's the dense buckets' padding) and the checkpoints' moe_state.bin (the shards gathered, rank 0
-    writing) byte for byte ZeRO-0's. --grad-compression bf16 (ZeRO-0) == the same run bit for bit, the bytes
-    sent too: the GPU's sums of both tables are bf16 already (llmc/parallel/grad_compression.cuh), which is
-    all the CPU's bf16 compression buys. Then: a ZeRO-1 resume from step 1 == the straight run; --estimate
-    --estimate-ranks 2 --zero 1 = the table the trainer allocated, its moe_adam_m/v rows half the table's."""
+    """--zero 1 on 2 GPU ranks and --zero 2 on 3 (uneven shards) with MoE (llmc/parallel/moe_zero.cuh: the MoE
+    table's m and v sharded, its gradient reduce-scattered, each rank updating its shard, the updated table
+    all-gathered) == --zero 0 on as many ranks, bit for bit over 3 steps: the same sums (the reduce-scatter is
+    ZeRO-0's all-reduce's first half), the same per-element AdamW (stochastic rounding seeded by the element's
+    index), the same norm (each rank counts its shard of the table at every stage). So step 1's logits, loss
+    and summed gradient (the MoE table's all-gathered for the dump), every loss, norm and routing line, the
+    final weights; for ZeRO-1 also the bytes step 3 sent (the same collectives' bytes; step 1's add the
+    dump's all-gather, and ZeRO-2's the dense buckets' padding) and the checkpoints' moe_state.bin (the
+    shards gathered, rank 0 writing) byte for byte ZeRO-0's. --grad-compression bf16 (ZeRO-0, 2 ranks) ==
+    the uncompressed run bit for bit, the bytes sent too: the GPU's sums of both tables are bf16 already
+    (llmc/parallel/grad_compression.cuh), which is all the CPU's bf16 compression buys. Then: a ZeRO-1
+    resume from step 1 == the straight run; --estimate --estimate-ranks 2 --zero 1 = the table the trainer
+    allocated, its moe_adam_m/v rows half the table's."""
     a, b = f"{R.tmp}/z1_straight", f"{R.tmp}/z1_resumed"
-    for stage in ("1", "2", "bf16"):
+    for stage in ("1", "bf16", "2"):
         what = "--grad-compression bf16" if stage == "bf16" else f"--zero {stage}"
+        ranks = 3 if stage == "2" else 2
+        if stage == "2":  # 3 ranks: the shards uneven (199,040 values in 64-value granules: rank 2 owns 66,304 of 66,368)
+            out0, zero0 = R.run(tg.GPU, models[2], flags, ranks=3)
         out, got = R.run(tg.GPU, models[2], flags + what.split() + (["--checkpoint-every", "1"] if stage == "1" else []),
-                         ranks=2, out_dir=a if stage == "1" else None)
-        if got is None:
-            report(False, f"MoE data parallel, {what}: runs on 2 GPU ranks", out[-1500:])
+                         ranks=ranks, out_dir=a if stage == "1" else None)
+        if got is None or zero0 is None:
+            report(False, f"MoE data parallel, {what}: runs on {ranks} GPU ranks", out[-1500:] + out0[-1500:])
             continue
         differ = [k for k in zero0 if not np.array_equal(zero0[k], got[k])]
         if step_lines(out) != step_lines(out0) or step_norms(out) != step_norms(out0):
@@ -355,7 +365,7 @@ def check_zero(R, models, flags, out0, zero0, dir0):
         if stage == "1":
             differ += [f"ckpt {s} moe_state.bin" for s in (1, 3) if not tg.same_bytes(f"{a}/ckpt_0000000{s}/moe_state.bin",
                                                                                       f"{dir0}/ckpt_0000000{s}/moe_state.bin")]
-        report(not differ, f"MoE data parallel: {what} == {'--grad-compression none' if stage == 'bf16' else '--zero 0'} on 2 GPU ranks bit for bit over 3 steps (logits, "
+        report(not differ, f"MoE data parallel: {what} == {'--grad-compression none' if stage == 'bf16' else '--zero 0'} on {ranks} GPU ranks bit for bit over 3 steps (logits, "
                f"summed gradient, losses, norms, routing, weights" + (f"; step 3's bytes sent ({last[0]}), the checkpoints' "
                "moe_state.bin" if stage == "1" else "; the bytes sent" if stage == "bf16" else "") + ")",
                f"differ: {differ}\n{out[-800:]}")

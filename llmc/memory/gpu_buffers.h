@@ -192,9 +192,11 @@ inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
     return z;
 }
 
-// --moe-experts over data-parallel GPUs: the MoE table's shards, ceil(n / dp) values each (granule 1),
-// which its rows are padded to and --zero 1|2 keeps m and v of (llmc/parallel/moe_zero.cuh)
-inline ShardLayout moe_table_shards(size_t n, int dp) { return shard_layout(n, dp, 1); }
+// --moe-experts over data-parallel GPUs: the MoE table's shards, which its rows are padded to and
+// --zero 1|2 keeps m and v of (llmc/parallel/moe_zero.cuh). In SHARD_GRANULE pieces, as the dense
+// table's: each shard starts 128 bytes aligned, as the norm's 16-byte loads need (with 3 ranks and a
+// granule of 1 rank 2's shard started at an odd element and its squares came out NaN)
+inline ShardLayout moe_table_shards(size_t n, int dp) { return shard_layout(n, dp); }
 
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;

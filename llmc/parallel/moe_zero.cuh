@@ -27,9 +27,10 @@
 // The norm: each rank counts the squares of its own shard of the summed table (every value once in
 // the world, zero.h's rule), at both stages, so ZeRO-0 and ZeRO-1 add the same partial sums.
 //
-// Shards: moe_table_shards (llmc/memory/gpu_buffers.h: shard_layout with a granule of 1), ceil(n / N)
-// values a rank, the last rank's cut short by the padding; the table's rows in the size table
-// (moe_params, moe_grads) are padded to N shards so that the collectives work in place.
+// Shards: moe_table_shards (llmc/memory/gpu_buffers.h: shard_layout in 64-value granules, so that every
+// shard is aligned for the kernels' 16-byte loads), the last rank's cut short by the padding; the
+// table's rows in the size table (moe_params, moe_grads) are padded to N shards so that the
+// collectives work in place. (The CPU's shards are ceil(n / N) values: the bytes differ by the padding.)
 //
 // Streams: everything here runs on ZeRO's communication stream (the same GpuComm as the dense sums,
 // so the host's one zero_wait_reduction waits for both). It starts after an event on the compute
@@ -55,7 +56,7 @@
 struct MoEZeroGpu {
     GpuComm* comm = nullptr;      // the data-parallel group on the GPU (ZeRO's: the same stream)
     int stage = 0;                // 0: every rank updates the whole table; 1 or 2: its shard (m, v that shard)
-    ShardLayout shards;           // the table over the group, granule 1: the padding of the moe_* rows
+    ShardLayout shards;           // the table over the group: the padding of the moe_* rows
     ShardRange owned;             // this rank's real values of the table
     cudaEvent_t ready = nullptr;  // compute stream -> communication stream
     cudaEvent_t done = nullptr;   // communication stream -> compute stream

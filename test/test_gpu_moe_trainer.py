@@ -33,11 +33,12 @@ B=2 (N = 64 tokens a micro-batch), V=500; both trainers start from one bf16-exac
   data parallel  2 GPU ranks (emulated NCCL) == 1 rank x 2 micro-batches and == the CPU trainer's 2 ranks
                (fp32 build at FP32_TOL, bf16 at the step lines' tolerances), every step's norm; a resume
                on 2 ranks bit for bit (check_data_parallel's docstring has the tolerances)
-  zero         on 2 GPU ranks, --zero 1 and --zero 2 (the MoE table's moments sharded: llmc/parallel/moe_zero.cuh)
-               and --grad-compression bf16 == --zero 0 bit for bit; the ZeRO-1 checkpoint's moe_state.bin
+  zero         --zero 1 and --grad-compression bf16 on 2 GPU ranks, --zero 2 on 3 (the MoE table's moments
+               sharded: llmc/parallel/moe_zero.cuh) == --zero 0 on as many, bit for bit; the ZeRO-1 checkpoint's moe_state.bin
                = ZeRO-0's, its resume bit-exact; its memory = --estimate --estimate-ranks 2 --zero 1 (check_zero)
   refused      one line and exit 2 each: --cuda-graphs, --precision fp8, a version-7 file without its
-               --moe-* flags, --expert-parallel 2, --zero 3, --grad-compression powersgd (--generate with an MoE model runs: test_generate.py)
+               --moe-* flags, --expert-parallel 2, --zero 3, --grad-compression powersgd (--generate with
+               an MoE model runs: test_generate.py)
 Planted by hand and caught (docs/moe.md): the auxiliary losses left out of the optimised loss
 (aux_scale 0: "fp32 vs cpu" failed, the router's gradient off by 0.59 and 0.91 relative); the gates'
 gradient dropped (moe_backward_rows_kernel's dgate 0: off by 0.68 and 0.47); the MoE table's moments
@@ -48,10 +49,11 @@ squares added to the norm on every rank; the aux losses averaged over micro-batc
 only rank 0 reading moe_state.bin on resume.
 Planted for ZeRO-1/2 and caught (docs/moe.md): every rank updating rank 0's shard; the all-gather of the
 updated weights skipped; a resume keeping the moments from the table's start, not its shard; the
-checkpoint's moments not gathered; every rank counting the whole table's squares.
+checkpoint's moments not gathered; every rank counting the whole table's squares; the shards in granules
+of 1 (rank 2 of 3's shard misaligned: NaN norms).
 About 40 s on the shared 2-core machine (13 trainer runs; emulated, ~1 s a step of this shape), and
-about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks), and ZEROTIME for check_zero (4
-runs of 2 ranks).
+about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks), and for check_zero about 15 s
+quiet, 81 s under a load of 15 (5 runs: 3 of 2 ranks, 2 of 3, and an --estimate).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np

@@ -85,6 +85,7 @@
 #include "llmc/parallel/pipedream_2bw.cuh"
 #include "llmc/parallel/tensor_parallel.cuh"
 #include "llmc/parallel/zero.cuh"
+#include "llmc/parallel/moe_zero.cuh"
 #include "llmc/parallel/grad_compression.cuh"
 #include "llmc/probes/grad_compression_probe.h"
 
@@ -170,6 +171,7 @@ struct GPT2 {
     bool pipelined = false;             // a pipeline: the ends' gradients wait for the tied embedding's
     MoEGpu moe;                         // --moe-experts: the MoE table and blocks, one GPU (llmc/model/moe_gpu.cuh)
     ExpertParallelGpu ep;               // --expert-parallel: the experts on their owners (llmc/parallel/expert_parallel.cuh)
+    MoEZeroGpu moe_zero;                // ... over data-parallel GPUs: its sum, ZeRO-1/2's shard (llmc/parallel/moe_zero.cuh)
     PipeDream2BWGpu versions;           // --pipeline-schedule 2bw: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
@@ -257,6 +259,7 @@ static void gpt2_free(GPT2* m) {
     matmul_destroy(&m->matmul);
     tp_gpu_destroy(&m->tp);
     zero_gpu_destroy(&m->zero);
+    moe_zero_gpu_destroy(&m->moe_zero);
     offload_free(&m->offload);
     graphs_free(&m->graphs);
     for (int i = 0; i < GB_COUNT; i++)
@@ -740,20 +743,6 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
     grad_compression_test_dump(&par->world, step, what, download_as_float(m->zero.grads, m->layout.total));
 }
 
-// --moe-experts on several data-parallel ranks: the MoE table's gradient summed over the data group,
-// the same bits on every rank (each rank's AdamW then updates the whole table alike, as ZeRO-0 does
-// the dense one). A reduce-scatter and an all-gather over the table padded to a multiple of the group
-// (its GB_MOE_GRADS row is: the padding stays zero). The compute stream's last backward must be done
-// before the communication stream reads the table: the host waits for it (one wait a step; the MoE
-// blocks already wait once per block), then for the sum.
-static void moe_gpu_sum_gradients(GPT2* m, Parallel* par) {
-    GpuComm* data = par->data_on_gpu;
-    if (data->host->world_size == 1) return;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    gpu_all_reduce_identical(data, m->moe.grads, m->table[GB_MOE_GRADS].elements, NCCL_FLOATX, "all-reduce of the MoE table's gradients");
-    gpu_comm_wait(data, "all-reduce of the MoE table's gradients");
-}
-
 // The gradient of the step, summed over everything that shares it; returns the global norm. In a
 // pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
 // every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
@@ -780,6 +769,10 @@ static float finish_gradients(GPT2* m, Parallel* par) {
         powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
         compression_dump(m, par, step, "sum");
     }
+    // --moe-experts: its table summed over the data group on the same stream, behind the dense sums
+    // (llmc/parallel/moe_zero.cuh), each rank counting its shard's squares
+    // (--expert-parallel: its own sums below, the experts over their replicas)
+    if (m->moe.moe.experts > 0 && !m->ep.on) moe_zero_sum(&m->moe_zero, m->moe.grads, m->stream);
     zero_wait_reduction(&m->zero);
     double squares = 0.0;
     for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
@@ -789,9 +782,9 @@ static float finish_gradients(GPT2* m, Parallel* par) {
         if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, router);
         if (par->grid.dp_rank < m->ep.ranks)
             squares += gradient_sum_of_squares(m, m->moe.grads + router, m->moe.layout.total - router);
-    } else if (m->moe.moe.experts > 0) {  // --moe-experts: its table, summed over the data group, its squares counted once
-        moe_gpu_sum_gradients(m, par);
-        if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, m->moe.layout.total);
+    } else if (m->moe.moe.experts > 0) {  // --moe-experts: summed above (moe_zero_sum), each rank its shard's squares
+        auto piece = moe_zero_norm_piece(m->moe_zero, m->moe.grads);
+        if (piece.second > 0) squares += gradient_sum_of_squares(m, piece.first, piece.second);
     }
     float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
     if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
@@ -849,7 +842,11 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
                        a, m->stream);
         if (graphed) zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, true);
     });
-    if (m->moe.moe.experts > 0) moe_gpu_adamw(&m->moe, m->layout.total, now_on_gpu, a, m->stream);  // --moe-experts: its table
+    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, or its shard then the all-gather (llmc/parallel/moe_zero.cuh)
+        ShardRange mine = moe_zero_updated(m->moe_zero);
+        moe_gpu_adamw(&m->moe, m->layout.total, mine.begin, mine.end, now_on_gpu, a, m->stream);
+        moe_zero_share_weights(&m->moe_zero, m->moe.params, m->stream);
+    }
     if (graphed) zero_wait_reduction(&m->zero);  // (NCCL's asynchronous errors; nothing is left to wait for)
     else zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -1205,10 +1202,10 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
     // --moe-experts: the whole table and moments on rank 0 (with --expert-parallel gathered from its expert group)
     std::vector<float> moe_table, moe_m, moe_v;
     if (m->moe.moe.experts > 0) {
-        size_t n = m->moe.layout.total;
+        size_t n = m->moe.layout.total, mine = moe_zero_updated(m->moe_zero).size();  // (--zero 1|2: m and v a shard)
         moe_table = moe_whole_table(m, download_as_float(m->moe.params, n));
-        moe_m = moe_whole_table(m, download_floats(m->moe.m, n));
-        moe_v = moe_whole_table(m, download_floats(m->moe.v, n));
+        moe_m = moe_whole_table(m, moe_zero_whole_moments(m->moe_zero, par->data, download_floats(m->moe.m, mine)));
+        moe_v = moe_whole_table(m, moe_zero_whole_moments(m->moe_zero, par->data, download_floats(m->moe.v, mine)));
     }
     parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path, moe_table); };
     parts.fill_state = [&](TrainState* s) {
@@ -1293,8 +1290,9 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
                            moe_layout(cfg, moe.moe).total, &whole_m, &whole_v);
             moe_m = moe_held_part(m, whole_m), moe_v = moe_held_part(m, whole_v);
         }
-        CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data(), moe_m.size() * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data(), moe_v.size() * sizeof(float), cudaMemcpyHostToDevice));
+        ShardRange mine = moe_zero_updated(m->moe_zero);  // (--zero 1|2 on several GPUs: its shard)
+        CUDA_CHECK(cudaMemcpy(moe.m, moe_m.data() + mine.begin, mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(moe.v, moe_v.data() + mine.begin, mine.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (m->zero.plan.stage <= 2) check_same_weights(m->zero.comm, weights);  // (ZeRO-3: each rank its own shards)
     if (moe.moe.experts > 0)  // --moe-experts: the MoE table, whole on every rank (--expert-parallel: the same on its replicas)
@@ -1345,6 +1343,7 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     dump_collect_first_step(&dump_probe, &par->world, &par->world_gpu, m->zero.plan, m->config, m->slice, (size_t)m->B * m->T,
                             reports, std::move(grads));
     if (m->moe.moe.experts > 0) {  // --moe-experts: the MoE table's gradient after the dense one's (summed: whole on every rank)
+        moe_zero_gather_gradient(&m->moe_zero, m->moe.grads, m->stream);  // (--zero 1|2: each rank had its shard)
         std::vector<float> moe = moe_whole_table(m, download_as_float(m->moe.grads, m->moe.layout.total));  // (rank 0: whole)
         dump_probe.state.grads.insert(dump_probe.state.grads.end(), moe.begin(), moe.end());
     }
@@ -1642,6 +1641,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
                                B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
+    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
 }
 
 // --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
@@ -1968,12 +1968,9 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
     if (o.expert_parallel > 1 && routers % (size_t)world_size != 0)  // (summed as a reduce-scatter and an all-gather)
         return strprintf("--expert-parallel %d on %d GPUs: the routers' %zu values do not split over the %d ranks; run a power of "
                          "two ranks, or --expert-parallel 1", o.expert_parallel, world_size, routers, world_size);
-    if (world_size > 1 && o.zero_stage > 0)
-        return strprintf("--moe-experts with --zero %d on %d GPUs: the MoE table's moments are not sharded on the GPU yet; use "
-                         "--zero 0 (every rank keeps the whole table), or train_gpt_cpu", o.zero_stage, world_size);
-    if (world_size > 1 && o.grad_compression != "none")
-        return strprintf("--moe-experts with --grad-compression %s on %d GPUs: the MoE table's sum is not compressed on the GPU "
-                         "yet; drop --grad-compression, or train_gpt_cpu", o.grad_compression.c_str(), world_size);
+    if (o.expert_parallel > 1 && world_size > 1 && o.grad_compression != "none")
+        return strprintf("--expert-parallel %d with --grad-compression %s on the GPU: the experts' sums over their replicas are "
+                         "not compressed (not checked yet); drop --grad-compression", o.expert_parallel, o.grad_compression.c_str());
     if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
     if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
     if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";

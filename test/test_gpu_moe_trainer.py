@@ -32,11 +32,13 @@ B=2 (N = 64 tokens a micro-batch), V=500; both trainers start from one bf16-exac
                step 1's gradient, every loss, aux and z loss, drop count and load
   data parallel  2 GPU ranks (emulated NCCL) == 1 rank x 2 micro-batches and == the CPU trainer's 2 ranks
                (fp32 build at FP32_TOL, bf16 at the step lines' tolerances), every step's norm; a resume
-               on 2 ranks bit for bit; --zero 1 on 2 ranks refused in one line (check_data_parallel's
-               docstring has the tolerances)
+               on 2 ranks bit for bit (check_data_parallel's docstring has the tolerances)
+  zero         --zero 1 and --grad-compression bf16 on 2 GPU ranks, --zero 2 on 3 (the MoE table's moments
+               sharded: llmc/parallel/moe_zero.cuh) == --zero 0 on as many, bit for bit; the ZeRO-1 checkpoint's moe_state.bin
+               = ZeRO-0's, its resume bit-exact; its memory = --estimate --estimate-ranks 2 --zero 1 (check_zero)
   refused      one line and exit 2 each: --cuda-graphs, --precision fp8, a version-7 file without its
-               --moe-* flags, --expert-parallel 2 on one GPU (expert parallelism on 2: test_gpu_expert_parallel.py;
-               --generate with an MoE model runs: test_generate.py)
+               --moe-* flags, --expert-parallel 2 on one GPU (expert parallelism on 2: test_gpu_expert_parallel.py),
+               --zero 3, --grad-compression powersgd (--generate with an MoE model runs: test_generate.py)
 Planted by hand and caught (docs/moe.md): the auxiliary losses left out of the optimised loss
 (aux_scale 0: "fp32 vs cpu" failed, the router's gradient off by 0.59 and 0.91 relative); the gates'
 gradient dropped (moe_backward_rows_kernel's dgate 0: off by 0.68 and 0.47); the MoE table's moments
@@ -45,8 +47,13 @@ not read on resume ("resume" failed); the ln2 rebuild skipped at MoE blocks ("re
 Planted for data parallel and caught: the MoE table's gradient not summed over the ranks; its
 squares added to the norm on every rank; the aux losses averaged over micro-batches but not ranks;
 only rank 0 reading moe_state.bin on resume.
+Planted for ZeRO-1/2 and caught (docs/moe.md): every rank updating rank 0's shard; the all-gather of the
+updated weights skipped; a resume keeping the moments from the table's start, not its shard; the
+checkpoint's moments not gathered; every rank counting the whole table's squares; the shards in granules
+of 1 (rank 2 of 3's shard misaligned: NaN norms).
 About 40 s on the shared 2-core machine (13 trainer runs; emulated, ~1 s a step of this shape), and
-about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks).
+about 35 s more for the data-parallel check (5 runs, 4 of them 2 ranks), and for check_zero about 15 s
+quiet, 81 s under a load of 15 (5 runs: 3 of 2 ranks, 2 of 3, and an --estimate).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -251,19 +258,26 @@ def check_bf16_and_resume(R, models, cpu2):
     return out
 
 
-def check_estimate(R, models, out):
-    """The trainer printed the table it allocated from; --estimate prints the same rows for the shape."""
-    p = tg.run([tg.GPU, "--model", models[2], "--batch-size", str(B), "--seq-len", str(T), "--moe-experts", str(E),
-                "--moe-top-k", "2", "--moe-capacity-factor", "1.25", "--recompute", "0", "--estimate"] + tg.DEFAULT_ATTENTION)
+def estimate_rows(R, models, flags, out):
+    """(--estimate's rows for the run's flags, rows that differ from the table the trainer printed (rank 0's)
+    and allocated from, whether the table's total is the estimate's)."""
+    p = tg.run([tg.GPU, "--model", models[2], "--batch-size", str(B), "--seq-len", str(T), "--estimate"] + flags + tg.DEFAULT_ATTENTION)
     est, _ = parse_estimate(p.stdout)
     trainer = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\S+)\s+\S+\s.*?\s(\d+)  \S+ \S+$", out, re.M)}
-    moe = [n for n in est if n.startswith("moe_")]
     diff = [f"{n}: estimated {est[n][1]}, trainer {trainer.get(n)}" for n in est if est[n][1] != trainer.get(n)]
     table = re.search(r"^GPU memory bytes: table (\d+)", out, re.M)
     total = re.search(r"^  total\s+(\d+)", p.stdout, re.M)
-    report(not diff and len(moe) == 7 and all(est[n][1] > 0 for n in moe) and table and total and table.group(1) == total.group(1),
-           f"estimate: --estimate's rows = the table the trainer allocated from, byte for byte ({', '.join(moe)}; total "
-           f"{total.group(1) if total else '?'})", "; ".join(diff) + f"\n{p.stdout[:1500]}")
+    return est, diff, bool(table and total and table.group(1) == total.group(1)), p.stdout
+
+
+def check_estimate(R, models, out):
+    """The trainer printed the table it allocated from; --estimate prints the same rows for the shape."""
+    est, diff, same_total, text = estimate_rows(R, models, ["--moe-experts", str(E), "--moe-top-k", "2", "--moe-capacity-factor",
+                                                           "1.25", "--recompute", "0"], out)
+    moe = [n for n in est if n.startswith("moe_")]
+    report(not diff and len(moe) == 7 and all(est[n][1] > 0 for n in moe) and same_total,
+           f"estimate: --estimate's rows = the table the trainer allocated from, byte for byte ({', '.join(moe)})",
+           "; ".join(diff) + f"\n{text[:1500]}")
 
 
 def check_data_parallel(R, models):
@@ -304,18 +318,73 @@ def check_data_parallel(R, models):
     report(dl <= tg.BF16_TOL["losses"] and aux <= 0.01 and dd <= 2, f"MoE 2 GPU ranks (bf16) vs the CPU's 2 ranks: each step's "
            f"loss (max diff {dl:.1e}), step 1's aux and z losses (rel {aux:.1e}), dropped ({int(s2[0][3])} vs {int(sc[0][3])})",
            f"GPU {s2}\nCPU {sc}")
-    # what is not proven on several GPUs yet is refused there: one line (rank 0's), exit 2, before any allocation
-    p = subprocess.run(["timeout", "120", shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                        "-np", "2", tg.GPU, "--model", models[2], "--zero", "1"] + flags + R.data + tg.DEFAULT_ATTENTION,
-                       capture_output=True, text=True, cwd=tg.ROOT)
-    report(p.returncode == 2 and p.stderr.count("error:") == 1 and "--zero 1 on 2 GPUs" in p.stderr and "use --zero 0" in p.stderr,
-           "refused: --moe-experts with --zero 1 on 2 GPU ranks: one line, exit 2", f"exit {p.returncode}: {p.stderr[-600:]}")
+    check_zero(R, models, flags, out2, two, a)
     if os.path.exists(tg.GPU32):
         out32, g32 = R.run(tg.GPU32, models[2], flags, ranks=2)
         compare_moe("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", g32, cpu, R.models[2], out32, outc, tg.FP32_TOL, 1e-3, True)
         check_norms("MoE 2 GPU ranks (fp32 build) vs the CPU's 2 ranks", out32, outc, 1e-3, 1e-3)
     else:
         tg.skip("MoE 2 GPU ranks (fp32 build) vs the CPU's", f"{tg.GPU32} not built")
+
+
+def traffic(out):
+    """The data group's bytes per step, as the trainer counted them (rank 0's counters)."""
+    m = re.search(r"^data-parallel traffic from rank 0 \(its counters\): (.*)$", out, re.M)
+    return m.group(1) if m else None
+
+
+def check_zero(R, models, flags, out0, zero0, dir0):
+    """--zero 1 on 2 GPU ranks and --zero 2 on 3 (uneven shards) with MoE (llmc/parallel/moe_zero.cuh: the MoE
+    table's m and v sharded, its gradient reduce-scattered, each rank updating its shard, the updated table
+    all-gathered) == --zero 0 on as many ranks, bit for bit over 3 steps: the same sums (the reduce-scatter is
+    ZeRO-0's all-reduce's first half), the same per-element AdamW (stochastic rounding seeded by the element's
+    index), the same norm (each rank counts its shard of the table at every stage). So step 1's logits, loss
+    and summed gradient (the MoE table's all-gathered for the dump), every loss, norm and routing line, the
+    final weights; for ZeRO-1 also the bytes step 3 sent (the same collectives' bytes; step 1's add the
+    dump's all-gather, and ZeRO-2's the dense buckets' padding) and the checkpoints' moe_state.bin (the
+    shards gathered, rank 0 writing) byte for byte ZeRO-0's. --grad-compression bf16 (ZeRO-0, 2 ranks) ==
+    the uncompressed run bit for bit, the bytes sent too: the GPU's sums of both tables are bf16 already
+    (llmc/parallel/grad_compression.cuh), which is all the CPU's bf16 compression buys. Then: a ZeRO-1
+    resume from step 1 == the straight run; --estimate --estimate-ranks 2 --zero 1 = the table the trainer
+    allocated, its moe_adam_m/v rows half the table's."""
+    a, b = f"{R.tmp}/z1_straight", f"{R.tmp}/z1_resumed"
+    for stage in ("1", "bf16", "2"):
+        what = "--grad-compression bf16" if stage == "bf16" else f"--zero {stage}"
+        ranks = 3 if stage == "2" else 2
+        if stage == "2":  # 3 ranks: the shards uneven (199,040 values in 64-value granules: rank 2 owns 66,304 of 66,368)
+            out0, zero0 = R.run(tg.GPU, models[2], flags, ranks=3)
+        out, got = R.run(tg.GPU, models[2], flags + what.split() + (["--checkpoint-every", "1"] if stage == "1" else []),
+                         ranks=ranks, out_dir=a if stage == "1" else None)
+        if got is None or zero0 is None:
+            report(False, f"MoE data parallel, {what}: runs on {ranks} GPU ranks", out[-1500:] + out0[-1500:])
+            continue
+        differ = [k for k in zero0 if not np.array_equal(zero0[k], got[k])]
+        if step_lines(out) != step_lines(out0) or step_norms(out) != step_norms(out0):
+            differ.append("step lines")
+        last = [x and x.split(", ")[-1] for x in (traffic(out), traffic(out0))]  # (step 1's has the dump's all-gather too)
+        if stage == "1" and (last[0] is None or last[0] != last[1]) or stage == "bf16" and traffic(out) != traffic(out0):
+            differ.append(f"traffic {traffic(out)} vs {traffic(out0)}")
+        if stage == "1":
+            differ += [f"ckpt {s} moe_state.bin" for s in (1, 3) if not tg.same_bytes(f"{a}/ckpt_0000000{s}/moe_state.bin",
+                                                                                      f"{dir0}/ckpt_0000000{s}/moe_state.bin")]
+        report(not differ, f"MoE data parallel: {what} == {'--grad-compression none' if stage == 'bf16' else '--zero 0'} on {ranks} GPU ranks bit for bit over 3 steps (logits, "
+               f"summed gradient, losses, norms, routing, weights" + (f"; step 3's bytes sent ({last[0]}), the checkpoints' "
+               "moe_state.bin" if stage == "1" else "; the bytes sent" if stage == "bf16" else "") + ")",
+               f"differ: {differ}\n{out[-800:]}")
+        if stage == "1":
+            z1, out1 = got, out
+    outr, resumed = R.run(tg.GPU, models[2], flags + ["--zero", "1", "--resume", f"{a}/ckpt_00000001"], ranks=2, out_dir=b)
+    report(resumed is not None and "resumed from" in outr and np.array_equal(z1["losses"][1:], resumed["losses"]) and
+           np.array_equal(z1["params"], resumed["params"]) and step_lines(outr) == step_lines(out1)[1:],
+           "MoE data parallel: --zero 1 resume on 2 GPU ranks, 1 + 2 steps == 3 bit for bit (losses, routing, weights)",
+           f"{outr[-800:]}")
+    est, diff, same_total, text = estimate_rows(R, models, flags[:-2] + ["--zero", "1", "--estimate-ranks", "2"], out1)
+    n = moe_table_size(E)
+    rows = {r: est.get(r, (0, 0))[1] for r in ("moe_params", "moe_adam_m", "moe_adam_v")}
+    report(not diff and same_total and rows == {"moe_params": 2 * n, "moe_adam_m": 2 * n, "moe_adam_v": 2 * n},
+           f"MoE data parallel: --estimate --estimate-ranks 2 --zero 1 = the table the ZeRO-1 trainer allocated, byte for byte "
+           f"(moe_adam_m, moe_adam_v {rows['moe_adam_m']} bytes each: half of the {4 * n} of one rank)",
+           "; ".join(diff) + f" {rows}\n{text[:1500]}")
 
 
 def check_refused(R, models):
@@ -325,7 +394,9 @@ def check_refused(R, models):
             ("--cuda-graphs", moe + ["--cuda-graphs"], ["--cuda-graphs", "drop"]),
             ("--precision fp8", moe + ["--precision", "fp8"], ["--precision fp8", "drop"]),
             ("a version-7 file without its --moe-* flags", [], ["--moe-experts 4", "a dense model"]),
-            ("--expert-parallel 2 on one GPU", moe + ["--expert-parallel", "2"], ["--expert-parallel 2 on 1 GPUs", "multiple of 2"])]:
+            ("--expert-parallel 2 on one GPU", moe + ["--expert-parallel", "2"], ["--expert-parallel 2 on 1 GPUs", "multiple of 2"]),
+            ("--zero 3", moe + ["--zero", "3"], ["--zero 3", "use --zero 1 or 2"]),
+            ("--grad-compression powersgd", moe + ["--grad-compression", "powersgd"], ["--grad-compression powersgd", "bf16 or none"])]:
         p = tg.run([tg.GPU] + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and all(n in lines[0] for n in needles),

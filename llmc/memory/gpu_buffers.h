@@ -202,6 +202,12 @@ inline MoELayout gpu_moe_layout(const GPT2Config& c, const GPURunShape& s) {
     return moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
 }
 
+// --moe-experts over data-parallel GPUs: the MoE table's shards, which its rows are padded to and
+// --zero 1|2 keeps m and v of (llmc/parallel/moe_zero.cuh). In SHARD_GRANULE pieces, as the dense
+// table's: each shard starts 128 bytes aligned, as the norm's 16-byte loads need (with 3 ranks and a
+// granule of 1 rank 2's shard started at an odd element and its squares came out NaN)
+inline ShardLayout moe_table_shards(size_t n, int dp) { return shard_layout(n, dp); }
+
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
     const ProcessGrid& g = s.grid;
@@ -304,24 +310,36 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
 
     // --moe-experts, whole on every rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
-    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0); per MoE block the
-    // routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
+    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0), its gradient, and m and v
+    // (--zero 1|2 on several GPUs: this rank's shard of them, llmc/parallel/moe_zero.cuh); per MoE block
+    // the routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
     // backward's rows (drow, dh, dxg) once
     // (--expert-parallel: the routers and this rank's experts only, llmc/parallel/expert_parallel.h)
     MoELayout moe_held = gpu_moe_layout(c, s);
     size_t moe = moe_held.total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
     size_t E = (size_t)s.moe.experts, H = 4 * C, ep = (size_t)s.expert_parallel;
-    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, ep > 1 ? "router (Lm, E, C) + this rank's experts" : "router (Lm, E, C) + experts 1..E-1",
-                        moe, X};
-    // (padded to a multiple of the data-parallel ranks: train_gpt.cu's moe_gpu_sum_gradients sums it as a
-    // reduce-scatter and an all-gather, every rank the same bits; with --expert-parallel the experts'
-    // part is padded to a multiple of their replicas, dp / N_ep, which ep_gpu_sum_gradients sums them over)
-    size_t router = moe_held.count[MOE_ROUTER], replicas = (size_t)g.dp / ep;
-    size_t moe_padded = ep > 1 ? router + (moe - router + replicas - 1) / replicas * replicas : (moe + g.dp - 1) / g.dp * g.dp;
-    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, ep > 1 ? "as moe_params, the experts padded to a multiple of dp/N_ep"
-                       : g.dp > 1 ? "as moe_params, padded to a multiple of dp" : "as moe_params", moe_padded, X};
-    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
-    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, "as moe_params, fp32", moe, F};
+    // The table and its gradient padded so that their sums work in place, every rank the same bits: to
+    // a multiple of the data-parallel ranks (llmc/parallel/moe_zero.cuh); with --expert-parallel only the
+    // gradient, its experts' part to a multiple of their replicas, dp / N_ep (ep_gpu_sum_gradients
+    // sums the routers over the data group, the experts over their replicas; no ZeRO there)
+    size_t moe_params = moe, moe_padded = moe, moe_moments = moe;
+    std::string params_shape = "router (Lm, E, C) + experts 1..E-1", grads_shape = "as moe_params";
+    std::string moments_shape = "as moe_params, fp32";
+    if (moe > 0 && ep > 1) {
+        size_t router = moe_held.count[MOE_ROUTER], replicas = (size_t)g.dp / ep;
+        moe_padded = router + (moe - router + replicas - 1) / replicas * replicas;
+        params_shape = "router (Lm, E, C) + this rank's experts";
+        grads_shape = "as moe_params, the experts padded to a multiple of dp/N_ep";
+    } else if (moe > 0) {
+        ShardLayout moe_shards = moe_table_shards(moe, g.dp);
+        moe_params = moe_padded = moe_shards.padded_total;
+        if (g.dp > 1) params_shape += ", padded to a multiple of dp", grads_shape += ", padded to a multiple of dp";
+        if (g.dp > 1 && g.zero_stage >= 1) moe_moments = moe_shards.shard_size, moments_shape = "a 1/dp shard of moe_params, fp32";
+    }
+    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, params_shape, moe_params, X};
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, grads_shape, moe_padded, X};
+    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moments_shape, moe_moments, F};
+    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moments_shape, moe_moments, F};
     t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",
                          Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
     t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};

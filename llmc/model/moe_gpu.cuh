@@ -37,11 +37,12 @@
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
 // and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
 //
-// Hook points: none of the grid's (ZeRO-1+, tensor or pipeline parallelism: moe_gpu_problem refuses
-// them; data parallelism is train_gpt.cu's finish_gradients summing the table, docs/moe.md).
-// train_gpt.cu calls moe_gpu_block_forward / _backward at the MoE blocks of gpt2_forward /
-// gpt2_backward, and the table's zeroing, norm and AdamW from the step; with --expert-parallel it
-// calls their parts (route | the experts on their owners | combine: llmc/parallel/expert_parallel.cuh).
+// Hook points: none of the grid's (tensor or pipeline parallelism: moe_gpu_problem refuses them).
+// Data parallelism, ZeRO-1/2 among it, is llmc/parallel/moe_zero.cuh's, called from train_gpt.cu's
+// finish_gradients and optimizer_step (docs/moe.md). train_gpt.cu calls moe_gpu_block_forward /
+// _backward at the MoE blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW
+// from the step; with --expert-parallel it calls their parts (route | the experts on their owners |
+// combine: llmc/parallel/expert_parallel.cuh).
 #pragma once
 
 #include <algorithm>
@@ -202,12 +203,17 @@ inline void moe_gpu_block_backward(MoEGpu* g, MatmulContext* ctx, int b, const c
 // AdamW on the MoE table, tensor by tensor (the router and the experts' matrices decay, their biases
 // do not: llmc/model/model.h's moe_tensor_decays), with the dense table's step values and clipping.
 // No master copy (see above). Each element's stochastic rounding is seeded by its index after the
-// dense table's P, so no two parameters of the model share a random stream.
-inline void moe_gpu_adamw(MoEGpu* g, size_t dense_params, const AdamWStep* step_values, const AdamWParams& a, cudaStream_t s) {
+// dense table's P, so no two parameters of the model share a random stream, and the update of an
+// element does not depend on which elements are updated with it. [from, to): the table's values
+// this rank updates, the whole table or, with --zero 1|2 on several GPUs, its shard (llmc/parallel/
+// moe_zero.cuh); m and v hold exactly those, from `from`.
+inline void moe_gpu_adamw(MoEGpu* g, size_t dense_params, size_t from, size_t to, const AdamWStep* step_values, const AdamWParams& a,
+                          cudaStream_t s) {
     for (int t = 0; t < NUM_MOE_TENSORS; t++) {
-        size_t at = g->layout.offset[t], n = g->layout.count[t];
-        if (n == 0) continue;
-        adamw_update_piece(g->params + at, nullptr, g->grads + at, g->m + at, g->v + at, n, dense_params + at, moe_tensor_decays(t),
-                           step_values, a, s);
+        size_t begin = std::max(g->layout.offset[t], from), end = std::min(g->layout.offset[t] + g->layout.count[t], to);
+        if (end <= begin) continue;
+        size_t at = begin - from;  // (in m and v)
+        adamw_update_piece(g->params + begin, nullptr, g->grads + begin, g->m + at, g->v + at, end - begin, dense_params + begin,
+                           moe_tensor_decays(t), step_values, a, s);
     }
 }

@@ -463,14 +463,19 @@ static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     }
 }
 
-// The mean of the losses gpt2_loss_kernels wrote (--cuda-graphs reads them after the graph ran).
+// A micro-batch's mean loss from its per-token losses, summed in double as the CPU does.
+static float mean_loss(const float* losses, int BT) {
+    double total = 0.0;
+    for (int i = 0; i < BT; i++) total += losses[i];
+    return (float)(total / BT);
+}
+
+// The mean of the losses gpt2_loss_kernels wrote.
 static float gpt2_read_loss(GPT2* m) {
     int BT = m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->host_losses, A_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    double total = 0.0;
-    for (int i = 0; i < BT; i++) total += m->host_losses[i];
-    return (float)(total / BT);
+    return mean_loss(m->host_losses, BT);
 }
 
 static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
@@ -1354,21 +1359,16 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1)
-// with one micro-batch per step: the same kernels and collectives in the same order, the passes' from
-// a graph (captured at the run's second step), the host's reads of the loss and the norm after it;
-// optimizer_step replays the update's graph.
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1):
+// the same kernels and collectives in the same order, each micro-batch's passes from a graph (captured
+// at the run's second step: one graph for a step of one micro-batch, three with accumulation), the
+// host's reads of the losses and the norm after the last; optimizer_step replays the update's graph.
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
     StepResult r;
     r.lr = learning_rate(plan.schedule, step - 1);
+    int mb = plan.accumulation_steps, BT = m->B * m->T;
     auto start = std::chrono::steady_clock::now();
-    dataloader_next_batch(train);
-    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());  // waits for its copies: before the graph
-    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
-    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
-    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
-    m->buckets[0] = m->B * m->T;
     // this rank's part of the norm: one piece (ZeRO-0/1 without tensor parallelism: its shard of the flat gradient)
     const floatX* grads = zero_norm_pieces(m->zero).at(0).first;
     size_t count = zero_norm_pieces(m->zero).at(0).second;
@@ -1378,25 +1378,48 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
     // a host-side branch, and that step is always eager.
     if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
-    graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
-        zero_gradients(m);
-        graph_poison_gradient(m);
-        gpt2_forward(m);
-        gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-        gpt2_backward(m, true);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
-        if (par->grid.dp > 1) zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
-        if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
-        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
-    });
+    for (int k = 0; k < mb; k++) {
+        bool first = k == 0, last = k == mb - 1;
+        dataloader_next_batch(train);
+        // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
+        // previous micro-batch's replay, which read them
+        gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+        // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+        // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+        // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+        m->buckets[0] = BT;
+        graph_run(m->graphs, step_graph_of(&m->graphs, first, last), m->stream, [&] {
+            if (first) {
+                zero_gradients(m);
+                graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
+            }
+            gpt2_forward(m);
+            gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+            gpt2_backward(m, last);  // the last's unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+            if (!last) return;
+            if (par->grid.dp > 1) zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
+            if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
+            global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
+        });
+        // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
+        // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
+        CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->stream));
+    }
     zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
-    float loss = gpt2_read_loss(m);
-    print_micro_step(step, 0, 1, loss, seconds_since(start));
-    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double loss = 0.0;  // the mean over the micro-batches, added in the order forward_backward adds them
+    for (int k = 0; k < mb; k++) {
+        float micro_loss = mean_loss(m->host_losses + (size_t)k * BT, BT);
+        loss += micro_loss / mb;
+        if (par->grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
+    }
+    r.loss = gpu_comm_sum(&par->world_gpu, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.loss_scale = m->scaler.scale;
     r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
              m->scaler.scale;
-    r.applied = step_applies(m, r, o, step, bad_steps, true);
+    r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1556,7 +1579,8 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     CUDA_CHECK(cudaMallocHost(&m->host_inputs, BT * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_targets, BT * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * sizeof(float)));
+    // --cuda-graphs with accumulation: a slot per micro-batch, read once after the step (train_step_graphed)
+    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * (o.cuda_graphs ? micro_batches : 1) * sizeof(float)));
     // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
     tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
                 B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
@@ -2000,7 +2024,7 @@ int main(int argc, char** argv) {
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
-    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged, plan.accumulation_steps);  // before any allocation
+    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
         grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
@@ -2088,7 +2112,7 @@ int main(int argc, char** argv) {
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;
-        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
+        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1, plan.accumulation_steps);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and

@@ -73,9 +73,8 @@
 #include "llmc/parallel/process_grid.h"
 
 // Why --cuda-graphs cannot run this configuration ("" = it can). `ranks_share_a_gpu`: the ranks'
-// collectives are host-staged (comm_nccl.cuh); `accumulation_steps`: micro-batches per optimizer step.
-inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid& grid, bool ranks_share_a_gpu,
-                                       int accumulation_steps) {
+// collectives are host-staged (comm_nccl.cuh).
+inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid& grid, bool ranks_share_a_gpu) {
     if (!o.cuda_graphs) return "";
     if (grid.tp > 1 || grid.pp > 1)
         return strprintf("--cuda-graphs runs on one GPU or data-parallel ranks for now, got tensor %d x pipeline %d (their "
@@ -88,10 +87,6 @@ inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid&
                "the host): run one rank, or drop one of them";
     if (grid.world > 1 && o.grad_compression == "powersgd")
         return "--cuda-graphs with --grad-compression powersgd is not supported (its sums are host-driven): drop one of them";
-    if (accumulation_steps > 1)
-        return strprintf("--cuda-graphs with gradient accumulation (%d micro-batches per step) is not supported yet: each "
-                         "micro-batch's loss is read by the host; set --total-batch-tokens to one micro-batch's tokens, or "
-                         "drop --cuda-graphs", accumulation_steps);
     if (o.offload != "none")
         return "--cuda-graphs with --offload optimizer: the update runs on the host, there is nothing to capture; drop one of them";
     if (o.zero_stage >= 2)
@@ -109,8 +104,18 @@ struct StepGraph {
 
 struct StepGraphs {
     bool replay = false;  // this step runs from the graphs (--cuda-graphs, after the run's first step)
-    StepGraph passes{"passes"}, update{"update"};
+    // the passes: one graph for a step of one micro-batch; with accumulation, the first micro-batch's
+    // (it zeroes the gradient first), the middle ones' (replayed m - 2 times) and the last's (the sums,
+    // the norm's partial sums after it)
+    StepGraph passes{"passes"}, first{"first micro-batch"}, micro{"middle micro-batches"}, last{"last micro-batch"};
+    StepGraph update{"update"};
 };
+
+// The graph that runs one micro-batch's passes: which one it is decides what its capture holds.
+inline StepGraph* step_graph_of(StepGraphs* g, bool first, bool last) {
+    if (first && last) return &g->passes;
+    return first ? &g->first : last ? &g->last : &g->micro;
+}
 
 // Runs the device work that `work` issues on `stream`: directly when the step is eager; otherwise by
 // launching g's graph, which the first call captures from `work` (which then issues nothing that
@@ -142,15 +147,22 @@ template <class Work> void graph_run(const StepGraphs& graphs, StepGraph* g, cud
     CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
 }
 
-// Once, after the step that captured them (rank 0).
-inline void print_graphs_captured(const StepGraphs& g, int step) {
-    printf("cuda graphs: step %d captured the passes (%zu nodes, %zu of them kernels) and the update (%zu nodes, %zu "
-           "kernels); each later step replays them: 2 graph launches instead of %zu\n", step, g.passes.nodes,
-           g.passes.kernels, g.update.nodes, g.update.kernels, g.passes.nodes + g.update.nodes);
+// Once, after the step that captured them (rank 0); `micro_batches`: the step's.
+inline void print_graphs_captured(const StepGraphs& g, int step, int micro_batches) {
+    std::string passes;
+    size_t eager_launches = g.update.nodes;
+    for (const StepGraph* s : {&g.passes, &g.first, &g.micro, &g.last}) {
+        if (!s->exec) continue;
+        passes += strprintf("%s%s (%zu nodes, %zu of them kernels)", passes.empty() ? "" : ", ", s->name, s->nodes, s->kernels);
+        eager_launches += s->nodes * (s == &g.micro ? (size_t)(micro_batches - 2) : 1);
+    }
+    printf("cuda graphs: step %d captured the passes: %s, and the update (%zu nodes, %zu kernels); each later step "
+           "replays them: %d graph launches instead of %zu\n", step, passes.c_str(), g.update.nodes, g.update.kernels,
+           micro_batches + 1, eager_launches);
 }
 
 inline void graphs_free(StepGraphs* g) {
-    for (StepGraph* s : {&g->passes, &g->update})
+    for (StepGraph* s : {&g->passes, &g->first, &g->micro, &g->last, &g->update})
         if (s->exec) CUDA_CHECK(cudaGraphExecDestroy(s->exec));
     *g = StepGraphs{};
 }

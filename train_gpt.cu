@@ -1359,7 +1359,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1):
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1/2):
 // the same kernels and collectives in the same order, each micro-batch's passes from a graph (captured
 // at the run's second step: one graph for a step of one micro-batch, three with accumulation), the
 // host's reads of the losses and the norm after the last; optimizer_step replays the update's graph.
@@ -1369,9 +1369,14 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     r.lr = learning_rate(plan.schedule, step - 1);
     int mb = plan.accumulation_steps, BT = m->B * m->T;
     auto start = std::chrono::steady_clock::now();
-    // this rank's part of the norm: one piece (ZeRO-0/1 without tensor parallelism: its shard of the flat gradient)
-    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;
-    size_t count = zero_norm_pieces(m->zero).at(0).second;
+    // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
+    // in the last graph; ZeRO-2's owned pieces may be several (a unit's padding between them): each is
+    // summed after the graph, as finish_gradients does (the partials buffer holds one piece's)
+    std::vector<std::pair<const floatX*, size_t>> pieces = zero_norm_pieces(m->zero);
+    bool norm_in_graph = pieces.size() == 1;
+    // the communication stream has work in a micro-batch's graph, which must join it back before the
+    // graph ends: ZeRO-2 reduce-scatters every micro-batch's buckets, ZeRO-0/1 sum the last one's
+    bool every_micro_batch_sums = m->zero.plan.stage >= 2;
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
     set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
     // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
@@ -1395,11 +1400,12 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
             }
             gpt2_forward(m);
             gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-            gpt2_backward(m, last);  // the last's unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+            gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+            if (every_micro_batch_sums || (last && par->grid.dp > 1))
+                zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
             if (!last) return;
-            if (par->grid.dp > 1) zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
             if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
-            global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
+            if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
         });
         // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
         // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
@@ -1417,8 +1423,11 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     r.loss = gpu_comm_sum(&par->world_gpu, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.loss_scale = m->scaler.scale;
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
-             m->scaler.scale;
+    double squares = 0.0;
+    if (norm_in_graph) squares = read_sum_of_squares(m);
+    else
+        for (const auto& piece : pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms")) / m->scaler.scale;
     r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;

@@ -89,9 +89,9 @@ inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid&
         return "--cuda-graphs with --grad-compression powersgd is not supported (its sums are host-driven): drop one of them";
     if (o.offload != "none")
         return "--cuda-graphs with --offload optimizer: the update runs on the host, there is nothing to capture; drop one of them";
-    if (o.zero_stage >= 2)
-        return strprintf("--cuda-graphs with --zero %d is not supported yet (ZeRO-2/3's gradient buckets): use --zero 0 or 1 "
-                         "(on one GPU they are the same), or drop --cuda-graphs", o.zero_stage);
+    if (o.zero_stage == 3)
+        return "--cuda-graphs with --zero 3 is not supported yet (each unit's all-gather is waited for by the host, and "
+               "which units a pass gathers depends on what its slots still hold): use --zero 2, or drop --cuda-graphs";
     return "";
 }
 

@@ -26,10 +26,12 @@
                    weights, losses, model.bin and state.bin bit for bit
   accumulation     m micro-batches a step, each replayed from a graph (first, middle, last) with its
                    tokens copied into the graphs' input buffers before it: 4 graphed steps == 4 eager,
-                   the learning rate changing at each, on 1 rank (m = 2, 3) and, emulated, 2 NCCL ranks
-                   (m = 2 with ZeRO-1; m = 3 with ZeRO-2, whose buckets are reduce-scattered inside
-                   every micro-batch's graph): weights, every step's loss, learning rate and norm and
-                   every micro-batch's loss as printed, bit for bit. Planted by hand, each caught here:
+                   the learning rate changing at each, on 1 rank (m = 2, 3) and, emulated, over NCCL:
+                   2 ranks, m = 3, ZeRO-1; 3 ranks, m = 2, ZeRO-2 (its buckets reduce-scattered inside
+                   every micro-batch's graph; rank 2's shards end in padding, so its norm is summed
+                   in pieces after the graph, ranks 0-1's inside it): weights, every step's loss,
+                   learning rate and norm and every micro-batch's loss as printed, bit for bit.
+                   Planted by hand, each caught here:
                    the inputs uploaded only before the first micro-batch of a replayed step (the
                    losses differ from step 3), the gradient zeroed by every micro-batch's graph (the
                    norms differ from step 2), and ZeRO-2's all-gather of the updated weights left out
@@ -161,9 +163,9 @@ def accumulation(S):
     mpirun = shutil.which("mpirun")
     configs = [(1, 2, 0), (1, 3, 0)]
     if EMULATED and mpirun:  # a GPU per emulated rank: NCCL (the stand-in), not host staging
-        configs += [(2, 2, 1), (2, 3, 2)]
+        configs += [(2, 3, 1), (3, 2, 2)]  # ZeRO-2 on 3 ranks: rank 2's shards end in padding (its norm in pieces)
     else:
-        skip("--cuda-graphs with accumulation on 2 NCCL ranks", "needs the emulation (a GPU per rank) and mpirun")
+        skip("--cuda-graphs with accumulation on 2 and 3 NCCL ranks", "needs the emulation (a GPU per rank) and mpirun")
     for ranks, micro, zero in configs:
         flags = ACCUMULATION + ["--total-batch-tokens", str(ranks * micro * 32), "--zero", str(zero)] + DEFAULT_ATTENTION
         runs = {}

@@ -37,7 +37,7 @@
 // The first step of a run is eager (it also builds cuBLASLt's and cuDNN's plans, and --dump-state
 // reads its logits in the middle); the second captures; every later one replays.
 //
-// Data-parallel ranks (ZeRO-0/1, one GPU per rank). NCCL's collectives can be captured like kernels
+// Data-parallel ranks (ZeRO-0/1/2, one GPU per rank). NCCL's collectives can be captured like kernels
 // (NCCL >= 2.9; the NCCL user guide, "Using NCCL with CUDA Graphs"): every rank captures the same
 // collectives in the same order, and a graph launch is then a collective call of its own, made by
 // every rank. The sums run on ZeRO's communication stream, which the capture takes in as on a GPU:
@@ -50,11 +50,43 @@
 // each added over the ranks on the host (gpu_comm_sum), after the replay. The pointers the
 // collectives were captured with are the size table's, the same every step.
 //
+// Gradient accumulation (m micro-batches a step). Which graph: the whole step as one graph would
+// need every micro-batch's tokens in a buffer of its own (a graph's pointers are baked in), so m
+// input slots in the size table, m copies of every node, and all m batches uploaded before the step
+// starts. Instead each micro-batch's passes are a graph, replayed once per micro-batch with the same
+// pointers: the micro-batch's tokens are copied into the graphs' fixed input buffers (slot 0, as
+// eager) before each launch. The micro-batches differ only at the ends of the step, so three graphs
+// share one capture function (step_graph_of):
+//   "first micro-batch":   zero the gradient, forward, loss, backward
+//   "middle micro-batches": forward, loss, backward (replayed m - 2 times)
+//   "last micro-batch":    forward, loss, backward with the sums (ZeRO-0/1: once, after the last
+//                          micro-batch, as eager), join, the norm's partials
+// m + 1 launches a step with the update. Each micro-batch's loss is the host's read in eager (the mean
+// of its per-token losses); graphed, an asynchronous copy after each launch puts its per-token
+// losses in its own slot of pinned host memory (m slots, allocated with the model), and the host
+// adds them once after the last, in eager's order: the same loss, bit for bit. (A device-side sum
+// would need a new reduction whose order is not the host's: no longer bit for bit.) What stays
+// serial: the upload waits for its copies (its pinned buffer is reused), and so for the replay
+// before it, which reads the same input buffers; the host reads the next batch while that replay runs.
+//
+// ZeRO-2 (the gradient in per-unit buckets, each reduce-scattered as the backward finishes it, on
+// EVERY micro-batch; llmc/parallel/zero.cuh). The buckets' reduce-scatters and the adds into this
+// rank's gradient shard are captured on the communication stream like ZeRO-0/1's sums, so every
+// micro-batch's graph forks it and joins it back before it ends (one graph cannot wait on an event
+// recorded in another). Two of ZeRO-2's host waits move to the device: a bucket slot is zeroed
+// for its next unit only after its previous reduce-scatter, which eager the host waits for; inside
+// a capture the compute stream waits on that event instead (zero_open_bucket, for a reduce-scatter
+// recorded in the same capture); and the update's all-gather of every unit's updated shards ends in
+// a join, not the host's wait. The norm: this rank's owned pieces of the summed gradient are one
+// contiguous piece unless a unit's shard ends in padding (the last rank, when a unit does not split
+// evenly); one piece's partial sums are in the last graph, several pieces' are summed after it, one
+// kernel and one read each, as finish_gradients sums them eager (the partials buffer holds one).
+//
 // Not handled yet, refused with one line by cuda_graphs_problem: tensor and pipeline parallelism
 // (their exchanges), ranks sharing one GPU (the host-staged sums wait on the host), fp8 over several
 // ranks (its amax max-reduction waits on the host), PowerSGD (its orthogonalisation is host-driven),
-// gradient accumulation (a loss read per micro-batch), --offload optimizer (AdamW runs on the host),
-// ZeRO-2/3 (their per-unit buckets).
+// --offload optimizer (AdamW runs on the host), ZeRO-3 (the host waits for each unit's all-gather
+// before its kernels, and which units a pass gathers depends on what its slots still hold).
 //
 // fp16 (./train_gpt_fp16, llmc/optim/loss_scaler.h): the loss scale S changes when a step overflows
 // (halved) and after a clean window (doubled), so it is a per-step value like the learning rate: the
@@ -63,8 +95,10 @@
 // (it is the overflow flag, step_applies in train_gpt.cu), and a skipped step does not launch the update.
 //
 // Memory: nothing in the size table (the graphs hold no buffers of ours; the driver keeps the
-// instantiated graphs, a few KiB per node). Hook points: none inside the passes; train_step's
-// graphed twin in train_gpt.cu (train_step_graphed) and optimizer_step's update call graph_run.
+// instantiated graphs, a few KiB per node: with accumulation three graphs of the passes instead of
+// one); m x B x T floats of pinned host memory for the losses. Hook points: none inside the passes;
+// train_step's graphed twin in train_gpt.cu (train_step_graphed) and optimizer_step's update call
+// graph_run; ZeRO-2's bucket hook (zero_open_bucket) asks the stream whether it is being captured.
 #pragma once
 
 #include <string>

@@ -1309,6 +1309,16 @@ static void fp8_share_amax(GPT2* m, Parallel* par) {
     gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
 }
 
+// The same inside a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh), where the host cannot wait:
+// the all-reduce is captured on the communication stream, forked from the compute stream after the
+// backward and joined back before the histories roll (the same collective, after the same sums).
+static void fp8_share_amax_graphed(GPT2* m, Parallel* par) {
+    if (par->grid.dp == 1) return;
+    zero_follow(&m->zero, m->stream);
+    gpu_all_reduce_max(par->data_on_gpu, (float*)m->fp8.amax_now, (size_t)m->fp8.tensors, "all-reduce of the fp8 amax");
+    zero_wait(&m->zero, m->stream, true, "all-reduce of the fp8 amax");
+}
+
 // Whether step `step`'s update is applied, once its loss and (unscaled) norm are known on every rank.
 // fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
 // anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
@@ -1404,7 +1414,10 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
             if (every_micro_batch_sums || (last && par->grid.dp > 1))
                 zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
             if (!last) return;
-            if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
+            if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
+                fp8_share_amax_graphed(m, par);
+                fp8_end_step(&m->fp8, m->stream);
+            }
             if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
         });
         // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is

@@ -27,7 +27,9 @@
   accumulation     m micro-batches a step, each replayed from a graph (first, middle, last) with its
                    tokens copied into the graphs' input buffers before it: 4 graphed steps == 4 eager,
                    the learning rate changing at each, on 1 rank (m = 2, 3) and, emulated, over NCCL:
-                   2 ranks, m = 3, ZeRO-1; 3 ranks, m = 2, ZeRO-2 (its buckets reduce-scattered inside
+                   2 ranks, m = 3, ZeRO-1, --precision fp8 (its amax max-reduced over the ranks inside
+                   the last graph; the step-4 checkpoint's fp8_state.bin compared too); 3 ranks, m = 2,
+                   ZeRO-2 (its buckets reduce-scattered inside
                    every micro-batch's graph; rank 2's shards end in padding, so its norm is summed
                    in pieces after the graph, ranks 0-1's inside it): weights, every step's loss,
                    learning rate and norm and every micro-batch's loss as printed, bit for bit.
@@ -161,13 +163,15 @@ def printed(stdout):
 
 def accumulation(S):
     mpirun = shutil.which("mpirun")
-    configs = [(1, 2, 0), (1, 3, 0)]
+    configs = [(1, 2, 0, []), (1, 3, 0, [])]
     if EMULATED and mpirun:  # a GPU per emulated rank: NCCL (the stand-in), not host staging
-        configs += [(2, 3, 1), (3, 2, 2)]  # ZeRO-2 on 3 ranks: rank 2's shards end in padding (its norm in pieces)
+        # fp8 on 2 ranks: the amax all-reduce (max) captured; ZeRO-2 on 3 ranks: rank 2's shards end in
+        # padding (its part of the norm in pieces)
+        configs += [(2, 3, 1, ["--precision", "fp8", "--checkpoint-every", "4"]), (3, 2, 2, [])]
     else:
         skip("--cuda-graphs with accumulation on 2 and 3 NCCL ranks", "needs the emulation (a GPU per rank) and mpirun")
-    for ranks, micro, zero in configs:
-        flags = ACCUMULATION + ["--total-batch-tokens", str(ranks * micro * 32), "--zero", str(zero)] + DEFAULT_ATTENTION
+    for ranks, micro, zero, more in configs:
+        flags = ACCUMULATION + ["--total-batch-tokens", str(ranks * micro * 32), "--zero", str(zero)] + more + DEFAULT_ATTENTION
         runs = {}
         for name, extra in [("eager", []), ("graphed", ["--cuda-graphs"])]:
             tag = f"acc_{ranks}x{micro}_{name}"
@@ -178,7 +182,9 @@ def accumulation(S):
                        str(ranks)] + cmd
             p = run(cmd, env={"CUDA_EMU_DEVICES": "4"} if ranks > 1 else None)
             runs[name] = (read_safetensors(f"{S.tmp}/{tag}.st")[0], printed(p.stdout), p.stdout)
-        (eager, (steps_e, micros_e), _), (graphed, (steps_g, micros_g), out) = runs["eager"], runs["graphed"]
+            fp8_state = f"{S.tmp}/{tag}/ckpt_00000004/fp8_state.bin"
+            runs[name] += (open(fp8_state, "rb").read() if os.path.exists(fp8_state) else None,)
+        (eager, (steps_e, micros_e), _, fp8_e), (graphed, (steps_g, micros_g), out, fp8_g) = runs["eager"], runs["graphed"]
         lrs = {line.split("| lr ")[1].split()[0] for line in steps_g}
         graphs = ["first micro-batch", "last micro-batch"] + (["middle micro-batches"] if micro > 2 else [])
         same = {"weights": np.array_equal(eager["params"], graphed["params"]),
@@ -187,9 +193,12 @@ def accumulation(S):
                 "printed micro-batch losses": micros_e == micros_g and len(micros_e) == 4 * micro,
                 "captured graphs": "step 2 captured the passes: " in out and all(g in out for g in graphs) and
                                    ("middle" in out) == (micro > 2) and f"{micro + 1} graph launches" in out}
+        if "fp8" in more:  # the amax histories: a rank's own amax instead of the max over the ranks would show here
+            same["fp8_state.bin (amax histories, scales)"] = fp8_e is not None and fp8_e == fp8_g
         first = next((i + 1 for i in range(min(len(steps_e), len(steps_g))) if steps_e[i] != steps_g[i]), None)
         report(all(same.values()), f"accumulation: {ranks} rank{'s' if ranks > 1 else ''}"
-               f"{f', ZeRO-{zero}' if ranks > 1 else ''}, {micro} micro-batches a step: 4 graphed steps == 4 eager bit "
+               f"{f', ZeRO-{zero}' if ranks > 1 else ''}{', ' + ' '.join(more[:2]) if more else ''}, {micro} micro-batches "
+               f"a step: 4 graphed steps == 4 eager bit "
                f"for bit (weights, losses, norms, each micro-batch's loss; the learning rate changing at each step)",
                f"differ: {[k for k, v in same.items() if not v]} (first differing step {first})\n"
                f"eager {steps_e}\ngraphed {steps_g}\n{out[-1200:]}")

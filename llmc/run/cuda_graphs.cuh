@@ -60,7 +60,7 @@
 //   "first micro-batch":   zero the gradient, forward, loss, backward
 //   "middle micro-batches": forward, loss, backward (replayed m - 2 times)
 //   "last micro-batch":    forward, loss, backward with the sums (ZeRO-0/1: once, after the last
-//                          micro-batch, as eager), join, the norm's partials
+//                          micro-batch, as eager), join, fp8's amax, the norm's partials
 // m + 1 launches a step with the update. Each micro-batch's loss is the host's read in eager (the mean
 // of its per-token losses); graphed, an asynchronous copy after each launch puts its per-token
 // losses in its own slot of pinned host memory (m slots, allocated with the model), and the host
@@ -82,9 +82,15 @@
 // evenly); one piece's partial sums are in the last graph, several pieces' are summed after it, one
 // kernel and one read each, as finish_gradients sums them eager (the partials buffer holds one).
 //
+// fp8 over several ranks (llmc/kernels/fp8.cuh): every rank must take the step's amax, the maximum
+// over the ranks, into its histories, so eager the host waits for the backward and then for an
+// all-reduce (max) of amax_now. Graphed, the all-reduce is captured in the last micro-batch's graph
+// like the sums: forked onto the communication stream after the backward's sums, joined back before
+// the histories roll (fp8_share_amax_graphed in train_gpt.cu), the same collective in the same order.
+//
 // Not handled yet, refused with one line by cuda_graphs_problem: tensor and pipeline parallelism
-// (their exchanges), ranks sharing one GPU (the host-staged sums wait on the host), fp8 over several
-// ranks (its amax max-reduction waits on the host), PowerSGD (its orthogonalisation is host-driven),
+// (their exchanges), ranks sharing one GPU (the host-staged sums wait on the host), PowerSGD (its
+// orthogonalisation is host-driven),
 // --offload optimizer (AdamW runs on the host), ZeRO-3 (the host waits for each unit's all-gather
 // before its kernels, and which units a pass gathers depends on what its slots still hold).
 //
@@ -116,9 +122,6 @@ inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid&
     if (grid.world > 1 && ranks_share_a_gpu)
         return strprintf("--cuda-graphs with %d ranks sharing a GPU: their host-staged sums wait on the host, which a graph "
                          "cannot; give each rank its own GPU, or drop --cuda-graphs", grid.world);
-    if (grid.world > 1 && o.precision == "fp8")
-        return "--cuda-graphs with --precision fp8 over several ranks is not supported yet (the amax max-reduction waits on "
-               "the host): run one rank, or drop one of them";
     if (grid.world > 1 && o.grad_compression == "powersgd")
         return "--cuda-graphs with --grad-compression powersgd is not supported (its sums are host-driven): drop one of them";
     if (o.offload != "none")

@@ -1393,8 +1393,18 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
     // a host-side branch, and that step is always eager.
     if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
+    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
+    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
+    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
+    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
+    CommCounters* sent = &par->data_on_gpu->sent;
+    CommCounters middle;
+    bool middle_captured = false;
     for (int k = 0; k < mb; k++) {
         bool first = k == 0, last = k == mb - 1;
+        StepGraph* g = step_graph_of(&m->graphs, first, last);
+        bool capture = !g->exec;
+        CommCounters before = *sent;
         dataloader_next_batch(train);
         // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
         // previous micro-batch's replay, which read them
@@ -1403,7 +1413,7 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
         // changes with the data, which a graph would bake in. Graphed, it has a block for every position
         // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
         m->buckets[0] = BT;
-        graph_run(m->graphs, step_graph_of(&m->graphs, first, last), m->stream, [&] {
+        graph_run(m->graphs, g, m->stream, [&] {
             if (first) {
                 zero_gradients(m);
                 graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
@@ -1420,6 +1430,18 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
             }
             if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
         });
+        if (g == &m->graphs.micro) {  // (the counters, above)
+            for (int op = 0; op < COMM_NUM_OPS; op++) {
+                if (capture) {
+                    middle.calls[op] = sent->calls[op] - before.calls[op];
+                    middle.bytes[op] = sent->bytes[op] - before.bytes[op];
+                } else if (middle_captured) {
+                    sent->calls[op] += middle.calls[op];
+                    sent->bytes[op] += middle.bytes[op];
+                }
+            }
+            middle_captured = middle_captured || capture;
+        }
         // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
         // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
         CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),

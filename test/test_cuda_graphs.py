@@ -28,16 +28,21 @@
                    tokens copied into the graphs' input buffers before it: 4 graphed steps == 4 eager,
                    the learning rate changing at each, on 1 rank (m = 2, 3) and, emulated, over NCCL:
                    2 ranks, m = 3, ZeRO-1, --precision fp8 (its amax max-reduced over the ranks inside
-                   the last graph; the step-4 checkpoint's fp8_state.bin compared too); 3 ranks, m = 2,
+                   the last graph; the step-4 checkpoint's fp8_state.bin compared too); 3 ranks, m = 4,
                    ZeRO-2 (its buckets reduce-scattered inside
                    every micro-batch's graph; rank 2's shards end in padding, so its norm is summed
                    in pieces after the graph, ranks 0-1's inside it): weights, every step's loss,
-                   learning rate and norm and every micro-batch's loss as printed, bit for bit.
-                   Planted by hand, each caught here:
-                   the inputs uploaded only before the first micro-batch of a replayed step (the
-                   losses differ from step 3), the gradient zeroed by every micro-batch's graph (the
-                   norms differ from step 2), and ZeRO-2's all-gather of the updated weights left out
-                   of the update's graph (the weights differ)
+                   learning rate and norm and every micro-batch's loss as printed, bit for bit, and
+                   the data-parallel traffic counted (the host counts a collective at its call, so
+                   the capture step counts the middle graph's again for each later replay).
+                   Planted by hand, each caught here: the inputs uploaded only before the first
+                   micro-batch of a replayed step (the losses differ from step 3); the gradient zeroed
+                   by every micro-batch's graph (from step 2); every micro-batch's losses copied into
+                   slot 0 (NaN loss: the run stops); ZeRO-2's all-gather of the updated weights left
+                   out of the update's graph (the replicas drift: the run stops); rank 2's norm summed
+                   over its first piece only (the norms differ); fp8's amax all-reduce left out of the
+                   graph (only fp8_state.bin differs: the scales still come from step 1's calibration);
+                   the middle graph's later replays not counted (the traffic line differs)
   refused          --cuda-graphs on 2 ranks sharing a GPU, --offload optimizer, --zero 3, and on the CPU
                    trainer: one line naming the problem, exit 2 (on 2 ranks with a GPU each it runs:
                    test_gpu_data_parallel.py)
@@ -155,10 +160,12 @@ ACCUMULATION = ["--batch-size", "1", "--seq-len", "32", "--lr", "1e-3", "--warmu
 
 
 def printed(stdout):
-    """Each step's loss, learning rate and norm, and each micro-batch's loss, as printed (not the times)."""
+    """Each step's loss, learning rate and norm, and each micro-batch's loss, as printed (not the times), and
+    the data-parallel traffic of the first and last step (rank 0's counters)."""
     steps = [line.split(" ms")[0].rsplit("|", 1)[0] for line in stdout.splitlines() if line.startswith("step ")]
     micros = [line.rsplit("|", 1)[0] for line in stdout.splitlines() if line.startswith("      step ") and " micro " in line]
-    return steps, micros
+    traffic = [line for line in stdout.splitlines() if line.startswith("data-parallel traffic")]
+    return steps, micros, traffic
 
 
 def accumulation(S):
@@ -167,7 +174,7 @@ def accumulation(S):
     if EMULATED and mpirun:  # a GPU per emulated rank: NCCL (the stand-in), not host staging
         # fp8 on 2 ranks: the amax all-reduce (max) captured; ZeRO-2 on 3 ranks: rank 2's shards end in
         # padding (its part of the norm in pieces)
-        configs += [(2, 3, 1, ["--precision", "fp8", "--checkpoint-every", "4"]), (3, 2, 2, [])]
+        configs += [(2, 3, 1, ["--precision", "fp8", "--checkpoint-every", "4"]), (3, 4, 2, [])]
     else:
         skip("--cuda-graphs with accumulation on 2 and 3 NCCL ranks", "needs the emulation (a GPU per rank) and mpirun")
     for ranks, micro, zero, more in configs:
@@ -184,13 +191,15 @@ def accumulation(S):
             runs[name] = (read_safetensors(f"{S.tmp}/{tag}.st")[0], printed(p.stdout), p.stdout)
             fp8_state = f"{S.tmp}/{tag}/ckpt_00000004/fp8_state.bin"
             runs[name] += (open(fp8_state, "rb").read() if os.path.exists(fp8_state) else None,)
-        (eager, (steps_e, micros_e), _, fp8_e), (graphed, (steps_g, micros_g), out, fp8_g) = runs["eager"], runs["graphed"]
+        (eager, (steps_e, micros_e, sent_e), _, fp8_e), (graphed, (steps_g, micros_g, sent_g), out, fp8_g) = \
+            runs["eager"], runs["graphed"]
         lrs = {line.split("| lr ")[1].split()[0] for line in steps_g}
         graphs = ["first micro-batch", "last micro-batch"] + (["middle micro-batches"] if micro > 2 else [])
         same = {"weights": np.array_equal(eager["params"], graphed["params"]),
                 "losses": np.array_equal(eager["losses"], graphed["losses"]),
                 "printed steps (loss, lr, norm)": steps_e == steps_g and len(steps_e) == 4 and len(lrs) == 4,
                 "printed micro-batch losses": micros_e == micros_g and len(micros_e) == 4 * micro,
+                "traffic counted": sent_e == sent_g and len(sent_e) == (ranks > 1),
                 "captured graphs": "step 2 captured the passes: " in out and all(g in out for g in graphs) and
                                    ("middle" in out) == (micro > 2) and f"{micro + 1} graph launches" in out}
         if "fp8" in more:  # the amax histories: a rank's own amax instead of the max over the ranks would show here

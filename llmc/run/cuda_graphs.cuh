@@ -45,7 +45,8 @@
 // compute stream waits on one recorded after the sums (zero_wait: the join; the host's own wait,
 // eager, cannot happen inside a capture). So the graphs hold:
 //   "passes":  ... backward, each unit's reduce-to-owners as it finishes (forked), join, the norm's partials
-//   "update":  ZeRO-0's all-gather of the summed gradient, AdamW, ZeRO-1's all-gather of the weights
+//   "update":  ZeRO-0's all-gather of the summed gradient, AdamW, ZeRO-1's (or -2's, unit by unit)
+//              all-gather of the weights
 // The host's reads between them are unchanged: the loss and this rank's partial sums of squares,
 // each added over the ranks on the host (gpu_comm_sum), after the replay. The pointers the
 // collectives were captured with are the size table's, the same every step.
@@ -90,9 +91,9 @@
 //
 // Not handled yet, refused with one line by cuda_graphs_problem: tensor and pipeline parallelism
 // (their exchanges), ranks sharing one GPU (the host-staged sums wait on the host), PowerSGD (its
-// orthogonalisation is host-driven),
-// --offload optimizer (AdamW runs on the host), ZeRO-3 (the host waits for each unit's all-gather
-// before its kernels, and which units a pass gathers depends on what its slots still hold).
+// orthogonalisation is host-driven), --offload optimizer (AdamW runs on the host), ZeRO-3 (the host
+// waits for each unit's all-gather before its kernels, and which units a pass gathers depends on
+// what its slots still hold).
 //
 // fp16 (./train_gpt_fp16, llmc/optim/loss_scaler.h): the loss scale S changes when a step overflows
 // (halved) and after a clean window (doubled), so it is a per-step value like the learning rate: the

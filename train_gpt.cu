@@ -475,14 +475,19 @@ static void gpt2_loss_kernels(GPT2* m, float dloss, bool write_grad) {
     }
 }
 
-// The mean of the losses gpt2_loss_kernels wrote (--cuda-graphs reads them after the graph ran).
+// A micro-batch's mean loss from its per-token losses, summed in double as the CPU does.
+static float mean_loss(const float* losses, int BT) {
+    double total = 0.0;
+    for (int i = 0; i < BT; i++) total += losses[i];
+    return (float)(total / BT);
+}
+
+// The mean of the losses gpt2_loss_kernels wrote.
 static float gpt2_read_loss(GPT2* m) {
     int BT = m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->host_losses, A_<float>(m, GB_LOSSES), BT * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    double total = 0.0;
-    for (int i = 0; i < BT; i++) total += m->host_losses[i];
-    return (float)(total / BT);
+    return mean_loss(m->host_losses, BT);
 }
 
 static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
@@ -1361,6 +1366,16 @@ static void fp8_share_amax(GPT2* m, Parallel* par) {
     gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
 }
 
+// The same inside a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh), where the host cannot wait:
+// the all-reduce is captured on the communication stream, forked from the compute stream after the
+// backward and joined back before the histories roll (the same collective, after the same sums).
+static void fp8_share_amax_graphed(GPT2* m, Parallel* par) {
+    if (par->grid.dp == 1) return;
+    zero_follow(&m->zero, m->stream);
+    gpu_all_reduce_max(par->data_on_gpu, (float*)m->fp8.amax_now, (size_t)m->fp8.tensors, "all-reduce of the fp8 amax");
+    zero_wait(&m->zero, m->stream, true, "all-reduce of the fp8 amax");
+}
+
 // Whether step `step`'s update is applied, once its loss and (unscaled) norm are known on every rank.
 // fp16's overflow flag is the norm: all-reduced over every rank that holds gradients, so an inf
 // anywhere is an inf everywhere, and every rank skips together. A non-finite loss is no overflow
@@ -1413,49 +1428,101 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1)
-// with one micro-batch per step: the same kernels and collectives in the same order, the passes' from
-// a graph (captured at the run's second step), the host's reads of the loss and the norm after it;
-// optimizer_step replays the update's graph.
+// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1/2):
+// the same kernels and collectives in the same order, each micro-batch's passes from a graph (captured
+// at the run's second step: one graph for a step of one micro-batch, three with accumulation), the
+// host's reads of the losses and the norm after the last; optimizer_step replays the update's graph.
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
     StepResult r;
     r.lr = learning_rate(plan.schedule, step - 1);
+    int mb = plan.accumulation_steps, BT = m->B * m->T;
     auto start = std::chrono::steady_clock::now();
-    dataloader_next_batch(train);
-    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());  // waits for its copies: before the graph
-    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
-    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
-    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
-    m->buckets[0] = m->B * m->T;
-    // this rank's part of the norm: one piece (ZeRO-0/1 without tensor parallelism: its shard of the flat gradient)
-    const floatX* grads = zero_norm_pieces(m->zero).at(0).first;
-    size_t count = zero_norm_pieces(m->zero).at(0).second;
+    // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
+    // in the last graph; ZeRO-2's owned pieces may be several (a unit's padding between them): each is
+    // summed after the graph, as finish_gradients does (the partials buffer holds one piece's)
+    std::vector<std::pair<const floatX*, size_t>> pieces = zero_norm_pieces(m->zero);
+    bool norm_in_graph = pieces.size() == 1;
+    // the communication stream has work in a micro-batch's graph, which must join it back before the
+    // graph ends: ZeRO-2 reduce-scatters every micro-batch's buckets, ZeRO-0/1 sum the last one's
+    bool every_micro_batch_sums = m->zero.plan.stage >= 2;
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
     set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
     // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
     // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
     // a host-side branch, and that step is always eager.
     if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
-    graph_run(m->graphs, &m->graphs.passes, m->stream, [&] {
-        zero_gradients(m);
-        graph_poison_gradient(m);
-        gpt2_forward(m);
-        gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-        gpt2_backward(m, true);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
-        if (par->grid.dp > 1) zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
-        if (m->fp8.on) fp8_end_step(&m->fp8, m->stream);  // --precision fp8: the histories roll on the device
-        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, count, m->stream);
-    });
+    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
+    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
+    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
+    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
+    CommCounters* sent = &par->data_on_gpu->sent;
+    CommCounters middle;
+    bool middle_captured = false;
+    for (int k = 0; k < mb; k++) {
+        bool first = k == 0, last = k == mb - 1;
+        StepGraph* g = step_graph_of(&m->graphs, first, last);
+        bool capture = !g->exec;
+        CommCounters before = *sent;
+        dataloader_next_batch(train);
+        // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
+        // previous micro-batch's replay, which read them
+        gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+        // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+        // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+        // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+        m->buckets[0] = BT;
+        graph_run(m->graphs, g, m->stream, [&] {
+            if (first) {
+                zero_gradients(m);
+                graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
+            }
+            gpt2_forward(m);
+            gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+            gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+            if (every_micro_batch_sums || (last && par->grid.dp > 1))
+                zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
+            if (!last) return;
+            if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
+                fp8_share_amax_graphed(m, par);
+                fp8_end_step(&m->fp8, m->stream);
+            }
+            if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
+        });
+        if (g == &m->graphs.micro) {  // (the counters, above)
+            for (int op = 0; op < COMM_NUM_OPS; op++) {
+                if (capture) {
+                    middle.calls[op] = sent->calls[op] - before.calls[op];
+                    middle.bytes[op] = sent->bytes[op] - before.bytes[op];
+                } else if (middle_captured) {
+                    sent->calls[op] += middle.calls[op];
+                    sent->bytes[op] += middle.bytes[op];
+                }
+            }
+            middle_captured = middle_captured || capture;
+        }
+        // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
+        // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
+        CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m->stream));
+    }
     zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
-    float loss = gpt2_read_loss(m);
-    print_micro_step(step, 0, 1, loss, seconds_since(start));
-    r.loss = gpu_comm_sum(&par->world_gpu, (double)loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double loss = 0.0;  // the mean over the micro-batches, added in the order forward_backward adds them
+    for (int k = 0; k < mb; k++) {
+        float micro_loss = mean_loss(m->host_losses + (size_t)k * BT, BT);
+        loss += micro_loss / mb;
+        if (par->grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
+    }
+    r.loss = gpu_comm_sum(&par->world_gpu, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.loss_scale = m->scaler.scale;
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, read_sum_of_squares(m), "sum of the gradient norms")) /
-             m->scaler.scale;
-    r.applied = step_applies(m, r, o, step, bad_steps, true);
+    double squares = 0.0;
+    if (norm_in_graph) squares = read_sum_of_squares(m);
+    else
+        for (const auto& piece : pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms")) / m->scaler.scale;
+    r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }
@@ -1622,7 +1689,8 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     CUDA_CHECK(cudaMallocHost(&m->host_inputs, BT * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_targets, BT * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * sizeof(float)));
+    // --cuda-graphs with accumulation: a slot per micro-batch, read once after the step (train_step_graphed)
+    CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * (o.cuda_graphs ? micro_batches : 1) * sizeof(float)));
     // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
     tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
                 B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
@@ -2077,7 +2145,7 @@ int main(int argc, char** argv) {
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
     int B = plan.B, T = plan.T;
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
-    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged, plan.accumulation_steps);  // before any allocation
+    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
     if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
         grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
@@ -2167,7 +2235,7 @@ int main(int argc, char** argv) {
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;
-        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1);
+        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1, plan.accumulation_steps);
         if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
         // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
         // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and

@@ -24,9 +24,28 @@
                    and roll the amax histories in device memory as they change
   resume           12 graphed steps == 6 graphed + checkpoint + resume + 6 graphed, and == 12 eager:
                    weights, losses, model.bin and state.bin bit for bit
-  refused          --cuda-graphs on 2 ranks sharing a GPU, with gradient accumulation, --offload optimizer,
-                   --zero 2, and on the CPU trainer: one line naming the problem, exit 2 (on 2 ranks
-                   with a GPU each it runs: test_gpu_data_parallel.py)
+  accumulation     m micro-batches a step, each replayed from a graph (first, middle, last) with its
+                   tokens copied into the graphs' input buffers before it: 4 graphed steps == 4 eager,
+                   the learning rate changing at each, on 1 rank (m = 2, 3) and, emulated, over NCCL:
+                   2 ranks, m = 3, ZeRO-1, --precision fp8 (its amax max-reduced over the ranks inside
+                   the last graph; the step-4 checkpoint's fp8_state.bin compared too); 3 ranks, m = 4,
+                   ZeRO-2 (its buckets reduce-scattered inside
+                   every micro-batch's graph; rank 2's shards end in padding, so its norm is summed
+                   in pieces after the graph, ranks 0-1's inside it): weights, every step's loss,
+                   learning rate and norm and every micro-batch's loss as printed, bit for bit, and
+                   the data-parallel traffic counted (the host counts a collective at its call, so
+                   the capture step counts the middle graph's again for each later replay).
+                   Planted by hand, each caught here: the inputs uploaded only before the first
+                   micro-batch of a replayed step (the losses differ from step 3); the gradient zeroed
+                   by every micro-batch's graph (from step 2); every micro-batch's losses copied into
+                   slot 0 (NaN loss: the run stops); ZeRO-2's all-gather of the updated weights left
+                   out of the update's graph (the replicas drift: the run stops); rank 2's norm summed
+                   over its first piece only (the norms differ); fp8's amax all-reduce left out of the
+                   graph (only fp8_state.bin differs: the scales still come from step 1's calibration);
+                   the middle graph's later replays not counted (the traffic line differs)
+  refused          --cuda-graphs on 2 ranks sharing a GPU, --offload optimizer, --zero 3, and on the CPU
+                   trainer: one line naming the problem, exit 2 (on 2 ranks with a GPU each it runs:
+                   test_gpu_data_parallel.py)
 
 Runs on the CPU emulation of CUDA (test/emu/), or on a GPU where ./train_gpt is built and one is there.
 """
@@ -34,7 +53,7 @@ import os, shutil, subprocess, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_gpu import GPU, CPU, MODE, DEFAULT_ATTENTION, Setup, check, run, same_bytes, skip  # noqa: E402
+from test_gpu import GPU, CPU, MODE, EMULATED, DEFAULT_ATTENTION, Setup, check, run, same_bytes, skip  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 from test_bad_inputs import one_line_error  # noqa: E402
 
@@ -135,12 +154,69 @@ def resume(S):
            f"differ: {[k for k, v in same.items() if not v]}")
 
 
+# gradient accumulation: 32 tokens a micro-batch, 4 steps (1 eager, 2 captures, 3-4 replay), the learning rate
+# changing at each (warm-up); --verbose prints every micro-batch's loss
+ACCUMULATION = ["--batch-size", "1", "--seq-len", "32", "--lr", "1e-3", "--warmup-steps", "5", "--steps", "4", "--verbose"]
+
+
+def printed(stdout):
+    """Each step's loss, learning rate and norm, and each micro-batch's loss, as printed (not the times), and
+    the data-parallel traffic of the first and last step (rank 0's counters)."""
+    steps = [line.split(" ms")[0].rsplit("|", 1)[0] for line in stdout.splitlines() if line.startswith("step ")]
+    micros = [line.rsplit("|", 1)[0] for line in stdout.splitlines() if line.startswith("      step ") and " micro " in line]
+    traffic = [line for line in stdout.splitlines() if line.startswith("data-parallel traffic")]
+    return steps, micros, traffic
+
+
+def accumulation(S):
+    mpirun = shutil.which("mpirun")
+    configs = [(1, 2, 0, []), (1, 3, 0, [])]
+    if EMULATED and mpirun:  # a GPU per emulated rank: NCCL (the stand-in), not host staging
+        # fp8 on 2 ranks: the amax all-reduce (max) captured; ZeRO-2 on 3 ranks: rank 2's shards end in
+        # padding (its part of the norm in pieces)
+        configs += [(2, 3, 1, ["--precision", "fp8", "--checkpoint-every", "4"]), (3, 4, 2, [])]
+    else:
+        skip("--cuda-graphs with accumulation on 2 and 3 NCCL ranks", "needs the emulation (a GPU per rank) and mpirun")
+    for ranks, micro, zero, more in configs:
+        flags = ACCUMULATION + ["--total-batch-tokens", str(ranks * micro * 32), "--zero", str(zero)] + more + DEFAULT_ATTENTION
+        runs = {}
+        for name, extra in [("eager", []), ("graphed", ["--cuda-graphs"])]:
+            tag = f"acc_{ranks}x{micro}_{name}"
+            cmd = [GPU, "--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + flags + extra + \
+                  ["--dump-state", f"{S.tmp}/{tag}.st", "--out-dir", f"{S.tmp}/{tag}"]
+            if ranks > 1:
+                cmd = ["timeout", "300", mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+                       str(ranks)] + cmd
+            p = run(cmd, env={"CUDA_EMU_DEVICES": "4"} if ranks > 1 else None)
+            runs[name] = (read_safetensors(f"{S.tmp}/{tag}.st")[0], printed(p.stdout), p.stdout)
+            fp8_state = f"{S.tmp}/{tag}/ckpt_00000004/fp8_state.bin"
+            runs[name] += (open(fp8_state, "rb").read() if os.path.exists(fp8_state) else None,)
+        (eager, (steps_e, micros_e, sent_e), _, fp8_e), (graphed, (steps_g, micros_g, sent_g), out, fp8_g) = \
+            runs["eager"], runs["graphed"]
+        lrs = {line.split("| lr ")[1].split()[0] for line in steps_g}
+        graphs = ["first micro-batch", "last micro-batch"] + (["middle micro-batches"] if micro > 2 else [])
+        same = {"weights": np.array_equal(eager["params"], graphed["params"]),
+                "losses": np.array_equal(eager["losses"], graphed["losses"]),
+                "printed steps (loss, lr, norm)": steps_e == steps_g and len(steps_e) == 4 and len(lrs) == 4,
+                "printed micro-batch losses": micros_e == micros_g and len(micros_e) == 4 * micro,
+                "traffic counted": sent_e == sent_g and len(sent_e) == (ranks > 1),
+                "captured graphs": "step 2 captured the passes: " in out and all(g in out for g in graphs) and
+                                   ("middle" in out) == (micro > 2) and f"{micro + 1} graph launches" in out}
+        if "fp8" in more:  # the amax histories: a rank's own amax instead of the max over the ranks would show here
+            same["fp8_state.bin (amax histories, scales)"] = fp8_e is not None and fp8_e == fp8_g
+        first = next((i + 1 for i in range(min(len(steps_e), len(steps_g))) if steps_e[i] != steps_g[i]), None)
+        report(all(same.values()), f"accumulation: {ranks} rank{'s' if ranks > 1 else ''}"
+               f"{f', ZeRO-{zero}' if ranks > 1 else ''}{', ' + ' '.join(more[:2]) if more else ''}, {micro} micro-batches "
+               f"a step: 4 graphed steps == 4 eager bit "
+               f"for bit (weights, losses, norms, each micro-batch's loss; the learning rate changing at each step)",
+               f"differ: {[k for k, v in same.items() if not v]} (first differing step {first})\n"
+               f"eager {steps_e}\ngraphed {steps_g}\n{out[-1200:]}")
+
+
 def refused(S):
     base = ["--model", f"{S.tmp}/tiny.bin"] + S.data["tiny"] + ["--batch-size", "2", "--seq-len", "32", "--steps", "2",
                                                                "--cuda-graphs", "--out-dir", f"{S.tmp}/refused"]
-    for extra, needle in [(["--total-batch-tokens", "128"], "gradient accumulation (2 micro-batches"),
-                          (["--offload", "optimizer"], "--offload optimizer"),
-                          (["--zero", "2"], "--zero 2")]:
+    for extra, needle in [(["--offload", "optimizer"], "--offload optimizer"), (["--zero", "3"], "--zero 3")]:
         one_line_error(f"train_gpt --cuda-graphs {' '.join(extra)}", base + extra, 2, "--cuda-graphs", needle, binary=GPU)
     one_line_error("train_gpt_cpu --cuda-graphs", ["--model", "L=2,C=64,H=4,T=64", "--cuda-graphs"], 2,
                    "--cuda-graphs applies only to the GPU trainer", "launches no kernels", binary=CPU)
@@ -173,6 +249,7 @@ def main():
         check("fp16 with graphs", fp16_graphed, S)
         check("fp8 with graphs", fp8_graphed, S)
         check("resume with graphs", resume, S)
+        check("graphs with accumulation", accumulation, S)
         check("refused", refused, S)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -90,6 +90,7 @@ struct ZeroGpu {
     floatX* reduced = nullptr;        // a reduce-scatter's output (GB_ZERO_REDUCED)
     int holds[3] = {-1, -1, -1};      // stage 3: the unit each gather slot holds (-1: none, or stale)
     bool open[3] = {};                // stages 2-3: a bucket is open in the slot
+    bool pending[3] = {};             // stages 2-3: the slot's reduce-scatter started since the host or the device last waited for all
     cudaEvent_t gathered_ev[3] = {}, released_ev[3] = {}, reduced_ev[3] = {}, ready = nullptr;
     cudaEvent_t joined = nullptr;     // --cuda-graphs: the compute stream waits here for the communication stream
 };
@@ -146,6 +147,7 @@ inline void zero_follow(ZeroGpu* z, cudaStream_t compute) {
 // back into the capture (the real runtime, and the emulation, refuse to end a capture that a forked
 // stream has not rejoined); the host checks NCCL's errors after the replay (zero_wait_reduction).
 inline void zero_wait(ZeroGpu* z, cudaStream_t compute, bool graphed, const char* what) {
+    for (bool& p : z->pending) p = false;
     if (!graphed) {
         gpu_comm_wait(z->comm, what);
         return;
@@ -187,11 +189,21 @@ inline void zero_release(ZeroGpu* z, int u, cudaStream_t compute) {
 // ZeRO-2/3: unit u's gradient bucket for this micro-batch, zeroed when it opens (once the slot's
 // previous bucket has been reduce-scattered). The ends' bucket is opened by the LM head and found
 // open again by the embedding.
+//
+// --cuda-graphs (ZeRO-2, llmc/run/cuda_graphs.cuh): inside a capture the host cannot wait for the
+// slot's reduce-scatter (it is not running: it is being recorded), so the compute stream waits for it
+// on the device instead, an edge of the graph. Only for a reduce-scatter recorded in the same capture
+// (`pending`): one from before it was waited for when the previous graph joined its streams, and a
+// graph may not wait on an event recorded outside it.
 inline ParamTensors<floatX> zero_open_bucket(ZeroGpu* z, int u, cudaStream_t compute) {
     int slot = zero_slot(*z, u);
     const ZeroUnit& unit = z->plan.units[(size_t)u];
     if (!z->open[slot]) {
-        gpu_comm_wait_event(z->comm, z->reduced_ev[slot], "reduce-scatter of a gradient bucket (ZeRO-2/3)");
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(cudaStreamIsCapturing(compute, &capture));
+        if (capture != cudaStreamCaptureStatusActive)
+            gpu_comm_wait_event(z->comm, z->reduced_ev[slot], "reduce-scatter of a gradient bucket (ZeRO-2/3)");
+        else if (z->pending[slot]) CUDA_CHECK(cudaStreamWaitEvent(compute, z->reduced_ev[slot], 0));
         CUDA_CHECK(cudaMemsetAsync(z->buckets[slot], 0, unit.shards.padded_total * sizeof(floatX), compute));
         z->open[slot] = true;
     }
@@ -210,6 +222,7 @@ inline void zero_reduce_bucket(ZeroGpu* z, int u, cudaStream_t compute) {
     add_into(z->grads + unit.stored_at, z->reduced, shard, z->comm->stream);
     CUDA_CHECK(cudaEventRecord(z->reduced_ev[slot], z->comm->stream));
     z->open[slot] = false;
+    z->pending[slot] = true;
 }
 
 // Unit u's gradient is complete for this micro-batch. Stages 2-3: reduce-scatter its bucket now.
@@ -227,7 +240,10 @@ inline void zero_grads_done(ZeroGpu* z, int u, bool step_ends, cudaStream_t comp
 }
 
 // After the backward pass: the host waits until every sum started above is done.
-inline void zero_wait_reduction(ZeroGpu* z) { gpu_comm_wait(z->comm, "reduction of the gradients"); }
+inline void zero_wait_reduction(ZeroGpu* z) {
+    for (bool& p : z->pending) p = false;
+    gpu_comm_wait(z->comm, "reduction of the gradients");
+}
 
 // Stage 0, after the norm: every rank takes the whole summed gradient (its AdamW updates everything;
 // a reduce-scatter and this all-gather make an all-reduce). `graphed`: inside the update's graph.
@@ -279,8 +295,9 @@ inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, floa
 }
 
 // After AdamW, every data-parallel rank gets the updated weights it uses. ZeRO-1: the shards of the
-// flat array are all-gathered (`graphed`: inside the update's graph, waited for on the device). ZeRO-2: every unit's updated shards are all-gathered back into the
-// flat array (packed into a bucket slot, gathered, unpacked). ZeRO-3: the slots' units are stale.
+// flat array are all-gathered (`graphed`: inside the update's graph, waited for on the device). ZeRO-2:
+// every unit's updated shards are all-gathered back into the flat array (packed into a bucket slot,
+// gathered, unpacked; `graphed`: the same, waited for on the device). ZeRO-3: the slots' units are stale.
 inline void zero_after_update(ZeroGpu* z, floatX* params, cudaStream_t compute, bool graphed) {
     if (z->plan.stage == 1 && z->plan.dp->world_size > 1) {
         zero_follow(z, compute);
@@ -308,5 +325,5 @@ inline void zero_after_update(ZeroGpu* z, floatX* params, cudaStream_t compute, 
             CUDA_CHECK(cudaMemcpyAsync(params + local, packed + at, n * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
         });
     }
-    gpu_comm_wait(z->comm, what);
+    zero_wait(z, compute, graphed, what);
 }

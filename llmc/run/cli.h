@@ -265,7 +265,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "growth interval); an overflow halves it and skips the step", K::Int, &o.loss_scale_window, Scope::GPUOnly},
         {"attention", "KIND", "Machine", "cudnn (fused flash attention) | simple (materialised attention, to check the fast path)", K::String, &o.attention, Scope::GPUOnly},
         {"cuda-graphs", nullptr, "Machine", "capture the step's kernels into CUDA graphs at the second step and replay them at every later "
-         "one: 2 graph launches instead of a d12 step's 543 (--attention simple), the same results bit for bit (one GPU, or data-parallel ranks with a GPU each and --zero 0|1: the NCCL sums captured too; no gradient accumulation, no --offload; "
+         "one: 2 graph launches instead of a d12 step's 543 (--attention simple; m + 1 with m micro-batches of accumulation), the same results bit for bit (one GPU, or data-parallel ranks with a GPU each and --zero 0|1|2: the NCCL sums captured too; no --offload; "
          "GPU trainer only: the CPU trainer launches no kernels)", K::Switch, &o.cuda_graphs, Scope::GPUOnly},
         {"estimate", nullptr, "Estimate", "print the memory and compute estimate for this configuration and exit (needs no GPU and no data)", K::Switch, &o.estimate, Scope::Both},
         {"estimate-memory-gib", "GIB", "Estimate", "memory per rank the largest micro-batch must fit in (0 = 80 for the GPU trainer, this machine's RAM for the CPU trainer)", K::Float, &o.estimate_memory_gib, Scope::Both},

@@ -110,6 +110,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     gpu_pipeline_shape(&s, e.schedule, estimate_micro_batches(e, B), e.virtual_stages);
     s.offload_optimizer = e.offload_optimizer;
     s.bf16_moments = e.bf16_moments;
+    s.optimizer = e.optimizer;  // --optimizer adafactor (llmc/optim/adafactor.cuh)
     s.moe = e.moe;  // --moe-experts (one GPU: llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
     GradCompressionSizes z = grad_compression_gpu_sizes(e.compression, e.cfg, g.dp);  // (llmc/parallel/grad_compression.cuh)

@@ -488,11 +488,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
     }
-    // (the flag is shared; its factored optimizers are not on the GPU yet: refused, not ignored)
-    if (trainer == Trainer::GPU && (o->optimizer == "adafactor" || o->optimizer == "sm3")) {
-        usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
-                   o->optimizer.c_str());
-    }
     if (trainer == Trainer::GPU && o->expert_parallel != 1) {
         usage_fail("--expert-parallel %d: the GPU trainer has no expert parallelism yet (issue 24); it runs on the CPU trainer "
                    "(train_gpt_cpu), or drop the flag", o->expert_parallel);

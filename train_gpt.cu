@@ -65,6 +65,7 @@
 #include "llmc/optim/adamw.cuh"
 #include "llmc/optim/adamw_bf16.cuh"
 #include "llmc/optim/adafactor.cuh"
+#include "llmc/optim/sm3.cuh"
 #include "llmc/optim/loss_scaler.h"
 #include "llmc/optim/offload.cuh"
 #include "llmc/run/cuda_graphs.cuh"
@@ -784,7 +785,7 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 }
 
 // Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
-// then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
+// or --optimizer adafactor | sm3 over the whole model (adafactor.cuh, sm3.cuh), then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
 // to the last (the tied LM head). Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
@@ -815,11 +816,15 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     // gradient (eager, finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each
     // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
     bool graphed = m->graphs.replay;
-    if (m->shape.optimizer == Optimizer::Adafactor) {  // every replica the whole update (ZeRO-0: factored_gpu_problem)
-        float clip = cpu::clip_coefficient(norm, o.grad_clip);  // (the CPU trainer's; adamw_clip's on the device)
+    // --optimizer adafactor | sm3: every replica the whole update (ZeRO-0: factored_gpu_problem)
+    float clip = cpu::clip_coefficient(norm, o.grad_clip) / m->scaler.scale;  // (the CPU trainer's; adamw_clip's on the device)
+    if (m->shape.optimizer == Optimizer::Adafactor) {
         adafactor_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
-                             B_<double>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, adam_t, o.weight_decay, clip / m->scaler.scale,
+                             B_<double>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, adam_t, o.weight_decay, clip,
                              adamw_weight_stream(now, a), m->stream);
+    } else if (m->shape.optimizer == Optimizer::SM3) {
+        sm3_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
+                       B_<float>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, o.weight_decay, clip, adamw_weight_stream(now, a), m->stream);
     } else if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel
         adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
@@ -1958,15 +1963,13 @@ static std::string optimizer_gpu_problem(const TrainOptions& o) {
     return "";
 }
 
-// --optimizer adafactor (llmc/optim/adafactor.cuh) runs where it is proven against the CPU trainer
-// (test/test_gpu_factored.py): one GPU, or data-parallel replicas with --zero 0 (each the whole update
-// of the summed gradient), the bf16 and fp32 builds, eager steps. Everything else is one line and
-// exit 2 before anything is allocated; sm3 is not on the GPU yet.
+// --optimizer adafactor | sm3 (llmc/optim/adafactor.cuh, sm3.cuh) run where they are proven against
+// the CPU trainer (test/test_gpu_factored.py): one GPU, or data-parallel replicas with --zero 0 (each
+// the whole update of the summed gradient), the bf16 and fp32 builds, eager steps. Everything else is
+// one line and exit 2 before anything is allocated.
 static std::string factored_gpu_problem(const TrainOptions& o) {
     if (o.optimizer == "adamw") return "";
     const char* name = o.optimizer.c_str();
-    if (o.optimizer == "sm3")
-        return "--optimizer sm3 runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw or adafactor";
     if (o.zero_stage != 0 || o.tensor_parallel > 1)
         return strprintf("--optimizer %s on the GPU trainer with --zero %d --tensor-parallel %d: built for one GPU or data "
                          "parallelism with --zero 0 for now; use those, train_gpt_cpu, or --optimizer adamw", name, o.zero_stage,

@@ -174,9 +174,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
-         "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
-         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
-         "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+         "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: the "
+         "CPU trainer with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
+         "without pipeline parallelism; the GPU trainer on one GPU or data parallel with --zero 0 (no --offload, "
+         "--moe-experts, --cuda-graphs, --grad-compression, fp8, fp16 build)", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
          "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, no --offload, --moe-experts, --cuda-graphs, fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},

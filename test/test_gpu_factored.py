@@ -3,12 +3,12 @@
 sm3.cuh) against the CPU trainer's (llmc/optim/adafactor.h, sm3.h, themselves checked against the
 papers' fp64 equations by test/test_optimizers.py), on a GPU or on the CPU emulation of CUDA.
 
-One model and batch stream, L=2 C=128 H=2 T=64 V=500 (test_gpu.py's "tiny") at B=2, 10 steps,
+One model and batch stream, L=2 C=128 H=2 T=64 V=500 (test_gpu.py's "tiny") at B=1, 10 steps,
 checkpoints at 5 and 10; every run below is made once and shared by the checks. Per optimizer:
 
   fp32 vs cpu        train_gpt_fp32 (the same kernels in fp32) and train_gpt_cpu: the 10 losses within
                      test_gpu.py's FP32_TOL, and the weight change of every tensor within 1e-3 (relative
-                     L2), measured 3e-5 at most: the GPU's sums run in another order than the CPU's, in
+                     L2; the report says the worst): the GPU's sums run in another order than the CPU's, in
                      double both (Adafactor's qkvb within 0.1: QKVB_UPDATE says why). One exception, stated:
                      the key biases (the middle third of qkvb). Their
                      true gradient is 0 (softmax ignores a constant added to a row of scores), the computed
@@ -35,18 +35,19 @@ differs).
 Planted (by hand, once each; see the commit messages): Adafactor's update clipping skipped; Adafactor's
 V_ij without the division by sum(R); SM3's rows reading the new column accumulators.
 
-Cost: 7 emulated runs of 10 or 5 steps at B=2, 2 short 2-rank runs, 6 short CPU runs.
+Cost: 6 emulated runs of 10 or 5 steps at B=1, 2 short 2-rank runs, 5 short CPU runs: 28 s of CPU time
+(2 shared cores, 134 s wall while 7 others built and tested).
 """
-import os, shutil, subprocess, sys, tempfile
+import os, shutil, sys, tempfile
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import report, exit_code  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 import test_gpu  # noqa: E402
-from test_gpu import CPU, GPU, GPU32, MODE, DEFAULT_ATTENTION, FP32_TOL, BF16_TOL, run, same_bytes  # noqa: E402
+from test_gpu import CPU, GPU, GPU32, DEFAULT_ATTENTION, FP32_TOL, BF16_TOL, run, same_bytes  # noqa: E402
 
 L, C, V, MAXT = 2, 128, 500, 64
-STEPS = ["--batch-size", "2", "--seq-len", "64", "--steps", "10", "--checkpoint-every", "5"]
+STEPS = ["--batch-size", "1", "--seq-len", "64", "--steps", "10", "--checkpoint-every", "5"]
 # per optimizer: its flags (sm3 at an Adagrad-sized rate; adafactor at its paper's relative step)
 OPTIMIZERS = {"adafactor": ["--optimizer", "adafactor"],
               "sm3": ["--optimizer", "sm3", "--lr", "0.005", "--warmup-steps", "2"]}
@@ -81,18 +82,20 @@ def compare(tag, got, ref, model, losses_tol, update_tol, offset=0, qkvb_tol=Non
     dl = float(np.max(np.abs(got["losses"] - ref["losses"][offset:])))
     report(dl <= losses_tol, f"{tag}: losses", f"max diff {dl:.3g} > {losses_tol}", f"max diff {dl:.2e}")
     keep = key_bias_mask(model)
-    bad, worst = [], (0.0, "")
+    bad, worst, qkvb = [], (0.0, ""), ""
     for i, n in enumerate(names):
         s = slice(off[i], off[i + 1])
         k = keep[s]
         e = test_gpu.rel(got["params"][s][k] - init[s][k], ref["params"][s][k] - init[s][k])
-        tol = qkvb_tol if n == "qkvb" and qkvb_tol else update_tol
-        worst = max(worst, (e, n))
-        if e > tol:
+        if n == "qkvb" and qkvb_tol:
+            qkvb = f", qkvb {e:.2e}"
+        else:
+            worst = max(worst, (e, n))
+        if e > (qkvb_tol if n == "qkvb" and qkvb_tol else update_tol):
             bad.append(f"{n} {e:.2e}")
     report(not bad, f"{tag}: the weight change of every tensor (the key biases apart) within {update_tol}"
            + (f" (qkvb {qkvb_tol})" if qkvb_tol else ""),
-           "; ".join(bad), f"worst {worst[1]} {worst[0]:.2e}")
+           "; ".join(bad), f"worst {worst[1]} {worst[0]:.2e}{qkvb}")
 
 
 def dump_run(exe, tmp, name, flags):
@@ -141,7 +144,7 @@ def one_optimizer(tmp, model, name, data):
                 ref, model, BF16_TOL["losses"], BF16_TOL["update"], 5)
 
     # memory: --estimate's table is the one the run allocated, and the state row is the shapes' count
-    shape = ["--model", f"{tmp}/tiny.bin", "--batch-size", "2", "--seq-len", "64"] + OPTIMIZERS[name][:2] + DEFAULT_ATTENTION
+    shape = ["--model", f"{tmp}/tiny.bin", "--batch-size", "1", "--seq-len", "64"] + OPTIMIZERS[name][:2] + DEFAULT_ATTENTION
     est = run([GPU32] + shape + ["--estimate"]).stdout
 
     def row(start, index):
@@ -166,33 +169,22 @@ def refusals(tmp, data):
                f"the GPU trainer refuses --optimizer adafactor with {' '.join(flags)} in one line", p.stderr[-400:])
 
 
-def data_parallel(tmp, model):
+def data_parallel(tmp, model, data):
     """2 ranks, --zero 0, 3 steps of one micro-batch each == one rank accumulating the 2 (the fp32 build)."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
+    if shutil.which("mpirun") is None:
         print("SKIP: --optimizer adafactor over 2 data-parallel ranks (mpirun is not installed)")
         return
-    flags = ["--model", f"{tmp}/tiny.bin", "--train-data", f"{tmp}/train_*.bin", "--val-data", "none", "--sample-every", "0",
-             "--batch-size", "2", "--seq-len", "64", "--total-batch-tokens", "256", "--steps", "3", "--optimizer", "adafactor",
-             "--zero", "0"] + DEFAULT_ATTENTION
-    dumps = {}
-    for name, ranks in (("one", 1), ("two", 2)):
-        path = f"{tmp}/dp_{name}.st"
-        launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
-        run(launch + [GPU32] + flags + ["--out-dir", f"{tmp}/dp_{name}", "--dump-state", path], env={"LLMC_HOST_STAGED": "1"})
-        dumps[name] = read_safetensors(path)[0]
+    # data's files, batch and sequence; 3 steps of 2 micro-batches, no checkpoints
+    flags = ["--model", f"{tmp}/tiny.bin"] + data[:10] + ["--total-batch-tokens", "128", "--steps", "3", "--zero", "0"]
+    flags += OPTIMIZERS["adafactor"] + DEFAULT_ATTENTION
+    dumps = {name: test_gpu.dump_on_ranks(GPU32, ranks, flags + ["--out-dir", f"{tmp}/dp_{name}"], f"{tmp}/dp_{name}.st")
+             for name, ranks in (("one", 1), ("two", 2))}
     compare("--optimizer adafactor: 2 ranks (--zero 0) vs one rank", dumps["two"], dumps["one"], model, FP32_TOL["losses"],
             FP32_UPDATE, qkvb_tol=QKVB_UPDATE)
 
 
 def main():
-    if MODE is None:
-        print(f"SKIP: every GPU factored-optimizer check ({GPU})")
-        sys.exit(exit_code())
-    for exe in (GPU, GPU32, CPU):
-        if not os.path.exists(exe):
-            report(False, "binaries", f"{exe} is missing: run make (and make emu without a GPU)")
-            sys.exit(exit_code())
+    test_gpu.require_trainers("every GPU factored-optimizer check")
     only = [a for a in sys.argv[1:] if a in OPTIMIZERS] or list(OPTIMIZERS)
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_factored_")
     try:
@@ -201,7 +193,7 @@ def main():
         for name in only:
             test_gpu.check(f"--optimizer {name}", one_optimizer, tmp, model, name, data)
         test_gpu.check("refusals", refusals, tmp, data)
-        test_gpu.check("data parallel", data_parallel, tmp, model)
+        test_gpu.check("data parallel", data_parallel, tmp, model, data)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(exit_code())

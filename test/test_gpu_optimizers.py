@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import report, exit_code  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
 import test_gpu  # noqa: E402
-from test_gpu import CPU, GPU, GPU32, MODE, DEFAULT_ATTENTION, FP32_TOL, BF16_TOL, run, compare_dumps, same_bytes  # noqa: E402
+from test_gpu import CPU, GPU, GPU32, DEFAULT_ATTENTION, FP32_TOL, BF16_TOL, run, compare_dumps, same_bytes  # noqa: E402
 
 STEPS = ["--batch-size", "4", "--seq-len", "64", "--steps", "10", "--lr", "1e-3", "--warmup-steps", "2",
          "--optimizer-state", "bf16", "--checkpoint-every", "5"]
@@ -71,20 +71,14 @@ def data_parallel(tmp, model):
     """2 ranks, 3 steps of 2 micro-batches of B=2 (the fp32 build): ZeRO-1 (each rank updates its shard of
     m and v, rounding each element with its index in the whole model) == ZeRO-0 (both ranks update
     everything) bit for bit, and == one rank accumulating the same micro-batches within FP32_TOL."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
+    if shutil.which("mpirun") is None:
         print("SKIP: --optimizer-state bf16 over 2 data-parallel ranks (mpirun is not installed)")
         return
     flags = ["--model", f"{tmp}/tiny.bin", "--train-data", f"{tmp}/train_*.bin", "--val-data", "none", "--sample-every", "0",
              "--batch-size", "2", "--seq-len", "64", "--total-batch-tokens", "256", "--steps", "3", "--lr", "1e-3",
              "--optimizer-state", "bf16"] + DEFAULT_ATTENTION
-    dumps = {}
-    for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"])):
-        path = f"{tmp}/dp_{name}.st"
-        launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
-        run(launch + [GPU32] + flags + extra + ["--out-dir", f"{tmp}/dp_{name}", "--dump-state", path],
-            env={"LLMC_HOST_STAGED": "1"})
-        dumps[name] = read_safetensors(path)[0]
+    dumps = {name: test_gpu.dump_on_ranks(GPU32, ranks, flags + extra + ["--out-dir", f"{tmp}/dp_{name}"], f"{tmp}/dp_{name}.st")
+             for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]))}
     same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
     report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
            "the weights or losses differ")
@@ -92,13 +86,7 @@ def data_parallel(tmp, model):
 
 
 def main():
-    if MODE is None:
-        print(f"SKIP: every GPU optimizer check ({GPU})")
-        sys.exit(exit_code())
-    for exe in (GPU, GPU32, CPU):
-        if not os.path.exists(exe):
-            report(False, "binaries", f"{exe} is missing: run make (and make emu without a GPU)")
-            sys.exit(exit_code())
+    test_gpu.require_trainers("every GPU optimizer check")
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_optim_")
     try:
         model = test_gpu.tiny_precision_fixture(tmp)

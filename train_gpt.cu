@@ -64,6 +64,8 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/optim/adamw.cuh"
 #include "llmc/optim/adamw_bf16.cuh"
+#include "llmc/optim/adafactor.cuh"
+#include "llmc/optim/sm3.cuh"
 #include "llmc/optim/loss_scaler.h"
 #include "llmc/optim/offload.cuh"
 #include "llmc/run/cuda_graphs.cuh"
@@ -173,6 +175,7 @@ struct GPT2 {
     ExpertParallelGpu ep;               // --expert-parallel: the experts on their owners (llmc/parallel/expert_parallel.cuh)
     MoEZeroGpu moe_zero;                // ... over data-parallel GPUs: its sum, ZeRO-1/2's shard (llmc/parallel/moe_zero.cuh)
     PipeDream2BWGpu versions;           // --pipeline-schedule 2bw: W(t-1) beside params' W(t) (llmc/parallel/pipedream_2bw.cuh)
+    std::vector<ParamBlock> blocks;     // --optimizer adafactor | sm3: the matrices and vectors it keeps statistics of (optimizer_state.h)
     size_t memory_total = 0, memory_used_before = 0;  // the device's, measured just before allocation
 };
 
@@ -804,7 +807,7 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
 }
 
 // Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
-// then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
+// or --optimizer adafactor | sm3 over the whole model (adafactor.cuh, sm3.cuh), then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
 // to the last (the tied LM head). Returns when they are in place on every rank.
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
@@ -835,7 +838,16 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     // gradient (eager, finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each
     // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
     bool graphed = m->graphs.replay;
-    if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
+    // --optimizer adafactor | sm3: every replica the whole update (ZeRO-0: factored_gpu_problem)
+    float clip = cpu::clip_coefficient(norm, o.grad_clip) / m->scaler.scale;  // (the CPU trainer's; adamw_clip's on the device)
+    if (m->shape.optimizer == Optimizer::Adafactor) {
+        adafactor_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
+                             B_<double>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, adam_t, o.weight_decay, clip,
+                             adamw_weight_stream(now, a), m->stream);
+    } else if (m->shape.optimizer == Optimizer::SM3) {
+        sm3_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
+                       B_<float>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, o.weight_decay, clip, adamw_weight_stream(now, a), m->stream);
+    } else if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         if (graphed) zero_share_gradients(&m->zero, m->stream, true);
         if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel, keyed in the whole model
@@ -1162,6 +1174,7 @@ static std::vector<float> gather_bf16_weights(GPT2* m, Parallel* par, bool with_
 // The optimizer's arrays (GB_MASTER, GB_ADAM_M, GB_ADAM_V): on the GPU, or on the host with --offload
 // optimizer. A checkpoint holds the same values either way, so either kind of run resumes the other.
 static size_t optimizer_elements(const GPT2* m) {
+    if (m->shape.optimizer != Optimizer::AdamW) return m->table[GB_MASTER].elements;  // (Adafactor: no m and v)
     return m->shape.offload_optimizer ? m->offload.n : m->table[GB_ADAM_M].elements;
 }
 static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
@@ -1193,6 +1206,19 @@ static void write_optimizer_array(GPT2* m, GPUBuffer row, const std::vector<floa
     else CUDA_CHECK(cudaMemcpy(m->buf[row], values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
+// --optimizer adafactor's state.bin, as the CPU trainer writes it: the blocks' statistics
+// (optimizer_state.h's order), and after them, in the bf16 build, the fp32 master weights (the format's
+// room for weights beside a factored state), so a resumed run continues from the same fp32 values.
+static void fill_factored_state(GPT2* m, Parallel* par, TrainState* s) {
+    s->header.optimizer = (int)m->shape.optimizer;
+    s->factored = download_floats(B_<float>(m, GB_OPTIMIZER_STATE), m->table[GB_OPTIMIZER_STATE].elements);
+    s->header.optimizer_state_floats = (int64_t)s->factored.size();
+    if (!s->header.has_master_weights) return;
+    std::vector<float> master = read_optimizer_array(m, GB_MASTER);
+    zero_fill_state(s, par->grid, zero_state_runs(m->zero.plan, slice_runs(m->config, m->slice), true), nullptr, nullptr,
+                    master.data(), true);
+}
+
 // A checkpoint (llmc/run/checkpoint.h: write_checkpoint says which rank writes which file), from the GPU's
 // buffers: model.bin the bf16 weights bit for bit (fp32 in the fp32 build); the state files the
 // fp32 master weights beside m and v, or without them the bf16 weights widened. Without a rank
@@ -1214,6 +1240,10 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
     }
     parts.write_model_bin = [&](const std::string& path) { write_params_file(m, path, moe_table); };
     parts.fill_state = [&](TrainState* s) {
+        if (m->shape.optimizer != Optimizer::AdamW) {  // the CPU trainer's format (docs/formats.md, version 3)
+            fill_factored_state(m, par, s);
+            return;
+        }
         std::vector<float> adam_m = read_optimizer_array(m, GB_ADAM_M), adam_v = read_optimizer_array(m, GB_ADAM_V);
         std::vector<float> weights = m->shape.master_weights ? read_optimizer_array(m, GB_MASTER)
                                                              : download_as_float(B_<floatX>(m, GB_PARAMS), m->table[GB_PARAMS].elements);
@@ -1305,25 +1335,32 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
     upload_rounded(B_<floatX>(m, GB_PARAMS), weights.data(), weights.size());
 
     size_t opt = optimizer_elements(m);
-    std::vector<float> adam_m(opt, 0.0f), adam_v(opt, 0.0f), master(opt, 0.0f);
+    bool adamw = m->shape.optimizer == Optimizer::AdamW;
+    std::vector<float> adam_m(adamw ? opt : 0, 0.0f), adam_v(adamw ? opt : 0, 0.0f), master(opt, 0.0f);
     std::vector<StateRun> state_runs = zero_state_runs(m->zero.plan, slice, false);
     for (const StateRun& r : state_runs)  // the master weights start as the fp32 values loaded
-        memcpy(master.data() + r.state_at, weights.data() + r.weight_at, r.count * sizeof(float));
+        if (opt > 0) memcpy(master.data() + r.state_at, weights.data() + r.weight_at, r.count * sizeof(float));
+    // --optimizer adafactor: its statistics start at 0 (the paper's R_0, C_0, V_0), or the checkpoint's
+    std::vector<float> factored(m->table[GB_OPTIMIZER_STATE].elements, 0.0f);
     TrainStateHeader resumed;
     resumed.step = 0;
     if (!resume_dir.empty()) {
         bool master_weights = m->shape.master_weights;
-        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted_state(state_runs), adam_m.data(), adam_v.data(),
-                                  master_weights ? master.data() : nullptr);
+        if (!adamw) read_factored_state(resume_dir, param_layout(cfg).total, m->shape.optimizer, factored.size(), 0, factored.size(),
+                                        factored.data(), m->zero.plan.grid.world);
+        resumed = read_state_runs(resume_dir, param_layout(cfg).total, wanted_state(state_runs), adamw ? adam_m.data() : nullptr,
+                                  adamw ? adam_v.data() : nullptr, master_weights ? master.data() : nullptr);
         if (master_weights && !resumed.has_master_weights && m->slice.first_stage && m->zero.plan.grid.rank == 0) {
             printf("note: the checkpoint has no fp32 master weights; starting them from model.bin's weights\n");
         }
     }
     if (opt > 0) {
-        write_optimizer_array(m, GB_ADAM_M, adam_m);
-        write_optimizer_array(m, GB_ADAM_V, adam_v);
+        if (adamw) write_optimizer_array(m, GB_ADAM_M, adam_m);
+        if (adamw) write_optimizer_array(m, GB_ADAM_V, adam_v);
         if (m->shape.master_weights) write_optimizer_array(m, GB_MASTER, master);
     }
+    if (!factored.empty())
+        CUDA_CHECK(cudaMemcpy(m->buf[GB_OPTIMIZER_STATE], factored.data(), factored.size() * sizeof(float), cudaMemcpyHostToDevice));
     return resumed;
 }
 
@@ -1397,7 +1434,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
                              int step, BadSteps* bad_steps) {
     const ProcessGrid& grid = par->grid;
     StepResult r;
-    r.lr = learning_rate(plan.schedule, step - 1);
+    r.lr = step_learning_rate(plan, o, step);  // (adafactor without --lr: its relative step)
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // where the loss kernel reads S
     zero_gradients(m);
     m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
@@ -1435,7 +1472,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
     StepResult r;
-    r.lr = learning_rate(plan.schedule, step - 1);
+    r.lr = step_learning_rate(plan, o, step);
     int mb = plan.accumulation_steps, BT = m->B * m->T;
     auto start = std::chrono::steady_clock::now();
     // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
@@ -1606,6 +1643,7 @@ static GPURunShape run_shape(const TrainOptions& o, const GPT2Config& cfg, int B
     gpu_pipeline_shape(&s, par.schedule, micro_batches, par.chunks);
     s.offload_optimizer = o.offload == "optimizer";
     s.bf16_moments = o.optimizer_state == "bf16";
+    parse_optimizer(o.optimizer, &s.optimizer);  // (validate_options checked the name)
     s.moe = MoEConfig{o.moe_experts, o.moe_every};
     s.moe_top_k = o.moe_top_k;
     s.expert_parallel = o.expert_parallel;  // (consecutive data-parallel ranks form an expert group)
@@ -1654,6 +1692,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     m->buckets.assign((size_t)m->slots, 0);
     m->table = gpu_buffer_table(m->shape);
     gpt2_allocate(m);
+    if (m->shape.optimizer != Optimizer::AdamW) m->blocks = param_blocks(cfg);  // (one replica holds the whole model)
     if (m->shape.two_weight_versions) {  // 2BW's older version: the stage's weights and its wte copy (pipedream_2bw.cuh)
         PipeDream2BWGpu& v = m->versions;
         v.on = true;
@@ -2061,6 +2100,28 @@ static std::string optimizer_gpu_problem(const TrainOptions& o) {
     return "";
 }
 
+// --optimizer adafactor | sm3 (llmc/optim/adafactor.cuh, sm3.cuh) run where they are proven against
+// the CPU trainer (test/test_gpu_factored.py): one GPU, or data-parallel replicas with --zero 0 (each
+// the whole update of the summed gradient), the bf16 and fp32 builds, eager steps. Everything else is
+// one line and exit 2 before anything is allocated.
+static std::string factored_gpu_problem(const TrainOptions& o) {
+    if (o.optimizer == "adamw") return "";
+    const char* name = o.optimizer.c_str();
+    if (o.zero_stage != 0 || o.tensor_parallel > 1)
+        return strprintf("--optimizer %s on the GPU trainer with --zero %d --tensor-parallel %d: built for one GPU or data "
+                         "parallelism with --zero 0 for now; use those, train_gpt_cpu, or --optimizer adamw", name, o.zero_stage,
+                         o.tensor_parallel);
+    if (o.offload == "optimizer")
+        return strprintf("--optimizer %s with --offload optimizer: the offload moves AdamW's master weights, m and v; %s's "
+                         "statistics are small and stay on the GPU: drop --offload", name, name);
+    if (o.moe_experts > 0) return strprintf("--optimizer %s with --moe-experts on the GPU: the MoE table's update is AdamW's; use train_gpt_cpu", name);
+    if (o.cuda_graphs) return strprintf("--optimizer %s with --cuda-graphs is not checked yet: drop --cuda-graphs", name);
+    if (o.grad_compression != "none") return strprintf("--optimizer %s with --grad-compression on the GPU is not checked yet: drop --grad-compression", name);
+    if (o.precision == "fp8") return strprintf("--optimizer %s with --precision fp8 is not checked yet: drop --precision fp8", name);
+    if (FLOATX_IS_FP16) return strprintf("--optimizer %s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", name);
+    return "";
+}
+
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
@@ -2124,6 +2185,7 @@ int main(int argc, char** argv) {
     why = new_model ? "" : moe_file_problem(file, o, model_source);
     if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
     if (why.empty()) why = optimizer_gpu_problem(o);
+    if (why.empty()) why = factored_gpu_problem(o);
     // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
     if (why.empty())
         why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,

@@ -715,13 +715,6 @@ static int weight_input_slot(GPT2* model, int micro) {
 // The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h), or
 // --optimizer adafactor (llmc/optim/adafactor.h) or sm3 (llmc/optim/sm3.h) on the whole model.
 
-// The learning rate of step `step` (from 1): the schedule's (llmc/optim/schedule.h counts from 0), or
-// with --optimizer adafactor and no --lr the paper's relative step min(1e-2, 1/sqrt(t)).
-static float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int step) {
-    if (o.optimizer == "adafactor" && !flag_given(o, "lr")) return adafactor_relative_step(step);
-    return learning_rate(plan.schedule, step - 1);
-}
-
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
 // (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
 // gradients and moments are). Weight decay differs per tensor; each element's update depends on

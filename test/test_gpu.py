@@ -110,6 +110,26 @@ def run(cmd, expect_ok=True, env=None):
     return p
 
 
+def require_trainers(what):
+    """A test that compares the GPU trainer's builds with the CPU trainer: SKIP (exit 0) without a GPU or
+    the emulation; a FAIL naming what to build when a binary is missing."""
+    if MODE is None:
+        print(f"SKIP: {what} ({GPU})")
+        sys.exit(exit_code())
+    for exe in (GPU, GPU32, CPU):
+        if not os.path.exists(exe):
+            report(False, "binaries", f"{exe} is missing: run make (and make emu without a GPU)")
+            sys.exit(exit_code())
+
+
+def dump_on_ranks(exe, ranks, flags, path):
+    """exe with flags on `ranks` MPI ranks (mpirun beyond one; host-staged, as the emulation's ranks share
+    its one device) with --dump-state path; returns the dump."""
+    launch = [shutil.which("mpirun"), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
+    run((launch if ranks > 1 else []) + [exe] + flags + ["--dump-state", path], env={"LLMC_HOST_STAGED": "1"})
+    return read_safetensors(path)[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # files
 

@@ -126,13 +126,7 @@ def grids(tmp, model):
 
 
 def main():
-    if MODE is None:
-        print(f"SKIP: every GPU optimizer check ({GPU})")
-        sys.exit(exit_code())
-    for exe in (GPU, GPU32, CPU):
-        if not os.path.exists(exe):
-            report(False, "binaries", f"{exe} is missing: run make (and make emu without a GPU)")
-            sys.exit(exit_code())
+    test_gpu.require_trainers("every GPU optimizer check")
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_optim_")
     try:
         model = test_gpu.tiny_precision_fixture(tmp)

@@ -50,8 +50,9 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
                         --optimizer-state, a factored optimizer with --zero 2, --pipeline-parallel 2,
                         --tensor-parallel 2 with --zero 1,
                         --optimizer-state bf16 or AdamW's --beta1 (exit 2, one line); the GPU trainer (when
-                        build/emu/train_gpt is built) refuses adafactor, sm3, and --optimizer-state bf16 with
-                        --moe-experts (its bf16 moments: test_gpu_optimizers.py).
+                        build/emu/train_gpt is built) refuses sm3 with --zero 1 (its factored optimizers:
+                        test_gpu_factored.py), and --optimizer-state bf16 with --moe-experts (its bf16
+                        moments: test_gpu_optimizers.py).
 
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
@@ -477,8 +478,9 @@ def main():
             p = tr.run(tr.base("bad") + ["--steps", 1] + flags, expect_ok=False)
             check_one_line(f"{' '.join(flags)} is refused", p, 2, words)
         if os.path.exists(GPU_EMU):
-            p = subprocess.run([GPU_EMU, "--optimizer", "sm3", "--model", MODEL], capture_output=True, text=True)
-            check_one_line("the GPU trainer refuses --optimizer sm3", p, 2, ["CPU trainer"])
+            p = subprocess.run([GPU_EMU, "--optimizer", "sm3", "--zero", "1", "--model", MODEL], capture_output=True, text=True)
+            check_one_line("the GPU trainer refuses --optimizer sm3 with --zero 1 (test_gpu_factored.py: the rest)", p, 2,
+                           ["--zero 1", "--zero 0"])
             p = subprocess.run([GPU_EMU, "--optimizer-state", "bf16", "--moe-experts", "2", "--model", MODEL], capture_output=True, text=True)
             check_one_line("the GPU trainer refuses --optimizer-state bf16 with --moe-experts (test_gpu_optimizers.py: the rest)",
                            p, 2, ["--moe-experts"])

@@ -415,7 +415,8 @@ struct TrainStateHeader {
     // m and v follow as before; 1 Adafactor, 2 SM3, whose optimizer_state_floats follow instead, in
     // the order of param_blocks(), and shard_count is 0: no per-element state; or, with tensor
     // parallelism, the rank's slice_param_blocks() statistics, then its shard_count weights in the
-    // order of the run table, has_master_weights 1, for model.bin's assembly)
+    // order of the run table, has_master_weights 1, for model.bin's assembly; the GPU trainer's bf16
+    // build: the statistics, then its fp32 master weights, has_master_weights 1)
     int32_t optimizer = 0, reserved_pad = 0;
     int64_t optimizer_state_floats = 0;
     // fp16's loss scaler (llmc/optim/loss_scaler.h), in the reserved space (readers of any version

@@ -141,7 +141,8 @@ __device__ __forceinline__ void stochastic_round(__half* out, float x, uint32_t 
 // ----------------------------------------------------------------------------------------------
 // Reductions within a warp and a block: a fixed butterfly, so the order of the sum is fixed too.
 
-__device__ __forceinline__ float warp_sum(float v) {
+// (templates: float here, double for the factored optimizers' sums, llmc/optim/adafactor.cuh)
+template <class T> __device__ __forceinline__ T warp_sum(T v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
@@ -151,13 +152,13 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `shared` holds 32 floats. Ends with a barrier, so it can be called again right away.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+// `shared` holds 32 values. Ends with a barrier, so it can be called again right away.
+template <class T> __device__ __forceinline__ T block_sum(T v, T* shared) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     v = warp_sum(v);
     if (lane == 0) shared[warp] = v;
     __syncthreads();
-    v = lane < warps ? shared[lane] : 0.0f;
+    v = lane < warps ? shared[lane] : T(0);
     v = warp_sum(v);
     __syncthreads();
     return v;

@@ -110,6 +110,7 @@ inline GPURunShape estimate_gpu_shape(const EstimateSetup& e, int B, int rank) {
     gpu_pipeline_shape(&s, e.schedule, estimate_micro_batches(e, B), e.virtual_stages);
     s.offload_optimizer = e.offload_optimizer;
     s.bf16_moments = e.bf16_moments;
+    s.optimizer = e.optimizer;  // --optimizer adafactor | sm3 (llmc/optim/adafactor.cuh, sm3.cuh)
     s.moe = e.moe;  // --moe-experts (llmc/model/moe_gpu.cuh)
     s.moe_top_k = e.moe_top_k;
     s.expert_parallel = e.expert_parallel;  // (llmc/parallel/expert_parallel.cuh)

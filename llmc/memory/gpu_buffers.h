@@ -41,6 +41,7 @@
 #include "llmc/memory/size_table.h"
 #include "llmc/model/model.h"
 #include "llmc/model/zero_bubble_backward.h"
+#include "llmc/optim/adafactor.h"  // the factored optimizers' state and scratch
 #include "llmc/parallel/pipeline_schedule.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/model/recompute.h"
@@ -56,6 +57,7 @@ struct GPURunShape {
     bool master_weights = true;        // fp32 copy of the parameters
     bool offload_optimizer = false;    // --offload optimizer: master, m, v in host memory (llmc/optim/offload.cuh)
     bool bf16_moments = false;         // --optimizer-state bf16: AdamW's m and v in 2 bytes (llmc/optim/adamw_bf16.cuh)
+    Optimizer optimizer = Optimizer::AdamW;  // --optimizer: adafactor and sm3 keep GB_OPTIMIZER_STATE, not m and v
     bool simple_attention = false;     // materialised (B, NH, T, T) attention instead of cuDNN
     int dtype_bytes = 2;               // 2: bf16 build, 4: the fp32 debugging build
     ProcessGrid grid;                  // this rank's place: its slice, its ZeRO share (default: one rank)
@@ -98,6 +100,8 @@ inline GPURunShape gpu_run_shape(const GPT2Config& cfg, int B, int T, int recomp
 enum GPUBuffer {
     // the model and its optimizer
     GB_PARAMS, GB_GRADS, GB_MASTER, GB_ADAM_M, GB_ADAM_V,
+    // --optimizer adafactor | sm3 (llmc/optim/adafactor.cuh, sm3.cuh): row and column statistics instead of m and v
+    GB_OPTIMIZER_STATE, GB_OPTIMIZER_SCRATCH,
     // activations kept from the forward for the backward (stacked over the layers held)
     GB_RESIDUAL, GB_RESIDUAL2, GB_LN1, GB_LN1_MEAN, GB_LN1_RSTD, GB_QKV, GB_ATTY, GB_ATT,
     GB_LN2, GB_LN2_MEAN, GB_LN2_RSTD, GB_FCH, GB_FCH_GELU,
@@ -250,8 +254,21 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     // --optimizer-state bf16: m and v in 2 bytes each (llmc/optim/adamw_bf16.cuh)
     size_t moment_bytes = s.bf16_moments ? 2 : F;
     const char* moment_type = s.bf16_moments ? "bf16" : "fp32";
-    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), on_gpu, moment_bytes};
-    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), on_gpu, moment_bytes};
+    size_t moments = s.optimizer == Optimizer::AdamW ? on_gpu : 0;
+    t[GB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), moments, moment_bytes};
+    t[GB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu) %s", opt, moment_type), moments, moment_bytes};
+    // --optimizer adafactor | sm3: rows + columns per matrix, n per vector (optimizer_state.h), and scratch:
+    // Adafactor's partial sums of the block being updated (adafactor.h's adafactor_gpu_scratch_doubles),
+    // SM3's new column accumulators (the widest matrix's columns)
+    bool factored = s.optimizer != Optimizer::AdamW, adafactor = s.optimizer == Optimizer::Adafactor;
+    t[GB_OPTIMIZER_STATE] = {"optimizer_state", MEM_OPTIMIZER, "rows + columns per matrix, fp32",
+                             factored ? factored_state_floats(c) : 0, F};
+    if (adafactor)
+        t[GB_OPTIMIZER_SCRATCH] = {"optimizer_scratch", MEM_WORKSPACE, "Adafactor: 3 + 2 x the tallest block's rows, fp64",
+                                   adafactor_gpu_scratch_doubles(c), 8};
+    else
+        t[GB_OPTIMIZER_SCRATCH] = {"optimizer_scratch", MEM_WORKSPACE, "SM3: the widest matrix's columns, fp32",
+                                   factored ? factored_scratch_floats(c) : 0, F};
 
     t[GB_RESIDUAL] = {"residual", MEM_ACTIVATIONS, sh("(%zu+1, ", al) + rows + ", C)" + x, per((al + 1) * R * C), X};
     t[GB_RESIDUAL2] = {"residual2", MEM_ACTIVATIONS, sh("(%zu, ", al) + rows + ", C)" + x, per(al * R * C), X};

@@ -65,6 +65,24 @@ constexpr float ADAFACTOR_EPS1 = 1e-30f, ADAFACTOR_EPS2 = 1e-3f, ADAFACTOR_CLIP_
 inline float adafactor_beta2(int t) { return 1.0f - powf((float)t, -0.8f); }
 inline float adafactor_relative_step(int t) { return std::min(1e-2f, 1.0f / sqrtf((float)t)); }
 
+// The per-element and per-block arithmetic, written once for both trainers: the GPU's kernels
+// (llmc/optim/adafactor.cuh) call these same functions, in double as here.
+// U_ij of a matrix: G_ij / sqrt(R_i C_j / sum(R)), as G_ij sqrt((1/C_j) / (R_i / sum(R))).
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline double adafactor_matrix_u(double g, double r_i, double inv_col_j, double inv_sum_r) {
+    return g * sqrt(inv_col_j / (r_i * inv_sum_r));
+}
+// The step alpha_t / max(1, RMS(U) / d) from the block's sums of X^2 and U^2 over its `elements`.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline double adafactor_step_size(double sum_x2, double sum_u2, double elements, float rho) {
+    double alpha = fmax((double)ADAFACTOR_EPS2, sqrt(sum_x2 / elements)) * rho;
+    return alpha / fmax(1.0, sqrt(sum_u2 / elements) / ADAFACTOR_CLIP_D);
+}
+
 // One block (a matrix or a vector, optimizer_state.h) of step t: `x` its weights, `g` its gradient
 // (times grad_scale, the global-norm clip), `state` its R then C (matrix) or V (vector). `group`
 // (tensor parallelism): a block cut over ranks adds its partial sums over them at the points
@@ -126,17 +144,14 @@ inline void adafactor_update(float* x, const float* g, float* state, const Param
             sum_x2 = sums[0], elements = sums[1];
         }
     }
-    double alpha = std::max((double)ADAFACTOR_EPS2, std::sqrt(sum_x2 / elements)) * rho;
     // U = G / sqrt(V), with V_ij = R_i C_j / sum(R) (matrix) or V_i (vector)
     auto update = [&](size_t k) {
         if (!b.is_matrix()) return grad(k) / std::sqrt((double)state[k]);
-        size_t i = k / m, j = k % m;
-        return grad(k) * std::sqrt(inv_col[j] / ((double)R[i] * inv_sum_r));
+        return adafactor_matrix_u(grad(k), (double)R[k / m], inv_col[k % m], inv_sum_r);
     };
     double sum_u2 = ordered_sum(count, [&](size_t k) { double u = update(k); return u * u; });
     if (cut) group->sum(&sum_u2, 1);  // group: RMS(U) is over the whole update
-    double rms_u = std::sqrt(sum_u2 / elements);
-    double step = alpha / std::max(1.0, rms_u / ADAFACTOR_CLIP_D);
+    double step = adafactor_step_size(sum_x2, sum_u2, elements, rho);
     float decay = 1.0f - rho * weight_decay;
     #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < count; k++) x[k] = (float)(x[k] * decay - step * update(k));
@@ -157,3 +172,13 @@ inline void adafactor_step(float* params, const float* grads, float* state, cons
 }
 
 }  // namespace cpu
+
+// The GPU's scratch (llmc/optim/adafactor.cuh; GB_OPTIMIZER_SCRATCH in llmc/memory/gpu_buffers.h), in
+// doubles: the block being updated's three sums, then two partials (X^2, U^2) per row of the tallest
+// block (a vector has one per thread block, fewer than its elements).
+enum AdafactorScalar { AF_SUM_X2, AF_SUM_R, AF_SUM_U2, AF_SCALARS };
+inline size_t adafactor_gpu_scratch_doubles(const GPT2Config& cfg) {
+    size_t rows = 0;
+    for (const ParamBlock& b : param_blocks(cfg)) rows = std::max(rows, b.rows);
+    return AF_SCALARS + 2 * rows;
+}

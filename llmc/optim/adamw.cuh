@@ -67,7 +67,8 @@ __device__ __forceinline__ float adamw_decay(size_t i, const AdamWStep& now, con
 }
 
 // The random stream of the weights' stochastic rounding at this step (hash_u32(stream ^ index)).
-__device__ __forceinline__ uint64_t adamw_weight_stream(const AdamWStep& now, const AdamWParams& a) {
+// (__host__ too: the factored optimizers' kernels take it by value, adafactor.cuh)
+__host__ __device__ __forceinline__ uint64_t adamw_weight_stream(const AdamWStep& now, const AdamWParams& a) {
     return (uint64_t)a.seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)now.step << 40);
 }
 

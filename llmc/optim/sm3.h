@@ -46,7 +46,11 @@
 
 namespace cpu {
 
-// The step for one parameter: 0 where nu = 0 (its gradient is 0 there too).
+// The step for one parameter: 0 where nu = 0 (its gradient is 0 there too). (Both trainers': the
+// GPU's kernels, llmc/optim/sm3.cuh, call it too.)
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 inline float sm3_scaled_gradient(float g, float nu) { return nu > 0.0f ? g / sqrtf(nu) : 0.0f; }
 
 // One block (optimizer_state.h): `w` its weights, `grad` its gradient (times grad_scale), `state`

@@ -349,9 +349,12 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
             // a factored optimizer's checkpoint: no per-element state, and its weights are in model.bin
             // (with tensor parallelism assembled from the state files' weights: take them from there)
             if (m || v) refuse_other_optimizer(dir, h.optimizer, (int)Optimizer::AdamW);
-            TrainStateHeader none = h;
-            none.has_master_weights = 0;  // none read here
-            return none;
+            if (!master || !h.has_master_weights) {
+                TrainStateHeader none = h;
+                none.has_master_weights = 0;  // none read here
+                return none;
+            }
+            // the GPU's fp32 master weights after the statistics (train_gpt.cu's fill_factored_state): read below
         }
         if (i > 0 && (h.step != headers[0].step || h.world_size != headers[0].world_size)) {
             fail("training-state file '%s' does not belong with the others in '%s' (step %lld of %d ranks; expected step %lld "
@@ -395,8 +398,9 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
             float* dst[3] = {m, v, h.has_master_weights ? master : nullptr};
             for (int array = 0; array < 3; array++) {
                 if (!dst[array]) continue;
-                long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) +
-                                 ((size_t)array * h.shard_count + it->at + (lo - it->global)) * 4);
+                // where the array starts: after m and v, or (a factored optimizer's: only the weights) its statistics
+                size_t first = h.optimizer != (int)Optimizer::AdamW ? (size_t)h.optimizer_state_floats : (size_t)array * h.shard_count;
+                long at = (long)(sizeof(TrainStateHeader) + state_table_bytes(h) + (first + it->at + (lo - it->global)) * 4);
                 if (fseek(f, at, SEEK_SET) != 0) fail("cannot seek in '%s'", path.c_str());
                 read_exactly(f, dst[array] + w.dst + (lo - w.global), (hi - lo) * 4, path, "training-state file");
             }

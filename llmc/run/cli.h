@@ -174,9 +174,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
-         "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: CPU "
-         "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
-         "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
+         "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: the "
+         "CPU trainer with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
+         "without pipeline parallelism; the GPU trainer on one GPU or data parallel with --zero 0 (no --offload, "
+         "--moe-experts, --cuda-graphs, --grad-compression, fp8, fp16 build)", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
          "rounding (4; the GPU trainer's: not yet with --zero 2|3, --offload, --moe-experts or the fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},
@@ -487,11 +488,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
     if (o->version) {
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
-    }
-    // (the flag is shared; its factored optimizers are not on the GPU yet: refused, not ignored)
-    if (trainer == Trainer::GPU && (o->optimizer == "adafactor" || o->optimizer == "sm3")) {
-        usage_fail("--optimizer %s runs only on the CPU trainer so far (train_gpt_cpu); the GPU trainer has --optimizer adamw",
-                   o->optimizer.c_str());
     }
     // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
     if (trainer == Trainer::GPU && o->data_parallel == "server") {

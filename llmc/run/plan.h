@@ -13,6 +13,7 @@
 #include "llmc/io/dataloader.h"
 #include "llmc/io/formats.h"
 #include "llmc/model/model.h"
+#include "llmc/optim/adafactor.h"  // the paper's relative step
 #include "llmc/optim/schedule.h"
 #include "llmc/utils.h"
 
@@ -88,6 +89,13 @@ inline RunPlan plan_run(const TrainOptions& o, const GPT2Config& cfg, int world_
     r.schedule.final_lr_fraction = o.final_lr_fraction;
     r.schedule.decay_fraction = o.decay_fraction;
     return r;
+}
+
+// The learning rate of step `step` (from 1), on both trainers: the schedule's (llmc/optim/schedule.h
+// counts from 0), or with --optimizer adafactor and no --lr the paper's relative step min(1e-2, 1/sqrt(t)).
+inline float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int step) {
+    if (o.optimizer == "adafactor" && !flag_given(o, "lr")) return cpu::adafactor_relative_step(step);
+    return learning_rate(plan.schedule, step - 1);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 #      test_gpu_moe_trainer.py: --moe-experts on one GPU against the dense run and the CPU trainer;
 #      test_offload.py: --offload optimizer against the on-device run within its real-GPU bounds;
 #      test_stash_precision_gpu.py: --stash-precision fp8 against the bf16 stash, one rank and tp2/pp2;
-#      test_gpu_optimizers.py: --optimizer-state bf16 against the CPU trainer's, resume, ZeRO-1 == ZeRO-0)
+#      test_gpu_optimizers.py: --optimizer-state bf16 against the CPU trainer's, resume, ZeRO-1 == ZeRO-0;
+#      test_gpu_factored.py: --optimizer adafactor and sm3 against the CPU trainer's, resume, 2 ranks)
 #   3. "parallel": several ranks sharing this GPU (host-staged): test_gpu_data_parallel.py (2 and 4
 #      ranks against one rank, ZeRO-1 == ZeRO-0, resume, failing ranks) and test_gpu_parallelism.py
 #      (ZeRO-2/3, tensor, sequence and pipeline parallelism and their combinations against one rank,
@@ -72,7 +73,7 @@ gpu_tests() {  # name, log, test name substrings...
         esac
     done < <(grep -E "^   (PASS|FAIL|SKIP):" "$log")
 }
-if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs test_gpu_moe_trainer test_offload test_stash_precision_gpu test_gpu_optimizers; fi
+if part tests; then gpu_tests "GPU tests" "$OUT/tests.log" test_gpu.py test_gpu_buffers test_gpu_host test_generate test_fp16 test_fp8 test_cuda_graphs test_gpu_moe_trainer test_offload test_stash_precision_gpu test_gpu_optimizers test_gpu_factored; fi
 if part parallel; then
     gpu_tests "GPU tests on several ranks" "$OUT/tests_parallel.log" test_gpu_data_parallel test_gpu_parallelism test_gpu_pipeline_2bw
 fi

@@ -28,7 +28,8 @@ checkpoints at 5 and 10; every run below is made once and shared by the checks. 
   memory             --estimate == the run's allocation, byte for byte (the table's total); the optimizer
                      state row exactly 4 x (rows + columns per matrix, n per vector) bytes, counted here
                      from the shapes; no adam_m, adam_v.
-Then: the refusals (--zero 1, --offload optimizer, --cuda-graphs, --precision fp8: one line, exit 2), and
+Then: the refusals (--zero 1, --offload optimizer, --cuda-graphs, --precision fp8, the fp16 build: one line,
+exit 2), and
 data parallelism: 2 ranks with --zero 0 (each the whole update of the summed gradient), 3 steps, ==
 one rank accumulating the same 2 micro-batches, within the fp32 tolerances above (the sums' order
 differs).
@@ -167,6 +168,13 @@ def refusals(tmp, data):
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and words in lines[0] and "adafactor" in lines[0],
                f"the GPU trainer refuses --optimizer adafactor with {' '.join(flags)} in one line", p.stderr[-400:])
+    # the fp16 build (its loss scale is not in the factored updates yet), when built
+    fp16 = os.path.join(os.path.dirname(GPU), "train_gpt_fp16")
+    if os.path.exists(fp16):
+        p = run([fp16] + base[1:], expect_ok=False)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and "fp16 build" in lines[0], "the fp16 build refuses --optimizer adafactor "
+               "in one line", p.stderr[-400:])
 
 
 def data_parallel(tmp, model, data):

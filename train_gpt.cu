@@ -774,6 +774,18 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     return norm;
 }
 
+// --offload-delay 1 (llmc/optim/offload.cuh): the pending step's weights onto the GPU now, outside an
+// optimizer step (the run's last step, or a step skipped as unsound), and then shared as an optimizer
+// step shares them: with ZeRO-1/2 each data-parallel rank uploaded only its shard, so without the
+// all-gather the ranks would go on with different weights. Every rank calls it (the all-gather is
+// collective, even for a rank whose shard is empty). Without the delay nothing is pending: a no-op.
+static void flush_offloaded_weights(GPT2* m) {
+    if (!m->shape.offload_optimizer || !m->offload.delay) return;
+    offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
+    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
 // A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
 static void share_tied_weights(GPT2* m, Parallel* par) {
     const ModelSlice& sl = m->slice;
@@ -1350,7 +1362,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
     r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
-    else if (m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);  // (the delay's pending weights)
+    else flush_offloaded_weights(m);  // (--offload-delay 1: the pending weights)
     return r;
 }
 
@@ -2002,9 +2014,6 @@ int main(int argc, char** argv) {
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
     std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged, plan.accumulation_steps);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
-    if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
-        grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
-                                    "untested): run one process, or drop --offload-delay");
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
@@ -2084,7 +2093,7 @@ int main(int argc, char** argv) {
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         // --offload-delay 1: the last step's weights reach the GPU (the trained weights are not stale)
-        if (last_step && m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
+        if (last_step) flush_offloaded_weights(m);
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;

@@ -56,7 +56,10 @@
 // holds the GPU's weights, one step behind the master weights, and a resumed run rounds the master
 // weights again to get the pending upload (the rounding is a function of the master weights, the seed and
 // the step: the same bits). The run's last step uploads, so the trained weights are never stale.
-// One GPU only, for now (refused with several ranks: ZeRO-1's all-gather of a late shard is untested).
+// Over data-parallel ranks (ZeRO-1/2) each rank uploads its step-late shard at the start of optimizer
+// step t, and the all-gather that follows (zero_after_update, as without the delay) shares the shards of
+// step t-1: every rank holds the same stale weights. An upload outside an optimizer step (the last
+// step, a skipped step) is followed by the same all-gather (train_gpt.cu's flush_offloaded_weights).
 //
 // ZeRO-0/1/2: each rank offloads what its AdamW updates (zero_owned_pieces: everything, or its
 // shard); the updated bf16 pieces are copied back to their places in the flat parameter array and

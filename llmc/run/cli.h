@@ -229,7 +229,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
          "no tensor/pipeline parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
         {"offload-delay", "0|1", "Machine", "1: --offload optimizer's CPU step of step t runs while the GPU computes step t+1, "
-         "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU; "
+         "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU or ZeRO-0/1/2 data-parallel ranks; "
          "GPU trainer only, as --offload)", K::Int, &o.offload_delay, Scope::GPUOnly},
         {"offload-bucket-layers", "K", "Machine", "--offload optimizer streams the gradient to the host in buckets of K layers "
          "as the backward finishes them, on a side stream (0: all of it after the backward; GPU trainer only, as --offload)",

@@ -1132,29 +1132,35 @@ static size_t optimizer_elements(const GPT2* m) {
 static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
     return row == GB_MASTER ? m->offload.master : row == GB_ADAM_M ? m->offload.m : m->offload.v;
 }
-// --optimizer-state bf16: m and v are bf16 on the GPU and fp32 in the file, as the CPU trainer's (widened
-// exactly; read back by rounding to nearest, exact for a bf16 run's values: bit-exact resume).
+// --optimizer-state bf16: m and v are bf16 (on the GPU, or on the host with --offload optimizer) and fp32
+// in the file, as the CPU trainer's (widened exactly; read back by rounding to nearest, exact for a
+// bf16 run's values: bit-exact resume).
 static bool bf16_row(const GPT2* m, GPUBuffer row) { return m->shape.bf16_moments && row != GB_MASTER; }
+static uint16_t* host_bf16_moment(GPT2* m, GPUBuffer row) { return row == GB_ADAM_M ? m->offload.m16 : m->offload.v16; }
 static std::vector<float> read_optimizer_array(GPT2* m, GPUBuffer row) {
     size_t n = optimizer_elements(m);
+    bool host = m->shape.offload_optimizer;
+    if (host) offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
     if (bf16_row(m, row)) {
         std::vector<uint16_t> half(n);
-        CUDA_CHECK(cudaMemcpy(half.data(), m->buf[row], n * 2, cudaMemcpyDeviceToHost));
+        if (host) memcpy(half.data(), host_bf16_moment(m, row), n * 2);
+        else CUDA_CHECK(cudaMemcpy(half.data(), m->buf[row], n * 2, cudaMemcpyDeviceToHost));
         std::vector<float> out(n);
         for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
         return out;
     }
-    if (!m->shape.offload_optimizer) return download_floats(B_<float>(m, row), n);
-    offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
+    if (!host) return download_floats(B_<float>(m, row), n);
     const float* h = host_optimizer_array(m, row);
     return std::vector<float>(h, h + n);
 }
 static void write_optimizer_array(GPT2* m, GPUBuffer row, const std::vector<float>& values) {
+    bool host = m->shape.offload_optimizer;
     if (bf16_row(m, row)) {
         std::vector<uint16_t> half(values.size());
         for (size_t i = 0; i < values.size(); i++) half[i] = float_to_bf16_round_nearest(values[i]);
-        CUDA_CHECK(cudaMemcpy(m->buf[row], half.data(), half.size() * 2, cudaMemcpyHostToDevice));
-    } else if (m->shape.offload_optimizer) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
+        if (host) memcpy(host_bf16_moment(m, row), half.data(), half.size() * 2);
+        else CUDA_CHECK(cudaMemcpy(m->buf[row], half.data(), half.size() * 2, cudaMemcpyHostToDevice));
+    } else if (host) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
     else CUDA_CHECK(cudaMemcpy(m->buf[row], values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
@@ -1582,7 +1588,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
             fail("internal: --offload optimizer's range disagrees with the size table");
         // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
         offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
-                         grid.dp == 1, o.offload_delay == 1);
+                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
     }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
@@ -1660,9 +1666,9 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
         printf("fp8: the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2), delayed scaling over %d steps' amax\n",
                m->fp8.history);
     if (m->shape.offload_optimizer)
-        printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU%s; "
-               "the gradient streamed down %s\n", m->offload.n,
-               format_bytes((double)m->offload.n * offload_host_bytes_per_param(m->offload.delay)).c_str(),
+        printf("offload: master weights and AdamW m, v (%s) of %zu parameters in pinned host memory (%s), the step on the CPU%s; "
+               "the gradient streamed down %s\n", m->offload.bf16_moments ? "bf16" : "fp32", m->offload.n,
+               format_bytes((double)m->offload.n * offload_host_bytes_per_param(m->offload.delay, m->offload.bf16_moments)).c_str(),
                m->offload.delay ? ", overlapping the next step (--offload-delay 1: one step stale)" : "",
                m->offload.bucket_layers > 0 ? strprintf("in buckets of %d layer(s) during the backward", m->offload.bucket_layers).c_str()
                                             : "after the backward");
@@ -1920,16 +1926,17 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
 
 // --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
 // (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
-// shard: one launch), the bf16 and fp32 builds, eager steps. Everything else is one line and exit 2
-// before anything is allocated.
+// shard: one launch), the bf16 and fp32 builds, eager steps; offloaded (--offload optimizer: the host
+// runs adamw_bf16.h piece by piece, test/test_offload.py) with ZeRO-2 too. Everything else is one line
+// and exit 2 before anything is allocated.
 static std::string optimizer_gpu_problem(const TrainOptions& o) {
     if (o.optimizer_state != "bf16") return "";
     const char* what = "--optimizer-state bf16 on the GPU trainer";
-    if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+    bool offloaded_zero2 = o.zero_stage == 2 && o.offload == "optimizer";
+    if ((o.zero_stage >= 2 && !offloaded_zero2) || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
         return strprintf("%s with --zero %d --tensor-parallel %d --pipeline-parallel %d: built for data parallelism with --zero 0 "
-                         "or 1 for now; use those, or --optimizer-state fp32", what, o.zero_stage, o.tensor_parallel,
-                         o.pipeline_parallel);
-    if (o.offload == "optimizer") return strprintf("%s with --offload optimizer: the host's moments are fp32; drop one of them", what);
+                         "or 1 (or 2 with --offload optimizer) for now; use those, or --optimizer-state fp32", what,
+                         o.zero_stage, o.tensor_parallel, o.pipeline_parallel);
     if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
     if (o.cuda_graphs) return strprintf("%s with --cuda-graphs is not checked yet: drop --cuda-graphs", what);
     if (FLOATX_IS_FP16) return strprintf("%s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", what);

@@ -33,13 +33,18 @@
                       weight change after 3 steps within 5e-2 (measured 1.3e-2; the undelayed run is 0.34
                       away: the bf16 gradient sums differ in order, not the update); 3 == 1 + resume + 2;
                       ZeRO-2 == ZeRO-1 bit for bit
+  bf16 moments        --optimizer-state bf16 offloaded (the host runs adamw_bf16.h's update, m and v in bf16):
+                      == on-device bf16 AdamW bit for bit, 2 micro-batches per step, 4 steps (weights,
+                      gradients, losses, state.bin); 4 == 2 + resume + 2; ZeRO-1 and ZeRO-2 on 2 ranks
+                      offloaded == on-device ZeRO-1, bit for bit (the rounding keyed by the model's index)
   resume              4 steps == 2 + resume + 2 with offload, and across: an offloaded run's checkpoint
                       resumed on the device, and an on-device checkpoint resumed offloaded (same file
                       format, same arithmetic: bit for bit)
   memory cap          CUDA_EMU_DEVICE_MEMORY between the two runs' needs: refused up front without
                       offload (the trainer's out-of-memory line), trains with it
   --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
-                      (20 with --offload-delay 1: the weights going up get their own bf16 array)
+                      (20 with --offload-delay 1: the weights going up get their own bf16 array; 14 and 16
+                      with --optimizer-state bf16)
   bad input           one line, exit 2: an unknown value, --zero 3, --master-weights 0, tensor
                       parallelism, the fp32 build, and the CPU trainer (its state is already on the host);
                       --offload-delay 2, --offload-delay or --offload-bucket-layers without --offload,
@@ -56,7 +61,9 @@ all copied after it (the bit-for-bit checks passed, as they must; the count of b
 ZeRO-2's offloaded m not loaded on resume (the ZeRO-2 resume's checkpoint files differed); on 2 ranks
 with the delay, the last step's upload not all-gathered (the straight run stopped: "the replicas drifted
 apart" at its last checkpoint), and the delay's fresh weights uploaded and all-gathered at once (the
-staleness check and the one-rank comparison failed).
+staleness check and the one-rank comparison failed); the host's bf16 moments rounded to nearest (the
+bf16 comparisons failed), keyed by their place in the shard instead of the model (the 2-rank bf16
+comparison failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -70,6 +77,7 @@ STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-
 ACCUM2 = ["--total-batch-tokens", str(2 * B * T)]
 OFF = ["--offload", "optimizer"]
 DELAY = OFF + ["--offload-delay", "1"]
+BF16 = ["--optimizer-state", "bf16"]
 
 
 def same_dumps(a, b):
@@ -219,6 +227,40 @@ def delayed_two_ranks(S):
            f"differ: {differ}")
 
 
+def bf16_moments(S):
+    """--optimizer-state bf16 offloaded: the host runs the CPU trainer's bf16-moment AdamW (see the docstring)."""
+    tmp = S.tmp
+    flags = STEPS + ACCUM2 + BF16 + ["--steps", "4", "--checkpoint-every", "2"]
+    on = S.dump(GPU, "tiny", flags + ["--out-dir", f"{tmp}/bf16_on"])
+    off = S.dump(GPU, "tiny", flags + OFF + ["--out-dir", f"{tmp}/bf16_off"])
+    state = lambda d, t=4: f"{tmp}/{d}/ckpt_{t:08d}/state.bin"  # noqa: E731
+    differ = same_dumps(off, on)
+    same_state = same_bytes(state("bf16_on"), state("bf16_off"))
+    report(not differ and same_state, "--optimizer-state bf16 offloaded == on the device, 2 micro-batches per step, 4 steps, "
+           "bit for bit (weights, gradients, losses, state.bin: master and the bf16 m, v)",
+           f"differ: {differ}; state.bin same: {same_state}")
+    out = f"{tmp}/bf16_resume"
+    shutil.copytree(f"{tmp}/bf16_off/ckpt_00000002", f"{out}/ckpt_00000002")
+    resumed = S.dump(GPU, "tiny", flags + OFF + ["--out-dir", out, "--resume", "latest"])
+    same = np.array_equal(resumed["params"], off["params"]) and np.array_equal(resumed["losses"], off["losses"][2:])
+    report(same and same_bytes(state("bf16_resume"), state("bf16_off")), "--optimizer-state bf16 offloaded: 4 steps == 2 + "
+           "resume + 2, bit for bit (weights, losses, state.bin)", f"weights and losses same: {same}")
+    launcher = mpirun_cmd(2)
+    if not launcher:
+        print("SKIP: --optimizer-state bf16 offloaded over 2 ranks (no mpirun)")
+        return
+    dumps = []
+    for i, extra in enumerate((["--zero", "1"], ["--zero", "1"] + OFF, ["--zero", "2"] + OFF)):
+        path = f"{tmp}/bf16_zero{i}.st"
+        run(launcher + [GPU, "--model", f"{tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir",
+                        f"{tmp}/bf16_zero{i}"] + S.data["tiny"] + STEPS + ACCUM2 + BF16 + extra)
+        dumps.append(read_safetensors(path)[0])
+    for stage, dump in (("1", dumps[1]), ("2", dumps[2])):
+        differ = same_dumps(dump, dumps[0])
+        report(not differ, f"--optimizer-state bf16: ZeRO-{stage} on 2 ranks, each offloading its shard == on-device ZeRO-1, "
+               "bit for bit (each piece's moments round with its index in the whole model)", f"differ: {differ}")
+
+
 def zero_two_ranks(S):
     launcher = mpirun_cmd(2)
     if not launcher:
@@ -305,6 +347,12 @@ def estimate(S):
     ok = host is not None and int(host.group(1).replace(",", "")) == 20 * n and total(delayed) == total(off)
     report(ok, "--estimate: --offload-delay 1 puts 20 bytes/param on the host (a bf16 array for the weights going up), "
            "the GPU's the same", f"{host.group(0) if host else 'no host line'}")
+    for flags, per in ((OFF, 14), (DELAY, 16)):  # bf16 m and v: 2 + 2 bytes instead of 4 + 4
+        text = run([GPU] + d12 + flags + BF16).stdout
+        host = re.search(r"host \(pinned, --offload optimizer\) ([\d,]+)", text)
+        ok = host is not None and int(host.group(1).replace(",", "")) == per * n and total(text) == total(off)
+        report(ok, f"--estimate: {' '.join(flags[2:] + BF16)} puts {per} bytes/param on the host (m, v in bf16), the GPU's "
+               "the same", f"{host.group(0) if host else 'no host line'}")
 
 
 def bad_input(S):
@@ -340,7 +388,7 @@ def main():
     try:
         S = Setup(tmp)
         S.shape("tiny", 2, 128, 2, 64, 500, 1)
-        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, delayed_two_ranks, resume, memory_cap, estimate, bad_input):
+        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, delayed_two_ranks, bf16_moments, resume, memory_cap, estimate, bad_input):
             try:
                 fn(S)
             except Exception as e:  # noqa: BLE001 - one failing group does not hide the others

@@ -762,11 +762,11 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
     if (e.offload_optimizer) {  // --offload optimizer: what left the GPU, in pinned host memory (llmc/optim/offload.cuh)
         size_t n = gpu_offloaded_elements(estimate_gpu_shape(e, e.B, 0));
-        size_t per = offload_host_bytes_per_param(e.offload_delay);
-        printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, m, v, the gradient "
+        size_t per = offload_host_bytes_per_param(e.offload_delay, e.bf16_moments);
+        printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, %s m, v, the gradient "
                "in fp32, a bf16 staging array the gradient's buckets stream into%s; per step %s down (bf16 gradients) and %s "
                "up (bf16 weights)\n", with_commas((double)(n * per)).c_str(), format_bytes((double)(n * per)).c_str(), per,
-               e.offload_delay ? ", a bf16 array for the delayed weights" : "", format_bytes(2.0 * n).c_str(),
+               e.bf16_moments ? "bf16" : "fp32", e.offload_delay ? ", a bf16 array for the delayed weights" : "", format_bytes(2.0 * n).c_str(),
                format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)

@@ -19,7 +19,8 @@
 // Hook point: optimizer_step in train_gpt.cu, over the range of the flat arrays this rank updates:
 // all of it, or with ZeRO-1 its shard, whose elements round with their index in the whole array, so
 // ZeRO-1 gives ZeRO-0's bits (train_gpt.cu's optimizer_gpu_problem refuses ZeRO-2/3 and model
-// parallelism: not proven yet).
+// parallelism: not proven yet; with --offload optimizer the host runs adamw_bf16.h's loop instead,
+// with the same key, ZeRO-2 included: llmc/optim/offload.cuh).
 #pragma once
 
 #include "llmc/optim/adamw.cuh"

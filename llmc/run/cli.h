@@ -178,7 +178,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
          "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
-         "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, no --offload, --moe-experts, --cuda-graphs, fp16 build)",
+         "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, or 0|1|2 with --offload optimizer (m, v in bf16 on the "
+         "host); no --moe-experts, --cuda-graphs, fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
@@ -226,7 +227,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          K::String, &o.stash_precision, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
-         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
+         "the step on the CPU, 12 bytes/param off the GPU; AdamW (--optimizer-state fp32 or bf16), bf16 build, --master-weights 1, --zero 0|1|2 (each rank its shard), "
          "no tensor/pipeline parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
         {"offload-delay", "0|1", "Machine", "1: --offload optimizer's CPU step of step t runs while the GPU computes step t+1, "
          "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU or ZeRO-0/1/2 data-parallel ranks; "

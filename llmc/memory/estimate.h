@@ -578,8 +578,8 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
                                  ours.bytes[MEM_OPTIMIZER] / N);
     }
     if (e.offload_chunk_kib > 0 && e.optimizer == Optimizer::AdamW) {
-        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, 8 bytes per parameter "
-                                 "on disk", e.offload_chunk_kib);
+        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, %d bytes per parameter "
+                                 "on disk", e.offload_chunk_kib, e.bf16_moments ? 4 : 8);
     }
     if (e.optimizer != Optimizer::AdamW) {
         lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
@@ -770,9 +770,10 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
-        double disk = 8.0 * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));
-        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
-               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(),
+        int per = e.bf16_moments ? 4 : 8;  // m and v: fp32, or bf16 (--optimizer-state bf16)
+        double disk = (double)per * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));
+        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, %d bytes per updated parameter (RAM: %.2f bytes per "
+               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(), per,
                (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());
     }
     if (estimate_overhead(e) > 0) {

@@ -236,7 +236,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "as the backward finishes them, on a side stream (0: all of it after the backward; GPU trainer only, as --offload)",
          K::Int, &o.offload_bucket_layers, Scope::GPUOnly},
         {"offload-dir", "DIR", "Machine", "keep AdamW's m and v in files DIR/rank<r>_m.bin, _v.bin, streamed through the step in "
-         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk; the same weights bit for bit); AdamW fp32 state, --zero "
+         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk, 4 with --optimizer-state bf16; the same weights bit for bit); AdamW, --zero "
          "0|1, no tensor/pipeline parallelism; CPU trainer only: the GPU trainer has --offload optimizer", K::String, &o.offload_dir, Scope::CPUOnly},
         {"offload-chunk-kib", "KIB", "Machine", "the chunk --offload-dir streams m and v in (RAM: 4 chunks)", K::Int, &o.offload_chunk_kib, Scope::CPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
@@ -693,9 +693,6 @@ inline void validate_options(const TrainOptions& o) {
         if (o.optimizer != "adamw")
             usage_fail("--offload-dir streams AdamW's m and v; --optimizer %s keeps only row and column statistics (well under 1 "
                        "byte per parameter), which stay in RAM: drop --offload-dir", o.optimizer.c_str());
-        if (o.optimizer_state != "fp32")
-            usage_fail("--offload-dir with --optimizer-state %s: the disk offload streams fp32 moments only (not built for bf16 "
-                       "ones); drop one of them", o.optimizer_state.c_str());
         if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
             usage_fail("--offload-dir with --zero %d --tensor-parallel %d --pipeline-parallel %d: the disk offload is built for "
                        "data parallelism with --zero 0 or 1; drop --offload-dir or the other flags", o.zero_stage,

@@ -826,9 +826,9 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
     bool graphed = m->graphs.replay;
     if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
-    else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel
-        adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
-                          m->zero.plan.updated.begin, m->zero.plan.updated.size(), now_on_gpu, a, m->stream);
+    else if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1/2: optimizer_gpu_problem), its own kernels
+        zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
+                   now_on_gpu, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         if (graphed) zero_share_gradients(&m->zero, m->stream, true);
         zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu, a,
@@ -1926,17 +1926,16 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
 
 // --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
 // (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
-// shard: one launch), the bf16 and fp32 builds, eager steps; offloaded (--offload optimizer: the host
-// runs adamw_bf16.h piece by piece, test/test_offload.py) with ZeRO-2 too. Everything else is one line
-// and exit 2 before anything is allocated.
+// shard: one launch) and ZeRO-2 (its pieces: one launch each), on the device or offloaded
+// (--offload optimizer: the host runs adamw_bf16.h piece by piece, test/test_offload.py), the bf16 and
+// fp32 builds, eager steps. Everything else is one line and exit 2 before anything is allocated.
 static std::string optimizer_gpu_problem(const TrainOptions& o) {
     if (o.optimizer_state != "bf16") return "";
     const char* what = "--optimizer-state bf16 on the GPU trainer";
-    bool offloaded_zero2 = o.zero_stage == 2 && o.offload == "optimizer";
-    if ((o.zero_stage >= 2 && !offloaded_zero2) || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
-        return strprintf("%s with --zero %d --tensor-parallel %d --pipeline-parallel %d: built for data parallelism with --zero 0 "
-                         "or 1 (or 2 with --offload optimizer) for now; use those, or --optimizer-state fp32", what,
-                         o.zero_stage, o.tensor_parallel, o.pipeline_parallel);
+    if (o.zero_stage >= 3 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
+        return strprintf("%s with --zero %d --tensor-parallel %d --pipeline-parallel %d: built for data parallelism with --zero 0, "
+                         "1 or 2 for now; use those, or --optimizer-state fp32", what, o.zero_stage, o.tensor_parallel,
+                         o.pipeline_parallel);
     if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
     if (o.cuda_graphs) return strprintf("%s with --cuda-graphs is not checked yet: drop --cuda-graphs", what);
     if (FLOATX_IS_FP16) return strprintf("%s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", what);

@@ -27,15 +27,17 @@ checkpoints at steps 5 and 10; each run below is made once and shared by the che
                      test_gpu.py's bf16 tolerances.
   memory             --estimate: m and v 4 bytes per parameter in all (8 with fp32 moments), the adam_m row
                      exactly 2 bytes per element; the run allocates exactly the table --estimate prints.
-  refusals           what is not proven yet (--cuda-graphs, --zero 2 on the device): one line
+  refusals           what is not proven yet (--cuda-graphs, --zero 3): one line
                      naming it, exit 2.
   data parallel      2 ranks (mpirun), 3 steps of 2 micro-batches: ZeRO-1 == ZeRO-0 bit for bit (each
-                     shard's elements round with their index in the whole model, not in the shard), and
-                     == one rank accumulating the same micro-batches within FP32_TOL. Planted (by hand,
+                     shard's elements round with their index in the whole model, not in the shard), ZeRO-2
+                     == ZeRO-1 bit for bit (one launch per piece of the units' shards, each keyed by its
+                     index in the model), and == one rank accumulating the same micro-batches within
+                     FP32_TOL. Planted (by hand,
                      once): the moments' rounding keyed by the element's index in the shard instead of
                      in the model: the bit-for-bit check failed, the tolerance check still passed.
 
-Cost: 4 emulated runs of 10 (or 5) steps of the tiny model, 3 CPU runs, and 3 short data-parallel runs:
+Cost: 4 emulated runs of 10 (or 5) steps of the tiny model, 3 CPU runs, and 4 short data-parallel runs:
 20 s of CPU time here (2 shared cores, 80 s wall while 7 others built and tested).
 """
 import os, shutil, subprocess, sys, tempfile
@@ -70,7 +72,8 @@ def dump_run(exe, tmp, name, flags):
 def data_parallel(tmp, model):
     """2 ranks, 3 steps of 2 micro-batches of B=2 (the fp32 build): ZeRO-1 (each rank updates its shard of
     m and v, rounding each element with its index in the whole model) == ZeRO-0 (both ranks update
-    everything) bit for bit, and == one rank accumulating the same micro-batches within FP32_TOL."""
+    everything) bit for bit, ZeRO-2 (its pieces of the units' shards) == ZeRO-1 bit for bit, and ZeRO-1
+    == one rank accumulating the same micro-batches within FP32_TOL."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         print("SKIP: --optimizer-state bf16 over 2 data-parallel ranks (mpirun is not installed)")
@@ -79,7 +82,8 @@ def data_parallel(tmp, model):
              "--batch-size", "2", "--seq-len", "64", "--total-batch-tokens", "256", "--steps", "3", "--lr", "1e-3",
              "--optimizer-state", "bf16"] + DEFAULT_ATTENTION
     dumps = {}
-    for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"])):
+    for name, ranks, extra in (("one", 1, []), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]),
+                               ("zero2", 2, ["--zero", "2"])):
         path = f"{tmp}/dp_{name}.st"
         launch = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
         run(launch + [GPU32] + flags + extra + ["--out-dir", f"{tmp}/dp_{name}", "--dump-state", path],
@@ -87,6 +91,9 @@ def data_parallel(tmp, model):
         dumps[name] = read_safetensors(path)[0]
     same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
     report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
+           "the weights or losses differ")
+    same = all(np.array_equal(dumps["zero2"][k], dumps["zero1"][k]) for k in ("params", "losses"))
+    report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-2 (one launch per piece of the units' shards) == ZeRO-1 bit for bit",
            "the weights or losses differ")
     compare_dumps("--optimizer-state bf16: 2 ranks ZeRO-1 vs one rank", dumps["zero1"], dumps["one"], model, FP32_TOL)
 
@@ -160,9 +167,9 @@ def main():
             lines = p.stderr.strip().splitlines()
             report(p.returncode == 2 and len(lines) == 1 and words in lines[0] and "--optimizer-state bf16" in lines[0],
                    f"the GPU trainer refuses --optimizer-state bf16 with {' '.join(flags)} in one line", p.stderr[-400:])
-        p = run([GPU] + base + ["--zero", "2"] + data[:4], expect_ok=False)
-        report(p.returncode == 2 and "--zero 2" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
-               "the GPU trainer refuses --optimizer-state bf16 with --zero 2 in one line", p.stderr[-400:])
+        p = run([GPU] + base + ["--zero", "3"] + data[:4], expect_ok=False)
+        report(p.returncode == 2 and "--zero 3" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+               "the GPU trainer refuses --optimizer-state bf16 with --zero 3 in one line", p.stderr[-400:])
         data_parallel(tmp, model)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

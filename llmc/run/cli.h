@@ -178,8 +178,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "trainer only, with --zero 0 or 1 (ZeRO-1: each rank owns whole matrices), --tensor-parallel at --zero 0, "
          "without pipeline parallelism", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
-         "rounding (4; the GPU trainer's: data parallelism with --zero 0|1, or 0|1|2 with --offload optimizer (m, v in bf16 on the "
-         "host); no --moe-experts, --cuda-graphs, fp16 build)",
+         "rounding (4; the GPU trainer's: data parallelism with --zero 0|1|2, on the device or with --offload optimizer (m, v in "
+         "bf16 on the host); no --moe-experts, --cuda-graphs, fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},

@@ -799,6 +799,18 @@ static float finish_gradients(GPT2* m, Parallel* par) {
     return norm;
 }
 
+// --offload-delay 1 (llmc/optim/offload.cuh): the pending step's weights onto the GPU now, outside an
+// optimizer step (the run's last step, or a step skipped as unsound), and then shared as an optimizer
+// step shares them: with ZeRO-1/2 each data-parallel rank uploaded only its shard, so without the
+// all-gather the ranks would go on with different weights. Every rank calls it (the all-gather is
+// collective, even for a rank whose shard is empty). Without the delay nothing is pending: a no-op.
+static void flush_offloaded_weights(GPT2* m) {
+    if (!m->shape.offload_optimizer || !m->offload.delay) return;
+    offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
+    zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
 // A pipeline, after the optimizer step: the first stage's updated wte replaces the last stage's copy.
 static void share_tied_weights(GPT2* m, Parallel* par) {
     const ModelSlice& sl = m->slice;
@@ -850,11 +862,11 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     } else if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         if (graphed) zero_share_gradients(&m->zero, m->stream, true);
-        if (m->shape.bf16_moments)  // --optimizer-state bf16 (ZeRO-0/1: optimizer_gpu_problem), its own kernel, keyed in the whole model
-            adamw_bf16_update(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
-                              m->zero.plan.updated.begin, m->zero.plan.updated.size(), now_on_gpu, a,
-                              slice_index_map(m->config, m->slice), m->stream);
-        else
+        if (m->shape.bf16_moments) {  // --optimizer-state bf16 (optimizer_gpu_problem), its own kernels, keyed in the whole model
+            SliceIndexMap keys = slice_index_map(m->config, m->slice);
+            zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
+                       now_on_gpu, a, m->stream, &keys);
+        } else
             zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu,
                        a, m->stream);
         if (graphed) zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, true);
@@ -1180,29 +1192,35 @@ static size_t optimizer_elements(const GPT2* m) {
 static float* host_optimizer_array(GPT2* m, GPUBuffer row) {
     return row == GB_MASTER ? m->offload.master : row == GB_ADAM_M ? m->offload.m : m->offload.v;
 }
-// --optimizer-state bf16: m and v are bf16 on the GPU and fp32 in the file, as the CPU trainer's (widened
-// exactly; read back by rounding to nearest, exact for a bf16 run's values: bit-exact resume).
+// --optimizer-state bf16: m and v are bf16 (on the GPU, or on the host with --offload optimizer) and fp32
+// in the file, as the CPU trainer's (widened exactly; read back by rounding to nearest, exact for a
+// bf16 run's values: bit-exact resume).
 static bool bf16_row(const GPT2* m, GPUBuffer row) { return m->shape.bf16_moments && row != GB_MASTER; }
+static uint16_t* host_bf16_moment(GPT2* m, GPUBuffer row) { return row == GB_ADAM_M ? m->offload.m16 : m->offload.v16; }
 static std::vector<float> read_optimizer_array(GPT2* m, GPUBuffer row) {
     size_t n = optimizer_elements(m);
+    bool host = m->shape.offload_optimizer;
+    if (host) offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
     if (bf16_row(m, row)) {
         std::vector<uint16_t> half(n);
-        CUDA_CHECK(cudaMemcpy(half.data(), m->buf[row], n * 2, cudaMemcpyDeviceToHost));
+        if (host) memcpy(half.data(), host_bf16_moment(m, row), n * 2);
+        else CUDA_CHECK(cudaMemcpy(half.data(), m->buf[row], n * 2, cudaMemcpyDeviceToHost));
         std::vector<float> out(n);
         for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
         return out;
     }
-    if (!m->shape.offload_optimizer) return download_floats(B_<float>(m, row), n);
-    offload_wait(&m->offload);  // --offload-delay 1: the CPU step still running finishes first
+    if (!host) return download_floats(B_<float>(m, row), n);
     const float* h = host_optimizer_array(m, row);
     return std::vector<float>(h, h + n);
 }
 static void write_optimizer_array(GPT2* m, GPUBuffer row, const std::vector<float>& values) {
+    bool host = m->shape.offload_optimizer;
     if (bf16_row(m, row)) {
         std::vector<uint16_t> half(values.size());
         for (size_t i = 0; i < values.size(); i++) half[i] = float_to_bf16_round_nearest(values[i]);
-        CUDA_CHECK(cudaMemcpy(m->buf[row], half.data(), half.size() * 2, cudaMemcpyHostToDevice));
-    } else if (m->shape.offload_optimizer) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
+        if (host) memcpy(host_bf16_moment(m, row), half.data(), half.size() * 2);
+        else CUDA_CHECK(cudaMemcpy(m->buf[row], half.data(), half.size() * 2, cudaMemcpyHostToDevice));
+    } else if (host) memcpy(host_optimizer_array(m, row), values.data(), values.size() * sizeof(float));
     else CUDA_CHECK(cudaMemcpy(m->buf[row], values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
@@ -1461,7 +1479,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
     r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
-    else if (m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);  // (the delay's pending weights)
+    else flush_offloaded_weights(m);  // (--offload-delay 1: the pending weights)
     return r;
 }
 
@@ -1743,7 +1761,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
             fail("internal: --offload optimizer's range disagrees with the size table");
         // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
         offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
-                         grid.dp == 1, o.offload_delay == 1);
+                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
     }
     if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
     grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
@@ -1822,9 +1840,9 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
         printf("fp8: the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2), delayed scaling over %d steps' amax\n",
                m->fp8.history);
     if (m->shape.offload_optimizer)
-        printf("offload: master weights and AdamW m, v of %zu parameters in pinned host memory (%s), the step on the CPU%s; "
-               "the gradient streamed down %s\n", m->offload.n,
-               format_bytes((double)m->offload.n * offload_host_bytes_per_param(m->offload.delay)).c_str(),
+        printf("offload: master weights and AdamW m, v (%s) of %zu parameters in pinned host memory (%s), the step on the CPU%s; "
+               "the gradient streamed down %s\n", m->offload.bf16_moments ? "bf16" : "fp32", m->offload.n,
+               format_bytes((double)m->offload.n * offload_host_bytes_per_param(m->offload.delay, m->offload.bf16_moments)).c_str(),
                m->offload.delay ? ", overlapping the next step (--offload-delay 1: one step stale)" : "",
                m->offload.bucket_layers > 0 ? strprintf("in buckets of %d layer(s) during the backward", m->offload.bucket_layers).c_str()
                                             : "after the backward");
@@ -2087,14 +2105,17 @@ static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const 
 
 // --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
 // (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
-// shard: one launch), the bf16 and fp32 builds, eager steps. Everything else is one line and exit 2
-// before anything is allocated.
+// shard: one launch) and ZeRO-2 (its pieces: one launch each), on the device or offloaded
+// (--offload optimizer: the host runs adamw_bf16.h piece by piece, test/test_offload.py), the bf16 and
+// fp32 builds, eager steps. Everything else is one line and exit 2 before anything is allocated.
 static std::string optimizer_gpu_problem(const TrainOptions& o) {
     if (o.optimizer_state != "bf16") return "";
     const char* what = "--optimizer-state bf16 on the GPU trainer";
-    if (o.zero_stage >= 2)
-        return strprintf("%s with --zero %d: built for --zero 0 or 1 for now; use those, or --optimizer-state fp32", what, o.zero_stage);
-    if (o.offload == "optimizer") return strprintf("%s with --offload optimizer: the host's moments are fp32; drop one of them", what);
+    if (o.zero_stage >= 3)
+        return strprintf("%s with --zero 3: built for --zero 0, 1 or 2 for now; use those, or --optimizer-state fp32", what);
+    if (o.zero_stage == 2 && (o.tensor_parallel > 1 || o.pipeline_parallel > 1))
+        return strprintf("%s with --zero 2 and tensor or pipeline parallelism is not checked yet: use --zero 0 or 1 there, or "
+                         "--optimizer-state fp32", what);
     if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
     if (FLOATX_IS_FP16) return strprintf("%s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", what);
     return "";
@@ -2209,9 +2230,6 @@ int main(int argc, char** argv) {
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
     std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged);  // before any allocation
     if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
-    if (o.offload_delay == 1 && comm.world_size > 1)  // before any allocation
-        grid_usage_fail(&par.world, "--offload-delay 1 runs on one GPU for now (ZeRO-1's all-gather of a step-late shard is "
-                                    "untested): run one process, or drop --offload-delay");
     bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
     bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
     if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
@@ -2293,7 +2311,7 @@ int main(int argc, char** argv) {
         StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
                                         : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
         // --offload-delay 1: the last step's weights reach the GPU (the trained weights are not stale)
-        if (last_step && m->shape.offload_optimizer) offload_flush(&m->offload, B_<floatX>(m, GB_PARAMS), m->stream);
+        if (last_step) flush_offloaded_weights(m);
         double seconds = seconds_since(start);
         (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
         if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;

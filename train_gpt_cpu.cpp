@@ -744,14 +744,20 @@ void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad
     if (model->offload.on) {  // the same AdamW, on the parts of each piece in the chunk the stream holds now
         std::vector<ZeroPiece> pieces = zero_owned_pieces(z);
         disk_offload_check(model->offload);
-        disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, float* m, float* v) {
+        disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, void* m, void* v) {
             for (const ZeroPiece& piece : pieces) {
                 size_t lo = std::max(piece.stored, begin), hi = std::min(piece.stored + piece.count, begin + count);
                 if (lo >= hi) continue;
                 float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
                 size_t in_piece = lo - piece.stored;
-                adamw_update(zero_param_of(z, piece, model->params) + in_piece, zero_grad_of(z, piece, model->grads) + in_piece,
-                             m + (lo - begin), v + (lo - begin), hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
+                float* p = zero_param_of(z, piece, model->params) + in_piece;
+                const float* g = zero_grad_of(z, piece, model->grads) + in_piece;
+                if (model->bf16_moments)  // keyed by the element's index in the flat array, as in RAM
+                    adamw_update_bf16(p, g, (uint16_t*)m + (lo - begin), (uint16_t*)v + (lo - begin), hi - lo, lr, o.beta1,
+                                      o.beta2, o.adam_eps, wd, t, grad_scale, piece.local + in_piece);
+                else
+                    adamw_update(p, g, (float*)m + (lo - begin), (float*)v + (lo - begin), hi - lo, lr, o.beta1, o.beta2,
+                                 o.adam_eps, wd, t, grad_scale);
             }
         });
         return;
@@ -1198,8 +1204,12 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
             if (s->header.shard_count != 0 && (size_t)s->header.shard_count != model->offload.n)
                 fail("internal: --offload-dir's checkpoint would write %lld of %zu moments", (long long)s->header.shard_count, model->offload.n);
             s->moments = [model](int which, const std::function<void(const float*, size_t)>& write) {
-                disk_offload_stream(&model->offload, 1 << which, 0, [&](size_t, size_t count, const float* m, const float* v) {
-                    write(which == 0 ? m : v, count);
+                std::vector<float> wide(model->bf16_moments ? model->offload.chunk : 0);  // bf16 moments: saved as fp32 (exact)
+                disk_offload_stream(&model->offload, 1 << which, 0, [&](size_t, size_t count, const void* m, const void* v) {
+                    const void* chunk = which == 0 ? m : v;
+                    if (!model->bf16_moments) return write((const float*)chunk, count);
+                    for (size_t i = 0; i < count; i++) wide[i] = bf16_to_float(((const uint16_t*)chunk)[i]);
+                    write(wide.data(), count);
                 });
             };
             return;
@@ -1322,7 +1332,8 @@ static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, c
     if (o.offload_dir.empty()) return;
     std::vector<size_t> floats;
     for (int r = 0; r < estimate_world(predicted); r++) floats.push_back(cpu_offloaded_moments(estimate_cpu_shape(predicted, B, r)));
-    std::string why = disk_offload_dir_problem(o.offload_dir, floats, offload_test_free_bytes());
+    std::string why = disk_offload_dir_problem(o.offload_dir, floats, o.optimizer_state == "bf16" ? 2 : sizeof(float),
+                                               offload_test_free_bytes());
     if (!why.empty()) grid_usage_fail(world, why);
 }
 
@@ -1355,7 +1366,9 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
                                       model->moe_layout.count[MOE_ROUTER], model->moe_layout.total);
     if (!o.offload_dir.empty())  // this rank's m and v: zeros in its files; adam_m, adam_v are the chunks' slots
         disk_offload_open(&model->offload, o.offload_dir, grid.rank, cpu_offloaded_moments(sizes), o.offload_chunk_kib,
-                          model->adam_m.data(), model->adam_v.data());
+                          model->bf16_moments ? 2 : sizeof(float),
+                          model->bf16_moments ? (void*)model->adam_m16.data() : (void*)model->adam_m.data(),
+                          model->bf16_moments ? (void*)model->adam_v16.data() : (void*)model->adam_v.data());
     grad_compression_setup(&model->compression, predicted.compression, &par->comms.dp, cfg, o.seed);
     model->server.on = o.data_parallel == "server";
     model->server.dp = &par->comms.dp;
@@ -1394,13 +1407,18 @@ static void resume_state(GPT2* model, const ProcessGrid& grid, const TrainOption
     } else if (model->offload.on) {  // into the files, chunk by chunk: each chunk's part of what this rank keeps
         std::vector<WantedRun> all = wanted(zero_state_runs(model->zero, slice_runs(cfg, model->slice), false), false);
         *resumed = read_state_runs(resume_dir, param_layout(cfg).total, {}, nullptr, nullptr, nullptr);  // the header
-        disk_offload_stream(&model->offload, 0, 3, [&](size_t begin, size_t count, float* m, float* v) {
+        bool bf16 = model->bf16_moments;  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
+        std::vector<float> wide_m(bf16 ? model->offload.chunk : 0), wide_v(wide_m.size());
+        disk_offload_stream(&model->offload, 0, 3, [&](size_t begin, size_t count, void* m, void* v) {
             std::vector<WantedRun> part;
             for (const WantedRun& w : all) {
                 size_t lo = std::max(w.dst, begin), hi = std::min(w.dst + w.count, begin + count);
                 if (lo < hi) part.push_back({w.global + (lo - w.dst), hi - lo, lo - begin});
             }
-            read_state_runs(resume_dir, param_layout(cfg).total, part, m, v, nullptr);
+            read_state_runs(resume_dir, param_layout(cfg).total, part, bf16 ? wide_m.data() : (float*)m,
+                            bf16 ? wide_v.data() : (float*)v, nullptr);
+            for (size_t i = 0; bf16 && i < count; i++)
+                ((uint16_t*)m)[i] = float_to_bf16_round_nearest(wide_m[i]), ((uint16_t*)v)[i] = float_to_bf16_round_nearest(wide_v[i]);
         });
     } else if (model->bf16_moments) {  // read as fp32, then to bf16: exact for a bf16 run's checkpoint
         std::vector<float> m(model->adam_m16.size()), v(model->adam_v16.size());

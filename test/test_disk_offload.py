@@ -12,6 +12,12 @@ boundaries) everywhere, and 234,880 = 917 x 256 + 128, so the last chunk is a pa
                    through the chunks); also with one chunk bigger than the whole state (the default
                    4096 KiB). The reference is the in-memory run: the same adamw_update, so any
                    difference is the streaming's (a chunk read from the wrong place, one not written).
+  bf16 moments     --optimizer-state bf16: m and v rest in bf16 in the files (adamw_update_bf16 on each chunk,
+                   its rounding keyed by the element's index in the model): 5 steps == bf16 moments in RAM,
+                   bit for bit (losses, weights, state.bin), 1 KiB chunks of 512 moments cutting the
+                   model; its checkpoint resumes bit for bit; --estimate's disk line 4 bytes per
+                   parameter; the free-space check counts that (1,000,000 bytes free: bf16 trains, fp32
+                   is refused; 900,000: bf16 refused naming its 917.5 KiB need).
   resume           3 steps + checkpoint + 2 == 5 straight, bit for bit, crossing both ways: an
                    in-memory checkpoint resumed with --offload-dir and an offloaded one without it.
   memory           --print-allocations holds what --estimate's table says, to the byte (adam_m and
@@ -22,7 +28,7 @@ boundaries) everywhere, and 234,880 = 917 x 256 + 128, so the last chunk is a pa
                    in RAM, bit for bit, with every rank's memory and traffic as --estimate predicts.
   refusals         one line each: DIR missing, a file, not writable, too little free space (the test
                    hook LLMC_TEST_OFFLOAD_FREE_BYTES; the need and the space named), on 2 ranks the
-                   need of both (exit 2, before anything is allocated); Adafactor, bf16 moments, ZeRO-2,
+                   need of both (exit 2, before anything is allocated); Adafactor, ZeRO-2,
                    tensor parallelism, a zero chunk, a chunk without DIR (exit 2); the GPU trainer.
   vanishing file   LLMC_TEST_OFFLOAD_REMOVE=0:4 deletes rank 0's m file at the start of step 4 of a run
                    checkpointing every 2 steps: exit 1, one line; ckpt 2 is the last checkpoint, whole
@@ -134,6 +140,34 @@ def main():
         report(m and int(m.group(1).replace(",", "")) == 8 * PARAMS, f"--estimate: {8 * PARAMS} bytes on disk, 8 per parameter",
                m.group(0) if m else est[-1500:])
 
+        # ---- --optimizer-state bf16: m and v rest in bf16 on disk (4 bytes per parameter); 1 KiB chunks of 512
+        # moments cut the model as above (234,880 = 458 x 512 + 384: the last one partial)
+        bf16 = ["--optimizer-state", "bf16"]
+        ram16, _ = s.dump("ram16", 5, "--checkpoint-every", 3, *bf16)
+        offl16, out16 = s.dump("offl16", 5, "--checkpoint-every", 3, *bf16, *off, "--print-allocations")
+        states = [file_bytes(os.path.join(work, d, "ckpt_00000005", "state.bin")) for d in ("ram16", "offl16")]
+        report(same(offl16, ram16) and states[0] == states[1], "--offload-dir with bf16 moments, 512-moment chunks: 5 steps == "
+               "bf16 m and v in RAM, bit for bit (losses, weights, state.bin)", differ(offl16, ram16))
+        resumed16, _ = s.dump("offl16_resumed", 5, "--resume", os.path.join(work, "offl16", "ckpt_00000003"), *bf16, *off)
+        tail16 = dict(ram16, losses=ram16["losses"][3:]) if ram16 is not None else None
+        report(same(resumed16, tail16), "--offload-dir with bf16 moments: its checkpoint at step 3 resumed + 2 steps == 5 "
+               "straight, bit for bit", differ(resumed16, tail16))
+        held16 = dict(re.findall(r"^allocation: rank 0 (\w+) (\d+)$", out16, re.M))
+        est16 = subprocess.run([BIN, "--model", MODEL, "--seq-len", str(T), "--batch-size", "1", "--estimate"] + off + bf16,
+                               capture_output=True, text=True).stdout
+        m = re.search(r"disk \(--offload-dir\)\s+([\d,]+)", est16)
+        report(m and int(m.group(1).replace(",", "")) == 4 * PARAMS and held16.get("adam_m") == str(2 * 1024),
+               f"--offload-dir with bf16 moments: --estimate's disk line {4 * PARAMS} bytes, 4 per parameter; adam_m holds "
+               "two 1 KiB chunks", f"{m.group(0) if m else est16[-800:]}; adam_m {held16.get('adam_m')}")
+        # 1,000,000 bytes free: fp32's 1.8 MiB is refused (below), bf16's 917.5 KiB fits
+        p = s.run("bf16_fits", 1, *bf16, *off, env={"LLMC_TEST_OFFLOAD_FREE_BYTES": "1000000"})
+        report(p.returncode == 0, "--offload-dir with bf16 moments: the free-space check counts 4 bytes per parameter "
+               "(917.5 KiB fits in 976.6 KiB free, where fp32's 1.8 MiB is refused)", f"exit {p.returncode}: {p.stderr[-600:]}")
+        p = s.run("bf16_small", 1, *bf16, *off, env={"LLMC_TEST_OFFLOAD_FREE_BYTES": "900000"})
+        report(p.returncode == 2 and "need 917.5 KiB" in p.stderr and "4 bytes for each" in p.stderr,
+               "--offload-dir with bf16 moments and 878.9 KiB free: refused, naming the bf16 need", f"exit {p.returncode}: "
+               f"{p.stderr[-600:]}")
+
         # ---- resume, crossing: in RAM -> offloaded and offloaded -> in RAM
         a, _ = s.dump("ram_to_offl", 5, "--resume", os.path.join(work, "ram", "ckpt_00000003"), *off)
         b, _ = s.dump("offl_to_ram", 5, "--resume", os.path.join(work, "offl", "ckpt_00000003"))
@@ -181,7 +215,6 @@ def main():
                and str(PARAMS) in lines[0], "--offload-dir with too little free space: the need and the space in one line, exit 2",
                f"exit {p.returncode}: {p.stderr[-600:]}")
         for bad, words in ((["--optimizer", "adafactor"], ["--optimizer adafactor", "stay in RAM"]),
-                           (["--optimizer-state", "bf16"], ["--optimizer-state bf16", "fp32 moments only"]),
                            (["--zero", "2"], ["--zero 2", "--zero 0 or 1"]),
                            (["--tensor-parallel", "2"], ["--tensor-parallel 2"])):
             one_line_error(f"--offload-dir with {' '.join(bad)}", flags + off + bad, 2, *words)

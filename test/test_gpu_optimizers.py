@@ -31,11 +31,13 @@ checkpoints at steps 5 and 10; each run below is made once and shared by the che
                      test_gpu.py's bf16 tolerances.
   memory             --estimate: m and v 4 bytes per parameter in all (8 with fp32 moments), the adam_m row
                      exactly 2 bytes per element; the run allocates exactly the table --estimate prints.
-  refusals           what is not proven yet (--offload optimizer, --moe-experts, --zero 2): one line naming it, exit 2.
+  refusals           what is not proven yet (--moe-experts, --zero 3): one line naming it, exit 2 (with
+                     --offload optimizer it runs: test_offload.py).
   grids              the fp32 build, 3 steps of 2 micro-batches (mpirun), checkpoints at step 2:
                      dp2: ZeRO-1 == ZeRO-0 bit for bit (each shard's elements round with their index in the
-                     whole model, not in the shard), and == one rank accumulating the same micro-batches
-                     within FP32_TOL. Planted (by hand, once): keyed by the index in the shard: the bit-for-bit
+                     whole model, not in the shard), ZeRO-2 == ZeRO-1 bit for bit (one launch per piece of
+                     the units' shards, each keyed by its index in the model), and == one rank accumulating
+                     the same micro-batches within FP32_TOL. Planted (by hand, once): keyed by the index in the shard: the bit-for-bit
                      check failed, the tolerance check still passed.
                      tp2 + sequence parallel, pp2 (1F1B): == one rank within FP32_TOL; the step-2 moments,
                      assembled from the ranks' state files in the model's order, >= 95% bit-identical to
@@ -75,7 +77,8 @@ def grids(tmp, model):
     """The fp32 build, 3 steps of 2 micro-batches of B=2 (one rank accumulates them; data-parallel ranks
     take one each; a tensor or pipeline grid both), checkpoints at step 2:
       dp2    ZeRO-1 (each rank updates its shard of m and v, rounding each element with its index in the
-             whole model) == ZeRO-0 (both ranks update everything) bit for bit, and == one rank within FP32_TOL;
+             whole model) == ZeRO-0 (both ranks update everything) bit for bit, ZeRO-2 (its pieces of the
+             units' shards) == ZeRO-1 bit for bit, and == one rank within FP32_TOL;
       tp2 + sequence parallel, pp2 (1F1B): == one rank within FP32_TOL; their step-2 moments, assembled from
              the ranks' state files in the model's order, bit-identical to one rank's for >= 95% of the
              elements (each element rounds with its index in the whole model, slice_global_index); and
@@ -99,11 +102,14 @@ def grids(tmp, model):
 
     keep = ["--checkpoint-every", "2"]
     tables = {}
-    for name, ranks, extra in (("one", 1, keep), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]),
+    for name, ranks, extra in (("one", 1, keep), ("zero0", 2, ["--zero", "0"]), ("zero1", 2, ["--zero", "1"]), ("zero2", 2, ["--zero", "2"]),
                                ("tp2", 2, grid["tp2"] + keep), ("pp2", 2, grid["pp2"] + keep)):
         tables[name] = int(launch(name, ranks, extra + ["--out-dir", f"{tmp}/grid_{name}"]).split("GPU memory bytes: table ")[1].split(",")[0])
     same = all(np.array_equal(dumps["zero1"][k], dumps["zero0"][k]) for k in ("params", "losses"))
     report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-1 == ZeRO-0 bit for bit (the shards round as the whole)",
+           "the weights or losses differ")
+    same = all(np.array_equal(dumps["zero2"][k], dumps["zero1"][k]) for k in ("params", "losses"))
+    report(same, "--optimizer-state bf16 on 2 ranks: ZeRO-2 (one launch per piece of the units' shards) == ZeRO-1 bit for bit",
            "the weights or losses differ")
     compare_dumps("--optimizer-state bf16: 2 ranks ZeRO-1 vs one rank", dumps["zero1"], dumps["one"], model, FP32_TOL)
     one_m, one_v = grid_moments(f"{tmp}/grid_one/ckpt_00000002")
@@ -192,15 +198,14 @@ def main():
 
         base = ["--model", f"{tmp}/tiny.bin", "--optimizer-state", "bf16"]
         # (--moe-experts on a model shape, not the dense tiny.bin, which is refused for holding no experts)
-        for flags, words in ((["--offload", "optimizer"], "--offload optimizer"),
-                             (["--moe-experts", "2", "--model", "L=2,C=128,H=2,T=64,V=500"], "--moe-experts")):
+        for flags, words in ((["--moe-experts", "2", "--model", "L=2,C=128,H=2,T=64,V=500"], "--moe-experts"),):
             p = run([GPU] + base + flags + data[:4], expect_ok=False)
             lines = p.stderr.strip().splitlines()
             report(p.returncode == 2 and len(lines) == 1 and words in lines[0] and "--optimizer-state bf16" in lines[0],
                    f"the GPU trainer refuses --optimizer-state bf16 with {' '.join(flags[:2])} in one line", p.stderr[-400:])
-        p = run([GPU] + base + ["--zero", "2"] + data[:4], expect_ok=False)
-        report(p.returncode == 2 and "--zero 2" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
-               "the GPU trainer refuses --optimizer-state bf16 with --zero 2 in one line", p.stderr[-400:])
+        p = run([GPU] + base + ["--zero", "3"] + data[:4], expect_ok=False)
+        report(p.returncode == 2 and "--zero 3" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+               "the GPU trainer refuses --optimizer-state bf16 with --zero 3 in one line", p.stderr[-400:])
         grids(tmp, model)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,17 +25,30 @@
                       t = 2, 3, 4; the GPU gets step t's weights one step late (the delayed checkpoint 3's
                       model.bin is the undelayed step 2's, not step 3's); the last step uploads (4's is
                       step 4's); 4 steps == 2 + resume + 2 with the delay (the pending upload recomputed)
+  delay on 2 ranks    ZeRO-1, each rank offloading its shard, one micro-batch each: the same reference on 2
+                      ranks (undelayed, resumed from the delayed checkpoint t-1, writes both state files of
+                      checkpoint t, t = 2, 3); checkpoint 2's model.bin stale, 3's (the last: uploaded and
+                      all-gathered) the undelayed step 3's; == 1 rank accumulating the 2 micro-batches
+                      with the delay: losses of steps 1, 2 bit for bit (both on the initial weights), the
+                      weight change after 3 steps within 5e-2 (measured 1.3e-2; the undelayed run is 0.34
+                      away: the bf16 gradient sums differ in order, not the update); 3 == 1 + resume + 2;
+                      ZeRO-2 == ZeRO-1 bit for bit
+  bf16 moments        --optimizer-state bf16 offloaded (the host runs adamw_bf16.h's update, m and v in bf16):
+                      == on-device bf16 AdamW bit for bit, 2 micro-batches per step, 4 steps (weights,
+                      gradients, losses, state.bin); 4 == 2 + resume + 2; ZeRO-2 on 2 ranks offloaded ==
+                      on-device ZeRO-1, bit for bit (the rounding keyed by the model's index)
   resume              4 steps == 2 + resume + 2 with offload, and across: an offloaded run's checkpoint
                       resumed on the device, and an on-device checkpoint resumed offloaded (same file
                       format, same arithmetic: bit for bit)
   memory cap          CUDA_EMU_DEVICE_MEMORY between the two runs' needs: refused up front without
                       offload (the trainer's out-of-memory line), trains with it
   --estimate          master and optimizer rows are 0 on the GPU; the host line holds 18 bytes per parameter
-                      (20 with --offload-delay 1: the weights going up get their own bf16 array)
+                      (20 with --offload-delay 1: the weights going up get their own bf16 array; 14 and 16
+                      with --optimizer-state bf16)
   bad input           one line, exit 2: an unknown value, --zero 3, --master-weights 0, tensor
                       parallelism, the fp32 build, and the CPU trainer (its state is already on the host);
                       --offload-delay 2, --offload-delay or --offload-bucket-layers without --offload,
-                      --offload-bucket-layers -1, --offload-delay 1 on 2 ranks
+                      --offload-bucket-layers -1
 
 Planted bugs this caught (by hand, then reverted): copying only half of the gradient to the host
 (the on-device comparison failed); skipping the bf16 copy-back (the comparison failed); streaming
@@ -45,7 +58,12 @@ no staleness (the staleness check failed: checkpoint 3's model.bin was step 3's)
 upload (the delayed resume failed); ZeRO-2's updated weights uploaded to their place in the shard
 instead of the flat array (the ZeRO-2 comparison failed); the backward's hook not sending its buckets,
 all copied after it (the bit-for-bit checks passed, as they must; the count of buckets sent failed);
-ZeRO-2's offloaded m not loaded on resume (the ZeRO-2 resume's checkpoint files differed).
+ZeRO-2's offloaded m not loaded on resume (the ZeRO-2 resume's checkpoint files differed); on 2 ranks
+with the delay, the last step's upload not all-gathered (the straight run stopped: "the replicas drifted
+apart" at its last checkpoint), and the delay's fresh weights uploaded and all-gathered at once (the
+staleness check and the one-rank comparison failed); the host's bf16 moments rounded to nearest (the
+bf16 comparisons failed), keyed by their place in the shard instead of the model (the 2-rank bf16
+comparison failed).
 """
 import os, re, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -59,6 +77,7 @@ STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-
 ACCUM2 = ["--total-batch-tokens", str(2 * B * T)]
 OFF = ["--offload", "optimizer"]
 DELAY = OFF + ["--offload-delay", "1"]
+BF16 = ["--optimizer-state", "bf16"]
 
 
 def same_dumps(a, b):
@@ -152,6 +171,95 @@ def delayed_update(S):
            "checkpoints 3 and 4)", f"differ: {differ}; checkpoints same: {same_files}")
 
 
+def delayed_two_ranks(S):
+    """--offload-delay 1 over 2 data-parallel ranks, each offloading its shard (see the docstring)."""
+    launcher = mpirun_cmd(2)
+    if not launcher:
+        print("SKIP: --offload-delay 1 over 2 ranks (no mpirun)")
+        return
+    tmp = S.tmp
+    ckpt = lambda d, t: f"{tmp}/{d}/ckpt_{t:08d}"  # noqa: E731
+    steps = STEPS + ACCUM2 + ["--lr-schedule", "constant"]  # constant: the references stop at step t
+    files = ("model.bin", "state_rank0.bin", "state_rank1.bin")
+
+    def two(name, extra, out=None, copy=None):
+        if copy:
+            shutil.copytree(*copy)
+        path = f"{tmp}/{name}.st"
+        run(launcher + [GPU, "--model", f"{tmp}/tiny.bin", "--dump-state", path, "--out-dir", out or f"{tmp}/{name}"] +
+            S.data["tiny"] + steps + extra)
+        return read_safetensors(path)[0]
+
+    flags = ["--zero", "1", "--steps", "3", "--checkpoint-every", "1"]
+    straight = two("dp2_delay", flags + DELAY)
+    # the reference: one undelayed step on 2 ranks from the delayed run's checkpoint t-1, into checkpoint t
+    for t in (2, 3):
+        ref = two(f"dp2_ref{t}", ["--zero", "1", "--steps", str(t), "--checkpoint-every", "1", "--resume", "latest"] + OFF,
+                  copy=(ckpt("dp2_delay", t - 1), ckpt(f"dp2_ref{t}", t - 1)))
+        same_state = all(same_bytes(f"{ckpt('dp2_delay', t)}/{f}", f"{ckpt(f'dp2_ref{t}', t)}/{f}") for f in files[1:])
+        same_loss = np.array_equal(ref["losses"], straight["losses"][t - 1:t])
+        report(same_state and same_loss, f"--offload-delay 1, ZeRO-1 on 2 ranks, step {t}: == an undelayed 2-rank step from "
+               f"the GPU weights of step {t - 2} and the shards' master weights of step {t - 1} (both ranks' state files, "
+               "the loss), bit for bit", f"state files same: {same_state}; loss {straight['losses'][t - 1]} vs {ref['losses']}")
+    model = lambda d, t: f"{ckpt(d, t)}/model.bin"  # noqa: E731
+    stale = not same_bytes(model("dp2_delay", 2), model("dp2_ref2", 2))
+    report(stale and same_bytes(model("dp2_delay", 3), model("dp2_ref3", 3)), "--offload-delay 1 on 2 ranks: the all-gathered "
+           "weights are a step stale (checkpoint 2's model.bin is not step 2's), and the last step uploads and all-gathers "
+           "both shards (checkpoint 3's model.bin == the undelayed step 3's)",
+           f"checkpoint 2 stale: {stale}; checkpoint 3's model.bin is not the undelayed step 3's")
+    # one rank accumulating the same 2 micro-batches: the same delayed update; the bf16 gradient is summed in another
+    # order (NCCL's sum of two rounded halves, against the backward adding into a rounded one), so close, not equal
+    one = S.dump(GPU, "tiny", steps + ["--steps", "3"] + DELAY)
+    init = S.models["tiny"][0]
+    change, loss = rel(straight["params"] - init, one["params"] - init), float(np.max(np.abs(straight["losses"] - one["losses"])))
+    report(np.array_equal(straight["losses"][:2], one["losses"][:2]) and change <= 5e-2 and loss <= 1e-3,
+           f"--offload-delay 1: 2 ranks == 1 rank accumulating 2 micro-batches (steps 1, 2 both on the initial weights: "
+           f"losses bit for bit; after 3 steps weight change rel {change:.1e} <= 5e-2, losses within {loss:.1e} <= 1e-3)",
+           f"losses {straight['losses']} vs {one['losses']}")
+    resumed = two("dp2_resume", flags + DELAY + ["--resume", "latest"], copy=(ckpt("dp2_delay", 1), ckpt("dp2_resume", 1)))
+    same = np.array_equal(resumed["params"], straight["params"]) and np.array_equal(resumed["losses"], straight["losses"][1:])
+    same_files = all(same_bytes(f"{ckpt('dp2_resume', t)}/{f}", f"{ckpt('dp2_delay', t)}/{f}") for t in (2, 3) for f in files)
+    report(same and same_files, "--offload-delay 1 on 2 ranks: 3 steps == 1 + resume + 2, bit for bit (weights, losses, "
+           "checkpoints 2 and 3)", f"weights and losses same: {same}; checkpoint files same: {same_files}")
+    zero2 = two("dp2_delay_zero2", ["--zero", "2", "--steps", "3"] + DELAY)
+    differ = same_dumps(zero2, straight)
+    report(not differ, "--offload-delay 1 with ZeRO-2 on 2 ranks (the gradient's shards offloaded) == with ZeRO-1, bit for bit",
+           f"differ: {differ}")
+
+
+def bf16_moments(S):
+    """--optimizer-state bf16 offloaded: the host runs the CPU trainer's bf16-moment AdamW (see the docstring)."""
+    tmp = S.tmp
+    flags = STEPS + ACCUM2 + BF16 + ["--steps", "4", "--checkpoint-every", "2"]
+    on = S.dump(GPU, "tiny", flags + ["--out-dir", f"{tmp}/bf16_on"])
+    off = S.dump(GPU, "tiny", flags + OFF + ["--out-dir", f"{tmp}/bf16_off"])
+    state = lambda d, t=4: f"{tmp}/{d}/ckpt_{t:08d}/state.bin"  # noqa: E731
+    differ = same_dumps(off, on)
+    same_state = same_bytes(state("bf16_on"), state("bf16_off"))
+    report(not differ and same_state, "--optimizer-state bf16 offloaded == on the device, 2 micro-batches per step, 4 steps, "
+           "bit for bit (weights, gradients, losses, state.bin: master and the bf16 m, v)",
+           f"differ: {differ}; state.bin same: {same_state}")
+    out = f"{tmp}/bf16_resume"
+    shutil.copytree(f"{tmp}/bf16_off/ckpt_00000002", f"{out}/ckpt_00000002")
+    resumed = S.dump(GPU, "tiny", flags + OFF + ["--out-dir", out, "--resume", "latest"])
+    same = np.array_equal(resumed["params"], off["params"]) and np.array_equal(resumed["losses"], off["losses"][2:])
+    report(same and same_bytes(state("bf16_resume"), state("bf16_off")), "--optimizer-state bf16 offloaded: 4 steps == 2 + "
+           "resume + 2, bit for bit (weights, losses, state.bin)", f"weights and losses same: {same}")
+    launcher = mpirun_cmd(2)
+    if not launcher:
+        print("SKIP: --optimizer-state bf16 offloaded over 2 ranks (no mpirun)")
+        return
+    dumps = []
+    for i, extra in enumerate((["--zero", "1"], ["--zero", "2"] + OFF)):
+        path = f"{tmp}/bf16_zero{i}.st"
+        run(launcher + [GPU, "--model", f"{tmp}/tiny.bin", "--steps", "3", "--dump-state", path, "--out-dir",
+                        f"{tmp}/bf16_zero{i}"] + S.data["tiny"] + STEPS + ACCUM2 + BF16 + extra)
+        dumps.append(read_safetensors(path)[0])
+    differ = same_dumps(dumps[1], dumps[0])
+    report(not differ, "--optimizer-state bf16: ZeRO-2 on 2 ranks, each offloading its shards == on-device ZeRO-1, bit for "
+           "bit (each piece's moments round with its index in the whole model)", f"differ: {differ}")
+
+
 def zero_two_ranks(S):
     launcher = mpirun_cmd(2)
     if not launcher:
@@ -238,6 +346,12 @@ def estimate(S):
     ok = host is not None and int(host.group(1).replace(",", "")) == 20 * n and total(delayed) == total(off)
     report(ok, "--estimate: --offload-delay 1 puts 20 bytes/param on the host (a bf16 array for the weights going up), "
            "the GPU's the same", f"{host.group(0) if host else 'no host line'}")
+    for flags, per in ((OFF, 14), (DELAY, 16)):  # bf16 m and v: 2 + 2 bytes instead of 4 + 4
+        text = run([GPU] + d12 + flags + BF16).stdout
+        host = re.search(r"host \(pinned, --offload optimizer\) ([\d,]+)", text)
+        ok = host is not None and int(host.group(1).replace(",", "")) == per * n and total(text) == total(off)
+        report(ok, f"--estimate: {' '.join(flags[2:] + BF16)} puts {per} bytes/param on the host (m, v in bf16), the GPU's "
+               "the same", f"{host.group(0) if host else 'no host line'}")
 
 
 def bad_input(S):
@@ -254,18 +368,11 @@ def bad_input(S):
              (CPU, DELAY, "applies only to the GPU trainer")]
     if os.path.exists(GPU32):
         cases.append((GPU32, OFF, "fp32 build"))
-    launcher = mpirun_cmd(2)
-    if launcher:
-        cases.append((launcher + [GPU], DELAY, "runs on one GPU for now"))
     for exe, flags, words in cases:
-        exe = exe if isinstance(exe, list) else [exe]
-        p = run(exe + base + flags, expect_ok=False)
+        p = run([exe] + base + flags, expect_ok=False)
         lines = p.stderr.strip().splitlines()
-        if len(exe) > 1:  # under mpirun: one error line among the launcher's own
-            lines = [line for line in lines if "error:" in line]
         report(p.returncode == 2 and len(lines) == 1 and words in lines[0],
-               f"{' '.join(os.path.basename(e) for e in exe[-3:])} {' '.join(flags)}: one line, exit 2",
-               f"exit {p.returncode}: {p.stderr[-400:]}")
+               f"{os.path.basename(exe)} {' '.join(flags)}: one line, exit 2", f"exit {p.returncode}: {p.stderr[-400:]}")
 
 
 def main():
@@ -276,7 +383,7 @@ def main():
     try:
         S = Setup(tmp)
         S.shape("tiny", 2, 128, 2, 64, 500, 1)
-        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, resume, memory_cap, estimate, bad_input):
+        for fn in (streaming, same_as_on_device, zero_two_ranks, delayed_update, delayed_two_ranks, bf16_moments, resume, memory_cap, estimate, bad_input):
             try:
                 fn(S)
             except Exception as e:  # noqa: BLE001 - one failing group does not hide the others

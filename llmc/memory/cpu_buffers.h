@@ -243,10 +243,10 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     size_t moment_bytes = s.bf16_moments ? 2 : F;
     const char* moment_type = s.bf16_moments ? " bf16" : "";
     if (s.offload_chunk_kib > 0) {  // the moments are in files; RAM holds two chunks of each
-        size_t slots = disk_offload_buffer_floats(moments, s.offload_chunk_kib);
-        std::string where = sh("2 chunks; the (%zu) on disk", moments);
-        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, where, slots, F};
-        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, where, slots, F};
+        size_t slots = disk_offload_buffer_elements(moments, s.offload_chunk_kib, moment_bytes);
+        std::string where = sh("2 chunks; the (%zu)%s on disk", moments, moment_type);
+        t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, where, slots, moment_bytes};
+        t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, where, slots, moment_bytes};
     } else {
         t[CB_ADAM_M] = {"adam_m", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};
         t[CB_ADAM_V] = {"adam_v", MEM_OPTIMIZER, sh("(%zu)%s", moments, moment_type), moments, moment_bytes};

@@ -582,8 +582,8 @@ inline std::vector<StateLine> state_lines(const EstimateSetup& e, const std::vec
                                  ours.bytes[MEM_OPTIMIZER] / N);
     }
     if (e.offload_chunk_kib > 0 && e.optimizer == Optimizer::AdamW) {
-        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, 8 bytes per parameter "
-                                 "on disk", e.offload_chunk_kib);
+        lines[3].why = strprintf("m and v on disk (--offload-dir): two %d KiB chunks of each in RAM, %d bytes per parameter "
+                                 "on disk", e.offload_chunk_kib, e.bf16_moments ? 4 : 8);
     }
     if (e.optimizer != Optimizer::AdamW) {
         lines[3].why = strprintf("%s instead of AdamW: rows + columns per matrix, one per element of a vector "
@@ -766,17 +766,18 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
     if (e.offload_optimizer) {  // --offload optimizer: what left the GPU, in pinned host memory (llmc/optim/offload.cuh)
         size_t n = gpu_offloaded_elements(estimate_gpu_shape(e, e.B, 0));
-        size_t per = offload_host_bytes_per_param(e.offload_delay);
-        printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, m, v, the gradient "
+        size_t per = offload_host_bytes_per_param(e.offload_delay, e.bf16_moments);
+        printf("  host (pinned, --offload optimizer) %s  %s  %zu bytes per updated parameter: fp32 master, %s m, v, the gradient "
                "in fp32, a bf16 staging array the gradient's buckets stream into%s; per step %s down (bf16 gradients) and %s "
                "up (bf16 weights)\n", with_commas((double)(n * per)).c_str(), format_bytes((double)(n * per)).c_str(), per,
-               e.offload_delay ? ", a bf16 array for the delayed weights" : "", format_bytes(2.0 * n).c_str(),
+               e.bf16_moments ? "bf16" : "fp32", e.offload_delay ? ", a bf16 array for the delayed weights" : "", format_bytes(2.0 * n).c_str(),
                format_bytes(2.0 * n).c_str());
     }
     if (e.offload_chunk_kib > 0 && e.trainer == Trainer::CPU) {  // --offload-dir: what left RAM (llmc/optim/disk_offload.h)
-        double disk = 8.0 * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));
-        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, 8 bytes per updated parameter (RAM: %.2f bytes per "
-               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(),
+        int per = e.bf16_moments ? 4 : 8;  // m and v: fp32, or bf16 (--optimizer-state bf16)
+        double disk = (double)per * cpu_offloaded_moments(estimate_cpu_shape(e, e.B, 0));
+        printf("  disk (--offload-dir)  %s  %s  m and v of rank 0, %d bytes per updated parameter (RAM: %.2f bytes per "
+               "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(), per,
                (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());
     }
     if (estimate_overhead(e) > 0) {

@@ -429,9 +429,12 @@ inline size_t gpu_buffer_total(const std::vector<BufferSpec>& table) {
 // memory (what the rows above would hold on the GPU), and the host bytes each of them costs: master,
 // m, v (12), the gradient widened to fp32 for the CPU's AdamW (4), the bf16 staging array the
 // gradient's buckets stream into (2); --offload-delay 1 adds a bf16 array for the weights going up (2),
-// since the staging array receives the next step's gradient while the CPU step runs.
+// since the staging array receives the next step's gradient while the CPU step runs; --optimizer-state
+// bf16 halves m and v (2 + 2): 14, or 16 with the delay.
 constexpr size_t OFFLOAD_HOST_BYTES_PER_PARAM = 4 + 4 + 4 + 4 + 2;
-inline size_t offload_host_bytes_per_param(bool delay) { return OFFLOAD_HOST_BYTES_PER_PARAM + (delay ? 2 : 0); }
+inline size_t offload_host_bytes_per_param(bool delay, bool bf16_moments) {
+    return OFFLOAD_HOST_BYTES_PER_PARAM + (delay ? 2 : 0) - (bf16_moments ? 4 : 0);
+}
 inline size_t gpu_offloaded_elements(GPURunShape s) {
     if (!s.offload_optimizer) return 0;
     s.offload_optimizer = false;

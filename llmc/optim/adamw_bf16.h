@@ -26,7 +26,8 @@
 // The checkpoint stores m and v as fp32 (exactly: a bf16 widens without rounding), so its format does
 // not change: a bf16 run resumes bit for bit, and a checkpoint of the other precision converts
 // (fp32 -> bf16 rounds to nearest once, at the resume). Hook point: optimizer_step, through
-// gpt2_update in train_gpt_cpu.cpp.
+// gpt2_update in train_gpt_cpu.cpp; the GPU trainer's --offload optimizer runs this same loop on the
+// host (llmc/optim/offload.cuh).
 #pragma once
 
 #include <cmath>

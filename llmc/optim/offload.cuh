@@ -7,11 +7,18 @@
 // once per step, by an update that is memory-bound and element-wise: the CPU can do it. So they move
 // to host memory, and each step pays PCIe traffic instead of GPU memory:
 //   GPU -> host   2 bytes/param   the bf16 gradient, once the step's gradient is complete
-//   CPU           AdamW in fp32 on the master weights (llmc/optim/adamw.h, the CPU trainer's own code)
+//   CPU           AdamW in fp32 on the master weights (llmc/optim/adamw.h, the CPU trainer's own code;
+//                 --optimizer-state bf16: adamw_bf16.h's, m and v resting in bf16 on the host)
 //   host -> GPU   2 bytes/param   the updated weights, rounded to bf16
 // GPU memory per parameter drops from 16 to 4 bytes (plus activations); host memory gains 18:
 // master, m, v (12), the gradient widened to fp32 for adamw.h (4), one bf16 staging array (2) that
 // carries the gradient down and the weights back up.
+//
+// With --optimizer-state bf16 the host's m and v are bf16 (2 + 2 bytes instead of 4 + 4: 14 host bytes per
+// parameter, 16 with the delay): the step is the CPU trainer's cpu::adamw_update_bf16, whose rounding of
+// m and v draws the random bits adamw_bf16.cuh's kernel draws (adamw_bf16_store, keyed by t and the
+// element's index in the flat array: each piece passes its `local` place), so the offloaded bf16 run
+// equals the on-device one bit for bit under the emulation, as the fp32 one does.
 //
 // Same arithmetic as on the GPU: adamw_update (adamw.h) writes the formulas of adamw.cuh's kernel in
 // the same order, per tensor with the same decay, and the new master weights are rounded to bf16
@@ -56,7 +63,10 @@
 // holds the GPU's weights, one step behind the master weights, and a resumed run rounds the master
 // weights again to get the pending upload (the rounding is a function of the master weights, the seed and
 // the step: the same bits). The run's last step uploads, so the trained weights are never stale.
-// One GPU only, for now (refused with several ranks: ZeRO-1's all-gather of a late shard is untested).
+// Over data-parallel ranks (ZeRO-1/2) each rank uploads its step-late shard at the start of optimizer
+// step t, and the all-gather that follows (zero_after_update, as without the delay) shares the shards of
+// step t-1: every rank holds the same stale weights. An upload outside an optimizer step (the last
+// step, a skipped step) is followed by the same all-gather (train_gpt.cu's flush_offloaded_weights).
 //
 // ZeRO-0/1/2: each rank offloads what its AdamW updates (zero_owned_pieces: everything, or its
 // shard); the updated bf16 pieces are copied back to their places in the flat parameter array and
@@ -77,6 +87,7 @@
 #include "llmc/model/model.h"
 #include "llmc/optim/adamw.cuh"
 #include "llmc/optim/adamw.h"
+#include "llmc/optim/adamw_bf16.h"  // --optimizer-state bf16: the CPU trainer's bf16-moment AdamW
 #include "llmc/parallel/sharding.h"   // gradient_bucket: which ranges of the flat array each layer's gradient is
 #include "llmc/parallel/zero.h"       // zero_owned_pieces: which parameters this rank updates, where it stores them
 
@@ -94,8 +105,11 @@ struct OptimizerOffload {
     size_t begin = 0;                  //   shards' packed order, as the pieces say)
     size_t grad_offset = 0;            // the gradient of state element i is grads[grad_offset + i]
     float* master = nullptr;           // pinned host memory, n each
-    float* m = nullptr;
+    float* m = nullptr;                // (fp32 moments)
     float* v = nullptr;
+    bool bf16_moments = false;         // --optimizer-state bf16: m and v in bf16 instead (m16, v16)
+    uint16_t* m16 = nullptr;
+    uint16_t* v16 = nullptr;
     float* grads = nullptr;            // the bf16 gradient widened (exact), for adamw.h
     uint16_t* staging = nullptr;       // bf16: the gradient on its way down (and, without the delay, the weights up)
     uint16_t* weights_up = nullptr;    // --offload-delay 1: the bf16 weights on their way up (else = staging)
@@ -140,19 +154,25 @@ inline void offload_plan_buckets(OptimizerOffload* o, const ParamLayout& layout,
 // The n elements of this rank's AdamW state (zero.plan's owned pieces) in pinned host memory.
 // `streamed`: the backward hands each bucket over as it completes (one data-parallel rank; see above).
 inline void offload_allocate(OptimizerOffload* o, const Zero& zero, size_t n, const ParamLayout& layout, int L,
-                             int bucket_layers, bool streamed, bool delay) {
+                             int bucket_layers, bool streamed, bool delay, bool bf16_moments) {
     o->n = n;
     o->pieces = zero_owned_pieces(zero);
     o->flat = zero.stage <= 1;
     o->begin = o->flat ? zero.updated.begin : 0;
     o->grad_offset = o->begin;  // ZeRO-0/1: the flat gradient from begin; ZeRO-2: the shard array from 0
-    float** arrays[] = {&o->master, &o->m, &o->v, &o->grads};
+    o->bf16_moments = bf16_moments;
+    float** arrays[] = {&o->master, &o->grads, bf16_moments ? nullptr : &o->m, bf16_moments ? nullptr : &o->v};
     for (float** a : arrays) {
+        if (!a) continue;
         CUDA_CHECK(cudaMallocHost((void**)a, n * sizeof(float)));
         memset(*a, 0, n * sizeof(float));
     }
-    CUDA_CHECK(cudaMallocHost((void**)&o->staging, n * sizeof(uint16_t)));
-    memset(o->staging, 0, n * sizeof(uint16_t));
+    uint16_t** halves[] = {&o->staging, bf16_moments ? &o->m16 : nullptr, bf16_moments ? &o->v16 : nullptr};
+    for (uint16_t** a : halves) {
+        if (!a) continue;
+        CUDA_CHECK(cudaMallocHost((void**)a, n * sizeof(uint16_t)));
+        memset(*a, 0, n * sizeof(uint16_t));
+    }
     o->delay = delay;
     o->weights_up = o->staging;
     if (delay) CUDA_CHECK(cudaMallocHost((void**)&o->weights_up, n * sizeof(uint16_t)));
@@ -166,7 +186,8 @@ inline void offload_allocate(OptimizerOffload* o, const Zero& zero, size_t n, co
 
 inline void offload_free(OptimizerOffload* o) {
     if (o->cpu_step.joinable()) o->cpu_step.join();
-    void* arrays[] = {o->master, o->m, o->v, o->grads, o->staging, o->weights_up != o->staging ? o->weights_up : nullptr};
+    void* arrays[] = {o->master, o->m, o->v, o->m16, o->v16, o->grads, o->staging,
+                      o->weights_up != o->staging ? o->weights_up : nullptr};
     for (void* a : arrays)
         if (a) CUDA_CHECK(cudaFreeHost(a));
     for (OffloadBucket& b : o->buckets) {
@@ -240,8 +261,12 @@ inline void offload_cpu_step(OptimizerOffload* o, const AdamWStep& now, const Ad
     for (const ZeroPiece& p : o->pieces) {
         size_t k = p.stored;
         float wd = param_tensor_decays(p.tensor) ? a.weight_decay : 0.0f;  // 1 - lr * 0 = 1: the kernel's "no decay"
-        cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, p.count, now.lr, a.beta1, a.beta2, a.eps, wd,
-                          now.step, clip);
+        if (o->bf16_moments)  // the rounding's key: the element's place in the flat array, as the kernel's
+            cpu::adamw_update_bf16(o->master + k, o->grads + k, o->m16 + k, o->v16 + k, p.count, now.lr, a.beta1, a.beta2,
+                                   a.eps, wd, now.step, clip, p.local);
+        else
+            cpu::adamw_update(o->master + k, o->grads + k, o->m + k, o->v + k, p.count, now.lr, a.beta1, a.beta2, a.eps, wd,
+                              now.step, clip);
     }
     offload_round_weights(o, now.step, a.seed);
 }

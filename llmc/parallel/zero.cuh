@@ -74,6 +74,7 @@
 
 #include <vector>
 #include "llmc/optim/adamw.cuh"
+#include "llmc/optim/adamw_bf16.cuh"  // --optimizer-state bf16: zero_adamw's uint16_t m and v
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/memory/gpu_buffers.h"
@@ -279,18 +280,30 @@ inline std::vector<std::pair<const floatX*, size_t>> zero_norm_pieces(const Zero
 // or the shard; with more ranks than shards a rank may own none), in one launch. Stages 2-3: every
 // owned piece; the weights are in the flat array (`params`, stage 2) or in the weight shard (stage
 // 3), gradients, master, m and v in the shards, and each piece's stochastic rounding is seeded by
-// its index in the flat array, as the one launch would seed it.
-inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, float* m, float* v, const AdamWStep* step_values,
-                       const AdamWParams& a, cudaStream_t compute) {
+// its index in the flat array, as the one launch would seed it. `Moment`: float, or uint16_t for
+// --optimizer-state bf16's bf16 m and v (llmc/optim/adamw_bf16.cuh: the same launches, its kernels;
+// `keys`, the rank's slice's map to the whole model's indexes, keys their moments' rounding).
+template <class Moment>
+inline void zero_adamw(ZeroGpu* z, floatX* params, float* master, Moment* m, Moment* v, const AdamWStep* step_values,
+                       const AdamWParams& a, cudaStream_t compute, const SliceIndexMap* keys = nullptr) {
+    constexpr bool bf16 = std::is_same<Moment, uint16_t>::value;
     if (z->plan.stage <= 1) {
         const ShardRange& r = z->plan.updated;
-        if (r.size() > 0) adamw_update(params, master, z->grads, m, v, r.begin, r.size(), step_values, a, compute);
+        if (r.size() == 0) return;
+        if constexpr (bf16) adamw_bf16_update(params, master, z->grads, m, v, r.begin, r.size(), step_values, a, *keys, compute);
+        else adamw_update(params, master, z->grads, m, v, r.begin, r.size(), step_values, a, compute);
         return;
     }
     for (const ZeroPiece& p : zero_owned_pieces(z->plan)) {
         floatX* w = z->plan.stage == 3 ? z->weights + p.stored : params + p.local;
-        adamw_update_piece(w, master ? master + p.stored : nullptr, z->grads + p.stored, m + p.stored, v + p.stored, p.count,
-                           p.local, param_tensor_decays(p.tensor), step_values, a, compute);
+        float* mw = master ? master + p.stored : nullptr;
+        bool decays = param_tensor_decays(p.tensor);
+        if constexpr (bf16)
+            adamw_bf16_update_piece(w, mw, z->grads + p.stored, m + p.stored, v + p.stored, p.count, p.local, decays,
+                                    step_values, a, *keys, compute);
+        else
+            adamw_update_piece(w, mw, z->grads + p.stored, m + p.stored, v + p.stored, p.count, p.local, decays, step_values,
+                               a, compute);
     }
 }
 

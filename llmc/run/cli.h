@@ -179,7 +179,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "without pipeline parallelism; the GPU trainer on one GPU or data parallel with --zero 0 (no --offload, "
          "--moe-experts, --cuda-graphs, --grad-compression, fp8, fp16 build)", K::String, &o.optimizer, Scope::Both},
         {"optimizer-state", "fp32|bf16", "Optimizer", "AdamW's m and v in fp32 (8 bytes per parameter) or bf16 with stochastic "
-         "rounding (4; the GPU trainer's: not yet with --zero 2|3, --offload, --moe-experts or the fp16 build)",
+         "rounding (4; the GPU trainer's: on the device or with --offload optimizer (m, v in bf16 on the host); not yet with "
+         "--zero 3, --zero 2 with model parallelism, --moe-experts or the fp16 build)",
          K::String, &o.optimizer_state, Scope::Both},
         {"lr", "LR", "Optimizer", "peak learning rate", K::Float, &o.lr, Scope::Both},
         {"lr-schedule", "NAME", "Optimizer", "cosine | linear | constant | wsd (warmup-stable-decay)", K::String, &o.lr_schedule, Scope::Both},
@@ -227,16 +228,16 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          K::String, &o.stash_precision, Scope::Both},
         {"master-weights", "0|1", "Machine", "keep fp32 master weights next to the bf16 parameters", K::Int, &o.master_weights, Scope::GPUOnly},
         {"offload", "WHAT", "Machine", "none | optimizer (ZeRO-Offload: fp32 master weights and AdamW's m, v in pinned host memory, "
-         "the step on the CPU, 12 bytes/param off the GPU; AdamW, bf16, --master-weights 1, --zero 0|1|2 (each rank its shard), "
+         "the step on the CPU, 12 bytes/param off the GPU; AdamW (--optimizer-state fp32 or bf16), bf16 build, --master-weights 1, --zero 0|1|2 (each rank its shard), "
          "no tensor/pipeline parallelism; GPU trainer only: the CPU trainer's state is already in host memory)", K::String, &o.offload, Scope::GPUOnly},
         {"offload-delay", "0|1", "Machine", "1: --offload optimizer's CPU step of step t runs while the GPU computes step t+1, "
-         "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU; "
+         "which uses the weights of step t-1 (ZeRO-Offload's delayed parameter update: a staleness of one step; one GPU or ZeRO-0/1/2 data-parallel ranks; "
          "GPU trainer only, as --offload)", K::Int, &o.offload_delay, Scope::GPUOnly},
         {"offload-bucket-layers", "K", "Machine", "--offload optimizer streams the gradient to the host in buckets of K layers "
          "as the backward finishes them, on a side stream (0: all of it after the backward; GPU trainer only, as --offload)",
          K::Int, &o.offload_bucket_layers, Scope::GPUOnly},
         {"offload-dir", "DIR", "Machine", "keep AdamW's m and v in files DIR/rank<r>_m.bin, _v.bin, streamed through the step in "
-         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk; the same weights bit for bit); AdamW fp32 state, --zero "
+         "chunks (ZeRO-Infinity's idea: 8 bytes/param from RAM to disk, 4 with --optimizer-state bf16; the same weights bit for bit); AdamW, --zero "
          "0|1, no tensor/pipeline parallelism; CPU trainer only: the GPU trainer has --offload optimizer", K::String, &o.offload_dir, Scope::CPUOnly},
         {"offload-chunk-kib", "KIB", "Machine", "the chunk --offload-dir streams m and v in (RAM: 4 chunks)", K::Int, &o.offload_chunk_kib, Scope::CPUOnly},
         {"zero", "0-3", "Parallelism", "ZeRO stage over the data-parallel ranks: 0 each keeps everything, 1 each keeps 1/N of AdamW's state, 2 also of the gradients, 3 also of the weights", K::Int, &o.zero_stage, Scope::Both},
@@ -684,9 +685,6 @@ inline void validate_options(const TrainOptions& o) {
         if (o.optimizer != "adamw")
             usage_fail("--offload-dir streams AdamW's m and v; --optimizer %s keeps only row and column statistics (well under 1 "
                        "byte per parameter), which stay in RAM: drop --offload-dir", o.optimizer.c_str());
-        if (o.optimizer_state != "fp32")
-            usage_fail("--offload-dir with --optimizer-state %s: the disk offload streams fp32 moments only (not built for bf16 "
-                       "ones); drop one of them", o.optimizer_state.c_str());
         if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
             usage_fail("--offload-dir with --zero %d --tensor-parallel %d --pipeline-parallel %d: the disk offload is built for "
                        "data parallelism with --zero 0 or 1; drop --offload-dir or the other flags", o.zero_stage,

@@ -1308,7 +1308,7 @@ static void fp8_share_amax(GPT2* m, Parallel* par) {
         gpu_all_reduce_max(par->data_on_gpu, amax, n, "all-reduce of the fp8 amax");
         gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
     }
-    if (par->grid.tp > 1) {  // (the pipeline's stages hold other layers: their slots are not these tensors)
+    if (par->grid.tp > 1) {  // (never over a pipeline group: each stage's slots are its own layers')
         gpu_all_reduce_max(&par->tensor_gpu, amax, n, "all-reduce of the fp8 amax over the tensor group");
         gpu_comm_wait(&par->tensor_gpu, "all-reduce of the fp8 amax over the tensor group");
     }
@@ -1883,9 +1883,9 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
         why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
                         "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
     else if (par.grid.pp > 1 || par.grid.zero_stage > 2)
-        why = "--precision fp8 runs with data parallelism (--zero 0, 1 or 2) and tensor parallelism for now (pipeline "
-              "stages and ZeRO-3's gathered weights are not proven with it yet): drop --pipeline-parallel and use --zero 2 "
-              "at most, or drop --precision fp8";
+        why = "--precision fp8 runs on one GPU, data-parallel (--zero 0, 1 or 2) and tensor-parallel ranks for now; "
+              "pipeline stages (each would need its own fp8_state.bin) and ZeRO-3 are not proven with it yet: drop "
+              "--pipeline-parallel, use --zero 2 at most, or drop --precision fp8";
     else if ((cfg.channels / par.grid.tp) % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
         why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C/tp=%d, "
                         "B*T=%d: change the shape or --tensor-parallel, or drop --precision fp8",

@@ -1409,16 +1409,26 @@ static void dump_first_step(GPT2* m, Parallel* par, bool reports) {
     }
 }
 
-// --precision fp8 over data-parallel ranks (llmc/kernels/fp8.cuh): each rank has measured the amax of
-// its own micro-batches' tensors; their maximum is the amax of the whole step's batch, so every rank
-// takes it into its histories and all choose the same scales (each rank's own would differ with its
-// data, and the ranks would quantize the same weights differently). Exact: a maximum of floats >= 0
+// --precision fp8 over several ranks (llmc/kernels/fp8.cuh): each rank has measured the amax of what it
+// quantized: its own micro-batches (data parallelism), its own slice of a split tensor (tensor
+// parallelism). Their maximum is the amax of the whole tensor over the whole step's batch, so every
+// rank takes it into its histories and all choose the same scales: one scale per tensor of the model,
+// as one rank would (fp8.cuh's lesson says which tensors are split, and why a slice's own scale is
+// wrong). The two groups' maxima in turn: the maximum over the grid. Exact: a maximum of floats >= 0
 // compares their bits as unsigned integers do, which is how amax_now holds them. One rank: nothing.
 static void fp8_share_amax(GPT2* m, Parallel* par) {
-    if (par->grid.dp == 1) return;
+    if (par->grid.dp == 1 && par->grid.tp == 1) return;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));  // the backward's quantize kernels have written amax_now
-    gpu_all_reduce_max(par->data_on_gpu, (float*)m->fp8.amax_now, (size_t)m->fp8.tensors, "all-reduce of the fp8 amax");
-    gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
+    float* amax = (float*)m->fp8.amax_now;
+    size_t n = (size_t)m->fp8.tensors;
+    if (par->grid.dp > 1) {
+        gpu_all_reduce_max(par->data_on_gpu, amax, n, "all-reduce of the fp8 amax");
+        gpu_comm_wait(par->data_on_gpu, "all-reduce of the fp8 amax");
+    }
+    if (par->grid.tp > 1) {  // (never over a pipeline group: each stage's slots are its own layers')
+        gpu_all_reduce_max(&par->tensor_gpu, amax, n, "all-reduce of the fp8 amax over the tensor group");
+        gpu_comm_wait(&par->tensor_gpu, "all-reduce of the fp8 amax over the tensor group");
+    }
 }
 
 // The same inside a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh), where the host cannot wait:
@@ -2065,12 +2075,14 @@ static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel
     if (props.major * 10 + props.minor < 89)
         why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
                         "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
-    else if (par.grid.tp > 1 || par.grid.pp > 1 || par.grid.zero_stage > 1)
-        why = "--precision fp8 runs on one GPU or over data-parallel ranks with --zero 0 or 1 for now (tensor and pipeline "
-              "slices and ZeRO-2/3's buckets are not quantized yet): use data parallelism, or drop --precision fp8";
-    else if (cfg.channels % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
-        why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C=%d, B*T=%d: "
-                        "change the shape, or drop --precision fp8", cfg.channels, plan.B * plan.T);
+    else if (par.grid.pp > 1 || par.grid.zero_stage > 2)
+        why = "--precision fp8 runs on one GPU, data-parallel (--zero 0, 1 or 2) and tensor-parallel ranks for now; "
+              "pipeline stages (each would need its own fp8_state.bin) and ZeRO-3 are not proven with it yet: drop "
+              "--pipeline-parallel, use --zero 2 at most, or drop --precision fp8";
+    else if ((cfg.channels / par.grid.tp) % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
+        why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C/tp=%d, "
+                        "B*T=%d: change the shape or --tensor-parallel, or drop --precision fp8",
+                        cfg.channels / par.grid.tp, plan.B * plan.T);
     if (!why.empty()) grid_usage_fail(&par.world, why);
 }
 

@@ -41,12 +41,33 @@
 // the classifier (logits feed the loss directly; the tied embedding is the largest, most sensitive
 // matrix) and the loss. The output of every fp8 matmul is bf16, accumulated in fp32.
 //
-// Data parallelism: each rank measures the amax of its own micro-batches; train_gpt.cu's
-// fp8_share_amax max-reduces amax_now over the ranks before fp8_end_step, so every rank rolls the
-// amax of the whole step's batch into its histories and all choose the same scales from step 2 on
-// (step 1's calibration measures each rank's own tensors: the one step whose input and gradient
-// scales may differ between ranks; the gradients are summed after dequantizing, so the weights stay
-// identical either way).
+// Several ranks: one scale per tensor of the model, the same on every rank. Each rank measures the
+// amax of what it quantized; train_gpt.cu's fp8_share_amax max-reduces amax_now before fp8_end_step,
+// over the data-parallel group (each rank saw its own micro-batches) and then over the tensor group
+// (each rank saw its own slice), so every rank rolls the whole tensor's amax over the whole batch into
+// its histories and all choose the same scales from step 2 on.
+//   Tensor parallelism (Megatron-LM: column-parallel qkv and fc, row-parallel projections), which of a
+//   linear layer's three tensors a rank holds only a slice of:
+//     qkv, fc (column-parallel, out = x W_r^T on W's rows r):  weight SPLIT, output gradient SPLIT,
+//        input (ln1 / ln2 of all B*T rows, all-gathered with sequence parallelism) the same on every rank
+//     attention and fc projection (row-parallel, partial = x_r W_r^T on W's columns r, then summed):
+//        weight SPLIT, input (its heads' / its columns' activations) SPLIT, output gradient (d residual,
+//        all-gathered with sequence parallelism) the same on every rank
+//   A split tensor's slice has a smaller amax than the whole, and its own scale would differ from the
+//   other ranks' wherever the two amax fall in different binades of fmax / amax. The matmuls would
+//   still be right (each rank dequantizes before the sums), but the run would no longer be a partition
+//   of the one-rank model's quantization (each value the code one rank gives it), the ranks' histories
+//   would drift apart, and fp8_state.bin, written once for the grid by rank 0, would resume rank 1 on
+//   rank 0's slices; and quantizing a slice before gathering it in fp8 (Transformer Engine's fp8
+//   all-gather, not done here: we gather bf16 and quantize whole) needs one scale to make sense. The
+//   replicated tensors have the same amax on every rank already; one all-reduce of all 12 per layer
+//   is simpler than picking the 6 split ones, and exact (a max).
+//   ZeRO-2 changes where the gradients go (a reduce-scatter into shards), not a matmul or a scale.
+//   Pipeline stages hold other layers, whose slots are theirs alone (not proven with fp8 yet).
+// Step 1's calibration measures each rank's own micro-batches and slices: the one step whose scales
+// may differ between ranks (only where a slice's amax is under half the whole's: the scale is a power
+// of two); each rank dequantizes before any sum, so the step is still right, and the state after
+// step 1 is the shared one.
 //
 // Trade-off. Memory: two fp8 operand buffers (one matmul's largest input, weight or gradient, 1 byte
 // an element) and 12 x (N + 3) floats of state per layer, rows of the size table (fp8_scaling,

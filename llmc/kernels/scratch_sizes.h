@@ -48,8 +48,13 @@ constexpr size_t GPU_STEP_POISON_AT = 28;  // tests only: the graphed step's inj
 // llmc/kernels/fp8.cuh (--precision fp8): per layer 12 quantized tensors (4 linear layers x input,
 // weight, gradient), each with an amax history of N steps, a scale, its inverse and this step's amax
 // (N + 3 floats); and two operand buffers of 1 byte an element, each as large as the largest operand
-// of one matmul: the MLP's (4C x C) weights or its (B*T x 4C) input and gradient.
+// of one matmul: the MLP's (4C x C) weights or its (B*T x 4C) input and gradient. With tensor
+// parallelism the MLP's width is this rank's 4C/tp columns, but qkv's and fc's inputs are still
+// (B*T x C), all of C: from tp 8 on (4C/8 < C) they are the largest.
 constexpr int FP8_AMAX_HISTORY = 16;  // --fp8-amax-history's default
 constexpr int FP8_TENSORS_PER_LAYER = 12;
 inline size_t fp8_state_floats(int tensors, int history) { return (size_t)tensors * (history + 3); }
-inline size_t fp8_operand_bytes(size_t fc_channels, size_t C, size_t BT) { return fc_channels * (C > BT ? C : BT); }
+inline size_t fp8_operand_bytes(size_t fc_channels, size_t C, size_t BT) {
+    size_t weight = fc_channels * C, activation = BT * (fc_channels > C ? fc_channels : C);
+    return weight > activation ? weight : activation;
+}

@@ -375,8 +375,8 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     int hist = s.fp8_history;
     t[GB_FP8_SCALING] = {"fp8_scaling", MEM_WORKSPACE, sh("(%zu x 12, %d+3) fp32", nl, hist),
                          hist ? fp8_state_floats((int)nl * FP8_TENSORS_PER_LAYER, hist) : 0, F};
-    t[GB_FP8_A] = {"fp8_operand_a", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
-    t[GB_FP8_B] = {"fp8_operand_b", MEM_WORKSPACE, "(4C, max(C, B*T)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
+    t[GB_FP8_A] = {"fp8_operand_a", MEM_WORKSPACE, "max(4C x C, B*T x max(4C, C)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
+    t[GB_FP8_B] = {"fp8_operand_b", MEM_WORKSPACE, "max(4C x C, B*T x max(4C, C)) fp8", hist ? fp8_operand_bytes(Cf, C, BT) : 0, 1};
     size_t stashes = (size_t)s.weight_stashes;
     t[GB_WEIGHT_STASH] = {"weight_stash", MEM_ACTIVATIONS, sh("(%zu, %zu, B, T, 9C) matmuls' dy", stashes, nl),
                           stashes * weight_stash_floats(nl, BT, C, Ca, Cf), X};

@@ -258,7 +258,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
          "fixed when the binary is built, so this only checks it: ./train_gpt is bf16, ./train_gpt_fp16 fp16 (with dynamic "
          "loss scaling, llmc/optim/loss_scaler.h), ./train_gpt_fp32 and ./train_gpt_cpu fp32 (default: the binary's own). "
          "fp8: ./train_gpt (bf16) with the linear layers' matmuls in fp8 (forward e4m3, gradients e5m2, delayed per-tensor "
-         "scaling, llmc/kernels/fp8.cuh); GPUs of compute capability 8.9+, one or data-parallel ranks", K::String, &o.precision, Scope::Both},
+         "scaling, llmc/kernels/fp8.cuh); GPUs of compute capability 8.9+: one, data parallel (ZeRO-0/1/2) or tensor parallel", K::String, &o.precision, Scope::Both},
         {"fp8-amax-history", "N", "Machine", "--precision fp8: each tensor's scale comes from the max of its last N steps' "
          "amax (1..1024; 0 = 16)", K::Int, &o.fp8_amax_history, Scope::GPUOnly},
         {"loss-scale-init", "S", "Machine", "fp16 build (./train_gpt_fp16) only: the initial loss scale, a power of two >= 1 "

@@ -50,8 +50,8 @@ def cuda_include():
 
 MUTATIONS = [
     ("a deleted __syncthreads in block_sum (llmc/kernels/cuda_common.cuh)", "llmc/kernels/cuda_common.cuh",
-     "    __syncthreads();\n    v = lane < warps ? shared[lane] : 0.0f;",
-     "    \n    v = lane < warps ? shared[lane] : 0.0f;", "classifier", "all"),
+     "    __syncthreads();\n    v = lane < warps ? shared[lane] : T(0);",
+     "    \n    v = lane < warps ? shared[lane] : T(0);", "classifier", "all"),
     ("a wrong shuffle offset in warp_sum's butterfly (16 -> 8: half the warp summed)", "llmc/kernels/cuda_common.cuh",
      "for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync",
      "for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync", "layernorm_forward", "all"),
@@ -99,7 +99,7 @@ MUTATIONS = [
      "llmc/kernels/matmul.cuh", "    __syncthreads();\n    if (threadIdx.y == 0 && c < OC) {",
      "    \n    if (threadIdx.y == 0 && c < OC) {", "matmul", {"forward": True, "reverse": False}),
     ("bf16 moments rounded to nearest, not stochastically (issue 25: v stuck at 1 under beta2 = 0.999, g = 0)",
-     "llmc/optim/adamw_bf16.cuh", "adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, slice_global_index(keys, i + k));",
+     "llmc/optim/adamw_bf16.cuh", "adamw_bf16_store(&m4.v[k], &v4.v[k], mk, vk, step_key, slice_global_index(keys, index + k));",
      "m4.v[k] = float_to_bf16_round_nearest(mk), v4.v[k] = float_to_bf16_round_nearest(vk);", "adamw_bf16", "all"),
 ]
 

@@ -10,7 +10,7 @@
   line counts   every line count that docs/reading-path.md quotes for a file (a table row
                 "| `path` | N | ..." ) is that file's `wc -l` today: a reading path with stale counts
                 misleads the reader it is written for; a "| **total** | N |" row is the sum of the
-                counted rows above it (up to the previous total)
+                counted rows above it in its table
 
 Planted by hand and caught: a link to docs/memory.md#no-such-heading, a link to docs/missing.md, a
 cell of 26 words, and a reading-path count off by one each gave one FAIL naming the file and line.
@@ -111,12 +111,15 @@ def technique_table(readme):
 
 def check_reading_path(path):
     """Rows '| `file` | N |': N must be the file's line count; '| **total** | N |': the sum of the
-    counted rows since the previous total."""
+    counted rows above it in the same table."""
     bad, count = [], 0
     with open(path, encoding="utf-8") as f:
         text = f.read()
     since_total = 0
     for n, line in prose_lines(text):
+        if not line.startswith("|"):
+            since_total = 0  # a total adds up its own table only
+            continue
         t = re.match(r"^\|\s*\*\*total\*\*\s*\|\s*(\d+)\s*\|", line)
         if t:
             count += 1

@@ -81,8 +81,8 @@ def line_chart(name, title, series, xlabel, ylabel, hlines=(), width=560, height
     xs = [p[0] for p in pts]
     ys = [p[1] for p in pts] + [h[0] for h in hlines]
     x0, x1 = min(xs), max(xs)
-    if x1 == x0:
-        x1 = x0 + 1
+    if x1 == x0:  # one point (a single HellaSwag evaluation): centred
+        x0, x1 = x0 - 1, x1 + 1
     y0, y1 = min(ys), max(ys)
     pad = (y1 - y0) * 0.06 or abs(y1) * 0.1 or 1.0
     y0, y1 = y0 - pad, y1 + pad
@@ -224,7 +224,7 @@ def timeline_chart(ranks, step, width=1000):
 
 
 def run_estimate(trainer, run):
-    """The trainer's --estimate for the run's shape: ({rank: {kind: bytes}}, None) or (None, why not)."""
+    """The trainer's --estimate for the run's shape: ([("rank 0" or "ranks 0-3", {kind: bytes})], None) or (None, why not)."""
     if not trainer or not os.path.exists(trainer):
         return None, f"no trainer at '{trainer}' to run --estimate with (pass --trainer PATH)"
     cfg, plan, flags = run.get("config", {}), run.get("plan", {}), run.get("flags", {})
@@ -254,12 +254,12 @@ def run_estimate(trainer, run):
             break
         shaping.remove(named[0])
     args = cmd
-    # "memory per rank": "  rank 0: params=... total=...  (dp,tp,pp)", one line per rank
-    found = re.findall(r"^\s*rank (\d+): ((?:[a-z]+=\d+ ?)+)", p.stdout, re.M)
+    # "memory per rank": "  rank 0: params=... total=...  (dp,tp,pp)" per rank, or "  ranks 0-1: ..." for equal ones
+    found = re.findall(r"^\s*(ranks? \d+(?:-\d+)?): ((?:[a-z]+=\d+ ?)+)", p.stdout, re.M)
     if p.returncode != 0 or not found:
         last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:] or ["no output"]
         return None, f"--estimate failed ({' '.join(args[1:])}): {last[0]}"
-    return {int(r): {k: int(v) for k, v in (kv.split("=") for kv in kvs.split())} for r, kvs in found}, None
+    return [(ranks, {k: int(v) for k, v in (kv.split("=") for kv in kvs.split())}) for ranks, kvs in found], None
 
 
 def find_traces(run_dir, run, given):
@@ -431,23 +431,23 @@ def build(run_dir, log_path, run, series, estimate, estimate_note, traces, sampl
         body.append("<h2>Memory</h2><div class='plots'>")
         what = "peak resident memory" if trainer == "cpu" else "device memory in use"
         kinds = ["params", "grads", "master", "optimizer", "activations", "workspace"]
-        rank0 = (estimate or {}).get(0, {})
+        rank0 = estimate[0][1] if estimate else {}  # (rank 0 comes first; it is the rank that logs)
         hlines = [(rank0["total"] / 2**20, "--estimate total (rank 0)", PALETTE[3])] if "total" in rank0 else []
         if mem:
             body.append(line_chart("memory", f"memory per step: {what} (rank 0)", [
                 {"label": what, "colour": PALETTE[0], "points": mem}], "step", "MiB", hlines))
         if estimate:
-            bars = [(f"--estimate, rank {r}", [(k, e[k] / 2**20, PALETTE[i % len(PALETTE)]) for i, k in enumerate(kinds) if e.get(k)])
-                    for r, e in sorted(estimate.items())]
+            bars = [(f"--estimate, {r}", [(k, e[k] / 2**20, PALETTE[i % len(PALETTE)]) for i, k in enumerate(kinds) if e.get(k)])
+                    for r, e in estimate]
             if mem:
                 bars.append((f"measured, rank 0", [(f"measured ({'peak RSS' if trainer == 'cpu' else 'in use'})",
                                                     max(v for _, v in mem), "#999999")]))
             body.append(bar_chart("memory-by-kind", "memory by kind: the estimate against the measurement", bars, "MiB"))
         body.append("</div>")
         if estimate:
-            head = "".join(f"<th>rank {r} (MiB)</th>" for r in sorted(estimate))
-            rows = "".join(f"<tr><td>{esc(k)}</td>" + "".join(f"<td class='num'>{estimate[r].get(k, 0) / 2**20:,.1f}</td>"
-                                                               for r in sorted(estimate)) + "</tr>" for k in kinds + ["total"])
+            head = "".join(f"<th>{esc(r)} (MiB)</th>" for r, _ in estimate)
+            rows = "".join(f"<tr><td>{esc(k)}</td>" + "".join(f"<td class='num'>{e.get(k, 0) / 2**20:,.1f}</td>"
+                                                               for _, e in estimate) + "</tr>" for k in kinds + ["total"])
             body.append(f"<table><tr><th>kind (--estimate)</th>{head}</tr>{rows}</table>")
             if trainer == "cpu":
                 body.append("<p class='note'>Peak resident memory also holds the program, the data loader's buffers and "

@@ -148,6 +148,11 @@ def main():
     os.makedirs(os.path.dirname(other))
     p = run_report([fake, "-o", other, "--trainer", os.path.join(tmp, "no_trainer")])
     report(p.returncode == 0 and os.path.exists(other), "-o FILE writes there", p.stderr)
+    if os.path.exists(TRAINER):  # 2 data-parallel ranks: the estimate prints them as one line, "ranks 0-1: ..."
+        p = run_report([fake, "-o", other, "--trainer", TRAINER])
+        two = open(other).read() if p.returncode == 0 else ""
+        report("memory-by-kind" in plots_of(two) and "--estimate, ranks 0-1" in two,
+               "an estimate of 2 equal ranks ('ranks 0-1') is drawn against the measurement", p.stderr + str(plots_of(two)))
 
     # ---- a real CPU run, 4 steps at a tiny shape, traced into its folder
     real = os.path.join(tmp, "real")

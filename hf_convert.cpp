@@ -9,7 +9,10 @@
 // safetensors reader and its checks in llmc/safetensors.h. The conversion moves bytes and does no
 // arithmetic, so export then import gives back the identical model file.
 #include <cstdio>
+#include <cstring>
+#include <dirent.h>
 #include <string>
+#include <sys/stat.h>
 #include <vector>
 #include "llmc/run/cli.h"
 #include "llmc/io/formats.h"
@@ -22,7 +25,7 @@
 static const char* USAGE =
     "usage:\n"
     "  hf_convert import MODEL.safetensors OUT.bin [--config FILE] [--heads N] [--dtype f32|bf16]\n"
-    "  hf_convert export CKPT_DIR|MODEL.bin OUT_DIR [--dtype f32|bf16] [--tokenizer DIR]\n"
+    "  hf_convert export CKPT_DIR|MODEL.bin OUT_DIR [--dtype f32|bf16] [--tokenizer DIR] [--force]\n"
     "\n"
     "import  reads a GPT-2 in Hugging Face's layout (GPT2LMHeadModel: F32, F16 or BF16 tensors, Conv1D\n"
     "        weights, with or without the 'transformer.' prefix) and writes our model file (fp32, or\n"
@@ -31,7 +34,9 @@ static const char* USAGE =
     "export  writes OUT_DIR/model.safetensors (F32, or BF16 with --dtype bf16) and OUT_DIR/config.json,\n"
     "        loadable by transformers' GPT2LMHeadModel.from_pretrained(OUT_DIR); also vocab.json and\n"
     "        merges.txt from --tokenizer DIR (default data/gpt2) when the vocabulary is GPT-2's.\n"
-    "        A checkpoint directory with fp32 master weights (GPU runs) exports those, exactly.\n";
+    "        A checkpoint directory with fp32 master weights (GPU runs) exports those, exactly.\n"
+    "        OUT_DIR must not exist yet (an empty folder is fine); --force writes into it anyway,\n"
+    "        replacing the files of those names.\n";
 
 static std::string dirname_of(const std::string& path) {
     size_t slash = path.rfind('/');
@@ -62,7 +67,24 @@ static int run_import(const std::string& in, const std::string& out, std::string
     return 0;
 }
 
-static int run_export(const std::string& in, const std::string& out_dir, const std::string& dtype, const std::string& tokenizer_dir) {
+// True for a folder with nothing in it: export may fill that without --force, there is nothing to lose.
+static bool is_empty_dir(const std::string& path) {
+    DIR* d = opendir(path.c_str());
+    if (!d) return false;
+    bool empty = true;
+    for (dirent* e; empty && (e = readdir(d));) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+static int run_export(const std::string& in, const std::string& out_dir, const std::string& dtype, const std::string& tokenizer_dir,
+                      bool force) {
+    // an earlier export (or anything else) at OUT_DIR would be overwritten file by file, silently
+    struct stat st;
+    if (!force && stat(out_dir.c_str(), &st) == 0 && !is_empty_dir(out_dir)) {
+        usage_fail("'%s' already exists: export writes a new folder; pass --force to write into it (replacing model.safetensors, "
+                   "config.json, vocab.json, merges.txt)", out_dir.c_str());
+    }
     std::string model_path = dir_exists(in) ? in + "/model.bin" : in;
     if (!file_exists(model_path)) {
         fail("'%s' is neither a model file nor a checkpoint directory with a model.bin", in.c_str());
@@ -106,6 +128,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> positional;
     std::string config_path, dtype = "f32", tokenizer_dir = "data/gpt2";
     int heads = 0;
+    bool force = false;
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
         auto value = [&]() -> std::string {
@@ -129,6 +152,8 @@ int main(int argc, char** argv) {
             if (dtype != "f32" && dtype != "bf16") usage_fail("--dtype must be f32 or bf16, got '%s'", dtype.c_str());
         } else if (arg == "--tokenizer") {
             tokenizer_dir = value();
+        } else if (arg == "--force") {
+            force = true;
         } else if (arg.rfind("--", 0) == 0) {
             usage_fail("unknown flag %s (see --help)", arg.c_str());
         } else {
@@ -139,5 +164,5 @@ int main(int argc, char** argv) {
         usage_fail("expected 'import MODEL.safetensors OUT.bin' or 'export CKPT_DIR|MODEL.bin OUT_DIR' (see --help)");
     }
     if (positional[0] == "import") return run_import(positional[1], positional[2], config_path, heads, dtype);
-    return run_export(positional[1], positional[2], dtype, tokenizer_dir);
+    return run_export(positional[1], positional[2], dtype, tokenizer_dir, force);
 }

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Time GPT-2 training steps in PyTorch (eager, fp32, CPU) and, optionally, in ./train_gpt_cpu.
 
 What it teaches: how to compare two trainers fairly. Both get the same model shape, batch shape

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The optimizer step with AdamW's m and v in RAM against --offload-dir (m and v in files, streamed
 in chunks: llmc/optim/disk_offload.h), in one run of this script on the same machine.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Time generation (--generate, llmc/run/generate.h): the KV cache against recomputing the window, and
 both against PyTorch generating from the same weights, in one run on one machine.
 

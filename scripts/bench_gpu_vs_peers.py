@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Time GPT-2 training steps on one GPU: ./train_gpt beside PyTorch and llm.c, in one run.
 
 What it teaches: how to compare GPU trainers fairly. Every trainer gets the same model shape, the

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """PowerSGD against the exact gradient sum (issue 27, item 2's measurements): bytes on the wire,
 step time on 2 and 4 ranks, and the loss over the main job's steps.
 

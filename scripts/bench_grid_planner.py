@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The grid planner (--plan, llmc/parallel/grid_planner.h) against measured step times: every grid of
 --ranks CPU-trainer ranks, predicted and then run, side by side, in one run on one machine.
 

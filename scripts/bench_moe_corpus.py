@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """An 8-expert top-1 mixture of experts against the dense model, trained on the main job (issue 24,
 item 5): does MoE win at this scale?
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The CPU trainer's optimizers, measured (issue 25, item 4): the AdamW step's speed against
 torch.optim.AdamW in the same run, and the loss of AdamW fp32 / AdamW bf16 state / Adafactor / SM3
 at equal steps on the main job's shape.

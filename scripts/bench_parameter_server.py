@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The parameter server against the all-reduce (--data-parallel server | allreduce, llmc/parallel/
 parameter_server.h) on the CPU trainer: median step time and the bytes through the busiest rank, at 2
 and 3 ranks, in one run on one machine.

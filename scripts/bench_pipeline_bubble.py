@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The pipeline schedules' bubble, predicted against measured: GPipe, 1F1B, interleaved 1F1B (v = 2), ZB-H1
 and PipeDream-2BW with and without the flush on 2 and 4 stages of the CPU trainer, with compute made
 of sleeps, in one run on one machine.

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """bench_pipeline_memory.py — each pipeline stage's memory under each schedule: --estimate's table
 against the peak RSS each rank really reaches (docs/parallelism.md, ZB-H1's memory).
 

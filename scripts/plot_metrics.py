@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """plot_metrics.py — training curves from one or more metrics logs, as one PNG.
 
     scripts/plot_metrics.py out/run1 out/run2/metrics.jsonl -o curves.png [--x tokens] [--labels a,b]
@@ -106,7 +106,8 @@ def main():
         matplotlib.use("Agg")  # files only: no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        fail("matplotlib is missing: apt-get install python3-matplotlib (or run scripts/setup.sh --tests)")
+        fail(f"matplotlib is missing from this Python ({sys.executable}): run it with /usr/bin/python3, which "
+             "scripts/setup.sh --tests gives python3-matplotlib (`scripts/plot_metrics.py ...` does), or use --terminal")
 
     logs = [read_log(p) for p in args.logs]
     has_hellaswag = any(series["hellaswag"] for _, _, series in logs)

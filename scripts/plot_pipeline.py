@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """plot_pipeline.py — draw the trainers' --trace files as a pipeline timeline (PNG).
 
     mpirun -np 2 ./train_gpt_cpu ... --pipeline-parallel 2 --trace trace.json   # trace.rank0.json, trace.rank1.json
-    python3 scripts/plot_pipeline.py trace.rank*.json -o pipeline.png [--step N]
+    scripts/plot_pipeline.py trace.rank*.json -o pipeline.png [--step N]
 
 One row per rank (stage), rank 0 on top; forwards and backwards as coloured boxes with the
 micro-batch on them, waits in receives and sends as thin grey boxes, the gradient sums and the
@@ -74,9 +74,13 @@ def main():
         sys.exit(f"error: step {step} is not in every trace: choose a traced step with --step")
     idle, t0, t1 = bubbles(ranks)
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit(f"error: matplotlib is missing from this Python ({sys.executable}): run it with /usr/bin/python3, which "
+                 "scripts/setup.sh --tests gives python3-matplotlib (`scripts/plot_pipeline.py ...` does)")
     order = sorted(ranks)
     fig, ax = plt.subplots(figsize=(10, 0.6 + 0.5 * len(order)), dpi=80)
     for row, r in enumerate(order):

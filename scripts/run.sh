@@ -159,11 +159,19 @@ else
         echo "run: the previous run's $out moved to $out.previous"
     fi
 fi
+# the trainer's output is kept in $out/train.log too (appended, as the metrics log is): the report's samples
+mkdir -p "$out"
 "$trainer" "${data[@]}" "${job[@]}" --steps "$steps" --val-every "$val_every" --sample-every "$sample_every" \
-    --checkpoint-every "$sample_every" --out-dir "$out" "$@"
-# the loss curve: on the terminal always, as a PNG when matplotlib is there
-python3 scripts/plot_metrics.py "$out" --terminal
-if python3 -c "import matplotlib" 2>/dev/null; then python3 scripts/plot_metrics.py "$out" -o "$out/loss.png"; fi
+    --checkpoint-every "$sample_every" --out-dir "$out" "$@" | tee -a "$out/train.log"
+# the loss curve: on the terminal always, as a PNG when matplotlib is there (the Debian Python has it:
+# the scripts' own #! lines name it, where `python3` may be another one)
+scripts/plot_metrics.py "$out" --terminal
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then scripts/plot_metrics.py "$out" -o "$out/loss.png"; fi
+# everything in one page to open in a browser (no network needed): curves, speed, memory, samples, options
+# (a report that fails says why and costs the job nothing: the run and its checkpoints are done)
+if [[ -f scripts/report.py ]] && ! scripts/report.py "$out" | sed 's/^report: /run: the run report: /'; then
+    echo "run: the run report could not be written (above)" >&2
+fi
 last=$(ls -d "$out"/ckpt_* 2>/dev/null | tail -n 1)
 if [[ -n "$last" ]]; then
     echo "checkpoint: $last (model.bin: the weights; state.bin: AdamW and the data position)"

@@ -6,7 +6,8 @@
 #                              GPT-2 vocabulary and the default corpus with `npm pack`)
 #   scripts/setup.sh --tests   also what the tests need: PyTorch and NumPy from Debian (with OpenBLAS,
 #                              without which torch falls back to a reference BLAS 20-30x slower),
-#                              matplotlib (scripts/plot_metrics.py), and the node packages of the
+#                              matplotlib (scripts/plot_metrics.py), chromium (test/test_report.py
+#                              opens scripts/report.py's page headless), and the node packages of the
 #                              reference tokenizers
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ if (( want_tests )); then
     need python3-torch        /usr/bin/python3 -c "import torch"
     need python3-matplotlib   /usr/bin/python3 -c "import matplotlib"
     need libopenblas0-pthread sh -c "ls /usr/lib/*/openblas-pthread/libopenblas.so.0"
+    need chromium             sh -c "command -v chromium || command -v chromium-browser"
 fi
 
 if (( ${#missing[@]} )); then

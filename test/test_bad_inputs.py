@@ -27,6 +27,10 @@ seconds; or, where the run can go on correctly, go on and say what it did.
                    2bw's: test_pipeline_2bw.py; interleaved's layers and micro-batches under mpirun:
                    test_pipeline_interleaved.py), 2 layers cut into 2 x 2 chunks, 3 micro-batches in groups of 2:
                    each one line naming the constraint, exit 2
+  model typos      --model T=64x, h=4, Q=1, C64 (a descriptor with a typo): one line naming the item and
+                   the keys L, C, H, T, V, exit 2, on both trainers (the GPU one: the emulated build, else
+                   the native one); a missing file, even with an '=' in its path: "neither a model file
+                   nor a descriptor", exit 1 (was: that line, exit 1, for the typos too)
   precision        --precision fp16 (loss scaling means nothing in fp32), bf16 (names ./train_gpt), fp8
                    (names ./train_gpt --precision fp8) and fp4 (not a choice): one line, exit 2;
                    --precision fp32, the CPU trainer's own, trains
@@ -123,6 +127,23 @@ def main():
     rc, out, err, _ = run(["--model", path, "--estimate"])
     report(rc == 1 and len(err.strip().splitlines()) == 1 and "truncated" in err, "--estimate on that file: one line, exit 1",
            f"exit {rc}, {err!r}")
+
+    # ---- model-descriptor typos (llmc/model/model.h, parse_model_descriptor): the bad item and the
+    # keys, exit 2, on both trainers; a missing file stays "neither a model file nor a descriptor", exit 1
+    gpu = gpu_trainer()
+    keys = "L (layers), C (channels), H (heads), T (max sequence length), V (vocabulary)"
+    for binary, who in [(BIN, "CPU")] + ([(gpu, "GPU")] if gpu else []):
+        flags = base if binary == BIN else base[:4]  # (--threads is the CPU trainer's)
+        for spec, needles in [("L=2,C=64,H=4,T=64x", ["'T=64x'", "not a whole number"]),
+                              ("L=2,C=64,h=4", ["unknown key 'h'"]),
+                              ("L=2,C=64,H=4,T=32,Q=1", ["unknown key 'Q'"]),
+                              ("L=2,C64,H=4", ["no value in 'C64'"])]:
+            one_line_error(f"{who}: --model {spec}", ["--model", spec] + flags, 2, f"--model '{spec}'", keys, *needles, binary=binary)
+        for missing in ["no_such_model.bin", os.path.join("lr=0.01", "model.bin")]:
+            one_line_error(f"{who}: --model TMP/{missing} (a missing file)", ["--model", os.path.join(tmp, missing)] + flags, 1,
+                           "neither a model file nor a descriptor", binary=binary)
+    if not gpu:
+        print("SKIP: model-descriptor typos on the GPU trainer (neither build/emu/train_gpt nor train_gpt is built)")
 
     # ---- pipeline schedules (llmc/parallel/pipeline_schedule.h): values that name no schedule, chunks
     # for a schedule without them, interleaving that cannot cut the layers or group the micro-batches

@@ -13,7 +13,8 @@ tied to wte), builds a random GPT-2 and writes it as model.safetensors + config.
               fp32 rounding
   round trip  export then import gives a byte-identical model file; the exported tensors are the
               reference's own (F32: bitwise; BF16: the reference rounded to bf16); config.json
-              has the fields transformers reads; a checkpoint directory exports too
+              has the fields transformers reads; a checkpoint directory exports too; an existing
+              target folder is refused without --force (exit 2, untouched), an empty one is taken
   errors      malformed files (bad header, offsets that do not match, truncated data, gaps,
               missing tensors, wrong shapes, unknown tensors, an untied head, a config.json that
               disagrees) exit 1 with one line naming the tensor or the problem; bad usage exits 2
@@ -277,6 +278,18 @@ def main():
     ok = all(x.returncode == 0 for x in (p, p2, p3)) and \
         open(os.path.join(ckpt, "model.bin"), "rb").read() == open(os.path.join(tmp, "ckpt_back.bin"), "rb").read()
     report(ok, "a checkpoint directory exports, and imports back to its model.bin byte for byte", p.stderr + p2.stderr + p3.stderr)
+    # an existing target is refused without --force (an earlier export was overwritten silently); an empty folder is taken
+    before = open(os.path.join(exp, "model.safetensors"), "rb").read()
+    expect_error([CONVERT, "export", ckpt, exp], "already exists", "usage: export into an existing folder without --force -> exit 2",
+                 code=2)
+    report(open(os.path.join(exp, "model.safetensors"), "rb").read() == before, "the refused export left the folder untouched")
+    p = run([CONVERT, "export", ckpt, exp, "--force"])
+    report(p.returncode == 0 and open(os.path.join(exp, "model.safetensors"), "rb").read() ==
+           open(os.path.join(tmp, "export_ckpt", "model.safetensors"), "rb").read(), "export --force writes into it", p.stderr)
+    os.makedirs(os.path.join(tmp, "empty"))
+    p = run([CONVERT, "export", ckpt, os.path.join(tmp, "empty")])
+    report(p.returncode == 0 and os.path.exists(os.path.join(tmp, "empty", "config.json")), "export into an empty folder needs no --force",
+           p.stderr)
 
     # ---- malformed files: one clear line, exit 1
     bad = os.path.join(tmp, "bad")

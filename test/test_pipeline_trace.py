@@ -13,8 +13,8 @@ of sleeps (LLMC_TEST_PIPE_DELAY_MS: 20 ms forward, 40 ms backward), 2 steps, wit
   - scripts/plot_pipeline.py writes a PNG and prints each stage's bubble, 20% +- 10 points ((p-1)/(m+p-1));
     a missing trace file: one line, exit 1;
   - one rank writes FILE itself (no rank inserted), F0 B0 F1 B1 ... B3, the gradient sums, the optimizer;
-  - --trace into a directory that does not exist: one line, exit 1, before training (as a metrics log
-    that cannot be opened);
+  - --trace into a folder that does not exist yet: created (2 ranks at once, as a metrics log's folder
+    is); under a regular file, a path no folder can be made at: one line, exit 1, before training;
   - the GPU trainer (the emulated build, build/emu/train_gpt, where make emu built it; host-staged), ZB-H1 on
     2 stages, 2 steps: each file parses, each stage's F, B and W spans in the printed order, no overlaps,
     receives, gradient sums and optimizer traced, one clock (its spans are host timestamps taken after the
@@ -130,9 +130,17 @@ def main():
                not os.path.exists(os.path.join(work, "one.rank0.json")),
                "one rank: --trace FILE writes FILE itself: F0 B0 ... F3 B3, the gradient sums, the optimizer", f"exit {code}: {names[:12]} {err[-300:]}")
 
-        code, out, err = r.run(1, "--trace", os.path.join(work, "no_such_dir", "t.json"), steps=1)
+        # a folder that does not exist yet is created, by both ranks at once (was: an error and MPI_ABORT's banner)
+        code, out, err = r.run(2, "--pipeline-parallel", 2, "--trace", os.path.join(work, "new_dir", "sub", "t.json"), steps=1)
+        made = [os.path.join(work, "new_dir", "sub", f"t.rank{k}.json") for k in range(2)]
+        report(code == 0 and all(os.path.exists(p) for p in made) and "MPI_ABORT" not in out + err,
+               "--trace into a folder that does not exist: 2 ranks create it and write their files", f"exit {code}: {(out + err)[-800:]}")
+        # a path that cannot be a folder (a regular file stands where the folder would be): one line, before training
+        blocker = os.path.join(work, "a_file")
+        open(blocker, "w").close()
+        code, out, err = r.run(1, "--trace", os.path.join(blocker, "t.json"), steps=1)
         report(code == 1 and err.count("error:") == 1 and "cannot write the trace" in err and "--trace" in err and "step 1" not in out,
-               "--trace into a missing directory: one line naming the path and the flag, exit 1, before training",
+               "--trace under a regular file: one line naming the path and the flag, exit 1, before training",
                f"exit {code}: {err[-500:]} {out[-300:]}")
 
         # the GPU trainer (the emulated build where there is no GPU), ZB-H1 on 2 stages: its F, B and W spans

@@ -6,6 +6,8 @@
   resume     a step logged twice (a resumed run repeats the steps after its checkpoint) counts once,
              with the later value; a half-written last line is ignored
   errors     a broken line names the file and the line; a missing log and a bad --labels exit 1
+  as written `scripts/plot_metrics.py` runs (executable; its #! line is the Python with matplotlib);
+             a Python without matplotlib is told in one line to use /usr/bin/python3
 """
 import json, os, shutil, struct, subprocess, sys, tempfile
 from checks import report, exit_code
@@ -72,6 +74,15 @@ def main():
         p = run(args + ["-o", os.path.join(tmp, "x.png")])
         report(p.returncode == 1 and p.stderr.startswith("error: ") and needle in p.stderr and not os.path.exists(os.path.join(tmp, "x.png")),
                f"bad input: {name}", p.stderr)
+
+    # ---- run as the docs write it: `scripts/plot_metrics.py ...` (its #! line names the Python with
+    # matplotlib); a Python without it (here: -S, no site-packages) is told in one line which to use
+    p = subprocess.run([PLOT, run_b, "-o", png], capture_output=True, text=True)
+    report(p.returncode == 0 and png_size(png) is not None, "scripts/plot_metrics.py runs as written (executable, #! finds matplotlib)",
+           f"exit {p.returncode}: {p.stderr[-300:]}")
+    p = subprocess.run(["/usr/bin/python3", "-S", PLOT, run_b, "-o", os.path.join(tmp, "y.png")], capture_output=True, text=True)
+    report(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "matplotlib is missing" in p.stderr
+           and "/usr/bin/python3" in p.stderr, "a Python without matplotlib: one line naming the Python to use", p.stderr)
     shutil.rmtree(tmp)
     return exit_code()
 

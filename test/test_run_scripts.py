@@ -13,8 +13,10 @@ A stand-in trainer (a shell script that records its arguments) shows what the sc
               failing estimate: a clear message, and no training started
   the real    with ./train_gpt built (nvcc, no GPU needed), --dry-run prints its real estimate
   estimate
+  as written  every scripts/X the docs (README.md, docs/*.md) name exists and, with a #! line, is
+              executable; every script importing numpy, torch or matplotlib has #!/usr/bin/python3
 """
-import os, shutil, stat, subprocess, sys, tempfile
+import glob, os, re, shutil, stat, subprocess, sys, tempfile
 from checks import report, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +117,21 @@ printf '%s\\n' "$@" > {tmp}/mpirun_args
                "with ./train_gpt, --dry-run prints the trainer's real estimate", p.stdout[-800:] + p.stderr[-500:])
     else:
         print("SKIP: the real estimate (./train_gpt not built: it needs nvcc)")
+
+    # ---- the scripts the docs run work as written: executable where they have a #! line, and those that
+    # need numpy, torch or matplotlib (themselves, or through main_job's plot or test_parallelism) on the
+    # Debian Python that scripts/setup.sh --tests gives them (`#!/usr/bin/env python3` may find another)
+    docs = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    named = sorted({m for d in docs for m in re.findall(r"scripts/[A-Za-z0-9_]+\.(?:py|sh)", open(d).read())})
+    missing = [n for n in named if not os.path.exists(os.path.join(ROOT, n))]
+    not_x = [n for n in named if n not in missing and open(os.path.join(ROOT, n)).read(2) == "#!"
+             and not os.access(os.path.join(ROOT, n), os.X_OK)]
+    report(named and not missing and not not_x, f"the {len(named)} scripts the docs name exist and are executable",
+           f"missing {missing}, not executable {not_x}")
+    needs = re.compile(r"^\s*(?:import|from)\s+(?:numpy|torch|matplotlib|main_job|test_parallelism)\b", re.M)
+    wrong = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(ROOT, "scripts", "*.py")))
+             if needs.search(open(p).read()) and open(p).readline().startswith("#!") and open(p).readline() != "#!/usr/bin/python3\n"]
+    report(not wrong, "every script that imports numpy, torch or matplotlib runs on #!/usr/bin/python3", str(wrong))
     shutil.rmtree(tmp)
     return exit_code()
 

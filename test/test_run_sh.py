@@ -14,7 +14,8 @@ steps take FAKE_STEP_MS milliseconds, so the script's arithmetic is checked with
   budget      --time-budget S and RUN_TIME_BUDGET change the budget and never reach the trainer
   the user's  --steps N skips the calibration (the intervals follow N); flags the user passes come
   flags       last, so they win; --resume latest keeps the folder, a fresh run moves it aside
-  last lines  the sample and "train on" commands name the last checkpoint's step
+  last lines  the sample and "train on" commands name the last checkpoint's step; the trainer's
+              output is kept in OUT/train.log and scripts/report.py's page is written, its path printed
   OpenMP      the trainer runs with GOMP_SPINCOUNT=10000 unless the user set it
 """
 import math, os, re, shutil, stat, subprocess, sys, tempfile
@@ -186,6 +187,10 @@ def main():
 
     # ---- train on: --resume latest --steps 2N keeps the folder and its checkpoint
     p, rec = call(user + ["--steps", "100"], 120)
+    page = os.path.join(out, "report.html")
+    report(p.returncode == 0 and f"run: the run report: {page}" in p.stdout and os.path.isfile(page)
+           and "stand-in: trained 100 steps" in open(os.path.join(out, "train.log")).read(),
+           "the end: the trainer's output kept in train.log, the run report written and its path printed", p.stdout[-800:] + p.stderr)
     p2, rec2 = call(user + ["--resume", "latest", "--steps", "200"], 120, keep_out=True)
     report(p2.returncode == 0 and len(rec2) == 1 and os.path.isdir(os.path.join(out, "ckpt_00000100"))
            and os.path.isdir(os.path.join(out, "ckpt_00000200")) and f"ckpt_00000200 --generate " in p2.stdout

@@ -62,7 +62,10 @@ inline bool config_is_valid(const GPT2Config& c, std::string* why) {
 //   "d12", "d24", "d36", "d48"     GPT-2 124M / 350M / 774M / 1.5B
 //   "dN" for other N               N layers, 64*N channels, N heads (the same width-per-depth rule)
 //   "L=2,C=64,H=4[,T=256][,V=512]" any shape; T defaults to 1024, V to 50257
-// Returns false if `spec` is not a descriptor (then it is taken as a model file path).
+// Returns false if `spec` is not a descriptor (then it is taken as a model file path). A string that
+// looks like a KEY=VALUE list (an '=', no '/', not a file) is a descriptor with a typo when an item
+// does not parse (`T=64x`, `h=4`): that stops here with exit 2, naming the item and the keys, where
+// the caller would only say "neither a model file nor a descriptor".
 inline bool parse_model_descriptor(const std::string& spec, GPT2Config* out) {
     GPT2Config c;
     if (spec.size() >= 2 && spec[0] == 'd' && spec.find_first_not_of("0123456789", 1) == std::string::npos) {
@@ -76,23 +79,28 @@ inline bool parse_model_descriptor(const std::string& spec, GPT2Config* out) {
             default: c.channels = 64 * depth; c.num_heads = depth; break;
         }
     } else if (spec.find('=') != std::string::npos) {
+        if (spec.find('/') != std::string::npos || file_exists(spec)) return false;  // a path with an '=' in it
+        auto bad_item = [&](const std::string& item, const char* why) {
+            usage_fail("--model '%s': %s '%s'; a descriptor is KEY=VALUE items with the keys L (layers), C (channels), "
+                       "H (heads), T (max sequence length), V (vocabulary), e.g. L=2,C=64,H=4,T=256", spec.c_str(), why, item.c_str());
+        };
         size_t pos = 0;
         while (pos < spec.size()) {
             size_t comma = spec.find(',', pos);
             if (comma == std::string::npos) comma = spec.size();
             std::string item = spec.substr(pos, comma - pos);
             size_t eq = item.find('=');
-            if (eq == std::string::npos || eq + 1 >= item.size()) return false;
+            if (eq == std::string::npos || eq + 1 >= item.size()) bad_item(item, "no value in");
             std::string key = item.substr(0, eq);
             char* end = nullptr;
             long value = strtol(item.c_str() + eq + 1, &end, 10);
-            if (*end != '\0') return false;
+            if (*end != '\0') bad_item(item, "not a whole number in");
             if (key == "L") c.num_layers = (int)value;
             else if (key == "C") c.channels = (int)value;
             else if (key == "H") c.num_heads = (int)value;
             else if (key == "T") c.max_seq_len = (int)value;
             else if (key == "V") c.vocab_size = (int)value;
-            else return false;
+            else bad_item(key, "unknown key");
             pos = comma + 1;
         }
     } else {

@@ -24,7 +24,9 @@
 // One file per rank, with no gathering: with one rank FILE itself; with several, the rank inserted
 // before the extension (trace.json -> trace.rank0.json, trace.rank1.json, ...; no extension:
 // FILE.rank1). Each rank opens its file before the model is allocated, so a path that cannot be
-// written stops the run at once.
+// written stops the run at once. FILE's folder is created when missing (`--trace out/pp2/trace.json`
+// before out/pp2 exists): every rank creates it, and make_dirs takes a folder that another rank made
+// a moment earlier as made.
 //
 // Cost: off, a span is one branch on a global; on, two clock reads and one buffered fprintf. Events
 // are written as they end, so a crashed run still leaves a file that Perfetto reads (it tolerates a
@@ -72,6 +74,8 @@ inline std::string trace_path_for_rank(const std::string& path, int rank, int wo
 inline void trace_open(const std::string& path, int rank, int world, int stage) {
     if (path.empty()) return;
     std::string mine = trace_path_for_rank(path, rank, world);
+    size_t slash = mine.rfind('/');
+    if (slash != std::string::npos && slash > 0) make_dirs(mine.substr(0, slash));
     tracer.file = fopen(mine.c_str(), "w");
     if (!tracer.file) fail("cannot write the trace '%s': %s. Choose a writable path with --trace FILE", mine.c_str(), strerror(errno));
     tracer.rank = rank;

@@ -41,6 +41,9 @@
 // only a gradient shard, stage 3 only a weight shard, plus the units gathered and the buckets open
 // at the peak). A pipeline's last stage also holds a copy of the tied embedding and its gradient.
 //
+// The MoE and expert-parallel rows take their sizes, and the padding their sums need, from
+// llmc/memory/moe_sizes.h, as PowerSGD's take theirs from llmc/parallel/grad_compression.h.
+//
 // Not in the table: the data loader's tokens (the current shard, 2 bytes per token) and per-call
 // scratch that lives for one function call (per thread, one head's q, k, v, dO and its T x T score
 // gradient in the attention: 5.3 MiB at T = 1024, C = 768, H = 12; the gradient-norm partials),

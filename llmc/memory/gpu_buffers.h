@@ -31,6 +31,9 @@
 // for the units gathered and the buckets being reduced (one for the ends of the model, two for
 // layers: one in use while the other is gathered or reduced on the communication stream). On one
 // rank the slice is the whole model and every parallel row is empty.
+//
+// The MoE and expert-parallel rows take their sizes, and the padding their sums need, from
+// llmc/memory/moe_sizes.h, as PowerSGD's take theirs from llmc/parallel/grad_compression.h.
 #pragma once
 
 #include <cstdint>

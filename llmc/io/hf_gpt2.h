@@ -83,6 +83,52 @@ inline size_t hf_tensor_offset(const HFTensor& t, const GPT2Config& cfg, const P
 // ----------------------------------------------------------------------------------------------
 // Import: model.safetensors (+ config.json) -> our parameters
 
+// config.json says what the weights cannot: the number of heads (unless `heads` > 0 gave it), and
+// variants we do not compute, each refused with what it asks for. `path`: the weights' file.
+inline void hf_apply_config_json(const JsonValue& config_json, const std::string& config_path, const char* path, int heads,
+                                 GPT2Config* cfg) {
+    auto number = [&](const char* key, int64_t fallback) {
+        const JsonValue* v = config_json.find(key);
+        if (!v || v->is_null()) return fallback;
+        if (!v->is_integer) fail("'%s': \"%s\" must be an integer", config_path.c_str(), key);
+        return v->integer;
+    };
+    auto string = [&](const char* key, const char* fallback) {
+        const JsonValue* v = config_json.find(key);
+        return v && v->is_string() ? v->string : std::string(fallback);
+    };
+    auto boolean = [&](const char* key, bool fallback) {
+        const JsonValue* v = config_json.find(key);
+        return v && v->is_bool() ? v->boolean : fallback;
+    };
+    if (heads <= 0) cfg->num_heads = (int)number("n_head", 0);
+    struct { const char* key; int64_t weights; } agree[] = {{"n_embd", cfg->channels}, {"n_layer", cfg->num_layers},
+                                                             {"n_positions", cfg->max_seq_len}, {"vocab_size", cfg->vocab_size}};
+    for (auto& a : agree) {
+        int64_t said = number(a.key, a.weights);
+        if (said != a.weights) {
+            fail("'%s' says %s = %lld, but the weights in '%s' have %lld: the two files are not from the same model",
+                 config_path.c_str(), a.key, (long long)said, path, (long long)a.weights);
+        }
+    }
+    std::string act = string("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast") {
+        fail("'%s': activation_function '%s'; this model computes GPT-2's tanh GELU (gelu_new) only", config_path.c_str(), act.c_str());
+    }
+    const JsonValue* eps = config_json.find("layer_norm_epsilon");
+    if (eps && eps->is_number() && std::fabs(eps->number - 1e-5) > 1e-12) {
+        fail("'%s': layer_norm_epsilon %g; this model's LayerNorm uses 1e-5", config_path.c_str(), eps->number);
+    }
+    int64_t inner = number("n_inner", 4 * (int64_t)cfg->channels);
+    if (inner != 4 * (int64_t)cfg->channels) fail("'%s': n_inner %lld; this model's MLP is 4 x n_embd wide", config_path.c_str(), (long long)inner);
+    if (!boolean("scale_attn_weights", true) || boolean("scale_attn_by_inverse_layer_idx", false)) {
+        fail("'%s' asks for a different attention scaling than 1/sqrt(head size), which this model computes", config_path.c_str());
+    }
+    if (!boolean("tie_word_embeddings", true)) {
+        fail("'%s': tie_word_embeddings is false; this model's output layer is the token embedding", config_path.c_str());
+    }
+}
+
 // The shape of the model in a Hugging Face file: V and C from wte, maxT from wpe, L from the
 // highest h.N, the number of heads from config.json (or `heads`, when there is no config.json).
 // `prefix` receives "transformer." or "".
@@ -117,49 +163,7 @@ inline GPT2Config hf_infer_config(const SafetensorsFile& st, const JsonValue* co
     if (layers == 0) fail("'%s' has no layers (no tensor named '%sh.0.*')", path, prefix->c_str());
     cfg.num_layers = layers;
     cfg.num_heads = heads;
-    // config.json says what the weights cannot: the number of heads, and variants we do not compute
-    if (config_json) {
-        auto number = [&](const char* key, int64_t fallback) {
-            const JsonValue* v = config_json->find(key);
-            if (!v || v->is_null()) return fallback;
-            if (!v->is_integer) fail("'%s': \"%s\" must be an integer", config_path.c_str(), key);
-            return v->integer;
-        };
-        auto string = [&](const char* key, const char* fallback) {
-            const JsonValue* v = config_json->find(key);
-            return v && v->is_string() ? v->string : std::string(fallback);
-        };
-        auto boolean = [&](const char* key, bool fallback) {
-            const JsonValue* v = config_json->find(key);
-            return v && v->is_bool() ? v->boolean : fallback;
-        };
-        if (heads <= 0) cfg.num_heads = (int)number("n_head", 0);
-        struct { const char* key; int64_t weights; } agree[] = {{"n_embd", cfg.channels}, {"n_layer", cfg.num_layers},
-                                                                 {"n_positions", cfg.max_seq_len}, {"vocab_size", cfg.vocab_size}};
-        for (auto& a : agree) {
-            int64_t said = number(a.key, a.weights);
-            if (said != a.weights) {
-                fail("'%s' says %s = %lld, but the weights in '%s' have %lld: the two files are not from the same model",
-                     config_path.c_str(), a.key, (long long)said, path, (long long)a.weights);
-            }
-        }
-        std::string act = string("activation_function", "gelu_new");
-        if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast") {
-            fail("'%s': activation_function '%s'; this model computes GPT-2's tanh GELU (gelu_new) only", config_path.c_str(), act.c_str());
-        }
-        const JsonValue* eps = config_json->find("layer_norm_epsilon");
-        if (eps && eps->is_number() && std::fabs(eps->number - 1e-5) > 1e-12) {
-            fail("'%s': layer_norm_epsilon %g; this model's LayerNorm uses 1e-5", config_path.c_str(), eps->number);
-        }
-        int64_t inner = number("n_inner", 4 * (int64_t)cfg.channels);
-        if (inner != 4 * (int64_t)cfg.channels) fail("'%s': n_inner %lld; this model's MLP is 4 x n_embd wide", config_path.c_str(), (long long)inner);
-        if (!boolean("scale_attn_weights", true) || boolean("scale_attn_by_inverse_layer_idx", false)) {
-            fail("'%s' asks for a different attention scaling than 1/sqrt(head size), which this model computes", config_path.c_str());
-        }
-        if (!boolean("tie_word_embeddings", true)) {
-            fail("'%s': tie_word_embeddings is false; this model's output layer is the token embedding", config_path.c_str());
-        }
-    }
+    if (config_json) hf_apply_config_json(*config_json, config_path, path, heads, &cfg);
     if (cfg.num_heads <= 0) {
         cfg.num_heads = cfg.channels / 64;  // every GPT-2 size has heads of 64 channels
         printf("note: no config.json and no --heads: assuming heads of 64 channels, %d heads\n", cfg.num_heads);

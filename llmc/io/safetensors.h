@@ -101,12 +101,10 @@ inline std::string shape_string(const std::vector<int64_t>& shape) {
     return s + "]";
 }
 
-// Reads and validates the header (see the top of this file); the tensors' bytes are read later,
-// one tensor at a time, by safetensors_read_floats().
-inline SafetensorsFile read_safetensors_header(const std::string& path) {
+// The header's JSON text, after the 8 bytes that give its length; st->data_start and the data
+// region's bytes (*data_bytes) from them.
+inline std::string read_safetensors_header_text(const std::string& path, SafetensorsFile* st, uint64_t* data_bytes) {
     const char* what = "safetensors file";
-    SafetensorsFile st;
-    st.path = path;
     FILE* f = open_for_reading(path, what);
     int64_t file_bytes = file_size(f);
     if (file_bytes < 8) fail("'%s' has %lld bytes: too short to be a safetensors file", path.c_str(), (long long)file_bytes);
@@ -119,62 +117,57 @@ inline SafetensorsFile read_safetensors_header(const std::string& path) {
     std::string header(header_len, '\0');
     read_exactly(f, header.data(), header_len, path, what);
     fclose(f);
-    st.data_start = 8 + header_len;
-    uint64_t data_bytes = (uint64_t)file_bytes - st.data_start;
+    st->data_start = 8 + header_len;
+    *data_bytes = (uint64_t)file_bytes - st->data_start;
+    return header;
+}
 
-    JsonValue root;
-    std::string error;
-    if (!json_parse(header, &root, &error)) fail("the header of safetensors file '%s' is not valid JSON: %s", path.c_str(), error.c_str());
-    if (!root.is_object()) fail("the header of safetensors file '%s' is %s, not a JSON object", path.c_str(), json_type_name(root.type));
-    for (const auto& member : root.object) {
-        const std::string& name = member.first;
-        const JsonValue& info = member.second;
-        if (name == "__metadata__") {
-            if (!info.is_object()) fail("safetensors file '%s': __metadata__ must be an object of strings", path.c_str());
-            for (const auto& kv : info.object) {
-                if (!kv.second.is_string()) fail("safetensors file '%s': metadata '%s' is not a string", path.c_str(), kv.first.c_str());
-                st.metadata.emplace_back(kv.first, kv.second.string);
-            }
-            continue;
-        }
-        auto bad = [&](const std::string& why) { fail("safetensors file '%s', tensor '%s': %s", path.c_str(), name.c_str(), why.c_str()); };
-        if (st.find(name)) bad("appears twice in the header");
-        if (!info.is_object()) bad("its entry is not an object with dtype, shape and data_offsets");
-        const JsonValue* dtype = info.find("dtype");
-        const JsonValue* shape = info.find("shape");
-        const JsonValue* offsets = info.find("data_offsets");
-        if (!dtype || !dtype->is_string()) bad("no \"dtype\" string");
-        if (!shape || !shape->is_array()) bad("no \"shape\" array");
-        if (!offsets || !offsets->is_array() || offsets->array.size() != 2) bad("no \"data_offsets\" pair [begin, end]");
-        SafetensorsEntry t;
-        t.name = name;
-        t.dtype = dtype->string;
-        size_t element = safetensors_dtype_size(t.dtype);
-        if (element == 0) bad("unknown dtype '" + t.dtype + "'");
-        uint64_t elements = 1;
-        for (const JsonValue& d : shape->array) {
-            if (!d.is_integer || d.integer < 0) bad("the shape must be a list of non-negative integers");
-            if (d.integer > 0 && elements > UINT64_MAX / 16 / (uint64_t)d.integer) bad("the shape is impossibly large");
-            t.shape.push_back(d.integer);
-            elements *= (uint64_t)d.integer;
-        }
-        for (const JsonValue& o : offsets->array)
-            if (!o.is_integer || o.integer < 0) bad("data_offsets must be non-negative integers");
-        t.begin = (uint64_t)offsets->array[0].integer;
-        t.end = (uint64_t)offsets->array[1].integer;
-        if (t.end < t.begin) bad("data_offsets end before they begin");
-        if (t.end - t.begin != elements * element) {
-            bad(strprintf("data_offsets [%llu, %llu] hold %llu bytes, but shape %s of %s needs %llu",
-                          (unsigned long long)t.begin, (unsigned long long)t.end, (unsigned long long)(t.end - t.begin),
-                          shape_string(t.shape).c_str(), t.dtype.c_str(), (unsigned long long)(elements * element)));
-        }
-        if (t.end > data_bytes) {
-            bad(strprintf("its data ends at byte %llu of the data region, which has only %llu bytes: the file is truncated",
-                          (unsigned long long)t.end, (unsigned long long)data_bytes));
-        }
-        st.tensors.push_back(t);
+// One tensor's entry of the header, checked: a known dtype, a shape, and data_offsets that hold
+// exactly its bytes inside the data region.
+inline SafetensorsEntry safetensors_entry(const SafetensorsFile& st, const std::string& name, const JsonValue& info,
+                                          uint64_t data_bytes) {
+    const std::string& path = st.path;
+    auto bad = [&](const std::string& why) { fail("safetensors file '%s', tensor '%s': %s", path.c_str(), name.c_str(), why.c_str()); };
+    if (st.find(name)) bad("appears twice in the header");
+    if (!info.is_object()) bad("its entry is not an object with dtype, shape and data_offsets");
+    const JsonValue* dtype = info.find("dtype");
+    const JsonValue* shape = info.find("shape");
+    const JsonValue* offsets = info.find("data_offsets");
+    if (!dtype || !dtype->is_string()) bad("no \"dtype\" string");
+    if (!shape || !shape->is_array()) bad("no \"shape\" array");
+    if (!offsets || !offsets->is_array() || offsets->array.size() != 2) bad("no \"data_offsets\" pair [begin, end]");
+    SafetensorsEntry t;
+    t.name = name;
+    t.dtype = dtype->string;
+    size_t element = safetensors_dtype_size(t.dtype);
+    if (element == 0) bad("unknown dtype '" + t.dtype + "'");
+    uint64_t elements = 1;
+    for (const JsonValue& d : shape->array) {
+        if (!d.is_integer || d.integer < 0) bad("the shape must be a list of non-negative integers");
+        if (d.integer > 0 && elements > UINT64_MAX / 16 / (uint64_t)d.integer) bad("the shape is impossibly large");
+        t.shape.push_back(d.integer);
+        elements *= (uint64_t)d.integer;
     }
-    // the tensors must tile the data region: no gaps, no overlaps, nothing after the last
+    for (const JsonValue& o : offsets->array)
+        if (!o.is_integer || o.integer < 0) bad("data_offsets must be non-negative integers");
+    t.begin = (uint64_t)offsets->array[0].integer;
+    t.end = (uint64_t)offsets->array[1].integer;
+    if (t.end < t.begin) bad("data_offsets end before they begin");
+    if (t.end - t.begin != elements * element) {
+        bad(strprintf("data_offsets [%llu, %llu] hold %llu bytes, but shape %s of %s needs %llu",
+                      (unsigned long long)t.begin, (unsigned long long)t.end, (unsigned long long)(t.end - t.begin),
+                      shape_string(t.shape).c_str(), t.dtype.c_str(), (unsigned long long)(elements * element)));
+    }
+    if (t.end > data_bytes) {
+        bad(strprintf("its data ends at byte %llu of the data region, which has only %llu bytes: the file is truncated",
+                      (unsigned long long)t.end, (unsigned long long)data_bytes));
+    }
+    return t;
+}
+
+// The tensors must tile the data region: no gaps, no overlaps, nothing after the last.
+inline void check_safetensors_tiling(const SafetensorsFile& st, uint64_t data_bytes) {
+    const std::string& path = st.path;
     std::vector<const SafetensorsEntry*> by_offset;
     for (const SafetensorsEntry& t : st.tensors) by_offset.push_back(&t);
     std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
@@ -193,6 +186,33 @@ inline SafetensorsFile read_safetensors_header(const std::string& path) {
         fail("safetensors file '%s' has %llu bytes after its last tensor: the header does not describe the whole file",
              path.c_str(), (unsigned long long)(data_bytes - expected));
     }
+}
+
+// Reads and validates the header (see the top of this file); the tensors' bytes are read later,
+// one tensor at a time, by safetensors_read_floats().
+inline SafetensorsFile read_safetensors_header(const std::string& path) {
+    SafetensorsFile st;
+    st.path = path;
+    uint64_t data_bytes = 0;
+    std::string header = read_safetensors_header_text(path, &st, &data_bytes);
+    JsonValue root;
+    std::string error;
+    if (!json_parse(header, &root, &error)) fail("the header of safetensors file '%s' is not valid JSON: %s", path.c_str(), error.c_str());
+    if (!root.is_object()) fail("the header of safetensors file '%s' is %s, not a JSON object", path.c_str(), json_type_name(root.type));
+    for (const auto& member : root.object) {
+        const std::string& name = member.first;
+        const JsonValue& info = member.second;
+        if (name == "__metadata__") {
+            if (!info.is_object()) fail("safetensors file '%s': __metadata__ must be an object of strings", path.c_str());
+            for (const auto& kv : info.object) {
+                if (!kv.second.is_string()) fail("safetensors file '%s': metadata '%s' is not a string", path.c_str(), kv.first.c_str());
+                st.metadata.emplace_back(kv.first, kv.second.string);
+            }
+            continue;
+        }
+        st.tensors.push_back(safetensors_entry(st, name, info, data_bytes));
+    }
+    check_safetensors_tiling(st, data_bytes);
     return st;
 }
 

@@ -571,6 +571,8 @@ struct Tokenizer {
         for (int i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
     }
 
+    // ---- load: both files into the tables above; "" or what is wrong with them
+
     std::string load_or_explain(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
         const std::string fetch_hint = " (scripts/get_vocab.sh downloads GPT-2's encoder.json and vocab.bpe)";
         std::string json_text, merges_text;
@@ -578,72 +580,109 @@ struct Tokenizer {
             return "cannot read " + encoder_json_path + ": " + strerror(errno) + fetch_hint;
         if (!read_whole_file(vocab_bpe_path, merges_text))
             return "cannot read " + vocab_bpe_path + ": " + strerror(errno) + fetch_hint;
+        std::vector<int> cp_to_byte = gpt2_unicode_to_byte();
+        std::string problem = load_encoder(encoder_json_path, json_text, cp_to_byte, fetch_hint);
+        if (!problem.empty()) return problem;
+        // Look tokens up by their bytes while building the merges.
+        std::unordered_map<std::string_view, int> by_bytes;
+        problem = index_tokens_by_bytes(encoder_json_path, &by_bytes);
+        if (!problem.empty()) return problem;
+        std::vector<Merge> merges;
+        problem = parse_merges(vocab_bpe_path, encoder_json_path, merges_text, cp_to_byte, by_bytes, &merges);
+        if (!problem.empty()) return problem;
+        if (merges.empty()) return vocab_bpe_path + " has no merges";
+        num_merges = (int)merges.size();
+        fill_merge_table(merges);
+        instance_id = tokenizer_next_instance_id++;
+        return "";
+    }
 
-        // encoder.json: {"!": 0, "\"": 1, ..., "<|endoftext|>": 50256}
-        JsonValue root;
-        std::string json_error;
-        if (!json_parse(json_text, &root, &json_error))
-            return encoder_json_path + " is not valid JSON: " + json_error + "; delete it and download again" + fetch_hint;
-        if (!root.is_object() || root.object.empty())
-            return encoder_json_path + " should be a JSON object mapping token strings to ids";
+    // The inverse of gpt2_byte_to_unicode: code point -> byte, -1 for a code point that stands for none.
+    static std::vector<int> gpt2_unicode_to_byte() {
         std::vector<uint32_t> byte_to_cp = gpt2_byte_to_unicode();
         std::vector<int> cp_to_byte(512, -1);
         for (int b = 0; b < 256; b++) cp_to_byte[byte_to_cp[b]] = b;
+        return cp_to_byte;
+    }
 
+    // Undo bytes_to_unicode: each character of `text` stands for one byte, appended to *bytes.
+    enum class Unmapped { Ok, InvalidUtf8, OutsideAlphabet };
+    static Unmapped unmap_gpt2_bytes(std::string_view text, const std::vector<int>& cp_to_byte, std::string* bytes) {
+        if (utf8_first_invalid(text) != text.size()) return Unmapped::InvalidUtf8;
+        const unsigned char* s = (const unsigned char*)text.data();
+        for (size_t i = 0; i < text.size();) {
+            int len;
+            uint32_t cp = utf8_decode_valid(s, i, &len);
+            if (cp >= 512 || cp_to_byte[cp] < 0) return Unmapped::OutsideAlphabet;
+            *bytes += (char)cp_to_byte[cp];
+            i += len;
+        }
+        return Unmapped::Ok;
+    }
+
+    // encoder.json: {"!": 0, "\"": 1, ..., "<|endoftext|>": 50256} -> token_bytes, vocab_size, eot_token.
+    std::string load_encoder(const std::string& path, const std::string& json_text, const std::vector<int>& cp_to_byte,
+                             const std::string& fetch_hint) {
+        JsonValue root;
+        std::string json_error;
+        if (!json_parse(json_text, &root, &json_error))
+            return path + " is not valid JSON: " + json_error + "; delete it and download again" + fetch_hint;
+        if (!root.is_object() || root.object.empty())
+            return path + " should be a JSON object mapping token strings to ids";
         token_bytes.clear();
         vocab_size = 0;
         int eot = -1;
         for (const auto& member : root.object) {
             const JsonValue& id = member.second;
             if (!id.is_number() || !id.is_integer || id.integer < 0 || id.integer >= (1 << 30))
-                return encoder_json_path + ": the id of token \"" + member.first + "\" is not a non-negative integer";
-            // Undo bytes_to_unicode: each character of the key stands for one byte.
+                return path + ": the id of token \"" + member.first + "\" is not a non-negative integer";
             std::string bytes;
-            const unsigned char* s = (const unsigned char*)member.first.data();
-            if (utf8_first_invalid(member.first) != member.first.size())
-                return encoder_json_path + ": a token is not valid UTF-8";
-            for (size_t i = 0; i < member.first.size();) {
-                int len;
-                uint32_t cp = utf8_decode_valid(s, i, &len);
-                if (cp >= 512 || cp_to_byte[cp] < 0)
-                    return encoder_json_path + ": token \"" + member.first +
-                           "\" has a character outside GPT-2's byte alphabet; this is not a byte-level BPE vocabulary";
-                bytes += (char)cp_to_byte[cp];
-                i += len;
-            }
+            Unmapped unmapped = unmap_gpt2_bytes(member.first, cp_to_byte, &bytes);
+            if (unmapped == Unmapped::InvalidUtf8) return path + ": a token is not valid UTF-8";
+            if (unmapped == Unmapped::OutsideAlphabet)
+                return path + ": token \"" + member.first +
+                       "\" has a character outside GPT-2's byte alphabet; this is not a byte-level BPE vocabulary";
             int index = (int)id.integer;
             if (index >= (int)token_bytes.size()) token_bytes.resize(index + 1);
             if (!token_bytes[index].empty())
-                return encoder_json_path + ": id " + std::to_string(index) + " is given to two tokens";
+                return path + ": id " + std::to_string(index) + " is given to two tokens";
             token_bytes[index] = bytes;
             if (member.first == "<|endoftext|>") eot = index;
         }
         vocab_size = (int)token_bytes.size();
-        if (eot < 0) return encoder_json_path + " has no <|endoftext|> token";
+        if (eot < 0) return path + " has no <|endoftext|> token";
         eot_token = eot;
-        // Look tokens up by their bytes while building the merges.
-        std::unordered_map<std::string_view, int> by_bytes;
-        by_bytes.reserve(token_bytes.size());
+        return "";
+    }
+
+    static int id_of_bytes(const std::unordered_map<std::string_view, int>& by_bytes, const std::string& bytes) {
+        auto it = by_bytes.find(bytes);
+        return it != by_bytes.end() ? it->second : -1;
+    }
+
+    // bytes -> id of every token but <|endoftext|> (no two the same), and byte_token[] (all 256 needed).
+    std::string index_tokens_by_bytes(const std::string& path, std::unordered_map<std::string_view, int>* by_bytes) {
+        by_bytes->reserve(token_bytes.size());
         for (int i = 0; i < vocab_size; i++) {
             if (token_bytes[i].empty() || i == eot_token) continue;
-            auto inserted = by_bytes.emplace(token_bytes[i], i);
+            auto inserted = by_bytes->emplace(token_bytes[i], i);
             if (!inserted.second)
-                return encoder_json_path + ": two ids (" + std::to_string(inserted.first->second) + ", " +
+                return path + ": two ids (" + std::to_string(inserted.first->second) + ", " +
                        std::to_string(i) + ") stand for the same bytes";
         }
-        auto id_of = [&](const std::string& bytes) {
-            auto it = by_bytes.find(bytes);
-            return it != by_bytes.end() ? it->second : -1;
-        };
         for (int b = 0; b < 256; b++) {
-            byte_token[b] = id_of(std::string(1, (char)b));
+            byte_token[b] = id_of_bytes(*by_bytes, std::string(1, (char)b));
             if (byte_token[b] < 0)
-                return encoder_json_path + " lacks the one-byte token for byte " + std::to_string(b) +
+                return path + " lacks the one-byte token for byte " + std::to_string(b) +
                        "; a byte-level BPE vocabulary needs all 256";
         }
+        return "";
+    }
 
-        // vocab.bpe: "#version: 0.2" then one merge per line, "Ġ t", best (rank 0) first.
-        std::vector<Merge> merges;
+    // vocab.bpe: "#version: 0.2" then one merge per line, "Ġ t", best (rank 0) first.
+    std::string parse_merges(const std::string& path, const std::string& encoder_json_path, const std::string& merges_text,
+                             const std::vector<int>& cp_to_byte, const std::unordered_map<std::string_view, int>& by_bytes,
+                             std::vector<Merge>* merges) {
         size_t line_start = 0;
         int line_number = 0;
         while (line_start < merges_text.size()) {
@@ -656,36 +695,31 @@ struct Tokenizer {
             if (line.empty() || (line_number == 1 && line[0] == '#')) continue;
             size_t space = line.find(' ');
             if (space == std::string_view::npos || space == 0 || line.find(' ', space + 1) != std::string_view::npos)
-                return vocab_bpe_path + ":" + std::to_string(line_number) + ": expected two tokens separated by one space";
+                return path + ":" + std::to_string(line_number) + ": expected two tokens separated by one space";
             std::string parts[2];
             std::string_view halves[2] = {line.substr(0, space), line.substr(space + 1)};
             for (int h = 0; h < 2; h++) {
-                const unsigned char* s = (const unsigned char*)halves[h].data();
-                if (utf8_first_invalid(halves[h]) != halves[h].size())
-                    return vocab_bpe_path + ":" + std::to_string(line_number) + ": not valid UTF-8";
-                for (size_t i = 0; i < halves[h].size();) {
-                    int len;
-                    uint32_t cp = utf8_decode_valid(s, i, &len);
-                    if (cp >= 512 || cp_to_byte[cp] < 0)
-                        return vocab_bpe_path + ":" + std::to_string(line_number) +
-                               ": a character outside GPT-2's byte alphabet";
-                    parts[h] += (char)cp_to_byte[cp];
-                    i += len;
-                }
+                Unmapped unmapped = unmap_gpt2_bytes(halves[h], cp_to_byte, &parts[h]);
+                if (unmapped == Unmapped::InvalidUtf8) return path + ":" + std::to_string(line_number) + ": not valid UTF-8";
+                if (unmapped == Unmapped::OutsideAlphabet)
+                    return path + ":" + std::to_string(line_number) + ": a character outside GPT-2's byte alphabet";
             }
             Merge m;
-            int left = id_of(parts[0]), right = id_of(parts[1]), merged = id_of(parts[0] + parts[1]);
+            int left = id_of_bytes(by_bytes, parts[0]), right = id_of_bytes(by_bytes, parts[1]);
+            int merged = id_of_bytes(by_bytes, parts[0] + parts[1]);
             if (left < 0 || right < 0 || merged < 0)
-                return vocab_bpe_path + ":" + std::to_string(line_number) + ": merge \"" + std::string(line) +
+                return path + ":" + std::to_string(line_number) + ": merge \"" + std::string(line) +
                        "\" uses a token that " + encoder_json_path + " does not have (are the two files from the same model?)";
             m.pair = pair_key(left, right);
-            m.rank = (int)merges.size();
+            m.rank = (int)merges->size();
             m.merged = merged;
-            merges.push_back(m);
+            merges->push_back(m);
         }
-        if (merges.empty()) return vocab_bpe_path + " has no merges";
-        num_merges = (int)merges.size();
+        return "";
+    }
 
+    // The hash table find_merge probes: at most half full.
+    void fill_merge_table(const std::vector<Merge>& merges) {
         size_t capacity = 1;
         while (capacity < merges.size() * 2) capacity *= 2;
         merge_table.assign(capacity, Merge());
@@ -695,8 +729,6 @@ struct Tokenizer {
             while (merge_table[slot].pair != EMPTY && merge_table[slot].pair != m.pair) slot = (slot + 1) & merge_mask;
             if (merge_table[slot].pair == EMPTY) merge_table[slot] = m;   // a repeated merge keeps its best rank
         }
-        instance_id = tokenizer_next_instance_id++;
-        return "";
     }
 
     static bool read_whole_file(const std::string& path, std::string& out) {

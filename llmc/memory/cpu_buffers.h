@@ -41,6 +41,9 @@
 // only a gradient shard, stage 3 only a weight shard, plus the units gathered and the buckets open
 // at the peak). A pipeline's last stage also holds a copy of the tied embedding and its gradient.
 //
+// The MoE and expert-parallel rows take their sizes, and the padding their sums need, from
+// llmc/memory/moe_sizes.h, as PowerSGD's take theirs from llmc/parallel/grad_compression.h.
+//
 // Not in the table: the data loader's tokens (the current shard, 2 bytes per token) and per-call
 // scratch that lives for one function call (per thread, one head's q, k, v, dO and its T x T score
 // gradient in the attention: 5.3 MiB at T = 1024, C = 768, H = 12; the gradient-norm partials),
@@ -50,6 +53,7 @@
 
 #include <cstddef>
 #include <vector>
+#include "llmc/memory/moe_sizes.h"  // the MoE and expert-parallel rows
 #include "llmc/memory/size_table.h"
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_KC, _NC, matmul_pack_a/b_floats: the matmul's panels
 #include "llmc/model/model.h"
@@ -200,6 +204,18 @@ inline size_t cpu_buffer_copies(const CPURunShape& s, int row) {
     return cpu_buffer_read_by_weight_pass(row, s.recompute) ? std::max(M, (size_t)s.weight_input_slots) : M;
 }
 
+// ZB-H1: the rows W reads, held from F to W by more micro-batches than the rest (F to B): a table's
+// per-micro-batch rows grown from M copies to cpu_buffer_copies.
+inline void cpu_park_weight_pass_rows(const CPURunShape& s, std::vector<BufferSpec>* t) {
+    size_t M = s.micro_batches_in_flight;
+    for (int b = 0; b < CB_COUNT; b++) {
+        size_t copies = cpu_buffer_copies(s, b);
+        if (!cpu_buffer_per_micro_batch(b) || !cpu_buffer_read_by_weight_pass(b, s.recompute) || copies == M) continue;
+        (*t)[b].elements = (*t)[b].elements / M * copies;
+        (*t)[b].shape += strprintf(" + %zu parked for W", copies - M);
+    }
+}
+
 // The parameters whose AdamW state this rank keeps: all of them, or (ZeRO-1) those of its shard.
 inline ShardRange cpu_updated_range(const CPURunShape& s) {
     ShardLayout shards = shard_layout(param_layout(s.cfg).total, s.world_size);
@@ -313,58 +329,22 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     t[CB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q", gc.state, F};
     t[CB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums, or bf16 send + receive", gc.work, F};
     t[CB_COMPRESSION_SCRATCH] = {"compression_scratch", MEM_WORKSPACE, "the all-reduce's padded copy + a shard", gc.scratch, F};
-    // (MoE runs on one slice: cli.h refuses it with tensor and pipeline parallelism and ZeRO-3)
-    // --expert-parallel: a rank holds the routers and its own experts (llmc/parallel/expert_parallel.h)
-    MoELayout held = moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
-    size_t moe = held.total, router = held.count[MOE_ROUTER], Lm = moe_block_count(s.moe, c.num_layers);
-    std::string experts = s.expert_parallel == 1 ? std::string("experts 1..E-1")
-                        : held.held_experts == 0 ? std::string("no expert (its one is the dense MLP)")
-                                                 : strprintf("its experts %d..%d", held.first_expert, held.first_expert + held.held_experts - 1);
-    t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, "router (Lm, E, C) + " + experts, moe, F};
-    t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe, F};
-    // --zero 1|2: each rank ceil(n / N) of the n values N ranks share (llmc/parallel/expert_parallel.h's
-    // moe_sharing): the routers over all data-parallel ranks, the held experts over their replicas
-    auto shard = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N; };
-    size_t moe_moments = !adamw ? 0 : s.zero_stage == 0 || moe == 0 ? moe
-                       : s.expert_parallel == 1 ? shard(moe, s.world_size)
-                                                : shard(router, s.world_size) + shard(moe - router, s.world_size / s.expert_parallel);
-    const char* moe_moments_what = s.zero_stage >= 1 ? "its shard of moe_params" : "as moe_params";
-    t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
-    t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moe_moments_what, moe_moments, F};
-    // --optimizer adafactor|sm3: rows + cols per expert matrix and router, n per vector (optimizer_state.h)
-    size_t moe_factored = 0;
-    if (!adamw)
-        for (const ParamBlock& b : moe_param_blocks(c, held)) moe_factored += b.state_floats();
+    // --moe-experts (llmc/model/moe.h): the MoE table (router, experts 1 .. E-1), its gradient and AdamW
+    // moments, or the factored optimizers' statistics; what each MoE block keeps for its backward; the
+    // data-parallel sum's scratch; --expert-parallel's exchange (llmc/parallel/expert_parallel.h).
+    // Sizes and padding: llmc/memory/moe_sizes.h
+    CPUMoESizes moe = cpu_moe_sizes(c, {s.moe, s.moe_top_k, s.expert_parallel, s.expert_rank, s.world_size, s.zero_stage, BT},
+                                    adamw, s.compression.kind == GradCompressionKind::BF16);
+    t[CB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, moe.params_shape, moe.params, F};
+    t[CB_MOE_GRADS] = {"moe_grads", MEM_GRADS, "as moe_params", moe.params, F};
+    t[CB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moe.moments_shape, moe.moments, F};
+    t[CB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moe.moments_shape, moe.moments, F};
     t[CB_MOE_FACTORED_STATE] = {"moe_optimizer_state", MEM_OPTIMIZER, sh("%s: per router and expert tensor", optimizer_name((int)s.optimizer)),
-                                moe_factored, F};
-    t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)",
-                             Lm * (s.moe.experts > 0 ? moe_activation_values(BT, C, s.moe.experts, s.moe_top_k) : 0), F};
-    // the data-parallel sum of moe_grads gives every rank the same bits (each rank then updates the table itself);
-    // with --expert-parallel two sums share it: the routers' over all ranks, the experts' over their replicas
-    int replicas = s.world_size / s.expert_parallel;
-    size_t sum_scratch = s.expert_parallel == 1 ? (moe > 0 && s.world_size > 1 ? identical_scratch_floats(moe, s.world_size) : 0)
-                       : std::max(identical_scratch_floats(router, s.world_size),
-                                  replicas > 1 ? identical_scratch_floats(moe - router, replicas) : 0);
-    bool bf16 = s.compression.kind == GradCompressionKind::BF16;  // the padded copy + bf16 send and receive
-    if (bf16 && moe > 0 && s.world_size > 1) {
-        auto padded = [](size_t n, int N) { return (n + (size_t)N - 1) / (size_t)N * (size_t)N; };
-        sum_scratch = s.expert_parallel == 1 ? 2 * padded(moe, s.world_size)
-                    : std::max(2 * padded(router, s.world_size), replicas > 1 ? 2 * padded(moe - router, replicas) : 0);
-    }
-    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, bf16 ? "the bf16 sum's padded copy, send and receive"
-                                                                    : "the all-reduce's padded copy + a shard", sum_scratch, F};
-    // per MoE block, sized for the worst case (every rank's k B T rows to one owner): R = N_ep k B T rows
-    // of staging, x, out, dout, dx (C) and fch, fch_gelu, dh (4C); the counts: 3 E + 2 N_ep ints
-    size_t ep_rows = (size_t)s.expert_parallel * s.moe_top_k * BT;
-    t[CB_EP_EXCHANGE] = {"ep_exchange", MEM_WORKSPACE, "Lm x (N_ep k B T rows x 17C + 3E + 2N_ep ints)",
-                         s.expert_parallel > 1 ? Lm * (ep_rows * 17 * C + 3 * (size_t)s.moe.experts + 2 * (size_t)s.expert_parallel) : 0, F};
-    // ZB-H1: the rows W reads, held from F to W by more micro-batches than the rest (F to B)
-    for (int b = 0; b < CB_COUNT; b++) {
-        size_t copies = cpu_buffer_copies(s, b);
-        if (!cpu_buffer_per_micro_batch(b) || !cpu_buffer_read_by_weight_pass(b, s.recompute) || copies == M) continue;
-        t[b].elements = t[b].elements / M * copies;
-        t[b].shape += sh(" + %zu parked for W", copies - M);
-    }
+                                moe.factored, F};
+    t[CB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x (routing + k B T (4C + 3 x 4C) rows)", moe.activations, F};
+    t[CB_MOE_SUM_SCRATCH] = {"moe_sum_scratch", MEM_WORKSPACE, moe.sum_scratch_shape, moe.sum_scratch, F};
+    t[CB_EP_EXCHANGE] = {"ep_exchange", MEM_WORKSPACE, "Lm x (N_ep k B T rows x 17C + 3E + 2N_ep ints)", moe.ep_exchange, F};
+    cpu_park_weight_pass_rows(s, &t);  // ZB-H1: the rows W reads, more copies
     return t;
 }
 

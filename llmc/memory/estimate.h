@@ -730,14 +730,10 @@ inline std::string estimate_run_description(const EstimateSetup& e) {
                      e.ranks == 1 ? "" : "s", grid.c_str(), e.zero_stage, sum.c_str());
 }
 
-inline void print_estimate(const EstimateSetup& e) {
+// The model and the run, in words: what the numbers below are for.
+inline void print_estimate_model(const EstimateSetup& e) {
     const GPT2Config& c = e.cfg;
     size_t P = param_layout(c).total;
-    size_t granule = estimate_granule(e);
-    std::vector<BufferSpec> table = estimate_table(e, e.B, 0);
-    MemoryByKind mem = memory_by_kind(table, granule);
-    double tokens = (double)e.B * e.T;
-
     printf("estimate: PREDICTED, not measured: arithmetic on the trainer's own size table; nothing was allocated or run\n");
     printf("model: %s; N = %s parameters (%s with the real vocabulary)\n", describe_config(c).c_str(),
            with_commas((double)P).c_str(),
@@ -750,10 +746,16 @@ inline void print_estimate(const EstimateSetup& e) {
                with_commas((double)moe_active_params(c, e.moe, e.moe_top_k)).c_str());
     }
     printf("run: %s\n", estimate_run_description(e).c_str());
+}
 
+// Rank 0's table, buffer by buffer, then summed by kind: model states per parameter, activations
+// per token.
+inline void print_estimate_memory(const EstimateSetup& e, const std::vector<BufferSpec>& table, const MemoryByKind& mem) {
+    size_t P = param_layout(e.cfg).total;
+    double tokens = (double)e.B * e.T;
     printf("\nmemory of rank 0, buffer by buffer (%s, the table the trainer allocates from)\n",
            e.trainer == Trainer::CPU ? "llmc/memory/cpu_buffers.h" : "llmc/memory/gpu_buffers.h");
-    print_buffer_table(table, granule);
+    print_buffer_table(table, estimate_granule(e));
 
     printf("\nmemory of rank 0 by kind\n");
     for (int k = 0; k < MEM_KINDS; k++) {  // model states per parameter, activations per token
@@ -764,6 +766,12 @@ inline void print_estimate(const EstimateSetup& e) {
                format_bytes((double)mem.bytes[k]).c_str(), per.c_str());
     }
     printf("  %-12s %16s  %10s\n", "total", with_commas((double)mem.total).c_str(), format_bytes((double)mem.total).c_str());
+}
+
+// What left the device or RAM: --offload optimizer's pinned host memory (llmc/optim/offload.cuh),
+// --offload-dir's files (llmc/optim/disk_offload.h).
+inline void print_estimate_offloaded(const EstimateSetup& e, const MemoryByKind& mem) {
+    size_t P = param_layout(e.cfg).total;
     if (e.offload_optimizer) {  // --offload optimizer: what left the GPU, in pinned host memory (llmc/optim/offload.cuh)
         size_t n = gpu_offloaded_elements(estimate_gpu_shape(e, e.B, 0));
         size_t per = offload_host_bytes_per_param(e.offload_delay, e.bf16_moments);
@@ -780,6 +788,11 @@ inline void print_estimate(const EstimateSetup& e) {
                "parameter in all); per step %s read and %s written\n", with_commas(disk).c_str(), format_bytes(disk).c_str(), per,
                (double)mem.total / P, format_bytes(disk).c_str(), format_bytes(disk).c_str());
     }
+}
+
+// What the trainer wants free (the GPU's margin included), and the largest micro-batch that fits the
+// budget.
+inline void print_estimate_fit(const EstimateSetup& e, const MemoryByKind& mem) {
     if (estimate_overhead(e) > 0) {
         printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
                format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());
@@ -789,10 +802,14 @@ inline void print_estimate(const EstimateSetup& e) {
     if (largest == 0) printf("none, not even B=1\n");
     else if (largest == ESTIMATE_MAX_BATCH) printf("B >= %d\n", largest);
     else printf("B=%d at T=%d (B=%d would need %s)\n", largest, e.T, largest + 1,
-                format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), granule).total + estimate_overhead(e))).c_str());
+                format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), estimate_granule(e)).total +
+                                      estimate_overhead(e))).c_str());
+}
 
-    // every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller; pipeline
-    // stages and tensor ranks hold different slices
+// Every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller; pipeline stages
+// and tensor ranks hold different slices.
+inline void print_estimate_ranks(const EstimateSetup& e) {
+    size_t granule = estimate_granule(e);
     bool grid = estimate_world(e) > e.ranks;
     printf("\nmemory per rank%s\n", grid ? " (dp, tp, pp: the rank's place in the grid)" : "");
     for (int r = 0; r < estimate_world(e);) {
@@ -813,6 +830,11 @@ inline void print_estimate(const EstimateSetup& e) {
         printf("\n");
         r = last + 1;
     }
+}
+
+// What the ranks send each other a step (the CPU trainer's groups; expert parallelism's all-to-alls),
+// and a pipeline's bubble.
+inline void print_estimate_traffic(const EstimateSetup& e) {
     if (e.trainer == Trainer::CPU && estimate_world(e) > 1) {  // (the GPU trainer's bf16 traffic: docs/parallelism.md)
         printf("\ncommunication per step, bytes each rank sends to its groups (ring algorithms, llmc/parallel/comm.h)\n");
         for (int r = 0; r < estimate_world(e); r++) {
@@ -834,10 +856,14 @@ inline void print_estimate(const EstimateSetup& e) {
                e.trainer == Trainer::CPU ? "" : "\n", pipeline_schedule_name(e.schedule), e.pp, m,
                pipeline_bubble_text(e.schedule, e.pp, m, e.virtual_stages).c_str());
     }
+}
 
+// FLOPs per token and per step, and the step time they predict at the assumed MFU.
+inline void print_estimate_compute(const EstimateSetup& e) {
+    const GPT2Config& c = e.cfg;
     ComputeEstimate comp = estimate_compute(e);
     printf("\ncompute\n");
-    printf("  FLOPs per token      6N + 6LCT = 6*%zu + 6*%d*%d*%d = %.4g\n", P, c.num_layers, c.channels, e.T,
+    printf("  FLOPs per token      6N + 6LCT = 6*%zu + 6*%d*%d*%d = %.4g\n", param_layout(c).total, c.num_layers, c.channels, e.T,
            comp.flops_per_token);
     printf("  tokens per step      %s (all ranks)\n", with_commas((double)e.tokens_per_step).c_str());
     printf("  FLOPs per step       %.4g\n", comp.flops_per_step);
@@ -847,8 +873,31 @@ inline void print_estimate(const EstimateSetup& e) {
     } else {
         printf("  step time: give --estimate-peak-tflops (this machine's peak) to predict it\n");
     }
+}
 
-    // ---- the literature, side by side
+// The CPU trainer's optimizer state (rank 0) under each --optimizer, in bytes per parameter of the
+// literature's N.
+inline void print_estimate_optimizer_choices(const EstimateSetup& e, double N) {
+    printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
+    for (int choice = 0; choice < 5; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3, adamw on disk
+        EstimateSetup other = e;
+        other.optimizer = choice <= 1 || choice == 4 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
+        other.bf16_moments = choice == 1;
+        other.offload_chunk_kib = choice < 4 ? 0 : e.offload_chunk_kib > 0 ? e.offload_chunk_kib : DISK_OFFLOAD_DEFAULT_CHUNK_KIB;
+        if (choice == 4 && e.zero_stage > 1) continue;  // refused (validate_options)
+        if (choice >= 2 && e.zero_stage > 1) continue;  // refused: the CLI says why (ZeRO-1: factored_sharding.h)
+        size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), estimate_granule(e)).bytes[MEM_OPTIMIZER];
+        printf("%s %s%s %s (%.4f B/param)", choice == 0 ? "" : ";", optimizer_name((int)other.optimizer),
+               choice == 1 ? " bf16" : choice == 4 ? " --offload-dir (in RAM; 8 B/param on disk)" : "", format_bytes((double)bytes).c_str(), bytes / N);
+    }
+    printf("\n");
+}
+
+// The model states against the ZeRO paper's accounting; on a grid (a rank holds a slice, not a
+// replica) only the paper's side.
+inline void print_literature_model_states(const EstimateSetup& e, const std::vector<BufferSpec>& table) {
+    const GPT2Config& c = e.cfg;
+    bool grid = estimate_world(e) > e.ranks;
     double N = literature_param_count(c.vocab_size, c.max_seq_len, c.num_layers, c.channels, true);
     printf("\nliterature: model states (Rajbhandari et al., ZeRO), N = %s, bytes per parameter\n", with_commas(N).c_str());
     printf("  %-38s %6s %6s %6s %6s %6s %12s\n", "accounting", "params", "grads", "master", "m+v", "total", "for N");
@@ -862,22 +911,7 @@ inline void print_estimate(const EstimateSetup& e) {
            format_bytes(zero_state_bytes(mixed, N, 1, e.ranks)).c_str(), format_bytes(zero_state_bytes(mixed, N, 2, e.ranks)).c_str(),
            format_bytes(zero_state_bytes(mixed, N, 3, e.ranks)).c_str());
     printf("  (both trainers implement all four stages)\n");
-    if (e.trainer == Trainer::CPU && !grid) {
-        // the optimizers' state as the CPU trainer's table holds it (rank 0), in bytes per parameter
-        printf("  optimizer state by --optimizer (CPU trainer, rank 0, this ZeRO stage):");
-        for (int choice = 0; choice < 5; choice++) {  // adamw, adamw with bf16 m and v, adafactor, sm3, adamw on disk
-            EstimateSetup other = e;
-            other.optimizer = choice <= 1 || choice == 4 ? Optimizer::AdamW : choice == 2 ? Optimizer::Adafactor : Optimizer::SM3;
-            other.bf16_moments = choice == 1;
-            other.offload_chunk_kib = choice < 4 ? 0 : e.offload_chunk_kib > 0 ? e.offload_chunk_kib : DISK_OFFLOAD_DEFAULT_CHUNK_KIB;
-            if (choice == 4 && e.zero_stage > 1) continue;  // refused (validate_options)
-            if (choice >= 2 && e.zero_stage > 1) continue;  // refused: the CLI says why (ZeRO-1: factored_sharding.h)
-            size_t bytes = memory_by_kind(estimate_table(other, e.B, 0), granule).bytes[MEM_OPTIMIZER];
-            printf("%s %s%s %s (%.4f B/param)", choice == 0 ? "" : ";", optimizer_name((int)other.optimizer),
-                   choice == 1 ? " bf16" : choice == 4 ? " --offload-dir (in RAM; 8 B/param on disk)" : "", format_bytes((double)bytes).c_str(), bytes / N);
-        }
-        printf("\n");
-    }
+    if (e.trainer == Trainer::CPU && !grid) print_estimate_optimizer_choices(e, N);
     if (grid) {
         printf("  (with tensor or pipeline parallelism a rank holds a slice, not a replica: the lines against the literature\n"
                "   below are for one whole replica and are left out; the per-rank table above is the answer)\n");
@@ -888,7 +922,11 @@ inline void print_estimate(const EstimateSetup& e) {
         printf("    %-10s literature %14s  ours %14s  %s\n", l.kind, with_commas(l.literature).c_str(),
                with_commas((double)l.ours).c_str(), l.why.c_str());
     }
+}
 
+// The activations against Korthikanti et al.'s formulas, by recompute level and term by term.
+inline void print_literature_activations(const EstimateSetup& e, const std::vector<BufferSpec>& table, const MemoryByKind& mem) {
+    const GPT2Config& c = e.cfg;
     double s = e.T, b = e.B, h = c.channels, a = c.num_heads, L = c.num_layers;
     printf("\nliterature: activations (Korthikanti et al.), s=%d b=%d h=%d a=%d L=%d, 16-bit values\n", e.T, e.B, c.channels,
            c.num_heads, c.num_layers);
@@ -905,7 +943,7 @@ inline void print_estimate(const EstimateSetup& e) {
     for (int level = 0; level <= 2; level++) {
         EstimateSetup other = e;
         other.recompute = level;
-        MemoryByKind m = memory_by_kind(estimate_table(other, e.B, 0), granule);
+        MemoryByKind m = memory_by_kind(estimate_table(other, e.B, 0), estimate_granule(e));
         printf(" %d: %s activations + %s workspace%s", level, format_bytes((double)m.bytes[MEM_ACTIVATIONS]).c_str(),
                format_bytes((double)m.bytes[MEM_WORKSPACE]).c_str(), level < 2 ? ";" : "\n");
     }
@@ -926,4 +964,20 @@ inline void print_estimate(const EstimateSetup& e) {
     printf("    %-48s %14s %14s\n", "total", with_commas(paper_sum).c_str(), with_commas((double)ours_sum).c_str());
     printf("  workspaces (%s) are outside both accountings: one layer of scratch reused by every layer, and library work "
            "areas\n", format_bytes((double)mem.bytes[MEM_WORKSPACE]).c_str());
+}
+
+// --estimate's printout, section by section (each predicted from rank 0's table unless it says so).
+inline void print_estimate(const EstimateSetup& e) {
+    std::vector<BufferSpec> table = estimate_table(e, e.B, 0);
+    MemoryByKind mem = memory_by_kind(table, estimate_granule(e));
+    print_estimate_model(e);
+    print_estimate_memory(e, table, mem);
+    print_estimate_offloaded(e, mem);
+    print_estimate_fit(e, mem);
+    print_estimate_ranks(e);
+    print_estimate_traffic(e);
+    print_estimate_compute(e);
+    print_literature_model_states(e, table);
+    if (estimate_world(e) > e.ranks) return;  // a rank holds a slice: the paper's activations are a whole replica's
+    print_literature_activations(e, table, mem);
 }

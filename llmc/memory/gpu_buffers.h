@@ -31,6 +31,9 @@
 // for the units gathered and the buckets being reduced (one for the ends of the model, two for
 // layers: one in use while the other is gathered or reduced on the communication stream). On one
 // rank the slice is the whole model and every parallel row is empty.
+//
+// The MoE and expert-parallel rows take their sizes, and the padding their sums need, from
+// llmc/memory/moe_sizes.h, as PowerSGD's take theirs from llmc/parallel/grad_compression.h.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,7 @@
 #include <string>
 #include <vector>
 #include "llmc/kernels/scratch_sizes.h"  // the kernels' launch constants that size their scratch
+#include "llmc/memory/moe_sizes.h"  // the MoE and expert-parallel rows
 #include "llmc/memory/size_table.h"
 #include "llmc/model/model.h"
 #include "llmc/model/zero_bubble_backward.h"
@@ -200,17 +204,12 @@ inline ZeroSlots zero_slots(const std::vector<ZeroUnit>& units, int dp) {
     return z;
 }
 
-// The MoE table this rank holds: the whole (routers, experts 1..E-1), or with --expert-parallel the
-// routers and its own experts (llmc/parallel/expert_parallel.h says which).
-inline MoELayout gpu_moe_layout(const GPT2Config& c, const GPURunShape& s) {
-    return moe_layout(c, s.moe, moe_held_experts(s.moe, s.expert_parallel, s.expert_rank));
+// What the MoE and expert-parallel rows depend on (llmc/memory/moe_sizes.h), and the MoE table this
+// rank holds: the whole, or with --expert-parallel the routers and its own experts.
+inline MoESizing gpu_moe_sizing(const GPURunShape& s) {
+    return {s.moe, s.moe_top_k, s.expert_parallel, s.expert_rank, s.grid.dp, s.grid.zero_stage, (size_t)s.B * s.T};
 }
-
-// --moe-experts over data-parallel GPUs: the MoE table's shards, which its rows are padded to and
-// --zero 1|2 keeps m and v of (llmc/parallel/moe_zero.cuh). In SHARD_GRANULE pieces, as the dense
-// table's: each shard starts 128 bytes aligned, as the norm's 16-byte loads need (with 3 ranks and a
-// granule of 1 rank 2's shard started at an odd element and its squares came out NaN)
-inline ShardLayout moe_table_shards(size_t n, int dp) { return shard_layout(n, dp); }
+inline MoELayout gpu_moe_layout(const GPT2Config& c, const GPURunShape& s) { return moe_held_layout(c, gpu_moe_sizing(s)); }
 
 inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     const GPT2Config& c = s.cfg;
@@ -235,13 +234,12 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     std::string rows = sp ? "R" : "B, T";                     // sequence parallelism: R = B*T/t rows
     std::string tp = g.tp > 1 ? "/t" : "";
     size_t ln_partials = layernorm_backward_partials_floats(R, C);
-    size_t bias_partials = bias_backward_partials_floats(BT, std::max({C, 3 * Ca, Cf}));
-    if (s.expert_parallel > 1)  // (an owner's expert sees up to N_ep B T rows: expert_parallel.cuh)
-        bias_partials = std::max(bias_partials, bias_backward_partials_floats((size_t)s.expert_parallel * BT, 4 * C));
+    GPUMoESizes moe = gpu_moe_sizes(c, gpu_moe_sizing(s));
+    size_t bias_partials = std::max(bias_backward_partials_floats(BT, std::max({C, 3 * Ca, Cf})), moe.ep_bias_partials);
+    // the vocabulary-parallel loss's exchange: row maxima; (sum, target logit) pairs, padded to t shards
     size_t exchange = BT + (2 * BT + g.tp - 1) / g.tp * g.tp;
     // rows every micro-batch in flight has its own of: M copies, each from a 128-byte boundary
     auto per = [&](size_t n) { return M > 1 ? M * ((n + 63) / 64 * 64) : n; };
-  // row maxima; (sum, target logit) pairs, padded to t shards
 
     std::vector<BufferSpec> t(GB_COUNT);
     size_t S = s.fp8_stash ? 1 : X;  // the stashed rows' bytes per value: e4m3, or the build's type
@@ -326,48 +324,20 @@ inline std::vector<BufferSpec> gpu_buffer_table(const GPURunShape& s) {
     t[GB_LENT_WTE_GRAD] = {"lent_wte_grad", MEM_GRADS, "(Vp" + tp + ", C)", lent ? Vp * C : 0, X};
     t[GB_TIED_RECEIVED] = {"tied_received", MEM_WORKSPACE, "(Vp" + tp + ", C)", g.pp > 1 && slice.first_stage ? Vp * C : 0, X};
 
-    // --moe-experts, whole on every rank (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy
-    // (its AdamW rounds the bf16 values stochastically, as --master-weights 0), its gradient, and m and v
-    // (--zero 1|2 on several GPUs: this rank's shard of them, llmc/parallel/moe_zero.cuh); per MoE block
-    // the routing (fp32 and int32) and the k B T rows its experts gather (xg, fc, GELU, out); the
-    // backward's rows (drow, dh, dxg) once
-    // (--expert-parallel: the routers and this rank's experts only, llmc/parallel/expert_parallel.h)
-    MoELayout moe_held = gpu_moe_layout(c, s);
-    size_t moe = moe_held.total, Lm = moe_block_count(s.moe, c.num_layers), kN = (size_t)s.moe_top_k * BT;
-    size_t E = (size_t)s.moe.experts, H = 4 * C, ep = (size_t)s.expert_parallel;
-    // The table and its gradient padded so that their sums work in place, every rank the same bits: to
-    // a multiple of the data-parallel ranks (llmc/parallel/moe_zero.cuh); with --expert-parallel only the
-    // gradient, its experts' part to a multiple of their replicas, dp / N_ep (ep_gpu_sum_gradients
-    // sums the routers over the data group, the experts over their replicas; no ZeRO there)
-    size_t moe_params = moe, moe_padded = moe, moe_moments = moe;
-    std::string params_shape = "router (Lm, E, C) + experts 1..E-1", grads_shape = "as moe_params";
-    std::string moments_shape = "as moe_params, fp32";
-    if (moe > 0 && ep > 1) {
-        size_t router = moe_held.count[MOE_ROUTER], replicas = (size_t)g.dp / ep;
-        moe_padded = router + (moe - router + replicas - 1) / replicas * replicas;
-        params_shape = "router (Lm, E, C) + this rank's experts";
-        grads_shape = "as moe_params, the experts padded to a multiple of dp/N_ep";
-    } else if (moe > 0) {
-        ShardLayout moe_shards = moe_table_shards(moe, g.dp);
-        moe_params = moe_padded = moe_shards.padded_total;
-        if (g.dp > 1) params_shape += ", padded to a multiple of dp", grads_shape += ", padded to a multiple of dp";
-        if (g.dp > 1 && g.zero_stage >= 1) moe_moments = moe_shards.shard_size, moments_shape = "a 1/dp shard of moe_params, fp32";
-    }
-    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, params_shape, moe_params, X};
-    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, grads_shape, moe_padded, X};
-    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moments_shape, moe_moments, F};
-    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moments_shape, moe_moments, F};
-    t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32",
-                         Lm * (E > 0 ? moe_gpu_routing_values(BT, E, s.moe_top_k) : 0), F};
-    t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", Lm * kN * (2 * C + 2 * H), X};
-    t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", Lm > 0 ? kN * (2 * C + H) : 0, X};
-    // --expert-parallel (llmc/parallel/expert_parallel.cuh): an owner receives at most N_ep k B T rows (every
-    // rank's every choice to its experts), kept per MoE block for the backward (x, fc, GELU, out); the
-    // exchange's staging and the backward's rows (dout, dh, dx) once; the count exchange's ints
-    size_t ep_R = ep > 1 && Lm > 0 ? ep * kN : 0;
-    t[GB_EP_ROWS] = {"ep_rows", MEM_WORKSPACE, "Lm x N_ep k B T (2C + 2 x 4C) rows", Lm * ep_R * (2 * C + 2 * H), X};
-    t[GB_EP_SCRATCH] = {"ep_scratch", MEM_WORKSPACE, "N_ep k B T (3C + 4C) rows", ep_R * (3 * C + H), X};
-    t[GB_EP_COUNTS] = {"ep_counts", MEM_WORKSPACE, "2E int32", ep_R > 0 ? 2 * E : 0, F};
+    // --moe-experts (llmc/model/moe_gpu.cuh): the table in bf16 without an fp32 master copy (its AdamW
+    // rounds the bf16 values stochastically, as --master-weights 0), its gradient, m and v; per MoE
+    // block the routing and the rows its experts gather; --expert-parallel's exchange
+    // (llmc/parallel/expert_parallel.cuh). Sizes and padding: llmc/memory/moe_sizes.h
+    t[GB_MOE_PARAMS] = {"moe_params", MEM_PARAMS, moe.params_shape, moe.params, X};
+    t[GB_MOE_GRADS] = {"moe_grads", MEM_GRADS, moe.grads_shape, moe.grads, X};
+    t[GB_MOE_ADAM_M] = {"moe_adam_m", MEM_OPTIMIZER, moe.moments_shape, moe.moments, F};
+    t[GB_MOE_ADAM_V] = {"moe_adam_v", MEM_OPTIMIZER, moe.moments_shape, moe.moments, F};
+    t[GB_MOE_ROUTING] = {"moe_routing", MEM_ACTIVATIONS, "Lm x (N (3E + 5k + 1) + 3E + 3), fp32 and int32", moe.routing, F};
+    t[GB_MOE_ACTIVATIONS] = {"moe_activations", MEM_ACTIVATIONS, "Lm x k B T (2C + 2 x 4C) rows", moe.activations, X};
+    t[GB_MOE_SCRATCH] = {"moe_scratch", MEM_WORKSPACE, "k B T (2C + 4C) rows", moe.scratch, X};
+    t[GB_EP_ROWS] = {"ep_rows", MEM_WORKSPACE, "Lm x N_ep k B T (2C + 2 x 4C) rows", moe.ep_rows, X};
+    t[GB_EP_SCRATCH] = {"ep_scratch", MEM_WORKSPACE, "N_ep k B T (3C + 4C) rows", moe.ep_scratch, X};
+    t[GB_EP_COUNTS] = {"ep_counts", MEM_WORKSPACE, "2E int32", moe.ep_counts, F};
     t[GB_COMPRESSION_STATE] = {"compression_state", MEM_OPTIMIZER, "e, next e, Q, next Q fp32", s.compression_state, F};
     t[GB_COMPRESSION_WORK] = {"compression_work", MEM_WORKSPACE, "P + exact sums fp32", s.compression_work, F};
     // fp8: no fp8 copy of the weights or activations is kept; each matmul quantizes its operands into

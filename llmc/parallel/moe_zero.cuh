@@ -27,7 +27,7 @@
 // The norm: each rank counts the squares of its own shard of the summed table (every value once in
 // the world, zero.h's rule), at both stages, so ZeRO-0 and ZeRO-1 add the same partial sums.
 //
-// Shards: moe_table_shards (llmc/memory/gpu_buffers.h: shard_layout in 64-value granules, so that every
+// Shards: moe_table_shards (llmc/memory/moe_sizes.h: shard_layout in 64-value granules, so that every
 // shard is aligned for the kernels' 16-byte loads), the last rank's cut short by the padding; the
 // table's rows in the size table (moe_params, moe_grads) are padded to N shards so that the
 // collectives work in place. (The CPU's shards are ceil(n / N) values: the bytes differ by the padding.)
@@ -65,7 +65,7 @@ struct MoEZeroGpu {
 inline void moe_zero_gpu_init(MoEZeroGpu* z, int zero_stage, GpuComm* comm, size_t n) {
     z->comm = comm;
     z->stage = comm->host->world_size > 1 ? zero_stage : 0;
-    z->shards = moe_table_shards(n, comm->host->world_size);  // (the moe_* rows' padding: gpu_buffers.h)
+    z->shards = moe_table_shards(n, comm->host->world_size);  // (the moe_* rows' padding: moe_sizes.h)
     z->owned = owned_range(z->shards, comm->host->rank);
     CUDA_CHECK(cudaEventCreateWithFlags(&z->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&z->done, cudaEventDisableTiming));

@@ -576,6 +576,17 @@ static float* lm_head_grads(GPT2* model, const ParamTensors<float>& ends) {
 // Where the head of the micro-batch in `slot` keeps its rows (lnf, logits, losses): the slot, or
 // with interleaving the one set in slot 0 (cpu_buffer_slots: one head in flight at a time).
 static Activations& head_rows(GPT2* model, int slot) { return model->acts[model->slice.chunks > 1 ? 0 : (size_t)slot]; }
+// What one pass runs and where its activations are: on one rank, every layer with the embedding and
+// the head, in activation slot 0. Pipelines: the stage's layers, the micro-batch's slot; interleaved
+// 1F1B: model chunk `chunk` alone (pass_layers: its layers, and the embedding or the head where the
+// chunk has them), the slot holding that chunk's layers (slot layer i = local layer first + i).
+struct PassView {
+    PassLayers layers;
+    Activations *acts, *head;   // the layers' activations; the head's rows (head_rows)
+};
+static PassView pass_view(GPT2* model, int slot, int chunk) {
+    return {pass_layers(model->slice, chunk), &model->acts[(size_t)slot], &head_rows(model, slot)};
+}
 
 // --moe-experts: the weights of MoE block l (b-th of the MoE blocks) as llmc/model/moe.h takes them:
 // expert 0 is the block's MLP in the flat array (w: its unit's view), the router and the other experts
@@ -607,14 +618,14 @@ static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, 
 
 // The backward of MoE block l: the experts' and the router's gradients, d(ln2) returned (in dbuf_c).
 static const float* moe_block_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, int l,
-                                       const float* ln2, const float* dresidual, size_t BT, float loss_scale) {
+                                       const float* ln2, const float* dresidual, size_t BT, float dloss_mean) {
     TensorParallel* tp = &model->tp;
     int b = moe_block_index(model->moe, l), C = model->config.channels;
     float* dln2 = model->work.dbuf_c.data();
     const float* dout = tp_all_rows(tp, dresidual, model->work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
     // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
-    // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
-    float aux_scale = (float)((double)loss_scale * (double)BT);
+    // over its micro-batches and ranks, 1/(m dp) = dloss_mean * B*T (dloss_mean = 1/(B T m dp))
+    float aux_scale = (float)((double)dloss_mean * (double)BT);
     MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
     MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
     MoEActivations* ma = &model->moe_acts[(size_t)b];
@@ -626,6 +637,34 @@ static const float* moe_block_backward(GPT2* model, const ParamTensors<float>& w
         moe_backward_input(dln2, mg, ma, model->moe_shape, mw, ln2, aux_scale);
     }
     return tp_sum_rows(tp, dln2, model->work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
+}
+
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each block
+// matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
+// stage (B did the rest), in B's order. The inputs it reads where B read them, in
+// the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
+// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
+// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch
+// order, so every gradient collects the micro-batches' additions in the order the whole backward
+// adds them: the same bits.
+// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
+static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* stash) {
+    const ModelSlice& s = model->slice;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    size_t N = (size_t)B * T;
+    Activations& a = model->acts[(size_t)slot];
+    for (int l = L - 1; l >= 0; l--) {
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
+        LayerActs x = layer_acts(model, a, l);
+        LayerWeightStash k = deferred_weights(model, stash, l, N);
+        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, x.fch_gelu, (int)N, Cf, C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, x.ln2, (int)N, C, Cf);
+        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, x.atty, (int)N, Ca, C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, x.ln1, (int)N, C, 3 * Ca);
+        release_unit_weights(model, unit_of_layer(L, l));
+    }
 }
 
 // ==============================================================================================
@@ -654,23 +693,23 @@ static void mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerAc
     else dense_mlp_forward(model, w, x, BT);
 }
 static const float* mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x, int l,
-                                 const float* dresidual, const LayerWeightStash& k, size_t BT, float loss_scale) {
-    if (is_moe_block(model->moe, l)) return moe_block_backward(model, w, g, l, x.ln2, dresidual, BT, loss_scale);
+                                 const float* dresidual, const LayerWeightStash& k, size_t BT, float dloss_mean) {
+    if (is_moe_block(model->moe, l)) return moe_block_backward(model, w, g, l, x.ln2, dresidual, BT, dloss_mean);
     return dense_mlp_backward(model, w, g, x, dresidual, k, BT);
 }
 
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
 // `slot`, up to the logits (B, T, Vp). A pipeline stage without the embedding finds its input in
 // acts.encoded; one without the head leaves its output in the last layer's residual3.
-// Interleaved 1F1B: the pass of model chunk `chunk` alone (pass_layers: its layers, and the embedding
-// or the head where the chunk has them); the slot holds that chunk's layers, slot layer i = local
-// layer first + i. Every other schedule has one chunk: all of the slice's layers.
+// Interleaved 1F1B: the pass of model chunk `chunk` alone (pass_view). Every other schedule has one
+// chunk: all of the slice's layers.
 void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, int chunk = 0) {
     const ModelSlice& s = model->slice;
-    PassLayers layers = pass_layers(s, chunk);  // on one rank: the embedding, every layer, the head
+    PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
+    const PassLayers& layers = pass.layers;
+    Activations& a = *pass.acts, &h = *pass.head;
     int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = residual_rows(model, BT);
-    Activations& a = model->acts[(size_t)slot];
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
 
     if (layers.embeds) {
@@ -699,7 +738,6 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
 
     const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
-    Activations& h = head_rows(model, slot);
     layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
     linear_forward(model, LIN_LM_HEAD, h.logits.data(), h.lnf.data(), lm_head_weights(model, w), nullptr, BT, C, Vp);  // tied
     release_unit_weights(model, ends);
@@ -718,7 +756,7 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 }
 
 // Backward pass for the last forward of slot `slot` (which must have had targets). Gradients are
-// ADDED to model->grads, so micro-batches accumulate; `loss_scale` is d(optimised loss)/d(this
+// ADDED to model->grads, so micro-batches accumulate; `dloss_mean` is d(optimised loss)/d(this
 // micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
@@ -728,13 +766,14 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // the LayerNorms' and the embedding's are added here). Without one (every other schedule), the
 // whole backward.
 // Interleaved 1F1B: model chunk `chunk`'s backward, as gpt2_forward's.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss_mean, int slot = 0,
                    float* stash = nullptr, int chunk = 0) {
     const ModelSlice& s = model->slice;
-    PassLayers layers = pass_layers(s, chunk);
+    PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
+    const PassLayers& layers = pass.layers;
+    Activations& a = *pass.acts, &h = *pass.head;
     int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = residual_rows(model, BT);
-    Activations& a = model->acts[(size_t)slot];
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
     float* dresidual = a.dresidual.data();
@@ -742,8 +781,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     if (layers.head) {  // classifier and final LayerNorm
         const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
         ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
-        Activations& h = head_rows(model, slot);
-        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
+        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, dloss_mean,
                                       s.vocab_begin);
         // (never deferred: ZB-H1's W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
         const float* dlnf = linear_backward(model, LIN_LM_HEAD, work.dbuf_c.data(), lm_head_grads(model, g), nullptr, h.logits.data(),
@@ -761,7 +799,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         LayerWeightStash k = deferred_weights(model, stash, l, BT);  // ZB-H1's W: where each matmul's dout waits
         // MLP: residual3 = residual2 + mlp(ln2(residual2))
         refill_for_backward(model, a, x, w, l, MLP_HALF, B, T);  // recompute, stash precision: ln2, fch, fch_gelu again
-        const float* dln2 = mlp_backward(model, w, g, x, l, dresidual, k, BT, loss_scale);  // dense GELU MLP; MoE; expert parallel
+        const float* dln2 = mlp_backward(model, w, g, x, l, dresidual, k, BT, dloss_mean);  // dense GELU MLP; MoE; expert parallel
         layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, x.residual2, w[LN2W], x.ln2_mean, x.ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T);  // recompute, stash precision: ln1, qkv, att, atty
@@ -781,33 +819,9 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     unit_grads_done(model, ends);
 }
 
-// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each block
-// matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
-// stage (B did the rest), in B's order. The inputs it reads where B read them, in
-// the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
-// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
-// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch
-// order, so every gradient collects the micro-batches' additions in the order the whole backward
-// adds them: the same bits.
-// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
-void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) {
-    const ModelSlice& s = model->slice;
-    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
-    size_t N = (size_t)B * T;
-    Activations& a = model->acts[(size_t)slot];
-    for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
-        LayerActs x = layer_acts(model, a, l);
-        LayerWeightStash k = deferred_weights(model, stash, l, N);
-        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
-        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, x.fch_gelu, (int)N, Cf, C);
-        matmul_backward_weight(g[FCW], g[FCB], k.fc, x.ln2, (int)N, C, Cf);
-        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
-        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, x.atty, (int)N, Ca, C);
-        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, x.ln1, (int)N, C, 3 * Ca);
-        release_unit_weights(model, unit_of_layer(L, l));
-    }
-}
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept its output gradients in
+// `stash`: zero_bubble_weight_pass, above the passes.
+void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) { zero_bubble_weight_pass(model, B, T, slot, stash); }
 
 // ZB-H1 (llmc/model/zero_bubble_backward.h): a forward is taking slot `slot` while the micro-batch
 // that had it still waits for its W. The rows W reads move to a parked slot whose W has run, by
@@ -1226,19 +1240,25 @@ static void share_updated_weights(GPT2* model, Parallel* par) {
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
 }
 
+// sum_gradient_groups: what ranks of one replica each hold a part of first, then each gradient group's
+// data-parallel sum (on one rank: nothing to do).
+static void sum_gradient_groups(GPT2* model, Parallel* par) {
+    ProfileScope prof("communication (gradient sums)", 0);  // --profile: the step's communication, on one rank none
+    share_replicated_gradients(model, par);
+    for (int group = 0; group < GRADIENT_GROUPS; group++) sum_gradient_group(model, par, group);
+}
+
+// A number summed over every rank of the run (on one rank: itself).
+static double all_ranks_sum(Parallel* par, double x, const char* what) { return comm_sum(&par->comms.world, x, what); }
+
 // The gradient of the step, summed over everything that shares it; returns the global norm.
 static float finish_gradients(GPT2* model, Parallel* par) {
     TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h)
-    {
-        ProfileScope prof("communication (gradient sums)", 0);  // --profile: the step's communication, on one rank none
-        share_replicated_gradients(model, par);  // pipelines' tied wte; sequence parallelism's LayerNorms
-        for (int group = 0; group < GRADIENT_GROUPS; group++)
-            sum_gradient_group(model, par, group);  // ZeRO, grad compression, parameter server; the MoE table
-    }
+    sum_gradient_groups(model, par);  // pipelines' tied wte, sequence parallelism's LayerNorms; ZeRO, grad compression, parameter server, the MoE table
     double squares = 0.0;
     for (int group = 0; group < GRADIENT_GROUPS; group++)
         add_gradient_squares(model, par, group, &squares);  // each value once: ZeRO shards, the server's sum, the MoE table's
-    return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
+    return (float)std::sqrt(all_ranks_sum(par, squares, "sum of the gradient norms"));
 }
 
 // Clipping and the optimizer over the parameters this rank updates, then every rank gets the
@@ -1831,6 +1851,15 @@ static int generate_main(const TrainOptions& o) {
 // ==============================================================================================
 // The training loop
 
+// The mean loss over every token of the step: the last stage's, one tensor rank of each data-parallel
+// replica (every replica saw as many tokens, so it is the mean of their means).
+static double mean_step_loss(GPT2* model, Parallel* par, double loss) {
+    bool reports = model->slice.last_stage && par->grid.tp_rank == 0;
+    return all_ranks_sum(par, reports ? loss : 0.0, "sum of the losses") / par->grid.dp;
+}
+// Whether this rank prints the run's reports: rank 0.
+static bool prints_reports(const Parallel* par) { return par->grid.rank == 0; }
+
 // The step's gradient starts from zero.
 static void zero_gradients(GPT2* model) {
     for (std::vector<float>* g : gradient_buffers(model)) std::fill(g->begin(), g->end(), 0.0f);  // ZeRO's, pipelines', MoE's too
@@ -1841,20 +1870,16 @@ static void zero_gradients(GPT2* model) {
 // finds the step bad.
 static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                              int step, BadSteps* bad_steps) {
-    const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
     step_begin(model);  // MoE statistics
     double loss = forward_backward(model, par, train, plan, step);
     step_end(model, par, plan, step);  // 2BW weight versions, MoE statistics, the tests' injected inf
-    // the mean loss over every token of the step: the last stage's, one tensor rank of each
-    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
-    bool reports = model->slice.last_stage && grid.tp_rank == 0;
-    r.loss = comm_sum(&par->comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    r.loss = mean_step_loss(model, par, loss);  // data parallel: the mean of the replicas' means
     r.norm = finish_gradients(model, par);
     dump_first_step(model, par, (size_t)plan.B * plan.T);  // --dump-state (llmc/probes/state_dump.h)
-    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, prints_reports(par));
     if (r.applied) optimizer_step(model, par, o, step, r.lr, r.norm);
     return r;
 }

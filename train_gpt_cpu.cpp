@@ -766,8 +766,8 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // the LayerNorms' and the embedding's are added here). Without one (every other schedule), the
 // whole backward.
 // Interleaved 1F1B: model chunk `chunk`'s backward, as gpt2_forward's.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss_mean, int slot = 0,
-                   float* stash = nullptr, int chunk = 0) {
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss_mean,
+                   int slot = 0, float* stash = nullptr, int chunk = 0) {
     const ModelSlice& s = model->slice;
     PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
     const PassLayers& layers = pass.layers;

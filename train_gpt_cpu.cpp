@@ -87,13 +87,14 @@ using namespace cpu;  // the layers (llmc/model/cpu_layers.h), named cpu:: for t
 //     C   channels of the residual stream  Cf  MLP hidden units (4C / tp)
 //     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
-// which on one rank are simply the model's own. Three pairs of one-line hooks mark where ranks talk;
-// each does nothing on one rank:
-//     tp_all_rows / tp_sum_rows            tensor and sequence parallelism (llmc/parallel/tensor_parallel.h)
-//     unit_weights / release_unit_weights  ZeRO-3: all-gather a layer's weights, free them (llmc/parallel/zero.h)
-//     unit_grads / unit_grads_done         ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done
-// and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or the head that is not theirs:
-// their input arrives in acts.encoded, their output gradient in acts.dresidual.
+// which on one rank are simply the model's own. Where ranks talk is inside the passes' hooks ("The
+// hooks" below), each doing nothing on one rank: linear_forward / linear_backward and the embedding's
+// and the loss's hooks for tensor and sequence parallelism (llmc/parallel/tensor_parallel.h),
+// unit_weights / release_unit_weights (ZeRO-3: all-gather a layer's weights, free them) and
+// unit_grads / unit_grads_done (ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done;
+// llmc/parallel/zero.h); and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or
+// the head that is not theirs (pass_view): their input arrives in acts.encoded, their output gradient
+// in acts.dresidual.
 
 // Every activation the backward pass needs, for B x T tokens. Per-layer tensors are stacked over
 // layers so the backward pass can find layer l's inputs. A pipeline stage keeps one of these per
@@ -311,10 +312,10 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 
 // ==============================================================================================
 // The hooks: where every other technique attaches to the passes. Each is one call in gpt2_forward,
-// gpt2_backward or gpt2_backward_weights below, with a one-line comment naming who fills it; on one
+// gpt2_backward or ZB-H1's W (zero_bubble_weight_pass) below, with a one-line comment naming who fills it; on one
 // rank with no technique flag each does the plain thing (a pointer into the stacked activations, a
-// matmul, the dense MLP, a view of the flat arrays) and nothing else. The list, with the step's
-// hooks further down: /work/notes/hooks_cpu.md's table, and each hook's comment here.
+// matmul, the dense MLP, a view of the flat arrays) and nothing else. The step's hooks are further
+// down ("The hooks of the step"); each hook's own comment says what fills it:
 //   layer_acts, keep_for_backward, refill_for_backward   what a layer keeps for its backward:
 //        --recompute (llmc/model/recompute.h), --stash-precision bf16 (llmc/memory/stash_precision.h)
 //   linear_forward, linear_backward   a matmul: tensor and sequence parallelism's gathers and sums around
@@ -323,6 +324,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 //   mlp_forward, mlp_backward   the dense GELU MLP, or --moe-experts (llmc/model/moe.h) with
 //        --expert-parallel (llmc/parallel/expert_parallel.h)
 //   unit_weights, release_unit_weights, unit_grads, unit_grads_done   ZeRO-2/3 (llmc/parallel/zero.h)
+//   pass_view   which layers a pass runs, in which activation slot: pipelines (llmc/parallel/pipeline_parallel.h)
 
 // One block's slice of a stacked per-layer tensor.
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
@@ -713,16 +715,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
 
     if (layers.embeds) {
-        ParamTensors<float> w = unit_weights(model, ends);
-        embedding_forward(model, a.encoded.data(), inputs, w, B, T);
+        ParamTensors<float> w = unit_weights(model, ends);  // ZeRO-3: all-gathered now, freed below
+        embedding_forward(model, a.encoded.data(), inputs, w, B, T);  // tensor parallel: vocabulary rows, summed
         release_unit_weights(model, ends);
     }
     for (int l = 0; l < layers.count; l++) {  // l: the slot's layer; layers.first + l: the slice's
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, layers.first + l));
-        LayerActs x = layer_acts(model, a, l);
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3
+        LayerActs x = layer_acts(model, a, l);  // recompute, stash precision: some in one layer's scratch
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.residual, w[LN1W], w[LN1B], (int)R, C);
-        linear_forward(model, LIN_QKV, x.qkv, x.ln1, w[QKVW], w[QKVB], BT, C, 3 * Ca);
+        linear_forward(model, LIN_QKV, x.qkv, x.ln1, w[QKVW], w[QKVB], BT, C, 3 * Ca);  // tensor, sequence parallel
         attention_forward(x.atty, x.att, x.qkv, B, T, Ca, NH);
         linear_forward(model, LIN_ATTPROJ, x.residual2, x.atty, w[ATTPROJW], w[ATTPROJB], BT, Ca, C);
         residual_forward(x.residual2, x.residual2, x.residual, R * C);
@@ -732,7 +734,7 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
         mlp_forward(model, w, x, l, BT);  // dense GELU MLP; MoE; expert parallel
         keep_for_backward(model, a, x, l, MLP_HALF, B, T);  // stash precision: of ln2, fch, fch_gelu
         residual_forward(x.residual3, x.residual3, x.residual2, R * C);
-        release_unit_weights(model, unit_of_layer(L, layers.first + l));
+        release_unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3: freed
     }
     if (!layers.head) return;  // the last layer's residual3 goes to the next stage
 
@@ -794,7 +796,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     // blocks, top to bottom; dresidual carries d(loss)/d(block output) down the residual stream
     for (int l = layers.count - 1; l >= 0; l--) {  // l: the slot's layer; layers.first + l: the slice's
         int unit = unit_of_layer(L, layers.first + l);
-        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);
+        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);  // ZeRO-3 weights, ZeRO-2/3 bucket
         LayerActs x = layer_acts(model, a, l);
         LayerWeightStash k = deferred_weights(model, stash, l, BT);  // ZB-H1's W: where each matmul's dout waits
         // MLP: residual3 = residual2 + mlp(ln2(residual2))
@@ -804,18 +806,18 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T);  // recompute, stash precision: ln1, qkv, att, atty
         const float* datty = linear_backward(model, LIN_ATTPROJ, work.dbuf_c.data(), g[ATTPROJW], g[ATTPROJB], dresidual, x.atty,
-                                             w[ATTPROJW], BT, Ca, C, k.attproj);
+                                             w[ATTPROJW], BT, Ca, C, k.attproj);  // tensor parallel; ZB-H1 defers dW
         attention_backward(work.dbuf_3c.data(), datty, x.qkv, x.att, B, T, Ca, NH);
         const float* dln1 = linear_backward(model, LIN_QKV, work.dbuf_c.data(), g[QKVW], g[QKVB], work.dbuf_3c.data(), x.ln1, w[QKVW],
                                             BT, C, 3 * Ca, k.qkv);
         layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, x.residual, w[LN1W], x.ln1_mean, x.ln1_rstd, (int)R, C);
-        unit_grads_done(model, unit);
+        unit_grads_done(model, unit);  // ZeRO-2/3: reduce-scatter the layer's bucket
         release_unit_weights(model, unit);
     }
     if (!layers.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<float> g = unit_grads(model, ends);
-    embedding_backward(model, g, dresidual, inputs, B, T);
+    embedding_backward(model, g, dresidual, inputs, B, T);  // sequence parallel: every rank's rows
     unit_grads_done(model, ends);
 }
 
@@ -1254,7 +1256,7 @@ static double all_ranks_sum(Parallel* par, double x, const char* what) { return 
 // The gradient of the step, summed over everything that shares it; returns the global norm.
 static float finish_gradients(GPT2* model, Parallel* par) {
     TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h)
-    sum_gradient_groups(model, par);  // pipelines' tied wte, sequence parallelism's LayerNorms; ZeRO, grad compression, parameter server, the MoE table
+    sum_gradient_groups(model, par);  // tied wte, SP LayerNorms; ZeRO, grad compression, parameter server, MoE table
     double squares = 0.0;
     for (int group = 0; group < GRADIENT_GROUPS; group++)
         add_gradient_squares(model, par, group, &squares);  // each value once: ZeRO shards, the server's sum, the MoE table's

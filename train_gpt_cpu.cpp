@@ -590,37 +590,18 @@ static PassView pass_view(GPT2* model, int slot, int chunk) {
     return {pass_layers(model->slice, chunk), &model->acts[(size_t)slot], &head_rows(model, slot)};
 }
 
-// --moe-experts: the weights of MoE block l (b-th of the MoE blocks) as llmc/model/moe.h takes them:
-// expert 0 is the block's MLP in the flat array (w: its unit's view), the router and the other experts
-// are in the MoE table. The same for their gradients (g, the MoE table's gradient).
-template <typename T>
-static MoEWeights<T> moe_block_weights(const ParamTensors<float>& w, float* table, const MoELayout& layout, int b) {
-    return {moe_tensor(table, layout, MOE_ROUTER, b), w[FCW], w[FCB], w[FCPROJW], w[FCPROJB],
-            moe_tensor(table, layout, MOE_FCW, b), moe_tensor(table, layout, MOE_FCB, b),
-            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b),
-            layout.first_expert};  // (--expert-parallel: the table holds this rank's experts only)
-}
-
-// The MLP of MoE block l: y (BT, C) = the experts' mixture of ln2, its statistics into the step's.
-static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, const float* ln2, float* y, int BT) {
+// The MLP of MoE block l (--moe-experts): y (BT, C) = the experts' mixture of ln2, its statistics
+// into the step's; --expert-parallel runs the experts on their owners (llmc/model/moe_step.h).
+static ExpertParallelBlock* ep_block(GPT2* model, int b) { return model->ep ? &model->ep_blocks[(size_t)b] : nullptr; }
+static void moe_mlp_forward(GPT2* model, const ParamTensors<float>& w, int l, const float* ln2, float* y, int BT) {
     int b = moe_block_index(model->moe, l);
-    MoEActivations* a = &model->moe_acts[(size_t)b];
-    a->N = BT;  // sized for max_B x max_T; an evaluation or a sample may route fewer tokens
     MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
-    MoEStats st;
-    if (!model->ep) {
-        st = moe_forward(y, a, model->moe_shape, mw, ln2);
-    } else {  // --expert-parallel: route here, the experts on their owners, combine here
-        moe_forward_route(a, model->moe_shape, mw, ln2);
-        ep_experts_forward(&model->ep_blocks[(size_t)b], model->ep, a, model->moe_shape, mw);
-        st = moe_forward_combine(y, a, model->moe_shape);
-    }
-    moe_stats_add(&model->moe_stats, st.aux_loss, st.z_loss, st.dropped, st.min_load, st.max_load);
+    moe_block_forward(y, &model->moe_acts[(size_t)b], model->moe_shape, mw, ln2, BT, model->ep, ep_block(model, b), &model->moe_stats);
 }
 
-// The backward of MoE block l: the experts' and the router's gradients, d(ln2) returned (in dbuf_c).
-static const float* moe_block_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, int l,
-                                       const float* ln2, const float* dresidual, size_t BT, float dloss_mean) {
+// Its backward: the experts' and the router's gradients, d(ln2) returned (in dbuf_c).
+static const float* moe_mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, int l,
+                                     const float* ln2, const float* dresidual, size_t BT, float dloss_mean) {
     TensorParallel* tp = &model->tp;
     int b = moe_block_index(model->moe, l), C = model->config.channels;
     float* dln2 = model->work.dbuf_c.data();
@@ -630,14 +611,7 @@ static const float* moe_block_backward(GPT2* model, const ParamTensors<float>& w
     float aux_scale = (float)((double)dloss_mean * (double)BT);
     MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
     MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
-    MoEActivations* ma = &model->moe_acts[(size_t)b];
-    if (!model->ep) {
-        moe_backward(dln2, mg, ma, model->moe_shape, mw, ln2, dout, aux_scale);
-    } else {  // --expert-parallel: the transpose of the forward's exchange
-        moe_backward_rows(ma, model->moe_shape, dout);
-        ep_experts_backward(&model->ep_blocks[(size_t)b], model->ep, ma, mg, mw);
-        moe_backward_input(dln2, mg, ma, model->moe_shape, mw, ln2, aux_scale);
-    }
+    moe_block_backward(dln2, mg, &model->moe_acts[(size_t)b], model->moe_shape, mw, ln2, dout, aux_scale, model->ep, ep_block(model, b));
     return tp_sum_rows(tp, dln2, model->work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
 }
 
@@ -691,12 +665,12 @@ static const float* dense_mlp_backward(GPT2* model, const ParamTensors<float>& w
 // mlp_forward / mlp_backward: block l's MLP, the dense one or (--moe-experts, its --moe-every blocks)
 // the MoE layer with its router, whose experts --expert-parallel runs on their owners.
 static void mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerActs& x, int l, size_t BT) {
-    if (is_moe_block(model->moe, l)) moe_block_forward(model, w, l, x.ln2, x.residual3, (int)BT);
+    if (is_moe_block(model->moe, l)) moe_mlp_forward(model, w, l, x.ln2, x.residual3, (int)BT);
     else dense_mlp_forward(model, w, x, BT);
 }
 static const float* mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x, int l,
                                  const float* dresidual, const LayerWeightStash& k, size_t BT, float dloss_mean) {
-    if (is_moe_block(model->moe, l)) return moe_block_backward(model, w, g, l, x.ln2, dresidual, BT, dloss_mean);
+    if (is_moe_block(model->moe, l)) return moe_mlp_backward(model, w, g, l, x.ln2, dresidual, BT, dloss_mean);
     return dense_mlp_backward(model, w, g, x, dresidual, k, BT);
 }
 

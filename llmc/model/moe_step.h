@@ -1,6 +1,7 @@
-// moe_step.h — the MoE table in the CPU trainer's step (--moe-experts, docs/moe.md): its gradient
-// group (the sum over the ranks that share each part of it, and its share of the gradient norm) and
-// its AdamW, the two places train_gpt_cpu.cpp's step hooks call for it.
+// moe_step.h — MoE in the CPU trainer's passes and step (--moe-experts, docs/moe.md): an MoE block's
+// forward and backward as train_gpt_cpu.cpp's mlp_forward / mlp_backward hooks run them (with
+// --expert-parallel's exchange), the MoE table's gradient group (the sum over the ranks that share
+// each part of it, and its share of the gradient norm) and its AdamW.
 //
 // What it teaches. The MoE table (llmc/model/model.h: the routers and experts 1 .. E-1; expert 0 of
 // a block is its MLP in the flat array) is a parameter group of its own: each rank routed its own
@@ -23,8 +24,52 @@
 #include "llmc/optim/adamw.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/parallel/expert_parallel.h"
+#include "llmc/run/moe_run.h"  // MoEStepStats
 
 namespace cpu {
+
+// The weights of MoE block b as llmc/model/moe.h takes them: expert 0 is the block's MLP in the flat
+// array (w: its unit's view), the router and the other experts are in the MoE table. The same for
+// their gradients (g, the MoE table's gradient).
+template <typename T>
+inline MoEWeights<T> moe_block_weights(const ParamTensors<float>& w, float* table, const MoELayout& layout, int b) {
+    return {moe_tensor(table, layout, MOE_ROUTER, b), w[FCW], w[FCB], w[FCPROJW], w[FCPROJB],
+            moe_tensor(table, layout, MOE_FCW, b), moe_tensor(table, layout, MOE_FCB, b),
+            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b),
+            layout.first_expert};  // (--expert-parallel: the table holds this rank's experts only)
+}
+
+// An MoE block's forward in the MLP's place: y (N, C) = the experts' mixture of x, its statistics
+// added to the step's. `ep` null: every rank runs every expert; else (--expert-parallel) route here,
+// the experts on their owners (b: the block's exchange state), combine here.
+inline void moe_block_forward(float* y, MoEActivations* a, const MoEShape& shape, const MoEWeights<const float>& mw,
+                              const float* x, int N, Comm* ep, ExpertParallelBlock* b, MoEStepStats* stats) {
+    a->N = N;  // sized for max_B x max_T; an evaluation or a sample may route fewer tokens
+    MoEStats st;
+    if (!ep) {
+        st = moe_forward(y, a, shape, mw, x);
+    } else {
+        moe_forward_route(a, shape, mw, x);
+        ep_experts_forward(b, ep, a, shape, mw);
+        st = moe_forward_combine(y, a, shape);
+    }
+    moe_stats_add(stats, st.aux_loss, st.z_loss, st.dropped, st.min_load, st.max_load);
+}
+
+// Its backward: the experts' and the router's gradients added, d(x) into dx. aux_scale:
+// d(optimised loss)/d(this micro-batch's L_aux + L_z). --expert-parallel: the transpose of the
+// forward's exchange.
+inline void moe_block_backward(float* dx, const MoEWeights<float>& mg, MoEActivations* a, const MoEShape& shape,
+                               const MoEWeights<const float>& mw, const float* x, const float* dout, float aux_scale, Comm* ep,
+                               ExpertParallelBlock* b) {
+    if (!ep) {
+        moe_backward(dx, mg, a, shape, mw, x, dout, aux_scale);
+        return;
+    }
+    moe_backward_rows(a, shape, dout);
+    ep_experts_backward(b, ep, a, mg, mw);
+    moe_backward_input(dx, mg, a, shape, mw, x, aux_scale);
+}
 
 // The table's gradient summed over what shares it: in bf16 (--grad-compression bf16), each rank its
 // shard of the sum (--zero 1|2: the update shares the weights after), the routers over every rank

@@ -18,6 +18,7 @@
 // reduction across rows runs in a fixed order too, so a run is bit-identical for a given thread
 // count (and matmuls, the bulk of the work, are identical for any thread count).
 #include <omp.h>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -312,16 +313,16 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 
 // ==============================================================================================
 // The hooks: where every other technique attaches to the passes. Each is one call in gpt2_forward,
-// gpt2_backward or ZB-H1's W (zero_bubble_weight_pass) below, with a one-line comment naming who fills it; on one
-// rank with no technique flag each does the plain thing (a pointer into the stacked activations, a
-// matmul, the dense MLP, a view of the flat arrays) and nothing else. The step's hooks are further
+// gpt2_backward or ZB-H1's W (zero_bubble_weight_pass) below, with a one-line comment naming who
+// fills it; on one rank with no technique flag each does the plain thing (a pointer into the stacked
+// activations, a matmul, the dense MLP, a view of the flat arrays) and nothing else. The step's hooks are further
 // down ("The hooks of the step"); each hook's own comment says what fills it:
 //   layer_acts, keep_for_backward, refill_for_backward   what a layer keeps for its backward:
 //        --recompute (llmc/model/recompute.h), --stash-precision bf16 (llmc/memory/stash_precision.h)
 //   linear_forward, linear_backward   a matmul: tensor and sequence parallelism's gathers and sums around
 //        it (llmc/parallel/tensor_parallel.h), ZB-H1's deferred weight gradient (llmc/model/zero_bubble_backward.h)
 //   embedding_forward, embedding_backward, loss_forward   tensor parallelism's vocabulary rows
-//   mlp_forward, mlp_backward   the dense GELU MLP, or --moe-experts (llmc/model/moe.h) with
+//   mlp_forward, mlp_backward   the dense GELU MLP, or --moe-experts (llmc/model/moe.h, moe_step.h) with
 //        --expert-parallel (llmc/parallel/expert_parallel.h)
 //   unit_weights, release_unit_weights, unit_grads, unit_grads_done   ZeRO-2/3 (llmc/parallel/zero.h)
 //   pass_view   which layers a pass runs, in which activation slot: pipelines (llmc/parallel/pipeline_parallel.h)
@@ -1120,13 +1121,11 @@ static void step_end(GPT2* model, Parallel* par, const RunPlan& plan, int step) 
     inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
 }
 
-// The gradient arrays a step starts from zero: the flat array (ZeRO-2/3 add into buckets and keep their
-// shard instead), the shard, the last pipeline stage's gradient of its copy of wte, the MoE table's.
-static std::vector<std::vector<float>*> gradient_buffers(GPT2* model) {
-    std::vector<std::vector<float>*> out;
-    if (model->zero.stage <= 1) out.push_back(&model->grads);
-    for (std::vector<float>* g : {&model->zero.grad_shard, &model->lent_wte_grad, &model->moe_grads}) out.push_back(g);
-    return out;
+// The gradient arrays a step starts from zero: the flat array (null with ZeRO-2/3, which add into
+// buckets and keep their shard instead), the shard, the last pipeline stage's gradient of its copy
+// of wte, the MoE table's.
+static std::array<std::vector<float>*, 4> gradient_buffers(GPT2* model) {
+    return {model->zero.stage <= 1 ? &model->grads : nullptr, &model->zero.grad_shard, &model->lent_wte_grad, &model->moe_grads};
 }
 
 // share_replicated_gradients: the tied embedding (the last stage's LM-head gradient joins the first
@@ -1838,7 +1837,8 @@ static bool prints_reports(const Parallel* par) { return par->grid.rank == 0; }
 
 // The step's gradient starts from zero.
 static void zero_gradients(GPT2* model) {
-    for (std::vector<float>* g : gradient_buffers(model)) std::fill(g->begin(), g->end(), 0.0f);  // ZeRO's, pipelines', MoE's too
+    for (std::vector<float>* g : gradient_buffers(model))  // ZeRO's, pipelines', MoE's too
+        if (g) std::fill(g->begin(), g->end(), 0.0f);
 }
 
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt.cu's) on every rank:

@@ -3,9 +3,13 @@
 // Read it top to bottom after its layers (llmc/model/cpu_layers.h: each forward and backward pass written
 // out by hand, no autograd): the model that strings them together, the optimizer step, and the
 // training loop. Everything the GPU trainer shares with this one (shapes, files, flags, data,
-// schedule, sampling, the process grid of data, tensor and pipeline parallelism) lives in llmc/;
-// what is here is the model and its step. Under mpirun each rank runs it on its slice of the
-// model, the few places where ranks talk marked by one-line hooks (see "The model" below).
+// schedule, sampling, the process grid of data, tensor and pipeline parallelism) lives in llmc/.
+// What is here: the model's state, the hooks where every other technique attaches to the passes
+// and to the step (each a short function calling the technique's own file), the plain passes and
+// step (gpt2_forward, gpt2_backward, finish_gradients, gpt2_update, train_step: llm.c's shape, one
+// hook call with a one-line comment wherever a technique enters), and the run around them: the
+// pipeline schedule's interpreter, evaluation, samples, checkpoints and main. Under mpirun each rank
+// runs it on its slice of the model, the places where ranks talk inside those hooks.
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).
 // Activations are row-major (B, T, X); weights are (out, in) as in nn.Linear, y = x W^T + b.
@@ -14,6 +18,7 @@
 // reduction across rows runs in a fixed order too, so a run is bit-identical for a given thread
 // count (and matmuls, the bulk of the work, are identical for any thread count).
 #include <omp.h>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -48,6 +53,7 @@
 #include "llmc/run/metrics.h"
 #include "llmc/model/model.h"
 #include "llmc/model/moe.h"
+#include "llmc/model/moe_step.h"  // the MoE table's gradient group and AdamW
 #include "llmc/run/moe_run.h"  // the flags' MoEShape, MoEStepStats, the step line's and metrics' MoE numbers
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
@@ -82,13 +88,14 @@ using namespace cpu;  // the layers (llmc/model/cpu_layers.h), named cpu:: for t
 //     C   channels of the residual stream  Cf  MLP hidden units (4C / tp)
 //     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
-// which on one rank are simply the model's own. Three pairs of one-line hooks mark where ranks talk;
-// each does nothing on one rank:
-//     tp_all_rows / tp_sum_rows            tensor and sequence parallelism (llmc/parallel/tensor_parallel.h)
-//     unit_weights / release_unit_weights  ZeRO-3: all-gather a layer's weights, free them (llmc/parallel/zero.h)
-//     unit_grads / unit_grads_done         ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done
-// and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or the head that is not theirs:
-// their input arrives in acts.encoded, their output gradient in acts.dresidual.
+// which on one rank are simply the model's own. Where ranks talk is inside the passes' hooks ("The
+// hooks" below), each doing nothing on one rank: linear_forward / linear_backward and the embedding's
+// and the loss's hooks for tensor and sequence parallelism (llmc/parallel/tensor_parallel.h),
+// unit_weights / release_unit_weights (ZeRO-3: all-gather a layer's weights, free them) and
+// unit_grads / unit_grads_done (ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done;
+// llmc/parallel/zero.h); and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or
+// the head that is not theirs (pass_view): their input arrives in acts.encoded, their output gradient
+// in acts.dresidual.
 
 // Every activation the backward pass needs, for B x T tokens. Per-layer tensors are stacked over
 // layers so the backward pass can find layer l's inputs. A pipeline stage keeps one of these per
@@ -304,6 +311,22 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
     }
 }
 
+// ==============================================================================================
+// The hooks: where every other technique attaches to the passes. Each is one call in gpt2_forward,
+// gpt2_backward or ZB-H1's W (zero_bubble_weight_pass) below, with a one-line comment naming who
+// fills it; on one rank with no technique flag each does the plain thing (a pointer into the stacked
+// activations, a matmul, the dense MLP, a view of the flat arrays) and nothing else. The step's hooks are further
+// down ("The hooks of the step"); each hook's own comment says what fills it:
+//   layer_acts, keep_for_backward, refill_for_backward   what a layer keeps for its backward:
+//        --recompute (llmc/model/recompute.h), --stash-precision bf16 (llmc/memory/stash_precision.h)
+//   linear_forward, linear_backward   a matmul: tensor and sequence parallelism's gathers and sums around
+//        it (llmc/parallel/tensor_parallel.h), ZB-H1's deferred weight gradient (llmc/model/zero_bubble_backward.h)
+//   embedding_forward, embedding_backward, loss_forward   tensor parallelism's vocabulary rows
+//   mlp_forward, mlp_backward   the dense GELU MLP, or --moe-experts (llmc/model/moe.h, moe_step.h) with
+//        --expert-parallel (llmc/parallel/expert_parallel.h)
+//   unit_weights, release_unit_weights, unit_grads, unit_grads_done   ZeRO-2/3 (llmc/parallel/zero.h)
+//   pass_view   which layers a pass runs, in which activation slot: pipelines (llmc/parallel/pipeline_parallel.h)
+
 // One block's slice of a stacked per-layer tensor.
 static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer) { return v.data() + (size_t)l * per_layer; }
 
@@ -313,14 +336,210 @@ static inline float* layer_slice(std::vector<float>& v, int l, size_t per_layer)
 static float* layer_or_scratch(std::vector<float>& stacked, std::vector<float>& scratch, int l, size_t per_layer) {
     return stacked.empty() ? scratch.data() : layer_slice(stacked, l, per_layer);
 }
-// --stash-precision bf16 (llmc/memory/stash_precision.h): the forward has read the n fp32 values x for the
-// last time; layer l's slice of the bf16 stack keeps them, rounded, for the backward. And the backward
-// widens them again before its first read. Both do nothing at fp32, where the bf16 stack is empty.
-static void stash(std::vector<uint16_t>& stack, int l, size_t per_layer, const float* x, size_t n) {
+
+// The rows of the residual stream this rank holds: all B*T, or with sequence parallelism its 1/tp.
+static size_t residual_rows(const GPT2* model, size_t BT) { return tp_local_rows(model->tp, BT); }
+
+// Layer l's activations in one activation slot, as the passes address them. The stacks are laid out
+// for the allocated (max_B, max_T), so a smaller forward still finds every layer where the backward
+// expects it. What is not kept per layer in fp32 points into one layer of scratch (layer_or_scratch).
+struct LayerActs {
+    const float* residual;                                  // (R,C) the block's input
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;    // (R,C), (R), (R), (B,T,3Ca), (B,NH,T,T), (B,T,Ca)
+    float* residual2;                                       // (R,C)
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;      // (R,C), (R), (R), (B,T,Cf), (B,T,Cf)
+    float* residual3;                                       // (R,C) the block's output
+};
+// The strides of the stacks: one layer of each, in elements.
+struct LayerStrides { size_t rows, tokens, att; };
+static LayerStrides layer_strides(const GPT2* model) {
+    size_t BTmax = (size_t)model->max_B * model->max_T;
+    return {residual_rows(model, BTmax), BTmax, (size_t)model->max_B * model->slice.heads * model->max_T * model->max_T};
+}
+static LayerActs layer_acts(GPT2* model, Activations& a, int l) {
+    const ModelSlice& s = model->slice;
+    size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
+    LayerStrides n = layer_strides(model);
+    Workspace& work = model->work;
+    LayerActs x;
+    x.residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, n.rows * C);
+    x.ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, n.rows * C);
+    x.ln1_mean = layer_slice(a.ln1_mean, l, n.rows);
+    x.ln1_rstd = layer_slice(a.ln1_rstd, l, n.rows);
+    x.qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, n.tokens * 3 * Ca);
+    x.att = layer_or_scratch(a.att, work.stash_att, l, n.att);
+    x.atty = layer_or_scratch(a.atty, work.stash_atty, l, n.tokens * Ca);
+    x.residual2 = layer_slice(a.residual2, l, n.rows * C);
+    x.ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, n.rows * C);  // (the same scratch: ln1 is dead by then)
+    x.ln2_mean = layer_slice(a.ln2_mean, l, n.rows);
+    x.ln2_rstd = layer_slice(a.ln2_rstd, l, n.rows);
+    x.fch = layer_or_scratch(a.fch, work.stash_fch, l, n.tokens * Cf);
+    x.fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, n.tokens * Cf);
+    x.residual3 = layer_slice(a.residual3, l, n.rows * C);
+    return x;
+}
+
+// A layer's two halves, for keep_for_backward and refill_for_backward.
+enum LayerHalf { ATTENTION_HALF, MLP_HALF };
+
+// --stash-precision bf16: layer l's slice of a bf16 stack keeps n values of x, rounded; and widens
+// them again. Both do nothing at fp32, where the bf16 stack is empty.
+static void stash_keep(std::vector<uint16_t>& stack, int l, size_t per_layer, const float* x, size_t n) {
     if (!stack.empty()) stash_round(stack.data() + (size_t)l * per_layer, x, n);
 }
-static void unstash(float* x, const std::vector<uint16_t>& stack, int l, size_t per_layer, size_t n) {
+static void stash_refill(float* x, const std::vector<uint16_t>& stack, int l, size_t per_layer, size_t n) {
     if (!stack.empty()) stash_widen(x, stack.data() + (size_t)l * per_layer, n);
+}
+
+// keep_for_backward: the forward has read the half's activations for the last time. --stash-precision
+// bf16 keeps its bf16 copy of them now (llmc/memory/stash_precision.h: after the last fp32 read, in the
+// order ln1, qkv, att, atty, ln2, fch, fch_gelu). What --recompute does not keep needs nothing here:
+// layer_acts put it in scratch, and refill_for_backward computes it again.
+static void keep_for_backward(GPT2* model, Activations& a, const LayerActs& x, int l, LayerHalf half, int B, int T) {
+    const ModelSlice& s = model->slice;
+    size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
+    size_t BT = (size_t)B * T, R = residual_rows(model, BT);
+    LayerStrides n = layer_strides(model);
+    Activations::BF16Stash& st = a.stash;
+    if (half == ATTENTION_HALF) {
+        stash_keep(st.ln1, l, n.rows * C, x.ln1, R * C);
+        stash_keep(st.qkv, l, n.tokens * 3 * Ca, x.qkv, BT * 3 * Ca);
+        stash_keep(st.att, l, n.att, x.att, (size_t)B * s.heads * T * T);
+        stash_keep(st.atty, l, n.tokens * Ca, x.atty, BT * Ca);
+        return;
+    }
+    stash_keep(st.ln2, l, n.rows * C, x.ln2, R * C);
+    if (is_moe_block(model->moe, l)) return;  // the experts' own activations stay fp32 (moe_acts)
+    stash_keep(st.fch, l, n.tokens * Cf, x.fch, BT * Cf);
+    stash_keep(st.fch_gelu, l, n.tokens * Cf, x.fch_gelu, BT * Cf);
+}
+
+// refill_for_backward: what the half's backward reads and the forward did not keep in fp32, rebuilt
+// in the layer's scratch right before the half's backward: --recompute's with the forward's own
+// function on the forward's own inputs (the same floats; llmc/model/recompute.h), --stash-precision
+// bf16's widened. Whatever the scratch held before (another layer, or in a pipeline another
+// micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
+// `weight_pass`: ZB-H1's W (gpt2_backward_weights), which reads the matmuls' inputs only.
+static void refill_for_backward(GPT2* model, Activations& a, const LayerActs& x, const ParamTensors<float>& w, int l,
+                                LayerHalf half, int B, int T, bool weight_pass = false) {
+    const ModelSlice& s = model->slice;
+    size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
+    size_t BT = (size_t)B * T, R = residual_rows(model, BT);
+    LayerStrides n = layer_strides(model);
+    const Activations::BF16Stash& st = a.stash;
+    RecomputePlan keep = recompute_plan(model->recompute);
+    float* ln_scratch = model->work.ln_recompute.data();
+    if (half == ATTENTION_HALF) {
+        stash_refill(x.atty, st.atty, l, n.tokens * Ca, BT * Ca);
+        if (!weight_pass) stash_refill(x.qkv, st.qkv, l, n.tokens * 3 * Ca, BT * 3 * Ca);
+        if (!weight_pass) stash_refill(x.att, st.att, l, n.att, (size_t)B * s.heads * T * T);
+        // level 2: ln1(residual), into the scratch ln2 had (the MLP's backward read it last)
+        if (!keep.ln) layernorm_recompute(ln_scratch, x.residual, x.ln1_mean, x.ln1_rstd, w[LN1W], w[LN1B], (int)R, (int)C);
+        stash_refill(x.ln1, st.ln1, l, n.rows * C, R * C);
+        return;
+    }
+    if (!is_moe_block(model->moe, l)) {  // (an MoE block does not run its layer again: llmc/model/moe.h, recompute)
+        if (!weight_pass || !keep.gelu) stash_refill(x.fch, st.fch, l, n.tokens * Cf, BT * Cf);
+        if (!weight_pass || keep.gelu) stash_refill(x.fch_gelu, st.fch_gelu, l, n.tokens * Cf, BT * Cf);
+        // level 1+: the projection's input, GELU(fch) (with a bf16 stash: of the widened fch)
+        if (!keep.gelu) gelu_forward(x.fch_gelu, x.fch, BT * Cf);
+    }
+    // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather of the fc
+    // matmul's input is the one the backward does at every level (it never kept the gathered rows)
+    if (!keep.ln) layernorm_recompute(ln_scratch, x.residual2, x.ln2_mean, x.ln2_rstd, w[LN2W], w[LN2B], (int)R, (int)C);
+    stash_refill(x.ln2, st.ln2, l, n.rows * C, R * C);
+}
+
+// The model's matmuls, and how tensor parallelism cuts each (llmc/parallel/tensor_parallel.h): by
+// output columns (with sequence parallelism the input's rows all-gathered first; in the backward the
+// input gradient's partial sums summed over the tensor group), or by input rows (the output a partial
+// sum, summed over the tensor group, then the bias). On one rank every cut is the plain matmul.
+enum LinearLayer { LIN_QKV, LIN_ATTPROJ, LIN_FC, LIN_FCPROJ, LIN_LM_HEAD };
+struct LinearCut {
+    bool by_rows;
+    const char *forward_comm, *backward_comm;  // the collectives' names, for their error messages
+};
+static const LinearCut linear_cuts[] = {
+    {false, "all-gather before the qkv matmul", "all-reduce of the attention's input gradient"},
+    {true, "all-reduce after the attention projection", "all-gather of the attention's output gradient"},
+    {false, "all-gather before the MLP", "all-reduce of the MLP's input gradient"},
+    {true, "all-reduce after the MLP", "all-gather of the MLP's output gradient"},
+    {false, "all-gather before the LM head", "all-reduce of the LM head's input gradient"},
+};
+
+// linear_forward: out = in W^T + b over BT rows (b may be null), IC -> OC.
+static void linear_forward(GPT2* model, LinearLayer op, float* out, const float* in, const float* W, const float* b, size_t BT,
+                           int IC, int OC) {
+    TensorParallel* tp = &model->tp;
+    const LinearCut& cut = linear_cuts[op];
+    float* gathered = model->work.gathered.data();
+    if (!cut.by_rows) {
+        matmul_forward(out, tp_all_rows(tp, in, gathered, BT, IC, cut.forward_comm), W, b, (int)BT, IC, OC);
+        return;
+    }
+    float* partial = tp_partial_buffer(*tp, out, gathered);
+    matmul_forward(partial, in, W, nullptr, (int)BT, IC, OC);  // tensor parallel: a partial sum
+    tp_sum_rows(tp, partial, out, BT, OC, cut.forward_comm);
+    add_bias(out, b, (int)residual_rows(model, BT), OC);
+}
+
+// linear_backward: d(in) into dinp, dW and db ADDED to (db may be null). Returns where d(in) is:
+// dinp, or with tensor parallelism's column cut this rank's rows of its sum over the tensor group.
+// ZB-H1: with `defer` (its layer's slot of the micro-batch's weight stash), dout is copied there for
+// gpt2_backward_weights instead of dW, db being added (cpu_layers.h's matmul_backward_or_defer).
+static const float* linear_backward(GPT2* model, LinearLayer op, float* dinp, float* dW, float* db, const float* dout,
+                                    const float* in, const float* W, size_t BT, int IC, int OC, float* defer) {
+    TensorParallel* tp = &model->tp;
+    const LinearCut& cut = linear_cuts[op];
+    float* gathered = model->work.gathered.data();
+    if (cut.by_rows) {
+        dout = tp_all_rows(tp, dout, gathered, BT, OC, cut.backward_comm);
+        matmul_backward_or_defer(dinp, dW, db, dout, in, W, (int)BT, IC, OC, defer);
+        return dinp;
+    }
+    in = tp_all_rows(tp, in, gathered, BT, IC, cut.forward_comm);
+    matmul_backward_or_defer(dinp, dW, db, dout, in, W, (int)BT, IC, OC, defer);
+    return tp_sum_rows(tp, dinp, model->work.dlocal.data(), BT, IC, cut.backward_comm);
+}
+
+// ZB-H1: where layer l's deferred weight gradients wait in the micro-batch's stash (all null without
+// one: the whole backward now).
+static LayerWeightStash deferred_weights(const GPT2* model, float* stash, int l, size_t BT) {
+    const ModelSlice& s = model->slice;
+    return stash ? layer_weight_stash(stash, l, BT, model->config.channels, s.attn_channels, s.fc_channels) : LayerWeightStash{};
+}
+
+// embedding_forward: the token and position embeddings into out (R, C). Tensor parallelism: each rank
+// looked up its vocabulary rows (zeros for the others); sum the lookups, then add positions once.
+static void embedding_forward(GPT2* model, float* out, const int* inputs, const ParamTensors<float>& w, int B, int T) {
+    const ModelSlice& s = model->slice;
+    TensorParallel* tp = &model->tp;
+    int C = model->config.channels;
+    size_t BT = (size_t)B * T;
+    float* x = tp_partial_buffer(*tp, out, model->work.gathered.data());
+    encoder_forward(x, inputs, w[WTE], tp->degree == 1 ? w[WPE] : nullptr, B, T, C, s.vocab_begin, s.vocab_rows);
+    if (tp->degree > 1) {
+        x = tp_sum_rows(tp, x, out, BT, C, "all-reduce of the embeddings");
+        position_forward(x, w[WPE], tp_first_row(*tp, BT), residual_rows(model, BT), T, C);
+    }
+}
+// embedding_backward: dwte, dwpe from d(the residual stream's input), every rank's rows of it gathered.
+static void embedding_backward(GPT2* model, const ParamTensors<float>& g, const float* dresidual, const int* inputs, int B, int T) {
+    const ModelSlice& s = model->slice;
+    int C = model->config.channels;
+    const float* dout = tp_all_rows(&model->tp, dresidual, model->work.gathered.data(), (size_t)B * T, C,
+                                    "all-gather of the embeddings' gradient");
+    encoder_backward(g[WTE], g[WPE], dout, inputs, B, T, C, s.vocab_begin, s.vocab_rows);
+}
+// loss_forward: the per-token losses and the softmax normalisers of the logits in `h`. Tensor
+// parallelism: every tensor rank holds its vocabulary rows of the logits (tensor_parallel_loss.h).
+static void loss_forward(GPT2* model, Activations& h, const int* targets, size_t BT) {
+    const ModelSlice& s = model->slice;
+    if (model->tp.degree == 1)
+        crossentropy_forward(h.losses.data(), h.logsumexp.data(), h.logits.data(), targets, (int)BT, s.vocab_real, s.vocab_rows);
+    else
+        crossentropy_forward_vocab_parallel(&model->tp, h.losses.data(), h.logsumexp.data(), h.logits.data(), targets, (int)BT,
+                                            s.vocab_real, s.vocab_rows, s.vocab_begin);
 }
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
@@ -357,131 +576,147 @@ static const float* lm_head_weights(GPT2* model, const ParamTensors<float>& ends
 static float* lm_head_grads(GPT2* model, const ParamTensors<float>& ends) {
     return model->slice.first_stage ? ends[WTE] : model->lent_wte_grad.data();
 }
-
-// --moe-experts: the weights of MoE block l (b-th of the MoE blocks) as llmc/model/moe.h takes them:
-// expert 0 is the block's MLP in the flat array (w: its unit's view), the router and the other experts
-// are in the MoE table. The same for their gradients (g, the MoE table's gradient).
-template <typename T>
-static MoEWeights<T> moe_block_weights(const ParamTensors<float>& w, float* table, const MoELayout& layout, int b) {
-    return {moe_tensor(table, layout, MOE_ROUTER, b), w[FCW], w[FCB], w[FCPROJW], w[FCPROJB],
-            moe_tensor(table, layout, MOE_FCW, b), moe_tensor(table, layout, MOE_FCB, b),
-            moe_tensor(table, layout, MOE_FCPROJW, b), moe_tensor(table, layout, MOE_FCPROJB, b),
-            layout.first_expert};  // (--expert-parallel: the table holds this rank's experts only)
-}
-
-// The MLP of MoE block l: y (BT, C) = the experts' mixture of ln2, its statistics into the step's.
-static void moe_block_forward(GPT2* model, const ParamTensors<float>& w, int l, const float* ln2, float* y, int BT) {
-    int b = moe_block_index(model->moe, l);
-    MoEActivations* a = &model->moe_acts[(size_t)b];
-    a->N = BT;  // sized for max_B x max_T; an evaluation or a sample may route fewer tokens
-    MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
-    MoEStats st;
-    if (!model->ep) {
-        st = moe_forward(y, a, model->moe_shape, mw, ln2);
-    } else {  // --expert-parallel: route here, the experts on their owners, combine here
-        moe_forward_route(a, model->moe_shape, mw, ln2);
-        ep_experts_forward(&model->ep_blocks[(size_t)b], model->ep, a, model->moe_shape, mw);
-        st = moe_forward_combine(y, a, model->moe_shape);
-    }
-    moe_stats_add(&model->moe_stats, st.aux_loss, st.z_loss, st.dropped, st.min_load, st.max_load);
-}
-
 // Where the head of the micro-batch in `slot` keeps its rows (lnf, logits, losses): the slot, or
 // with interleaving the one set in slot 0 (cpu_buffer_slots: one head in flight at a time).
 static Activations& head_rows(GPT2* model, int slot) { return model->acts[model->slice.chunks > 1 ? 0 : (size_t)slot]; }
+// What one pass runs and where its activations are: on one rank, every layer with the embedding and
+// the head, in activation slot 0. Pipelines: the stage's layers, the micro-batch's slot; interleaved
+// 1F1B: model chunk `chunk` alone (pass_layers: its layers, and the embedding or the head where the
+// chunk has them), the slot holding that chunk's layers (slot layer i = local layer first + i).
+struct PassView {
+    PassLayers layers;
+    Activations *acts, *head;   // the layers' activations; the head's rows (head_rows)
+};
+static PassView pass_view(GPT2* model, int slot, int chunk) {
+    return {pass_layers(model->slice, chunk), &model->acts[(size_t)slot], &head_rows(model, slot)};
+}
+
+// The MLP of MoE block l (--moe-experts): y (BT, C) = the experts' mixture of ln2, its statistics
+// into the step's; --expert-parallel runs the experts on their owners (llmc/model/moe_step.h).
+static ExpertParallelBlock* ep_block(GPT2* model, int b) { return model->ep ? &model->ep_blocks[(size_t)b] : nullptr; }
+static void moe_mlp_forward(GPT2* model, const ParamTensors<float>& w, int l, const float* ln2, float* y, int BT) {
+    int b = moe_block_index(model->moe, l);
+    MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
+    moe_block_forward(y, &model->moe_acts[(size_t)b], model->moe_shape, mw, ln2, BT, model->ep, ep_block(model, b), &model->moe_stats);
+}
+
+// Its backward: the experts' and the router's gradients, d(ln2) returned (in dbuf_c).
+static const float* moe_mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, int l,
+                                     const float* ln2, const float* dresidual, size_t BT, float dloss_mean) {
+    TensorParallel* tp = &model->tp;
+    int b = moe_block_index(model->moe, l), C = model->config.channels;
+    float* dln2 = model->work.dbuf_c.data();
+    const float* dout = tp_all_rows(tp, dresidual, model->work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
+    // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
+    // over its micro-batches and ranks, 1/(m dp) = dloss_mean * B*T (dloss_mean = 1/(B T m dp))
+    float aux_scale = (float)((double)dloss_mean * (double)BT);
+    MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
+    MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
+    moe_block_backward(dln2, mg, &model->moe_acts[(size_t)b], model->moe_shape, mw, ln2, dout, aux_scale, model->ep, ep_block(model, b));
+    return tp_sum_rows(tp, dln2, model->work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
+}
+
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each block
+// matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
+// stage (B did the rest), in B's order. The inputs it reads where B read them, in
+// the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
+// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
+// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch
+// order, so every gradient collects the micro-batches' additions in the order the whole backward
+// adds them: the same bits.
+// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
+static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* stash) {
+    const ModelSlice& s = model->slice;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
+    size_t N = (size_t)B * T;
+    Activations& a = model->acts[(size_t)slot];
+    for (int l = L - 1; l >= 0; l--) {
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
+        LayerActs x = layer_acts(model, a, l);
+        LayerWeightStash k = deferred_weights(model, stash, l, N);
+        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
+        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, x.fch_gelu, (int)N, Cf, C);
+        matmul_backward_weight(g[FCW], g[FCB], k.fc, x.ln2, (int)N, C, Cf);
+        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
+        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, x.atty, (int)N, Ca, C);
+        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, x.ln1, (int)N, C, 3 * Ca);
+        release_unit_weights(model, unit_of_layer(L, l));
+    }
+}
+
+// ==============================================================================================
+// The model's passes: llm.c's forward and backward, one call per kernel, the hooks above between them.
+
+// The dense MLP of a block: residual3 (before its residual add) = fcproj(gelu(fc(ln2))).
+static void dense_mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerActs& x, size_t BT) {
+    int C = model->config.channels, Cf = model->slice.fc_channels;
+    linear_forward(model, LIN_FC, x.fch, x.ln2, w[FCW], w[FCB], BT, C, Cf);
+    gelu_forward(x.fch_gelu, x.fch, BT * Cf);
+    linear_forward(model, LIN_FCPROJ, x.residual3, x.fch_gelu, w[FCPROJW], w[FCPROJB], BT, Cf, C);
+}
+// Its backward: the weights' gradients added, d(ln2) returned. k: ZB-H1's deferred weight gradients.
+static const float* dense_mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x,
+                                       const float* dresidual, const LayerWeightStash& k, size_t BT) {
+    int C = model->config.channels, Cf = model->slice.fc_channels;
+    float* dfch = model->work.dbuf_4c.data();
+    linear_backward(model, LIN_FCPROJ, dfch, g[FCPROJW], g[FCPROJB], dresidual, x.fch_gelu, w[FCPROJW], BT, Cf, C, k.fcproj);
+    gelu_backward(dfch, x.fch, dfch, BT * Cf);
+    return linear_backward(model, LIN_FC, model->work.dbuf_c.data(), g[FCW], g[FCB], dfch, x.ln2, w[FCW], BT, C, Cf, k.fc);
+}
+// mlp_forward / mlp_backward: block l's MLP, the dense one or (--moe-experts, its --moe-every blocks)
+// the MoE layer with its router, whose experts --expert-parallel runs on their owners.
+static void mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerActs& x, int l, size_t BT) {
+    if (is_moe_block(model->moe, l)) moe_mlp_forward(model, w, l, x.ln2, x.residual3, (int)BT);
+    else dense_mlp_forward(model, w, x, BT);
+}
+static const float* mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x, int l,
+                                 const float* dresidual, const LayerWeightStash& k, size_t BT, float dloss_mean) {
+    if (is_moe_block(model->moe, l)) return moe_mlp_backward(model, w, g, l, x.ln2, dresidual, BT, dloss_mean);
+    return dense_mlp_backward(model, w, g, x, dresidual, k, BT);
+}
 
 // Forward pass over B x T tokens (B <= max_B, T <= max_T) of the micro-batch in activation slot
 // `slot`, up to the logits (B, T, Vp). A pipeline stage without the embedding finds its input in
 // acts.encoded; one without the head leaves its output in the last layer's residual3.
-// Interleaved 1F1B: the pass of model chunk `chunk` alone (pass_layers: its layers, and the embedding
-// or the head where the chunk has them); the slot holds that chunk's layers, slot layer i = local
-// layer first + i. Every other schedule has one chunk: all of the slice's layers.
+// Interleaved 1F1B: the pass of model chunk `chunk` alone (pass_view). Every other schedule has one
+// chunk: all of the slice's layers.
 void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, int chunk = 0) {
-    const GPT2Config& cfg = model->config;
     const ModelSlice& s = model->slice;
-    TensorParallel* tp = &model->tp;
-    PassLayers pass = pass_layers(s, chunk);
-    int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
-    size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
-    // layer l's slices are laid out for the allocated (max_B, max_T), so a smaller forward still
-    // finds every layer where the backward pass expects it
-    size_t BTmax = (size_t)model->max_B * model->max_T, Rmax = tp_local_rows(*tp, BTmax);
-    size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
-    Activations& a = model->acts[(size_t)slot];
-    Workspace& work = model->work;
+    PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
+    const PassLayers& layers = pass.layers;
+    Activations& a = *pass.acts, &h = *pass.head;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
+    size_t BT = (size_t)B * T, R = residual_rows(model, BT);
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
-    // what is not kept per layer in fp32 (--recompute, llmc/model/recompute.h; --stash-precision bf16,
-    // llmc/memory/stash_precision.h) is computed into one layer of scratch
-    Activations::BF16Stash& st = a.stash;
-    size_t att_n = (size_t)B * NH * T * T;
 
-    if (pass.embeds) {
-        ParamTensors<float> w = unit_weights(model, ends);
-        float* x = tp_partial_buffer(*tp, a.encoded.data(), work.gathered.data());
-        encoder_forward(x, inputs, w[WTE], tp->degree == 1 ? w[WPE] : nullptr, B, T, C, s.vocab_begin, s.vocab_rows);
-        if (tp->degree > 1) {  // each rank looked up its vocabulary rows: sum the lookups, then add positions once
-            x = tp_sum_rows(tp, x, a.encoded.data(), BT, C, "all-reduce of the embeddings");
-            position_forward(x, w[WPE], tp_first_row(*tp, BT), R, T, C);
-        }
+    if (layers.embeds) {
+        ParamTensors<float> w = unit_weights(model, ends);  // ZeRO-3: all-gathered now, freed below
+        embedding_forward(model, a.encoded.data(), inputs, w, B, T);  // tensor parallel: vocabulary rows, summed
         release_unit_weights(model, ends);
     }
-    for (int l = 0; l < pass.count; l++) {  // l: the slot's layer; pass.first + l: the slice's
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, pass.first + l));
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
-        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
-        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
-        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
-        float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);  // (ln1 is dead by then)
-        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
-        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
-        float* residual3 = layer_slice(a.residual3, l, Rmax * C);
-
+    for (int l = 0; l < layers.count; l++) {  // l: the slot's layer; layers.first + l: the slice's
+        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3
+        LayerActs x = layer_acts(model, a, l);  // recompute, stash precision: some in one layer's scratch
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        layernorm_forward(ln1, layer_slice(a.ln1_mean, l, Rmax), layer_slice(a.ln1_rstd, l, Rmax), residual,
-                          w[LN1W], w[LN1B], (int)R, C);
-        const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
-        matmul_forward(qkv, ln1_all, w[QKVW], w[QKVB], (int)BT, C, 3 * Ca);
-        stash(st.ln1, l, Rmax * C, ln1, R * C);  // each tensor's bf16 copy right after its last read: here ln1's
-        attention_forward(atty, att, qkv, B, T, Ca, NH);
-        stash(st.qkv, l, BTmax * 3 * Ca, qkv, BT * 3 * Ca);
-        stash(st.att, l, att_per_layer, att, att_n);
-        float* proj = tp_partial_buffer(*tp, residual2, work.gathered.data());
-        matmul_forward(proj, atty, w[ATTPROJW], nullptr, (int)BT, Ca, C);   // tensor parallel: a partial sum
-        stash(st.atty, l, BTmax * Ca, atty, BT * Ca);
-        tp_sum_rows(tp, proj, residual2, BT, C, "all-reduce after the attention projection");
-        add_bias(residual2, w[ATTPROJB], (int)R, C);
-        residual_forward(residual2, residual2, residual, R * C);
-        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        layernorm_forward(ln2, layer_slice(a.ln2_mean, l, Rmax), layer_slice(a.ln2_rstd, l, Rmax), residual2,
-                          w[LN2W], w[LN2B], (int)R, C);
-        if (is_moe_block(model->moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (one rank's rows)
-            moe_block_forward(model, w, l, ln2, residual3, (int)BT);
-            stash(st.ln2, l, Rmax * C, ln2, R * C);  // the experts' own activations stay fp32 (moe_acts)
-        } else {
-            const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-            matmul_forward(fch, ln2_all, w[FCW], w[FCB], (int)BT, C, Cf);
-            stash(st.ln2, l, Rmax * C, ln2, R * C);
-            gelu_forward(fch_gelu, fch, BT * Cf);
-            stash(st.fch, l, BTmax * Cf, fch, BT * Cf);
-            proj = tp_partial_buffer(*tp, residual3, work.gathered.data());
-            matmul_forward(proj, fch_gelu, w[FCPROJW], nullptr, (int)BT, Cf, C);  // tensor parallel: a partial sum
-            stash(st.fch_gelu, l, BTmax * Cf, fch_gelu, BT * Cf);
-            tp_sum_rows(tp, proj, residual3, BT, C, "all-reduce after the MLP");
-            add_bias(residual3, w[FCPROJB], (int)R, C);
-        }
-        residual_forward(residual3, residual3, residual2, R * C);
-        release_unit_weights(model, unit_of_layer(L, pass.first + l));
+        layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.residual, w[LN1W], w[LN1B], (int)R, C);
+        linear_forward(model, LIN_QKV, x.qkv, x.ln1, w[QKVW], w[QKVB], BT, C, 3 * Ca);  // tensor, sequence parallel
+        attention_forward(x.atty, x.att, x.qkv, B, T, Ca, NH);
+        linear_forward(model, LIN_ATTPROJ, x.residual2, x.atty, w[ATTPROJW], w[ATTPROJB], BT, Ca, C);
+        residual_forward(x.residual2, x.residual2, x.residual, R * C);
+        keep_for_backward(model, a, x, l, ATTENTION_HALF, B, T);  // stash precision: a bf16 copy of ln1, qkv, att, atty
+        // MLP: residual3 = residual2 + mlp(ln2(residual2))
+        layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, w[LN2W], w[LN2B], (int)R, C);
+        mlp_forward(model, w, x, l, BT);  // dense GELU MLP; MoE; expert parallel
+        keep_for_backward(model, a, x, l, MLP_HALF, B, T);  // stash precision: of ln2, fch, fch_gelu
+        residual_forward(x.residual3, x.residual3, x.residual2, R * C);
+        release_unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3: freed
     }
-    if (!pass.head) return;  // the last layer's residual3 goes to the next stage
+    if (!layers.head) return;  // the last layer's residual3 goes to the next stage
 
-    const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
+    const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
-    Activations& h = head_rows(model, slot);
     layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
-    const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
-    matmul_forward(h.logits.data(), lnf_all, lm_head_weights(model, w), nullptr, (int)BT, C, Vp);  // tied LM head
+    linear_forward(model, LIN_LM_HEAD, h.logits.data(), h.lnf.data(), lm_head_weights(model, w), nullptr, BT, C, Vp);  // tied
     release_unit_weights(model, ends);
 }
 
@@ -489,24 +724,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
 // the mean returned (summed in double). With tensor parallelism every tensor rank of the last stage
 // takes part (its logits are its vocabulary rows). gpt2_backward turns the logits into their gradient.
 float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
-    const ModelSlice& s = model->slice;
-    TensorParallel* tp = &model->tp;
-    int Vp = s.vocab_rows;
     size_t BT = (size_t)B * T;
     Activations& a = head_rows(model, slot);
-    if (tp->degree == 1) {
-        crossentropy_forward(a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT, s.vocab_real, Vp);
-    } else {
-        crossentropy_forward_vocab_parallel(tp, a.losses.data(), a.logsumexp.data(), a.logits.data(), targets, (int)BT,
-                                            s.vocab_real, Vp, s.vocab_begin);
-    }
+    loss_forward(model, a, targets, BT);  // tensor parallel: the vocabulary-parallel cross-entropy
     double total = 0.0;
     for (size_t i = 0; i < BT; i++) total += a.losses[i];
     return (float)(total / BT);
 }
 
 // Backward pass for the last forward of slot `slot` (which must have had targets). Gradients are
-// ADDED to model->grads, so micro-batches accumulate; `loss_scale` is d(optimised loss)/d(this
+// ADDED to model->grads, so micro-batches accumulate; `dloss_mean` is d(optimised loss)/d(this
 // micro-batch's summed per-token losses), 1/(B*T*accumulation_steps) for a mean over the whole
 // step. A pipeline stage without the head finds d(its output) in acts.dresidual; one without the
 // embedding leaves d(its input) there, for the previous stage.
@@ -516,175 +743,62 @@ float gpt2_loss(GPT2* model, const int* targets, int B, int T, int slot = 0) {
 // the LayerNorms' and the embedding's are added here). Without one (every other schedule), the
 // whole backward.
 // Interleaved 1F1B: model chunk `chunk`'s backward, as gpt2_forward's.
-void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float loss_scale, int slot = 0,
-                   float* stash = nullptr, int chunk = 0) {
-    const GPT2Config& cfg = model->config;
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss_mean,
+                   int slot = 0, float* stash = nullptr, int chunk = 0) {
     const ModelSlice& s = model->slice;
-    TensorParallel* tp = &model->tp;
-    PassLayers pass = pass_layers(s, chunk);
-    int L = s.num_layers, C = cfg.channels, Ca = s.attn_channels, NH = s.heads, Cf = s.fc_channels, Vp = s.vocab_rows;
-    size_t BT = (size_t)B * T, R = tp_local_rows(*tp, BT);
-    size_t BTmax = (size_t)model->max_B * model->max_T, Rmax = tp_local_rows(*tp, BTmax);
-    size_t att_per_layer = (size_t)model->max_B * NH * model->max_T * model->max_T;
-    Activations& a = model->acts[(size_t)slot];
+    PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
+    const PassLayers& layers = pass.layers;
+    Activations& a = *pass.acts, &h = *pass.head;
+    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
+    size_t BT = (size_t)B * T, R = residual_rows(model, BT);
     Workspace& work = model->work;
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
     float* dresidual = a.dresidual.data();
-    RecomputePlan keep = recompute_plan(model->recompute);  // --recompute (llmc/model/recompute.h)
 
-    if (pass.head) {  // classifier and final LayerNorm
-        const float* last = pass.count > 0 ? layer_slice(a.residual3, pass.count - 1, Rmax * C) : a.encoded.data();
+    if (layers.head) {  // classifier and final LayerNorm
+        const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
         ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
-        Activations& h = head_rows(model, slot);
-        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, loss_scale,
+        crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, dloss_mean,
                                       s.vocab_begin);
-        const float* lnf_all = tp_all_rows(tp, h.lnf.data(), work.gathered.data(), BT, C, "all-gather before the LM head");
-        // (ZB-H1 too: its W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
-        matmul_backward(work.dbuf_c.data(), lm_head_grads(model, g), nullptr, h.logits.data(), lnf_all, lm_head_weights(model, w),
-                        (int)BT, C, Vp);
-        const float* dlnf = tp_sum_rows(tp, work.dbuf_c.data(), work.dlocal.data(), BT, C, "all-reduce of the LM head's input gradient");
+        // (never deferred: ZB-H1's W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
+        const float* dlnf = linear_backward(model, LIN_LM_HEAD, work.dbuf_c.data(), lm_head_grads(model, g), nullptr, h.logits.data(),
+                                            h.lnf.data(), lm_head_weights(model, w), BT, C, Vp, nullptr);
         memset(dresidual, 0, R * C * sizeof(float));
         layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(), (int)R, C);
         release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
     }
 
     // blocks, top to bottom; dresidual carries d(loss)/d(block output) down the residual stream
-    for (int l = pass.count - 1; l >= 0; l--) {  // l: the slot's layer; pass.first + l: the slice's
-        int unit = unit_of_layer(L, pass.first + l);
-        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        float* qkv = layer_or_scratch(a.qkv, work.stash_qkv, l, BTmax * 3 * Ca);
-        float* att = layer_or_scratch(a.att, work.stash_att, l, att_per_layer);
-        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
-        const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
-        const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
-        const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
-        float* dbuf_c = work.dbuf_c.data();
-        float* dbuf_3c = work.dbuf_3c.data();
-        float* dbuf_4c = work.dbuf_4c.data();
-        LayerWeightStash k = {};  // ZB-H1: where what this layer's W reads waits for it (null: no W)
-        if (stash) k = layer_weight_stash(stash, l, BT, C, Ca, Cf);
-        // What --recompute did not keep, the backward rebuilds in the layer's scratch right before
-        // its one use below, with the forward's own function on the forward's own inputs: the same
-        // floats. Whatever the scratch held before (another layer, or in a pipeline another
-        // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
-        // What --stash-precision bf16 keeps in bf16 is widened into the same scratch (unstash), as late.
-        float* ln_scratch = work.ln_recompute.data();
-        float* gelu_scratch = work.gelu_recompute.data();
-        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
-        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);
-        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
-        const Activations::BF16Stash& st = a.stash;
-
-        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the MLP's output gradient");
-        if (is_moe_block(model->moe, l)) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c
-            int b = moe_block_index(model->moe, l);
-            // d(optimised loss)/d(this micro-batch's L_aux + L_z): the step's auxiliary loss is the mean
-            // over its micro-batches and ranks, 1/(m dp) = loss_scale * B*T (loss_scale = 1/(B T m dp))
-            float aux_scale = (float)((double)loss_scale * (double)BT);
-            // --recompute: the block's ln2 (the router's input, for its weight gradient) is rebuilt at
-            // level 2 like a dense block's; the MoE layer itself is not run again (llmc/model/moe.h, recompute)
-            if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
-            unstash(ln2, st.ln2, l, Rmax * C, R * C);
-            MoEWeights<float> mg = moe_block_weights<float>(g, model->moe_grads.data(), model->moe_layout, b);
-            MoEWeights<const float> mw = moe_block_weights<const float>(w, model->moe_params.data(), model->moe_layout, b);
-            MoEActivations* ma = &model->moe_acts[(size_t)b];
-            if (!model->ep) {
-                moe_backward(dbuf_c, mg, ma, model->moe_shape, mw, ln2, dout, aux_scale);
-            } else {  // --expert-parallel: the transpose of the forward's exchange
-                moe_backward_rows(ma, model->moe_shape, dout);
-                ep_experts_backward(&model->ep_blocks[(size_t)b], model->ep, ma, mg, mw);
-                moe_backward_input(dbuf_c, mg, ma, model->moe_shape, mw, ln2, aux_scale);
-            }
-        } else {
-            unstash(fch, st.fch, l, BTmax * Cf, BT * Cf);
-            unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, BT * Cf);
-            // level 1+: the projection's input, GELU(fch) (with a bf16 stash: of the widened fch)
-            if (!keep.gelu) gelu_forward(gelu_scratch, fch, BT * Cf);
-            matmul_backward_or_defer(dbuf_4c, g[FCPROJW], g[FCPROJB], dout, fch_gelu, w[FCPROJW], (int)BT, Cf, C, k.fcproj);
-            gelu_backward(dbuf_4c, fch, dbuf_4c, BT * Cf);
-            // level 2: this rank's rows of ln2(residual2); with sequence parallelism the all-gather below
-            // is the one the backward does at every level (it never kept the gathered rows), so no extra traffic
-            if (!keep.ln) layernorm_recompute(ln_scratch, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)R, C);
-            unstash(ln2, st.ln2, l, Rmax * C, R * C);
-            const float* ln2_all = tp_all_rows(tp, ln2, work.gathered.data(), BT, C, "all-gather before the MLP");
-            matmul_backward_or_defer(dbuf_c, g[FCW], g[FCB], dbuf_4c, ln2_all, w[FCW], (int)BT, C, Cf, k.fc);
-        }
-        const float* dln2 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the MLP's input gradient");
-        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, (int)R, C);
+    for (int l = layers.count - 1; l >= 0; l--) {  // l: the slot's layer; layers.first + l: the slice's
+        int unit = unit_of_layer(L, layers.first + l);
+        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);  // ZeRO-3 weights, ZeRO-2/3 bucket
+        LayerActs x = layer_acts(model, a, l);
+        LayerWeightStash k = deferred_weights(model, stash, l, BT);  // ZB-H1's W: where each matmul's dout waits
+        // MLP: residual3 = residual2 + mlp(ln2(residual2))
+        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T);  // recompute, stash precision: ln2, fch, fch_gelu again
+        const float* dln2 = mlp_backward(model, w, g, x, l, dresidual, k, BT, dloss_mean);  // dense GELU MLP; MoE; expert parallel
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, x.residual2, w[LN2W], x.ln2_mean, x.ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the attention's output gradient");
-        unstash(atty, st.atty, l, BTmax * Ca, BT * Ca);
-        matmul_backward_or_defer(dbuf_c, g[ATTPROJW], g[ATTPROJB], dout, atty, w[ATTPROJW], (int)BT, Ca, C, k.attproj);
-        unstash(qkv, st.qkv, l, BTmax * 3 * Ca, BT * 3 * Ca);
-        unstash(att, st.att, l, att_per_layer, (size_t)B * NH * T * T);
-        attention_backward(dbuf_3c, dbuf_c, qkv, att, B, T, Ca, NH);
-        // level 2: ln1(residual), into the same scratch (ln2 was last read by the MLP's matmul above)
-        if (!keep.ln) layernorm_recompute(ln_scratch, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)R, C);
-        unstash(ln1, st.ln1, l, Rmax * C, R * C);
-        const float* ln1_all = tp_all_rows(tp, ln1, work.gathered.data(), BT, C, "all-gather before the qkv matmul");
-        matmul_backward_or_defer(dbuf_c, g[QKVW], g[QKVB], dbuf_3c, ln1_all, w[QKVW], (int)BT, C, 3 * Ca, k.qkv);
-        const float* dln1 = tp_sum_rows(tp, dbuf_c, work.dlocal.data(), BT, C, "all-reduce of the attention's input gradient");
-        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, residual, w[LN1W], ln1_mean, ln1_rstd, (int)R, C);
-        unit_grads_done(model, unit);
+        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T);  // recompute, stash precision: ln1, qkv, att, atty
+        const float* datty = linear_backward(model, LIN_ATTPROJ, work.dbuf_c.data(), g[ATTPROJW], g[ATTPROJB], dresidual, x.atty,
+                                             w[ATTPROJW], BT, Ca, C, k.attproj);  // tensor parallel; ZB-H1 defers dW
+        attention_backward(work.dbuf_3c.data(), datty, x.qkv, x.att, B, T, Ca, NH);
+        const float* dln1 = linear_backward(model, LIN_QKV, work.dbuf_c.data(), g[QKVW], g[QKVB], work.dbuf_3c.data(), x.ln1, w[QKVW],
+                                            BT, C, 3 * Ca, k.qkv);
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, x.residual, w[LN1W], x.ln1_mean, x.ln1_rstd, (int)R, C);
+        unit_grads_done(model, unit);  // ZeRO-2/3: reduce-scatter the layer's bucket
         release_unit_weights(model, unit);
     }
-    if (!pass.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
+    if (!layers.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<float> g = unit_grads(model, ends);
-    const float* dout = tp_all_rows(tp, dresidual, work.gathered.data(), BT, C, "all-gather of the embeddings' gradient");
-    encoder_backward(g[WTE], g[WPE], dout, inputs, B, T, C, s.vocab_begin, s.vocab_rows);
+    embedding_backward(model, g, dresidual, inputs, B, T);  // sequence parallel: every rank's rows
     unit_grads_done(model, ends);
 }
 
-// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept, in `stash`, each block
-// matmul's output gradient: the weight and bias gradients of the four matmuls of every layer of the
-// stage (B did the rest), in B's order. The inputs it reads where B read them, in
-// the micro-batch's slot `slot` (its own, or the one its rows were parked in: park_weight_inputs),
-// rebuilt as B rebuilt them (--recompute; --stash-precision bf16's widening too, though the grid
-// checks refuse bf16 with pipelines today: the same functions, the same floats). Runs in micro-batch order, so every gradient collects the micro-batches' additions in the
-// order the whole backward adds them: the same bits.
-// (zero_bubble_problem keeps tensor parallelism away, and pipelines ZeRO-2/3: rows local, gradients flat.)
-void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) {
-    const ModelSlice& s = model->slice;
-    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, Cf = s.fc_channels;
-    size_t N = (size_t)B * T, Rmax = (size_t)model->max_B * model->max_T, BTmax = Rmax;
-    Activations& a = model->acts[(size_t)slot];
-    const Activations::BF16Stash& st = a.stash;
-    Workspace& work = model->work;
-    RecomputePlan keep = recompute_plan(model->recompute);
-    for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
-        LayerWeightStash k = layer_weight_stash(stash, l, N, C, Ca, Cf);
-        const float* residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, Rmax * C);
-        const float* residual2 = layer_slice(a.residual2, l, Rmax * C);
-        const float* ln1_mean = layer_slice(a.ln1_mean, l, Rmax), *ln1_rstd = layer_slice(a.ln1_rstd, l, Rmax);
-        const float* ln2_mean = layer_slice(a.ln2_mean, l, Rmax), *ln2_rstd = layer_slice(a.ln2_rstd, l, Rmax);
-        float* atty = layer_or_scratch(a.atty, work.stash_atty, l, BTmax * Ca);
-        float* ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, Rmax * C);
-        float* ln2 = layer_or_scratch(a.ln2, work.ln_recompute, l, Rmax * C);
-        float* fch_gelu = layer_or_scratch(a.fch_gelu, work.gelu_recompute, l, BTmax * Cf);
-        if (keep.gelu) {
-            unstash(fch_gelu, st.fch_gelu, l, BTmax * Cf, N * Cf);
-        } else {  // level 1+: GELU(fch) again, fch kept for W (cpu_buffer_read_by_weight_pass)
-            float* fch = layer_or_scratch(a.fch, work.stash_fch, l, BTmax * Cf);
-            unstash(fch, st.fch, l, BTmax * Cf, N * Cf);
-            gelu_forward(fch_gelu, fch, N * Cf);
-        }
-        matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, fch_gelu, (int)N, Cf, C);
-        if (!keep.ln) layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], (int)N, C);
-        unstash(ln2, st.ln2, l, Rmax * C, N * C);
-        matmul_backward_weight(g[FCW], g[FCB], k.fc, ln2, (int)N, C, Cf);
-        unstash(atty, st.atty, l, BTmax * Ca, N * Ca);
-        matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, atty, (int)N, Ca, C);
-        if (!keep.ln) layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], (int)N, C);
-        unstash(ln1, st.ln1, l, Rmax * C, N * C);
-        matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, ln1, (int)N, C, 3 * Ca);
-        release_unit_weights(model, unit_of_layer(L, l));
-    }
-}
+// ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept its output gradients in
+// `stash`: zero_bubble_weight_pass, above the passes.
+void gpt2_backward_weights(GPT2* model, int B, int T, int slot, float* stash) { zero_bubble_weight_pass(model, B, T, slot, stash); }
 
 // ZB-H1 (llmc/model/zero_bubble_backward.h): a forward is taking slot `slot` while the micro-batch
 // that had it still waits for its W. The rows W reads move to a parked slot whose W has run, by
@@ -712,91 +826,112 @@ static int weight_input_slot(GPT2* model, int micro) {
 }
 
 // ==============================================================================================
-// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h), or
-// --optimizer adafactor (llmc/optim/adafactor.h) or sm3 (llmc/optim/sm3.h) on the whole model.
+// The optimizer step: AdamW (its arithmetic, and the gradient norm's, are in llmc/optim/adamw.h) on
+// each parameter group this rank updates, or --optimizer adafactor (llmc/optim/adafactor.h) or sm3
+// (llmc/optim/sm3.h). The groups: the flat array of the model (or of this rank's slice), and with
+// --moe-experts the MoE table (llmc/model/moe_step.h). Each group's optimizer is chosen by the flags,
+// in one switch (group_optimizer).
 
 // AdamW on the parameters this rank updates: all of its slice, or with ZeRO its shards
 // (llmc/parallel/zero.h lists them as pieces, each within one tensor, with where its weights, reduced
 // gradients and moments are). Weight decay differs per tensor; each element's update depends on
 // nothing but its own values, which is why updating the model shard by shard gives exactly the
-// weights of updating it whole. (--optimizer-state bf16: the same, with m and v rounded to bf16.)
-void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
-    // the factored optimizers: every rank holds its slice and its summed gradient (ZeRO-0 or ZeRO-1,
-    // no pipeline: validate_options), and updates its blocks (all of them, or with ZeRO-1 its share of
-    // whole matrices: llmc/optim/factored_sharding.h), as one rank would; the blocks tensor parallelism
-    // cuts complete their statistics over the tensor group (llmc/optim/factored_tensor_parallel.h)
-    const FactoredGroup* tp_group = model->tp.degree > 1 ? &model->factored_tp : nullptr;
-    if (model->optimizer == Optimizer::Adafactor) {
-        adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
-                       o.weight_decay, grad_scale, tp_group);
-        adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
-                       o.weight_decay, grad_scale);  // --moe-experts: each router and expert tensor a block of its own
-        return;
-    }
-    if (model->optimizer == Optimizer::SM3) {
-        sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
-                     model->blocks, lr, o.weight_decay, grad_scale, tp_group);
-        sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
-                     model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);  // (--moe-experts)
-        return;
-    }
+// weights of updating it whole.
+static void adamw_params(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
     Zero& z = model->zero;
-    if (model->offload.on) {  // the same AdamW, on the parts of each piece in the chunk the stream holds now
-        std::vector<ZeroPiece> pieces = zero_owned_pieces(z);
-        disk_offload_check(model->offload);
-        disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, void* m, void* v) {
-            for (const ZeroPiece& piece : pieces) {
-                size_t lo = std::max(piece.stored, begin), hi = std::min(piece.stored + piece.count, begin + count);
-                if (lo >= hi) continue;
-                float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
-                size_t in_piece = lo - piece.stored;
-                float* p = zero_param_of(z, piece, model->params) + in_piece;
-                const float* g = zero_grad_of(z, piece, model->grads) + in_piece;
-                if (model->bf16_moments)  // keyed by the element's index in the flat array, as in RAM
-                    adamw_update_bf16(p, g, (uint16_t*)m + (lo - begin), (uint16_t*)v + (lo - begin), hi - lo, lr, o.beta1,
-                                      o.beta2, o.adam_eps, wd, t, grad_scale, piece.local + in_piece);
-                else
-                    adamw_update(p, g, (float*)m + (lo - begin), (float*)v + (lo - begin), hi - lo, lr, o.beta1, o.beta2,
-                                 o.adam_eps, wd, t, grad_scale);
-            }
-        });
-        return;
-    }
-    // --optimizer-state bf16: the element's index in the whole model keys its random rounding (on a
-    // tensor- or pipeline-parallel rank, through its slice's map; one rank's slice is the model)
-    SliceIndexMap keys = slice_index_map(model->config, model->slice);
-    bool sliced = model->slice.tp > 1 || model->slice.stages > 1;
     for (const ZeroPiece& piece : zero_owned_pieces(z)) {
         float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
-        if (model->bf16_moments) {
-            adamw_update_bf16(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
-                              model->adam_m16.data() + piece.stored, model->adam_v16.data() + piece.stored, piece.count, lr,
-                              o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local, sliced ? &keys : nullptr);
-            continue;
-        }
         adamw_update(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
                      model->adam_m.data() + piece.stored, model->adam_v.data() + piece.stored, piece.count, lr, o.beta1,
                      o.beta2, o.adam_eps, wd, t, grad_scale);
     }
-    // --moe-experts: the MoE table (this rank's held experts), decayed as llmc/model/model.h says; whole,
-    // or with --zero 1|2 this rank's shard of each segment (its moments stored at the segment's `stored`)
-    const MoELayout& ml = model->moe_layout;
-    for (int t2 = 0; t2 < NUM_MOE_TENSORS; t2++) {
-        float wd = moe_tensor_decays(t2) ? o.weight_decay : 0.0f;
-        size_t at = ml.offset[t2], end = at + ml.count[t2];
-        if (model->moe_zero.segments.empty()) {
-            adamw_update(model->moe_params.data() + at, model->moe_grads.data() + at, model->moe_m.data() + at,
-                         model->moe_v.data() + at, ml.count[t2], lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
-            continue;
-        }
-        for (const MoESharedPart& g : model->moe_zero.segments) {
-            ShardRange own = moe_zero_owned(g);
-            size_t lo = std::max(at, own.begin), hi = std::min(end, own.end), state = g.stored + (lo - own.begin);
-            if (lo < hi)
-                adamw_update(model->moe_params.data() + lo, model->moe_grads.data() + lo, model->moe_m.data() + state,
-                             model->moe_v.data() + state, hi - lo, lr, o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale);
-        }
+}
+// --optimizer-state bf16 (llmc/optim/adamw_bf16.h): the same, with m and v rounded to bf16; the
+// element's index in the whole model keys its random rounding (on a tensor- or pipeline-parallel
+// rank, through its slice's map; one rank's slice is the model)
+static void adamw_bf16_params(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    Zero& z = model->zero;
+    SliceIndexMap keys = slice_index_map(model->config, model->slice);
+    bool sliced = model->slice.tp > 1 || model->slice.stages > 1;
+    for (const ZeroPiece& piece : zero_owned_pieces(z)) {
+        float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+        adamw_update_bf16(zero_param_of(z, piece, model->params), zero_grad_of(z, piece, model->grads),
+                          model->adam_m16.data() + piece.stored, model->adam_v16.data() + piece.stored, piece.count, lr,
+                          o.beta1, o.beta2, o.adam_eps, wd, t, grad_scale, piece.local, sliced ? &keys : nullptr);
     }
+}
+// --offload-dir (llmc/optim/disk_offload.h): the same AdamW (fp32 or bf16 moments), on the parts of
+// each piece in the chunk of m and v the stream holds now
+static void disk_offload_params(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    Zero& z = model->zero;
+    std::vector<ZeroPiece> pieces = zero_owned_pieces(z);
+    disk_offload_check(model->offload);
+    disk_offload_stream(&model->offload, 3, 3, [&](size_t begin, size_t count, void* m, void* v) {
+        for (const ZeroPiece& piece : pieces) {
+            size_t lo = std::max(piece.stored, begin), hi = std::min(piece.stored + piece.count, begin + count);
+            if (lo >= hi) continue;
+            float wd = param_tensor_decays(piece.tensor) ? o.weight_decay : 0.0f;
+            size_t in_piece = lo - piece.stored;
+            float* p = zero_param_of(z, piece, model->params) + in_piece;
+            const float* g = zero_grad_of(z, piece, model->grads) + in_piece;
+            if (model->bf16_moments)  // keyed by the element's index in the flat array, as in RAM
+                adamw_update_bf16(p, g, (uint16_t*)m + (lo - begin), (uint16_t*)v + (lo - begin), hi - lo, lr, o.beta1,
+                                  o.beta2, o.adam_eps, wd, t, grad_scale, piece.local + in_piece);
+            else
+                adamw_update(p, g, (float*)m + (lo - begin), (float*)v + (lo - begin), hi - lo, lr, o.beta1, o.beta2,
+                             o.adam_eps, wd, t, grad_scale);
+        }
+    });
+}
+// The factored optimizers: every rank holds its slice and its summed gradient (ZeRO-0 or ZeRO-1,
+// no pipeline: validate_options), and updates its blocks (all of them, or with ZeRO-1 its share of
+// whole matrices: llmc/optim/factored_sharding.h), as one rank would; the blocks tensor parallelism
+// cuts complete their statistics over the tensor group (llmc/optim/factored_tensor_parallel.h).
+// The MoE table's each router and expert tensor is a block of its own, on every rank.
+static const FactoredGroup* factored_tp_group(GPT2* model) { return model->tp.degree > 1 ? &model->factored_tp : nullptr; }
+static void adafactor_params(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    adafactor_step(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->blocks, lr, t,
+                   o.weight_decay, grad_scale, factored_tp_group(model));
+}
+static void adafactor_moe_table(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    adafactor_step(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(), model->moe_blocks, lr, t,
+                   o.weight_decay, grad_scale);
+}
+static void sm3_params(GPT2* model, float lr, const TrainOptions& o, int, float grad_scale) {
+    sm3_step_all(model->params.data(), model->grads.data(), model->optimizer_state.data(), model->optimizer_scratch.data(),
+                 model->blocks, lr, o.weight_decay, grad_scale, factored_tp_group(model));
+}
+static void sm3_moe_table(GPT2* model, float lr, const TrainOptions& o, int, float grad_scale) {
+    sm3_step_all(model->moe_params.data(), model->moe_grads.data(), model->moe_factored.data(),
+                 model->optimizer_scratch.data(), model->moe_blocks, lr, o.weight_decay, grad_scale);
+}
+// --moe-experts with AdamW: the table whole, or with --zero 1|2 this rank's shards (llmc/model/moe_step.h)
+static void adamw_moe_table(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    moe_table_adamw(model->moe_layout, model->moe_zero, model->moe_params.data(), model->moe_grads.data(), model->moe_m.data(),
+                    model->moe_v.data(), lr, o.beta1, o.beta2, o.adam_eps, o.weight_decay, t, grad_scale);
+}
+static void no_update(GPT2*, float, const TrainOptions&, int, float) {}
+
+// The parameter groups, and the optimizer of each, chosen by the flags.
+enum ParamGroup { PARAMS_GROUP, MOE_TABLE_GROUP, PARAM_GROUPS };
+using GroupUpdate = void (*)(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale);
+static GroupUpdate group_optimizer(const GPT2* model, int group) {
+    bool table = group == MOE_TABLE_GROUP;
+    switch (model->optimizer) {
+        case Optimizer::Adafactor: return table ? adafactor_moe_table : adafactor_params;
+        case Optimizer::SM3: return table ? sm3_moe_table : sm3_params;
+        default: break;
+    }
+    if (model->offload.on) return table ? no_update : disk_offload_params;  // (the table refuses --offload-dir)
+    if (table) return adamw_moe_table;
+    return model->bf16_moments ? adamw_bf16_params : adamw_params;
+}
+
+// One optimizer step on every parameter group this rank updates. t: the step (from 1); grad_scale:
+// the clipping coefficient, applied to each gradient as it is read.
+void gpt2_update(GPT2* model, float lr, const TrainOptions& o, int t, float grad_scale) {
+    for (int group = 0; group < PARAM_GROUPS; group++)
+        group_optimizer(model, group)(model, lr, o, t, grad_scale);  // AdamW fp32/bf16 moments, disk offload; Adafactor; SM3
 }
 
 // ==============================================================================================
@@ -955,92 +1090,159 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     return loss;
 }
 
-// --data-parallel server: every rank's gradient summed on rank 0, and the norm the all-reduce would
-// have found: the squares of each rank's shard of the sum, added in rank order (comm_sum's order).
-// The workers add nothing (0.0), so every rank gets the server's bits.
-static float server_gradients(GPT2* model, Parallel* par) {
+// ==============================================================================================
+// The hooks of the step: where the techniques attach to train_step, finish_gradients and
+// optimizer_step below (the passes' hooks are above the passes).
+//   step_begin / step_end     around the passes: --pipeline-schedule 2bw's weight versions
+//                             (llmc/parallel/pipedream_2bw.h), --moe-experts' routing statistics, the
+//                             tests' injected inf (llmc/probes/fault_injection.h)
+//   share_replicated_gradients   what ranks of one replica each hold a part of: pipelines' tied wte,
+//                             sequence parallelism's LayerNorm gradients
+//   the gradient groups       each summed over what shares it (sum_gradient_group) and adding its share
+//                             of the norm (add_gradient_squares): the flat array (ZeRO, llmc/parallel/zero.h;
+//                             --grad-compression, llmc/parallel/grad_compression.h; --data-parallel server,
+//                             llmc/parallel/parameter_server.h) and the MoE table (llmc/model/moe_step.h)
+//   the optimizer per parameter group   group_optimizer, above gpt2_update
+//   updates_here, share_updated_weights   who steps (the parameter server: rank 0), and how the owners'
+//                             updated weights reach every rank (ZeRO, the server, the MoE table's shards,
+//                             ZeRO-1's factored blocks, pipelines' tied wte)
+
+// step_begin: the step's MoE routing statistics start from zero (an evaluation's forward between
+// steps added to them).
+static void step_begin(GPT2* model) { model->moe_stats = MoEStepStats{}; }
+
+// step_end: the step's passes are done.
+static void step_end(GPT2* model, Parallel* par, const RunPlan& plan, int step) {
+    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
+    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
+    // optimizer updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.h)
+    pipedream_2bw_after_passes(&model->versions, &model->params, &model->lent_wte);
+    if (!model->moe_acts.empty()) moe_step_stats(&model->moe_stats, &par->comms.world, plan.accumulation_steps, par->grid.dp);
+    inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
+}
+
+// The gradient arrays a step starts from zero: the flat array (null with ZeRO-2/3, which add into
+// buckets and keep their shard instead), the shard, the last pipeline stage's gradient of its copy
+// of wte, the MoE table's.
+static std::array<std::vector<float>*, 4> gradient_buffers(GPT2* model) {
+    return {model->zero.stage <= 1 ? &model->grads : nullptr, &model->zero.grad_shard, &model->lent_wte_grad, &model->moe_grads};
+}
+
+// share_replicated_gradients: the tied embedding (the last stage's LM-head gradient joins the first
+// stage's wte gradient), and with sequence parallelism the LayerNorm gradients, partial over each
+// rank's rows (ZeRO-2/3 summed them unit by unit already, before reducing each bucket).
+static void share_replicated_gradients(GPT2* model, Parallel* par) {
     GPT2& mo = *model;
-    size_t total = mo.layout.total;
-    parameter_server_gather(&mo.server, mo.grads.data(), total, mo.zero.grad_shard.data(), mo.zero.grad_shard.size());
-    double squares = 0.0;
-    if (parameter_server_is_server(mo.server)) {
+    size_t wte_floats = (size_t)mo.slice.vocab_rows * mo.config.channels;
+    pipe_tied_gradient(&par->comms.pp, mo.slice.first_stage, mo.slice.last_stage, mo.g[WTE], mo.lent_wte_grad.data(), wte_floats);
+    if (mo.zero.stage <= 1) {
+        std::vector<std::pair<float*, size_t>> layernorms;
+        for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
+            if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
+        tp_sum_replicated_grads(&mo.tp, layernorms);
+    }
+}
+
+// The gradient groups of the step.
+enum GradientGroup { PARAMS_GRADS, MOE_TABLE_GRADS, GRADIENT_GROUPS };
+
+// sum_gradient_group: the group's data-parallel sum. The flat array: exact (llmc/parallel/zero.h),
+// compressed (llmc/parallel/grad_compression.h), or with --data-parallel server on rank 0 alone
+// (llmc/parallel/parameter_server.h). The MoE table: llmc/model/moe_step.h (each rank routed its
+// own tokens; with --expert-parallel each rank holds its experts only: theirs over their replicas).
+static void sum_gradient_group(GPT2* model, Parallel* par, int group) {
+    GPT2& mo = *model;
+    if (group == MOE_TABLE_GRADS) {
+        if (mo.server.on) return;  // (the server sums the dense table only: refuse_moe_problems)
+        moe_table_sum(&mo.moe_zero, mo.moe_bf16, mo.ep != nullptr, &par->comms.dp, &par->ep_replicas, par->grid.dp, &mo.moe_grads,
+                      mo.moe_layout.count[MOE_ROUTER], &mo.moe_sum_scratch);
+        return;
+    }
+    if (mo.server.on) {
+        parameter_server_gather(&mo.server, mo.grads.data(), mo.layout.total, mo.zero.grad_shard.data(), mo.zero.grad_shard.size());
+        return;
+    }
+    int step = (int)mo.compression.steps_done + 1;
+    grad_compression_test_poison(&par->comms.world, step, &mo.grads);  // (llmc/probes/grad_compression_probe.h)
+    grad_compression_test_dump(&par->comms.world, step, "local", mo.grads);
+    grad_compression_reduce(&mo.compression, &mo.zero, &mo.grads);
+    grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
+}
+
+// add_gradient_squares: the group's share of the squared global norm, each summed value counted once
+// over the world, added to `squares` in a fixed order. The flat array: each rank its ZeRO shard (or
+// its whole sum); with --data-parallel server the squares of each rank's shard of the sum, on the
+// server, in rank order (comm_sum's order: the norm the all-reduce would have found; the workers add
+// nothing, so every rank gets the server's bits). The MoE table after it: llmc/model/moe_step.h.
+static void add_gradient_squares(GPT2* model, Parallel* par, int group, double* squares) {
+    GPT2& mo = *model;
+    if (group == MOE_TABLE_GRADS) {
+        if (mo.server.on) return;
+        moe_table_squares(mo.moe_zero, mo.moe_grads, mo.moe_layout.count[MOE_ROUTER], par->grid.rank,
+                          par->grid.dp_rank < par->ep.world_size, squares);
+        return;
+    }
+    if (mo.server.on) {
+        if (!parameter_server_is_server(mo.server)) return;
         for (int r = 0; r < mo.server.dp->world_size; r++) {
             ShardRange o = owned_range(mo.zero.shards, r);
-            squares += sum_of_squares(mo.grads.data() + o.begin, o.end - o.begin);
+            *squares += sum_of_squares(mo.grads.data() + o.begin, o.end - o.begin);
         }
+        return;
     }
-    return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
+    for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) *squares += sum_of_squares(range.first, range.second);
 }
 
-// The gradient of the step, summed over everything that shares it; returns the global norm.
-static float finish_gradients(GPT2* model, Parallel* par) {
-    GPT2& mo = *model;
-    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h)
-    // the tied embedding: the last stage's LM-head gradient joins the first stage's wte gradient
-    size_t wte_floats = (size_t)mo.slice.vocab_rows * mo.config.channels;
-    {   // --profile: the communication of the step, on one rank none
-        ProfileScope prof("communication (gradient sums)", 0);
-        pipe_tied_gradient(&par->comms.pp, mo.slice.first_stage, mo.slice.last_stage, mo.g[WTE], mo.lent_wte_grad.data(), wte_floats);
-        // sequence parallelism: LayerNorm gradients are partial over each rank's rows (ZeRO-2/3 summed
-        // them unit by unit already, before reducing each bucket)
-        if (mo.zero.stage <= 1) {
-            std::vector<std::pair<float*, size_t>> layernorms;
-            for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
-                if (mo.layout.count[t] > 0) layernorms.push_back({mo.g[t], mo.layout.count[t]});
-            tp_sum_replicated_grads(&mo.tp, layernorms);
-        }
-        // --data-parallel server: the sum on rank 0 alone, and its norm (llmc/parallel/parameter_server.h)
-        if (mo.server.on) return server_gradients(model, par);
-        // the data-parallel sum: exact (llmc/parallel/zero.h) or compressed (llmc/parallel/grad_compression.h)
-        int step = (int)mo.compression.steps_done + 1;
-        grad_compression_test_poison(&par->comms.world, step, &mo.grads);  // (llmc/probes/grad_compression_probe.h)
-        grad_compression_test_dump(&par->comms.world, step, "local", mo.grads);
-        grad_compression_reduce(&mo.compression, &mo.zero, &mo.grads);
-        grad_compression_test_dump(&par->comms.world, step, "sum", mo.grads);
-        // --moe-experts: the MoE table's gradient, summed like any other (each rank routed its own tokens);
-        // with --expert-parallel each rank holds its experts only: theirs over their replicas alone
-        if (!mo.moe_bf16.segments.empty())  // --grad-compression bf16: the sums in bf16 (as the dense table's)
-            moe_bf16_sum(mo.moe_bf16, mo.moe_grads.data(), &mo.moe_sum_scratch);
-        else if (!mo.moe_zero.segments.empty())  // --zero 1|2: each rank its shard of the sum (the update shares the weights)
-            moe_zero_reduce(&mo.moe_zero, mo.moe_grads.data(), &mo.moe_sum_scratch);
-        else if (mo.ep)
-            ep_sum_gradients(&par->comms.dp, &par->ep_replicas, mo.moe_grads.data(), mo.moe_layout.count[MOE_ROUTER],
-                             mo.moe_grads.size(), &mo.moe_sum_scratch);
-        else if (!mo.moe_grads.empty() && par->grid.dp > 1)
-            comm_allreduce_sum_identical(&par->comms.dp, mo.moe_grads.data(), mo.moe_grads.size(), &mo.moe_sum_scratch,
-                                         "all-reduce of the MoE table's gradients");
-    }
-    double squares = 0.0;
-    for (auto& range : zero_norm_ranges(mo.zero, mo.grads)) squares += sum_of_squares(range.first, range.second);
-    // the summed MoE gradient, each value once: rank 0 counts its table (after the dense part, so that
-    // with one expert, whose router gradient is exactly 0, the norm is the dense model's bits); with
-    // --expert-parallel the rest of expert group 0 adds its experts (the other groups are their replicas)
-    // (--zero 1|2: every rank its shards, which cover the table once over the ranks that share it)
-    size_t counted_from = par->grid.rank == 0 ? 0 : mo.moe_layout.count[MOE_ROUTER];
-    for (const MoESharedPart& g : mo.moe_zero.segments) {
-        ShardRange own = moe_zero_owned(g);
-        squares += sum_of_squares(mo.moe_grads.data() + own.begin, own.size());
-    }
-    if (mo.moe_zero.segments.empty() && par->grid.dp_rank < par->ep.world_size && !mo.moe_grads.empty())
-        squares += sum_of_squares(mo.moe_grads.data() + counted_from, mo.moe_grads.size() - counted_from);
-    return (float)std::sqrt(comm_sum(&par->comms.world, squares, "sum of the gradient norms"));
-}
+// gradient_groups_applied: a sound step's gradients are being applied: --grad-compression keeps
+// their error feedback and Q (llmc/parallel/grad_compression.h).
+static void gradient_groups_applied(GPT2* model) { grad_compression_commit(&model->compression); }
 
-// Clipping and AdamW over the parameters this rank updates, then the data-parallel ranks share the
-// updated weights, and the first pipeline stage sends its wte to the last (the tied LM head).
-static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
-    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
-    grad_compression_commit(&model->compression);  // a sound step: its error feedback and Q are kept
-    ParameterServer* server = &model->server;
-    // --data-parallel server: only the server steps (the workers' gradients are not the sum), then it sends the weights
-    if (!server->on || parameter_server_is_server(*server)) gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));
-    ProfileScope prof("communication (weights)", 0);
-    if (server->on) parameter_server_send_weights(server, model->params.data(), model->layout.total);
-    zero_after_update(&model->zero, &model->params);   // every data-parallel rank gets the updated weights
-    moe_zero_share(&model->moe_zero, model->moe_params.data(), &model->moe_sum_scratch);  // and the MoE table's (--zero 1|2)
+// updates_here: whether this rank runs the optimizer: every rank on its share, or with
+// --data-parallel server the server alone (the workers' gradients are not the sum).
+static bool updates_here(const GPT2* model) { return !model->server.on || parameter_server_is_server(model->server); }
+
+// share_updated_weights: every rank gets the weights their owners updated: the server sends them,
+// ZeRO's data-parallel ranks all-gather their shards, the MoE table's (--zero 1|2) too, ZeRO-1's
+// factored blocks (llmc/optim/factored_sharding.h), and the first pipeline stage sends its wte to
+// the last (the tied LM head).
+static void share_updated_weights(GPT2* model, Parallel* par) {
+    ProfileScope prof("communication (weights)", 0);  // --profile: on one rank none
+    if (model->server.on) parameter_server_send_weights(&model->server, model->params.data(), model->layout.total);
+    zero_after_update(&model->zero, &model->params);
+    moe_zero_share(&model->moe_zero, model->moe_params.data(), &model->moe_sum_scratch);
     if (model->zero.whole_gradient) factored_share_weights(&par->comms.dp, model->params.data(), model->factored);
     pipe_tied_weights(&par->comms.pp, model->slice.first_stage, model->slice.last_stage, model->p[WTE],
                       model->lent_wte.data(), (size_t)model->slice.vocab_rows * model->config.channels);
+}
+
+// sum_gradient_groups: what ranks of one replica each hold a part of first, then each gradient group's
+// data-parallel sum (on one rank: nothing to do).
+static void sum_gradient_groups(GPT2* model, Parallel* par) {
+    ProfileScope prof("communication (gradient sums)", 0);  // --profile: the step's communication, on one rank none
+    share_replicated_gradients(model, par);
+    for (int group = 0; group < GRADIENT_GROUPS; group++) sum_gradient_group(model, par, group);
+}
+
+// A number summed over every rank of the run (on one rank: itself).
+static double all_ranks_sum(Parallel* par, double x, const char* what) { return comm_sum(&par->comms.world, x, what); }
+
+// The gradient of the step, summed over everything that shares it; returns the global norm.
+static float finish_gradients(GPT2* model, Parallel* par) {
+    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h)
+    sum_gradient_groups(model, par);  // tied wte, SP LayerNorms; ZeRO, grad compression, parameter server, MoE table
+    double squares = 0.0;
+    for (int group = 0; group < GRADIENT_GROUPS; group++)
+        add_gradient_squares(model, par, group, &squares);  // each value once: ZeRO shards, the server's sum, the MoE table's
+    return (float)std::sqrt(all_ranks_sum(par, squares, "sum of the gradient norms"));
+}
+
+// Clipping and the optimizer over the parameters this rank updates, then every rank gets the
+// updated weights.
+static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
+    gradient_groups_applied(model);  // grad compression: a sound step's error feedback and Q are kept
+    if (updates_here(model)) gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));  // parameter server: rank 0
+    share_updated_weights(model, par);  // ZeRO, parameter server, the MoE table's shards, pipelines' tied wte
 }
 
 // ==============================================================================================
@@ -1624,39 +1826,36 @@ static int generate_main(const TrainOptions& o) {
 // ==============================================================================================
 // The training loop
 
-// The step's gradient starts from zero: the flat array (ZeRO-2/3 add into buckets and keep their
-// shard), the shard, and the last pipeline stage's gradient of its copy of wte.
+// The mean loss over every token of the step: the last stage's, one tensor rank of each data-parallel
+// replica (every replica saw as many tokens, so it is the mean of their means).
+static double mean_step_loss(GPT2* model, Parallel* par, double loss) {
+    bool reports = model->slice.last_stage && par->grid.tp_rank == 0;
+    return all_ranks_sum(par, reports ? loss : 0.0, "sum of the losses") / par->grid.dp;
+}
+// Whether this rank prints the run's reports: rank 0.
+static bool prints_reports(const Parallel* par) { return par->grid.rank == 0; }
+
+// The step's gradient starts from zero.
 static void zero_gradients(GPT2* model) {
-    if (model->zero.stage <= 1) std::fill(model->grads.begin(), model->grads.end(), 0.0f);
-    std::fill(model->zero.grad_shard.begin(), model->zero.grad_shard.end(), 0.0f);
-    std::fill(model->lent_wte_grad.begin(), model->lent_wte_grad.end(), 0.0f);
-    std::fill(model->moe_grads.begin(), model->moe_grads.end(), 0.0f);
+    for (std::vector<float>* g : gradient_buffers(model))  // ZeRO's, pipelines', MoE's too
+        if (g) std::fill(g->begin(), g->end(), 0.0f);
 }
 
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt.cu's) on every rank:
-// the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound finds
-// the step bad.
+// the passes of its micro-batches, the gradient sums and norm, and the optimizer unless step_is_sound
+// finds the step bad.
 static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                              int step, BadSteps* bad_steps) {
-    const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);
     zero_gradients(model);
-    model->moe_stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
+    step_begin(model);  // MoE statistics
     double loss = forward_backward(model, par, train, plan, step);
-    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
-    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
-    // optimizer below updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.h)
-    pipedream_2bw_after_passes(&model->versions, &model->params, &model->lent_wte);
-    if (!model->moe_acts.empty()) moe_step_stats(&model->moe_stats, &par->comms.world, plan.accumulation_steps, grid.dp);
-    inject_grad_inf(&par->comms.world, step, model->grads.data());  // tests only (llmc/probes/fault_injection.h)
-    // the mean loss over every token of the step: the last stage's, one tensor rank of each
-    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
-    bool reports = model->slice.last_stage && grid.tp_rank == 0;
-    r.loss = comm_sum(&par->comms.world, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    step_end(model, par, plan, step);  // 2BW weight versions, MoE statistics, the tests' injected inf
+    r.loss = mean_step_loss(model, par, loss);  // data parallel: the mean of the replicas' means
     r.norm = finish_gradients(model, par);
     dump_first_step(model, par, (size_t)plan.B * plan.T);  // --dump-state (llmc/probes/state_dump.h)
-    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, grid.rank == 0);
+    r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, prints_reports(par));
     if (r.applied) optimizer_step(model, par, o, step, r.lr, r.norm);
     return r;
 }

@@ -57,6 +57,7 @@
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
+#include "llmc/run/schedule_run.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
@@ -931,129 +932,119 @@ static void graph_poison_gradient(GPT2* m) {  // (inside the capture)
     CUDA_CHECK(cudaMemcpyAsync(B_<floatX>(m, GB_GRADS), poison_on_gpu(m), sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
 }
 
+// The GPU's passes for the schedule (llmc/run/schedule_run.h). The pair (micro-batch, chunk) keeps its
+// activations in slot m->slot, taken at its first action (pipeline_parallel.h); interleaved: each action
+// names the model chunk it runs (pass_layers: which layers), and chunk c > 0 reads the tokens its chunk 0
+// kept. ZB-H1: micro-batch k's output gradients wait in stash k mod weight_stashes for its W, and a slot
+// lives until that W.
+static SchedulePasses gpu_compute_passes(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    PipelineGpu* pipe = &par->pipe;
+    int stage = par->grid.pp_rank, mb = plan.accumulation_steps, v = m->slice.chunks, stashes = m->shape.weight_stashes;
+    size_t BT = (size_t)m->B * m->T;
+    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
+    SchedulePasses p;
+    p.before_compute = [=](const PipeAction& act) {
+        int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
+        if (act.op == PipeOp::Forward && act.chunk == 0) {
+            if (tokens) std::copy(train->inputs.begin(), train->inputs.end(), tokens);
+            if (tokens) std::copy(train->targets.begin(), train->targets.end(), tokens + BT);
+            gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+        } else if (act.op == PipeOp::Forward) {  // interleaved: chunk c > 0 of a micro-batch read at its chunk 0
+            gpt2_upload_batch(m, tokens, tokens + BT);
+        }
+        if (act.op == PipeOp::Backward && act.micro == mb - 1 && act.chunk == 0) inject_gradient_overflow(m, par, step);  // tests only
+        if (act.op != PipeOp::Weight) pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
+    };
+    p.forward = [=](const PipeAction& act, float* micro_loss) {
+        gpt2_forward(m);
+        if (!pass_layers(m->slice, act.chunk).head) return false;
+        // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded before the
+        // loss's kernel turns them into their gradient
+        std::vector<float> first_logits;
+        if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), BT * m->slice.vocab_rows);
+        // the optimised loss is the mean over all tokens of the step, all ranks together: d/d(one token's
+        // loss) = 1/total, and the ranks' gradients simply add up. fp16: times the loss scale S
+        // (gpt2_loss_kernels), so every gradient of the backward is S times larger (exactly: a power of
+        // two), lifted above fp16's underflow; train_step divides it out again.
+        *micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
+        if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), BT, m->slice, *micro_loss);
+        return true;
+    };
+    p.backward = [=](const PipeAction& act) {
+        m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
+        gpt2_backward(m, act.micro == mb - 1);  // the last micro-batch (of each chunk) also starts the reduction (ZeRO-0/1)
+        m->stash = -1;
+        PipeAction send;
+        if (!zb && !pipe_send_of(act, stage, par->grid.pp, v, &send)) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
+    };
+    p.weight = [=](const PipeAction& act) {  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
+        m->stash = stashes > 0 ? act.micro % stashes : -1;
+        if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
+        m->stash = -1;
+        pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
+    };
+    p.compute_done = [=]() {  // the stage's compute time, for the bubble (the compute stream never waits on another stream)
+        if (par->grid.pp > 1 || tracer.file) CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    };
+    p.backward_delay = 2;
+    return p;
+}
+
+// The slots, the weight versions and the sends and receives between stages: a run's sends and receives
+// go together at its end (llmc/parallel/pipeline_parallel.cuh: pipe_flush).
+static SchedulePasses gpu_schedule_passes(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    SchedulePasses p = gpu_compute_passes(m, par, train, plan, step);
+    PipelineGpu* pipe = &par->pipe;
+    int mb = plan.accumulation_steps, v = m->slice.chunks;
+    size_t BT = (size_t)m->B * m->T, n = tp_local_rows(m->tp.host, BT) * m->config.channels;  // values crossing a stage boundary
+    size_t bytes = n * sizeof(floatX);
+    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;
+    p.begin = [=]() {
+        if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+            pipe_slots_reset(&pipe->slots, m->slots, mb, v);
+        if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
+        // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
+        // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
+        m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
+    };
+    p.take_slot = [=](const PipeAction& act) {
+        m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
+        m->chunk = act.chunk;
+    };
+    p.read_version = [=](bool older) { pipedream_2bw_gpu_read(&m->versions, older, m->stream); };
+    p.recv_activation = [=](const PipeAction& act) {  // (received with the rest of its run: pipe_flush)
+        pipe_recv_later(pipe, layer_x(m, GB_RESIDUAL, pass_layers(m->slice, act.chunk).first, n), bytes, act.peer, act.tag);
+    };
+    p.recv_gradient = [=](const PipeAction& act) { pipe_recv_later(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag); };
+    p.send_activation = [=](const PipeAction& act) {
+        PassLayers pass = pass_layers(m->slice, act.chunk);
+        pipe_send(pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, act.peer, act.tag, m->slot, m->stream);
+    };
+    p.send_gradient = [=](const PipeAction& act) {
+        pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
+        // the pair is done with its slot: the send leaves at the end of this run, before any compute
+        // action writes the slot again (pipe_wait_slot), and a receive in the run writes only layer 0
+        if (!zb) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
+    };
+    p.end_group = [=]() { pipe_flush(pipe, m->stream); };  // the trace's "send/recv": the group issued, its receives waited for
+    p.end = [=]() {
+        m->chunk = 0;
+        if (par->grid.pp > 1) pipe_finish(pipe, m->stream);
+    };
+    p.group_span = "send/recv";
+    p.busy_seconds = &pipe->busy_seconds;
+    p.schedule_seconds = &pipe->schedule_seconds;
+    return p;
+}
+
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
 // elsewhere). The last backward hands the data group its units (ZeRO-0/1).
+// (llmc/run/schedule_run.h runs the list, with the passes above.)
 static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
-    const ModelSlice& sl = m->slice;
-    PipelineGpu* pipe = &par->pipe;
-    int stage = par->grid.pp_rank, mb = plan.accumulation_steps, v = sl.chunks;
-    size_t BT = (size_t)m->B * m->T, n = tp_local_rows(m->tp.host, BT) * m->config.channels;  // values crossing a stage boundary
-    size_t bytes = n * sizeof(floatX);
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
-    // interleaved: each action names the model chunk it runs (pass_layers: which layers)
-    // PipeDream-2BW: its list crosses the step boundary (2bw-flush: 1F1B's), each compute action labelled
-    // with the weight version it reads
-    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
-    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, mb, step, 1, par->pipe_filled, par->pipe_drains)[0]
-                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
-    int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
-    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
-    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
-        pipe_slots_reset(&pipe->slots, m->slots, mb, v);
-    if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
-    // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
-    // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
-    m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
-    double loss = 0.0;  // this rank's mean loss over its micro-batches
-    auto start = std::chrono::steady_clock::now();
-    for (size_t k = 0; k < list.size(); k++) {
-        const PipeAction& act = list[k];
-        // the pair (micro-batch, chunk)'s activation slot, taken at its first action (pipeline_parallel.h)
-        m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
-        m->chunk = act.chunk;
-        PassLayers pass = pass_layers(sl, act.chunk);
-        // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
-        TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
-        int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
-        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
-        if (two_versions && pipe_is_compute(act.op)) pipedream_2bw_gpu_read(&m->versions, act.version < step - 1, m->stream);
-        auto busy = std::chrono::steady_clock::now();
-        PipeAction send;
-        switch (act.op) {
-        case PipeOp::RecvActivation:  // (received with the rest of its run: pipe_flush)
-            pipe_recv_later(pipe, layer_x(m, GB_RESIDUAL, pass.first, n), bytes, act.peer, act.tag);
-            break;
-        case PipeOp::RecvGradient:
-            pipe_recv_later(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag);
-            break;
-        case PipeOp::SendActivation:
-            pipe_send(pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, act.peer, act.tag, m->slot, m->stream);
-            break;
-        case PipeOp::SendGradient:
-            pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
-            // the pair is done with its slot: the send leaves at the end of this run, before any compute
-            // action writes the slot again (pipe_wait_slot), and a receive in the run writes only layer 0
-            if (!zb) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Forward:
-            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
-                dataloader_next_batch(train);
-                if (tokens) std::copy(train->inputs.begin(), train->inputs.end(), tokens);
-                if (tokens) std::copy(train->targets.begin(), train->targets.end(), tokens + BT);
-                gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
-            } else {  // interleaved: chunk c > 0 of a micro-batch read at its chunk 0
-                gpt2_upload_batch(m, tokens, tokens + BT);
-            }
-            pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
-            busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
-            gpt2_forward(m);
-            if (pass.head) {
-                size_t rows = (size_t)m->B * m->T;
-                // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded
-                // before the loss's kernel turns them into their gradient
-                std::vector<float> first_logits;
-                if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
-                // the optimised loss is the mean over all tokens of the step, all ranks together:
-                // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
-                // the loss scale S (gpt2_loss_kernels), so every gradient of the backward is S times
-                // larger (exactly: a power of two), lifted above fp16's underflow; train_step divides
-                // it out again.
-                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
-                if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
-                loss += micro_loss / mb;
-                if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
-            }
-            break;
-        case PipeOp::Backward:
-            if (act.micro == mb - 1 && act.chunk == 0) inject_gradient_overflow(m, par, step);  // tests only
-            pipe_wait_slot(pipe, m->slot);
-            busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(2);
-            m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
-            // the last micro-batch (of each chunk) also starts the reduction (ZeRO-0/1)
-            gpt2_backward(m, act.micro == mb - 1);
-            m->stash = -1;
-            if (!zb && !pipe_send_of(act, stage, par->grid.pp, v, &send)) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Weight:  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
-            pipeline_test_delay(1);
-            m->stash = stashes > 0 ? act.micro % stashes : -1;
-            if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
-            m->stash = -1;
-            pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
-            break;
-        }
-        if ((par->grid.pp > 1 || tracer.file) && pipe_is_compute(act.op)) {
-            // the stage's compute time, for the bubble (the compute stream never waits on another stream)
-            CUDA_CHECK(cudaStreamSynchronize(m->stream));
-            pipe->busy_seconds += seconds_since(busy);
-        }
-        span.finish();
-        // a run's sends and receives go together at its end (llmc/parallel/pipeline_parallel.cuh); the
-        // trace's "send/recv" span is that: the group issued, its receives waited for
-        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
-            TraceSpan exchange("send/recv");
-            pipe_flush(pipe, m->stream);
-        }
-    }
-    m->chunk = 0;
-    if (par->grid.pp > 1) {
-        pipe_finish(pipe, m->stream);
-        pipe->schedule_seconds += seconds_since(start);
-    }
-    return loss;
+    ScheduleStep s{par->schedule, par->grid.pp_rank, par->grid.pp, plan.accumulation_steps, m->slice.chunks, step,
+                   par->pipe_filled, par->pipe_drains, par->grid.rank == 0};
+    return run_schedule(gpu_schedule_passes(m, par, train, plan, step), s, train);
 }
 
 // ==============================================================================================

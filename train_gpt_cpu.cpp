@@ -51,6 +51,7 @@
 #include "llmc/run/moe_run.h"  // the flags' MoEShape, MoEStepStats, the step line's and metrics' MoE numbers
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
+#include "llmc/run/schedule_run.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/pipedream_2bw.h"
 #include "llmc/run/plan.h"
@@ -842,117 +843,121 @@ static const float* stage_output(GPT2* model, int slot) {
     return layer_slice(a.residual3, model->slice.num_layers / model->slice.chunks - 1, Rmax * model->config.channels);
 }
 
-// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
-// schedule. Returns the mean loss over the micro-batches on the last stage (0 elsewhere).
-static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
-    const ModelSlice& s = model->slice;
-    Comm* pp = &par->comms.pp;
-    int stage = par->grid.pp_rank, m = plan.accumulation_steps, B = plan.B, T = plan.T;
-    size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
-    double loss = 0.0;
-    auto start = std::chrono::steady_clock::now();
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
-    // interleaved: each action names the model chunk it runs on (pass_layers: which layers)
-    // PipeDream-2BW: its list crosses the step boundary, each compute action labelled with the weight version it reads
-    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
-    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, m, step, 1, par->pipe_filled, par->pipe_drains)[0]
-                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
-    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
-        pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+// The CPU's passes for the schedule (llmc/run/schedule_run.h). Each pair (micro-batch, chunk) keeps its
+// activations in model->acts[slot], taken at its first action; ZB-H1's W finds its own (weight_input_slot).
+// ZB-H1: the output gradients micro-batch i's W reads wait in stash i mod pending_weights from its B to its
+// W (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h).
+struct CpuScheduleAt {
+    int slot = 0;
+    float* stash = nullptr;
+};
+static SchedulePasses cpu_compute_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
+                                         CpuScheduleAt* at) {
+    int stage = par->grid.pp_rank, B = plan.B, T = plan.T;
     bool split = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // B and W apart
-    for (size_t k = 0; k < list.size(); k++) {
-        const PipeAction& act = list[k];
-        int slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W finds its own: weight_input_slot)
-        Activations& a = model->acts[(size_t)slot];
-        bool head = pass_layers(s, act.chunk).head;  // the last stage's last chunk: the loss
-        // ZB-H1: the output gradients micro-batch i's W reads wait in stash i mod pending_weights from
-        // its B to its W (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
-        float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
-                                                        (model->weight_stash.size() / (size_t)model->pending_weights)
-                                                  : nullptr;
-        TraceSpan span(trace_kind(act.op), act.micro, par->chunks > 1 ? act.chunk : -1);  // --trace (llmc/probes/trace.h)
+    SchedulePasses p;
+    p.before_compute = [=](const PipeAction& act) {
+        if (act.op != PipeOp::Forward) return;
+        Activations& a = model->acts[(size_t)at->slot];
+        if (act.chunk == 0) {
+            a.inputs = train->inputs;
+            a.targets = train->targets;
+        } else {  // interleaved: the tokens came with chunk c-1's forward, whose slot lives until its backward
+            const Activations& before = model->acts[(size_t)pipe_slot(&par->slots, act.micro, act.chunk - 1)];
+            a.inputs = before.inputs;
+            a.targets = before.targets;
+        }
+    };
+    p.forward = [=](const PipeAction& act, float* micro_loss) {
+        Activations& a = model->acts[(size_t)at->slot];
+        bool head = pass_layers(model->slice, act.chunk).head;  // the last stage's last chunk: the loss
+        gpt2_forward(model, a.inputs.data(), B, T, at->slot, act.chunk);
+        *micro_loss = head ? gpt2_loss(model, a.targets.data(), B, T, at->slot) : 0.0f;
+        // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
+        if (head && dump_probe.first_step && act.micro == 0)
+            dump_keep_logits(&dump_probe, head_rows(model, at->slot).logits.data(), B * T, model->slice, *micro_loss);
+        return head;
+    };
+    p.backward = [=](const PipeAction& act) {
+        Activations& a = model->acts[(size_t)at->slot];
+        // the optimised loss is the mean over all tokens of the step, all ranks together:
+        // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
+        gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, at->slot, at->stash,
+                      act.chunk);
+        if (at->stash) a.weight_owner = act.micro;  // the slot's rows W reads live on, until W
+        PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
+        if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
+    };
+    p.weight = [=](const PipeAction& act) {  // ZB-H1: the weight gradients of the micro-batch whose B kept the stash
+        if (!at->stash) return;  // (none on the first stage: its B, right before, was the whole backward)
+        int held = weight_input_slot(model, act.micro);
+        gpt2_backward_weights(model, B, T, held, at->stash);
+        model->acts[(size_t)held].weight_owner = -1;
+    };
+    p.compute_done = []() {};
+    p.backward_delay = split ? 1 : 2;  // ZB-H1's B is half a backward, its W the other half
+    return p;
+}
+
+// The slots, the weight versions and the sends and receives between stages: a run's sends complete at
+// its end, after its receives (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage
+// computes arrives late).
+static SchedulePasses cpu_schedule_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
+                                          CpuScheduleAt* at) {
+    SchedulePasses p = cpu_compute_passes(model, par, train, plan, step, at);
+    Comm* pp = &par->comms.pp;
+    size_t n = tp_local_rows(model->tp, (size_t)plan.B * plan.T) * model->config.channels;  // floats crossing a stage boundary
+    int m = plan.accumulation_steps;
+    p.begin = [=]() {
+        if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+            pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+    };
+    p.take_slot = [=](const PipeAction& act) {
+        at->slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W finds its own: weight_input_slot)
+        size_t per = model->pending_weights > 0 ? model->weight_stash.size() / (size_t)model->pending_weights : 0;
+        at->stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) * per : nullptr;
         // ZB-H1: a new micro-batch takes the slot (its activation arrives, or its forward starts) while
         // the slot's last one still waits for its W: what W reads moves aside first
-        if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && a.weight_owner >= 0)
-            park_weight_inputs(model, (size_t)slot);
-        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
-        if (two_versions && pipe_is_compute(act.op))
-            pipedream_2bw_read(&model->versions, act.version < step - 1, &model->params, &model->lent_wte);
-        switch (act.op) {
-        case PipeOp::RecvActivation:
-            comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
-            break;
-        case PipeOp::RecvGradient:
-            comm_recv(pp, a.dresidual.data(), n, act.peer, act.tag, "receiving gradients from the next pipeline stage");
-            break;
-        case PipeOp::SendActivation:
-            comm_send(pp, stage_output(model, slot), n, act.peer, act.tag, &a.sends, "sending activations to the next pipeline stage");
-            break;
-        case PipeOp::SendGradient:
-            comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
-            // the slot is free for the next pair: this send completes at the end of its group, before
-            // any compute action can write the slot again (a receive in the group writes only encoded)
-            pipe_slot_release(&par->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Forward: {
-            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
-                dataloader_next_batch(train);
-                a.inputs = train->inputs;
-                a.targets = train->targets;
-            } else {  // interleaved: the tokens came with chunk c-1's forward, whose slot lives until its backward
-                const Activations& before = model->acts[(size_t)pipe_slot(&par->slots, act.micro, act.chunk - 1)];
-                a.inputs = before.inputs;
-                a.targets = before.targets;
-            }
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);
-            gpt2_forward(model, a.inputs.data(), B, T, slot, act.chunk);
-            float micro_loss = head ? gpt2_loss(model, a.targets.data(), B, T, slot) : 0.0f;
-            par->times.busy_seconds += seconds_since(busy);
-            if (head) {
-                loss += micro_loss / m;
-                if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
-                // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
-                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, head_rows(model, slot).logits.data(), B * T, s,
-                                                                         micro_loss);
-            }
-            break;
-        }
-        case PipeOp::Backward: {
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(split ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
-            // the optimised loss is the mean over all tokens of the step, all ranks together:
-            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash,
-                          act.chunk);
-            if (stash) a.weight_owner = act.micro;  // the slot's rows W reads live on, until W
-            par->times.busy_seconds += seconds_since(busy);
-            PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
-            if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
-            break;
-        }
-        case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);
-            if (stash) {  // (none on the first stage: its B, right before, was the whole backward)
-                int held = weight_input_slot(model, act.micro);
-                gpt2_backward_weights(model, B, T, held, stash);
-                model->acts[(size_t)held].weight_owner = -1;
-            }
-            par->times.busy_seconds += seconds_since(busy);
-            break;
-        }
-        }
-        // the end of a run of sends and receives: its sends complete now, after its receives
-        // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
-        if (!pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
-            span.finish();
-            TraceSpan waiting("wait sends");
-            for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
-        }
-    }
-    par->times.schedule_seconds += seconds_since(start);
-    return loss;
+        if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && model->acts[(size_t)at->slot].weight_owner >= 0)
+            park_weight_inputs(model, (size_t)at->slot);
+    };
+    p.read_version = [=](bool older) { pipedream_2bw_read(&model->versions, older, &model->params, &model->lent_wte); };
+    p.recv_activation = [=](const PipeAction& act) {
+        comm_recv(pp, model->acts[(size_t)at->slot].encoded.data(), n, act.peer, act.tag,
+                  "receiving activations from the previous pipeline stage");
+    };
+    p.recv_gradient = [=](const PipeAction& act) {
+        comm_recv(pp, model->acts[(size_t)at->slot].dresidual.data(), n, act.peer, act.tag, "receiving gradients from the next pipeline stage");
+    };
+    p.send_activation = [=](const PipeAction& act) {
+        comm_send(pp, stage_output(model, at->slot), n, act.peer, act.tag, &model->acts[(size_t)at->slot].sends,
+                  "sending activations to the next pipeline stage");
+    };
+    p.send_gradient = [=](const PipeAction& act) {
+        Activations& a = model->acts[(size_t)at->slot];
+        comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
+        // the slot is free for the next pair: this send completes at the end of its group, before
+        // any compute action can write the slot again (a receive in the group writes only encoded)
+        pipe_slot_release(&par->slots, act.micro, act.chunk);
+    };
+    p.end_group = [=]() {
+        for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
+    };
+    p.end = []() {};
+    p.group_span = "wait sends";
+    p.busy_seconds = &par->times.busy_seconds;
+    p.schedule_seconds = &par->times.schedule_seconds;
+    return p;
+}
+
+// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
+// schedule (llmc/run/schedule_run.h runs the list, with the passes above). Returns this stage's mean
+// loss over the step's micro-batches (the last stage's; 0 elsewhere).
+static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    CpuScheduleAt at;
+    ScheduleStep s{par->schedule, par->grid.pp_rank, par->grid.pp, plan.accumulation_steps, par->chunks, step,
+                   par->pipe_filled, par->pipe_drains, par->grid.rank == 0};
+    return run_schedule(cpu_schedule_passes(model, par, train, plan, step, &at), s, train);
 }
 
 // --data-parallel server: every rank's gradient summed on rank 0, and the norm the all-reduce would

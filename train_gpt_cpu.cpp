@@ -52,6 +52,7 @@
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
 #include "llmc/run/schedule_run.h"
+#include "llmc/run/train_loop.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/pipedream_2bw.h"
 #include "llmc/run/plan.h"
@@ -1073,34 +1074,6 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
     return 0.0f;
 }
 
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
-static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
-    return evaluate_loss(val, batches, par->grid, par->model_parallel,
-        [&](const int* inputs, const int* targets) { return pipeline_forward(model, par, inputs, targets, val->B, val->T); },
-        [&](double x) { return comm_sum(&par->comms.world, x, "collecting the validation loss"); });
-}
-
-// A sample (llmc/run/run.h), each token from a forward pass over the window of the last max_T tokens.
-// Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
-// multiple of the degree (a causal model's earlier positions never see the padding).
-static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const TokenText& decoder, uint64_t* rng) {
-    const ModelSlice& s = model->slice;
-    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
-    std::vector<float> logits;
-    sample_and_print(o, model->config.vocab_size, model->max_T / multiple * multiple, par->model_parallel, &par->comms.world,
-                     decoder, rng, [&](const std::vector<int>& tokens, int len) {
-        int padded = (len + multiple - 1) / multiple * multiple;
-        std::vector<int> input(tokens.end() - len, tokens.end());
-        input.resize((size_t)padded, 0);
-        pipeline_forward(model, par, input.data(), nullptr, 1, padded);
-        // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
-        const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
-        if (!par->model_parallel) return row;
-        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
-        return (const float*)logits.data();
-    });
-}
-
 // ==============================================================================================
 // Weights in, weights out: every rank reads and writes its own elements, in global coordinates.
 
@@ -1507,15 +1480,6 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
 }
 
 // HellaSwag (llmc/run/run.h), in batches of the rows in use unless the forward pass spans ranks.
-static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
-    hellaswag_report(hellaswag, B, T, par->model_parallel, par->grid, par->model_parallel, step, mlog,
-        [&](const int* in, const int* tg, int rows, int Tp) {
-            pipeline_forward(model, par, in, tg, rows, Tp);
-            return (const float*)(model->slice.last_stage ? model->acts[0].losses.data() : nullptr);
-        },
-        [&](double x) { return comm_sum(&par->comms.world, x, "sum of the hellaswag counts"); });
-}
-
 // ==============================================================================================
 // Generation (--generate, llmc/run/generate.h): the whole model on one rank, no training state.
 // With the KV cache (llmc/model/kv_cache.h) only the new tokens' rows go through the layers; each
@@ -1670,6 +1634,76 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
 // --moe-experts: the layer's own checks first (moe_shape_problem, so a bad shape is named), then what
 // the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
 // (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
+// ==============================================================================================
+// The run around the step (llmc/run/train_loop.h): the CPU's passes, and the traffic each group of
+// ranks sent in the last step, for the end reports.
+
+struct CpuRunCounts {
+    Comm* world;  // (main's: the tests' probes)
+    Comm* groups[4];
+    CommCounters last_step[4];  // data, tensor, pipeline, world
+    BadSteps bad_steps;         // the steps in a row whose update was skipped (llmc/run/step.h)
+};
+
+static void cpu_before_step(Parallel* par, CpuRunCounts* c) {
+    for (Comm* g : c->groups) g->counters = CommCounters{};
+    par->ep_replicas.counters = CommCounters{};
+    profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
+}
+
+static StepReport cpu_after_step(GPT2* model, Parallel* par, CpuRunCounts* c, int step) {
+    profile_step_end(step);
+    for (int i = 0; i < 4; i++) c->last_step[i] = c->groups[i]->counters;
+    for (int op = 0; op < COMM_NUM_OPS; op++)  // --expert-parallel: the experts' sum over their replicas is a data-parallel sum
+        c->last_step[0].bytes[op] += par->ep_replicas.counters.bytes[op], c->last_step[0].calls[op] += par->ep_replicas.counters.calls[op];
+    StepReport rep;
+    rep.memory_bytes = peak_rss_bytes();
+    bool moe = model->moe.experts > 0;  // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
+    rep.moe_line = moe_step_line(model->moe_stats, moe);
+    rep.moe_fields = moe_metrics_fields(model->moe_stats, moe);
+    return rep;
+}
+
+// Evaluation and samples: each sample token from a forward pass over the window of the last max_T
+// tokens. Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end
+// to a multiple of the degree (a causal model's earlier positions never see the padding).
+static void cpu_evaluation_passes(GPT2* model, Parallel* par, RunPasses* p) {
+    p->forward = [=](const int* in, const int* tg, int rows, int T) { return (double)pipeline_forward(model, par, in, tg, rows, T); };
+    p->row_losses = [=]() { return (const float*)(model->slice.last_stage ? model->acts[0].losses.data() : nullptr); };
+    p->world_sum = [=](double x, const char* what) { return comm_sum(&par->comms.world, x, what); };
+    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
+    p->sample_logits = [=, logits = std::vector<float>()](const std::vector<int>& tokens, int len) mutable {
+        const ModelSlice& s = model->slice;
+        int padded = (len + multiple - 1) / multiple * multiple;
+        std::vector<int> input(tokens.end() - len, tokens.end());
+        input.resize((size_t)padded, 0);
+        pipeline_forward(model, par, input.data(), nullptr, 1, padded);
+        // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
+        const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
+        if (!par->model_parallel) return row;
+        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    };
+    p->sample_window = model->max_T / multiple * multiple;
+    p->hellaswag_fixed_shape = par->model_parallel;
+    p->sample_world = &par->comms.world;
+}
+
+static RunPasses cpu_run_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan* plan, const TrainOptions* o,
+                                CpuRunCounts* c, const uint64_t* sampler_rng) {
+    RunPasses p;
+    cpu_evaluation_passes(model, par, &p);
+    p.step_begins = [=](int step) { inject_offload_removal(c->world, step, model->offload.path[0]); };  // (tests: --offload-dir's file vanishing)
+    p.before_step = [=](int) { cpu_before_step(par, c); };
+    p.step = [=](int step) { return train_step(model, par, train, *plan, *o, step, &c->bad_steps); };
+    p.after_step = [=](int step, const StepResult&, double) { return cpu_after_step(model, par, c, step); };
+    p.checkpoint = [=](int step) {
+        fail_unless_weights_finite(model, par, step);
+        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng);
+    };
+    return p;
+}
+
 static void refuse_moe_problems(const TrainOptions& o) {
     std::string problem = moe_shape_problem(moe_run_shape(o));
     if (!problem.empty()) usage_fail(problem);
@@ -1681,181 +1715,155 @@ static void refuse_moe_problems(const TrainOptions& o) {
     if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
 }
 
-int main(int argc, char** argv) {
-    TrainOptions o;
-    parse_command_line(argc, argv, Trainer::CPU, &o);
-    validate_options(o);
+// ==============================================================================================
+// Start-up and the end of the run: main's steps.
+
+// The schedules' refusals: ZB-H1's deferred W and PipeDream-2BW's weight versions.
+static void refuse_cpu_schedules(const TrainOptions& o) {
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
         usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
-    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
-    validate_precision(o, Trainer::CPU, "fp32");
-    if (o.threads > 0) omp_set_num_threads(o.threads);
-    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
-    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
-    if (o.estimate || o.plan > 0) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h,
-        Comm launched;                   // llmc/parallel/grid_planner.h)
-        comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
-        if (launched.rank != 0) return 0;
-        EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
-        if (setup.ranks % o.expert_parallel != 0)
-            usage_fail("--expert-parallel %d must divide the data-parallel ranks %d: pass --estimate-ranks with a multiple of %d",
-                       o.expert_parallel, setup.ranks, o.expert_parallel);
-        if (o.plan > 0) print_plan(o, setup);
-        else print_estimate(setup);
-        return 0;
-    }
-    Comm world;
-    comm_init(&world, o.comm_timeout);
-    comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
-    bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
+}
 
-    // ---- the grid: who works with whom (llmc/parallel/process_grid.h)
-    Parallel par;
-    std::string why = make_grid(world.world_size, world.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
-                                o.sequence_parallel, &par.grid);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    const ProcessGrid& grid = par.grid;
-    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);  // (2bw-flush: 2bw, every step drained)
-    par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
+// --estimate and --plan: arithmetic only, no MPI, no weights, no data (llmc/memory/estimate.h,
+// llmc/parallel/grid_planner.h).
+static int print_cpu_arithmetic(const TrainOptions& o) {
+    Comm launched;
+    comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
+    if (launched.rank != 0) return 0;
+    EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
+    if (setup.ranks % o.expert_parallel != 0)
+        usage_fail("--expert-parallel %d must divide the data-parallel ranks %d: pass --estimate-ranks with a multiple of %d",
+                   o.expert_parallel, setup.ranks, o.expert_parallel);
+    if (o.plan > 0) print_plan(o, setup);
+    else print_estimate(setup);
+    return 0;
+}
+
+// The grid: who works with whom (llmc/parallel/process_grid.h).
+static void start_cpu_grid(Comm* world, const TrainOptions& o, Parallel* par) {
+    std::string why = make_grid(world->world_size, world->rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
+                                o.sequence_parallel, &par->grid);
+    if (!why.empty()) grid_usage_fail(world, why);
+    const ProcessGrid& grid = par->grid;
+    parse_pipeline_schedule(o.pipeline_schedule, &par->schedule);  // (2bw-flush: 2bw, every step drained)
+    par->chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     // (--expert-parallel: a forward pass's all-to-all needs every rank of the expert group)
-    par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
+    par->model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
     if (grid.dp % o.expert_parallel != 0)
-        grid_usage_fail(&world, strprintf("--expert-parallel %d must divide the data-parallel degree %d (the ranks): run on a "
-                                          "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, grid.dp,
-                                          o.expert_parallel, grid.dp));
+        grid_usage_fail(world, strprintf("--expert-parallel %d must divide the data-parallel degree %d (the ranks): run on a "
+                                         "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, grid.dp,
+                                         o.expert_parallel, grid.dp));
+}
 
-    // ---- the model's shape, and whether this grid, batch and memory budget can train it
-    std::string resume_dir = resolve_resume_dir(o, leader);
-    GPT2Config cfg;
-    bool new_model = false;
-    ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
-    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
-    why = new_model ? "" : moe_file_problem(file, o, model_source);  // its MoE settings must be the flags'
-    if (!why.empty()) grid_usage_fail(&world, why);
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+// Whether this grid, batch and memory budget can train the model. Returns what every rank will
+// allocate: the same setup --estimate prints, from which build_model sizes every buffer
+// (llmc/memory/estimate.h's estimate_cpu_shape).
+static EstimateSetup check_cpu_run(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape, const Parallel& par) {
+    const ProcessGrid& grid = par.grid;
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
     if (why.empty()) why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : shape.accumulation_steps, par.chunks, cfg.num_layers);
-    if (!why.empty()) grid_usage_fail(&world, why);
+    if (!why.empty()) grid_usage_fail(world, why);
     GradCompressionSettings compression = grad_compression_settings(o);
     compression.every_matrix = grad_compression_test_every_matrix();
     why = grad_compression_problem(compression, grid, cfg);
-    if (!why.empty()) grid_usage_fail(&world, why);
+    if (!why.empty()) grid_usage_fail(world, why);
     why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    // What every rank will allocate: the same setup --estimate prints, from which build_model sizes
-    // every buffer (llmc/memory/estimate.h's estimate_cpu_shape)
+    if (!why.empty()) grid_usage_fail(world, why);
     EstimateSetup predicted = run_estimate(o, cfg, shape, grid, par.schedule);
     predicted.compression = compression;  // (with the tests' every-matrix switch)
-    refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
-    refuse_unless_offload_dir_fits(&world, o, predicted, shape.B);
-    DataLoader train, val;
-    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
-    grid_comms_init(&par.comms, world, grid);
+    refuse_unless_memory_fits(world, predicted, o.max_memory_mib);
+    refuse_unless_offload_dir_fits(world, o, predicted, shape.B);
+    return predicted;
+}
 
-    trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
-    GPT2 model;
-    build_model(&model, &par, o, cfg, shape, predicted, resume_dir, new_model);
-    const ModelSlice& slice = model.slice;
-
-    // ---- the shape of the run
-    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
-    int B = plan.B, T = plan.T;
-    bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
-    bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
-    if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
-    par.times.bubble_formula = pipeline_bubble_formula(par.schedule);
-
-    uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    TrainStateHeader resumed;
-    if (!resume_dir.empty()) resume_state(&model, par.grid, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
-    if (!resume_dir.empty()) pipedream_2bw_load(&model.versions, resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
-    int first_step = (int)resumed.step;
-    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
-
-    if (leader) print_run_header(&model, par, world, o, plan, model_source, train, have_val ? &val : nullptr, resume_dir, resumed);
-    TokenText decoder;
-    if (leader) sample_decoder_init(&decoder, o, cfg);
-    HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
-    if (leader) profile_start(o.profile, slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
-    MetricsLog mlog;
-    metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
-                 plan.steps, first_step, model_source);
-    auto run_hellaswag = [&](int step) { hellaswag_run(&model, &par, hellaswag, B, T, step, &mlog); };
-    auto validate = [&](int step) {
-        float loss = evaluate(&model, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, step, loss);
-    };
-    dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
-    Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
-    CommCounters last_step[4];
-    BadSteps bad_steps;
-    for (int step = first_step; step < plan.steps; step++) {
-        bool last = step == plan.steps - 1;
-        comm_inject_fault(&world, step + 1);
-        inject_offload_removal(&world, step + 1, model.offload.path[0]);  // (tests: --offload-dir's file vanishing)
-        tracer.step = step + 1;
-        if (have_val && step % o.val_every == 0) validate(step);
-        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
-        if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
-
-        for (Comm* c : groups) c->counters = CommCounters{};
-        par.ep_replicas.counters = CommCounters{};
-        profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
-        auto start = std::chrono::steady_clock::now();
-        // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
-        par.pipe_drains = pipeline_drains_after(o, step + 1, plan.steps, have_val, hellaswag, evaluator);
-        StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
-        double seconds = seconds_since(start);
-        profile_step_end(step + 1);
-        for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
-        for (int op = 0; op < COMM_NUM_OPS; op++)  // --expert-parallel: the experts' sum over their replicas is a data-parallel sum
-            last_step[0].bytes[op] += par.ep_replicas.counters.bytes[op], last_step[0].calls[op] += par.ep_replicas.counters.calls[op];
-        dump_step_loss(&dump_probe, r.loss);
-        if (leader) {
-            // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
-            bool moe = model.moe.experts > 0;
-            print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1), 0.0f, moe_step_line(model.moe_stats, moe));
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_metrics_fields(model.moe_stats, moe));
-        }
-        if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
-            fail_unless_weights_finite(&model, &par, step + 1);
-            save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
-        }
-    }
-    if (have_val) validate(plan.steps);
-    if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
-    if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
-    if (grid.world > 1 && plan.steps > first_step)
-        report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
-    if (model.ep && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved, and --estimate's bounds
-        const CommCounters& ec = par.ep.counters;
-        double bytes = comm_sum(&world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+// After the last step: what each group of ranks sent, expert parallelism's all-to-alls, the
+// parameter server's comparison, the allocations; then the probes' files.
+static void cpu_end_reports(GPT2* model, Parallel* par, Comm* world, const TrainOptions& o, const EstimateSetup& predicted,
+                            const CpuRunCounts& counts, const RunPlan& plan, int first_step) {
+    const ProcessGrid& grid = par->grid;
+    bool leader = world->rank == 0;
+    int steps = plan.steps - first_step;
+    if (grid.world > 1 && steps > 0)
+        report_costs(held_bytes(model), model->table, grid, &par->comms.world, par->times, predicted, counts.last_step, steps);
+    if (model->ep && steps > 0) {  // --expert-parallel: what its all-to-alls moved, and --estimate's bounds
+        const CommCounters& ec = par->ep.counters;
+        double bytes = comm_sum(world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
         ExpertParallelBytes e = estimate_expert_parallel_bytes(predicted);
         if (leader)
             printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step, %.0f a step and "
                    "rank (%llu calls a rank: counts and rows, forward and backward, evaluations included); --estimate a step "
                    "and rank: counts %llu + rows at most %llu (%llu at even routing), %llu calls\n", bytes,
-                   plan.steps - first_step, bytes / (plan.steps - first_step), bytes / (plan.steps - first_step) / grid.world,
+                   steps, bytes / steps, bytes / steps / grid.world,
                    (unsigned long long)ec.calls[COMM_ALL_TO_ALL], (unsigned long long)e.counts, (unsigned long long)e.rows_at_most,
                    (unsigned long long)e.rows_even, (unsigned long long)e.calls);
     }
-    if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
-        compression.kind == GradCompressionKind::None && model.moe.experts == 0)  // (its arithmetic knows the dense table only)
-        parameter_server_report(model.server, last_step[0], model.layout.total);  // --data-parallel: server vs all-reduce
-    if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
-
-    dump_at_end(&model, &par, o.dump_state, B, T);
-    disk_offload_close(&model.offload);
+    if (leader && grid.dp > 1 && steps > 0 && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
+        predicted.compression.kind == GradCompressionKind::None && model->moe.experts == 0)  // (its arithmetic knows the dense table only)
+        parameter_server_report(model->server, counts.last_step[0], model->layout.total);  // --data-parallel: server vs all-reduce
+    if (o.print_allocations) print_allocations(held_bytes(model), model->table, world->rank);  // after the run: nothing grew while it trained
+    dump_at_end(model, par, o.dump_state, plan.B, plan.T);
+    disk_offload_close(&model->offload);
     profile_finish();
-    if (leader) print_run_summary(mlog);
-    metrics_close(&mlog);
-    trace_close();
+}
+
+int main(int argc, char** argv) {
+    TrainOptions o;
+    parse_command_line(argc, argv, Trainer::CPU, &o);
+    validate_options(o);
+    refuse_cpu_schedules(o);
+    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
+    validate_precision(o, Trainer::CPU, "fp32");
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
+    if (o.estimate || o.plan > 0) return print_cpu_arithmetic(o);
+    Comm world;
+    comm_init(&world, o.comm_timeout);
+    comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
+    bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
+    Parallel par;
+    start_cpu_grid(&world, o, &par);
+    const ProcessGrid& grid = par.grid;
+
+    // ---- the model's shape, and whether this grid, batch and memory budget can train it
+    RunModel rm;
+    std::string why = choose_model(o, leader, &rm);  // its MoE settings must be the flags'
+    if (!why.empty()) grid_usage_fail(&world, why);
+    const GPT2Config& cfg = rm.cfg;
+    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+    EstimateSetup predicted = check_cpu_run(&world, o, cfg, shape, par);
+    DataLoader train;
+    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
+    grid_comms_init(&par.comms, world, grid);
+    trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
+    GPT2 model;
+    build_model(&model, &par, o, cfg, shape, predicted, rm.resume_dir, rm.new_model);
+
+    // ---- the shape of the run, and a resumed run's state
+    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
+    RunEvents ev;
+    open_validation(&ev, o, cfg, plan, leader, par.model_parallel);
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
+    par.times.bubble_formula = pipeline_bubble_formula(par.schedule);
+    uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
+    TrainStateHeader resumed;
+    if (!rm.resume_dir.empty()) resume_state(&model, grid, o, rm.resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    if (!rm.resume_dir.empty()) pipedream_2bw_load(&model.versions, rm.resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
+    int first_step = (int)resumed.step;
+    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
+
+    if (leader) print_run_header(&model, par, world, o, plan, rm.source, train, ev.have_val ? &ev.val : nullptr, rm.resume_dir, resumed);
+    if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
+    open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm.source);
+    CpuRunCounts counts{&world, {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world}, {}, {}};
+    run_training(RunLoop{&o, &plan, first_step, cfg.vocab_size, leader, par.model_parallel, grid, &world, &par.pipe_drains, &sampler_rng, &ev},
+                 cpu_run_passes(&model, &par, &train, &plan, &o, &counts, &sampler_rng));
+    cpu_end_reports(&model, &par, &world, o, predicted, counts, plan, first_step);
+    close_reports(&ev, leader);
     comm_finalize(&world);
     return 0;
 }

@@ -1657,6 +1657,31 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     return micro_batches;
 }
 
+// The hooks' state, on the buffers gpt2_build allocated: the tensor group, ZeRO's plan and slots,
+// the offloaded optimizer, the pipeline's sends, gradient compression and the MoE table's ZeRO.
+static void gpt2_hooks_init(GPT2* m, Parallel* par, const TrainOptions& o) {
+    const ProcessGrid& grid = par->grid;
+    const GPT2Config& cfg = m->config;
+    tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
+                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
+    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
+    zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
+                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
+                  B_<floatX>(m, GB_ZERO_REDUCED));
+    if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
+        size_t n = gpu_offloaded_elements(m->shape);
+        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
+            fail("internal: --offload optimizer's range disagrees with the size table");
+        // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
+        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
+                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
+    }
+    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
+    grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
+                               B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
+    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
+}
+
 // The model's buffers and the state of every hook, for micro-batches of (B, T), `micro_batches` a
 // step (the schedule decides how many of them this stage holds at once: run_shape).
 // cuDNN's workspace is known only once its plans exist, so they are built first (they need no
@@ -1723,25 +1748,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
     // --cuda-graphs with accumulation: a slot per micro-batch, read once after the step (train_step_graphed)
     CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * (o.cuda_graphs ? micro_batches : 1) * sizeof(float)));
-    // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
-    tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
-                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
-    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
-    zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
-                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
-                  B_<floatX>(m, GB_ZERO_REDUCED));
-    if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
-        size_t n = gpu_offloaded_elements(m->shape);
-        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
-            fail("internal: --offload optimizer's range disagrees with the size table");
-        // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
-        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
-                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
-    }
-    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
-    grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
-                               B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
-    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
+    gpt2_hooks_init(m, par, o);
 }
 
 // --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
@@ -1766,10 +1773,6 @@ static double device_peak_tflops(int device) {
     return gpu_peak_bf16_tflops(props.name);
 }
 
-static void print_resumed(const std::string& resume_dir, const TrainStateHeader& resumed, const ProcessGrid& grid) {
-    printf("resumed from %s at step %lld\n", resume_dir.c_str(), (long long)resumed.step);
-    printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
-}
 
 // HellaSwag (llmc/run/run.h); the GPU runs its full (B, T) only (one cuDNN plan).
 // --dump-state's end (llmc/probes/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
@@ -1840,7 +1843,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
-    if (resumed.step > 0) print_resumed(rm.resume_dir, resumed, grid);
+    print_resumed(rm, resumed, grid);
 }
 
 // The pipeline's bubble, predicted and measured over the run (the first stage's schedule, which

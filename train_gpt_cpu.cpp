@@ -1434,11 +1434,11 @@ static void resume_state(GPT2* model, const ProcessGrid& grid, const TrainOption
 
 // What rank 0 says before the first step: the model, the batch, the grid, the data, the memory.
 static void print_run_header(GPT2* model, const Parallel& par, const Comm& world, const TrainOptions& o, const RunPlan& plan,
-                             const std::string& model_source, const DataLoader& train, const DataLoader* val,
-                             const std::string& resume_dir, const TrainStateHeader& resumed) {
+                             const RunModel& rm, const DataLoader& train, const DataLoader* val, const TrainStateHeader& resumed) {
+    const std::string& model_source = rm.source;
     const GPT2Config& cfg = model->config;
     const ProcessGrid& grid = par.grid;
-    int B = plan.B, T = plan.T, first_step = (int)resumed.step;
+    int B = plan.B, T = plan.T;
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
     if (model->moe.experts > 0) {
         const MoEShape& m = model->moe_shape;
@@ -1475,8 +1475,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
                "in fp32\n");
     }
     if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
-    if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-    if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+    print_resumed(rm, resumed, grid);
 }
 
 // HellaSwag (llmc/run/run.h), in batches of the rows in use unless the forward pass spans ranks.
@@ -1856,7 +1855,7 @@ int main(int argc, char** argv) {
     int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
-    if (leader) print_run_header(&model, par, world, o, plan, rm.source, train, ev.have_val ? &ev.val : nullptr, rm.resume_dir, resumed);
+    if (leader) print_run_header(&model, par, world, o, plan, rm, train, ev.have_val ? &ev.val : nullptr, resumed);
     if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
     open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm.source);
     CpuRunCounts counts{&world, {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world}, {}, {}};

@@ -66,6 +66,13 @@ inline std::string choose_model(const TrainOptions& o, bool leader, RunModel* r)
     return r->new_model ? "" : moe_file_problem(r->file, o, r->source);
 }
 
+// The header's last lines on a resumed run: the checkpoint, and how its state is cut for this grid.
+inline void print_resumed(const RunModel& rm, const TrainStateHeader& resumed, const ProcessGrid& grid) {
+    if (resumed.step <= 0) return;
+    printf("resumed from %s at step %lld\n", rm.resume_dir.c_str(), (long long)resumed.step);
+    printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+}
+
 // What the loop's evaluations read, and where the run reports.
 struct RunEvents {
     bool evaluator = false;  // evaluates and samples (a forward pass spanning ranks needs them all)

@@ -1986,7 +1986,7 @@ static int generate_main(const TrainOptions& o) {
         kv_cache_free(&cache);
     } else {
         // the window at the start of the (1, T) batch; attention being causal, what follows it cannot
-        // change the logits read (as print_sample does)
+        // change the logits read (as a sample does: gpu_evaluation_passes)
         std::vector<int> batch((size_t)T, 0);
         std::vector<float> logits;
         run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
@@ -2404,7 +2404,7 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
     TrainStateHeader resumed = gpu_resume(m, &par, o, rm, &plan, &train, &sampler_rng);
     GpuRunCounts counts{(int)resumed.step, 0, 0, 0, 0, 0, device_peak_tflops(par.world_gpu.device),  // 0 for a GPU we do not know: no MFU
-                        flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens};
+                        flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens, {}};
     if (leader) print_run_header(m, par, o, plan, train, ev.have_val ? &ev.val : nullptr, rm, resumed, simple_attention, counts.peak_tflops);
     counts.peak_used = gpu_memory_used();
 

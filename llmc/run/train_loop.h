@@ -32,6 +32,8 @@ struct StepReport {
     std::string moe_line, moe_fields;  // --moe-experts: the auxiliary losses and the routing
 };
 
+// A trainer's passes for the run, filled once at set-up (train_gpt.cu's gpu_run_passes, train_gpt_cpu.cpp's
+// cpu_run_passes).
 struct RunPasses {
     // one forward pass of `rows` x `T` tokens through the whole model; the mean loss on the head's stage
     // (targets null: no loss, the logits kept)

@@ -852,8 +852,7 @@ struct CpuScheduleAt {
     int slot = 0;
     float* stash = nullptr;
 };
-static SchedulePasses cpu_compute_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
-                                         CpuScheduleAt* at) {
+static SchedulePasses cpu_compute_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, CpuScheduleAt* at) {
     int stage = par->grid.pp_rank, B = plan.B, T = plan.T;
     bool split = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // B and W apart
     SchedulePasses p;
@@ -903,9 +902,8 @@ static SchedulePasses cpu_compute_passes(GPT2* model, Parallel* par, DataLoader*
 // The slots, the weight versions and the sends and receives between stages: a run's sends complete at
 // its end, after its receives (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage
 // computes arrives late).
-static SchedulePasses cpu_schedule_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step,
-                                          CpuScheduleAt* at) {
-    SchedulePasses p = cpu_compute_passes(model, par, train, plan, step, at);
+static SchedulePasses cpu_schedule_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, CpuScheduleAt* at) {
+    SchedulePasses p = cpu_compute_passes(model, par, train, plan, at);
     Comm* pp = &par->comms.pp;
     size_t n = tp_local_rows(model->tp, (size_t)plan.B * plan.T) * model->config.channels;  // floats crossing a stage boundary
     int m = plan.accumulation_steps;
@@ -958,7 +956,7 @@ static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, co
     CpuScheduleAt at;
     ScheduleStep s{par->schedule, par->grid.pp_rank, par->grid.pp, plan.accumulation_steps, par->chunks, step,
                    par->pipe_filled, par->pipe_drains, par->grid.rank == 0};
-    return run_schedule(cpu_schedule_passes(model, par, train, plan, step, &at), s, train);
+    return run_schedule(cpu_schedule_passes(model, par, train, plan, &at), s, train);
 }
 
 // --data-parallel server: every rank's gradient summed on rank 0, and the norm the all-reduce would

@@ -57,6 +57,8 @@
 #include "llmc/model/recompute.h"
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
+#include "llmc/run/schedule_run.h"
+#include "llmc/run/train_loop.h"
 #include "llmc/parallel/sharding.h"
 #include "llmc/utils.h"
 #include "llmc/parallel/zero.h"
@@ -931,129 +933,119 @@ static void graph_poison_gradient(GPT2* m) {  // (inside the capture)
     CUDA_CHECK(cudaMemcpyAsync(B_<floatX>(m, GB_GRADS), poison_on_gpu(m), sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
 }
 
+// The GPU's passes for the schedule (llmc/run/schedule_run.h). The pair (micro-batch, chunk) keeps its
+// activations in slot m->slot, taken at its first action (pipeline_parallel.h); interleaved: each action
+// names the model chunk it runs (pass_layers: which layers), and chunk c > 0 reads the tokens its chunk 0
+// kept. ZB-H1: micro-batch k's output gradients wait in stash k mod weight_stashes for its W, and a slot
+// lives until that W.
+static SchedulePasses gpu_compute_passes(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    PipelineGpu* pipe = &par->pipe;
+    int stage = par->grid.pp_rank, mb = plan.accumulation_steps, v = m->slice.chunks, stashes = m->shape.weight_stashes;
+    size_t BT = (size_t)m->B * m->T;
+    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
+    SchedulePasses p;
+    p.before_compute = [=](const PipeAction& act) {
+        int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
+        if (act.op == PipeOp::Forward && act.chunk == 0) {
+            if (tokens) std::copy(train->inputs.begin(), train->inputs.end(), tokens);
+            if (tokens) std::copy(train->targets.begin(), train->targets.end(), tokens + BT);
+            gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+        } else if (act.op == PipeOp::Forward) {  // interleaved: chunk c > 0 of a micro-batch read at its chunk 0
+            gpt2_upload_batch(m, tokens, tokens + BT);
+        }
+        if (act.op == PipeOp::Backward && act.micro == mb - 1 && act.chunk == 0) inject_gradient_overflow(m, par, step);  // tests only
+        if (act.op != PipeOp::Weight) pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
+    };
+    p.forward = [=](const PipeAction& act, float* micro_loss) {
+        gpt2_forward(m);
+        if (!pass_layers(m->slice, act.chunk).head) return false;
+        // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded before the
+        // loss's kernel turns them into their gradient
+        std::vector<float> first_logits;
+        if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), BT * m->slice.vocab_rows);
+        // the optimised loss is the mean over all tokens of the step, all ranks together: d/d(one token's
+        // loss) = 1/total, and the ranks' gradients simply add up. fp16: times the loss scale S
+        // (gpt2_loss_kernels), so every gradient of the backward is S times larger (exactly: a power of
+        // two), lifted above fp16's underflow; train_step divides it out again.
+        *micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
+        if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), BT, m->slice, *micro_loss);
+        return true;
+    };
+    p.backward = [=](const PipeAction& act) {
+        m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
+        gpt2_backward(m, act.micro == mb - 1);  // the last micro-batch (of each chunk) also starts the reduction (ZeRO-0/1)
+        m->stash = -1;
+        PipeAction send;
+        if (!zb && !pipe_send_of(act, stage, par->grid.pp, v, &send)) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
+    };
+    p.weight = [=](const PipeAction& act) {  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
+        m->stash = stashes > 0 ? act.micro % stashes : -1;
+        if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
+        m->stash = -1;
+        pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
+    };
+    p.compute_done = [=]() {  // the stage's compute time, for the bubble (the compute stream never waits on another stream)
+        if (par->grid.pp > 1 || tracer.file) CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    };
+    p.backward_delay = 2;
+    return p;
+}
+
+// The slots, the weight versions and the sends and receives between stages: a run's sends and receives
+// go together at its end (llmc/parallel/pipeline_parallel.cuh: pipe_flush).
+static SchedulePasses gpu_schedule_passes(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    SchedulePasses p = gpu_compute_passes(m, par, train, plan, step);
+    PipelineGpu* pipe = &par->pipe;
+    int mb = plan.accumulation_steps, v = m->slice.chunks;
+    size_t BT = (size_t)m->B * m->T, n = tp_local_rows(m->tp.host, BT) * m->config.channels;  // values crossing a stage boundary
+    size_t bytes = n * sizeof(floatX);
+    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;
+    p.begin = [=]() {
+        if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+            pipe_slots_reset(&pipe->slots, m->slots, mb, v);
+        if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
+        // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
+        // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
+        m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
+    };
+    p.take_slot = [=](const PipeAction& act) {
+        m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
+        m->chunk = act.chunk;
+    };
+    p.read_version = [=](bool older) { pipedream_2bw_gpu_read(&m->versions, older, m->stream); };
+    p.recv_activation = [=](const PipeAction& act) {  // (received with the rest of its run: pipe_flush)
+        pipe_recv_later(pipe, layer_x(m, GB_RESIDUAL, pass_layers(m->slice, act.chunk).first, n), bytes, act.peer, act.tag);
+    };
+    p.recv_gradient = [=](const PipeAction& act) { pipe_recv_later(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag); };
+    p.send_activation = [=](const PipeAction& act) {
+        PassLayers pass = pass_layers(m->slice, act.chunk);
+        pipe_send(pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, act.peer, act.tag, m->slot, m->stream);
+    };
+    p.send_gradient = [=](const PipeAction& act) {
+        pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
+        // the pair is done with its slot: the send leaves at the end of this run, before any compute
+        // action writes the slot again (pipe_wait_slot), and a receive in the run writes only layer 0
+        if (!zb) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
+    };
+    p.end_group = [=]() { pipe_flush(pipe, m->stream); };  // the trace's "send/recv": the group issued, its receives waited for
+    p.end = [=]() {
+        m->chunk = 0;
+        if (par->grid.pp > 1) pipe_finish(pipe, m->stream);
+    };
+    p.group_span = "send/recv";
+    p.busy_seconds = &pipe->busy_seconds;
+    p.schedule_seconds = &pipe->schedule_seconds;
+    return p;
+}
+
 // Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
 // schedule. Returns this stage's mean loss over the step's micro-batches (the last stage's; 0
 // elsewhere). The last backward hands the data group its units (ZeRO-0/1).
+// (llmc/run/schedule_run.h runs the list, with the passes above.)
 static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
-    const ModelSlice& sl = m->slice;
-    PipelineGpu* pipe = &par->pipe;
-    int stage = par->grid.pp_rank, mb = plan.accumulation_steps, v = sl.chunks;
-    size_t BT = (size_t)m->B * m->T, n = tp_local_rows(m->tp.host, BT) * m->config.channels;  // values crossing a stage boundary
-    size_t bytes = n * sizeof(floatX);
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
-    // interleaved: each action names the model chunk it runs (pass_layers: which layers)
-    // PipeDream-2BW: its list crosses the step boundary (2bw-flush: 1F1B's), each compute action labelled
-    // with the weight version it reads
-    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
-    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, mb, step, 1, par->pipe_filled, par->pipe_drains)[0]
-                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, mb, v);
-    int stashes = m->shape.weight_stashes;  // ZB-H1: micro-batch k's output gradients in stash k mod stashes
-    bool zb = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // a slot lives until W
-    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
-        pipe_slots_reset(&pipe->slots, m->slots, mb, v);
-    if (v > 1) pipe->tokens.resize((size_t)mb * 2 * BT);  // (the same size every step: allocated once)
-    // --moe-experts: d(optimised loss)/d(a micro-batch's L_aux + L_z), the step's being their mean over
-    // its micro-batches: S / m = (the loss's seed S / tokens) x the micro-batch's tokens
-    m->moe.aux_scale = (float)((double)m->scaler.scale / (double)plan.total_batch_tokens * ((double)m->B * m->T));
-    double loss = 0.0;  // this rank's mean loss over its micro-batches
-    auto start = std::chrono::steady_clock::now();
-    for (size_t k = 0; k < list.size(); k++) {
-        const PipeAction& act = list[k];
-        // the pair (micro-batch, chunk)'s activation slot, taken at its first action (pipeline_parallel.h)
-        m->slot = pipe_slot(&pipe->slots, act.micro, act.chunk);
-        m->chunk = act.chunk;
-        PassLayers pass = pass_layers(sl, act.chunk);
-        // --trace (llmc/probes/trace.h): host timestamps, the compute stream synchronised before the span ends
-        TraceSpan span(trace_kind(act.op), act.micro, v > 1 ? act.chunk : -1);
-        int* tokens = v > 1 ? pipe->tokens.data() + (size_t)act.micro * 2 * BT : nullptr;  // interleaved: inputs, targets
-        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
-        if (two_versions && pipe_is_compute(act.op)) pipedream_2bw_gpu_read(&m->versions, act.version < step - 1, m->stream);
-        auto busy = std::chrono::steady_clock::now();
-        PipeAction send;
-        switch (act.op) {
-        case PipeOp::RecvActivation:  // (received with the rest of its run: pipe_flush)
-            pipe_recv_later(pipe, layer_x(m, GB_RESIDUAL, pass.first, n), bytes, act.peer, act.tag);
-            break;
-        case PipeOp::RecvGradient:
-            pipe_recv_later(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag);
-            break;
-        case PipeOp::SendActivation:
-            pipe_send(pipe, layer_x(m, GB_RESIDUAL, pass.first + pass.count, n), bytes, act.peer, act.tag, m->slot, m->stream);
-            break;
-        case PipeOp::SendGradient:
-            pipe_send(pipe, A_<floatX>(m, GB_DRESIDUAL), bytes, act.peer, act.tag, m->slot, m->stream);
-            // the pair is done with its slot: the send leaves at the end of this run, before any compute
-            // action writes the slot again (pipe_wait_slot), and a receive in the run writes only layer 0
-            if (!zb) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Forward:
-            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
-                dataloader_next_batch(train);
-                if (tokens) std::copy(train->inputs.begin(), train->inputs.end(), tokens);
-                if (tokens) std::copy(train->targets.begin(), train->targets.end(), tokens + BT);
-                gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
-            } else {  // interleaved: chunk c > 0 of a micro-batch read at its chunk 0
-                gpt2_upload_batch(m, tokens, tokens + BT);
-            }
-            pipe_wait_slot(pipe, m->slot);  // the slot's earlier sends are done before it is overwritten
-            busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);  // (LLMC_TEST_PIPE_DELAY_MS: compute made of sleeps, to test the bubble)
-            gpt2_forward(m);
-            if (pass.head) {
-                size_t rows = (size_t)m->B * m->T;
-                // --dump-state (llmc/probes/state_dump.h): the first step's first logits, downloaded
-                // before the loss's kernel turns them into their gradient
-                std::vector<float> first_logits;
-                if (dump_probe.first_step && act.micro == 0) first_logits = download_as_float(A_<floatX>(m, GB_LOGITS), rows * sl.vocab_rows);
-                // the optimised loss is the mean over all tokens of the step, all ranks together:
-                // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up. fp16: times
-                // the loss scale S (gpt2_loss_kernels), so every gradient of the backward is S times
-                // larger (exactly: a power of two), lifted above fp16's underflow; train_step divides
-                // it out again.
-                float micro_loss = gpt2_loss(m, 1.0f / (float)plan.total_batch_tokens, true);
-                if (!first_logits.empty()) dump_keep_logits(&dump_probe, first_logits.data(), rows, sl, micro_loss);
-                loss += micro_loss / mb;
-                if (par->grid.rank == 0) print_micro_step(step, act.micro, mb, micro_loss, seconds_since(start));
-            }
-            break;
-        case PipeOp::Backward:
-            if (act.micro == mb - 1 && act.chunk == 0) inject_gradient_overflow(m, par, step);  // tests only
-            pipe_wait_slot(pipe, m->slot);
-            busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(2);
-            m->stash = stashes > 0 ? act.micro % stashes : -1;  // ZB-H1: B only, dy kept for W
-            // the last micro-batch (of each chunk) also starts the reduction (ZeRO-0/1)
-            gpt2_backward(m, act.micro == mb - 1);
-            m->stash = -1;
-            if (!zb && !pipe_send_of(act, stage, par->grid.pp, v, &send)) pipe_slot_release(&pipe->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Weight:  // ZB-H1's W; on the first stage (no stash) its B was the whole backward
-            pipeline_test_delay(1);
-            m->stash = stashes > 0 ? act.micro % stashes : -1;
-            if (m->stash >= 0) gpt2_backward_weights(m, act.micro == mb - 1);
-            m->stash = -1;
-            pipe_slot_release(&pipe->slots, act.micro, act.chunk);  // what W read is free now
-            break;
-        }
-        if ((par->grid.pp > 1 || tracer.file) && pipe_is_compute(act.op)) {
-            // the stage's compute time, for the bubble (the compute stream never waits on another stream)
-            CUDA_CHECK(cudaStreamSynchronize(m->stream));
-            pipe->busy_seconds += seconds_since(busy);
-        }
-        span.finish();
-        // a run's sends and receives go together at its end (llmc/parallel/pipeline_parallel.cuh); the
-        // trace's "send/recv" span is that: the group issued, its receives waited for
-        if (par->grid.pp > 1 && !pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
-            TraceSpan exchange("send/recv");
-            pipe_flush(pipe, m->stream);
-        }
-    }
-    m->chunk = 0;
-    if (par->grid.pp > 1) {
-        pipe_finish(pipe, m->stream);
-        pipe->schedule_seconds += seconds_since(start);
-    }
-    return loss;
+    ScheduleStep s{par->schedule, par->grid.pp_rank, par->grid.pp, plan.accumulation_steps, m->slice.chunks, step,
+                   par->pipe_filled, par->pipe_drains, par->grid.rank == 0};
+    return run_schedule(gpu_schedule_passes(m, par, train, plan, step), s, train);
 }
 
 // ==============================================================================================
@@ -1085,33 +1077,6 @@ static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const i
     }
     m->chunk = 0;
     return 0.0f;
-}
-
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
-static float evaluate(GPT2* m, Parallel* par, DataLoader* val, int batches) {
-    return evaluate_loss(val, batches, par->grid, par->model_parallel,
-        [&](const int* inputs, const int* targets) { return (double)pipeline_forward(m, par, inputs, targets); },
-        [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "collecting the validation loss"); });
-}
-
-// A sample (llmc/run/run.h). The model runs on the full (B, T) it was sized for (one cuDNN plan, no new
-// shapes); the window sits at the start of row 0 and, attention being causal, what follows it
-// cannot change the logits we read. On a model-parallel grid the last stage's tensor ranks send
-// their vocabulary rows of the logits to rank 0.
-static void print_sample(GPT2* m, Parallel* par, const TrainOptions& o, const TokenText& decoder, uint64_t* rng) {
-    const ModelSlice& sl = m->slice;
-    std::vector<int> batch((size_t)m->B * m->T, 0);
-    std::vector<float> mine, logits;
-    sample_and_print(o, m->config.vocab_size, m->T, par->model_parallel, &par->world, decoder, rng,
-                     [&](const std::vector<int>& tokens, int len) {
-        std::copy(tokens.end() - len, tokens.end(), batch.begin());
-        pipeline_forward(m, par, batch.data(), nullptr);
-        bool holds = sl.last_stage && par->grid.dp_rank == 0;  // this rank has some of the logits we want
-        if (holds) mine = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * sl.vocab_rows, sl.vocab_rows);
-        if (!par->model_parallel) return (const float*)mine.data();
-        collect_logits_row(&par->world, holds, sl, mine.data(), m->config.vocab_size, &logits);
-        return (const float*)logits.data();
-    });
 }
 
 // ==============================================================================================
@@ -1692,6 +1657,31 @@ static int check_batch_fits(const TrainOptions& o, const GPT2Config& cfg, const 
     return micro_batches;
 }
 
+// The hooks' state, on the buffers gpt2_build allocated: the tensor group, ZeRO's plan and slots,
+// the offloaded optimizer, the pipeline's sends, gradient compression and the MoE table's ZeRO.
+static void gpt2_hooks_init(GPT2* m, Parallel* par, const TrainOptions& o) {
+    const ProcessGrid& grid = par->grid;
+    const GPT2Config& cfg = m->config;
+    tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
+                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
+    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
+    zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
+                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
+                  B_<floatX>(m, GB_ZERO_REDUCED));
+    if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
+        size_t n = gpu_offloaded_elements(m->shape);
+        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
+            fail("internal: --offload optimizer's range disagrees with the size table");
+        // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
+        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
+                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
+    }
+    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
+    grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
+                               B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
+    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
+}
+
 // The model's buffers and the state of every hook, for micro-batches of (B, T), `micro_batches` a
 // step (the schedule decides how many of them this stage holds at once: run_shape).
 // cuDNN's workspace is known only once its plans exist, so they are built first (they need no
@@ -1758,25 +1748,7 @@ static void gpt2_build(GPT2* m, Parallel* par, const GPT2Config& cfg, int B, int
     CUDA_CHECK(cudaMallocHost(&m->host_buckets, (3 * BT + 1) * sizeof(int)));
     // --cuda-graphs with accumulation: a slot per micro-batch, read once after the step (train_step_graphed)
     CUDA_CHECK(cudaMallocHost(&m->host_losses, BT * (o.cuda_graphs ? micro_batches : 1) * sizeof(float)));
-    // the hooks' state: the tensor group, ZeRO's plan and slots, the pipeline's sends
-    tp_gpu_init(&m->tp, &par->comms.tp, par->groups ? &par->tensor_gpu : nullptr, grid.sequence_parallel,
-                B_<floatX>(m, GB_TP_GATHERED), B_<float>(m, GB_TP_LOSS_EXCHANGE));
-    if (m->buf[GB_TP_LOSS_EXCHANGE]) CUDA_CHECK(cudaMemset(m->buf[GB_TP_LOSS_EXCHANGE], 0, m->table[GB_TP_LOSS_EXCHANGE].bytes()));
-    zero_gpu_init(&m->zero, grid.zero_stage, par->data, par->data_on_gpu, grid, m->slice, m->layout, B_<floatX>(m, GB_PARAMS),
-                  B_<floatX>(m, GB_GRADS), B_<floatX>(m, GB_ZERO_GATHERED), B_<floatX>(m, GB_ZERO_BUCKETS),
-                  B_<floatX>(m, GB_ZERO_REDUCED));
-    if (m->shape.offload_optimizer) {  // the same elements the table would have put on the GPU
-        size_t n = gpu_offloaded_elements(m->shape);
-        if (grid.zero_stage <= 1 && m->zero.plan.updated.size() != n)
-            fail("internal: --offload optimizer's range disagrees with the size table");
-        // one data-parallel rank streams each bucket as the backward finishes it; several sum it first
-        offload_allocate(&m->offload, m->zero.plan, n, m->layout, m->slice.num_layers, o.offload_bucket_layers,
-                         grid.dp == 1, o.offload_delay == 1, m->shape.bf16_moments);
-    }
-    if (grid.pp > 1) pipe_gpu_init(&par->pipe, &par->pipe_gpu, grid.pp_rank, grid.pp, par->schedule, m->slots);
-    grad_compression_gpu_setup(&m->compression, gpu_grad_compression_settings(o), par->data, par->data_on_gpu, cfg, o.seed,
-                               B_<float>(m, GB_COMPRESSION_STATE), B_<float>(m, GB_COMPRESSION_WORK));
-    if (o.moe_experts > 0) moe_zero_gpu_init(&m->moe_zero, grid.zero_stage, par->data_on_gpu, m->moe.layout.total);
+    gpt2_hooks_init(m, par, o);
 }
 
 // --attention simple, or the fp32 and fp16 builds, where cuDNN's fused attention (our graph is
@@ -1801,21 +1773,8 @@ static double device_peak_tflops(int device) {
     return gpu_peak_bf16_tflops(props.name);
 }
 
-static void print_resumed(const std::string& resume_dir, const TrainStateHeader& resumed, const ProcessGrid& grid) {
-    printf("resumed from %s at step %lld\n", resume_dir.c_str(), (long long)resumed.step);
-    printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
-}
 
 // HellaSwag (llmc/run/run.h); the GPU runs its full (B, T) only (one cuDNN plan).
-static void hellaswag_run(GPT2* m, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
-    hellaswag_report(hellaswag, B, T, true, par->grid, par->model_parallel, step, mlog,
-        [&](const int* in, const int* tg, int, int) {
-            pipeline_forward(m, par, in, tg);
-            return (const float*)(m->slice.last_stage ? m->host_losses : nullptr);
-        },
-        [&](double x) { return gpu_comm_sum(&par->world_gpu, x, "sum of the hellaswag counts"); });
-}
-
 // --dump-state's end (llmc/probes/gpu_test_hooks.cuh): the final weights, gathered, and the master weights.
 static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, int T) {
     if (!dump_probe.on) return;
@@ -1825,10 +1784,12 @@ static void dump_at_end(GPT2* m, Parallel* par, const std::string& path, int B, 
                 m->moe.moe.experts > 0 ? moe_whole_table(m, download_as_float(m->moe.params, m->moe.layout.total)) : std::vector<float>());
 }
 
-// What rank 0 says before the first step: the device, the model, precision, batch, ranks, data and
-// the buffer table.
+// What rank 0 says before the first step: the device, the model, precision, batch, ranks, data,
+// the buffer table, and the checkpoint a resumed run starts from.
 static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o, const RunPlan& plan, const DataLoader& train,
-                             const DataLoader* val, const std::string& model_source, bool simple_attention, double peak_tflops) {
+                             const DataLoader* val, const RunModel& rm, const TrainStateHeader& resumed, bool simple_attention,
+                             double peak_tflops) {
+    const std::string& model_source = rm.source;
     const ProcessGrid& grid = par.grid;
     const Comm& comm = par.world;
     const GPT2Config& cfg = m->config;
@@ -1882,6 +1843,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
+    print_resumed(rm, resumed, grid);
 }
 
 // The pipeline's bubble, predicted and measured over the run (the first stage's schedule, which
@@ -2024,7 +1986,7 @@ static int generate_main(const TrainOptions& o) {
         kv_cache_free(&cache);
     } else {
         // the window at the start of the (1, T) batch; attention being causal, what follows it cannot
-        // change the logits read (as print_sample does)
+        // change the logits read (as a sample does: gpu_evaluation_passes)
         std::vector<int> batch((size_t)T, 0);
         std::vector<float> logits;
         run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
@@ -2042,6 +2004,92 @@ static int generate_main(const TrainOptions& o) {
 // fp16's loss scaler (llmc/optim/loss_scaler.h): S and its window from the flags (0: PyTorch's
 // defaults), or where a checkpoint left them (a file without them, bf16's or an older one, starts
 // afresh). bf16 and fp32 need none: S = 1, never changes.
+// ==============================================================================================
+// The run around the step (llmc/run/train_loop.h): the GPU's passes, and what it counts around a step
+// for its end reports.
+
+struct GpuRunCounts {
+    int first_step = 0;
+    uint64_t sent_before = 0;
+    uint64_t first_sent = 0, last_sent = 0;  // bytes this rank sent to its data group in the run's first and last step
+    uint64_t graph_sent = 0;  // --cuda-graphs: the bytes the capture step counted (the counters run on the host, at the calls)
+    size_t peak_used = 0;
+    double peak_tflops = 0, flops_per_step = 0;
+    BadSteps bad_steps;  // the steps in a row whose update was skipped (llmc/run/step.h)
+};
+
+static void gpu_before_step(GPT2* m, Parallel* par, const TrainOptions& o, GpuRunCounts* c, int step) {
+    int i = step - 1;  // (the loop's index)
+    c->sent_before = par->data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
+    if (m->graphs.replay && i > c->first_step + 1) c->sent_before -= c->graph_sent;  // (a replay sends what its capture counted)
+    m->graphs.replay = o.cuda_graphs && i > c->first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
+}
+
+static StepReport gpu_after_step(GPT2* m, Parallel* par, const RunPlan& plan, GpuRunCounts* c, int step, const StepResult& r,
+                                 double seconds) {
+    int i = step - 1, first = c->first_step;
+    (i == first ? c->first_sent : c->last_sent) = par->data_on_gpu->sent.total_bytes() - c->sent_before;
+    if (m->graphs.replay && i == first + 1) c->graph_sent = c->last_sent;
+    if (par->grid.rank == 0 && m->graphs.replay && i == first + 1) print_graphs_captured(m->graphs, step, plan.accumulation_steps);
+    if (i == first) c->peak_used = std::max(c->peak_used, gpu_memory_used());  // every library has what it wants now
+    // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
+    // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and
+    // 3rd steps' times alone give 23%; 20% predicted)
+    if (i == first && plan.steps - first > 1) par->pipe.busy_seconds = par->pipe.schedule_seconds = 0;
+    fp8_test_dump_state(&par->world, step, &m->fp8);  // LLMC_TEST_FP8_STATE (llmc/probes/gpu_test_hooks.cuh)
+    StepReport rep;
+    rep.mfu = c->peak_tflops > 0 ? 100.0 * c->flops_per_step / seconds / (c->peak_tflops * par->world.world_size * 1e12) : -1.0;
+    rep.loss_scale = FLOATX_IS_FP16 ? r.loss_scale : 0.0f;
+    rep.memory_bytes = (double)c->peak_used;
+    bool moe = m->moe.moe.experts > 0;  // --moe-experts: the auxiliary losses and the routing beside the LM loss
+    rep.moe_line = moe_step_line(m->moe.stats, moe);
+    rep.moe_fields = moe_metrics_fields(m->moe.stats, moe);
+    return rep;
+}
+
+// Evaluation and samples: on a grid whose forward pass spans several ranks (tensor or pipeline
+// parallelism, ZeRO-3) every rank takes part; otherwise rank 0 alone evaluates. A sample runs the
+// model on the full (B, T) it was sized for (one cuDNN plan, no new shapes); the window sits at the
+// start of row 0 and, attention being causal, what follows it cannot change the logits we read. On a
+// model-parallel grid the last stage's tensor ranks send their vocabulary rows of the logits to rank 0.
+static void gpu_evaluation_passes(GPT2* m, Parallel* par, RunPasses* p) {
+    p->forward = [=](const int* inputs, const int* targets, int, int) { return (double)pipeline_forward(m, par, inputs, targets); };
+    p->row_losses = [=]() { return (const float*)(m->slice.last_stage ? m->host_losses : nullptr); };
+    p->world_sum = [=](double x, const char* what) { return gpu_comm_sum(&par->world_gpu, x, what); };
+    std::vector<int> batch((size_t)m->B * m->T, 0);
+    p->sample_logits = [=, mine = std::vector<float>(), logits = std::vector<float>()](const std::vector<int>& tokens, int len) mutable {
+        const ModelSlice& sl = m->slice;
+        if (tokens.size() == 1) std::fill(batch.begin(), batch.end(), 0);  // (a new sample)
+        std::copy(tokens.end() - len, tokens.end(), batch.begin());
+        pipeline_forward(m, par, batch.data(), nullptr);
+        bool holds = sl.last_stage && par->grid.dp_rank == 0;  // this rank has some of the logits we want
+        if (holds) mine = download_as_float(A_<floatX>(m, GB_LOGITS) + (size_t)(len - 1) * sl.vocab_rows, sl.vocab_rows);
+        if (!par->model_parallel) return (const float*)mine.data();
+        collect_logits_row(&par->world, holds, sl, mine.data(), m->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    };
+    p->sample_window = m->T;
+    p->hellaswag_fixed_shape = true;
+    p->sample_world = &par->world;
+}
+
+static RunPasses gpu_run_passes(GPT2* m, Parallel* par, DataLoader* train, const RunPlan* plan, const TrainOptions* o,
+                                GpuRunCounts* c, const uint64_t* sampler_rng) {
+    RunPasses p;
+    gpu_evaluation_passes(m, par, &p);
+    p.step_begins = [](int) {};
+    p.before_step = [=](int step) { gpu_before_step(m, par, *o, c, step); };
+    p.step = [=](int step) {
+        StepResult r = m->graphs.replay ? train_step_graphed(m, par, train, *plan, *o, step, &c->bad_steps)
+                                        : train_step(m, par, train, *plan, *o, step, &c->bad_steps);
+        if (step == plan->steps) flush_offloaded_weights(m);  // --offload-delay 1: the last step's weights reach the GPU
+        return r;
+    };
+    p.after_step = [=](int step, const StepResult& r, double seconds) { return gpu_after_step(m, par, *plan, c, step, r, seconds); };
+    p.checkpoint = [=](int step) { save_checkpoint(m, par, *plan, *o, step, *train, *sampler_rng); };
+    return p;
+}
+
 static LossScaler start_loss_scaler(const TrainOptions& o, const TrainStateHeader& resumed) {
     LossScaler s;
     if (!FLOATX_IS_FP16) return s;
@@ -2155,11 +2203,12 @@ static std::string factored_gpu_problem(const TrainOptions& o) {
     return "";
 }
 
-int main(int argc, char** argv) {
-    TrainOptions o;
-    parse_command_line(argc, argv, Trainer::GPU, &o);
-    validate_options(o);
-    check_offload_options(o);
+// ==============================================================================================
+// Start-up and the end of the run: main's steps.
+
+// The flag pairs the GPU trainer refuses before anything starts: ZB-H1's and PipeDream-2BW's (the CPU's
+// refusals, and the GPU's own), the precision, and fp16's loss scale.
+static void refuse_gpu_flags(const TrainOptions& o) {
     // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
@@ -2184,194 +2233,187 @@ int main(int argc, char** argv) {
                                              o.loss_scale_window == 0 ? LOSS_SCALE_WINDOW : o.loss_scale_window);
         if (!bad.empty()) usage_fail("%s (--loss-scale-init, --loss-scale-window)", bad.c_str());
     }
+}
+
+// --estimate and --plan: no GPU needed, arithmetic (llmc/memory/estimate.h, llmc/parallel/grid_planner.h).
+static int print_arithmetic(const TrainOptions& o, bool master_weights, bool simple_attention) {
+    EstimateSetup setup = estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention);
+    setup.half_name = FLOATX_IS_FP16 ? "fp16" : "bf16";
+    if (o.plan > 0) print_plan(o, setup);
+    else print_estimate(setup);
+    return 0;
+}
+
+// The ranks and the grid (one rank: the grid 1 x 1 x 1). Returns whether this is rank 0, which alone
+// prints, evaluates, samples and writes the model.
+static bool start_ranks(const TrainOptions& o, Parallel* par) {
+    comm_init(&par->world, o.comm_timeout);
+    std::string why = make_grid(par->world.world_size, par->world.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
+                                o.sequence_parallel, &par->grid);
+    if (!why.empty()) grid_usage_fail(&par->world, why);
+    const ProcessGrid& grid = par->grid;
+    parse_pipeline_schedule(o.pipeline_schedule, &par->schedule);
+    par->chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
+    par->groups = grid.tp > 1 || grid.pp > 1;
+    par->model_parallel = par->groups || grid.zero_stage == 3 || o.expert_parallel > 1;  // (--expert-parallel: the experts' owners)
+    return par->world.rank == 0;
+}
+
+// The grid's groups and the GPUs, and what the GPUs refuse once connected: expert parallelism's
+// exchange with ranks sharing a GPU.
+static void start_gpus(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
+    start_grid(o, cfg, par);
+    connect_gpus(par);
+    if (o.expert_parallel > 1 && par->world_gpu.host_staged)  // (llmc/parallel/expert_parallel.cuh: grouped ncclSend/ncclRecv)
+        grid_usage_fail(&par->world, strprintf("--expert-parallel %d with %d ranks sharing a GPU: the exchange runs on NCCL, one GPU "
+                                               "a rank; give each rank its own GPU, or use --expert-parallel 1", o.expert_parallel,
+                                               par->world.world_size));
+}
+
+// The pipeline schedule on this grid: interleaved cuts the layers into p x v equal chunks, the
+// micro-batches in groups of p (--eval-only runs no schedule).
+static std::string gpu_schedule_problem(const TrainOptions& o, const GPT2Config& cfg, const Parallel& par) {
+    const ProcessGrid& grid = par.grid;
+    return pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,
+                                     par.chunks, cfg.num_layers);
+}
+
+// --cuda-graphs on this grid (llmc/run/cuda_graphs.cuh), before any allocation.
+static void refuse_gpu_graphs(const TrainOptions& o, Parallel* par) {
+    std::string graphs_problem = cuda_graphs_problem(o, par->grid, par->world_gpu.host_staged);
+    if (!graphs_problem.empty()) grid_usage_fail(&par->world, graphs_problem);
+}
+
+// --precision fp8 resumed: the scales' history from fp8_state.bin (a checkpoint of a bf16 run has
+// none: step 1 after it calibrates).
+static void load_fp8_state(GPT2* m, const std::string& resume_dir, bool leader) {
+    if (!m->fp8.on || resume_dir.empty()) return;
+    std::string path = resume_dir + "/fp8_state.bin";
+    if (file_exists(path)) {
+        std::vector<float> values(fp8_saved_floats(&m->fp8));
+        read_fp8_state(path, m->fp8.tensors, m->fp8.history, &values);
+        fp8_upload_state(&m->fp8, values);
+    } else if (leader) {
+        printf("note: the checkpoint has no fp8_state.bin (not an fp8 run): the first step measures its own scales\n");
+    }
+}
+
+// 2BW: W(-1) = W(0), or a resumed run's W(t-1) from its checkpoint (rounded back to the same bits).
+static void load_2bw_versions(GPT2* m, const ProcessGrid& grid, const std::string& resume_dir, int64_t step) {
+    pipedream_2bw_gpu_copy_newer(&m->versions, m->stream);
+    if (!m->versions.on || resume_dir.empty()) return;
+    PipeDream2BW host;
+    host.on = true;
+    host.older.assign(m->versions.params_n + m->versions.lent_n, 0.0f);
+    pipedream_2bw_load(&host, resume_dir, grid.rank, grid.world, step);
+    upload_rounded(m->versions.older, host.older.data(), host.older.size());
+}
+
+// The state: this rank's weights, master weights and optimizer state, from a checkpoint, a model
+// file or the seed, and a resumed run's loss scale, fp8 scales, compression state, sampler and data
+// position (--eval-only: a run of zero steps). Returns the checkpoint's header (step 0 for a new run).
+static TrainStateHeader gpu_resume(GPT2* m, Parallel* par, const TrainOptions& o, const RunModel& rm, RunPlan* plan,
+                                   DataLoader* train, uint64_t* sampler_rng) {
+    bool leader = par->world.rank == 0;
+    const std::string& resume_dir = rm.resume_dir;
+    TrainStateHeader resumed = load_state(m, o, resume_dir, rm.new_model);
+    m->scaler = start_loss_scaler(o, resumed);
+    offload_resume_pending(&m->offload, (int)resumed.step, o.seed);  // --offload-delay 1: model.bin is a step behind
+    load_fp8_state(m, resume_dir, leader);
+    if (!resume_dir.empty()) {
+        check_resume_state(resumed, resume_dir, param_layout(rm.cfg).total, *plan, true);
+        grad_compression_gpu_load(&m->compression, resume_dir, resumed.step);  // its error feedback and Q, or a refusal
+        *sampler_rng = resumed.sampler_rng;
+        if (!o.eval_only) dataloader_seek(train, resumed.train_loader, leader);
+    }
+    if (par->grid.pp > 1) share_tied_weights(m, par);  // the last stage's copy of wte for its LM head
+    load_2bw_versions(m, par->grid, resume_dir, resumed.step);
+    if (o.eval_only) plan->steps = (int)resumed.step;  // evaluating is a run of zero steps
+    return resumed;
+}
+
+// After the last step: the pipeline's bubble, the memory, the data group's traffic, expert
+// parallelism's all-to-alls and the offloaded gradients; then --dump-state's file.
+static void gpu_end_reports(GPT2* m, Parallel* par, const TrainOptions& o, const RunPlan& plan, GpuRunCounts* c) {
+    bool leader = par->world.rank == 0;
+    int first_step = c->first_step, steps = plan.steps;
+    c->peak_used = std::max(c->peak_used, gpu_memory_used());
+    if (par->grid.pp > 1 && steps > first_step) report_bubble(par, std::max(1, steps - first_step - 1));
+    if (leader) report_memory(m, c->peak_used);
+    if (leader && par->grid.dp > 1 && steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
+        printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
+               format_bytes((double)c->first_sent).c_str(), steps, format_bytes((double)c->last_sent).c_str());
+    if (m->ep.on && steps > first_step) {  // --expert-parallel: what its all-to-alls moved (as train_gpt_cpu reports it)
+        const CommCounters& ec = m->ep.group.sent;
+        double bytes = gpu_comm_sum(&par->world_gpu, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+        if (leader)
+            printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step (%llu calls a rank: "
+                   "counts and rows, forward and backward, %zu bytes a value)\n", bytes, steps - first_step,
+                   bytes / (steps - first_step), (unsigned long long)ec.calls[COMM_ALL_TO_ALL], sizeof(floatX));
+    }
+    if (leader && m->shape.offload_optimizer)
+        printf("offload: the last step's backward sent %d of %zu gradient buckets to the host as it finished them\n",
+               m->offload.streamed_last_step, m->offload.buckets.size());
+    dump_at_end(m, par, o.dump_state, plan.B, plan.T);
+}
+
+int main(int argc, char** argv) {
+    TrainOptions o;
+    parse_command_line(argc, argv, Trainer::GPU, &o);
+    validate_options(o);
+    check_offload_options(o);
+    refuse_gpu_flags(o);  // ZB-H1, 2BW, the precision, fp16's loss scale
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
-
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
-    if (o.estimate || o.plan > 0) {  // no GPU needed: arithmetic (llmc/memory/estimate.h, llmc/parallel/grid_planner.h)
-        EstimateSetup setup = estimate_setup(o, Trainer::GPU, (int)sizeof(floatX), master_weights, simple_attention);
-        setup.half_name = FLOATX_IS_FP16 ? "fp16" : "bf16";
-        if (o.plan > 0) print_plan(o, setup);
-        else print_estimate(setup);
-        return 0;
-    }
+    if (o.estimate || o.plan > 0) return print_arithmetic(o, master_weights, simple_attention);
 
-    // ---- the ranks and the grid (one rank: the grid 1 x 1 x 1), then the GPUs
+    // ---- the ranks and the grid, the model's shape, then the GPUs
     Parallel par;
-    comm_init(&par.world, o.comm_timeout);
+    bool leader = start_ranks(o, &par);
     const Comm& comm = par.world;
-    bool leader = comm.rank == 0;  // rank 0 alone prints, evaluates, samples and writes the model
-    std::string why = make_grid(comm.world_size, comm.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
-                                o.sequence_parallel, &par.grid);
-    if (!why.empty()) grid_usage_fail(&par.world, why);
     const ProcessGrid& grid = par.grid;
-    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);
-    par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
-    par.groups = grid.tp > 1 || grid.pp > 1;
-    par.model_parallel = par.groups || grid.zero_stage == 3 || o.expert_parallel > 1;  // (--expert-parallel: the experts' owners)
-    std::string resume_dir = resolve_resume_dir(o, leader);
-    GPT2Config cfg;
-    bool new_model = false;
-    ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
-    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
-    why = new_model ? "" : moe_file_problem(file, o, model_source);
+    RunModel rm;
+    std::string why = choose_model(o, leader, &rm);
+    const GPT2Config& cfg = rm.cfg;
     if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
     if (why.empty()) why = optimizer_gpu_problem(o);
     if (why.empty()) why = factored_gpu_problem(o);
-    // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
-    if (why.empty())
-        why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,
-                                        par.chunks, cfg.num_layers);
+    if (why.empty()) why = gpu_schedule_problem(o, cfg, par);
     if (!why.empty()) grid_usage_fail(&par.world, why);
-    start_grid(o, cfg, &par);
-    connect_gpus(&par);
-    if (o.expert_parallel > 1 && par.world_gpu.host_staged)  // (llmc/parallel/expert_parallel.cuh: grouped ncclSend/ncclRecv)
-        grid_usage_fail(&par.world, strprintf("--expert-parallel %d with %d ranks sharing a GPU: the exchange runs on NCCL, one GPU "
-                                              "a rank; give each rank its own GPU, or use --expert-parallel 1", o.expert_parallel,
-                                              par.world.world_size));
+    start_gpus(o, cfg, &par);
     check_gpu_shape(cfg);
     int micro_batches = check_batch_fits(o, cfg, par, master_weights, simple_attention);
     trace_open(o.trace, comm.rank, comm.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
 
     // ---- data and the shape of the run: each data-parallel rank reads its own slice of every step
-    DataLoader train, val;
+    DataLoader train;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
-    int B = plan.B, T = plan.T;
     if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
-    std::string graphs_problem = cuda_graphs_problem(o, grid, par.world_gpu.host_staged);  // before any allocation
-    if (!graphs_problem.empty()) grid_usage_fail(&par.world, graphs_problem);
-    bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
-    bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
-    if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
+    refuse_gpu_graphs(o, &par);
+    RunEvents ev;
+    open_validation(&ev, o, cfg, plan, leader, par.model_parallel);
     par.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
 
-    // ---- the buffers, sized from the table and checked against free memory; then the state: this
-    // rank's weights, master weights and AdamW moments, from a checkpoint, a model file or the seed
+    // ---- the buffers, sized from the table and checked against free memory; then the state
     GPT2 model;
     GPT2* m = &model;
-    gpt2_build(m, &par, cfg, B, T, micro_batches, o, master_weights, &simple_attention);
+    gpt2_build(m, &par, cfg, plan.B, plan.T, micro_batches, o, master_weights, &simple_attention);
     uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    TrainStateHeader resumed = load_state(m, o, resume_dir, new_model);
-    m->scaler = start_loss_scaler(o, resumed);
-    offload_resume_pending(&m->offload, (int)resumed.step, o.seed);  // --offload-delay 1: model.bin is a step behind
-    if (m->fp8.on && !resume_dir.empty()) {  // a checkpoint of a bf16 run has none: step 1 after it calibrates
-        std::string path = resume_dir + "/fp8_state.bin";
-        if (file_exists(path)) {
-            std::vector<float> values(fp8_saved_floats(&m->fp8));
-            read_fp8_state(path, m->fp8.tensors, m->fp8.history, &values);
-            fp8_upload_state(&m->fp8, values);
-        } else if (leader) {
-            printf("note: the checkpoint has no fp8_state.bin (not an fp8 run): the first step measures its own scales\n");
-        }
-    }
-    int first_step = (int)resumed.step;
-    if (!resume_dir.empty()) {
-        check_resume_state(resumed, resume_dir, param_layout(cfg).total, plan, true);
-        grad_compression_gpu_load(&m->compression, resume_dir, resumed.step);  // its error feedback and Q, or a refusal
-        sampler_rng = resumed.sampler_rng;
-        if (!o.eval_only) dataloader_seek(&train, resumed.train_loader, leader);
-    }
-    if (grid.pp > 1) share_tied_weights(m, &par);  // the last stage's copy of wte for its LM head
-    // 2BW: W(-1) = W(0), or a resumed run's W(t-1) from its checkpoint (rounded back to the same bits)
-    pipedream_2bw_gpu_copy_newer(&m->versions, m->stream);
-    if (m->versions.on && !resume_dir.empty()) {
-        PipeDream2BW host;
-        host.on = true;
-        host.older.assign(m->versions.params_n + m->versions.lent_n, 0.0f);
-        pipedream_2bw_load(&host, resume_dir, grid.rank, grid.world, resumed.step);
-        upload_rounded(m->versions.older, host.older.data(), host.older.size());
-    }
-    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
+    TrainStateHeader resumed = gpu_resume(m, &par, o, rm, &plan, &train, &sampler_rng);
+    GpuRunCounts counts{(int)resumed.step, 0, 0, 0, 0, 0, device_peak_tflops(par.world_gpu.device),  // 0 for a GPU we do not know: no MFU
+                        flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens, {}};
+    if (leader) print_run_header(m, par, o, plan, train, ev.have_val ? &ev.val : nullptr, rm, resumed, simple_attention, counts.peak_tflops);
+    counts.peak_used = gpu_memory_used();
 
-    double peak_tflops = device_peak_tflops(par.world_gpu.device);  // 0 for a GPU we do not know: no MFU
-    if (leader) print_run_header(m, par, o, plan, train, have_val ? &val : nullptr, model_source, simple_attention, peak_tflops);
-    if (leader && first_step > 0) print_resumed(resume_dir, resumed, grid);
-    size_t peak_used = gpu_memory_used();
-
-    TokenText decoder;
-    if (leader) sample_decoder_init(&decoder, o, cfg);
-    HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
-    MetricsLog mlog;
-    metrics_open(&mlog, o, leader, "gpu", cfg, B, T, comm.world_size, plan.accumulation_steps, plan.total_batch_tokens,
-                 plan.steps, first_step, model_source);
-    auto run_hellaswag = [&](int step) { hellaswag_run(m, &par, hellaswag, B, T, step, &mlog); };
-    auto validate = [&](int step) {
-        float loss = evaluate(m, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, step, loss);
-    };
-    dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
-    double flops_per_step = flops_per_token(cfg, T) * (double)plan.total_batch_tokens;
-    BadSteps bad_steps;
-    uint64_t first_sent = 0, last_sent = 0;  // bytes this rank sent to its data group in the run's first and last step
-    uint64_t graph_sent = 0;  // --cuda-graphs: the bytes the capture step counted (the counters run on the host, at the calls)
-    for (int step = first_step; step < plan.steps; step++) {
-        bool last_step = step == plan.steps - 1;
-        comm_inject_fault(&comm, step + 1);
-        tracer.step = step + 1;
-        if (have_val && step % o.val_every == 0) validate(step);
-        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
-        if (evaluator && is_sample_step(o, step)) print_sample(m, &par, o, decoder, &sampler_rng);
-
-        auto start = std::chrono::steady_clock::now();
-        uint64_t sent_before = par.data_on_gpu->sent.total_bytes();  // (the data group's counters: llmc/parallel/comm_nccl.cuh)
-        if (m->graphs.replay && step > first_step + 1) sent_before -= graph_sent;  // (a replay sends what its capture counted)
-        m->graphs.replay = o.cuda_graphs && step > first_step;  // the run's first step is eager (llmc/run/cuda_graphs.cuh)
-        // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
-        par.pipe_drains = pipeline_drains_after(o, step + 1, plan.steps, have_val, hellaswag, evaluator);
-        StepResult r = m->graphs.replay ? train_step_graphed(m, &par, &train, plan, o, step + 1, &bad_steps)
-                                        : train_step(m, &par, &train, plan, o, step + 1, &bad_steps);
-        // --offload-delay 1: the last step's weights reach the GPU (the trained weights are not stale)
-        if (last_step) flush_offloaded_weights(m);
-        double seconds = seconds_since(start);
-        (step == first_step ? first_sent : last_sent) = par.data_on_gpu->sent.total_bytes() - sent_before;
-        if (m->graphs.replay && step == first_step + 1) graph_sent = last_sent;
-        if (leader && m->graphs.replay && step == first_step + 1) print_graphs_captured(m->graphs, step + 1, plan.accumulation_steps);
-        if (step == first_step) peak_used = std::max(peak_used, gpu_memory_used());  // every library has what it wants now
-        // the bubble is measured from the second step on: the first also plans cuBLAS's and cuDNN's
-        // kernels (an H200, 2 stages of sleeps, 3 steps: 27% measured with it, where the 2nd and
-        // 3rd steps' times alone give 23%; 20% predicted)
-        if (step == first_step && plan.steps - first_step > 1) par.pipe.busy_seconds = par.pipe.schedule_seconds = 0;
-        dump_step_loss(&dump_probe, r.loss);
-        fp8_test_dump_state(&comm, step + 1, &m->fp8);  // LLMC_TEST_FP8_STATE (llmc/probes/gpu_test_hooks.cuh)
-        double mfu = peak_tflops > 0 ? 100.0 * flops_per_step / seconds / (peak_tflops * comm.world_size * 1e12) : -1.0;
-        if (leader) {
-            bool moe = m->moe.moe.experts > 0;  // --moe-experts: the auxiliary losses and the routing beside the LM loss
-            print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, mfu,
-                            seconds * (plan.steps - step - 1), FLOATX_IS_FP16 ? r.loss_scale : 0.0f, moe_step_line(m->moe.stats, moe));
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, mfu, (double)peak_used, moe_metrics_fields(m->moe.stats, moe));
-        }
-
-        if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(m, &par, plan, o, step + 1, train, sampler_rng);
-        }
-    }
-    if (have_val) validate(plan.steps);
-    if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
-    if (evaluator && o.sample_every > 0) print_sample(m, &par, o, decoder, &sampler_rng);
-    peak_used = std::max(peak_used, gpu_memory_used());
-    if (grid.pp > 1 && plan.steps > first_step) report_bubble(&par, std::max(1, plan.steps - first_step - 1));
-    if (leader) report_memory(m, peak_used);
-    if (leader && grid.dp > 1 && plan.steps - first_step > 1)  // (test/test_gpu_grad_compression.py reads them)
-        printf("data-parallel traffic from rank 0 (its counters): step %d %s, step %d %s\n", first_step + 1,
-               format_bytes((double)first_sent).c_str(), plan.steps, format_bytes((double)last_sent).c_str());
-    if (m->ep.on && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved (as train_gpt_cpu reports it)
-        const CommCounters& ec = m->ep.group.sent;
-        double bytes = gpu_comm_sum(&par.world_gpu, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
-        if (leader)
-            printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step (%llu calls a rank: "
-                   "counts and rows, forward and backward, %zu bytes a value)\n", bytes, plan.steps - first_step,
-                   bytes / (plan.steps - first_step), (unsigned long long)ec.calls[COMM_ALL_TO_ALL], sizeof(floatX));
-    }
-    if (leader && m->shape.offload_optimizer)
-        printf("offload: the last step's backward sent %d of %zu gradient buckets to the host as it finished them\n",
-               m->offload.streamed_last_step, m->offload.buckets.size());
-
-    dump_at_end(m, &par, o.dump_state, B, T);
-    if (leader) print_run_summary(mlog);
-    metrics_close(&mlog);
-    trace_close();
+    open_reports(&ev, o, cfg, plan, leader, "gpu", comm.world_size, counts.first_step, rm.source);
+    run_training(RunLoop{&o, &plan, counts.first_step, cfg.vocab_size, leader, par.model_parallel, grid, &par.world, &par.pipe_drains,
+                         &sampler_rng, &ev},
+                 gpu_run_passes(m, &par, &train, &plan, &o, &counts, &sampler_rng));
+    gpu_end_reports(m, &par, o, plan, &counts);
+    close_reports(&ev, leader);
     release_all(m, &par);
     return 0;
 }

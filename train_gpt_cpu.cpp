@@ -57,6 +57,8 @@
 #include "llmc/run/moe_run.h"  // the flags' MoEShape, MoEStepStats, the step line's and metrics' MoE numbers
 #include "llmc/parallel/expert_parallel.h"
 #include "llmc/run/sampler.h"
+#include "llmc/run/schedule_run.h"
+#include "llmc/run/train_loop.h"
 #include "llmc/parallel/pipeline_parallel.h"
 #include "llmc/parallel/pipedream_2bw.h"
 #include "llmc/run/plan.h"
@@ -977,117 +979,119 @@ static const float* stage_output(GPT2* model, int slot) {
     return layer_slice(a.residual3, model->slice.num_layers / model->slice.chunks - 1, Rmax * model->config.channels);
 }
 
-// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
-// schedule. Returns the mean loss over the micro-batches on the last stage (0 elsewhere).
-static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
-    const ModelSlice& s = model->slice;
-    Comm* pp = &par->comms.pp;
-    int stage = par->grid.pp_rank, m = plan.accumulation_steps, B = plan.B, T = plan.T;
-    size_t n = tp_local_rows(model->tp, (size_t)B * T) * model->config.channels;  // floats crossing a stage boundary
-    double loss = 0.0;
-    auto start = std::chrono::steady_clock::now();
-    // the schedule's list of actions for this stage (llmc/parallel/pipeline_schedule.h), in order;
-    // interleaved: each action names the model chunk it runs on (pass_layers: which layers)
-    // PipeDream-2BW: its list crosses the step boundary, each compute action labelled with the weight version it reads
-    bool two_versions = par->schedule == PipelineSchedule::PipeDream2BW;
-    std::vector<PipeAction> list = two_versions ? pipeline_2bw_steps(stage, par->grid.pp, m, step, 1, par->pipe_filled, par->pipe_drains)[0]
-                                                : pipeline_schedule(par->schedule, stage, par->grid.pp, m, par->chunks);
-    if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
-        pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+// The CPU's passes for the schedule (llmc/run/schedule_run.h). Each pair (micro-batch, chunk) keeps its
+// activations in model->acts[slot], taken at its first action; ZB-H1's W finds its own (weight_input_slot).
+// ZB-H1: the output gradients micro-batch i's W reads wait in stash i mod pending_weights from its B to its
+// W (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h).
+struct CpuScheduleAt {
+    int slot = 0;
+    float* stash = nullptr;
+};
+static SchedulePasses cpu_compute_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, CpuScheduleAt* at) {
+    int stage = par->grid.pp_rank, B = plan.B, T = plan.T;
     bool split = par->schedule == PipelineSchedule::ZeroBubbleH1 && par->grid.pp > 1;  // B and W apart
-    for (size_t k = 0; k < list.size(); k++) {
-        const PipeAction& act = list[k];
-        int slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W finds its own: weight_input_slot)
-        Activations& a = model->acts[(size_t)slot];
-        bool head = pass_layers(s, act.chunk).head;  // the last stage's last chunk: the loss
-        // ZB-H1: the output gradients micro-batch i's W reads wait in stash i mod pending_weights from
-        // its B to its W (its B(i + pending) comes after W(i): llmc/model/zero_bubble_backward.h)
-        float* stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) *
-                                                        (model->weight_stash.size() / (size_t)model->pending_weights)
-                                                  : nullptr;
-        TraceSpan span(trace_kind(act.op), act.micro, par->chunks > 1 ? act.chunk : -1);  // --trace (llmc/probes/trace.h)
+    SchedulePasses p;
+    p.before_compute = [=](const PipeAction& act) {
+        if (act.op != PipeOp::Forward) return;
+        Activations& a = model->acts[(size_t)at->slot];
+        if (act.chunk == 0) {
+            a.inputs = train->inputs;
+            a.targets = train->targets;
+        } else {  // interleaved: the tokens came with chunk c-1's forward, whose slot lives until its backward
+            const Activations& before = model->acts[(size_t)pipe_slot(&par->slots, act.micro, act.chunk - 1)];
+            a.inputs = before.inputs;
+            a.targets = before.targets;
+        }
+    };
+    p.forward = [=](const PipeAction& act, float* micro_loss) {
+        Activations& a = model->acts[(size_t)at->slot];
+        bool head = pass_layers(model->slice, act.chunk).head;  // the last stage's last chunk: the loss
+        gpt2_forward(model, a.inputs.data(), B, T, at->slot, act.chunk);
+        *micro_loss = head ? gpt2_loss(model, a.targets.data(), B, T, at->slot) : 0.0f;
+        // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
+        if (head && dump_probe.first_step && act.micro == 0)
+            dump_keep_logits(&dump_probe, head_rows(model, at->slot).logits.data(), B * T, model->slice, *micro_loss);
+        return head;
+    };
+    p.backward = [=](const PipeAction& act) {
+        Activations& a = model->acts[(size_t)at->slot];
+        // the optimised loss is the mean over all tokens of the step, all ranks together:
+        // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
+        gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, at->slot, at->stash,
+                      act.chunk);
+        if (at->stash) a.weight_owner = act.micro;  // the slot's rows W reads live on, until W
+        PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
+        if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
+    };
+    p.weight = [=](const PipeAction& act) {  // ZB-H1: the weight gradients of the micro-batch whose B kept the stash
+        if (!at->stash) return;  // (none on the first stage: its B, right before, was the whole backward)
+        int held = weight_input_slot(model, act.micro);
+        gpt2_backward_weights(model, B, T, held, at->stash);
+        model->acts[(size_t)held].weight_owner = -1;
+    };
+    p.compute_done = []() {};
+    p.backward_delay = split ? 1 : 2;  // ZB-H1's B is half a backward, its W the other half
+    return p;
+}
+
+// The slots, the weight versions and the sends and receives between stages: a run's sends complete at
+// its end, after its receives (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage
+// computes arrives late).
+static SchedulePasses cpu_schedule_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, CpuScheduleAt* at) {
+    SchedulePasses p = cpu_compute_passes(model, par, train, plan, at);
+    Comm* pp = &par->comms.pp;
+    size_t n = tp_local_rows(model->tp, (size_t)plan.B * plan.T) * model->config.channels;  // floats crossing a stage boundary
+    int m = plan.accumulation_steps;
+    p.begin = [=]() {
+        if (!par->pipe_filled)  // (a filled 2BW step's first micro-batches hold their slots since the last step's list)
+            pipe_slots_reset(&par->slots, (int)model->forward_slots, m, par->chunks);  // (ZB-H1's parked slots are not the forward's)
+    };
+    p.take_slot = [=](const PipeAction& act) {
+        at->slot = act.op == PipeOp::Weight ? 0 : pipe_slot(&par->slots, act.micro, act.chunk);  // (W finds its own: weight_input_slot)
+        size_t per = model->pending_weights > 0 ? model->weight_stash.size() / (size_t)model->pending_weights : 0;
+        at->stash = model->pending_weights > 0 ? model->weight_stash.data() + (size_t)(act.micro % model->pending_weights) * per : nullptr;
         // ZB-H1: a new micro-batch takes the slot (its activation arrives, or its forward starts) while
         // the slot's last one still waits for its W: what W reads moves aside first
-        if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && a.weight_owner >= 0)
-            park_weight_inputs(model, (size_t)slot);
-        // 2BW: step `step` reads W(step-2), the older version, and the next step's forwards W(step-1), the newer
-        if (two_versions && pipe_is_compute(act.op))
-            pipedream_2bw_read(&model->versions, act.version < step - 1, &model->params, &model->lent_wte);
-        switch (act.op) {
-        case PipeOp::RecvActivation:
-            comm_recv(pp, a.encoded.data(), n, act.peer, act.tag, "receiving activations from the previous pipeline stage");
-            break;
-        case PipeOp::RecvGradient:
-            comm_recv(pp, a.dresidual.data(), n, act.peer, act.tag, "receiving gradients from the next pipeline stage");
-            break;
-        case PipeOp::SendActivation:
-            comm_send(pp, stage_output(model, slot), n, act.peer, act.tag, &a.sends, "sending activations to the next pipeline stage");
-            break;
-        case PipeOp::SendGradient:
-            comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
-            // the slot is free for the next pair: this send completes at the end of its group, before
-            // any compute action can write the slot again (a receive in the group writes only encoded)
-            pipe_slot_release(&par->slots, act.micro, act.chunk);
-            break;
-        case PipeOp::Forward: {
-            if (act.chunk == 0) {  // every stage reads the micro-batches of its data-parallel rank, in order
-                dataloader_next_batch(train);
-                a.inputs = train->inputs;
-                a.targets = train->targets;
-            } else {  // interleaved: the tokens came with chunk c-1's forward, whose slot lives until its backward
-                const Activations& before = model->acts[(size_t)pipe_slot(&par->slots, act.micro, act.chunk - 1)];
-                a.inputs = before.inputs;
-                a.targets = before.targets;
-            }
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);
-            gpt2_forward(model, a.inputs.data(), B, T, slot, act.chunk);
-            float micro_loss = head ? gpt2_loss(model, a.targets.data(), B, T, slot) : 0.0f;
-            par->times.busy_seconds += seconds_since(busy);
-            if (head) {
-                loss += micro_loss / m;
-                if (par->grid.rank == 0) print_micro_step(step, act.micro, m, micro_loss, seconds_since(start));
-                // --dump-state (llmc/probes/state_dump.h): the first step's first logits and loss
-                if (dump_probe.first_step && act.micro == 0) dump_keep_logits(&dump_probe, head_rows(model, slot).logits.data(), B * T, s,
-                                                                         micro_loss);
-            }
-            break;
-        }
-        case PipeOp::Backward: {
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(split ? 1 : 2);  // ZB-H1's B is half a backward, its W the other half
-            // the optimised loss is the mean over all tokens of the step, all ranks together:
-            // d/d(one token's loss) = 1/total, and the ranks' gradients simply add up
-            gpt2_backward(model, a.inputs.data(), a.targets.data(), B, T, 1.0f / (float)plan.total_batch_tokens, slot, stash,
-                          act.chunk);
-            if (stash) a.weight_owner = act.micro;  // the slot's rows W reads live on, until W
-            par->times.busy_seconds += seconds_since(busy);
-            PipeAction send;  // the pair is done with its slot, unless its gradient still has to leave from it
-            if (!pipe_send_of(act, stage, par->grid.pp, par->chunks, &send)) pipe_slot_release(&par->slots, act.micro, act.chunk);
-            break;
-        }
-        case PipeOp::Weight: {  // ZB-H1: the weight gradients of the micro-batch whose B kept `stash`
-            auto busy = std::chrono::steady_clock::now();
-            pipeline_test_delay(1);
-            if (stash) {  // (none on the first stage: its B, right before, was the whole backward)
-                int held = weight_input_slot(model, act.micro);
-                gpt2_backward_weights(model, B, T, held, stash);
-                model->acts[(size_t)held].weight_owner = -1;
-            }
-            par->times.busy_seconds += seconds_since(busy);
-            break;
-        }
-        }
-        // the end of a run of sends and receives: its sends complete now, after its receives
-        // (llmc/parallel/pipeline_parallel.h: a send left in flight while the stage computes arrives late)
-        if (!pipe_is_compute(act.op) && pipe_group_ends(list, k)) {
-            span.finish();
-            TraceSpan waiting("wait sends");
-            for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
-        }
-    }
-    par->times.schedule_seconds += seconds_since(start);
-    return loss;
+        if ((act.op == PipeOp::RecvActivation || act.op == PipeOp::Forward) && model->acts[(size_t)at->slot].weight_owner >= 0)
+            park_weight_inputs(model, (size_t)at->slot);
+    };
+    p.read_version = [=](bool older) { pipedream_2bw_read(&model->versions, older, &model->params, &model->lent_wte); };
+    p.recv_activation = [=](const PipeAction& act) {
+        comm_recv(pp, model->acts[(size_t)at->slot].encoded.data(), n, act.peer, act.tag,
+                  "receiving activations from the previous pipeline stage");
+    };
+    p.recv_gradient = [=](const PipeAction& act) {
+        comm_recv(pp, model->acts[(size_t)at->slot].dresidual.data(), n, act.peer, act.tag, "receiving gradients from the next pipeline stage");
+    };
+    p.send_activation = [=](const PipeAction& act) {
+        comm_send(pp, stage_output(model, at->slot), n, act.peer, act.tag, &model->acts[(size_t)at->slot].sends,
+                  "sending activations to the next pipeline stage");
+    };
+    p.send_gradient = [=](const PipeAction& act) {
+        Activations& a = model->acts[(size_t)at->slot];
+        comm_send(pp, a.dresidual.data(), n, act.peer, act.tag, &a.sends, "sending gradients to the previous pipeline stage");
+        // the slot is free for the next pair: this send completes at the end of its group, before
+        // any compute action can write the slot again (a receive in the group writes only encoded)
+        pipe_slot_release(&par->slots, act.micro, act.chunk);
+    };
+    p.end_group = [=]() {
+        for (Activations& other : model->acts) comm_wait_sends(pp, &other.sends);
+    };
+    p.end = []() {};
+    p.group_span = "wait sends";
+    p.busy_seconds = &par->times.busy_seconds;
+    p.schedule_seconds = &par->times.schedule_seconds;
+    return p;
+}
+
+// Step `step`'s forward and backward passes on this rank's stage, in the order of the pipeline
+// schedule (llmc/run/schedule_run.h runs the list, with the passes above). Returns this stage's mean
+// loss over the step's micro-batches (the last stage's; 0 elsewhere).
+static double forward_backward(GPT2* model, Parallel* par, DataLoader* train, const RunPlan& plan, int step) {
+    CpuScheduleAt at;
+    ScheduleStep s{par->schedule, par->grid.pp_rank, par->grid.pp, plan.accumulation_steps, par->chunks, step,
+                   par->pipe_filled, par->pipe_drains, par->grid.rank == 0};
+    return run_schedule(cpu_schedule_passes(model, par, train, plan, &at), s, train);
 }
 
 // ==============================================================================================
@@ -1268,34 +1272,6 @@ static float pipeline_forward(GPT2* model, Parallel* par, const int* inputs, con
         comm_wait_sends(pp, &a.sends);
     }
     return 0.0f;
-}
-
-// Mean loss over `batches` micro-batches of the validation data, from its beginning (llmc/run/run.h).
-static float evaluate(GPT2* model, Parallel* par, DataLoader* val, int batches) {
-    return evaluate_loss(val, batches, par->grid, par->model_parallel,
-        [&](const int* inputs, const int* targets) { return pipeline_forward(model, par, inputs, targets, val->B, val->T); },
-        [&](double x) { return comm_sum(&par->comms.world, x, "collecting the validation loss"); });
-}
-
-// A sample (llmc/run/run.h), each token from a forward pass over the window of the last max_T tokens.
-// Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end to a
-// multiple of the degree (a causal model's earlier positions never see the padding).
-static void print_sample(GPT2* model, Parallel* par, const TrainOptions& o, const TokenText& decoder, uint64_t* rng) {
-    const ModelSlice& s = model->slice;
-    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
-    std::vector<float> logits;
-    sample_and_print(o, model->config.vocab_size, model->max_T / multiple * multiple, par->model_parallel, &par->comms.world,
-                     decoder, rng, [&](const std::vector<int>& tokens, int len) {
-        int padded = (len + multiple - 1) / multiple * multiple;
-        std::vector<int> input(tokens.end() - len, tokens.end());
-        input.resize((size_t)padded, 0);
-        pipeline_forward(model, par, input.data(), nullptr, 1, padded);
-        // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
-        const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
-        if (!par->model_parallel) return row;
-        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
-        return (const float*)logits.data();
-    });
 }
 
 // ==============================================================================================
@@ -1658,11 +1634,11 @@ static void resume_state(GPT2* model, const ProcessGrid& grid, const TrainOption
 
 // What rank 0 says before the first step: the model, the batch, the grid, the data, the memory.
 static void print_run_header(GPT2* model, const Parallel& par, const Comm& world, const TrainOptions& o, const RunPlan& plan,
-                             const std::string& model_source, const DataLoader& train, const DataLoader* val,
-                             const std::string& resume_dir, const TrainStateHeader& resumed) {
+                             const RunModel& rm, const DataLoader& train, const DataLoader* val, const TrainStateHeader& resumed) {
+    const std::string& model_source = rm.source;
     const GPT2Config& cfg = model->config;
     const ProcessGrid& grid = par.grid;
-    int B = plan.B, T = plan.T, first_step = (int)resumed.step;
+    int B = plan.B, T = plan.T;
     printf("model: %s (%s), %zu parameters\n", model_source.c_str(), describe_config(cfg).c_str(), param_layout(cfg).total);
     if (model->moe.experts > 0) {
         const MoEShape& m = model->moe_shape;
@@ -1699,20 +1675,10 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
                "in fp32\n");
     }
     if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
-    if (first_step > 0) printf("resumed from %s at step %d\n", resume_dir.c_str(), first_step);
-    if (first_step > 0) printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+    print_resumed(rm, resumed, grid);
 }
 
 // HellaSwag (llmc/run/run.h), in batches of the rows in use unless the forward pass spans ranks.
-static void hellaswag_run(GPT2* model, Parallel* par, const HellaSwagSet& hellaswag, int B, int T, int step, MetricsLog* mlog) {
-    hellaswag_report(hellaswag, B, T, par->model_parallel, par->grid, par->model_parallel, step, mlog,
-        [&](const int* in, const int* tg, int rows, int Tp) {
-            pipeline_forward(model, par, in, tg, rows, Tp);
-            return (const float*)(model->slice.last_stage ? model->acts[0].losses.data() : nullptr);
-        },
-        [&](double x) { return comm_sum(&par->comms.world, x, "sum of the hellaswag counts"); });
-}
-
 // ==============================================================================================
 // Generation (--generate, llmc/run/generate.h): the whole model on one rank, no training state.
 // With the KV cache (llmc/model/kv_cache.h) only the new tokens' rows go through the layers; each
@@ -1864,6 +1830,76 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
 // --moe-experts: the layer's own checks first (moe_shape_problem, so a bad shape is named), then what
 // the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
 // (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
+// ==============================================================================================
+// The run around the step (llmc/run/train_loop.h): the CPU's passes, and the traffic each group of
+// ranks sent in the last step, for the end reports.
+
+struct CpuRunCounts {
+    Comm* world;  // (main's: the tests' probes)
+    Comm* groups[4];
+    CommCounters last_step[4];  // data, tensor, pipeline, world
+    BadSteps bad_steps;         // the steps in a row whose update was skipped (llmc/run/step.h)
+};
+
+static void cpu_before_step(Parallel* par, CpuRunCounts* c) {
+    for (Comm* g : c->groups) g->counters = CommCounters{};
+    par->ep_replicas.counters = CommCounters{};
+    profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
+}
+
+static StepReport cpu_after_step(GPT2* model, Parallel* par, CpuRunCounts* c, int step) {
+    profile_step_end(step);
+    for (int i = 0; i < 4; i++) c->last_step[i] = c->groups[i]->counters;
+    for (int op = 0; op < COMM_NUM_OPS; op++)  // --expert-parallel: the experts' sum over their replicas is a data-parallel sum
+        c->last_step[0].bytes[op] += par->ep_replicas.counters.bytes[op], c->last_step[0].calls[op] += par->ep_replicas.counters.calls[op];
+    StepReport rep;
+    rep.memory_bytes = peak_rss_bytes();
+    bool moe = model->moe.experts > 0;  // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
+    rep.moe_line = moe_step_line(model->moe_stats, moe);
+    rep.moe_fields = moe_metrics_fields(model->moe_stats, moe);
+    return rep;
+}
+
+// Evaluation and samples: each sample token from a forward pass over the window of the last max_T
+// tokens. Sequence parallelism splits the rows over the tensor ranks: the window is padded at its end
+// to a multiple of the degree (a causal model's earlier positions never see the padding).
+static void cpu_evaluation_passes(GPT2* model, Parallel* par, RunPasses* p) {
+    p->forward = [=](const int* in, const int* tg, int rows, int T) { return (double)pipeline_forward(model, par, in, tg, rows, T); };
+    p->row_losses = [=]() { return (const float*)(model->slice.last_stage ? model->acts[0].losses.data() : nullptr); };
+    p->world_sum = [=](double x, const char* what) { return comm_sum(&par->comms.world, x, what); };
+    int multiple = model->tp.sequence_parallel ? model->tp.degree : 1;
+    p->sample_logits = [=, logits = std::vector<float>()](const std::vector<int>& tokens, int len) mutable {
+        const ModelSlice& s = model->slice;
+        int padded = (len + multiple - 1) / multiple * multiple;
+        std::vector<int> input(tokens.end() - len, tokens.end());
+        input.resize((size_t)padded, 0);
+        pipeline_forward(model, par, input.data(), nullptr, 1, padded);
+        // the logits of the last real position: this rank's vocabulary rows, collected on rank 0
+        const float* row = s.last_stage ? model->acts[0].logits.data() + (size_t)(len - 1) * s.vocab_rows : nullptr;
+        if (!par->model_parallel) return row;
+        collect_logits_row(&par->comms.world, s.last_stage, s, row, model->config.vocab_size, &logits);
+        return (const float*)logits.data();
+    };
+    p->sample_window = model->max_T / multiple * multiple;
+    p->hellaswag_fixed_shape = par->model_parallel;
+    p->sample_world = &par->comms.world;
+}
+
+static RunPasses cpu_run_passes(GPT2* model, Parallel* par, DataLoader* train, const RunPlan* plan, const TrainOptions* o,
+                                CpuRunCounts* c, const uint64_t* sampler_rng) {
+    RunPasses p;
+    cpu_evaluation_passes(model, par, &p);
+    p.step_begins = [=](int step) { inject_offload_removal(c->world, step, model->offload.path[0]); };  // (tests: --offload-dir's file vanishing)
+    p.before_step = [=](int) { cpu_before_step(par, c); };
+    p.step = [=](int step) { return train_step(model, par, train, *plan, *o, step, &c->bad_steps); };
+    p.after_step = [=](int step, const StepResult&, double) { return cpu_after_step(model, par, c, step); };
+    p.checkpoint = [=](int step) {
+        fail_unless_weights_finite(model, par, step);
+        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng);
+    };
+    return p;
+}
+
 static void refuse_moe_problems(const TrainOptions& o) {
     std::string problem = moe_shape_problem(moe_run_shape(o));
     if (!problem.empty()) usage_fail(problem);
@@ -1875,181 +1911,155 @@ static void refuse_moe_problems(const TrainOptions& o) {
     if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
 }
 
-int main(int argc, char** argv) {
-    TrainOptions o;
-    parse_command_line(argc, argv, Trainer::CPU, &o);
-    validate_options(o);
+// ==============================================================================================
+// Start-up and the end of the run: main's steps.
+
+// The schedules' refusals: ZB-H1's deferred W and PipeDream-2BW's weight versions.
+static void refuse_cpu_schedules(const TrainOptions& o) {
     if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
         usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
     if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
         usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
-    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
-    validate_precision(o, Trainer::CPU, "fp32");
-    if (o.threads > 0) omp_set_num_threads(o.threads);
-    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
-    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
-    if (o.estimate || o.plan > 0) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h,
-        Comm launched;                   // llmc/parallel/grid_planner.h)
-        comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
-        if (launched.rank != 0) return 0;
-        EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
-        if (setup.ranks % o.expert_parallel != 0)
-            usage_fail("--expert-parallel %d must divide the data-parallel ranks %d: pass --estimate-ranks with a multiple of %d",
-                       o.expert_parallel, setup.ranks, o.expert_parallel);
-        if (o.plan > 0) print_plan(o, setup);
-        else print_estimate(setup);
-        return 0;
-    }
-    Comm world;
-    comm_init(&world, o.comm_timeout);
-    comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
-    bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
+}
 
-    // ---- the grid: who works with whom (llmc/parallel/process_grid.h)
-    Parallel par;
-    std::string why = make_grid(world.world_size, world.rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
-                                o.sequence_parallel, &par.grid);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    const ProcessGrid& grid = par.grid;
-    parse_pipeline_schedule(o.pipeline_schedule, &par.schedule);  // (2bw-flush: 2bw, every step drained)
-    par.chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
+// --estimate and --plan: arithmetic only, no MPI, no weights, no data (llmc/memory/estimate.h,
+// llmc/parallel/grid_planner.h).
+static int print_cpu_arithmetic(const TrainOptions& o) {
+    Comm launched;
+    comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does
+    if (launched.rank != 0) return 0;
+    EstimateSetup setup = estimate_setup(o, Trainer::CPU, 4, false, false);
+    if (setup.ranks % o.expert_parallel != 0)
+        usage_fail("--expert-parallel %d must divide the data-parallel ranks %d: pass --estimate-ranks with a multiple of %d",
+                   o.expert_parallel, setup.ranks, o.expert_parallel);
+    if (o.plan > 0) print_plan(o, setup);
+    else print_estimate(setup);
+    return 0;
+}
+
+// The grid: who works with whom (llmc/parallel/process_grid.h).
+static void start_cpu_grid(Comm* world, const TrainOptions& o, Parallel* par) {
+    std::string why = make_grid(world->world_size, world->rank, o.tensor_parallel, o.pipeline_parallel, 0, o.zero_stage,
+                                o.sequence_parallel, &par->grid);
+    if (!why.empty()) grid_usage_fail(world, why);
+    const ProcessGrid& grid = par->grid;
+    parse_pipeline_schedule(o.pipeline_schedule, &par->schedule);  // (2bw-flush: 2bw, every step drained)
+    par->chunks = o.virtual_stages;  // (validate_options: more than 1 only with interleaved)
     // (--expert-parallel: a forward pass's all-to-all needs every rank of the expert group)
-    par.model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
+    par->model_parallel = grid.tp > 1 || grid.pp > 1 || grid.zero_stage == 3 || o.expert_parallel > 1;
     if (grid.dp % o.expert_parallel != 0)
-        grid_usage_fail(&world, strprintf("--expert-parallel %d must divide the data-parallel degree %d (the ranks): run on a "
-                                          "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, grid.dp,
-                                          o.expert_parallel, grid.dp));
+        grid_usage_fail(world, strprintf("--expert-parallel %d must divide the data-parallel degree %d (the ranks): run on a "
+                                         "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, grid.dp,
+                                         o.expert_parallel, grid.dp));
+}
 
-    // ---- the model's shape, and whether this grid, batch and memory budget can train it
-    std::string resume_dir = resolve_resume_dir(o, leader);
-    GPT2Config cfg;
-    bool new_model = false;
-    ModelHeader file;  // a model file's or the checkpoint's model.bin header: its MoE settings must be the flags'
-    std::string model_source = load_model_config(o, resume_dir, &cfg, &new_model, &file);
-    why = new_model ? "" : moe_file_problem(file, o, model_source);  // its MoE settings must be the flags'
-    if (!why.empty()) grid_usage_fail(&world, why);
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+// Whether this grid, batch and memory budget can train the model. Returns what every rank will
+// allocate: the same setup --estimate prints, from which build_model sizes every buffer
+// (llmc/memory/estimate.h's estimate_cpu_shape).
+static EstimateSetup check_cpu_run(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape, const Parallel& par) {
+    const ProcessGrid& grid = par.grid;
     // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
+    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
     // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
     if (why.empty()) why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : shape.accumulation_steps, par.chunks, cfg.num_layers);
-    if (!why.empty()) grid_usage_fail(&world, why);
+    if (!why.empty()) grid_usage_fail(world, why);
     GradCompressionSettings compression = grad_compression_settings(o);
     compression.every_matrix = grad_compression_test_every_matrix();
     why = grad_compression_problem(compression, grid, cfg);
-    if (!why.empty()) grid_usage_fail(&world, why);
+    if (!why.empty()) grid_usage_fail(world, why);
     why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    // What every rank will allocate: the same setup --estimate prints, from which build_model sizes
-    // every buffer (llmc/memory/estimate.h's estimate_cpu_shape)
+    if (!why.empty()) grid_usage_fail(world, why);
     EstimateSetup predicted = run_estimate(o, cfg, shape, grid, par.schedule);
     predicted.compression = compression;  // (with the tests' every-matrix switch)
-    refuse_unless_memory_fits(&world, predicted, o.max_memory_mib);
-    refuse_unless_offload_dir_fits(&world, o, predicted, shape.B);
-    DataLoader train, val;
-    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
-    grid_comms_init(&par.comms, world, grid);
+    refuse_unless_memory_fits(world, predicted, o.max_memory_mib);
+    refuse_unless_offload_dir_fits(world, o, predicted, shape.B);
+    return predicted;
+}
 
-    trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
-    GPT2 model;
-    build_model(&model, &par, o, cfg, shape, predicted, resume_dir, new_model);
-    const ModelSlice& slice = model.slice;
-
-    // ---- the shape of the run
-    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
-    int B = plan.B, T = plan.T;
-    bool evaluator = leader || par.model_parallel;  // a forward pass spanning ranks needs them all
-    bool have_val = evaluator && o.val_data != "none" && (o.val_every > 0 || o.eval_only);
-    if (have_val) dataloader_init(&val, o.val_data, B, T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
-    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
-    par.times.bubble_formula = pipeline_bubble_formula(par.schedule);
-
-    uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
-    TrainStateHeader resumed;
-    if (!resume_dir.empty()) resume_state(&model, par.grid, o, resume_dir, plan, leader, &train, &resumed, &sampler_rng);
-    if (!resume_dir.empty()) pipedream_2bw_load(&model.versions, resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
-    int first_step = (int)resumed.step;
-    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
-
-    if (leader) print_run_header(&model, par, world, o, plan, model_source, train, have_val ? &val : nullptr, resume_dir, resumed);
-    TokenText decoder;
-    if (leader) sample_decoder_init(&decoder, o, cfg);
-    HellaSwagSet hellaswag = hellaswag_open(o, cfg, T, leader);
-    if (leader) profile_start(o.profile, slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
-    MetricsLog mlog;
-    metrics_open(&mlog, o, leader, "cpu", cfg, B, T, grid.world, plan.accumulation_steps, plan.total_batch_tokens,
-                 plan.steps, first_step, model_source);
-    auto run_hellaswag = [&](int step) { hellaswag_run(&model, &par, hellaswag, B, T, step, &mlog); };
-    auto validate = [&](int step) {
-        float loss = evaluate(&model, &par, &val, o.val_batches);
-        if (leader) report_val_loss(&mlog, step, loss);
-    };
-    dump_probe.on = dump_probe.first_step = !o.dump_state.empty();
-    Comm* groups[4] = {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world};
-    CommCounters last_step[4];
-    BadSteps bad_steps;
-    for (int step = first_step; step < plan.steps; step++) {
-        bool last = step == plan.steps - 1;
-        comm_inject_fault(&world, step + 1);
-        inject_offload_removal(&world, step + 1, model.offload.path[0]);  // (tests: --offload-dir's file vanishing)
-        tracer.step = step + 1;
-        if (have_val && step % o.val_every == 0) validate(step);
-        if (hellaswag_due(o, hellaswag, step)) run_hellaswag(step);
-        if (evaluator && is_sample_step(o, step)) print_sample(&model, &par, o, decoder, &sampler_rng);
-
-        for (Comm* c : groups) c->counters = CommCounters{};
-        par.ep_replicas.counters = CommCounters{};
-        profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
-        auto start = std::chrono::steady_clock::now();
-        // 2BW without the flush: nothing in flight at a checkpoint, an evaluation, a sample or the end
-        par.pipe_drains = pipeline_drains_after(o, step + 1, plan.steps, have_val, hellaswag, evaluator);
-        StepResult r = train_step(&model, &par, &train, plan, o, step + 1, &bad_steps);
-        double seconds = seconds_since(start);
-        profile_step_end(step + 1);
-        for (int i = 0; i < 4; i++) last_step[i] = groups[i]->counters;
-        for (int op = 0; op < COMM_NUM_OPS; op++)  // --expert-parallel: the experts' sum over their replicas is a data-parallel sum
-            last_step[0].bytes[op] += par.ep_replicas.counters.bytes[op], last_step[0].calls[op] += par.ep_replicas.counters.calls[op];
-        dump_step_loss(&dump_probe, r.loss);
-        if (leader) {
-            // --moe-experts: the LM loss above, the auxiliary losses and the routing beside it
-            bool moe = model.moe.experts > 0;
-            print_step_line(step + 1, plan.steps, r.loss, r.lr, r.norm, seconds, plan.total_batch_tokens, -1,
-                            seconds * (plan.steps - step - 1), 0.0f, moe_step_line(model.moe_stats, moe));
-            metrics_step(&mlog, step + 1, r.loss, r.lr, r.norm, seconds, -1, peak_rss_bytes(), moe_metrics_fields(model.moe_stats, moe));
-        }
-        if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
-            fail_unless_weights_finite(&model, &par, step + 1);
-            save_checkpoint(&model, &par, o, plan, step + 1, train, sampler_rng);
-        }
-    }
-    if (have_val) validate(plan.steps);
-    if (!hellaswag.examples.empty()) run_hellaswag(plan.steps);
-    if (evaluator && o.sample_every > 0) print_sample(&model, &par, o, decoder, &sampler_rng);
-    if (grid.world > 1 && plan.steps > first_step)
-        report_costs(held_bytes(&model), model.table, grid, &par.comms.world, par.times, predicted, last_step, plan.steps - first_step);
-    if (model.ep && plan.steps > first_step) {  // --expert-parallel: what its all-to-alls moved, and --estimate's bounds
-        const CommCounters& ec = par.ep.counters;
-        double bytes = comm_sum(&world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
+// After the last step: what each group of ranks sent, expert parallelism's all-to-alls, the
+// parameter server's comparison, the allocations; then the probes' files.
+static void cpu_end_reports(GPT2* model, Parallel* par, Comm* world, const TrainOptions& o, const EstimateSetup& predicted,
+                            const CpuRunCounts& counts, const RunPlan& plan, int first_step) {
+    const ProcessGrid& grid = par->grid;
+    bool leader = world->rank == 0;
+    int steps = plan.steps - first_step;
+    if (grid.world > 1 && steps > 0)
+        report_costs(held_bytes(model), model->table, grid, &par->comms.world, par->times, predicted, counts.last_step, steps);
+    if (model->ep && steps > 0) {  // --expert-parallel: what its all-to-alls moved, and --estimate's bounds
+        const CommCounters& ec = par->ep.counters;
+        double bytes = comm_sum(world, (double)ec.bytes[COMM_ALL_TO_ALL], "sum of the expert-parallel bytes");
         ExpertParallelBytes e = estimate_expert_parallel_bytes(predicted);
         if (leader)
             printf("expert parallel: the all-to-alls sent %.0f bytes from all ranks over %d steps, %.0f a step, %.0f a step and "
                    "rank (%llu calls a rank: counts and rows, forward and backward, evaluations included); --estimate a step "
                    "and rank: counts %llu + rows at most %llu (%llu at even routing), %llu calls\n", bytes,
-                   plan.steps - first_step, bytes / (plan.steps - first_step), bytes / (plan.steps - first_step) / grid.world,
+                   steps, bytes / steps, bytes / steps / grid.world,
                    (unsigned long long)ec.calls[COMM_ALL_TO_ALL], (unsigned long long)e.counts, (unsigned long long)e.rows_at_most,
                    (unsigned long long)e.rows_even, (unsigned long long)e.calls);
     }
-    if (leader && grid.dp > 1 && plan.steps > first_step && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
-        compression.kind == GradCompressionKind::None && model.moe.experts == 0)  // (its arithmetic knows the dense table only)
-        parameter_server_report(model.server, last_step[0], model.layout.total);  // --data-parallel: server vs all-reduce
-    if (o.print_allocations) print_allocations(held_bytes(&model), model.table, world.rank);  // after the run: nothing grew while it trained
-
-    dump_at_end(&model, &par, o.dump_state, B, T);
-    disk_offload_close(&model.offload);
+    if (leader && grid.dp > 1 && steps > 0 && grid.zero_stage == 0 && grid.tp == 1 && grid.pp == 1 &&
+        predicted.compression.kind == GradCompressionKind::None && model->moe.experts == 0)  // (its arithmetic knows the dense table only)
+        parameter_server_report(model->server, counts.last_step[0], model->layout.total);  // --data-parallel: server vs all-reduce
+    if (o.print_allocations) print_allocations(held_bytes(model), model->table, world->rank);  // after the run: nothing grew while it trained
+    dump_at_end(model, par, o.dump_state, plan.B, plan.T);
+    disk_offload_close(&model->offload);
     profile_finish();
-    if (leader) print_run_summary(mlog);
-    metrics_close(&mlog);
-    trace_close();
+}
+
+int main(int argc, char** argv) {
+    TrainOptions o;
+    parse_command_line(argc, argv, Trainer::CPU, &o);
+    validate_options(o);
+    refuse_cpu_schedules(o);
+    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
+    validate_precision(o, Trainer::CPU, "fp32");
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+    if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
+    if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
+    if (o.estimate || o.plan > 0) return print_cpu_arithmetic(o);
+    Comm world;
+    comm_init(&world, o.comm_timeout);
+    comm_require_mpi(&world, "the CPU trainer's collectives");  // before any work, not at the first collective
+    bool leader = world.rank == 0;  // rank 0 alone prints, and writes the model
+    Parallel par;
+    start_cpu_grid(&world, o, &par);
+    const ProcessGrid& grid = par.grid;
+
+    // ---- the model's shape, and whether this grid, batch and memory budget can train it
+    RunModel rm;
+    std::string why = choose_model(o, leader, &rm);  // its MoE settings must be the flags'
+    if (!why.empty()) grid_usage_fail(&world, why);
+    const GPT2Config& cfg = rm.cfg;
+    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
+    EstimateSetup predicted = check_cpu_run(&world, o, cfg, shape, par);
+    DataLoader train;
+    open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
+    grid_comms_init(&par.comms, world, grid);
+    trace_open(o.trace, world.rank, world.world_size, grid.pp_rank);  // --trace: a path it cannot write stops the run now
+    GPT2 model;
+    build_model(&model, &par, o, cfg, shape, predicted, rm.resume_dir, rm.new_model);
+
+    // ---- the shape of the run, and a resumed run's state
+    RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
+    RunEvents ev;
+    open_validation(&ev, o, cfg, plan, leader, par.model_parallel);
+    par.times.predicted_bubble = pipeline_predicted_bubble(par.schedule, grid.pp, plan.accumulation_steps, par.chunks);
+    par.times.bubble_formula = pipeline_bubble_formula(par.schedule);
+    uint64_t sampler_rng = o.seed ^ 0x5DEECE66Dull;
+    TrainStateHeader resumed;
+    if (!rm.resume_dir.empty()) resume_state(&model, grid, o, rm.resume_dir, plan, leader, &train, &resumed, &sampler_rng);
+    if (!rm.resume_dir.empty()) pipedream_2bw_load(&model.versions, rm.resume_dir, grid.rank, grid.world, resumed.step);  // 2bw: W(t-1)
+    int first_step = (int)resumed.step;
+    if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
+
+    if (leader) print_run_header(&model, par, world, o, plan, rm, train, ev.have_val ? &ev.val : nullptr, resumed);
+    if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
+    open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm.source);
+    CpuRunCounts counts{&world, {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world}, {}, {}};
+    run_training(RunLoop{&o, &plan, first_step, cfg.vocab_size, leader, par.model_parallel, grid, &world, &par.pipe_drains, &sampler_rng, &ev},
+                 cpu_run_passes(&model, &par, &train, &plan, &o, &counts, &sampler_rng));
+    cpu_end_reports(&model, &par, &world, o, predicted, counts, plan, first_step);
+    close_reports(&ev, leader);
     comm_finalize(&world);
     return 0;
 }

@@ -322,6 +322,26 @@ inline void refuse_other_optimizer(const std::string& dir, int written, int want
          optimizer_name(wanted), optimizer_name(written));
 }
 
+// A run of one state file: `count` elements from global index `global`, at element `at` of the file's arrays.
+struct StateFileRun { size_t global, count, at; int file; };
+
+// Sorts the state files' runs by their global index; they must tile [0, num_params): no gap, no overlap.
+inline void sort_state_file_runs(const std::string& dir, const std::vector<std::string>& files, size_t num_params,
+                                 std::vector<StateFileRun>* runs) {
+    std::sort(runs->begin(), runs->end(), [](const StateFileRun& a, const StateFileRun& b) { return a.global < b.global; });
+    size_t covered = 0;
+    for (const StateFileRun& r : *runs) {
+        if (r.global != covered) {
+            fail("the training state in '%s' %s at parameter %zu (%s): the checkpoint is incomplete or mixed up", dir.c_str(),
+                 r.global > covered ? "has a gap" : "holds some parameters twice", covered, files[(size_t)r.file].c_str());
+        }
+        covered += r.count;
+    }
+    if (covered != num_params) {
+        fail("the training state in '%s' covers %zu of %zu parameters: the checkpoint is incomplete", dir.c_str(), covered, num_params);
+    }
+}
+
 // Reads AdamW's m and v and the weights (`master`; only from files that hold them) for the wanted
 // elements from a checkpoint, however it was cut: the files' runs together must cover every
 // parameter exactly once, and this rank reads from each file the parts that overlap what it wants.
@@ -330,7 +350,7 @@ inline void refuse_other_optimizer(const std::string& dir, int written, int want
 // file's header (has_master_weights: whether the weights came from the state files).
 inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_params, std::vector<WantedRun> wanted, float* m,
                                         float* v, float* master) {
-    struct FileRun { size_t global, count, at; int file; };
+    using FileRun = StateFileRun;
     std::vector<std::string> files = checkpoint_state_files(dir);
     std::vector<TrainStateHeader> headers;
     std::vector<FileRun> runs;
@@ -369,19 +389,7 @@ inline TrainStateHeader read_state_runs(const std::string& dir, size_t num_param
         }
         headers.push_back(h);
     }
-    // the files must tile [0, num_params): no gap, no overlap
-    std::sort(runs.begin(), runs.end(), [](const FileRun& a, const FileRun& b) { return a.global < b.global; });
-    size_t covered = 0;
-    for (const FileRun& r : runs) {
-        if (r.global != covered) {
-            fail("the training state in '%s' %s at parameter %zu (%s): the checkpoint is incomplete or mixed up", dir.c_str(),
-                 r.global > covered ? "has a gap" : "holds some parameters twice", covered, files[(size_t)r.file].c_str());
-        }
-        covered += r.count;
-    }
-    if (covered != num_params) {
-        fail("the training state in '%s' covers %zu of %zu parameters: the checkpoint is incomplete", dir.c_str(), covered, num_params);
-    }
+    sort_state_file_runs(dir, files, num_params, &runs);
     // read every overlap of a wanted run with a file's run
     std::vector<FILE*> open(files.size(), nullptr);
     std::sort(wanted.begin(), wanted.end(), [](const WantedRun& a, const WantedRun& b) { return a.global < b.global; });

@@ -1,6 +1,7 @@
 // run.h — the parts of a training run that are not the model's math, written once for both trainers:
 // leaving on a grid that cannot work, the validation loop, HellaSwag, and the sampling loop with its
-// decoder. (Checkpoints are llmc/run/checkpoint.h's.) Each trainer hands
+// decoder. (Checkpoints are llmc/run/checkpoint.h's; the loop that calls these, llmc/run/train_loop.h's;
+// the pipeline schedule's interpreter, llmc/run/schedule_run.h's.) Each trainer hands
 // in its forward pass as a callback (a lambda), so the loops here see only tokens in and a loss or
 // logits out, wherever the model's bytes live.
 //

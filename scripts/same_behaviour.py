@@ -49,7 +49,7 @@ CONFIGS = {
 
 TIMING = [(re.compile(p), r) for p, r in [
     (r"[0-9.]+ ?ms\b", "<ms>"), (r"[0-9.]+ tok/s", "<tok/s>"), (r"MFU [0-9.]+%", "MFU <%>"), (r"ETA \S+", "ETA <t>"),
-    (r"\(([0-9]+ this run), [0-9.]+s,", r"(\1, <s>,"), (r"\b[0-9]+\.[0-9]+ ?s\b", "<s>"),
+    (r"\(([0-9]+ this run), [0-9m.]+s,", r"(\1, <s>,"), (r"\b[0-9]+\.[0-9]+ ?s\b", "<s>"),
     (r"\b[0-9]+ ?us\b", "<us>"), (r"(not computing): [0-9. %]+", r"\1: <%>"), (r'"time":"[^"]*"', '"time":<t>'),
     (r'"(ms|tok_s|mfu|mem_mb|elapsed_s|seconds|wall_s)":[-0-9.e+a-z]+', r'"\1":<x>'),
 ]]

@@ -24,6 +24,7 @@
 #include "llmc/probes/cpu_profile.h"  // first: it defines LAYER_PROFILE, which times each layer for --profile
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
+#include "llmc/run/compatibility.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
@@ -1661,34 +1662,16 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     return r;
 }
 
-
-// --moe-experts: the layer's own checks first (moe_shape_problem, so a bad shape is named), then what
-// the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
-// (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
-static void refuse_moe_problems(const TrainOptions& o) {
-    std::string problem = moe_shape_problem(moe_run_shape(o));
-    if (!problem.empty()) usage_fail(problem);
-    auto refuse = [&](const char* what, const char* fix) {
-        usage_fail("--moe-experts with %s: %s", what, fix);
-    };
-    if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
-    if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
-    if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
-}
-
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
-    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
-        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
-        usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
-    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
+    refuse_incompatible_flags(o, Trainer::CPU, "fp32");  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
+    if (o.estimate) refuse_incompatible_estimate(o, Trainer::CPU, "fp32", estimate_config(o));  // as training would
     if (o.estimate || o.plan > 0) {  // arithmetic only: no MPI, no weights, no data (llmc/memory/estimate.h,
         Comm launched;                   // llmc/parallel/grid_planner.h)
         comm_from_environment(&launched);  // under mpirun every copy would print it: rank 0 does

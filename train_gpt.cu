@@ -1621,18 +1621,9 @@ static void take_grad_compression(const TrainOptions& o, const GPT2Config& cfg, 
 }
 
 // The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/parallel/process_grid.h). A grid
-// this model or batch cannot use stops here, on every rank, before any GPU is touched.
+// this model or batch cannot use was refused in main, on every rank, before any GPU is touched (the Shape
+// rows of llmc/run/compatibility.h: grid_problem, gradient compression and the rest).
 static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
-    const ProcessGrid& grid = par->grid;
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
-    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
-    if (!why.empty()) grid_usage_fail(&par->world, why);
-    why = grad_compression_problem(gpu_grad_compression_settings(o), grid, cfg);
-    if (why.empty() && FLOATX_IS_FP16 && o.grad_compression == "powersgd")  // (S changes between steps; e would mix scales)
-        why = "--grad-compression powersgd with the fp16 build: its error feedback would hold gradients at an old loss scale; "
-              "use train_gpt (bf16)";
-    if (!why.empty()) grid_usage_fail(&par->world, why);
     if (par->model_parallel) comm_require_mpi(&par->world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
     if (!o.dump_state.empty()) comm_require_mpi(&par->world, "--dump-state");
 }

@@ -1713,17 +1713,11 @@ int main(int argc, char** argv) {
     why = new_model ? "" : moe_file_problem(file, o, model_source);  // its MoE settings must be the flags'
     if (!why.empty()) grid_usage_fail(&world, why);
     RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
-    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
-    // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
-    if (why.empty()) why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : shape.accumulation_steps, par.chunks, cfg.num_layers);
+    // the grid, the schedule, compression and the server on this model: the table's Shape rows (llmc/run/compatibility.h)
+    why = compatibility_grid_problem(o, Trainer::CPU, "fp32", cfg, grid);
     if (!why.empty()) grid_usage_fail(&world, why);
     GradCompressionSettings compression = grad_compression_settings(o);
     compression.every_matrix = grad_compression_test_every_matrix();
-    why = grad_compression_problem(compression, grid, cfg);
-    if (!why.empty()) grid_usage_fail(&world, why);
-    why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
-    if (!why.empty()) grid_usage_fail(&world, why);
     // What every rank will allocate: the same setup --estimate prints, from which build_model sizes
     // every buffer (llmc/memory/estimate.h's estimate_cpu_shape)
     EstimateSetup predicted = run_estimate(o, cfg, shape, grid, par.schedule);

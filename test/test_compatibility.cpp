@@ -9,6 +9,8 @@
 //             (allowed, or the first refusing row's line) is the trainer's: exit 0, or exit 2 and that
 //             line. So an allowed pair is accepted by the flag checks, --estimate and the Shape rows
 //             alike, and a refused one refused with the table's words.
+//   plan      with each technique alone, every grid --plan 4 --verbose ranks is one the table allows
+//             for those flags on that grid (the planner reads the same rows for every grid it tries).
 //   census    the table holds CENSUS_ROWS rows, no two alike (a, b, trainers): deleting or adding a row
 //             is a change this test makes visible, to be written here too.
 //   planted   negative controls, in-process: the same walks with a table one row short (the 2BW x
@@ -16,8 +18,8 @@
 //             walk finds the pair (2bw, tensor-parallel) allowed by the short table and refused by the
 //             trainer. A walk that cannot see a missing row would pass them.
 //
-// --plan reads the same rows for every grid it ranks (llmc/parallel/grid_planner.h); test_grid_planner
-// covers its output. Run time: about 300 --estimate runs, a few seconds (they run 8 at a time).
+// Run time: 660 --estimate runs (80 rows' examples, 580 pairs) and 46 of --plan, 8 at a time: 3 to
+// 10 s on a loaded 2-core machine.
 #include <sys/wait.h>
 #include <algorithm>
 #include <cstdio>
@@ -152,39 +154,49 @@ static std::string binary_of(const Config& c, Trainer t) {
 // The trainer's answer: its exit code and its stderr, from --estimate (stdout discarded).
 struct Answer {
     int code = -1;
-    std::string err;
+    std::string err, out;
 };
 
-// Runs the commands 8 at a time (each writes its stderr to a file of its own).
+static std::string slurp(const std::string& path) {
+    std::string text;
+    FILE* f = fopen(path.c_str(), "r");
+    if (!f) return text;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    fclose(f);
+    remove(path.c_str());
+    return text;
+}
+
+// Runs the commands 8 at a time (each writes its stdout and stderr to files of its own).
 static std::vector<Answer> run_all(const std::vector<std::string>& commands) {
     std::vector<Answer> out(commands.size());
     char dir[] = "/tmp/test_compatibility_XXXXXX";
     if (!mkdtemp(dir)) { perror("mkdtemp"); exit(1); }
     for (size_t i = 0; i < commands.size(); i += 8) {
         std::string batch;
-        for (size_t k = i; k < std::min(commands.size(), i + 8); k++)
-            batch += "(" + commands[k] + " >/dev/null 2>" + dir + "/" + std::to_string(k) + ".err; echo $? > " + dir + "/" +
-                     std::to_string(k) + ".rc) & ";
+        for (size_t k = i; k < std::min(commands.size(), i + 8); k++) {
+            std::string base = std::string(dir) + "/" + std::to_string(k);
+            batch += "(" + commands[k] + " >" + base + ".out 2>" + base + ".err; echo $? > " + base + ".rc) & ";
+        }
         batch += "wait";
         if (system(batch.c_str()) != 0) fprintf(stderr, "warning: a batch of runs returned non-zero\n");
         for (size_t k = i; k < std::min(commands.size(), i + 8); k++) {
             std::string base = std::string(dir) + "/" + std::to_string(k);
-            FILE* f = fopen((base + ".rc").c_str(), "r");
-            if (f) { if (fscanf(f, "%d", &out[k].code) != 1) out[k].code = -1; fclose(f); }
-            f = fopen((base + ".err").c_str(), "r");
-            if (f) { char buf[4096]; size_t n; while ((n = fread(buf, 1, sizeof buf, f)) > 0) out[k].err.append(buf, n); fclose(f); }
-            remove((base + ".rc").c_str());
-            remove((base + ".err").c_str());
+            std::string rc = slurp(base + ".rc");
+            out[k].code = rc.empty() ? -1 : atoi(rc.c_str());
+            out[k].err = slurp(base + ".err");
+            out[k].out = slurp(base + ".out");
         }
     }
     rmdir(dir);
     return out;
 }
 
-static std::string command_of(const Config& c, Trainer t) {
+static std::string command_of(const Config& c, Trainer t, const char* mode = "--estimate") {
     std::string cmd = binary_of(c, t);
     for (const std::string& a : argv_of(c)) cmd += " " + a;
-    return cmd + " --estimate";
+    return cmd + " " + mode;
 }
 
 // Whether the trainer said what the table says: exit 0 for "", else exit 2 and exactly "error: <line>".
@@ -302,6 +314,48 @@ int main() {
           std::to_string(allowed) + " allowed: exit 0; " + std::to_string(refused) + " refused: exit 2, the table's line)",
           std::to_string(disagree.size()) + " disagree, the first: " + (disagree.empty() ? "" : disagree[0]));
     if (getenv("VERBOSE")) for (const std::string& d : disagree) printf("  %s\n", d.c_str());
+
+    // ---- plan: every grid --plan 4 ranks, with each technique, is one the table allows
+    std::vector<PairCase> plans;
+    commands.clear();
+    for (const Technique& tq : TECHNIQUES)
+        for (Trainer t : {Trainer::CPU, Trainer::GPU}) {
+            Config c;
+            add_flags(&c, BASE);
+            add_flags(&c, tq.flags);
+            if (!takes(c, t) || !table_verdict(c, t, table).empty()) continue;  // (a refused flag set plans nothing)
+            c.flags.erase(std::remove_if(c.flags.begin(), c.flags.end(), [](const auto& f) { return f.first == "--estimate-ranks"; }),
+                          c.flags.end());  // (the planner picks the data degree, but for experts: train_gpt_cpu's main wants it)
+            if (std::string(tq.flags).find("--expert-parallel") != std::string::npos) add_flags(&c, "--estimate-ranks 4");
+            plans.push_back({std::string(t == Trainer::CPU ? "cpu " : "gpu ") + tq.name, c, t});
+            commands.push_back(command_of(c, t, "--plan 4 --verbose"));
+        }
+    std::vector<Answer> plan_answers = run_all(commands);
+    int grids = 0;
+    std::vector<std::string> bad_plans;
+    for (size_t k = 0; k < plans.size(); k++) {
+        std::istringstream out(plan_answers[k].out);
+        for (std::string line; std::getline(out, line);) {
+            int dp, tp, pp, zero, m;
+            if (sscanf(line.c_str(), " %d %d %d %d %d ", &dp, &tp, &pp, &zero, &m) != 5 || line.find("MiB") == std::string::npos) continue;
+            Config c = plans[k].config;
+            c.base = {"--tensor-parallel", "--pipeline-parallel", "--zero", "--estimate-ranks", "--sequence-parallel"};
+            for (const auto& f : c.flags) c.base.insert(f.first);  // (the grid's degrees replace the technique's)
+            add_flags(&c, "--tensor-parallel " + std::to_string(tp) + " --pipeline-parallel " + std::to_string(pp) + " --zero " +
+                          std::to_string(zero) + " --estimate-ranks " + std::to_string(dp));
+            if (tp == 1) add_flags(&c, "--sequence-parallel 0");
+            grids++;
+            std::string verdict = table_verdict(c, plans[k].trainer, table);
+            if (!verdict.empty()) bad_plans.push_back(plans[k].name + ": --plan ranks dp " + std::to_string(dp) + " tp " +
+                                                      std::to_string(tp) + " pp " + std::to_string(pp) + " zero " +
+                                                      std::to_string(zero) + ", which the table refuses: " + verdict);
+        }
+        if (plan_answers[k].code != 0) bad_plans.push_back(plans[k].name + ": --plan exit " + std::to_string(plan_answers[k].code));
+    }
+    check(bad_plans.empty() && grids > 0, "plan: " + std::to_string(grids) + " grids ranked by --plan 4 over " +
+          std::to_string(plans.size()) + " technique runs, each one the table allows",
+          std::to_string(bad_plans.size()) + " refused, the first: " + (bad_plans.empty() ? "" : bad_plans[0]));
+    if (getenv("VERBOSE")) for (const std::string& d : bad_plans) printf("  %s\n", d.c_str());
 
     // ---- planted: the table one row short (2BW x tensor parallelism) must fail both walks
     std::vector<CompatRow> planted;

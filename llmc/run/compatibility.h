@@ -89,9 +89,9 @@ inline std::string compat_interleaving_problem(const CompatRun& r) {
     return pipeline_schedule_problem(kind, r.grid.pp, r.micro_batches, r.o->virtual_stages, r.cfg.num_layers);
 }
 
-// The table. (R: a row's refusal; the lambdas hold no state, so each is a plain function.)
-using R = const CompatRun&;
+// The table. (Each row's lambda holds no state, so it is a plain function; R is its argument's type.)
 inline const std::vector<CompatRow>& compatibility_table() {
+    using R = const CompatRun&;
     static const std::vector<CompatRow> rows = {
     // ---- Flags: the trainer and the flags' own pairs -------------------------------------------
     {"--data-parallel server", "the GPU trainer", ON_GPU, CompatMoment::Flags, "--data-parallel server", [](R r) -> std::string {

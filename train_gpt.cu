@@ -39,6 +39,7 @@
 #include <vector>
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
+#include "llmc/run/compatibility.h"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/io/dataloader.h"
 #include "llmc/memory/estimate.h"
@@ -852,7 +853,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     // gradient (eager, finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each
     // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
     bool graphed = m->graphs.replay;
-    // --optimizer adafactor | sm3: every replica the whole update (ZeRO-0: factored_gpu_problem)
+    // --optimizer adafactor | sm3: every replica the whole update (ZeRO-0 only: llmc/run/compatibility.h)
     float clip = cpu::clip_coefficient(norm, o.grad_clip) / m->scaler.scale;  // (the CPU trainer's; adamw_clip's on the device)
     if (m->shape.optimizer == Optimizer::Adafactor) {
         adafactor_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
@@ -864,7 +865,7 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
     } else if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
     else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
         if (graphed) zero_share_gradients(&m->zero, m->stream, true);
-        if (m->shape.bf16_moments) {  // --optimizer-state bf16 (optimizer_gpu_problem), its own kernels, keyed in the whole model
+        if (m->shape.bf16_moments) {  // --optimizer-state bf16 (where: llmc/run/compatibility.h), its own kernels, keyed in the whole model
             SliceIndexMap keys = slice_index_map(m->config, m->slice);
             zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
                        now_on_gpu, a, m->stream, &keys);
@@ -1585,18 +1586,9 @@ static void take_grad_compression(const TrainOptions& o, const GPT2Config& cfg, 
 }
 
 // The ranks: who am I, and the grid of data x tensor x pipeline ranks (llmc/parallel/process_grid.h). A grid
-// this model or batch cannot use stops here, on every rank, before any GPU is touched.
+// this model or batch cannot use was refused in main, on every rank, before any GPU is touched (the Shape
+// rows of llmc/run/compatibility.h: grid_problem, gradient compression and the rest).
 static void start_grid(const TrainOptions& o, const GPT2Config& cfg, Parallel* par) {
-    const ProcessGrid& grid = par->grid;
-    RunPlan shape = plan_run(o, cfg, grid.dp, 0);  // the batch geometry (the step count needs the data)
-    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
-    if (!why.empty()) grid_usage_fail(&par->world, why);
-    why = grad_compression_problem(gpu_grad_compression_settings(o), grid, cfg);
-    if (why.empty() && FLOATX_IS_FP16 && o.grad_compression == "powersgd")  // (S changes between steps; e would mix scales)
-        why = "--grad-compression powersgd with the fp16 build: its error feedback would hold gradients at an old loss scale; "
-              "use train_gpt (bf16)";
-    if (!why.empty()) grid_usage_fail(&par->world, why);
     if (par->model_parallel) comm_require_mpi(&par->world, "tensor parallelism, pipelines and ZeRO-3 on the GPU");
     if (!o.dump_state.empty()) comm_require_mpi(&par->world, "--dump-state");
 }
@@ -2103,130 +2095,25 @@ static LossScaler start_loss_scaler(const TrainOptions& o, const TrainStateHeade
     return s;
 }
 
-// --offload optimizer holds what llmc/optim/offload.cuh can: AdamW's fp32 master weights of a bf16
-// build, updated over the flat array or its shards (ZeRO-0/1/2) of a model held whole (no tensor or pipeline slices).
-static void check_offload_options(const TrainOptions& o) {
-    if (o.offload != "optimizer") return;
-    if (FLOATX_IS_FP32) usage_fail("--offload optimizer moves fp32 master weights off a bf16 GPU: the fp32 build has none; use train_gpt");
-    if (FLOATX_IS_FP16) usage_fail("--offload optimizer is bf16-only for now (its host copies round to bf16): use train_gpt");
-    if (o.master_weights != 1) usage_fail("--offload optimizer keeps the fp32 master weights on the host: drop --master-weights 0");
-    if (o.zero_stage > 2) usage_fail("--offload optimizer with --zero %d is not supported yet: use --zero 0, 1 or 2", o.zero_stage);
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
-        usage_fail("--offload optimizer with tensor or pipeline parallelism is not supported yet: use data parallelism (--zero 0|1)");
-}
-
-// --precision fp8 (llmc/kernels/fp8.cuh): what it runs on for now, refused in one line before any allocation.
-static void check_fp8_run(const TrainOptions& o, const GPT2Config& cfg, Parallel& par, const RunPlan& plan) {
+// --precision fp8 (llmc/kernels/fp8.cuh) needs fp8 tensor cores, refused in one line before any allocation (what it
+// does not combine with, grids and shapes, is rows of llmc/run/compatibility.h).
+static void check_fp8_run(Parallel& par) {
     cudaDeviceProp props;
     CUDA_CHECK(cudaGetDeviceProperties(&props, par.world_gpu.device));
     std::string why;
     if (props.major * 10 + props.minor < 89)
         why = strprintf("--precision fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); this GPU "
                         "(%s) is %d.%d: drop --precision fp8", props.name, props.major, props.minor);
-    else if (par.grid.pp > 1 || par.grid.zero_stage > 2)
-        why = "--precision fp8 runs on one GPU, data-parallel (--zero 0, 1 or 2) and tensor-parallel ranks for now; "
-              "pipeline stages (each would need its own fp8_state.bin) and ZeRO-3 are not proven with it yet: drop "
-              "--pipeline-parallel, use --zero 2 at most, or drop --precision fp8";
-    else if ((cfg.channels / par.grid.tp) % 16 != 0 || ((size_t)plan.B * plan.T) % 16 != 0)
-        why = strprintf("--precision fp8: cuBLASLt's fp8 matmuls need dimensions that are multiples of 16; C/tp=%d, "
-                        "B*T=%d: change the shape or --tensor-parallel, or drop --precision fp8",
-                        cfg.channels / par.grid.tp, plan.B * plan.T);
     if (!why.empty()) grid_usage_fail(&par.world, why);
-}
-
-// --moe-experts on this trainer (llmc/model/moe_gpu.cuh): the layer's shape and the kernels' limits,
-// then what the GPU's MoE blocks do not do yet, each one line and exit 2 before anything is allocated.
-// Every refusal of the GPU's alone lives here (cli.h's validate_moe_options holds the ones both
-// trainers make: tensor and pipeline parallelism, ZeRO-3, the optimizers and compressions): lifting
-// one is deleting its line.
-static std::string moe_gpu_problem(const TrainOptions& o, int world_size, const GPT2Config& cfg) {
-    if (o.moe_experts == 0) return "";
-    std::string why = moe_gpu_shape_problem(moe_run_shape(o), cfg.channels);
-    if (!why.empty()) return why;
-    if (o.expert_parallel > 1 && world_size % o.expert_parallel != 0)
-        return strprintf("--expert-parallel %d on %d GPUs: the expert groups must split the data-parallel ranks evenly; run a "
-                         "multiple of %d ranks, or pick a divisor of %d", o.expert_parallel, world_size, o.expert_parallel, world_size);
-    if (o.expert_parallel > 1 && o.zero_stage > 0)
-        return strprintf("--expert-parallel %d with --zero %d on the GPU: the held experts' moments are not sharded over their "
-                         "replicas yet; use --zero 0, or train_gpt_cpu", o.expert_parallel, o.zero_stage);
-    size_t routers = moe_layout(cfg, MoEConfig{o.moe_experts, o.moe_every}).count[MOE_ROUTER];
-    if (o.expert_parallel > 1 && routers % (size_t)world_size != 0)  // (summed as a reduce-scatter and an all-gather)
-        return strprintf("--expert-parallel %d on %d GPUs: the routers' %zu values do not split over the %d ranks; run a power of "
-                         "two ranks, or --expert-parallel 1", o.expert_parallel, world_size, routers, world_size);
-    if (o.expert_parallel > 1 && world_size > 1 && o.grad_compression != "none")
-        return strprintf("--expert-parallel %d with --grad-compression %s on the GPU: the experts' sums over their replicas are "
-                         "not compressed (not checked yet); drop --grad-compression", o.expert_parallel, o.grad_compression.c_str());
-    if (o.cuda_graphs) return "--moe-experts with --cuda-graphs: each MoE block's experts wait on the host for their row counts; drop --cuda-graphs";
-    if (o.precision == "fp8") return "--moe-experts with --precision fp8: the experts' matmuls have no fp8 scales yet; drop --precision fp8";
-    if (o.offload == "optimizer") return "--moe-experts with --offload optimizer: the MoE table's moments stay on the GPU; drop --offload";
-    if (FLOATX_IS_FP16) return "--moe-experts in the fp16 build: the MoE table's update knows no loss scale yet; use ./train_gpt (bf16)";
-    return "";
-}
-
-// --optimizer-state bf16 (llmc/optim/adamw_bf16.cuh) runs where it is proven against the CPU trainer
-// (test/test_gpu_optimizers.py): one GPU or data parallelism with ZeRO-0/1 (the flat array or its
-// shard: one launch) and ZeRO-2 (its pieces: one launch each), on the device or offloaded
-// (--offload optimizer: the host runs adamw_bf16.h piece by piece, test/test_offload.py), the bf16 and
-// fp32 builds, eager steps. Everything else is one line and exit 2 before anything is allocated.
-static std::string optimizer_gpu_problem(const TrainOptions& o) {
-    if (o.optimizer_state != "bf16") return "";
-    const char* what = "--optimizer-state bf16 on the GPU trainer";
-    if (o.zero_stage >= 3)
-        return strprintf("%s with --zero 3: built for --zero 0, 1 or 2 for now; use those, or --optimizer-state fp32", what);
-    if (o.zero_stage == 2 && (o.tensor_parallel > 1 || o.pipeline_parallel > 1))
-        return strprintf("%s with --zero 2 and tensor or pipeline parallelism is not checked yet: use --zero 0 or 1 there, or "
-                         "--optimizer-state fp32", what);
-    if (o.moe_experts > 0) return strprintf("%s with --moe-experts: the MoE table's moments are fp32; use --optimizer-state fp32", what);
-    if (FLOATX_IS_FP16) return strprintf("%s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", what);
-    return "";
-}
-
-// --optimizer adafactor | sm3 (llmc/optim/adafactor.cuh, sm3.cuh) run where they are proven against
-// the CPU trainer (test/test_gpu_factored.py): one GPU, or data-parallel replicas with --zero 0 (each
-// the whole update of the summed gradient), the bf16 and fp32 builds, eager steps. Everything else is
-// one line and exit 2 before anything is allocated.
-static std::string factored_gpu_problem(const TrainOptions& o) {
-    if (o.optimizer == "adamw") return "";
-    const char* name = o.optimizer.c_str();
-    if (o.zero_stage != 0 || o.tensor_parallel > 1)
-        return strprintf("--optimizer %s on the GPU trainer with --zero %d --tensor-parallel %d: built for one GPU or data "
-                         "parallelism with --zero 0 for now; use those, train_gpt_cpu, or --optimizer adamw", name, o.zero_stage,
-                         o.tensor_parallel);
-    if (o.offload == "optimizer")
-        return strprintf("--optimizer %s with --offload optimizer: the offload moves AdamW's master weights, m and v; %s's "
-                         "statistics are small and stay on the GPU: drop --offload", name, name);
-    if (o.moe_experts > 0) return strprintf("--optimizer %s with --moe-experts on the GPU: the MoE table's update is AdamW's; use train_gpt_cpu", name);
-    if (o.cuda_graphs) return strprintf("--optimizer %s with --cuda-graphs is not checked yet: drop --cuda-graphs", name);
-    if (o.grad_compression != "none") return strprintf("--optimizer %s with --grad-compression on the GPU is not checked yet: drop --grad-compression", name);
-    if (o.precision == "fp8") return strprintf("--optimizer %s with --precision fp8 is not checked yet: drop --precision fp8", name);
-    if (FLOATX_IS_FP16) return strprintf("--optimizer %s in the fp16 build is not checked yet: use ./train_gpt (bf16) or ./train_gpt_fp32", name);
-    return "";
 }
 
 // ==============================================================================================
 // Start-up and the end of the run: main's steps.
 
-// The flag pairs the GPU trainer refuses before anything starts: ZB-H1's and PipeDream-2BW's (the CPU's
-// refusals, and the GPU's own), the precision, and fp16's loss scale.
+// The flags the GPU trainer refuses before anything starts: the pairs of techniques that do not combine
+// (llmc/run/compatibility.h), the precision of this build, and fp16's loss scale.
 static void refuse_gpu_flags(const TrainOptions& o) {
-    // ZB-H1's deferred W reads whole rows (llmc/model/zero_bubble_backward.h), as on the CPU
-    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
-        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    // PipeDream-2BW (llmc/parallel/pipedream_2bw.cuh), with and without the flush: the CPU's refusals, and the GPU's own
-    if (o.pipeline_schedule.rfind("2bw", 0) == 0) {
-        const char* name = o.pipeline_schedule.c_str();
-        std::string bad = pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts);
-        if (!bad.empty()) usage_fail("%s", bad.c_str());
-        if (o.cuda_graphs)
-            usage_fail("--pipeline-schedule %s with --cuda-graphs: the graphed step swaps no weight versions; drop --cuda-graphs", name);
-        if (o.offload == "optimizer")
-            usage_fail("--pipeline-schedule %s with --offload optimizer is not supported yet (not tested); drop --offload", name);
-        // fp8's scales come from the amax the step's forwards record: run ahead into the previous step, the
-        // first forwards of a step would record theirs in that step's history (not tested either)
-        if (o.pipeline_schedule == "2bw" && o.precision == "fp8")
-            usage_fail("--pipeline-schedule 2bw with --precision fp8 is not supported yet (the forwards run ahead would record "
-                       "their amax in the previous step's history); use --pipeline-schedule 2bw-flush");
-    }
+    refuse_incompatible_flags(o, Trainer::GPU, FLOATX_NAME);  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::GPU, FLOATX_NAME);
     if (FLOATX_IS_FP16) {  // (0: the default)
         std::string bad = loss_scale_problem(o.loss_scale_init == 0 ? LOSS_SCALE_INIT : o.loss_scale_init,
@@ -2268,14 +2155,6 @@ static void start_gpus(const TrainOptions& o, const GPT2Config& cfg, Parallel* p
         grid_usage_fail(&par->world, strprintf("--expert-parallel %d with %d ranks sharing a GPU: the exchange runs on NCCL, one GPU "
                                                "a rank; give each rank its own GPU, or use --expert-parallel 1", o.expert_parallel,
                                                par->world.world_size));
-}
-
-// The pipeline schedule on this grid: interleaved cuts the layers into p x v equal chunks, the
-// micro-batches in groups of p (--eval-only runs no schedule).
-static std::string gpu_schedule_problem(const TrainOptions& o, const GPT2Config& cfg, const Parallel& par) {
-    const ProcessGrid& grid = par.grid;
-    return pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : plan_run(o, cfg, grid.dp, 0).accumulation_steps,
-                                     par.chunks, cfg.num_layers);
 }
 
 // --cuda-graphs on this grid (llmc/run/cuda_graphs.cuh), before any allocation.
@@ -2361,12 +2240,12 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
     validate_options(o);
-    check_offload_options(o);
-    refuse_gpu_flags(o);  // ZB-H1, 2BW, the precision, fp16's loss scale
+    refuse_gpu_flags(o);  // the techniques that do not combine, the precision, fp16's loss scale
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     bool simple_attention = wants_simple_attention(o);
     bool master_weights = o.master_weights == 1 && !FLOATX_IS_FP32;  // fp32 parameters are their own master
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
+    if (o.estimate) refuse_incompatible_estimate(o, Trainer::GPU, FLOATX_NAME, estimate_config(o));  // as training would
     if (o.estimate || o.plan > 0) return print_arithmetic(o, master_weights, simple_attention);
 
     // ---- the ranks and the grid, the model's shape, then the GPUs
@@ -2377,10 +2256,7 @@ int main(int argc, char** argv) {
     RunModel rm;
     std::string why = choose_model(o, leader, &rm);
     const GPT2Config& cfg = rm.cfg;
-    if (why.empty()) why = moe_gpu_problem(o, comm.world_size, cfg);
-    if (why.empty()) why = optimizer_gpu_problem(o);
-    if (why.empty()) why = factored_gpu_problem(o);
-    if (why.empty()) why = gpu_schedule_problem(o, cfg, par);
+    if (why.empty()) why = compatibility_grid_problem(o, Trainer::GPU, FLOATX_NAME, cfg, grid);  // llmc/run/compatibility.h
     if (!why.empty()) grid_usage_fail(&par.world, why);
     start_gpus(o, cfg, &par);
     check_gpu_shape(cfg);
@@ -2391,7 +2267,7 @@ int main(int argc, char** argv) {
     DataLoader train;
     open_training_data(&train, o, cfg, grid);  // before the model is allocated: a shard too short is refused now
     RunPlan plan = plan_run(o, cfg, grid.dp, train.tokens_per_epoch);
-    if (o.precision == "fp8") check_fp8_run(o, cfg, par, plan);  // before any allocation
+    if (o.precision == "fp8") check_fp8_run(par);  // before any allocation
     refuse_gpu_graphs(o, &par);
     RunEvents ev;
     open_validation(&ev, o, cfg, plan, leader, par.model_parallel);

@@ -29,6 +29,7 @@
 #include "llmc/probes/cpu_profile.h"  // first: it defines LAYER_PROFILE, which times each layer for --profile
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
+#include "llmc/run/compatibility.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
@@ -1157,7 +1158,7 @@ enum GradientGroup { PARAMS_GRADS, MOE_TABLE_GRADS, GRADIENT_GROUPS };
 static void sum_gradient_group(GPT2* model, Parallel* par, int group) {
     GPT2& mo = *model;
     if (group == MOE_TABLE_GRADS) {
-        if (mo.server.on) return;  // (the server sums the dense table only: refuse_moe_problems)
+        if (mo.server.on) return;  // (the server sums the dense table only: llmc/run/compatibility.h refuses MoE with it)
         moe_table_sum(&mo.moe_zero, mo.moe_bf16, mo.ep != nullptr, &par->comms.dp, &par->ep_replicas, par->grid.dp, &mo.moe_grads,
                       mo.moe_layout.count[MOE_ROUTER], &mo.moe_sum_scratch);
         return;
@@ -1826,10 +1827,6 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     return r;
 }
 
-
-// --moe-experts: the layer's own checks first (moe_shape_problem, so a bad shape is named), then what
-// the MoE model cannot do yet on this trainer, each one line and exit 2 before anything is allocated.
-// (cli.h's validate_moe_options refused the grids and optimizers the MoE blocks are not built for.)
 // ==============================================================================================
 // The run around the step (llmc/run/train_loop.h): the CPU's passes, and the traffic each group of
 // ranks sent in the last step, for the end reports.
@@ -1900,27 +1897,8 @@ static RunPasses cpu_run_passes(GPT2* model, Parallel* par, DataLoader* train, c
     return p;
 }
 
-static void refuse_moe_problems(const TrainOptions& o) {
-    std::string problem = moe_shape_problem(moe_run_shape(o));
-    if (!problem.empty()) usage_fail(problem);
-    auto refuse = [&](const char* what, const char* fix) {
-        usage_fail("--moe-experts with %s: %s", what, fix);
-    };
-    if (o.optimizer_state == "bf16") refuse("--optimizer-state bf16", "the MoE table's moments are fp32; use --optimizer-state fp32");
-    if (o.data_parallel == "server") refuse("--data-parallel server", "the server sums the dense table only; use --data-parallel allreduce");
-    if (!o.offload_dir.empty()) refuse("--offload-dir", "the disk holds the dense table's moments only; drop --offload-dir");
-}
-
 // ==============================================================================================
 // Start-up and the end of the run: main's steps.
-
-// The schedules' refusals: ZB-H1's deferred W and PipeDream-2BW's weight versions.
-static void refuse_cpu_schedules(const TrainOptions& o) {
-    if (o.pipeline_schedule == "zb-h1" && *zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel))
-        usage_fail(zero_bubble_problem(o.pipeline_parallel, o.tensor_parallel));
-    if (o.pipeline_schedule.rfind("2bw", 0) == 0 && !pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts).empty())
-        usage_fail(pipedream_2bw_problem(o.zero_stage, o.tensor_parallel, o.moe_experts));
-}
 
 // --estimate and --plan: arithmetic only, no MPI, no weights, no data (llmc/memory/estimate.h,
 // llmc/parallel/grid_planner.h).
@@ -1958,17 +1936,11 @@ static void start_cpu_grid(Comm* world, const TrainOptions& o, Parallel* par) {
 // (llmc/memory/estimate.h's estimate_cpu_shape).
 static EstimateSetup check_cpu_run(Comm* world, const TrainOptions& o, const GPT2Config& cfg, const RunPlan& shape, const Parallel& par) {
     const ProcessGrid& grid = par.grid;
-    // (--eval-only runs no pipeline schedule: one micro-batch is fine)
-    std::string why = grid_problem(grid, cfg, shape.B, shape.T, o.eval_only ? grid.pp : shape.accumulation_steps);
-    // interleaved: the layers cut into p x v equal chunks, the micro-batches in groups of p
-    if (why.empty()) why = pipeline_schedule_problem(par.schedule, grid.pp, o.eval_only ? grid.pp : shape.accumulation_steps, par.chunks, cfg.num_layers);
+    // the grid, the schedule, compression and the server on this model: the table's Shape rows (llmc/run/compatibility.h)
+    std::string why = compatibility_grid_problem(o, Trainer::CPU, "fp32", cfg, grid);
     if (!why.empty()) grid_usage_fail(world, why);
     GradCompressionSettings compression = grad_compression_settings(o);
     compression.every_matrix = grad_compression_test_every_matrix();
-    why = grad_compression_problem(compression, grid, cfg);
-    if (!why.empty()) grid_usage_fail(world, why);
-    why = parameter_server_problem(o.data_parallel == "server", grid, compression.kind != GradCompressionKind::None);
-    if (!why.empty()) grid_usage_fail(world, why);
     EstimateSetup predicted = run_estimate(o, cfg, shape, grid, par.schedule);
     predicted.compression = compression;  // (with the tests' every-matrix switch)
     refuse_unless_memory_fits(world, predicted, o.max_memory_mib);
@@ -2010,12 +1982,12 @@ int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
-    refuse_cpu_schedules(o);
-    if (o.moe_experts > 0) refuse_moe_problems(o);  // the layer's shape, and what the MoE trainer does not do yet
+    refuse_incompatible_flags(o, Trainer::CPU, "fp32");  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::CPU, "fp32");
     if (o.threads > 0) omp_set_num_threads(o.threads);
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
+    if (o.estimate) refuse_incompatible_estimate(o, Trainer::CPU, "fp32", estimate_config(o));  // as training would
     if (o.estimate || o.plan > 0) return print_cpu_arithmetic(o);
     Comm world;
     comm_init(&world, o.comm_timeout);

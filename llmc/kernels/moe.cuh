@@ -59,11 +59,13 @@
 #pragma nv_diag_suppress 1675
 #endif
 #include "llmc/model/moe.h"  // MoEShape, MoEWeights, expert_of, moe_capacity: the one definition of each
+#include "llmc/run/compatibility.h"  // moe_gpu_kernels_problem, MOE_GPU_MAX_EXPERTS
 #ifdef __NVCC__
 #pragma nv_diag_default 1675
 #endif
 
 constexpr int MOE_MAX_EXPERTS = 64;      // the router's per-token arrays live in registers
+static_assert(MOE_MAX_EXPERTS == MOE_GPU_MAX_EXPERTS, "llmc/run/compatibility.h refuses more experts than the router holds");
 constexpr int MOE_SCAN_THREADS = 128;    // the dispatch block: 128 x 64 counts = 32 KiB of shared memory
 constexpr int MOE_ROUTE_WARPS = 4;       // tokens per block of the router
 
@@ -305,15 +307,8 @@ __global__ void moe_unpermute_kernel(floatX* dx, const floatX* dxg, const int* r
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side. What the shape allows is cpu::moe_shape_problem's, plus the limits of these kernels.
-inline std::string moe_gpu_shape_problem(const cpu::MoEShape& s, int C) {
-    std::string why = cpu::moe_shape_problem(s);
-    if (!why.empty()) return why;
-    if (s.experts > MOE_MAX_EXPERTS)
-        return strprintf("--moe-experts %d: the GPU router holds at most %d experts per token; use fewer", s.experts, MOE_MAX_EXPERTS);
-    if (C % 8 != 0) return strprintf("the model's C = %d: the MoE kernels move 16-byte vectors and need C %% 8 == 0", C);
-    return "";
-}
+// Host side. What the shape allows: the table's row (llmc/run/compatibility.h), with these kernels' limits.
+inline std::string moe_gpu_shape_problem(const cpu::MoEShape& s, int C) { return moe_gpu_kernels_problem(s, C); }
 
 // Steps 1 and 2 and the auxiliary losses: route x (N, C), assign rows, drop over capacity.
 inline void moe_route_dispatch(MoERouting r, const cpu::MoEShape& s, const floatX* x, const floatX* router, int N, int C,

@@ -37,7 +37,7 @@
 // waits for its routing (moe.cuh's moe_read_rows: one synchronisation per block per micro-batch),
 // and reads the step's statistics (two losses, E loads) in the same wait. Hence no --cuda-graphs.
 //
-// Hook points: none of the grid's (tensor or pipeline parallelism: moe_gpu_problem refuses them).
+// Hook points: none of the grid's (tensor or pipeline parallelism: llmc/run/compatibility.h refuses them).
 // Data parallelism, ZeRO-1/2 among it, is llmc/parallel/moe_zero.cuh's, called from train_gpt.cu's
 // finish_gradients and optimizer_step (docs/moe.md). train_gpt.cu calls moe_gpu_block_forward /
 // _backward at the MoE blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW

@@ -105,13 +105,4 @@ inline int zero_bubble_weight_input_slots(int stages, int m) { return std::min(m
 // comes right after its B(k) (it runs the whole backward at B: the same additions, in the same order).
 inline int zero_bubble_stashes(int stage, int m) { return stage == 0 ? 0 : std::min(m, stage + 1); }
 
-// What the CPU trainer's ZB-H1 cannot run yet ("" if it can), one line with the fix: W reads its
-// rows locally, and tensor and sequence parallelism would gather them again (not written yet).
-// (ZeRO-2/3 do not run with pipelines at all, process_grid.h; --recompute is fine: W rebuilds what
-// it reads as B does. One stage has no W: zb-h1 there is gradient accumulation, any grid.)
-inline const char* zero_bubble_problem(int pipeline_parallel, int tensor_parallel) {
-    if (pipeline_parallel > 1 && tensor_parallel > 1)
-        return "--pipeline-schedule zb-h1 with --tensor-parallel is not supported yet (its deferred weight gradients read "
-               "whole rows): use --tensor-parallel 1, or --pipeline-schedule 1f1b";
-    return "";
-}
+// What ZB-H1 does not combine with (tensor parallelism: W reads whole rows) is a row of llmc/run/compatibility.h.

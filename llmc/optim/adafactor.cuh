@@ -34,8 +34,8 @@
 // (GB_OPTIMIZER_SCRATCH: wte's 50257 rows, 0.8 MB). Speed: G is read four times (rows, columns, RMS(U),
 // update) and X twice, against AdamW's once each.
 // Hook point: optimizer_step (llmc/run/step.h), on one GPU or data-parallel ranks with ZeRO-0 (every
-// rank the whole update of the summed gradient, as one rank); train_gpt.cu's factored_gpu_problem
-// refuses the rest.
+// rank the whole update of the summed gradient, as one rank); the rest is refused by rows of
+// llmc/run/compatibility.h.
 #pragma once
 
 #include "llmc/kernels/cuda_common.cuh"

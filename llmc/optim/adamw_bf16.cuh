@@ -25,8 +25,8 @@
 // pipeline-parallel rank's elements the one-rank run's. With --cuda-graphs the kernel is captured
 // once: t (its rounding key's step) and the learning rate are read from device memory at each replay
 // (AdamWStep), the slice's map is the run's constant. With --offload optimizer the host runs
-// adamw_bf16.h's loop instead, with the same key (llmc/optim/offload.cuh). (train_gpt.cu's
-// optimizer_gpu_problem refuses what is not proven yet.)
+// adamw_bf16.h's loop instead, with the same key (llmc/optim/offload.cuh). (rows of
+// llmc/run/compatibility.h refuse what is not proven yet.)
 #pragma once
 
 #include "llmc/optim/adamw.cuh"

@@ -307,7 +307,7 @@ inline void offload_resume_pending(OptimizerOffload* o, int step, uint32_t seed)
 // `params` is the GPU's flat array, `grads` ZeroGpu's: the flat gradient (ZeRO-0/1) or the shards (ZeRO-2).
 inline void offload_adamw(OptimizerOffload* o, floatX* params, const floatX* grads, const AdamWStep& now, const AdamWParams& a,
                           cudaStream_t stream) {
-    // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (check_offload_options).
+    // The fp32 and fp16 builds compile this too, but refuse --offload at start-up (llmc/run/compatibility.h).
     if (!std::is_same<floatX, __nv_bfloat16>::value) fail("internal: --offload optimizer needs the bf16 build");
     if (o->n == 0) return;
     offload_flush(o, params, stream);  // (the delay: step t-1's weights, now that step t's passes are done)

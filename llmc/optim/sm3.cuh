@@ -24,7 +24,7 @@
 // Speed: G is read twice (columns, rows) and W once, against AdamW's once each; 3 launches per matrix
 // and 1 per vector (GPT-2 124M: ~250 a step).
 // Hook point: optimizer_step (llmc/run/step.h), on one GPU or ZeRO-0 data-parallel replicas (each the
-// whole update of the summed gradient); train_gpt.cu's factored_gpu_problem refuses the rest.
+// whole update of the summed gradient); llmc/run/compatibility.h refuses the rest.
 #pragma once
 
 #include "llmc/kernels/cuda_common.cuh"

@@ -39,7 +39,7 @@
 // ep_gather_table over the expert group's MPI communicator), so a checkpoint is the same at any degree.
 //
 // Needs one GPU per rank (NCCL: host-staged ranks sharing a GPU are refused) and --zero 0; the other
-// combinations are refused by train_gpt.cu's moe_gpu_problem, one line each.
+// combinations are refused by rows of llmc/run/compatibility.h, one line each.
 //
 // Hook points: between moe_gpu_block_route and moe_gpu_block_combine (forward) and between
 // moe_gpu_block_backward_rows and moe_gpu_block_backward_input (backward), at the MoE blocks of

@@ -55,6 +55,7 @@
 #include "llmc/memory/estimate.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/cli.h"
+#include "llmc/run/compatibility.h"
 
 // The CPU trainer's defaults: what one rank of it achieved on the development machine, 2 cores
 // shared with other jobs (scripts/bench_grid_planner.py: 30 to 59 GFLOP/s for a one-thread step of
@@ -196,8 +197,8 @@ inline GridPlan price_grid(const EstimateSetup& base, const PlanMachine& mc, int
 // Every valid grid of mc.ranks ranks, ZeRO stages included, priced; degrees the user fixed with
 // --tensor-parallel, --pipeline-parallel, --estimate-ranks (data) or --zero are kept. A grid is
 // valid when the trainers would run it: the tokens per step split into whole micro-batches on every
-// data-parallel rank, and grid_problem (heads divisible by t, p <= layers, m >= p, ZeRO-2/3 not with
-// a pipeline) finds nothing. ZeRO-1..3 need two data-parallel ranks to share anything.
+// data-parallel rank, and no row of llmc/run/compatibility.h refuses it (grid_problem's heads divisible
+// by t, p <= layers, m >= p, ZeRO-2/3 not with a pipeline; and every technique pair the flags name). ZeRO-1..3 need two data-parallel ranks to share anything.
 inline std::vector<GridPlan> plan_grids(const EstimateSetup& base, const PlanMachine& mc, const TrainOptions& o) {
     std::vector<GridPlan> plans;
     int64_t sequences = base.tokens_per_step / base.T;  // sequences per step, all ranks together
@@ -213,7 +214,8 @@ inline std::vector<GridPlan> plan_grids(const EstimateSetup& base, const PlanMac
                 ProcessGrid g;
                 make_grid(mc.ranks, 0, tp, pp, dp, zero, base.sequence_parallel && tp > 1, &g);
                 int m = (int)(sequences / ((int64_t)base.B * dp));
-                if (!grid_problem(g, base.cfg, base.B, base.T, m).empty()) continue;
+                const char* build = base.dtype_bytes == 4 ? "fp32" : base.half_name.c_str();  // (training's refusals: compatibility.h)
+                if (!compatibility_plan_problem(o, base.trainer, build, base.cfg, g, base.B, base.T, m).empty()) continue;
                 plans.push_back(price_grid(base, mc, dp, tp, pp, zero));
             }
         }

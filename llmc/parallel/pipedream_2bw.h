@@ -72,20 +72,8 @@
 #include <vector>
 #include "llmc/utils.h"
 
-// Why 2BW cannot run with these settings ("" when it can), with the fix. Checked before anything is
-// allocated. (m >= p is every pipeline's rule already: process_grid.h refuses a pipeline it cannot fill.)
-inline std::string pipedream_2bw_problem(int zero_stage, int tensor_parallel, int moe_experts) {
-    if (zero_stage >= 2)
-        return strprintf("--pipeline-schedule 2bw with --zero %d is not supported: ZeRO-%d keeps only a shard of the gradients "
-                         "(and ZeRO-3 of the weights), and the older weight version is the whole stage's; use --zero 0 or 1",
-                         zero_stage, zero_stage);
-    if (tensor_parallel > 1)
-        return "--pipeline-schedule 2bw with --tensor-parallel is not supported yet (not tested); use --tensor-parallel 1, or "
-               "--pipeline-schedule 1f1b";
-    if (moe_experts > 0)
-        return "--pipeline-schedule 2bw with --moe-experts is not supported (the MoE table is not versioned); drop --moe-experts";
-    return "";
-}
+// What 2BW does not combine with (ZeRO-2/3, tensor parallelism, MoE; on the GPU graphs, offload, fp8 without the
+// flush) is rows of llmc/run/compatibility.h, checked before anything is allocated.
 
 // The two versions of one stage: `older` holds W(t-1) of the flat parameters (params.size() floats)
 // followed by that of the last stage's wte copy (lent.size() floats; empty elsewhere).

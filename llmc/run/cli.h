@@ -490,24 +490,6 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         printf("llmc %s (%s trainer)\n", LLMC_VERSION, trainer == Trainer::CPU ? "CPU" : "GPU");
         exit(0);
     }
-    // (the flag is shared; the server is the CPU trainer's lesson in traffic: refused, not ignored)
-    if (trainer == Trainer::GPU && o->data_parallel == "server") {
-        usage_fail("--data-parallel server runs only on the CPU trainer (train_gpt_cpu): it is a lesson in traffic through one "
-                   "rank; on GPUs NCCL's all-reduce is the way, --data-parallel allreduce");
-    }
-    // (the flag is shared; each trainer has its own narrow type: refused, not ignored)
-    if (trainer == Trainer::CPU && o->stash_precision == "fp8")
-        usage_fail("--stash-precision fp8 is the GPU trainer's stash (e4m3 with a per-tensor scale); train_gpt_cpu keeps fp32 "
-                   "or bf16: use --stash-precision bf16");
-    if (trainer == Trainer::GPU && o->stash_precision == "bf16")
-        usage_fail("--stash-precision bf16: the GPU trainer's activations are already its build's type (bf16 in ./train_gpt); "
-                   "its narrower stash is --stash-precision fp8");
-    if (trainer == Trainer::GPU && o->stash_precision == "fp8" && o->moe_experts != 0)
-        usage_fail("--stash-precision fp8 with --moe-experts: the MoE blocks keep their own activations, not stashed in fp8 "
-                   "yet; drop one of the two");
-    if (trainer == Trainer::GPU && o->stash_precision == "fp8" && o->precision == "fp8")
-        usage_fail("--stash-precision fp8 with --precision fp8: the two fp8 paths are not checked together yet; drop one of "
-                   "the two");
     if (o->quiet && o->verbose) usage_fail("--quiet and --verbose contradict each other: pass one of them");
     set_verbosity(o->quiet ? 0 : o->verbose ? 2 : 1);
 }
@@ -528,8 +510,8 @@ inline float moe_capacity_factor_value(const TrainOptions& o) {
 }
 
 // The MoE flags' checks that need neither the model nor the layer (the shape's own, top-2 of one
-// expert and the like, are moe_shape_problem's in llmc/model/moe.h, which the CPU trainer calls),
-// and the combinations the MoE blocks are not built for, each named with its way out.
+// expert and the like, are moe_shape_problem's in llmc/model/moe.h; the combinations the MoE blocks
+// are not built for are rows of llmc/run/compatibility.h), each named with its way out.
 inline void validate_moe_options(const TrainOptions& o) {
     if (o.moe_experts < 0) usage_fail("--moe-experts must be 0 (dense) or a positive number of experts, got %d", o.moe_experts);
     if (o.moe_every < 1) usage_fail("--moe-every must be at least 1 (1: every block is an MoE block), got %d", o.moe_every);
@@ -543,19 +525,6 @@ inline void validate_moe_options(const TrainOptions& o) {
     if (o.expert_parallel < 1 || o.moe_experts % o.expert_parallel != 0)
         usage_fail("--expert-parallel %d: the %d experts of a block must split evenly over the ranks; pick a divisor of --moe-experts "
                    "(1 = no split)", o.expert_parallel, o.moe_experts);
-    if (o.tensor_parallel > 1 || o.pipeline_parallel > 1)
-        usage_fail("--moe-experts with --tensor-parallel %d --pipeline-parallel %d: MoE blocks are not split across model-parallel "
-                   "ranks yet; train MoE with data parallelism only (--expert-parallel splits the experts over its ranks)", o.tensor_parallel, o.pipeline_parallel);
-    if (o.zero_stage > 2)
-        usage_fail("--moe-experts with --zero %d: the MoE table's weights are not sharded (ZeRO-3) yet; use --zero 1 or 2 "
-                   "(the table's moments sharded), or 0", o.zero_stage);
-    if (o.optimizer != "adamw" && o.expert_parallel > 1)  // (--zero 1: the table's statistics stay whole on every rank)
-        usage_fail("--moe-experts with --optimizer %s and --expert-parallel %d: its statistics of the MoE table are kept whole "
-                   "on every rank (moe_state.bin gathers no expert's from another rank yet); use --expert-parallel 1 with it, or "
-                   "--optimizer adamw", o.optimizer.c_str(), o.expert_parallel);
-    if (o.grad_compression != "none" && o.grad_compression != "bf16")
-        usage_fail("--moe-experts with --grad-compression %s: the MoE table's gradients are not compressed that way yet; use "
-                   "--grad-compression bf16 or none", o.grad_compression.c_str());
 }
 
 // --precision names the binary's own element type or is refused, naming the binary that has the one
@@ -574,14 +543,9 @@ inline void validate_precision(const TrainOptions& o, Trainer trainer, const cha
     if (o.fp8_amax_history < 0 || o.fp8_amax_history > 1024)
         usage_fail("--fp8-amax-history must be 1..1024 (0 = 16), got %d", o.fp8_amax_history);
     if (p.empty() || p == built) return;
-    if (p == "fp8") {  // a run-time choice of the bf16 build: its four linear layers' matmuls (llmc/kernels/fp8.cuh)
-        if (trainer == Trainer::CPU)
-            usage_fail("--precision fp8: the CPU trainer computes in fp32 only; fp8 matmuls are the GPU trainer's "
-                       "(./train_gpt --precision fp8), or drop --precision");
-        if (strcmp(built, "bf16") == 0) return;
-        usage_fail("--precision fp8 is an option of the bf16 build, around whose bf16 activations it quantizes: run "
-                   "./train_gpt --precision fp8, or drop --precision");
-    }
+    // a run-time choice of the bf16 build: its four linear layers' matmuls (llmc/kernels/fp8.cuh); the trainer and
+    // the builds it does not run in are rows of llmc/run/compatibility.h
+    if (p == "fp8") return;
     if (p != "bf16" && p != "fp16" && p != "fp32")
         usage_fail("--precision must be bf16, fp16, fp32 or fp8, got '%s'", p.c_str());
     if (p == "fp16" && trainer == Trainer::CPU)
@@ -595,31 +559,36 @@ inline void validate_precision(const TrainOptions& o, Trainer trainer, const cha
     usage_fail("--precision %s: this binary is built for %s; run %s, or drop --precision", p.c_str(), built, binary);
 }
 
-// Range checks that do not need the model; those that do (seq-len <= maxT) live in the trainers.
-inline void validate_options(const TrainOptions& o) {
-    auto positive = [](const char* name, long long v) {
-        if (v <= 0) usage_fail("--%s must be positive, got %lld", name, v);
-    };
-    auto non_negative = [](const char* name, long long v) {
-        if (v < 0) usage_fail("--%s must be zero or positive, got %lld", name, v);
-    };
-    positive("batch-size", o.batch_size);
-    non_negative("seq-len", o.seq_len);
-    non_negative("total-batch-tokens", o.total_batch_tokens);
-    non_negative("steps", o.steps);
-    non_negative("warmup-steps", o.warmup_steps);
-    non_negative("val-every", o.val_every);
-    positive("val-batches", o.val_batches);
-    non_negative("sample-every", o.sample_every);
-    non_negative("sample-tokens", o.sample_tokens);
-    non_negative("top-k", o.top_k);
-    non_negative("checkpoint-every", o.checkpoint_every);
-    non_negative("hellaswag-every", o.hellaswag_every);
+inline void flag_positive(const char* name, long long v) {
+    if (v <= 0) usage_fail("--%s must be positive, got %lld", name, v);
+}
+inline void flag_non_negative(const char* name, long long v) {
+    if (v < 0) usage_fail("--%s must be zero or positive, got %lld", name, v);
+}
+
+// The run: batch, steps, evaluation, samples, checkpoints.
+inline void validate_run_options(const TrainOptions& o) {
+    flag_positive("batch-size", o.batch_size);
+    flag_non_negative("seq-len", o.seq_len);
+    flag_non_negative("total-batch-tokens", o.total_batch_tokens);
+    flag_non_negative("steps", o.steps);
+    flag_non_negative("warmup-steps", o.warmup_steps);
+    flag_non_negative("val-every", o.val_every);
+    flag_positive("val-batches", o.val_batches);
+    flag_non_negative("sample-every", o.sample_every);
+    flag_non_negative("sample-tokens", o.sample_tokens);
+    flag_non_negative("top-k", o.top_k);
+    flag_non_negative("checkpoint-every", o.checkpoint_every);
+    flag_non_negative("hellaswag-every", o.hellaswag_every);
     if (o.hellaswag_every > 0 && o.hellaswag.empty()) usage_fail("--hellaswag-every needs --hellaswag FILE, the examples to evaluate");
     if (o.eval_only && o.hellaswag.empty() && o.val_data == "none") {
         usage_fail("--eval-only has nothing to evaluate: give --val-data shards or a --hellaswag file");
     }
-    non_negative("threads", o.threads);
+    flag_non_negative("threads", o.threads);
+}
+
+// The optimizer and its schedule.
+inline void validate_optimizer_options(const TrainOptions& o) {
     if (o.lr < 0) usage_fail("--lr must be zero or positive, got %g", o.lr);
     if (o.final_lr_fraction < 0 || o.final_lr_fraction > 1) usage_fail("--final-lr-fraction must be in [0, 1], got %g", o.final_lr_fraction);
     if (o.decay_fraction < 0 || o.decay_fraction > 1) usage_fail("--decay-fraction must be in [0, 1], got %g", o.decay_fraction);
@@ -632,44 +601,35 @@ inline void validate_options(const TrainOptions& o) {
     if (o.optimizer_state != "fp32" && o.optimizer_state != "bf16") {
         usage_fail("--optimizer-state must be fp32 or bf16, got '%s'", o.optimizer_state.c_str());
     }
-    if (o.optimizer_state == "bf16" && o.optimizer != "adamw") {
-        usage_fail("--optimizer-state bf16 stores AdamW's m and v; --optimizer %s keeps only row and column statistics, in fp32: "
-                   "drop --optimizer-state", o.optimizer.c_str());
-    }
     if (o.optimizer != "adamw") {  // factored state is per whole matrix (llmc/optim/optimizer_state.h)
         const char* name = o.optimizer.c_str();
         for (const char* adam_only : {"beta1", "beta2", "adam-eps"})
             if (flag_given(o, adam_only))
                 usage_fail("--%s is AdamW's; --optimizer %s has no such setting (adafactor: beta1 = 0, beta2_t = 1 - t^-0.8, "
                            "eps1 = 1e-30; sm3: none): drop it", adam_only, name);
-        if (o.zero_stage >= 2)  // ZeRO-1 gives each rank whole matrices (llmc/optim/factored_sharding.h)
-            usage_fail("--optimizer %s with --zero %d: ZeRO-2/3 shard gradients by flat ranges, which would cut %s's whole-"
-                       "matrix row and column statistics; use --zero 1 (each rank owns whole matrices) or --zero 0", name,
-                       o.zero_stage, name);
-        if (o.pipeline_parallel > 1)
-            usage_fail("--optimizer %s with --pipeline-parallel %d: its state is not split over pipeline stages yet; use "
-                       "data or tensor parallelism, or --optimizer adamw", name, o.pipeline_parallel);
-        if (o.tensor_parallel > 1 && o.zero_stage == 1)  // (a TP rank's blocks differ in size: wte's last rows)
-            usage_fail("--optimizer %s with --tensor-parallel %d --zero 1: ZeRO-1's whole-block cut is not built over "
-                       "tensor slices yet; use --zero 0 with --tensor-parallel", name, o.tensor_parallel);
     }
     if (o.weight_decay < 0) usage_fail("--weight-decay must be zero or positive, got %g", o.weight_decay);
     if (o.grad_clip < 0) usage_fail("--grad-clip must be zero or positive, got %g", o.grad_clip);
     if (o.max_bad_steps < 1) usage_fail("--max-bad-steps must be at least 1 (1: stop at the first bad step), got %d", o.max_bad_steps);
+}
+
+// --generate and the samples.
+inline void validate_generation_options(const TrainOptions& o) {
     if (o.temperature < 0) usage_fail("--temperature must be zero or positive, got %g", o.temperature);
     if (!(o.top_p > 0 && o.top_p <= 1)) usage_fail("--top-p must be in (0, 1], got %g", o.top_p);
-    positive("num-samples", o.num_samples);
+    flag_positive("num-samples", o.num_samples);
     if (o.kv_cache != 0 && o.kv_cache != 1) usage_fail("--kv-cache must be 0 or 1, got %d", o.kv_cache);
     bool prompt_given = flag_given(o, "generate"), file_given = flag_given(o, "prompt-file");
     if (prompt_given && file_given) usage_fail("--generate and --prompt-file both give a prompt: pass one of them");
     if (prompt_given && o.generate.empty()) usage_fail("--generate: the prompt is empty; give some text to continue");
     if (o.json && !prompt_given && !file_given) usage_fail("--json prints generated samples: it needs --generate TEXT or --prompt-file FILE");
+}
+
+// Memory: recompute, the stash, master weights, offload.
+inline void validate_memory_options(const TrainOptions& o) {
     if (o.recompute < 0 || o.recompute > 2) usage_fail("--recompute must be 0, 1 or 2, got %d", o.recompute);
     if (o.stash_precision != "fp32" && o.stash_precision != "bf16" && o.stash_precision != "fp8")
         usage_fail("--stash-precision must be fp32, bf16 (CPU trainer) or fp8 (GPU trainer), got '%s'", o.stash_precision.c_str());
-    if (o.stash_precision == "fp8" && o.pipeline_parallel > 1 && o.pipeline_schedule == "zb-h1")
-        usage_fail("--stash-precision fp8 with --pipeline-schedule zb-h1: the GPU's deferred weight pass reads its inputs in "
-                   "place, not from the fp8 stash yet; use another schedule, or --stash-precision fp32");
     if (o.master_weights != 0 && o.master_weights != 1) usage_fail("--master-weights must be 0 or 1, got %d", o.master_weights);
     if (o.offload != "none" && o.offload != "optimizer") usage_fail("--offload must be none or optimizer, got '%s'", o.offload.c_str());
     if (o.offload_delay != 0 && o.offload_delay != 1) usage_fail("--offload-delay must be 0 or 1, got %d", o.offload_delay);
@@ -677,24 +637,19 @@ inline void validate_options(const TrainOptions& o) {
     for (const char* flag : {"offload-delay", "offload-bucket-layers"})
         if (flag_given(o, flag) && o.offload != "optimizer")
             usage_fail("--%s shapes --offload optimizer's step: give --offload optimizer too, or drop it", flag);
-    positive("offload-chunk-kib", o.offload_chunk_kib);
+    flag_positive("offload-chunk-kib", o.offload_chunk_kib);
     if (o.offload_chunk_kib > (1 << 22)) usage_fail("--offload-chunk-kib %d is over 4 GiB: the buffer holds 4 chunks; give at most 4194304", o.offload_chunk_kib);
     if (flag_given(o, "offload-chunk-kib") && o.offload_dir.empty())
         usage_fail("--offload-chunk-kib sizes --offload-dir's chunks: give --offload-dir DIR too, or drop it");
-    if (!o.offload_dir.empty()) {  // (DIR itself is checked by the trainer, per rank, before it allocates)
-        if (o.optimizer != "adamw")
-            usage_fail("--offload-dir streams AdamW's m and v; --optimizer %s keeps only row and column statistics (well under 1 "
-                       "byte per parameter), which stay in RAM: drop --offload-dir", o.optimizer.c_str());
-        if (o.zero_stage >= 2 || o.tensor_parallel > 1 || o.pipeline_parallel > 1)
-            usage_fail("--offload-dir with --zero %d --tensor-parallel %d --pipeline-parallel %d: the disk offload is built for "
-                       "data parallelism with --zero 0 or 1; drop --offload-dir or the other flags", o.zero_stage,
-                       o.tensor_parallel, o.pipeline_parallel);
-    }
+}
+
+// The attention path, --estimate and --plan.
+inline void validate_estimate_options(const TrainOptions& o) {
     if (o.attention != "cudnn" && o.attention != "simple") usage_fail("--attention must be cudnn or simple, got '%s'", o.attention.c_str());
     if (o.estimate_memory_gib < 0) usage_fail("--estimate-memory-gib must be zero or positive, got %g", o.estimate_memory_gib);
     if (o.estimate_mfu <= 0 || o.estimate_mfu > 1) usage_fail("--estimate-mfu must be in (0, 1], got %g", o.estimate_mfu);
     if (o.estimate_peak_tflops < 0) usage_fail("--estimate-peak-tflops must be zero or positive, got %g", o.estimate_peak_tflops);
-    positive("estimate-ranks", o.estimate_ranks);
+    flag_positive("estimate-ranks", o.estimate_ranks);
     if (flag_given(o, "plan") && o.plan < 1) usage_fail("--plan needs at least 1 rank to plan for, got %d", o.plan);
     if (o.plan > 0 && o.estimate) usage_fail("--plan and --estimate both print a prediction and exit: pass one of them");
     if (o.plan > 0 && (o.eval_only || generation_mode(o))) {
@@ -703,9 +658,13 @@ inline void validate_options(const TrainOptions& o) {
     if (o.plan_tflops < 0) usage_fail("--plan-tflops must be zero (the default) or positive, got %g", o.plan_tflops);
     if (o.plan_bandwidth < 0) usage_fail("--plan-bandwidth must be zero (the default) or positive, got %g", o.plan_bandwidth);
     if (o.plan_node_bandwidth < 0) usage_fail("--plan-node-bandwidth must be zero (the default) or positive, got %g", o.plan_node_bandwidth);
-    non_negative("plan-node-size", o.plan_node_size);
+    flag_non_negative("plan-node-size", o.plan_node_size);
     if (o.plan_latency < 0 && o.plan_latency != -1)
         usage_fail("--plan-latency must be -1 (the default), 0 (no latency term) or positive microseconds, got %g", o.plan_latency);
+}
+
+// Parallelism: the grid, the pipeline schedule, gradient compression, communication.
+inline void validate_parallel_options(const TrainOptions& o) {
     if (o.zero_stage < 0 || o.zero_stage > 3) usage_fail("--zero must be 0, 1, 2 or 3, got %d", o.zero_stage);
     if (o.tensor_parallel < 1) usage_fail("--tensor-parallel must be at least 1, got %d", o.tensor_parallel);
     if (o.pipeline_parallel < 1) usage_fail("--pipeline-parallel must be at least 1, got %d", o.pipeline_parallel);
@@ -727,7 +686,18 @@ inline void validate_options(const TrainOptions& o) {
     if (o.data_parallel != "allreduce" && o.data_parallel != "server")
         usage_fail("--data-parallel must be allreduce or server, got '%s'", o.data_parallel.c_str());
     if (o.powersgd_rank < 1) usage_fail("--powersgd-rank must be at least 1 (the rank of each approximation), got %d", o.powersgd_rank);
-    non_negative("powersgd-start-step", o.powersgd_start_step);
+    flag_non_negative("powersgd-start-step", o.powersgd_start_step);
     if (o.comm_timeout < 0) usage_fail("--comm-timeout must be zero or positive, got %g", o.comm_timeout);
+}
+
+// Range checks, one flag at a time, section by section; those that need the model (seq-len <= maxT)
+// live in the trainers, and which techniques combine is llmc/run/compatibility.h's table.
+inline void validate_options(const TrainOptions& o) {
+    validate_run_options(o);
+    validate_optimizer_options(o);
+    validate_generation_options(o);
+    validate_memory_options(o);
+    validate_estimate_options(o);
+    validate_parallel_options(o);
     validate_moe_options(o);
 }

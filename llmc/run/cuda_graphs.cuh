@@ -113,23 +113,12 @@
 #include "llmc/run/cli.h"
 #include "llmc/parallel/process_grid.h"
 
-// Why --cuda-graphs cannot run this configuration ("" = it can). `ranks_share_a_gpu`: the ranks'
-// collectives are host-staged (comm_nccl.cuh).
+// Why --cuda-graphs cannot run on this launch ("" = it can): ranks whose collectives are host-staged
+// (comm_nccl.cuh). What it does not combine with is rows of llmc/run/compatibility.h.
 inline std::string cuda_graphs_problem(const TrainOptions& o, const ProcessGrid& grid, bool ranks_share_a_gpu) {
-    if (!o.cuda_graphs) return "";
-    if (grid.tp > 1 || grid.pp > 1)
-        return strprintf("--cuda-graphs runs on one GPU or data-parallel ranks for now, got tensor %d x pipeline %d (their "
-                         "exchanges are not captured yet): use data parallelism, or drop --cuda-graphs", grid.tp, grid.pp);
-    if (grid.world > 1 && ranks_share_a_gpu)
+    if (o.cuda_graphs && grid.world > 1 && ranks_share_a_gpu)
         return strprintf("--cuda-graphs with %d ranks sharing a GPU: their host-staged sums wait on the host, which a graph "
                          "cannot; give each rank its own GPU, or drop --cuda-graphs", grid.world);
-    if (grid.world > 1 && o.grad_compression == "powersgd")
-        return "--cuda-graphs with --grad-compression powersgd is not supported (its sums are host-driven): drop one of them";
-    if (o.offload != "none")
-        return "--cuda-graphs with --offload optimizer: the update runs on the host, there is nothing to capture; drop one of them";
-    if (o.zero_stage == 3)
-        return "--cuda-graphs with --zero 3 is not supported yet (each unit's all-gather is waited for by the host, and "
-               "which units a pass gathers depends on what its slots still hold): use --zero 2, or drop --cuda-graphs";
     return "";
 }
 

@@ -320,7 +320,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 // fills it; on one rank with no technique flag each does the plain thing (a pointer into the stacked
 // activations, a matmul, the dense MLP, a view of the flat arrays) and nothing else. The step's hooks are further
 // down ("The hooks of the step"); each hook's own comment says what fills it:
-//   layer_acts, keep_for_backward, refill_for_backward   what a layer keeps for its backward:
+//   layer_rows, keep_for_backward, recall_for_backward   what a layer keeps for its backward:
 //        --recompute (llmc/model/recompute.h), --stash-precision bf16 (llmc/memory/stash_precision.h)
 //   linear_forward, linear_backward   a matmul: tensor and sequence parallelism's gathers and sums around
 //        it (llmc/parallel/tensor_parallel.h), ZB-H1's deferred weight gradient (llmc/model/zero_bubble_backward.h)
@@ -346,7 +346,7 @@ static size_t residual_rows(const GPT2* model, size_t BT) { return tp_local_rows
 // Layer l's activations in one activation slot, as the passes address them. The stacks are laid out
 // for the allocated (max_B, max_T), so a smaller forward still finds every layer where the backward
 // expects it. What is not kept per layer in fp32 points into one layer of scratch (layer_or_scratch).
-struct LayerActs {
+struct LayerRows {
     const float* residual;                                  // (R,C) the block's input
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;    // (R,C), (R), (R), (B,T,3Ca), (B,NH,T,T), (B,T,Ca)
     float* residual2;                                       // (R,C)
@@ -359,12 +359,12 @@ static LayerStrides layer_strides(const GPT2* model) {
     size_t BTmax = (size_t)model->max_B * model->max_T;
     return {residual_rows(model, BTmax), BTmax, (size_t)model->max_B * model->slice.heads * model->max_T * model->max_T};
 }
-static LayerActs layer_acts(GPT2* model, Activations& a, int l) {
+static LayerRows layer_rows(GPT2* model, Activations& a, int l) {
     const ModelSlice& s = model->slice;
     size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
     LayerStrides n = layer_strides(model);
     Workspace& work = model->work;
-    LayerActs x;
+    LayerRows x;
     x.residual = l == 0 ? a.encoded.data() : layer_slice(a.residual3, l - 1, n.rows * C);
     x.ln1 = layer_or_scratch(a.ln1, work.ln_recompute, l, n.rows * C);
     x.ln1_mean = layer_slice(a.ln1_mean, l, n.rows);
@@ -382,7 +382,7 @@ static LayerActs layer_acts(GPT2* model, Activations& a, int l) {
     return x;
 }
 
-// A layer's two halves, for keep_for_backward and refill_for_backward.
+// A layer's two halves, for keep_for_backward and recall_for_backward.
 enum LayerHalf { ATTENTION_HALF, MLP_HALF };
 
 // --stash-precision bf16: layer l's slice of a bf16 stack keeps n values of x, rounded; and widens
@@ -397,8 +397,8 @@ static void stash_refill(float* x, const std::vector<uint16_t>& stack, int l, si
 // keep_for_backward: the forward has read the half's activations for the last time. --stash-precision
 // bf16 keeps its bf16 copy of them now (llmc/memory/stash_precision.h: after the last fp32 read, in the
 // order ln1, qkv, att, atty, ln2, fch, fch_gelu). What --recompute does not keep needs nothing here:
-// layer_acts put it in scratch, and refill_for_backward computes it again.
-static void keep_for_backward(GPT2* model, Activations& a, const LayerActs& x, int l, LayerHalf half, int B, int T) {
+// layer_rows put it in scratch, and recall_for_backward computes it again.
+static void keep_for_backward(GPT2* model, Activations& a, const LayerRows& x, int l, LayerHalf half, int B, int T) {
     const ModelSlice& s = model->slice;
     size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
     size_t BT = (size_t)B * T, R = residual_rows(model, BT);
@@ -417,13 +417,13 @@ static void keep_for_backward(GPT2* model, Activations& a, const LayerActs& x, i
     stash_keep(st.fch_gelu, l, n.tokens * Cf, x.fch_gelu, BT * Cf);
 }
 
-// refill_for_backward: what the half's backward reads and the forward did not keep in fp32, rebuilt
+// recall_for_backward: what the half's backward reads and the forward did not keep in fp32, rebuilt
 // in the layer's scratch right before the half's backward: --recompute's with the forward's own
 // function on the forward's own inputs (the same floats; llmc/model/recompute.h), --stash-precision
 // bf16's widened. Whatever the scratch held before (another layer, or in a pipeline another
 // micro-batch's forward, run in between by 1F1B) is overwritten first, so it cannot leak in.
 // `weight_pass`: ZB-H1's W (gpt2_backward_weights), which reads the matmuls' inputs only.
-static void refill_for_backward(GPT2* model, Activations& a, const LayerActs& x, const ParamTensors<float>& w, int l,
+static void recall_for_backward(GPT2* model, Activations& a, const LayerRows& x, const ParamTensors<float>& w, int l,
                                 LayerHalf half, int B, int T, bool weight_pass = false) {
     const ModelSlice& s = model->slice;
     size_t C = (size_t)model->config.channels, Ca = (size_t)s.attn_channels, Cf = (size_t)s.fc_channels;
@@ -635,12 +635,12 @@ static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* 
     Activations& a = model->acts[(size_t)slot];
     for (int l = L - 1; l >= 0; l--) {
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
-        LayerActs x = layer_acts(model, a, l);
+        LayerRows x = layer_rows(model, a, l);
         LayerWeightStash k = deferred_weights(model, stash, l, N);
-        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
+        recall_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
         matmul_backward_weight(g[FCPROJW], g[FCPROJB], k.fcproj, x.fch_gelu, (int)N, Cf, C);
         matmul_backward_weight(g[FCW], g[FCB], k.fc, x.ln2, (int)N, C, Cf);
-        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
+        recall_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
         matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, x.atty, (int)N, Ca, C);
         matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, x.ln1, (int)N, C, 3 * Ca);
         release_unit_weights(model, unit_of_layer(L, l));
@@ -651,14 +651,14 @@ static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* 
 // The model's passes: llm.c's forward and backward, one call per kernel, the hooks above between them.
 
 // The dense MLP of a block: residual3 (before its residual add) = fcproj(gelu(fc(ln2))).
-static void dense_mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerActs& x, size_t BT) {
+static void dense_mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerRows& x, size_t BT) {
     int C = model->config.channels, Cf = model->slice.fc_channels;
     linear_forward(model, LIN_FC, x.fch, x.ln2, w[FCW], w[FCB], BT, C, Cf);
     gelu_forward(x.fch_gelu, x.fch, BT * Cf);
     linear_forward(model, LIN_FCPROJ, x.residual3, x.fch_gelu, w[FCPROJW], w[FCPROJB], BT, Cf, C);
 }
 // Its backward: the weights' gradients added, d(ln2) returned. k: ZB-H1's deferred weight gradients.
-static const float* dense_mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x,
+static const float* dense_mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerRows& x,
                                        const float* dresidual, const LayerWeightStash& k, size_t BT) {
     int C = model->config.channels, Cf = model->slice.fc_channels;
     float* dfch = model->work.dbuf_4c.data();
@@ -668,11 +668,11 @@ static const float* dense_mlp_backward(GPT2* model, const ParamTensors<float>& w
 }
 // mlp_forward / mlp_backward: block l's MLP, the dense one or (--moe-experts, its --moe-every blocks)
 // the MoE layer with its router, whose experts --expert-parallel runs on their owners.
-static void mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerActs& x, int l, size_t BT) {
+static void mlp_forward(GPT2* model, const ParamTensors<float>& w, const LayerRows& x, int l, size_t BT) {
     if (is_moe_block(model->moe, l)) moe_mlp_forward(model, w, l, x.ln2, x.residual3, (int)BT);
     else dense_mlp_forward(model, w, x, BT);
 }
-static const float* mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerActs& x, int l,
+static const float* mlp_backward(GPT2* model, const ParamTensors<float>& w, const ParamTensors<float>& g, const LayerRows& x, int l,
                                  const float* dresidual, const LayerWeightStash& k, size_t BT, float dloss_mean) {
     if (is_moe_block(model->moe, l)) return moe_mlp_backward(model, w, g, l, x.ln2, dresidual, BT, dloss_mean);
     return dense_mlp_backward(model, w, g, x, dresidual, k, BT);
@@ -699,7 +699,7 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
     }
     for (int l = 0; l < layers.count; l++) {  // l: the slot's layer; layers.first + l: the slice's
         ParamTensors<float> w = unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3
-        LayerActs x = layer_acts(model, a, l);  // recompute, stash precision: some in one layer's scratch
+        LayerRows x = layer_rows(model, a, l);  // recompute, stash precision: some in one layer's scratch
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.residual, w[LN1W], w[LN1B], (int)R, C);
         linear_forward(model, LIN_QKV, x.qkv, x.ln1, w[QKVW], w[QKVB], BT, C, 3 * Ca);  // tensor, sequence parallel
@@ -716,7 +716,7 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
     }
     if (!layers.head) return;  // the last layer's residual3 goes to the next stage
 
-    const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
+    const float* last = layers.count > 0 ? layer_rows(model, a, layers.count - 1).residual3 : a.encoded.data();
     ParamTensors<float> w = unit_weights(model, ends);
     layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
     linear_forward(model, LIN_LM_HEAD, h.logits.data(), h.lnf.data(), lm_head_weights(model, w), nullptr, BT, C, Vp);  // tied
@@ -759,7 +759,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     float* dresidual = a.dresidual.data();
 
     if (layers.head) {  // classifier and final LayerNorm
-        const float* last = layers.count > 0 ? layer_acts(model, a, layers.count - 1).residual3 : a.encoded.data();
+        const float* last = layers.count > 0 ? layer_rows(model, a, layers.count - 1).residual3 : a.encoded.data();
         ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
         crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, dloss_mean,
                                       s.vocab_begin);
@@ -775,14 +775,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     for (int l = layers.count - 1; l >= 0; l--) {  // l: the slot's layer; layers.first + l: the slice's
         int unit = unit_of_layer(L, layers.first + l);
         ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);  // ZeRO-3 weights, ZeRO-2/3 bucket
-        LayerActs x = layer_acts(model, a, l);
+        LayerRows x = layer_rows(model, a, l);
         LayerWeightStash k = deferred_weights(model, stash, l, BT);  // ZB-H1's W: where each matmul's dout waits
         // MLP: residual3 = residual2 + mlp(ln2(residual2))
-        refill_for_backward(model, a, x, w, l, MLP_HALF, B, T);  // recompute, stash precision: ln2, fch, fch_gelu again
+        recall_for_backward(model, a, x, w, l, MLP_HALF, B, T);  // recompute, stash precision: ln2, fch, fch_gelu again
         const float* dln2 = mlp_backward(model, w, g, x, l, dresidual, k, BT, dloss_mean);  // dense GELU MLP; MoE; expert parallel
         layernorm_backward(dresidual, g[LN2W], g[LN2B], dln2, x.residual2, w[LN2W], x.ln2_mean, x.ln2_rstd, (int)R, C);
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        refill_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T);  // recompute, stash precision: ln1, qkv, att, atty
+        recall_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T);  // recompute, stash precision: ln1, qkv, att, atty
         const float* datty = linear_backward(model, LIN_ATTPROJ, work.dbuf_c.data(), g[ATTPROJW], g[ATTPROJB], dresidual, x.atty,
                                              w[ATTPROJW], BT, Ca, C, k.attproj);  // tensor parallel; ZB-H1 defers dW
         attention_backward(work.dbuf_3c.data(), datty, x.qkv, x.att, B, T, Ca, NH);

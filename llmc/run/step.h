@@ -7,18 +7,61 @@
 //
 //   train_step(model, par, train, plan, o, step, bad_steps)     step = 1, 2, ... (AdamW's t, the
 //                                                                checkpoint's number, the step line's)
-//     zero_gradients(model)                  the step's gradient starts from zero
-//     forward_backward(model, par, train, plan, step)
-//                                            the micro-batches, in the pipeline schedule's order:
-//                                            gpt2_forward, gpt2_loss, gpt2_backward on each; returns
-//                                            this rank's mean loss (the last stage's; 0 elsewhere)
-//     the step's loss                        summed over the world, divided by the data-parallel ranks
-//     finish_gradients(model, par)           the gradient summed over everything that shares it
-//                                            (the tied embedding, sequence-parallel LayerNorms, the
-//                                            data-parallel ranks); returns the global norm
-//     step_is_sound -> optimizer_step(model, par, o, step, lr, norm)
-//                                            clipping and AdamW on what this rank owns, then the
-//                                            ranks that share weights get them
+//     step_begin                  the step's own state: fp16's loss scale S (GPU), MoE's statistics
+//     zero_gradients              the step's gradient starts from zero
+//     forward_backward            the micro-batches: gpt2_forward, gpt2_loss, gpt2_backward on each, in
+//                                 the pipeline schedule's order (llmc/run/schedule_run.h walks it for
+//                                 both trainers); returns this rank's mean loss (the last stage's)
+//     step_end                    after the passes: PipeDream-2BW's weight versions, MoE's routing
+//                                 statistics over the ranks, fp8's amax history (GPU)
+//     the step's loss             summed over the world, divided by the data-parallel ranks
+//     finish_gradients            each gradient group summed over everything that shares it, then its
+//                                 share of the global norm; returns the norm
+//     step_is_sound -> optimizer_step
+//                                 clipping and each parameter group's optimizer on what this rank
+//                                 owns, then share_updated_weights
+//
+// THE HOOKS. Every technique other than the plain one-device step enters at one of these points. The
+// core calls each in one line, with a comment naming what fills it; each does the plain thing when no
+// technique is on, and which implementation runs is decided once from the run's flags (a switch, or a
+// table of function pointers, in the technique's file), never by a class hierarchy. The names are the
+// same in both trainers, except the step's groups (the GPU's tables / the CPU's per-group functions):
+//
+//   per layer, in the passes
+//     unit_weights, release_unit_weights    the layer's weights: a view of the flat array, or ZeRO-3's
+//                                           all-gather and free (llmc/parallel/zero.h, zero.cuh)
+//     layer_rows                            where the layer's activations live: --recompute's one-layer
+//                                           scratch (llmc/model/recompute.h), a pipeline's micro-batch
+//                                           slot, interleaved 1F1B's chunk
+//     linear_forward, linear_backward       a matmul: bf16 or fp8 (llmc/kernels/fp8.cuh); tensor and
+//                                           sequence parallelism's cut with its gather or sum
+//                                           (llmc/parallel/tensor_parallel.h, .cuh); ZB-H1's deferred
+//                                           weight gradient (llmc/model/zero_bubble_backward.h, .cuh)
+//     mlp_forward, mlp_backward             the dense GELU MLP, or a mixture of experts' block
+//                                           (llmc/model/moe_step.h, moe_gpu.cuh) with expert
+//                                           parallelism's exchange (llmc/parallel/expert_parallel.h, .cuh)
+//     keep_for_backward, recall_for_backward   what the layer keeps for its backward: the narrower stash
+//                                           (llmc/memory/stash_precision.h, .cuh), recompute's rebuild
+//     unit_grads, unit_grads_done           the layer's gradient: ZeRO-2/3's bucket, reduce-scattered
+//                                           when the unit is done (ZeRO only; the rest is a group's)
+//   per step
+//     gradient groups                       the dense table and the MoE table, each with its sum (the
+//                                           all-reduce, ZeRO's reduce-scatter, PowerSGD or bf16 sums:
+//                                           llmc/parallel/grad_compression.h; the parameter server) and
+//                                           its share of the norm. GPU: gradient_groups() -> GradientGroup
+//                                           {sum, norm_share, share}; CPU: sum_gradient_group,
+//                                           add_gradient_squares
+//     parameter groups                      each group's optimizer: AdamW with fp32 or bf16 moments
+//                                           (llmc/optim/adamw*.h, .cuh), Adafactor, SM3, the offloads
+//                                           (llmc/optim/offload.cuh, disk_offload.h). GPU: param_groups()
+//                                           -> ParamGroupUpdate; CPU: group_optimizer() -> GroupUpdate
+//     share_updated_weights                 ZeRO's all-gather, the pipeline's tied wte, PowerSGD's commit,
+//                                           the parameter server's send
+//
+// One fused path crosses two hooks: the GELU in cuBLASLt's matmul epilogue (GPU) is taken only when the
+// linear is bf16 (not fp8) and --recompute 0 keeps GELU's output; mlp_forward says so where it chooses.
+// Test and measurement probes (--dump-state, --trace, --profile, fault injection) are one line each,
+// their code in llmc/probes/.
 //
 // and return the same StepResult. The learning rate is the schedule's for the steps already taken
 // (llmc/optim/schedule.h counts from 0: step n runs at learning_rate(n - 1)). Test probes

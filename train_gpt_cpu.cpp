@@ -94,8 +94,8 @@ using namespace cpu;  // the layers (llmc/model/cpu_layers.h), named cpu:: for t
 // which on one rank are simply the model's own. Where ranks talk is inside the passes' hooks ("The
 // hooks" below), each doing nothing on one rank: linear_forward / linear_backward and the embedding's
 // and the loss's hooks for tensor and sequence parallelism (llmc/parallel/tensor_parallel.h),
-// unit_weights / release_unit_weights (ZeRO-3: all-gather a layer's weights, free them) and
-// unit_grads / unit_grads_done (ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done;
+// layer_weights / release_layer_weights (ZeRO-3: all-gather a layer's weights, free them) and
+// layer_grads / layer_grads_done (ZeRO-2/3: a layer's gradient bucket, reduce-scattered when done;
 // llmc/parallel/zero.h); and pipeline stages (llmc/parallel/pipeline_parallel.h) skip the embedding or
 // the head that is not theirs (pass_view): their input arrives in acts.encoded, their output gradient
 // in acts.dresidual.
@@ -327,7 +327,7 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
 //   embedding_forward, embedding_backward, loss_forward   tensor parallelism's vocabulary rows
 //   mlp_forward, mlp_backward   the dense GELU MLP, or --moe-experts (llmc/model/moe.h, moe_step.h) with
 //        --expert-parallel (llmc/parallel/expert_parallel.h)
-//   unit_weights, release_unit_weights, unit_grads, unit_grads_done   ZeRO-2/3 (llmc/parallel/zero.h)
+//   layer_weights, release_layer_weights, layer_grads, layer_grads_done   ZeRO-2/3 (llmc/parallel/zero.h)
 //   pass_view   which layers a pass runs, in which activation slot: pipelines (llmc/parallel/pipeline_parallel.h)
 
 // One block's slice of a stacked per-layer tensor.
@@ -545,26 +545,36 @@ static void loss_forward(GPT2* model, Activations& h, const int* targets, size_t
                                             s.vocab_real, s.vocab_rows, s.vocab_begin);
 }
 
-// The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
-// llmc/parallel/zero.h) as the kernels address them: pointers into the flat array (layer l's part of each
-// stacked tensor), or with ZeRO-3 into a buffer that all-gathered them from the data-parallel ranks
+// The passes ask for a layer's weights and gradients by the layer (ENDS: wte, wpe and the final
+// LayerNorm, which the embedding and the head share). ZeRO groups them in units (llmc/parallel/zero.h:
+// one a layer, and the ends): only these four hooks know it.
+static const int ENDS = -1;
+static int zero_unit(const GPT2* model, int l) {
+    int L = model->slice.num_layers;
+    return l == ENDS ? ends_unit(L) : unit_of_layer(L, l);
+}
+// The weights of layer l as the kernels address them: pointers into the flat array (layer l's part of
+// each stacked tensor), or with ZeRO-3 into a buffer that all-gathered them from the data-parallel ranks
 // just now.
-static ParamTensors<float> unit_weights(GPT2* model, int unit) {
+static ParamTensors<float> layer_weights(GPT2* model, int l) {
+    int unit = zero_unit(model, l);
     if (model->zero.stage == 3) return unit_view(model->zero.units[unit], zero_gather(&model->zero, unit, "all-gather of a layer's weights (ZeRO-3)"), true);
     return flat_unit_view(model->params.data(), model->layout, model->slice.num_layers, unit);
 }
-static void release_unit_weights(GPT2* model, int unit) {
-    if (model->zero.stage == 3) zero_release(&model->zero, unit);
+static void release_layer_weights(GPT2* model, int l) {
+    if (model->zero.stage == 3) zero_release(&model->zero, zero_unit(model, l));
 }
-// Where the backward pass adds a unit's gradients: the flat array, or with ZeRO-2/3 a bucket.
-static ParamTensors<float> unit_grads(GPT2* model, int unit) {
+// Where the backward pass adds layer l's gradients: the flat array, or with ZeRO-2/3 a bucket.
+static ParamTensors<float> layer_grads(GPT2* model, int l) {
+    int unit = zero_unit(model, l);
     if (model->zero.stage >= 2) return unit_view(model->zero.units[unit], zero_open_bucket(&model->zero, unit), true);
     return flat_unit_view(model->grads.data(), model->layout, model->slice.num_layers, unit);
 }
-// A unit's gradient is complete for this micro-batch: with ZeRO-2/3, reduce-scatter its bucket now
+// Layer l's gradient is complete for this micro-batch: with ZeRO-2/3, reduce-scatter its bucket now
 // (summing the sequence-parallel LayerNorm gradients over the tensor group first).
-static void unit_grads_done(GPT2* model, int unit) {
+static void layer_grads_done(GPT2* model, int l) {
     if (model->zero.stage < 2) return;
+    int unit = zero_unit(model, l);
     ParamTensors<float> g = unit_view(model->zero.units[unit], model->zero.buckets[unit].data(), true);
     std::vector<std::pair<float*, size_t>> layernorms;
     for (int t : {LN1W, LN1B, LN2W, LN2B, LNFW, LNFB})
@@ -634,7 +644,7 @@ static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* 
     size_t N = (size_t)B * T;
     Activations& a = model->acts[(size_t)slot];
     for (int l = L - 1; l >= 0; l--) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l)), g = unit_grads(model, unit_of_layer(L, l));
+        ParamTensors<float> w = layer_weights(model, l), g = layer_grads(model, l);
         LayerRows x = layer_rows(model, a, l);
         LayerWeightStash k = deferred_weights(model, stash, l, N);
         recall_for_backward(model, a, x, w, l, MLP_HALF, B, T, true);  // recompute, stash precision: ln2, fch_gelu again
@@ -643,7 +653,7 @@ static void zero_bubble_weight_pass(GPT2* model, int B, int T, int slot, float* 
         recall_for_backward(model, a, x, w, l, ATTENTION_HALF, B, T, true);  // recompute, stash precision: ln1, atty
         matmul_backward_weight(g[ATTPROJW], g[ATTPROJB], k.attproj, x.atty, (int)N, Ca, C);
         matmul_backward_weight(g[QKVW], g[QKVB], k.qkv, x.ln1, (int)N, C, 3 * Ca);
-        release_unit_weights(model, unit_of_layer(L, l));
+        release_layer_weights(model, l);
     }
 }
 
@@ -688,17 +698,16 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
     PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
     const PassLayers& layers = pass.layers;
     Activations& a = *pass.acts, &h = *pass.head;
-    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
+    int C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = residual_rows(model, BT);
-    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
 
     if (layers.embeds) {
-        ParamTensors<float> w = unit_weights(model, ends);  // ZeRO-3: all-gathered now, freed below
+        ParamTensors<float> w = layer_weights(model, ENDS);  // ZeRO-3: all-gathered now, freed below
         embedding_forward(model, a.encoded.data(), inputs, w, B, T);  // tensor parallel: vocabulary rows, summed
-        release_unit_weights(model, ends);
+        release_layer_weights(model, ENDS);
     }
     for (int l = 0; l < layers.count; l++) {  // l: the slot's layer; layers.first + l: the slice's
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3
+        ParamTensors<float> w = layer_weights(model, layers.first + l);  // ZeRO-3
         LayerRows x = layer_rows(model, a, l);  // recompute, stash precision: some in one layer's scratch
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.residual, w[LN1W], w[LN1B], (int)R, C);
@@ -712,15 +721,15 @@ void gpt2_forward(GPT2* model, const int* inputs, int B, int T, int slot = 0, in
         mlp_forward(model, w, x, l, BT);  // dense GELU MLP; MoE; expert parallel
         keep_for_backward(model, a, x, l, MLP_HALF, B, T);  // stash precision: of ln2, fch, fch_gelu
         residual_forward(x.residual3, x.residual3, x.residual2, R * C);
-        release_unit_weights(model, unit_of_layer(L, layers.first + l));  // ZeRO-3: freed
+        release_layer_weights(model, layers.first + l);  // ZeRO-3: freed
     }
     if (!layers.head) return;  // the last layer's residual3 goes to the next stage
 
     const float* last = layers.count > 0 ? layer_rows(model, a, layers.count - 1).residual3 : a.encoded.data();
-    ParamTensors<float> w = unit_weights(model, ends);
+    ParamTensors<float> w = layer_weights(model, ENDS);
     layernorm_forward(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), last, w[LNFW], w[LNFB], (int)R, C);
     linear_forward(model, LIN_LM_HEAD, h.logits.data(), h.lnf.data(), lm_head_weights(model, w), nullptr, BT, C, Vp);  // tied
-    release_unit_weights(model, ends);
+    release_layer_weights(model, ENDS);
 }
 
 // Loss of the forward just run in slot `slot` (the last stage's), per token into acts.losses, and
@@ -752,15 +761,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     PassView pass = pass_view(model, slot, chunk);  // pipelines: the micro-batch's slot, the chunk's layers
     const PassLayers& layers = pass.layers;
     Activations& a = *pass.acts, &h = *pass.head;
-    int L = s.num_layers, C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
+    int C = model->config.channels, Ca = s.attn_channels, NH = s.heads, Vp = s.vocab_rows;
     size_t BT = (size_t)B * T, R = residual_rows(model, BT);
     Workspace& work = model->work;
-    int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
     float* dresidual = a.dresidual.data();
 
     if (layers.head) {  // classifier and final LayerNorm
         const float* last = layers.count > 0 ? layer_rows(model, a, layers.count - 1).residual3 : a.encoded.data();
-        ParamTensors<float> w = unit_weights(model, ends), g = unit_grads(model, ends);
+        ParamTensors<float> w = layer_weights(model, ENDS), g = layer_grads(model, ENDS);
         crossentropy_softmax_backward(h.logits.data(), h.logsumexp.data(), targets, (int)BT, s.vocab_real, Vp, dloss_mean,
                                       s.vocab_begin);
         // (never deferred: ZB-H1's W would need dlogits, B x T x Vp, kept: more than the micro-batch's other activations)
@@ -768,13 +776,13 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                                             h.lnf.data(), lm_head_weights(model, w), BT, C, Vp, nullptr);
         memset(dresidual, 0, R * C * sizeof(float));
         layernorm_backward(dresidual, g[LNFW], g[LNFB], dlnf, last, w[LNFW], h.lnf_mean.data(), h.lnf_rstd.data(), (int)R, C);
-        release_unit_weights(model, ends);  // (their gradient bucket stays open until the embedding's backward)
+        release_layer_weights(model, ENDS);  // (their gradient bucket stays open until the embedding's backward)
     }
 
     // blocks, top to bottom; dresidual carries d(loss)/d(block output) down the residual stream
     for (int l = layers.count - 1; l >= 0; l--) {  // l: the slot's layer; layers.first + l: the slice's
-        int unit = unit_of_layer(L, layers.first + l);
-        ParamTensors<float> w = unit_weights(model, unit), g = unit_grads(model, unit);  // ZeRO-3 weights, ZeRO-2/3 bucket
+        int layer = layers.first + l;  // (l: the slot's layer)
+        ParamTensors<float> w = layer_weights(model, layer), g = layer_grads(model, layer);  // ZeRO-3 weights, ZeRO-2/3 bucket
         LayerRows x = layer_rows(model, a, l);
         LayerWeightStash k = deferred_weights(model, stash, l, BT);  // ZB-H1's W: where each matmul's dout waits
         // MLP: residual3 = residual2 + mlp(ln2(residual2))
@@ -789,14 +797,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         const float* dln1 = linear_backward(model, LIN_QKV, work.dbuf_c.data(), g[QKVW], g[QKVB], work.dbuf_3c.data(), x.ln1, w[QKVW],
                                             BT, C, 3 * Ca, k.qkv);
         layernorm_backward(dresidual, g[LN1W], g[LN1B], dln1, x.residual, w[LN1W], x.ln1_mean, x.ln1_rstd, (int)R, C);
-        unit_grads_done(model, unit);  // ZeRO-2/3: reduce-scatter the layer's bucket
-        release_unit_weights(model, unit);
+        layer_grads_done(model, layer);  // ZeRO-2/3: reduce-scatter the layer's bucket
+        release_layer_weights(model, layer);
     }
     if (!layers.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
-    ParamTensors<float> g = unit_grads(model, ends);
+    ParamTensors<float> g = layer_grads(model, ENDS);
     embedding_backward(model, g, dresidual, inputs, B, T);  // sequence parallel: every rank's rows
-    unit_grads_done(model, ends);
+    layer_grads_done(model, ENDS);
 }
 
 // ZB-H1's W of the micro-batch whose B (gpt2_backward with `stash`) kept its output gradients in
@@ -1716,11 +1724,11 @@ static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg, const MoEShape*
 static const float* gpt2_forward_cached(GPT2* model, KVCache* c, const int* tokens, int n, int pos) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, T = cfg.max_seq_len, Vp = cfg.padded_vocab_size;
-    ParamTensors<float> ends = unit_weights(model, ends_unit(L));
+    ParamTensors<float> ends = layer_weights(model, ENDS);
     encoder_forward(c->x.data(), tokens, ends[WTE], nullptr, 1, n, C);
     position_forward(c->x.data(), ends[WPE], pos, n, T, C);  // rows at positions pos .. pos+n-1
     for (int l = 0; l < L; l++) {
-        ParamTensors<float> w = unit_weights(model, unit_of_layer(L, l));
+        ParamTensors<float> w = layer_weights(model, l);
         float* k_cache = layer_slice(c->k, l, (size_t)T * C);
         float* v_cache = layer_slice(c->v, l, (size_t)T * C);
         layernorm_forward(c->ln.data(), c->mean.data(), c->rstd.data(), c->x.data(), w[LN1W], w[LN1B], n, C);

@@ -29,7 +29,9 @@
 //
 //   per layer, in the passes
 //     unit_weights, release_unit_weights    the layer's weights: a view of the flat array, or ZeRO-3's
-//                                           all-gather and free (llmc/parallel/zero.h, zero.cuh)
+//                                           all-gather and free (llmc/parallel/zero.h, zero.cuh). The CPU
+//                                           asks by layer (layer_weights, layer_grads: ZeRO's units stay
+//                                           in the hook); the GPU by ZeRO's unit, naming the next to prefetch
 //     layer_rows                            where the layer's activations live: --recompute's one-layer
 //                                           scratch (llmc/model/recompute.h), a pipeline's micro-batch
 //                                           slot, interleaved 1F1B's chunk
@@ -42,7 +44,7 @@
 //                                           parallelism's exchange (llmc/parallel/expert_parallel.h, .cuh)
 //     keep_for_backward, recall_for_backward   what the layer keeps for its backward: the narrower stash
 //                                           (llmc/memory/stash_precision.h, .cuh), recompute's rebuild
-//     unit_grads, unit_grads_done           the layer's gradient: ZeRO-2/3's bucket, reduce-scattered
+//     unit_grads, unit_grads_done           (CPU: layer_grads, layer_grads_done) the layer's gradient: ZeRO-2/3's bucket, reduce-scattered
 //                                           when the unit is done (ZeRO only; the rest is a group's)
 //   per step
 //     gradient groups                       the dense table and the MoE table, each with its sum (the

@@ -69,9 +69,10 @@
 //   the GPU trainer: its activations are bf16 already; its stash is fp8 e4m3 with each tensor's own
 //     scale (--stash-precision fp8, stash_precision.cuh), which refuses bf16.
 //
-// Hook points: none of step.h's: the technique lives inside gpt2_forward and gpt2_backward, one line
-// after each tensor's last use in the forward (stash_round) and one before its first use in the
-// backward (stash_widen); the size table's rows (llmc/memory/cpu_buffers.h) say which bytes exist.
+// Hook points (llmc/run/step.h): keep_for_backward, after each half of a layer's forward, calls
+// stash_round on the tensors the half will not read again; recall_for_backward, before each half's
+// backward, stash_widen on them; layer_rows points what is stashed at one layer of fp32 scratch. The
+// size table's rows (llmc/memory/cpu_buffers.h) say which bytes exist.
 #pragma once
 
 #include <cstddef>

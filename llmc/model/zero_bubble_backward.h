@@ -64,7 +64,7 @@
 //
 // Hook points: none new. gpt2_backward takes the micro-batch's stash (null: the whole backward, as
 // before) and B's matmuls call cpu_layers.h's matmul_backward_or_defer; the trainer's
-// forward_backward parks a slot's W rows before a new micro-batch takes it and runs
+// schedule passes (llmc/run/schedule_run.h's take_slot) park a slot's W rows before a new micro-batch takes it and runs
 // gpt2_backward_weights at PipeOp::Weight. This file is arithmetic only (the sizes, the layout), so
 // the size table (llmc/memory/cpu_buffers.h), which the GPU trainer's --estimate compiles too, can
 // use it.

@@ -12,7 +12,7 @@
 //     updates the newer version, W(t-1) into W(t), as the .h says.
 //   - The swap is one kernel over the stage's elements on the compute stream, so it is ordered
 //     with the passes around it; the copy after the passes one device-to-device copy.
-//   - Without the flush (--pipeline-schedule 2bw) forward_backward walks the CPU's lists
+//   - Without the flush (--pipeline-schedule 2bw) run_schedule walks the CPU's lists
 //     (pipeline_2bw_steps, with the trainer's pipe_filled and pipe_drains): stage s runs the first
 //     p-1-s forwards of step t+1 inside step t's list. Their activations stay in their slots across
 //     the optimizer step (the slot map is not reset at a filled step), and so does the input of the
@@ -27,8 +27,9 @@
 //   - The checkpoint's pipedream_2bw_rank<r>.bin is the CPU's file (the .h writes and reads it; the
 //     trainer downloads the older version widened to fp32, exact, and rounds it back to the same bits).
 //
-// Hook points: forward_backward calls pipedream_2bw_gpu_read before each compute action (the
-// version its label names), train_step pipedream_2bw_gpu_after_passes before the gradient sums;
+// Hook points: the schedule interpreter (llmc/run/schedule_run.h) calls pipedream_2bw_gpu_read
+// before each compute action (the version its label names, the read_version pass), step_end
+// pipedream_2bw_gpu_after_passes before the gradient sums;
 // main decides step by step whether the list drains (run.h's pipeline_drains_after, as the CPU's).
 #pragma once
 

@@ -60,9 +60,9 @@
 // (its list ends with 1F1B's cool-down) and the step after it the warm-up, so a checkpoint holds no
 // micro-batch in flight, only the two versions, and a resumed run continues bit for bit.
 //
-// Hook points: none inside the layers. forward_backward walks pipeline_2bw_steps' list and calls
-// pipedream_2bw_read before each forward and backward; train_step calls pipedream_2bw_after_passes
-// after forward_backward; the optimizer is the usual one.
+// Hook points: none inside the layers. The schedule interpreter (llmc/run/schedule_run.h) walks
+// pipeline_2bw_steps' list and calls pipedream_2bw_read before each forward and backward; step_end
+// calls pipedream_2bw_after_passes after forward_backward; the optimizer is the usual one.
 #pragma once
 
 #include <algorithm>

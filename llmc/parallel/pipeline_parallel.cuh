@@ -4,8 +4,8 @@
 //
 // Read llmc/parallel/pipeline_parallel.h first: the bubble (p-1)/(m+p-1), why every stage runs its
 // backward passes in micro-batch order, the tied embedding; and llmc/parallel/pipeline_schedule.h:
-// each stage's list of actions. The training loop (train_gpt.cu's forward_backward) walks that list
-// exactly as the CPU trainer does; this file moves the bytes. A run of sends and receives between two
+// each stage's list of actions. The schedule interpreter (llmc/run/schedule_run.h's run_schedule)
+// walks that list for both trainers; this file moves the bytes. A run of sends and receives between two
 // compute actions is one NCCL group, issued at the run's end (pipe_flush): GPipe's and 1F1B's runs
 // hold at most one receive, interleaved 1F1B's two, and both must be posted before either is waited
 // for (pipeline_schedule.h's pipe_group_ends says why).

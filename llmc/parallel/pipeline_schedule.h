@@ -13,8 +13,8 @@
 //
 // F3 / B3: the forward / backward of micro-batch 3 (on model chunk c: F3c1); a3>1 / a3<0: send
 // micro-batch 3's activation to stage 1 / receive it from stage 0; g3: its gradient, the other way.
-// A compute action's receive comes before it and its send after it. The trainers (forward_backward
-// in train_gpt_cpu.cpp and train_gpt.cu) walk the list and do exactly that; the one rule they add
+// A compute action's receive comes before it and its send after it. The schedule interpreter
+// (llmc/run/schedule_run.h, for both trainers) walks the list and do exactly that; the one rule they add
 // is when a send completes: a run of sends and receives between two compute actions is one group,
 // and its sends complete with its receives, or at its end when it has none (pipeline_parallel.h
 // says why; pipe_group_ends). test/test_pipeline_schedule.cpp runs all stages' lists on a clock

@@ -31,8 +31,8 @@
 // Cost: off, a span is one branch on a global; on, two clock reads and one buffered fprintf. Events
 // are written as they end, so a crashed run still leaves a file that Perfetto reads (it tolerates a
 // missing "]}"); trace_close finishes the JSON.
-// Hook points: forward_backward's action loop, finish_gradients and optimizer_step in train_gpt_cpu.cpp
-// and train_gpt.cu.
+// Hook points: the schedule interpreter's action loop (llmc/run/schedule_run.h), finish_gradients and
+// optimizer_step in train_gpt_cpu.cpp and train_gpt.cu.
 //
 // On the GPU the spans are host timestamps too, each compute span ended after a cudaStreamSynchronize
 // (which the pipeline does anyway to measure the bubble; with --trace one rank does it too), not CUDA

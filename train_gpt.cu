@@ -7,8 +7,9 @@
 //
 // Precision: parameters, activations and gradients are bf16 (2 bytes: half the memory traffic of
 // fp32, and the tensor cores' fast input type); every matmul and reduction accumulates in fp32;
-// AdamW keeps m and v in fp32 and, with --master-weights 1, an fp32 copy of the weights, from which
-// the bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
+// AdamW keeps m and v in fp32 (or in bf16, stochastically rounded, with --optimizer-state bf16:
+// llmc/optim/adamw_bf16.cuh) and, with --master-weights 1, an fp32 copy of the weights, from which the
+// bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
 // builds the same code with fp32 everywhere, to debug against the CPU reference; `make train_gpt_fp16`
 // with fp16, whose narrow range needs dynamic loss scaling (llmc/optim/loss_scaler.h, train_step).
 //
@@ -133,8 +134,9 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 //     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
 // which on one rank are the model's own. Where ranks meet there are one-line hooks, each a no-op on
-// one rank (plain data parallelism has only the gradient sum, started in unit_grads_done):
-//     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh)
+// one rank (plain data parallelism has only the gradient sum, started in unit_grads_done); they are
+// listed with the passes' other hooks in "The hooks" below:
+//     gather_rows / sum_rows / bias_once   tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh)
 //     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/parallel/zero.cuh)
 //     unit_grads / unit_grads_done         ZeRO-2/3: a unit's gradient bucket, reduce-scattered when done;
 //                                          ZeRO-0/1: its part of the flat gradient, summed on the last micro-batch
@@ -301,12 +303,23 @@ static void gpt2_upload_batch(GPT2* m, const int* inputs, const int* targets) {
 // The core below (gpt2_forward, gpt2_loss, gpt2_backward, finish_gradients, optimizer_step,
 // train_step) is the math of one GPU. Each other technique fills one of these named points, chosen
 // once from the run's flags (a switch here, the work in the technique's own file); on one GPU with
-// the defaults each is the plain operation or nothing. /work/notes/hooks_gpu.md lists them.
-//   forward, per layer   layer_rows / keep_for_backward, linear_forward, mlp_forward
-//   backward, per layer  recall_for_backward, mlp_backward, linear_backward (+ linear_output_grad)
-//   ranks meeting        gather_rows / sum_rows / bias_once, unit_weights / release_unit_weights /
-//                        unit_grads / unit_grads_done
-//   the step             step_begin / step_end, gradient_groups, param_groups
+// the defaults each is the plain operation or nothing.
+//   forward, per layer   layer_rows, keep_for_backward  --recompute, --stash-precision fp8, pipeline slots
+//                        linear_forward                 bf16, or --precision fp8
+//                        mlp_forward                    dense GELU MLP, --moe-experts, --expert-parallel
+//   backward, per layer  recall_for_backward, recall_ln1  what layer_rows kept, restored or rebuilt
+//                        mlp_backward                   as mlp_forward
+//                        linear_backward                bf16, fp8; ZB-H1's deferred weight gradient
+//                        (linear_output_grad)           (ZB-H1: dy straight into W's stash)
+//   ranks meeting        gather_rows, sum_rows, bias_once  tensor and sequence parallelism
+//                        unit_weights, release_unit_weights, unit_grads, unit_grads_done  ZeRO 0-3 only
+//   the step             step_begin, step_end           fp16 loss scale, fp8 amax, 2BW versions, MoE statistics
+//                        gradient_groups                each group's sum and norm share: ZeRO, PowerSGD, a
+//                                                       pipeline's tied embedding, the MoE table, expert parallel
+//                        param_groups                   the optimizer per group: AdamW fp32/bf16 moments,
+//                                                       Adafactor, SM3, offload; the MoE table's AdamW
+// The GELU in fc's matmul epilogue (gelu_fused) is one path across two hooks: linear (fp8 has no such
+// epilogue) and what is kept (--recompute 0 keeps GELU's output).
 
 // ---- what a layer keeps for the backward (--recompute, --stash-precision fp8, pipeline slots)
 
@@ -420,15 +433,22 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
     if (m->zero.plan.stage >= 2) return zero_open_bucket(&m->zero, unit, m->stream);
     return flat_unit_view(B_<floatX>(m, GB_GRADS), m->layout, m->slice.num_layers, unit);
 }
-// A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
-// (llmc/parallel/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`), after
-// the sequence-parallel LayerNorm gradients are summed over the tensor group.
-static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
-    if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
-    if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return;  // finish_gradients sums
-    offload_unit_grads_final(&m->offload, unit, m->zero.grads, m->stream);  // --offload optimizer: the bucket down to the host
+// The dense gradient group's part when one of its units is final (finish_gradients' groups, below):
+// PowerSGD, past its start step, sums the whole gradient itself in finish_gradients, so ZeRO sums
+// nothing; otherwise --offload optimizer starts the unit's bucket down to the host
+// (llmc/optim/offload.cuh), and sequence parallelism sums its LayerNorm gradients, partial over this
+// rank's rows, over the tensor group (llmc/parallel/tensor_parallel.cuh). Returns whether ZeRO sums it.
+static bool dense_unit_final(GPT2* m, int unit) {
+    if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return false;
+    offload_unit_grads_final(&m->offload, unit, m->zero.grads, m->stream);
     tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
-    zero_grads_done(&m->zero, unit, step_ends, m->stream);
+    return true;
+}
+// A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
+// (llmc/parallel/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`).
+static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
+    if (!zero_unit_final(m->zero, step_ends)) return;  // ZeRO-0/1: the micro-batches accumulate
+    if (dense_unit_final(m, unit)) zero_grads_done(&m->zero, unit, step_ends, m->stream);
 }
 // The LM head is the tied wte: the ends unit's, or on the last stage of a pipeline its copy.
 static const floatX* lm_head_weights(GPT2* m, const ParamTensors<floatX>& ends) {

@@ -415,6 +415,8 @@ static void embedding_forward(GPT2* m, floatX* out, const ParamTensors<floatX>& 
     else tp_embedding_forward(&m->tp, out, B_<floatX>(m, GB_SCRATCH_C), tokens, w[WTE], w[WPE], m->slice, m->B, m->T,
                               m->config.channels, m->stream);
 }
+// The number of the uploaded micro-batch's encoder buckets (gpt2_upload_batch; a pipeline keeps one per slot).
+static int encoder_buckets(GPT2* m) { return m->buckets[(size_t)m->slot]; }
 // The layers this pass runs: the slice's, or with interleaved 1F1B one model chunk's.
 static PassLayers this_pass(GPT2* m) { return pass_layers(m->slice, m->chunk); }
 
@@ -696,8 +698,8 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     }
 
     for (int l = end - 1; l >= first; l--) {
-        int unit = unit_of_layer(L, l);
-        ParamTensors<floatX> w = unit_weights(m, unit, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
+        int u = unit_of_layer(L, l);  // (ZeRO's unit: layer l's tensors)
+        ParamTensors<floatX> w = unit_weights(m, u, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, u);
         LayerRows a = recall_for_backward(m, l, w);  // --stash-precision fp8 restored, --recompute's rows rebuilt
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
@@ -717,14 +719,14 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         bias_backward(g[QKVB], partials, dqkv, BT, 3 * Ca, s);
         floatX* dln1 = sum_rows(m, dbuf_c, "all-reduce of the attention's input gradient");
         layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, a.residual, w[LN1W], a.ln1_mean, a.ln1_rstd, R, C, s);
-        unit_grads_done(m, grads_final, unit);  // layer l's gradients are final: ZeRO's sums start
-        release_unit_weights(m, unit);
+        unit_grads_done(m, grads_final, u);  // layer l's gradients are final: ZeRO's sums start
+        release_unit_weights(m, u);
     }
     if (!pass.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<floatX> ge = unit_grads(m, ends);
     const floatX* dout = gather_rows(m, dresidual, "all-gather of the embeddings' gradient");
-    encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), m->buckets[(size_t)m->slot], B, T, C, s);
+    encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), encoder_buckets(m), B, T, C, s);
     // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
     // joined wte's (the step does it, below)
     if (!m->pipelined) unit_grads_done(m, step_ends, ends);
@@ -739,16 +741,16 @@ static void gpt2_backward_weights(GPT2* m, bool step_ends) {
     int L = sl.num_layers, C = m->config.channels, Ca = sl.attn_channels, Cf = sl.fc_channels;
     int BT = m->B * m->T;
     for (int l = L - 1; l >= 0; l--) {
-        int unit = unit_of_layer(L, l);
-        ParamTensors<floatX> w = unit_weights(m, unit, -1), g = unit_grads(m, unit);
+        int u = unit_of_layer(L, l);
+        ParamTensors<floatX> w = unit_weights(m, u, -1), g = unit_grads(m, u);
         LayerRows a = recall_for_backward(m, l, w, true);
         matmul_backward_weight(&m->matmul, g[FCPROJW], linear_output_grad(m, l, FCPROJW, nullptr), a.fch_gelu, BT, Cf, C, m->stream);
         matmul_backward_weight(&m->matmul, g[FCW], linear_output_grad(m, l, FCW, nullptr), a.ln2, BT, C, Cf, m->stream);
         matmul_backward_weight(&m->matmul, g[ATTPROJW], linear_output_grad(m, l, ATTPROJW, nullptr), a.atty, BT, Ca, C, m->stream);
         floatX* ln1 = recall_ln1(m, a, w);
         matmul_backward_weight(&m->matmul, g[QKVW], linear_output_grad(m, l, QKVW, nullptr), ln1, BT, C, 3 * Ca, m->stream);
-        unit_grads_done(m, step_ends, unit);
-        release_unit_weights(m, unit);
+        unit_grads_done(m, step_ends, u);
+        release_unit_weights(m, u);
     }
 }
 

@@ -1654,84 +1654,118 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1/2):
-// the same kernels and collectives in the same order, each micro-batch's passes from a graph (captured
-// at the run's second step: one graph for a step of one micro-batch, three with accumulation), the
-// host's reads of the losses and the norm after the last; optimizer_step replays the update's graph.
+// ---- train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks
+// (ZeRO-0/1/2): the same kernels and collectives in the same order, each micro-batch's passes from a
+// graph (captured at the run's second step: one graph for a step of one micro-batch, three with
+// accumulation), the host's reads of the losses and the norm after the last; optimizer_step replays
+// the update's graph.
+
+// What the graphed micro-batches share within a step.
+struct GraphedStep {
+    // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
+    // in the last graph; ZeRO-2's owned pieces may be several (a unit's padding between them): each is
+    // summed after the graph, as finish_gradients does (the partials buffer holds one piece's)
+    std::vector<std::pair<const floatX*, size_t>> pieces;
+    bool norm_in_graph = false;
+    // the communication stream has work in a micro-batch's graph, which must join it back before the
+    // graph ends: ZeRO-2 reduce-scatters every micro-batch's buckets, ZeRO-0/1 sum the last one's
+    bool every_micro_batch_sums = false;
+    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
+    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
+    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
+    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
+    CommCounters middle;
+    bool middle_captured = false;
+};
+
+// Before the graphed step's first micro-batch: the device values its graphs read, written by the host.
+static GraphedStep graphed_step_begin(GPT2* m, Parallel* par, int step, StepResult* r) {
+    GraphedStep gs;
+    gs.pieces = zero_norm_pieces(m->zero);
+    gs.norm_in_graph = gs.pieces.size() == 1;
+    gs.every_micro_batch_sums = m->zero.plan.stage >= 2;
+    if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
+    r->loss_scale = m->scaler.scale;
+    set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
+    // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
+    // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
+    // a host-side branch, and that step is always eager.
+    if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
+    return gs;
+}
+
+// One micro-batch's passes, captured into (or replayed from) its graph.
+static void graphed_passes(GPT2* m, Parallel* par, const RunPlan& plan, const GraphedStep& gs, bool first, bool last) {
+    if (first) {
+        zero_gradients(m);
+        graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
+    }
+    gpt2_forward(m);
+    gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+    gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+    if (gs.every_micro_batch_sums || (last && par->grid.dp > 1))
+        zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
+    if (!last) return;
+    if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
+        fp8_share_amax_graphed(m, par);
+        fp8_end_step(&m->fp8, m->stream);
+    }
+    if (gs.norm_in_graph)
+        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), gs.pieces[0].first, gs.pieces[0].second, m->stream);
+}
+
+// Micro-batch k of the graphed step: its data into the graphs' fixed input buffers, its graph run, and
+// its losses on their way to the host.
+static void graphed_micro_batch(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, GraphedStep* gs, int k) {
+    int mb = plan.accumulation_steps, BT = m->B * m->T;
+    bool first = k == 0, last = k == mb - 1;
+    StepGraph* g = step_graph_of(&m->graphs, first, last);
+    bool capture = !g->exec;
+    CommCounters* sent = &par->data_on_gpu->sent;
+    CommCounters before = *sent;
+    dataloader_next_batch(train);
+    // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
+    // previous micro-batch's replay, which read them
+    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+    m->buckets[0] = BT;
+    graph_run(m->graphs, g, m->stream, [&] { graphed_passes(m, par, plan, *gs, first, last); });
+    if (g == &m->graphs.micro) {  // (the counters, GraphedStep)
+        for (int op = 0; op < COMM_NUM_OPS; op++) {
+            if (capture) {
+                gs->middle.calls[op] = sent->calls[op] - before.calls[op];
+                gs->middle.bytes[op] = sent->bytes[op] - before.bytes[op];
+            } else if (gs->middle_captured) {
+                sent->calls[op] += gs->middle.calls[op];
+                sent->bytes[op] += gs->middle.bytes[op];
+            }
+        }
+        gs->middle_captured = gs->middle_captured || capture;
+    }
+    // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
+    // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
+    CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
+                               cudaMemcpyDeviceToHost, m->stream));
+}
+
+// The squares of this rank's part of the summed gradient: the last graph's partial sums, or each piece's.
+static double graphed_norm_squares(GPT2* m, const GraphedStep& gs) {
+    if (gs.norm_in_graph) return read_sum_of_squares(m);
+    double squares = 0.0;
+    for (const auto& piece : gs.pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    return squares;
+}
+
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);
     int mb = plan.accumulation_steps, BT = m->B * m->T;
     auto start = std::chrono::steady_clock::now();
-    // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
-    // in the last graph; ZeRO-2's owned pieces may be several (a unit's padding between them): each is
-    // summed after the graph, as finish_gradients does (the partials buffer holds one piece's)
-    std::vector<std::pair<const floatX*, size_t>> pieces = zero_norm_pieces(m->zero);
-    bool norm_in_graph = pieces.size() == 1;
-    // the communication stream has work in a micro-batch's graph, which must join it back before the
-    // graph ends: ZeRO-2 reduce-scatters every micro-batch's buckets, ZeRO-0/1 sum the last one's
-    bool every_micro_batch_sums = m->zero.plan.stage >= 2;
-    if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
-    set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
-    // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
-    // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
-    // a host-side branch, and that step is always eager.
-    if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
-    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
-    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
-    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
-    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
-    CommCounters* sent = &par->data_on_gpu->sent;
-    CommCounters middle;
-    bool middle_captured = false;
-    for (int k = 0; k < mb; k++) {
-        bool first = k == 0, last = k == mb - 1;
-        StepGraph* g = step_graph_of(&m->graphs, first, last);
-        bool capture = !g->exec;
-        CommCounters before = *sent;
-        dataloader_next_batch(train);
-        // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
-        // previous micro-batch's replay, which read them
-        gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
-        // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
-        // changes with the data, which a graph would bake in. Graphed, it has a block for every position
-        // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
-        m->buckets[0] = BT;
-        graph_run(m->graphs, g, m->stream, [&] {
-            if (first) {
-                zero_gradients(m);
-                graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
-            }
-            gpt2_forward(m);
-            gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-            gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
-            if (every_micro_batch_sums || (last && par->grid.dp > 1))
-                zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
-            if (!last) return;
-            if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
-                fp8_share_amax_graphed(m, par);
-                fp8_end_step(&m->fp8, m->stream);
-            }
-            if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
-        });
-        if (g == &m->graphs.micro) {  // (the counters, above)
-            for (int op = 0; op < COMM_NUM_OPS; op++) {
-                if (capture) {
-                    middle.calls[op] = sent->calls[op] - before.calls[op];
-                    middle.bytes[op] = sent->bytes[op] - before.bytes[op];
-                } else if (middle_captured) {
-                    sent->calls[op] += middle.calls[op];
-                    sent->bytes[op] += middle.bytes[op];
-                }
-            }
-            middle_captured = middle_captured || capture;
-        }
-        // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
-        // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
-        CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m->stream));
-    }
+    GraphedStep gs = graphed_step_begin(m, par, step, &r);  // fp16 loss scale, tests' poison, this rank's norm pieces
+    for (int k = 0; k < mb; k++) graphed_micro_batch(m, par, train, plan, &gs, k);
     zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     double loss = 0.0;  // the mean over the micro-batches, added in the order forward_backward adds them
@@ -1740,14 +1774,9 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
         loss += micro_loss / mb;
         if (par->grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
     }
-    r.loss = gpu_comm_sum(&par->world_gpu, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
+    r.loss = world_sum(par, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
-    r.loss_scale = m->scaler.scale;
-    double squares = 0.0;
-    if (norm_in_graph) squares = read_sum_of_squares(m);
-    else
-        for (const auto& piece : pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms")) / m->scaler.scale;
+    r.norm = (float)std::sqrt(world_sum(par, graphed_norm_squares(m, gs), "sum of the gradient norms")) / r.loss_scale;
     r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;

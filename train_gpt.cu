@@ -561,6 +561,7 @@ static void gpt2_forward(GPT2* m) {
     int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, NH = sl.heads, Vp = sl.vocab_rows;
     int B = m->B, T = m->T;
     int BT = B * T, R = local_rows(m);
+    size_t rc = (size_t)R * C;  // the residual stream's values per layer
     cudaStream_t s = m->stream;
     floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
@@ -569,7 +570,7 @@ static void gpt2_forward(GPT2* m) {
 
     if (pass.embeds) {
         ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));  // ZeRO-3: all-gathered
-        embedding_forward(m, layer_rows(m, first).residual, w);
+        embedding_forward(m, layer_x(m, GB_RESIDUAL, first, rc), w);  // tensor parallelism: its vocabulary rows
         release_unit_weights(m, ends);
     }
     for (int l = first; l < end; l++) {
@@ -591,7 +592,7 @@ static void gpt2_forward(GPT2* m) {
         keep_for_backward(m, l);  // --stash-precision fp8: the layer's last read of its activations is done
         proj = sum_rows(m, scratch, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
-        floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, (size_t)R * C);
+        floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
         if (l + 1 < end) {
             ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
             LayerRows n = layer_rows(m, l + 1);
@@ -602,7 +603,7 @@ static void gpt2_forward(GPT2* m) {
             fused_residual_layernorm_forward(next_residual, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN),
                                              A_<float>(m, GB_LNF_RSTD), a.residual2, proj, e[LNFW], e[LNFB], R, C, s);
         } else {
-            residual_forward(next_residual, a.residual2, proj, (size_t)R * C, s);  // the next stage normalises it
+            residual_forward(next_residual, a.residual2, proj, rc, s);  // the next stage normalises it
         }
         release_unit_weights(m, unit_of_layer(L, l));
     }
@@ -611,7 +612,7 @@ static void gpt2_forward(GPT2* m) {
     ParamTensors<floatX> e = unit_weights(m, ends, -1);
     if (pass.count == 0) {
         fused_residual_layernorm_forward(nullptr, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD),
-                                         layer_x(m, GB_RESIDUAL, first, (size_t)R * C), nullptr, e[LNFW], e[LNFB], R, C, s);
+                                         layer_x(m, GB_RESIDUAL, first, rc), nullptr, e[LNFW], e[LNFB], R, C, s);
     }
     const floatX* lnf_all = gather_rows(m, A_<floatX>(m, GB_LNF), "all-gather before the LM head");
     matmul_forward(&m->matmul, A_<floatX>(m, GB_LOGITS), lnf_all, lm_head_weights(m, e), nullptr, BT, C, Vp, s);  // tied
@@ -674,6 +675,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, NH = sl.heads, Vp = sl.vocab_rows;
     int B = m->B, T = m->T;
     int BT = B * T, R = local_rows(m);
+    size_t rc = (size_t)R * C;
     cudaStream_t s = m->stream;
     floatX* dresidual = A_<floatX>(m, GB_DRESIDUAL);
     floatX* dbuf_c = B_<floatX>(m, GB_SCRATCH_C);
@@ -691,8 +693,8 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
         const floatX* lnf_all = gather_rows(m, A_<floatX>(m, GB_LNF), "all-gather before the LM head");
         matmul_backward_weight(&m->matmul, lm_head_grads(m, ge), dlogits, lnf_all, BT, C, Vp, s);
         floatX* dlnf = sum_rows(m, dbuf_c, "all-reduce of the LM head's input gradient");
-        CUDA_CHECK(cudaMemsetAsync(dresidual, 0, (size_t)R * C * sizeof(floatX), s));
-        layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, end, (size_t)R * C), e[LNFW],
+        CUDA_CHECK(cudaMemsetAsync(dresidual, 0, rc * sizeof(floatX), s));
+        layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, end, rc), e[LNFW],
                            A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD), R, C, s);
         release_unit_weights(m, ends);  // (its gradient bucket stays open until the embedding's backward)
     }

@@ -39,10 +39,11 @@
 //
 // Hook points: none of the grid's (tensor or pipeline parallelism: moe_gpu_problem refuses them).
 // Data parallelism, ZeRO-1/2 among it, is llmc/parallel/moe_zero.cuh's, called from train_gpt.cu's
-// finish_gradients and optimizer_step (docs/moe.md). train_gpt.cu calls moe_gpu_block_forward /
-// _backward at the MoE blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW
-// from the step; with --expert-parallel it calls their parts (route | the experts on their owners |
-// combine: llmc/parallel/expert_parallel.cuh).
+// gradient groups and parameter groups (docs/moe.md). train_gpt.cu's MLP hook (mlp_forward /
+// mlp_backward) calls moe_mlp_forward / moe_mlp_backward (the end of this file) at the MoE layers, and
+// the step the table's zeroing, norm and AdamW (its gradient and parameter group); with
+// --expert-parallel those call the blocks' parts (route | the experts on their owners | combine:
+// llmc/parallel/expert_parallel.cuh).
 #pragma once
 
 #include <algorithm>

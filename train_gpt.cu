@@ -1762,6 +1762,7 @@ static double graphed_norm_squares(GPT2* m, const GraphedStep& gs) {
 
 static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
                                      int step, BadSteps* bad_steps) {
+    const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);
     int mb = plan.accumulation_steps, BT = m->B * m->T;
@@ -1774,12 +1775,12 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     for (int k = 0; k < mb; k++) {
         float micro_loss = mean_loss(m->host_losses + (size_t)k * BT, BT);
         loss += micro_loss / mb;
-        if (par->grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
+        if (grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
     }
-    r.loss = world_sum(par, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
+    r.loss = world_sum(par, loss, "sum of the losses") / grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.norm = (float)std::sqrt(world_sum(par, graphed_norm_squares(m, gs), "sum of the gradient norms")) / r.loss_scale;
-    r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
+    r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }

@@ -1534,9 +1534,8 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
 // ==============================================================================================
 // One step
 
-// The step's gradient starts from zero: the flat array (ZeRO-2/3's buckets are zeroed as each opens)
-// and the last pipeline stage's gradient of its copy of wte.
-// The rows that hold gradients: the flat array, a pipeline's last-stage copy of wte's, the MoE table's.
+// The step's gradient starts from zero: every row that holds gradients, the flat array (ZeRO-2/3's
+// buckets are zeroed as each opens), a pipeline's last-stage copy of wte's, the MoE table's.
 static const GPUBuffer GRADIENT_ROWS[] = {GB_GRADS, GB_LENT_WTE_GRAD, GB_MOE_GRADS};
 static void zero_gradients(GPT2* m) {
     for (GPUBuffer b : GRADIENT_ROWS)

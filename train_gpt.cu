@@ -474,6 +474,8 @@ static void linear_forward(GPT2* m, int l, int tensor, floatX* out, const floatX
     if (m->fp8.on) fp8_linear_forward(&m->matmul, &m->fp8, fp8_slot_of(l, tensor), out, inp, w, b, N, IC, OC, m->stream);
     else matmul_forward(&m->matmul, out, inp, w, b, N, IC, OC, m->stream);
 }
+// Whether this backward computes the weight gradients (ZB-H1's B, m->stash >= 0, leaves them to its W).
+static bool weight_grads_now(GPT2* m) { return m->stash < 0; }
 // Where layer l's linear `tensor` takes its output gradient: `scratch`, or under ZB-H1's B (m->stash)
 // the stash its W will read, so that fc's and qkv's dy are computed there at once.
 static floatX* linear_output_grad(GPT2* m, int l, int tensor, floatX* scratch) {
@@ -682,7 +684,7 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
     floatX* dlogits = A_<floatX>(m, GB_LOGITS);
     int ends = ends_unit(L);
-    bool grads_final = step_ends && m->stash < 0;  // ZB-H1's B: its W finishes the block matmuls' gradients
+    bool grads_final = step_ends && weight_grads_now(m);  // ZB-H1's B: its W finishes the block matmuls' gradients
     PassLayers pass = this_pass(m);
     int first = pass.first, end = pass.first + pass.count;
 
@@ -1751,6 +1753,12 @@ static void graphed_micro_batch(GPT2* m, Parallel* par, DataLoader* train, const
                                cudaMemcpyDeviceToHost, m->stream));
 }
 
+// The host waits for the step's passes: NCCL's errors and the deadline checked (the graph has joined the
+// data-parallel sums, llmc/parallel/zero.cuh), the losses' copies done.
+static void wait_for_passes(GPT2* m) {
+    zero_wait_reduction(&m->zero);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
 // The squares of this rank's part of the summed gradient: the last graph's partial sums, or each piece's.
 static double graphed_norm_squares(GPT2* m, const GraphedStep& gs) {
     if (gs.norm_in_graph) return read_sum_of_squares(m);
@@ -1768,8 +1776,7 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     auto start = std::chrono::steady_clock::now();
     GraphedStep gs = graphed_step_begin(m, par, step, &r);  // fp16 loss scale, tests' poison, this rank's norm pieces
     for (int k = 0; k < mb; k++) graphed_micro_batch(m, par, train, plan, &gs, k);
-    zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    wait_for_passes(m);
     double loss = 0.0;  // the mean over the micro-batches, added in the order forward_backward adds them
     for (int k = 0; k < mb; k++) {
         float micro_loss = mean_loss(m->host_losses + (size_t)k * BT, BT);

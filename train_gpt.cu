@@ -7,8 +7,9 @@
 //
 // Precision: parameters, activations and gradients are bf16 (2 bytes: half the memory traffic of
 // fp32, and the tensor cores' fast input type); every matmul and reduction accumulates in fp32;
-// AdamW keeps m and v in fp32 and, with --master-weights 1, an fp32 copy of the weights, from which
-// the bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
+// AdamW keeps m and v in fp32 (or in bf16, stochastically rounded, with --optimizer-state bf16:
+// llmc/optim/adamw_bf16.cuh) and, with --master-weights 1, an fp32 copy of the weights, from which the
+// bf16 weights are written with stochastic rounding (llmc/optim/adamw.cuh). `make train_gpt_fp32`
 // builds the same code with fp32 everywhere, to debug against the CPU reference; `make train_gpt_fp16`
 // with fp16, whose narrow range needs dynamic loss scaling (llmc/optim/loss_scaler.h, train_step).
 //
@@ -136,8 +137,9 @@ static std::vector<float> download_floats(const float* src, size_t n) {
 //     NH  heads of the slice               Vp  vocabulary rows of the slice (padded)
 //     R   rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism
 // which on one rank are the model's own. Where ranks meet there are one-line hooks, each a no-op on
-// one rank (plain data parallelism has only the gradient sum, started in unit_grads_done):
-//     tp_all_rows / tp_sum_rows / tp_bias  tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh)
+// one rank (plain data parallelism has only the gradient sum, started in unit_grads_done); they are
+// listed with the passes' other hooks in "The hooks" below:
+//     gather_rows / sum_rows / bias_once   tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh)
 //     unit_weights / release_unit_weights  ZeRO-3: a unit's weights all-gathered, and let go (llmc/parallel/zero.cuh)
 //     unit_grads / unit_grads_done         ZeRO-2/3: a unit's gradient bucket, reduce-scattered when done;
 //                                          ZeRO-0/1: its part of the flat gradient, summed on the last micro-batch
@@ -298,8 +300,128 @@ static void gpt2_upload_batch(GPT2* m, const int* inputs, const int* targets) {
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
-// ---- the hooks where ranks meet (see above); without ZeRO-2/3 or tensor parallelism each is a view
-// into the flat arrays, or nothing at all
+// ==============================================================================================
+// The hooks: where every other technique enters the passes and the step
+//
+// The core below (gpt2_forward, gpt2_loss, gpt2_backward, finish_gradients, optimizer_step,
+// train_step) is the math of one GPU. Each other technique fills one of these named points, chosen
+// once from the run's flags (a switch here, the work in the technique's own file); on one GPU with
+// the defaults each is the plain operation or nothing.
+//   forward, per layer   layer_rows, keep_for_backward  --recompute, --stash-precision fp8, pipeline slots
+//                        linear_forward                 bf16, or --precision fp8
+//                        mlp_forward                    dense GELU MLP, --moe-experts, --expert-parallel
+//   backward, per layer  recall_for_backward, recall_ln1  what layer_rows kept, restored or rebuilt
+//                        mlp_backward                   as mlp_forward
+//                        linear_backward                bf16, fp8; ZB-H1's deferred weight gradient
+//                        (linear_output_grad)           (ZB-H1: dy straight into W's stash)
+//   ranks meeting        gather_rows, sum_rows, bias_once  tensor and sequence parallelism
+//                        unit_weights, release_unit_weights, unit_grads, unit_grads_done  ZeRO 0-3 only
+//   the step             step_begin, step_end           fp16 loss scale, fp8 amax, 2BW versions, MoE statistics
+//                        gradient_groups                each group's sum and norm share: ZeRO, PowerSGD, a
+//                                                       pipeline's tied embedding, the MoE table, expert parallel
+//                        param_groups                   the optimizer per group: AdamW fp32/bf16 moments,
+//                                                       Adafactor, SM3, offload; the MoE table's AdamW
+// The GELU in fc's matmul epilogue (gelu_fused) is one path across two hooks: linear (fp8 has no such
+// epilogue) and what is kept (--recompute 0 keeps GELU's output).
+
+// ---- what a layer keeps for the backward (--recompute, --stash-precision fp8, pipeline slots)
+
+// Where layer l's activations are: its rows in the current slot (pipelines keep several micro-batches),
+// through `at` (kept_x: with --stash-precision fp8 the working layer the passes read; layer_x: the rows).
+struct LayerRows {
+    floatX *residual, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *att;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *stats;
+};
+static LayerRows layer_rows_at(GPT2* m, int l, floatX* (*at)(GPT2*, GPUBuffer, int, size_t)) {
+    const ModelSlice& sl = m->slice;
+    size_t BT = (size_t)m->B * m->T, R = tp_local_rows(m->tp.host, BT), rc = R * m->config.channels;
+    size_t Ca = sl.attn_channels, Cf = sl.fc_channels, heads = (size_t)m->B * sl.heads * m->T;
+    bool simple = !m->attention.use_cudnn;  // the simple attention keeps att (B, NH, T, T); cuDNN its stats (B, NH, T)
+    LayerRows r;
+    r.residual = layer_x(m, GB_RESIDUAL, l, rc);
+    r.residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
+    r.ln1 = at(m, GB_LN1, l, rc);
+    r.ln2 = at(m, GB_LN2, l, rc);
+    r.qkv = at(m, GB_QKV, l, BT * 3 * Ca);
+    r.atty = at(m, GB_ATTY, l, BT * Ca);
+    r.fch = at(m, GB_FCH, l, BT * Cf);
+    r.fch_gelu = at(m, GB_FCH_GELU, l, BT * Cf);
+    r.att = simple ? at(m, GB_ATT, l, heads * m->T) : nullptr;
+    r.stats = simple ? nullptr : layer_f(m, GB_ATT, l, heads);
+    r.ln1_mean = layer_f(m, GB_LN1_MEAN, l, R);
+    r.ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
+    r.ln2_mean = layer_f(m, GB_LN2_MEAN, l, R);
+    r.ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
+    return r;
+}
+// The forward's: what --recompute does not keep goes to a scratch the backward rebuilds it into.
+static LayerRows layer_rows(GPT2* m, int l) {
+    LayerRows r = layer_rows_at(m, l, kept_x);
+    RecomputePlan keep = recompute_plan(m->shape.recompute);  // (llmc/model/recompute.h)
+    if (!keep.ln) r.ln1 = r.ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
+    if (!keep.gelu) r.fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
+    return r;
+}
+// The forward is done with layer l: --stash-precision fp8 keeps its stashed tensors in e4m3.
+static void keep_for_backward(GPT2* m, int l) { stash_layer(m, l, true); }
+
+// What --recompute dropped, rebuilt with the forward's own kernels (so, bit-identically).
+static void recompute_gelu(GPT2* m, LayerRows* r) {
+    if (recompute_plan(m->shape.recompute).gelu) return;
+    size_t n = (size_t)m->B * m->T * m->slice.fc_channels;
+    r->fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
+    gelu_forward(r->fch_gelu, r->fch, n, m->stream);
+}
+static floatX* recompute_ln(GPT2* m, floatX* kept, const floatX* inp, const float* mean, const float* rstd, const floatX* w,
+                            const floatX* b) {
+    if (recompute_plan(m->shape.recompute).ln) return kept;
+    int R = (int)tp_local_rows(m->tp.host, (size_t)m->B * m->T);
+    floatX* ln = B_<floatX>(m, GB_LN_RECOMPUTE);  // one scratch for ln1 and ln2: ln2 is done with before ln1 is rebuilt
+    layernorm_recompute(ln, inp, mean, rstd, w, b, R, m->config.channels, m->stream);
+    return ln;
+}
+// Layer l's activations back for its backward: --stash-precision fp8's in the build's type again, and
+// --recompute's GELU and ln2 rebuilt (ln1 later, by recall_ln1: it shares ln2's scratch). ZB-H1's W
+// (rows_only) reads the rows as they are.
+static LayerRows recall_for_backward(GPT2* m, int l, const ParamTensors<floatX>& w, bool rows_only = false) {
+    if (!rows_only) stash_layer(m, l, false);
+    LayerRows r = layer_rows_at(m, l, rows_only ? layer_x : kept_x);
+    recompute_gelu(m, &r);
+    r.ln2 = recompute_ln(m, r.ln2, r.residual2, r.ln2_mean, r.ln2_rstd, w[LN2W], w[LN2B]);
+    return r;
+}
+static floatX* recall_ln1(GPT2* m, const LayerRows& r, const ParamTensors<floatX>& w) {
+    return recompute_ln(m, r.ln1, r.residual, r.ln1_mean, r.ln1_rstd, w[LN1W], w[LN1B]);
+}
+
+// ---- where ranks meet (see above); without ZeRO-2/3 or tensor parallelism each is a view into the
+// flat arrays, or nothing at all
+
+// Tensor and sequence parallelism (llmc/parallel/tensor_parallel.cuh): a (B*T, C) row block gathered
+// from the ranks' rows before a matmul that needs all of them (sequence parallelism; else as it is),
+// a matmul's partial output summed over the tensor group after it, and a bias that only one tensor
+// rank adds to a partial sum. One rank: the input itself, or nothing.
+static const floatX* gather_rows(GPT2* m, const floatX* x, const char* what) {
+    return tp_all_rows(&m->tp, x, (size_t)m->B * m->T, (size_t)m->config.channels, m->stream, what);
+}
+static floatX* sum_rows(GPT2* m, floatX* partial, const char* what) {
+    return tp_sum_rows(&m->tp, partial, B_<floatX>(m, GB_TP_LOCAL), (size_t)m->B * m->T, (size_t)m->config.channels,
+                       m->stream, what);
+}
+static const floatX* bias_once(GPT2* m, const floatX* bias) { return tp_bias(&m->tp, bias); }
+// The rows of the residual stream this rank holds: B*T, or B*T / tp with sequence parallelism.
+static int local_rows(GPT2* m) { return (int)tp_local_rows(m->tp.host, (size_t)m->B * m->T); }
+// The token and position embeddings; tensor parallelism: each rank its rows of wte's vocabulary.
+static void embedding_forward(GPT2* m, floatX* out, const ParamTensors<floatX>& w) {
+    const int* tokens = A_<int>(m, GB_INPUTS);
+    if (m->tp.host.degree == 1) encoder_forward(out, tokens, w[WTE], w[WPE], m->B, m->T, m->config.channels, m->stream);
+    else tp_embedding_forward(&m->tp, out, B_<floatX>(m, GB_SCRATCH_C), tokens, w[WTE], w[WPE], m->slice, m->B, m->T,
+                              m->config.channels, m->stream);
+}
+// The number of the uploaded micro-batch's encoder buckets (gpt2_upload_batch; a pipeline keeps one per slot).
+static int encoder_buckets(GPT2* m) { return m->buckets[(size_t)m->slot]; }
+// The layers this pass runs: the slice's, or with interleaved 1F1B one model chunk's.
+static PassLayers this_pass(GPT2* m) { return pass_layers(m->slice, m->chunk); }
 
 // The weights of one unit (unit_of_layer(L, l), or ends_unit(L): wte, wpe and the final LayerNorm;
 // llmc/parallel/zero.h) as the kernels address them; with ZeRO-3 all-gathered just now, the unit `next`
@@ -316,15 +438,22 @@ static ParamTensors<floatX> unit_grads(GPT2* m, int unit) {
     if (m->zero.plan.stage >= 2) return zero_open_bucket(&m->zero, unit, m->stream);
     return flat_unit_view(B_<floatX>(m, GB_GRADS), m->layout, m->slice.num_layers, unit);
 }
-// A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
-// (llmc/parallel/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`), after
-// the sequence-parallel LayerNorm gradients are summed over the tensor group.
-static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
-    if (m->zero.plan.stage <= 1 && !step_ends) return;  // ZeRO-0/1: the micro-batches accumulate
-    if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return;  // finish_gradients sums
-    offload_unit_grads_final(&m->offload, unit, m->zero.grads, m->stream);  // --offload optimizer: the bucket down to the host
+// The dense gradient group's part when one of its units is final (finish_gradients' groups, below):
+// PowerSGD, past its start step, sums the whole gradient itself in finish_gradients, so ZeRO sums
+// nothing; otherwise --offload optimizer starts the unit's bucket down to the host
+// (llmc/optim/offload.cuh), and sequence parallelism sums its LayerNorm gradients, partial over this
+// rank's rows, over the tensor group (llmc/parallel/tensor_parallel.cuh). Returns whether ZeRO sums it.
+static bool dense_unit_final(GPT2* m, int unit) {
+    if (powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done + 1)) return false;
+    offload_unit_grads_final(&m->offload, unit, m->zero.grads, m->stream);
     tp_sum_layernorm_grads(&m->tp, unit_grads(m, unit), (size_t)m->config.channels, m->stream);
-    zero_grads_done(&m->zero, unit, step_ends, m->stream);
+    return true;
+}
+// A unit's gradient is complete for this micro-batch: its sum over the data-parallel ranks starts
+// (llmc/parallel/zero.cuh: ZeRO-2/3 on every micro-batch, ZeRO-0/1 on the step's last, `step_ends`).
+static void unit_grads_done(GPT2* m, bool step_ends, int unit) {
+    if (!zero_unit_final(m->zero, step_ends)) return;  // ZeRO-0/1: the micro-batches accumulate
+    if (dense_unit_final(m, unit)) zero_grads_done(&m->zero, unit, step_ends, m->stream);
 }
 // The LM head is the tied wte: the ends unit's, or on the last stage of a pipeline its copy.
 static const floatX* lm_head_weights(GPT2* m, const ParamTensors<floatX>& ends) {
@@ -334,22 +463,98 @@ static floatX* lm_head_grads(GPT2* m, const ParamTensors<floatX>& ends) {
     return m->slice.first_stage ? ends[WTE] : B_<floatX>(m, GB_LENT_WTE_GRAD);
 }
 
-// The four linear layers' matmuls (qkv, attention projection, fc, fc projection): bf16 through
-// matmul.cuh, or with --precision fp8 through fp8.cuh (slot: the layer's three quantized tensors).
-static void linear_forward(GPT2* m, int l, Fp8Linear which, floatX* out, const floatX* inp, const floatX* w,
-                           const floatX* b, int N, int IC, int OC, cudaStream_t s) {
-    if (m->fp8.on) fp8_linear_forward(&m->matmul, &m->fp8, fp8_slot(l, which), out, inp, w, b, N, IC, OC, s);
-    else matmul_forward(&m->matmul, out, inp, w, b, N, IC, OC, s);
+// ---- the linear layers (qkv, attention projection, fc, fc projection; `tensor`: the weight's
+// QKVW, ATTPROJW, FCW or FCPROJW): bf16 through matmul.cuh, or with --precision fp8 through fp8.cuh
+// (each layer's three quantized tensors in their slots); in the backward ZB-H1 leaves the weight
+// gradient to its W (llmc/model/zero_bubble_backward.cuh).
+
+static int fp8_slot_of(int l, int tensor) {
+    Fp8Linear which = tensor == QKVW ? FP8_QKV : tensor == ATTPROJW ? FP8_ATTPROJ : tensor == FCW ? FP8_FC : FP8_FCPROJ;
+    return fp8_slot(l, which);
 }
-static void linear_backward(GPT2* m, int l, Fp8Linear which, floatX* dinp, floatX* dw, const floatX* dout,
-                            const floatX* inp, const floatX* w, int N, int IC, int OC, cudaStream_t s) {
-    if (m->fp8.on) {
-        fp8_linear_backward_data(&m->matmul, &m->fp8, fp8_slot(l, which), dinp, dout, w, N, IC, OC, s);
-        fp8_linear_backward_weight(&m->matmul, &m->fp8, fp8_slot(l, which), dw, dout, inp, N, IC, OC, s);
+static void linear_forward(GPT2* m, int l, int tensor, floatX* out, const floatX* inp, const floatX* w, const floatX* b,
+                           int N, int IC, int OC) {
+    if (m->fp8.on) fp8_linear_forward(&m->matmul, &m->fp8, fp8_slot_of(l, tensor), out, inp, w, b, N, IC, OC, m->stream);
+    else matmul_forward(&m->matmul, out, inp, w, b, N, IC, OC, m->stream);
+}
+// Whether this backward computes the weight gradients (ZB-H1's B, m->stash >= 0, leaves them to its W).
+static bool weight_grads_now(GPT2* m) { return m->stash < 0; }
+// Where layer l's linear `tensor` takes its output gradient: `scratch`, or under ZB-H1's B (m->stash)
+// the stash its W will read, so that fc's and qkv's dy are computed there at once.
+static floatX* linear_output_grad(GPT2* m, int l, int tensor, floatX* scratch) {
+    if (m->stash < 0) return scratch;
+    const ModelSlice& sl = m->slice;
+    return zb_output_grad_slot(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, sl.num_layers, l, (size_t)m->B * m->T,
+                               m->config.channels, sl.attn_channels, sl.fc_channels, tensor);
+}
+static void linear_backward_data(GPT2* m, int l, int tensor, floatX* dinp, const floatX* dout, const floatX* w, int N,
+                                 int IC, int OC) {
+    if (m->fp8.on) fp8_linear_backward_data(&m->matmul, &m->fp8, fp8_slot_of(l, tensor), dinp, dout, w, N, IC, OC, m->stream);
+    else matmul_backward_data(&m->matmul, dinp, dout, w, N, IC, OC, m->stream);
+}
+static void linear_backward_weight(GPT2* m, int l, int tensor, floatX* dw, const floatX* dout, const floatX* inp, int N,
+                                   int IC, int OC) {
+    if (m->stash >= 0) zb_keep_output_grad(linear_output_grad(m, l, tensor, nullptr), dout, (size_t)N * OC, m->stream);
+    else if (m->fp8.on) fp8_linear_backward_weight(&m->matmul, &m->fp8, fp8_slot_of(l, tensor), dw, dout, inp, N, IC, OC, m->stream);
+    else matmul_backward_weight(&m->matmul, dw, dout, inp, N, IC, OC, m->stream);
+}
+static void linear_backward(GPT2* m, int l, int tensor, floatX* dinp, floatX* dw, const floatX* dout, const floatX* inp,
+                            const floatX* w, int N, int IC, int OC) {
+    linear_backward_data(m, l, tensor, dinp, dout, w, N, IC, OC);
+    linear_backward_weight(m, l, tensor, dw, dout, inp, N, IC, OC);
+}
+
+// ---- the MLP block: dense (fc, GELU, fc projection), or an MoE layer's experts (llmc/model/moe_gpu.cuh),
+// here or on their owners (--expert-parallel). The dense one's GELU runs in fc's cuBLASLt epilogue
+// where gelu_in_matmul_epilogue says (llmc/kernels/gelu.cuh): a fused path that crosses two hooks, as
+// it depends on --precision fp8 (linear) and --recompute (what is kept).
+
+static bool gelu_fused(GPT2* m) {
+    return gelu_in_matmul_epilogue(recompute_plan(m->shape.recompute).gelu, m->fp8.on, m->slice.fc_channels);
+}
+static void dense_mlp_forward(GPT2* m, int l, const ParamTensors<floatX>& w, const LayerRows& a, const floatX* x, floatX* out) {
+    int BT = m->B * m->T, C = m->config.channels, Cf = m->slice.fc_channels;
+    if (gelu_fused(m)) {
+        matmul_forward_gelu(&m->matmul, a.fch_gelu, a.fch, x, w[FCW], w[FCB], BT, C, Cf, m->stream);  // fch: the aux
     } else {
-        matmul_backward_data(&m->matmul, dinp, dout, w, N, IC, OC, s);
-        matmul_backward_weight(&m->matmul, dw, dout, inp, N, IC, OC, s);
+        linear_forward(m, l, FCW, a.fch, x, w[FCW], w[FCB], BT, C, Cf);
+        gelu_forward(a.fch_gelu, a.fch, (size_t)BT * Cf, m->stream);
     }
+    linear_forward(m, l, FCPROJW, out, a.fch_gelu, w[FCPROJW], bias_once(m, w[FCPROJB]), BT, Cf, C);  // tp: partial
+}
+// dx (overwritten, the MLP's input gradient) from dout; the weights' gradients added to g.
+static void dense_mlp_backward(GPT2* m, int l, const ParamTensors<floatX>& w, const ParamTensors<floatX>& g, const LayerRows& a,
+                               const floatX* dout, floatX* dx) {
+    int BT = m->B * m->T, C = m->config.channels, Cf = m->slice.fc_channels;
+    cudaStream_t s = m->stream;
+    float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
+    floatX* dfch = linear_output_grad(m, l, FCW, B_<floatX>(m, GB_SCRATCH_4C));
+    bool fused = gelu_fused(m);  // as the forward chose
+    if (fused) {
+        // dfch = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
+        // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
+        floatX* dfcb = (floatX*)partials;
+        matmul_backward_data_dgelu(&m->matmul, dfch, dfcb, dout, w[FCPROJW], a.fch, BT, Cf, C, s);
+        add_into(g[FCB], dfcb, Cf, s);
+    } else {
+        linear_backward_data(m, l, FCPROJW, dfch, dout, w[FCPROJW], BT, Cf, C);
+    }
+    linear_backward_weight(m, l, FCPROJW, g[FCPROJW], dout, a.fch_gelu, BT, Cf, C);
+    bias_backward(g[FCPROJB], partials, dout, BT, C, s);
+    if (!fused) gelu_backward_inplace(dfch, a.fch, (size_t)BT * Cf, s);
+    const floatX* x = gather_rows(m, a.ln2, "all-gather before the MLP");
+    linear_backward(m, l, FCW, dx, g[FCW], dfch, x, w[FCW], BT, C, Cf);
+    if (!fused) bias_backward(g[FCB], partials, dfch, BT, Cf, s);
+}
+static void mlp_forward(GPT2* m, int l, const ParamTensors<floatX>& w, const LayerRows& a, const floatX* x, floatX* out) {
+    if (is_moe_block(m->moe.moe, l)) moe_mlp_forward(&m->moe, &m->ep, &m->matmul, l, w, x, out, m->stream);
+    else dense_mlp_forward(m, l, w, a, x, out);
+}
+static void mlp_backward(GPT2* m, int l, const ParamTensors<floatX>& w, const ParamTensors<floatX>& g, const LayerRows& a,
+                         const floatX* dout, floatX* dx) {
+    if (is_moe_block(m->moe.moe, l))
+        moe_mlp_backward(&m->moe, &m->ep, &m->matmul, l, w, g, a.ln2, dout, dx, B_<float>(m, GB_REDUCE_PARTIALS), m->stream);
+    else dense_mlp_backward(m, l, w, g, a, dout, dx);
 }
 
 // Forward pass of the uploaded micro-batch, up to the logits (B, T, Vp). A pipeline stage without
@@ -358,89 +563,52 @@ static void linear_backward(GPT2* m, int l, Fp8Linear which, floatX* dinp, float
 static void gpt2_forward(GPT2* m) {
     const GPT2Config& c = m->config;
     const ModelSlice& sl = m->slice;
-    TensorParallelGpu* tp = &m->tp;
-    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, Cf = sl.fc_channels, NH = sl.heads, Vp = sl.vocab_rows;
+    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, NH = sl.heads, Vp = sl.vocab_rows;
     int B = m->B, T = m->T;
-    int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
+    int BT = B * T, R = local_rows(m);
     size_t rc = (size_t)R * C;  // the residual stream's values per layer
-    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/model/recompute.h)
-    bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* scratch = B_<floatX>(m, GB_SCRATCH_C);  // each projection's output, before the residual add
-    floatX* local = B_<floatX>(m, GB_TP_LOCAL);      // sequence parallelism: this rank's rows of it
     int ends = ends_unit(L);  // wte, wpe, lnf: the embedding and the head share a unit (llmc/parallel/zero.h)
-    PassLayers pass = pass_layers(sl, m->chunk);  // the slice's layers, or interleaved one chunk's
+    PassLayers pass = this_pass(m);
     int first = pass.first, end = pass.first + pass.count;
 
     if (pass.embeds) {
-        ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));
-        floatX* encoded = layer_x(m, GB_RESIDUAL, first, rc);
-        if (tp->host.degree == 1) encoder_forward(encoded, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], B, T, C, s);
-        else tp_embedding_forward(tp, encoded, scratch, A_<int>(m, GB_INPUTS), w[WTE], w[WPE], sl, B, T, C, s);
+        ParamTensors<floatX> w = unit_weights(m, ends, unit_of_layer(L, 0));  // ZeRO-3: all-gathered
+        embedding_forward(m, layer_x(m, GB_RESIDUAL, first, rc), w);  // tensor parallelism: its vocabulary rows
         release_unit_weights(m, ends);
     }
     for (int l = first; l < end; l++) {
         ParamTensors<floatX> w = unit_weights(m, unit_of_layer(L, l), l + 1 < end ? unit_of_layer(L, l + 1) : -1);
-        floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
-        floatX* ln1 = keep.ln ? kept_x(m, GB_LN1, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* qkv = kept_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
-        floatX* atty = kept_x(m, GB_ATTY, l, (size_t)BT * Ca);
-        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
-        floatX* ln2 = keep.ln ? kept_x(m, GB_LN2, l, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-        floatX* fch = kept_x(m, GB_FCH, l, (size_t)BT * Cf);
-        floatX* fch_gelu = keep.gelu ? kept_x(m, GB_FCH_GELU, l, (size_t)BT * Cf) : B_<floatX>(m, GB_GELU_RECOMPUTE);
-        float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
-        floatX* att = simple ? kept_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
+        LayerRows a = layer_rows(m, l);  // where the layer's activations go (--recompute, --stash-precision, pipeline slots)
 
         // ln1: layer 0 normalises the embeddings (or what the previous stage sent); every later
         // layer's ln1 was fused into the residual add that ended the previous layer (below)
-        if (l == first) {
-            fused_residual_layernorm_forward(nullptr, ln1, layer_f(m, GB_LN1_MEAN, l, R), layer_f(m, GB_LN1_RSTD, l, R),
-                                             residual, nullptr, w[LN1W], w[LN1B], R, C, s);
-        }
-        const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        linear_forward(m, l, FP8_QKV, qkv, ln1_all, w[QKVW], w[QKVB], BT, C, 3 * Ca, s);
-        attention_forward(&m->attention, atty, stats, att, qkv, B, T, Ca, NH, s);
-        linear_forward(m, l, FP8_ATTPROJ, scratch, atty, w[ATTPROJW], tp_bias(tp, w[ATTPROJB]), BT, Ca, C, s);  // tp: partial
-        floatX* proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the attention projection");
-        fused_residual_layernorm_forward(residual2, ln2, layer_f(m, GB_LN2_MEAN, l, R), layer_f(m, GB_LN2_RSTD, l, R),
-                                         residual, proj, w[LN2W], w[LN2B], R, C, s);
-        const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-        if (is_moe_block(m->moe.moe, l)) {  // --moe-experts: E MLPs and a router in the MLP's place (llmc/model/moe_gpu.cuh)
-            int b = moe_block_index(m->moe.moe, l);
-            cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
-            if (m->ep.on) {  // --expert-parallel: the experts on their owners (llmc/parallel/expert_parallel.cuh)
-                moe_gpu_block_route(&m->moe, b, mw, ln2_all, s);
-                MoEBlockRows rows = moe_gpu_block_rows(m->moe, b);
-                ep_gpu_experts_forward(&m->ep, &m->matmul, b, mw, m->moe.first_row[(size_t)b], rows.xg, rows.eout, s);
-                moe_gpu_block_combine(&m->moe, b, scratch, s);
-            } else {
-                moe_gpu_block_forward(&m->moe, &m->matmul, b, mw, ln2_all, scratch, s);
-            }
-        } else if (gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf)) {  // llmc/kernels/gelu.cuh says when, and why not always
-            matmul_forward_gelu(&m->matmul, fch_gelu, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);  // fch: the aux
-        } else {
-            linear_forward(m, l, FP8_FC, fch, ln2_all, w[FCW], w[FCB], BT, C, Cf, s);
-            gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
-        }
-        if (!is_moe_block(m->moe.moe, l))
-            linear_forward(m, l, FP8_FCPROJ, scratch, fch_gelu, w[FCPROJW], tp_bias(tp, w[FCPROJB]), BT, Cf, C, s);  // tp: partial
-        stash_layer(m, l, true);  // --stash-precision fp8: the layer's last read of them is done (before ln1 of l + 1)
-        proj = tp_sum_rows(tp, scratch, local, BT, C, s, "all-reduce after the MLP");
+        if (l == first)
+            fused_residual_layernorm_forward(nullptr, a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, nullptr, w[LN1W], w[LN1B], R, C, s);
+        const floatX* ln1_all = gather_rows(m, a.ln1, "all-gather before the qkv matmul");  // sequence parallelism
+        linear_forward(m, l, QKVW, a.qkv, ln1_all, w[QKVW], w[QKVB], BT, C, 3 * Ca);  // bf16, or fp8
+        attention_forward(&m->attention, a.atty, a.stats, a.att, a.qkv, B, T, Ca, NH, s);
+        linear_forward(m, l, ATTPROJW, scratch, a.atty, w[ATTPROJW], bias_once(m, w[ATTPROJB]), BT, Ca, C);
+        floatX* proj = sum_rows(m, scratch, "all-reduce after the attention projection");  // tensor parallelism
+        fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual, proj, w[LN2W], w[LN2B], R, C, s);
+        const floatX* ln2_all = gather_rows(m, a.ln2, "all-gather before the MLP");
+        mlp_forward(m, l, w, a, ln2_all, scratch);  // dense GELU MLP, MoE, expert parallel
+        keep_for_backward(m, l);  // --stash-precision fp8: the layer's last read of its activations is done
+        proj = sum_rows(m, scratch, "all-reduce after the MLP");
         // residual[l+1] = residual2 + MLP output, fused with the next LayerNorm (ln1 of l+1, or lnf)
         floatX* next_residual = layer_x(m, GB_RESIDUAL, l + 1, rc);
         if (l + 1 < end) {
             ParamTensors<floatX> next = unit_weights(m, unit_of_layer(L, l + 1), -1);  // (ZeRO-3: prefetched)
-            floatX* next_ln1 = keep.ln ? kept_x(m, GB_LN1, l + 1, rc) : B_<floatX>(m, GB_LN_RECOMPUTE);
-            fused_residual_layernorm_forward(next_residual, next_ln1, layer_f(m, GB_LN1_MEAN, l + 1, R),
-                                             layer_f(m, GB_LN1_RSTD, l + 1, R), residual2, proj, next[LN1W], next[LN1B],
-                                             R, C, s);
+            LayerRows n = layer_rows(m, l + 1);
+            fused_residual_layernorm_forward(next_residual, n.ln1, n.ln1_mean, n.ln1_rstd, a.residual2, proj, next[LN1W],
+                                             next[LN1B], R, C, s);
         } else if (pass.head) {
             ParamTensors<floatX> e = unit_weights(m, ends, -1);
             fused_residual_layernorm_forward(next_residual, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN),
-                                             A_<float>(m, GB_LNF_RSTD), residual2, proj, e[LNFW], e[LNFB], R, C, s);
+                                             A_<float>(m, GB_LNF_RSTD), a.residual2, proj, e[LNFW], e[LNFB], R, C, s);
         } else {
-            residual_forward(next_residual, residual2, proj, rc, s);  // the next stage normalises it
+            residual_forward(next_residual, a.residual2, proj, rc, s);  // the next stage normalises it
         }
         release_unit_weights(m, unit_of_layer(L, l));
     }
@@ -451,7 +619,7 @@ static void gpt2_forward(GPT2* m) {
         fused_residual_layernorm_forward(nullptr, A_<floatX>(m, GB_LNF), A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD),
                                          layer_x(m, GB_RESIDUAL, first, rc), nullptr, e[LNFW], e[LNFB], R, C, s);
     }
-    const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
+    const floatX* lnf_all = gather_rows(m, A_<floatX>(m, GB_LNF), "all-gather before the LM head");
     matmul_forward(&m->matmul, A_<floatX>(m, GB_LOGITS), lnf_all, lm_head_weights(m, e), nullptr, BT, C, Vp, s);  // tied
     release_unit_weights(m, ends);
 }
@@ -509,33 +677,27 @@ static float gpt2_loss(GPT2* m, float dloss, bool write_grad) {
 static void gpt2_backward(GPT2* m, bool step_ends) {
     const GPT2Config& c = m->config;
     const ModelSlice& sl = m->slice;
-    TensorParallelGpu* tp = &m->tp;
-    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, Cf = sl.fc_channels, NH = sl.heads, Vp = sl.vocab_rows;
+    int L = sl.num_layers, C = c.channels, Ca = sl.attn_channels, NH = sl.heads, Vp = sl.vocab_rows;
     int B = m->B, T = m->T;
-    int BT = B * T, R = (int)tp_local_rows(tp->host, (size_t)BT);
+    int BT = B * T, R = local_rows(m);
     size_t rc = (size_t)R * C;
-    RecomputePlan keep = recompute_plan(m->shape.recompute);  // --recompute (llmc/model/recompute.h)
-    bool simple = !m->attention.use_cudnn;
     cudaStream_t s = m->stream;
     floatX* dresidual = A_<floatX>(m, GB_DRESIDUAL);
     floatX* dbuf_c = B_<floatX>(m, GB_SCRATCH_C);
-    floatX* dbuf_3c = B_<floatX>(m, GB_SCRATCH_3C);
-    floatX* dbuf_4c = B_<floatX>(m, GB_SCRATCH_4C);
-    floatX* local = B_<floatX>(m, GB_TP_LOCAL);
     float* partials = B_<float>(m, GB_REDUCE_PARTIALS);
     floatX* dlogits = A_<floatX>(m, GB_LOGITS);
     int ends = ends_unit(L);
-    bool defer = m->stash >= 0;  // ZB-H1's B: the block matmuls' dW wait for W (llmc/model/zero_bubble_backward.cuh)
-    PassLayers pass = pass_layers(sl, m->chunk);  // the slice's layers, or interleaved one chunk's
+    bool grads_final = step_ends && weight_grads_now(m);  // ZB-H1's B: its W finishes the block matmuls' gradients
+    PassLayers pass = this_pass(m);
     int first = pass.first, end = pass.first + pass.count;
 
     // classifier (the tied LM head) and final LayerNorm
     if (pass.head) {
         ParamTensors<floatX> e = unit_weights(m, ends, end > first ? unit_of_layer(L, end - 1) : -1), ge = unit_grads(m, ends);
         matmul_backward_data(&m->matmul, dbuf_c, dlogits, lm_head_weights(m, e), BT, C, Vp, s);
-        const floatX* lnf_all = tp_all_rows(tp, A_<floatX>(m, GB_LNF), BT, C, s, "all-gather before the LM head");
+        const floatX* lnf_all = gather_rows(m, A_<floatX>(m, GB_LNF), "all-gather before the LM head");
         matmul_backward_weight(&m->matmul, lm_head_grads(m, ge), dlogits, lnf_all, BT, C, Vp, s);
-        floatX* dlnf = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the LM head's input gradient");
+        floatX* dlnf = sum_rows(m, dbuf_c, "all-reduce of the LM head's input gradient");
         CUDA_CHECK(cudaMemsetAsync(dresidual, 0, rc * sizeof(floatX), s));
         layernorm_backward(dresidual, ge[LNFW], ge[LNFB], partials, dlnf, layer_x(m, GB_RESIDUAL, end, rc), e[LNFW],
                            A_<float>(m, GB_LNF_MEAN), A_<float>(m, GB_LNF_RSTD), R, C, s);
@@ -543,105 +705,35 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
     }
 
     for (int l = end - 1; l >= first; l--) {
-        int unit = unit_of_layer(L, l);
-        ParamTensors<floatX> w = unit_weights(m, unit, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, unit);
-        floatX* residual = layer_x(m, GB_RESIDUAL, l, rc);
-        floatX* residual2 = layer_x(m, GB_RESIDUAL2, l, rc);
-        stash_layer(m, l, false);  // --stash-precision fp8: back in the build's type before any is read
-        floatX* qkv = kept_x(m, GB_QKV, l, (size_t)BT * 3 * Ca);
-        floatX* atty = kept_x(m, GB_ATTY, l, (size_t)BT * Ca);
-        floatX* fch = kept_x(m, GB_FCH, l, (size_t)BT * Cf);
-        float* ln1_mean = layer_f(m, GB_LN1_MEAN, l, R), *ln1_rstd = layer_f(m, GB_LN1_RSTD, l, R);
-        float* ln2_mean = layer_f(m, GB_LN2_MEAN, l, R), *ln2_rstd = layer_f(m, GB_LN2_RSTD, l, R);
-        WeightStashOf<floatX> kept{};
-        if (defer) {  // fc's and qkv's dy are computed straight into the stash
-            kept = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
-            dbuf_4c = kept.fc;
-            dbuf_3c = kept.qkv;
-        }
-
-        // recompute what was not kept, with the forward's own kernels (so, bit-identically)
-        floatX* fch_gelu = kept_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
-        if (!keep.gelu) {
-            fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
-            gelu_forward(fch_gelu, fch, (size_t)BT * Cf, s);
-        }
-        floatX* ln2 = kept_x(m, GB_LN2, l, rc);
-        if (!keep.ln) {
-            ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln2, residual2, ln2_mean, ln2_rstd, w[LN2W], w[LN2B], R, C, s);
-        }
+        int u = unit_of_layer(L, l);  // (ZeRO's unit: layer l's tensors)
+        ParamTensors<floatX> w = unit_weights(m, u, l > first ? unit_of_layer(L, l - 1) : -1), g = unit_grads(m, u);
+        LayerRows a = recall_for_backward(m, l, w);  // --stash-precision fp8 restored, --recompute's rows rebuilt
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the MLP's output gradient");
-        bool fused_gelu = gelu_in_matmul_epilogue(keep.gelu, m->fp8.on, Cf);  // as the forward chose
-        bool moe = is_moe_block(m->moe.moe, l);
-        if (moe) {  // --moe-experts: the experts' and the router's gradients, d ln2 into dbuf_c (llmc/model/moe_gpu.cuh)
-            int b = moe_block_index(m->moe.moe, l);
-            cpu::MoEWeights<floatX> mg = moe_gpu_weights<floatX>(m->moe, m->moe.grads, b, g[FCW], g[FCB], g[FCPROJW], g[FCPROJB]);
-            cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(m->moe, m->moe.params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
-            if (m->ep.on) {  // --expert-parallel: the transpose of the forward's exchange (llmc/parallel/expert_parallel.cuh)
-                moe_gpu_block_backward_rows(&m->moe, b, dout, s);
-                ep_gpu_experts_backward(&m->ep, &m->matmul, b, mg, mw, m->moe.drow, m->moe.dxg, partials, s);
-                moe_gpu_block_backward_input(&m->moe, b, mg, mw, ln2, dbuf_c, s);
-            } else {
-                moe_gpu_block_backward(&m->moe, &m->matmul, b, mg, mw, ln2, dout, dbuf_c, partials, s);
-            }
-        } else if (fused_gelu) {
-            // dbuf_4c = d(fch): GELU's backward in the epilogue, which also writes fc's bias gradient
-            // (overwriting: into a scratch, the partials, free until bias_backward below; added here)
-            floatX* dfcb = (floatX*)partials;
-            matmul_backward_data_dgelu(&m->matmul, dbuf_4c, dfcb, dout, w[FCPROJW], fch, BT, Cf, C, s);
-            add_into(g[FCB], dfcb, Cf, s);
-            if (!defer) matmul_backward_weight(&m->matmul, g[FCPROJW], dout, fch_gelu, BT, Cf, C, s);
-        } else if (defer) {
-            matmul_backward_data(&m->matmul, dbuf_4c, dout, w[FCPROJW], BT, Cf, C, s);
-        } else {
-            linear_backward(m, l, FP8_FCPROJ, dbuf_4c, g[FCPROJW], dout, fch_gelu, w[FCPROJW], BT, Cf, C, s);
-        }
-        if (!moe) {
-            if (defer) CUDA_CHECK(cudaMemcpyAsync(kept.fcproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
-            bias_backward(g[FCPROJB], partials, dout, BT, C, s);
-            if (!fused_gelu) gelu_backward_inplace(dbuf_4c, fch, (size_t)BT * Cf, s);
-            const floatX* ln2_all = tp_all_rows(tp, ln2, BT, C, s, "all-gather before the MLP");
-            if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_4c, w[FCW], BT, C, Cf, s);
-            else linear_backward(m, l, FP8_FC, dbuf_c, g[FCW], dbuf_4c, ln2_all, w[FCW], BT, C, Cf, s);
-            if (!fused_gelu) bias_backward(g[FCB], partials, dbuf_4c, BT, Cf, s);
-        }
-        floatX* dln2 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the MLP's input gradient");
-        layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, residual2, w[LN2W], ln2_mean, ln2_rstd, R, C, s);
+        const floatX* dout = gather_rows(m, dresidual, "all-gather of the MLP's output gradient");
+        mlp_backward(m, l, w, g, a, dout, dbuf_c);  // dense GELU MLP, MoE, expert parallel: d ln2 into dbuf_c
+        floatX* dln2 = sum_rows(m, dbuf_c, "all-reduce of the MLP's input gradient");
+        layernorm_backward(dresidual, g[LN2W], g[LN2B], partials, dln2, a.residual2, w[LN2W], a.ln2_mean, a.ln2_rstd, R, C, s);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the attention's output gradient");
-        if (defer) {
-            matmul_backward_data(&m->matmul, dbuf_c, dout, w[ATTPROJW], BT, Ca, C, s);
-            CUDA_CHECK(cudaMemcpyAsync(kept.attproj, dout, rc * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
-        } else {
-            linear_backward(m, l, FP8_ATTPROJ, dbuf_c, g[ATTPROJW], dout, atty, w[ATTPROJW], BT, Ca, C, s);
-        }
+        dout = gather_rows(m, dresidual, "all-gather of the attention's output gradient");
+        linear_backward(m, l, ATTPROJW, dbuf_c, g[ATTPROJW], dout, a.atty, w[ATTPROJW], BT, Ca, C);  // bf16, fp8; ZB-H1 defers dW
         bias_backward(g[ATTPROJB], partials, dout, BT, C, s);
-        float* stats = simple ? nullptr : layer_f(m, GB_ATT, l, (size_t)B * NH * T);
-        floatX* att = simple ? kept_x(m, GB_ATT, l, (size_t)B * NH * T * T) : nullptr;
-        attention_backward(&m->attention, dbuf_3c, dbuf_c, qkv, atty, stats, att, B, T, Ca, NH, s);
-        floatX* ln1 = kept_x(m, GB_LN1, l, rc);
-        if (!keep.ln) {
-            ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln1, residual, ln1_mean, ln1_rstd, w[LN1W], w[LN1B], R, C, s);
-        }
-        const floatX* ln1_all = tp_all_rows(tp, ln1, BT, C, s, "all-gather before the qkv matmul");
-        if (defer) matmul_backward_data(&m->matmul, dbuf_c, dbuf_3c, w[QKVW], BT, C, 3 * Ca, s);
-        else linear_backward(m, l, FP8_QKV, dbuf_c, g[QKVW], dbuf_3c, ln1_all, w[QKVW], BT, C, 3 * Ca, s);
-        bias_backward(g[QKVB], partials, dbuf_3c, BT, 3 * Ca, s);
-        floatX* dln1 = tp_sum_rows(tp, dbuf_c, local, BT, C, s, "all-reduce of the attention's input gradient");
-        layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, residual, w[LN1W], ln1_mean, ln1_rstd, R, C, s);
-        unit_grads_done(m, step_ends && !defer, unit);  // layer l's gradients are final (deferred: at the last W)
-        release_unit_weights(m, unit);
+        floatX* dqkv = linear_output_grad(m, l, QKVW, B_<floatX>(m, GB_SCRATCH_3C));
+        attention_backward(&m->attention, dqkv, dbuf_c, a.qkv, a.atty, a.stats, a.att, B, T, Ca, NH, s);
+        const floatX* ln1_all = gather_rows(m, recall_ln1(m, a, w), "all-gather before the qkv matmul");
+        linear_backward(m, l, QKVW, dbuf_c, g[QKVW], dqkv, ln1_all, w[QKVW], BT, C, 3 * Ca);
+        bias_backward(g[QKVB], partials, dqkv, BT, 3 * Ca, s);
+        floatX* dln1 = sum_rows(m, dbuf_c, "all-reduce of the attention's input gradient");
+        layernorm_backward(dresidual, g[LN1W], g[LN1B], partials, dln1, a.residual, w[LN1W], a.ln1_mean, a.ln1_rstd, R, C, s);
+        unit_grads_done(m, grads_final, u);  // layer l's gradients are final: ZeRO's sums start
+        release_unit_weights(m, u);
     }
     if (!pass.embeds) return;  // dresidual, d(loss)/d(this stage's input), goes to the previous stage
 
     ParamTensors<floatX> ge = unit_grads(m, ends);
-    const floatX* dout = tp_all_rows(tp, dresidual, BT, C, s, "all-gather of the embeddings' gradient");
-    encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), m->buckets[(size_t)m->slot], B, T, C, s);
+    const floatX* dout = gather_rows(m, dresidual, "all-gather of the embeddings' gradient");
+    encoder_backward(ge[WTE], ge[WPE], dout, A_<int>(m, GB_ENCODER_BUCKETS), encoder_buckets(m), B, T, C, s);
     // wte (LM head + embedding), wpe, lnf; in a pipeline only once the tied embedding's gradient has
     // joined wte's (the step does it, below)
     if (!m->pipelined) unit_grads_done(m, step_ends, ends);
@@ -650,39 +742,22 @@ static void gpt2_backward(GPT2* m, bool step_ends) {
 // ZB-H1's W (llmc/model/zero_bubble_backward.cuh): the block matmuls' weight gradients of the micro-
 // batch whose B filled stash m->stash, from its output gradients there and its inputs in slot m->slot
 // (rebuilt as B rebuilt them where --recompute dropped them). The step's last W starts ZeRO-0/1's sums.
+// (No sequence parallelism here: zero_bubble_problem refuses tensor ranks.)
 static void gpt2_backward_weights(GPT2* m, bool step_ends) {
     const ModelSlice& sl = m->slice;
     int L = sl.num_layers, C = m->config.channels, Ca = sl.attn_channels, Cf = sl.fc_channels;
     int BT = m->B * m->T;
-    size_t rc = (size_t)BT * C;  // (no sequence parallelism here: zero_bubble_problem refuses tensor ranks)
-    RecomputePlan keep = recompute_plan(m->shape.recompute);
-    cudaStream_t s = m->stream;
     for (int l = L - 1; l >= 0; l--) {
-        int unit = unit_of_layer(L, l);
-        ParamTensors<floatX> w = unit_weights(m, unit, -1), g = unit_grads(m, unit);
-        WeightStashOf<floatX> dy = weight_stash_gpu(B_<floatX>(m, GB_WEIGHT_STASH), m->stash, L, l, (size_t)BT, C, Ca, Cf);
-        floatX* fch_gelu = layer_x(m, GB_FCH_GELU, l, (size_t)BT * Cf);
-        if (!keep.gelu) {
-            fch_gelu = B_<floatX>(m, GB_GELU_RECOMPUTE);
-            gelu_forward(fch_gelu, layer_x(m, GB_FCH, l, (size_t)BT * Cf), (size_t)BT * Cf, s);
-        }
-        floatX* ln2 = layer_x(m, GB_LN2, l, rc), *ln1 = layer_x(m, GB_LN1, l, rc);
-        if (!keep.ln) {  // one scratch for both: ln2 is done with before ln1 is rebuilt
-            ln2 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln2, layer_x(m, GB_RESIDUAL2, l, rc), layer_f(m, GB_LN2_MEAN, l, BT),
-                                layer_f(m, GB_LN2_RSTD, l, BT), w[LN2W], w[LN2B], BT, C, s);
-        }
-        matmul_backward_weight(&m->matmul, g[FCPROJW], dy.fcproj, fch_gelu, BT, Cf, C, s);
-        matmul_backward_weight(&m->matmul, g[FCW], dy.fc, ln2, BT, C, Cf, s);
-        matmul_backward_weight(&m->matmul, g[ATTPROJW], dy.attproj, layer_x(m, GB_ATTY, l, (size_t)BT * Ca), BT, Ca, C, s);
-        if (!keep.ln) {
-            ln1 = B_<floatX>(m, GB_LN_RECOMPUTE);
-            layernorm_recompute(ln1, layer_x(m, GB_RESIDUAL, l, rc), layer_f(m, GB_LN1_MEAN, l, BT),
-                                layer_f(m, GB_LN1_RSTD, l, BT), w[LN1W], w[LN1B], BT, C, s);
-        }
-        matmul_backward_weight(&m->matmul, g[QKVW], dy.qkv, ln1, BT, C, 3 * Ca, s);
-        unit_grads_done(m, step_ends, unit);
-        release_unit_weights(m, unit);
+        int u = unit_of_layer(L, l);
+        ParamTensors<floatX> w = unit_weights(m, u, -1), g = unit_grads(m, u);
+        LayerRows a = recall_for_backward(m, l, w, true);
+        matmul_backward_weight(&m->matmul, g[FCPROJW], linear_output_grad(m, l, FCPROJW, nullptr), a.fch_gelu, BT, Cf, C, m->stream);
+        matmul_backward_weight(&m->matmul, g[FCW], linear_output_grad(m, l, FCW, nullptr), a.ln2, BT, C, Cf, m->stream);
+        matmul_backward_weight(&m->matmul, g[ATTPROJW], linear_output_grad(m, l, ATTPROJW, nullptr), a.atty, BT, Ca, C, m->stream);
+        floatX* ln1 = recall_ln1(m, a, w);
+        matmul_backward_weight(&m->matmul, g[QKVW], linear_output_grad(m, l, QKVW, nullptr), ln1, BT, C, 3 * Ca, m->stream);
+        unit_grads_done(m, step_ends, u);
+        release_unit_weights(m, u);
     }
 }
 
@@ -747,6 +822,23 @@ static double gradient_sum_of_squares(GPT2* m, const floatX* grads, size_t n) {
     global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), grads, n, m->stream);
     return read_sum_of_squares(m);
 }
+// A number summed over every rank of the world, in rank order (the same bits on every rank).
+static double world_sum(Parallel* par, double x, const char* what) { return gpu_comm_sum(&par->world_gpu, x, what); }
+
+// ---- the step's gradient groups (the hook of finish_gradients): each group of gradients has its own
+// sum over the ranks that share it, started in turn; then its share of the norm (it waits for its sum
+// and adds the squares of the elements this rank counts: every element counted by one rank of the
+// world); then what it does with the summed gradient once the norm is known.
+//   the dense gradient   ZeRO 0-3 (llmc/parallel/zero.cuh), PowerSGD in place of its sum
+//                        (llmc/parallel/grad_compression.cuh), a pipeline's tied embedding first
+//   the MoE table        summed over the data group, ZeRO-1/2's shard counted (llmc/parallel/moe_zero.cuh),
+//                        or with --expert-parallel the routers over the data group and the experts
+//                        over their replicas (llmc/parallel/expert_parallel.cuh)
+struct GradientGroup {
+    void (*sum)(GPT2* m, Parallel* par);           // its sums start (null: none before the norm)
+    void (*norm_share)(GPT2* m, Parallel* par, double* squares);  // its summed gradient's squares this rank counts, added
+    void (*share)(GPT2* m);                        // after the norm (null: nothing)
+};
 
 // LLMC_TEST_COMPRESSION_DUMP: this rank's flat gradient, widened to fp32, before or after PowerSGD's sum.
 static void compression_dump(GPT2* m, Parallel* par, int step, const char* what) {
@@ -754,16 +846,11 @@ static void compression_dump(GPT2* m, Parallel* par, int step, const char* what)
     grad_compression_test_dump(&par->world, step, what, download_as_float(m->zero.grads, m->layout.total));
 }
 
-// The gradient of the step, summed over everything that shares it; returns the global norm. In a
-// pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
+// In a pipeline, the last stage's LM-head gradient first joins the first stage's wte gradient, and then
 // every stage's ends bucket (wte, wpe, lnf: what the stage has of them) is reduced over the
-// data-parallel ranks, as the other buckets were during the last backward. Then it waits for the
-// gradient sums and computes the norm of the summed gradient, as one rank would: each rank's part's
-// sum of squares (zero_norm_pieces: every element counted by one rank of the world), added over the
-// world in rank order, so every rank gets the same bits. ZeRO-0 then gives every rank the whole
-// summed gradient.
-static float finish_gradients(GPT2* m, Parallel* par) {
-    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h; it returns the norm: the GPU work is done)
+// data-parallel ranks, as the other buckets were during the last backward. PowerSGD, past its start
+// step: every rank ends with the whole compressed sum, so the norm needs no all-gather after it.
+static void dense_grads_sum(GPT2* m, Parallel* par) {
     const ModelSlice& sl = m->slice;
     if (par->grid.pp > 1) {
         size_t n = (size_t)sl.vocab_rows * m->config.channels;
@@ -771,34 +858,52 @@ static float finish_gradients(GPT2* m, Parallel* par) {
                            B_<floatX>(m, GB_TIED_RECEIVED), n, m->stream);
         unit_grads_done(m, true, ends_unit(sl.num_layers));
     }
-    // PowerSGD, past its start step (llmc/parallel/grad_compression.cuh): every rank ends with the whole
-    // compressed sum, so the norm below needs no all-gather after it
     int step = (int)++m->compression.c.steps_done;
-    bool compressed = powersgd_replaces_sum(m->compression.c, step);
-    if (compressed) {
-        compression_dump(m, par, step, "local");  // (tests: llmc/probes/grad_compression_probe.h)
-        powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
-        compression_dump(m, par, step, "sum");
-    }
-    // --moe-experts: its table summed over the data group on the same stream, behind the dense sums
-    // (llmc/parallel/moe_zero.cuh), each rank counting its shard's squares
-    // (--expert-parallel: its own sums below, the experts over their replicas)
-    if (m->moe.moe.experts > 0 && !m->ep.on) moe_zero_sum(&m->moe_zero, m->moe.grads, m->stream);
+    if (!powersgd_replaces_sum(m->compression.c, step)) return;
+    compression_dump(m, par, step, "local");  // (tests: llmc/probes/grad_compression_probe.h)
+    powersgd_sum_gpu(&m->compression, &m->matmul, m->zero.grads, m->stream);
+    compression_dump(m, par, step, "sum");
+}
+static void dense_grads_norm_share(GPT2* m, Parallel*, double* squares) {
     zero_wait_reduction(&m->zero);
+    for (const auto& piece : zero_norm_pieces(m->zero)) *squares += gradient_sum_of_squares(m, piece.first, piece.second);
+}
+static void dense_grads_share(GPT2* m) {  // ZeRO-0: every rank the whole summed gradient (PowerSGD's already is)
+    if (!powersgd_replaces_sum(m->compression.c, (int)m->compression.c.steps_done)) zero_share_gradients(&m->zero, m->stream, false);
+}
+// The MoE table, on the same stream behind the dense sums.
+static void moe_grads_sum(GPT2* m, Parallel*) { moe_zero_sum(&m->moe_zero, m->moe.grads, m->stream); }
+static void moe_grads_norm_share(GPT2* m, Parallel*, double* squares) {
+    auto piece = moe_zero_norm_piece(m->moe_zero, m->moe.grads);
+    if (piece.second > 0) *squares += gradient_sum_of_squares(m, piece.first, piece.second);
+}
+// --expert-parallel: each expert counted once, by expert group 0's ranks; the routers by data rank 0.
+static void ep_grads_norm_share(GPT2* m, Parallel* par, double* squares) {
+    size_t router = m->moe.layout.count[MOE_ROUTER];
+    ep_gpu_sum_gradients(&m->ep, par->data_on_gpu, m->moe.grads, router, m->table[GB_MOE_GRADS].elements - router, m->stream);
+    if (par->grid.dp_rank == 0) *squares += gradient_sum_of_squares(m, m->moe.grads, router);
+    if (par->grid.dp_rank < m->ep.ranks) *squares += gradient_sum_of_squares(m, m->moe.grads + router, m->moe.layout.total - router);
+}
+static std::vector<GradientGroup> gradient_groups(const GPT2* m) {
+    std::vector<GradientGroup> groups = {{dense_grads_sum, dense_grads_norm_share, dense_grads_share}};
+    if (m->moe.moe.experts > 0 && m->ep.on) groups.push_back({nullptr, ep_grads_norm_share, nullptr});
+    else if (m->moe.moe.experts > 0) groups.push_back({moe_grads_sum, moe_grads_norm_share, nullptr});
+    return groups;
+}
+
+// The gradient of the step, summed over everything that shares it; returns the global norm of the
+// summed gradient, as one rank would compute it: each group's share of the squares, added over the
+// world in rank order, so every rank gets the same bits.
+static float finish_gradients(GPT2* m, Parallel* par) {
+    TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h; it returns the norm: the GPU work is done)
+    std::vector<GradientGroup> groups = gradient_groups(m);
+    for (const GradientGroup& g : groups)
+        if (g.sum) g.sum(m, par);  // ZeRO's, PowerSGD's, the MoE table's sums
     double squares = 0.0;
-    for (const auto& piece : zero_norm_pieces(m->zero)) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    if (m->moe.moe.experts > 0 && m->ep.on) {  // --expert-parallel: the routers over the data group, the experts over
-        size_t router = m->moe.layout.count[MOE_ROUTER];   // their replicas; each expert counted once: expert group 0's
-        ep_gpu_sum_gradients(&m->ep, par->data_on_gpu, m->moe.grads, router, m->table[GB_MOE_GRADS].elements - router, m->stream);
-        if (par->grid.dp_rank == 0) squares += gradient_sum_of_squares(m, m->moe.grads, router);
-        if (par->grid.dp_rank < m->ep.ranks)
-            squares += gradient_sum_of_squares(m, m->moe.grads + router, m->moe.layout.total - router);
-    } else if (m->moe.moe.experts > 0) {  // --moe-experts: summed above (moe_zero_sum), each rank its shard's squares
-        auto piece = moe_zero_norm_piece(m->moe_zero, m->moe.grads);
-        if (piece.second > 0) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    }
-    float norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms"));
-    if (!compressed) zero_share_gradients(&m->zero, m->stream, false);
+    for (const GradientGroup& g : groups) g.norm_share(m, par, &squares);
+    float norm = (float)std::sqrt(world_sum(par, squares, "sum of the gradient norms"));
+    for (const GradientGroup& g : groups)
+        if (g.share) g.share(m);  // ZeRO-0: the summed gradient on every rank
     return norm;
 }
 
@@ -821,15 +926,28 @@ static void share_tied_weights(GPT2* m, Parallel* par) {
                       (size_t)sl.vocab_rows * m->config.channels, m->stream);
 }
 
-// Clipping and AdamW over the parameters this rank updates (llmc/optim/adamw.cuh, through zero_adamw),
-// or --optimizer adafactor | sm3 over the whole model (adafactor.cuh, sm3.cuh), then the data-parallel ranks share the updated weights, and the first pipeline stage sends its wte
-// to the last (the tied LM head). Returns when they are in place on every rank.
-static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
-    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
-    // AdamW's t: the steps it has taken. fp16's overflow skips do not count (as PyTorch's GradScaler
-    // skips optimizer.step()); a bf16 step skipped by step_is_sound does.
-    int adam_t = step - m->scaler.overflows;
+// ---- the optimizer per parameter group (the hook of optimizer_step): the dense table's AdamW (fp32
+// or --optimizer-state bf16 moments, llmc/optim/adamw.cuh and adamw_bf16.cuh, through ZeRO's shard),
+// or --optimizer adafactor | sm3 (adafactor.cuh, sm3.cuh), or --offload optimizer's AdamW on the host
+// (offload.cuh); then the MoE table's AdamW (llmc/model/moe_gpu.cuh). Chosen once from the flags.
+
+// One step's values, for every group's update.
+struct OptimizerStep {
     AdamWParams a;
+    AdamWStep now;            // the step's values (AdamW's t, bias corrections, clip, 1/S) ...
+    AdamWStep* now_on_gpu;    // ... where the kernels read them: never baked into a captured graph
+    float* master;            // --master-weights 1: the fp32 copy, or null
+    float lr, clip;           // (the factored optimizers' own clip: cpu::clip_coefficient over S)
+    int t;                    // AdamW's t: the steps it has taken
+    bool graphed;             // --cuda-graphs: the update replays a captured graph
+};
+static OptimizerStep optimizer_step_values(GPT2* m, const TrainOptions& o, int step, float lr, float norm) {
+    OptimizerStep u;
+    // fp16's overflow skips do not count (as PyTorch's GradScaler skips optimizer.step()); a bf16 step
+    // skipped by step_is_sound does.
+    u.t = step - m->scaler.overflows;
+    u.lr = lr;
+    AdamWParams& a = u.a;
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.adam_eps;
@@ -841,49 +959,82 @@ static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int st
         a.tensor_offset[t] = m->layout.offset[t];
         if (param_tensor_decays(t)) a.decay_mask |= 1u << t;
     }
-    // the gradients are S times the true ones: AdamW multiplies by 1/S (exact: S is a power of two)
-    AdamWStep now = adamw_step_values(a, adam_t, lr, norm, 1.0f / m->scaler.scale);
-    // the step's values where the kernels read them (copied out of `now` at once): never baked into
-    // a captured graph (--cuda-graphs, llmc/run/cuda_graphs.cuh)
+    // fp16: the gradients are S times the true ones: AdamW multiplies by 1/S (exact: S is a power of two)
+    u.now = adamw_step_values(a, u.t, lr, norm, 1.0f / m->scaler.scale);
     static_assert(sizeof(AdamWStep) <= GPU_STEP_VALUES_BYTES, "GB_STEP_VALUES must hold AdamWStep");
-    AdamWStep* now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
-    CUDA_CHECK(cudaMemcpyAsync(now_on_gpu, &now, sizeof(now), cudaMemcpyHostToDevice, m->stream));
-    float* master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
-    // --cuda-graphs over data-parallel ranks: the update's graph holds ZeRO-0's all-gather of the summed
-    // gradient (eager, finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each
-    // waited for on the device (zero_wait); the host checks NCCL's errors after the replay
-    bool graphed = m->graphs.replay;
-    // --optimizer adafactor | sm3: every replica the whole update (ZeRO-0 only: llmc/run/compatibility.h)
-    float clip = cpu::clip_coefficient(norm, o.grad_clip) / m->scaler.scale;  // (the CPU trainer's; adamw_clip's on the device)
-    if (m->shape.optimizer == Optimizer::Adafactor) {
-        adafactor_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
-                             B_<double>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, adam_t, o.weight_decay, clip,
-                             adamw_weight_stream(now, a), m->stream);
-    } else if (m->shape.optimizer == Optimizer::SM3) {
-        sm3_update_gpu(B_<floatX>(m, GB_PARAMS), master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
-                       B_<float>(m, GB_OPTIMIZER_SCRATCH), m->blocks, lr, o.weight_decay, clip, adamw_weight_stream(now, a), m->stream);
-    } else if (m->shape.offload_optimizer) offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, now, a, m->stream);
-    else graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
-        if (graphed) zero_share_gradients(&m->zero, m->stream, true);
+    u.now_on_gpu = B_<AdamWStep>(m, GB_STEP_VALUES);
+    CUDA_CHECK(cudaMemcpyAsync(u.now_on_gpu, &u.now, sizeof(u.now), cudaMemcpyHostToDevice, m->stream));
+    u.master = m->shape.master_weights ? B_<float>(m, GB_MASTER) : nullptr;
+    u.graphed = m->graphs.replay;
+    u.clip = cpu::clip_coefficient(norm, o.grad_clip) / m->scaler.scale;  // (the CPU trainer's; adamw_clip's on the device)
+    return u;
+}
+
+// The dense table's AdamW on the GPU, over what this rank updates (zero_adamw). --cuda-graphs over
+// data-parallel ranks: the update's graph holds ZeRO-0's all-gather of the summed gradient (eager,
+// finish_gradients ran it) and ZeRO-1's all-gather of the updated weights, each waited for on the
+// device (zero_wait); the host checks NCCL's errors after the replay.
+static void update_adamw(GPT2* m, const OptimizerStep& u) {
+    floatX* params = B_<floatX>(m, GB_PARAMS);
+    graph_run(m->graphs, &m->graphs.update, m->stream, [&] {
+        if (u.graphed) zero_share_gradients(&m->zero, m->stream, true);
         if (m->shape.bf16_moments) {  // --optimizer-state bf16 (where: llmc/run/compatibility.h), its own kernels, keyed in the whole model
             SliceIndexMap keys = slice_index_map(m->config, m->slice);
-            zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V),
-                       now_on_gpu, a, m->stream, &keys);
+            zero_adamw(&m->zero, params, u.master, B_<uint16_t>(m, GB_ADAM_M), B_<uint16_t>(m, GB_ADAM_V), u.now_on_gpu, u.a,
+                       m->stream, &keys);
         } else
-            zero_adamw(&m->zero, B_<floatX>(m, GB_PARAMS), master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), now_on_gpu,
-                       a, m->stream);
-        if (graphed) zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, true);
+            zero_adamw(&m->zero, params, u.master, B_<float>(m, GB_ADAM_M), B_<float>(m, GB_ADAM_V), u.now_on_gpu, u.a, m->stream);
+        if (u.graphed) zero_after_update(&m->zero, params, m->stream, true);
     });
-    if (m->moe.moe.experts > 0) {  // --moe-experts: its table, or its shard then the all-gather (llmc/parallel/moe_zero.cuh)
-        ShardRange mine = moe_zero_updated(m->moe_zero);
-        moe_gpu_adamw(&m->moe, m->layout.total, mine.begin, mine.end, now_on_gpu, a, m->stream);
-        moe_zero_share_weights(&m->moe_zero, m->moe.params, m->stream);
-    }
-    if (graphed) zero_wait_reduction(&m->zero);  // (NCCL's asynchronous errors; nothing is left to wait for)
+}
+// --optimizer adafactor | sm3: every replica the whole update (ZeRO-0 only: llmc/run/compatibility.h).
+static void update_adafactor(GPT2* m, const OptimizerStep& u) {
+    adafactor_update_gpu(B_<floatX>(m, GB_PARAMS), u.master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
+                         B_<double>(m, GB_OPTIMIZER_SCRATCH), m->blocks, u.lr, u.t, u.a.weight_decay, u.clip,
+                         adamw_weight_stream(u.now, u.a), m->stream);
+}
+static void update_sm3(GPT2* m, const OptimizerStep& u) {
+    sm3_update_gpu(B_<floatX>(m, GB_PARAMS), u.master, m->zero.grads, B_<float>(m, GB_OPTIMIZER_STATE),
+                   B_<float>(m, GB_OPTIMIZER_SCRATCH), m->blocks, u.lr, u.a.weight_decay, u.clip, adamw_weight_stream(u.now, u.a),
+                   m->stream);
+}
+static void update_offloaded(GPT2* m, const OptimizerStep& u) {
+    offload_adamw(&m->offload, B_<floatX>(m, GB_PARAMS), m->zero.grads, u.now, u.a, m->stream);
+}
+// --moe-experts: its table, or its shard then the all-gather (llmc/parallel/moe_zero.cuh).
+static void update_moe_table(GPT2* m, const OptimizerStep& u) {
+    ShardRange mine = moe_zero_updated(m->moe_zero);
+    moe_gpu_adamw(&m->moe, m->layout.total, mine.begin, mine.end, u.now_on_gpu, u.a, m->stream);
+    moe_zero_share_weights(&m->moe_zero, m->moe.params, m->stream);
+}
+using ParamGroupUpdate = void (*)(GPT2* m, const OptimizerStep& u);
+static std::vector<ParamGroupUpdate> param_groups(const GPT2* m) {
+    ParamGroupUpdate dense = m->shape.optimizer == Optimizer::Adafactor ? update_adafactor
+                           : m->shape.optimizer == Optimizer::SM3       ? update_sm3
+                           : m->shape.offload_optimizer                  ? update_offloaded
+                                                                         : update_adamw;
+    std::vector<ParamGroupUpdate> groups = {dense};
+    if (m->moe.moe.experts > 0) groups.push_back(update_moe_table);
+    return groups;
+}
+// After every group's update: the data-parallel ranks share the updated weights (ZeRO-1/2's all-gather;
+// graphed, the graph did, and the host checks NCCL's errors), the first pipeline stage sends its wte to
+// the last (the tied LM head), and PowerSGD keeps this sound step's error feedback and Q.
+static void share_updated_weights(GPT2* m, Parallel* par, const OptimizerStep& u) {
+    if (u.graphed) zero_wait_reduction(&m->zero);  // (NCCL's asynchronous errors; nothing is left to wait for)
     else zero_after_update(&m->zero, B_<floatX>(m, GB_PARAMS), m->stream, false);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (par->grid.pp > 1) share_tied_weights(m, par);
-    grad_compression_commit(&m->compression.c);  // a sound step: its error feedback and Q are kept
+    grad_compression_commit(&m->compression.c);
+}
+
+// Clipping and the update of every parameter group this rank updates, then the ranks that share
+// weights get them. Returns when they are in place on every rank.
+static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+    TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
+    OptimizerStep u = optimizer_step_values(m, o, step, lr, norm);  // AdamW's t and the step's values, on the GPU
+    for (ParamGroupUpdate update : param_groups(m)) update(m, u);  // AdamW fp32/bf16 moments, Adafactor, SM3, offload; MoE table
+    share_updated_weights(m, par, u);  // ZeRO's all-gather, the pipeline's tied wte, PowerSGD's commit
 }
 
 // Every data-parallel rank must start from the same weights. Each builds them the same way (the same
@@ -1351,12 +1502,12 @@ static TrainStateHeader load_state(GPT2* m, const TrainOptions& o, const std::st
 // ==============================================================================================
 // One step
 
-// The step's gradient starts from zero: the flat array (ZeRO-2/3's buckets are zeroed as each opens)
-// and the last pipeline stage's gradient of its copy of wte.
+// The step's gradient starts from zero: every row that holds gradients, the flat array (ZeRO-2/3's
+// buckets are zeroed as each opens), a pipeline's last-stage copy of wte's, the MoE table's.
+static const GPUBuffer GRADIENT_ROWS[] = {GB_GRADS, GB_LENT_WTE_GRAD, GB_MOE_GRADS};
 static void zero_gradients(GPT2* m) {
-    CUDA_CHECK(cudaMemsetAsync(m->buf[GB_GRADS], 0, m->table[GB_GRADS].bytes(), m->stream));
-    if (m->buf[GB_LENT_WTE_GRAD]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_LENT_WTE_GRAD], 0, m->table[GB_LENT_WTE_GRAD].bytes(), m->stream));
-    if (m->buf[GB_MOE_GRADS]) CUDA_CHECK(cudaMemsetAsync(m->buf[GB_MOE_GRADS], 0, m->table[GB_MOE_GRADS].bytes(), m->stream));
+    for (GPUBuffer b : GRADIENT_ROWS)
+        if (m->buf[b]) CUDA_CHECK(cudaMemsetAsync(m->buf[b], 0, m->table[b].bytes(), m->stream));
 }
 
 // --dump-state (llmc/probes/gpu_test_hooks.cuh): after the first step's gradient sum, its first
@@ -1421,6 +1572,30 @@ static bool step_applies(GPT2* m, const StepResult& r, const TrainOptions& o, in
     return applied;
 }
 
+// The step's hooks before and after its passes, chosen by the run's flags (each a no-op without them):
+// fp16's loss scale S where the loss kernel reads it (llmc/optim/loss_scaler.h), and the MoE routing
+// statistics restarted (an evaluation's forward between steps added to them); after the passes,
+// PipeDream-2BW's weight versions (llmc/parallel/pipedream_2bw.cuh), the MoE statistics over the
+// micro-batches and ranks (llmc/run/moe_run.h, as the CPU's) and fp8's amax (llmc/kernels/fp8.cuh).
+static void step_begin(GPT2* m, StepResult* r) {
+    if (FLOATX_IS_FP16) upload_loss_scale(m);
+    r->loss_scale = m->scaler.scale;  // fp16: the S of this step's backward; bf16, fp32: 1
+    m->moe.stats = MoEStepStats{};
+}
+static void step_end(GPT2* m, Parallel* par, const RunPlan& plan) {
+    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
+    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
+    // optimizer updates W(t-1) into W(t)
+    pipedream_2bw_gpu_after_passes(&m->versions, m->stream);
+    if (m->moe.moe.experts > 0) moe_step_stats(&m->moe.stats, &par->world, plan.accumulation_steps, par->grid.dp);
+    if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
+        fp8_share_amax(m, par);
+        fp8_end_step(&m->fp8, m->stream);
+    }
+}
+// Whether this rank holds the step's loss: the last stage's, one tensor rank of each data-parallel replica.
+static bool reports_loss(GPT2* m, Parallel* par) { return m->slice.last_stage && par->grid.tp_rank == 0; }
+
 // Optimizer step `step` (from 1; llmc/run/step.h: the same shape as train_gpt_cpu.cpp's) on every
 // rank: the passes of its micro-batches, the gradient sums and norm, and AdamW unless step_is_sound
 // finds the step bad.
@@ -1429,29 +1604,18 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     const ProcessGrid& grid = par->grid;
     StepResult r;
     r.lr = step_learning_rate(plan, o, step);  // (adafactor without --lr: its relative step)
-    if (FLOATX_IS_FP16) upload_loss_scale(m);  // where the loss kernel reads S
+    step_begin(m, &r);  // fp16 loss scale, MoE statistics
     zero_gradients(m);
-    m->moe.stats = MoEStepStats{};  // (an evaluation's forward between steps added to it)
     double loss = forward_backward(m, par, train, plan, step);
-    par->pipe_filled = par->schedule == PipelineSchedule::PipeDream2BW && !par->pipe_drains;
-    // --pipeline-schedule 2bw: the passes read W(t-2) (and the next step's first forwards W(t-1)); the
-    // optimizer below updates W(t-1) into W(t) (llmc/parallel/pipedream_2bw.cuh)
-    pipedream_2bw_gpu_after_passes(&m->versions, m->stream);
-    if (m->moe.moe.experts > 0)  // --moe-experts: the routing over the micro-batches and ranks (llmc/run/moe_run.h, as the CPU's)
-        moe_step_stats(&m->moe.stats, &par->world, plan.accumulation_steps, grid.dp);
-    if (m->fp8.on) {  // --precision fp8: the step's amax, the same on every rank, rolled into the histories; next scales
-        fp8_share_amax(m, par);
-        fp8_end_step(&m->fp8, m->stream);
-    }
-    // the mean loss over every token of the step: the last stage's, one tensor rank of each
-    // data-parallel replica (every replica saw as many tokens, so it is the mean of their means)
-    bool reports = m->slice.last_stage && grid.tp_rank == 0;
-    r.loss = gpu_comm_sum(&par->world_gpu, reports ? loss : 0.0, "sum of the losses") / grid.dp;
+    step_end(m, par, plan);  // 2BW versions, MoE statistics, fp8 amax
+    // the mean loss over every token of the step (every replica saw as many tokens, so it is the mean
+    // of the replicas' means)
+    bool reports = reports_loss(m, par);
+    r.loss = world_sum(par, reports ? loss : 0.0, "sum of the losses") / grid.dp;
     // fp16: the norm of the scaled gradient over S is the true gradient's norm, bit for bit (S is a
     // power of two), so clipping compares the true norm with --grad-clip; AdamW divides the gradients
     // by S in the same pass (AdamWStep::grad_scale). bf16, fp32: S = 1.
-    r.loss_scale = m->scaler.scale;
-    r.norm = finish_gradients(m, par) / m->scaler.scale;
+    r.norm = finish_gradients(m, par) / r.loss_scale;
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
     r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
@@ -1459,101 +1623,136 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     return r;
 }
 
-// train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks (ZeRO-0/1/2):
-// the same kernels and collectives in the same order, each micro-batch's passes from a graph (captured
-// at the run's second step: one graph for a step of one micro-batch, three with accumulation), the
-// host's reads of the losses and the norm after the last; optimizer_step replays the update's graph.
-static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
-                                     int step, BadSteps* bad_steps) {
-    StepResult r;
-    r.lr = step_learning_rate(plan, o, step);
-    int mb = plan.accumulation_steps, BT = m->B * m->T;
-    auto start = std::chrono::steady_clock::now();
+// ---- train_step with --cuda-graphs (llmc/run/cuda_graphs.cuh), on one GPU or data-parallel ranks
+// (ZeRO-0/1/2): the same kernels and collectives in the same order, each micro-batch's passes from a
+// graph (captured at the run's second step: one graph for a step of one micro-batch, three with
+// accumulation), the host's reads of the losses and the norm after the last; optimizer_step replays
+// the update's graph.
+
+// What the graphed micro-batches share within a step.
+struct GraphedStep {
     // this rank's part of the norm: ZeRO-0/1's shard of the flat gradient, one piece, its partial sums
     // in the last graph; ZeRO-2's owned pieces may be several (a unit's padding between them): each is
     // summed after the graph, as finish_gradients does (the partials buffer holds one piece's)
-    std::vector<std::pair<const floatX*, size_t>> pieces = zero_norm_pieces(m->zero);
-    bool norm_in_graph = pieces.size() == 1;
+    std::vector<std::pair<const floatX*, size_t>> pieces;
+    bool norm_in_graph = false;
     // the communication stream has work in a micro-batch's graph, which must join it back before the
     // graph ends: ZeRO-2 reduce-scatters every micro-batch's buckets, ZeRO-0/1 sum the last one's
-    bool every_micro_batch_sums = m->zero.plan.stage >= 2;
+    bool every_micro_batch_sums = false;
+    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
+    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
+    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
+    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
+    CommCounters middle;
+    bool middle_captured = false;
+};
+
+// Before the graphed step's first micro-batch: the device values its graphs read, written by the host.
+static GraphedStep graphed_step_begin(GPT2* m, Parallel* par, int step, StepResult* r) {
+    GraphedStep gs;
+    gs.pieces = zero_norm_pieces(m->zero);
+    gs.norm_in_graph = gs.pieces.size() == 1;
+    gs.every_micro_batch_sums = m->zero.plan.stage >= 2;
     if (FLOATX_IS_FP16) upload_loss_scale(m);  // S in device memory: the graph's loss kernel reads it there
+    r->loss_scale = m->scaler.scale;
     set_graph_poison(m, par, step);              // tests only (LLMC_TEST_GRAD_INF)
     // fp8 (llmc/kernels/fp8.cuh): its scales, histories and amax are device memory, read and rolled by
     // kernels, so the graph replays them as they change. Only the calibration of a run's first step is
     // a host-side branch, and that step is always eager.
     if (m->fp8.on && m->fp8.calibrating) fail("internal: --precision fp8's calibration in a graphed step");
-    // The traffic counters (comm_nccl.cuh) count at the host's calls, so only while a graph is captured;
-    // the main loop takes the capture step's count for every replayed step. The middle micro-batches'
-    // graph is captured once but replayed m - 2 times a step: in the capture step each replay after
-    // the first adds again what its capture counted (ZeRO-2's reduce-scatters).
-    CommCounters* sent = &par->data_on_gpu->sent;
-    CommCounters middle;
-    bool middle_captured = false;
-    for (int k = 0; k < mb; k++) {
-        bool first = k == 0, last = k == mb - 1;
-        StepGraph* g = step_graph_of(&m->graphs, first, last);
-        bool capture = !g->exec;
-        CommCounters before = *sent;
-        dataloader_next_batch(train);
-        // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
-        // previous micro-batch's replay, which read them
-        gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
-        // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
-        // changes with the data, which a graph would bake in. Graphed, it has a block for every position
-        // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
-        m->buckets[0] = BT;
-        graph_run(m->graphs, g, m->stream, [&] {
-            if (first) {
-                zero_gradients(m);
-                graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
-            }
-            gpt2_forward(m);
-            gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
-            gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
-            if (every_micro_batch_sums || (last && par->grid.dp > 1))
-                zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
-            if (!last) return;
-            if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
-                fp8_share_amax_graphed(m, par);
-                fp8_end_step(&m->fp8, m->stream);
-            }
-            if (norm_in_graph) global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), pieces[0].first, pieces[0].second, m->stream);
-        });
-        if (g == &m->graphs.micro) {  // (the counters, above)
-            for (int op = 0; op < COMM_NUM_OPS; op++) {
-                if (capture) {
-                    middle.calls[op] = sent->calls[op] - before.calls[op];
-                    middle.bytes[op] = sent->bytes[op] - before.bytes[op];
-                } else if (middle_captured) {
-                    sent->calls[op] += middle.calls[op];
-                    sent->bytes[op] += middle.bytes[op];
-                }
-            }
-            middle_captured = middle_captured || capture;
-        }
-        // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
-        // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
-        CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m->stream));
+    return gs;
+}
+
+// One micro-batch's passes, captured into (or replayed from) its graph.
+static void graphed_passes(GPT2* m, Parallel* par, const RunPlan& plan, const GraphedStep& gs, bool first, bool last) {
+    if (first) {
+        zero_gradients(m);
+        graph_poison_gradient(m);  // (an inf there stays inf as the later micro-batches add to it)
     }
-    zero_wait_reduction(&m->zero);  // the host's check of NCCL's errors and the deadline (the graph has joined the sums)
+    gpt2_forward(m);
+    gpt2_loss_kernels(m, 1.0f / (float)plan.total_batch_tokens, true);
+    gpt2_backward(m, last);  // its unit_grads_done start the sums over the data-parallel ranks (NCCL, captured)
+    if (gs.every_micro_batch_sums || (last && par->grid.dp > 1))
+        zero_wait(&m->zero, m->stream, true, "reduction of the gradients");  // the norm reads the sums
+    if (!last) return;
+    if (m->fp8.on) {  // --precision fp8: the step's amax, max-reduced over the ranks; the histories roll on the device
+        fp8_share_amax_graphed(m, par);
+        fp8_end_step(&m->fp8, m->stream);
+    }
+    if (gs.norm_in_graph)
+        global_norm_partials(B_<float>(m, GB_NORM_PARTIALS), gs.pieces[0].first, gs.pieces[0].second, m->stream);
+}
+
+// Micro-batch k of the graphed step: its data into the graphs' fixed input buffers, its graph run, and
+// its losses on their way to the host.
+static void graphed_micro_batch(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, GraphedStep* gs, int k) {
+    int mb = plan.accumulation_steps, BT = m->B * m->T;
+    bool first = k == 0, last = k == mb - 1;
+    StepGraph* g = step_graph_of(&m->graphs, first, last);
+    bool capture = !g->exec;
+    CommCounters* sent = &par->data_on_gpu->sent;
+    CommCounters before = *sent;
+    dataloader_next_batch(train);
+    // into the graphs' fixed input buffers (slot 0); it waits for its copies, and so for the
+    // previous micro-batch's replay, which read them
+    gpt2_upload_batch(m, train->inputs.data(), train->targets.data());
+    // The encoder backward's grid is one block per distinct token of the batch: a launch shape that
+    // changes with the data, which a graph would bake in. Graphed, it has a block for every position
+    // (the most a batch can have); the blocks past this batch's buckets find them empty (encoder.cuh).
+    m->buckets[0] = BT;
+    graph_run(m->graphs, g, m->stream, [&] { graphed_passes(m, par, plan, *gs, first, last); });
+    if (g == &m->graphs.micro) {  // (the counters, GraphedStep)
+        for (int op = 0; op < COMM_NUM_OPS; op++) {
+            if (capture) {
+                gs->middle.calls[op] = sent->calls[op] - before.calls[op];
+                gs->middle.bytes[op] = sent->bytes[op] - before.bytes[op];
+            } else if (gs->middle_captured) {
+                sent->calls[op] += gs->middle.calls[op];
+                sent->bytes[op] += gs->middle.bytes[op];
+            }
+        }
+        gs->middle_captured = gs->middle_captured || capture;
+    }
+    // this micro-batch's losses into its own slot of pinned host memory, not read yet: the copy is
+    // asynchronous, so the host goes on to the next micro-batch's data while the replay runs
+    CUDA_CHECK(cudaMemcpyAsync(m->host_losses + (size_t)k * BT, B_<float>(m, GB_LOSSES), BT * sizeof(float),
+                               cudaMemcpyDeviceToHost, m->stream));
+}
+
+// The host waits for the step's passes: NCCL's errors and the deadline checked (the graph has joined the
+// data-parallel sums, llmc/parallel/zero.cuh), the losses' copies done.
+static void wait_for_passes(GPT2* m) {
+    zero_wait_reduction(&m->zero);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+// The squares of this rank's part of the summed gradient: the last graph's partial sums, or each piece's.
+static double graphed_norm_squares(GPT2* m, const GraphedStep& gs) {
+    if (gs.norm_in_graph) return read_sum_of_squares(m);
+    double squares = 0.0;
+    for (const auto& piece : gs.pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
+    return squares;
+}
+
+static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, const RunPlan& plan, const TrainOptions& o,
+                                     int step, BadSteps* bad_steps) {
+    const ProcessGrid& grid = par->grid;
+    StepResult r;
+    r.lr = step_learning_rate(plan, o, step);
+    int mb = plan.accumulation_steps, BT = m->B * m->T;
+    auto start = std::chrono::steady_clock::now();
+    GraphedStep gs = graphed_step_begin(m, par, step, &r);  // fp16 loss scale, tests' poison, this rank's norm pieces
+    for (int k = 0; k < mb; k++) graphed_micro_batch(m, par, train, plan, &gs, k);
+    wait_for_passes(m);
     double loss = 0.0;  // the mean over the micro-batches, added in the order forward_backward adds them
     for (int k = 0; k < mb; k++) {
         float micro_loss = mean_loss(m->host_losses + (size_t)k * BT, BT);
         loss += micro_loss / mb;
-        if (par->grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
+        if (grid.rank == 0) print_micro_step(step, k, mb, micro_loss, seconds_since(start));
     }
-    r.loss = gpu_comm_sum(&par->world_gpu, loss, "sum of the losses") / par->grid.dp;  // the mean of the replicas' means
+    r.loss = world_sum(par, loss, "sum of the losses") / grid.dp;  // the mean of the replicas' means
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
-    r.loss_scale = m->scaler.scale;
-    double squares = 0.0;
-    if (norm_in_graph) squares = read_sum_of_squares(m);
-    else
-        for (const auto& piece : pieces) squares += gradient_sum_of_squares(m, piece.first, piece.second);
-    r.norm = (float)std::sqrt(gpu_comm_sum(&par->world_gpu, squares, "sum of the gradient norms")) / m->scaler.scale;
-    r.applied = step_applies(m, r, o, step, bad_steps, par->grid.rank == 0);
+    r.norm = (float)std::sqrt(world_sum(par, graphed_norm_squares(m, gs), "sum of the gradient norms")) / r.loss_scale;
+    r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
     if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
     return r;
 }

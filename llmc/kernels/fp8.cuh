@@ -78,9 +78,9 @@
 // bf16 and a write of 1 byte per element, 6 per linear layer per micro-batch; the transposed ones
 // write uncoalesced here: the readable version). Not measured on a GPU yet.
 //
-// Hook points: none of the step's; the trainer's four linear layers call fp8_linear_forward /
-// _backward_data / _backward_weight instead of matmul.cuh's functions (train_gpt.cu's linear_*),
-// and train_step calls fp8_end_step once per step (or the graphed passes, --cuda-graphs: everything
+// Hook points: train_gpt.cu's linear hook (linear_forward, linear_backward_data / _weight) calls
+// fp8_linear_forward / _backward_data / _backward_weight instead of matmul.cuh's functions for the
+// four linear layers, and its step_end calls fp8_end_step once per step (or the graphed passes, --cuda-graphs: everything
 // here is device memory but step 1's calibration, and a run's first step is eager). The checkpoint:
 // fp8_download_state / fp8_upload_state (fp8_state.bin, llmc/io/formats.h).
 #pragma once

@@ -39,10 +39,11 @@
 //
 // Hook points: none of the grid's (tensor or pipeline parallelism: llmc/run/compatibility.h refuses them).
 // Data parallelism, ZeRO-1/2 among it, is llmc/parallel/moe_zero.cuh's, called from train_gpt.cu's
-// finish_gradients and optimizer_step (docs/moe.md). train_gpt.cu calls moe_gpu_block_forward /
-// _backward at the MoE blocks of gpt2_forward / gpt2_backward, and the table's zeroing, norm and AdamW
-// from the step; with --expert-parallel it calls their parts (route | the experts on their owners |
-// combine: llmc/parallel/expert_parallel.cuh).
+// gradient groups and parameter groups (docs/moe.md). train_gpt.cu's MLP hook (mlp_forward /
+// mlp_backward) calls moe_mlp_forward / moe_mlp_backward (the end of this file) at the MoE layers, and
+// the step the table's zeroing, norm and AdamW (its gradient and parameter group); with
+// --expert-parallel those call the blocks' parts (route | the experts on their owners | combine:
+// llmc/parallel/expert_parallel.cuh).
 #pragma once
 
 #include <algorithm>
@@ -50,6 +51,7 @@
 #include "llmc/kernels/moe.cuh"
 #include "llmc/model/model.h"
 #include "llmc/optim/adamw.cuh"
+#include "llmc/parallel/expert_parallel.cuh"  // --expert-parallel: a block's experts on their owners
 #include "llmc/run/moe_run.h"
 
 struct MoEGpu {
@@ -216,4 +218,38 @@ inline void moe_gpu_adamw(MoEGpu* g, size_t dense_params, size_t from, size_t to
         adamw_update_piece(g->params + begin, nullptr, g->grads + begin, g->m + at, g->v + at, end - begin, dense_params + begin,
                            moe_tensor_decays(t), step_values, a, s);
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The trainer's MLP hook (train_gpt.cu: mlp_forward, mlp_backward) on an MoE layer: block b's experts
+// here, or with --expert-parallel on their owners (llmc/parallel/expert_parallel.cuh: the rows go out
+// after the routing and come back before the combine; the backward is the transpose). w, gw: the
+// layer's dense tensors (expert 0, the dense MLP's weights and gradients); x: its ln2; y: its output.
+inline void moe_mlp_forward(MoEGpu* g, ExpertParallelGpu* ep, MatmulContext* ctx, int l, const ParamTensors<floatX>& w,
+                            const floatX* x, floatX* y, cudaStream_t s) {
+    int b = moe_block_index(g->moe, l);
+    cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(*g, g->params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
+    if (!ep->on) {
+        moe_gpu_block_forward(g, ctx, b, mw, x, y, s);
+        return;
+    }
+    moe_gpu_block_route(g, b, mw, x, s);
+    MoEBlockRows rows = moe_gpu_block_rows(*g, b);
+    ep_gpu_experts_forward(ep, ctx, b, mw, g->first_row[(size_t)b], rows.xg, rows.eout, s);
+    moe_gpu_block_combine(g, b, y, s);
+}
+// dx (overwritten) from dy; the experts' and the router's gradients added. partials: bias_backward's scratch.
+inline void moe_mlp_backward(MoEGpu* g, ExpertParallelGpu* ep, MatmulContext* ctx, int l, const ParamTensors<floatX>& w,
+                             const ParamTensors<floatX>& gw, const floatX* x, const floatX* dy, floatX* dx, float* partials,
+                             cudaStream_t s) {
+    int b = moe_block_index(g->moe, l);
+    cpu::MoEWeights<floatX> mg = moe_gpu_weights<floatX>(*g, g->grads, b, gw[FCW], gw[FCB], gw[FCPROJW], gw[FCPROJB]);
+    cpu::MoEWeights<const floatX> mw = moe_gpu_weights<const floatX>(*g, g->params, b, w[FCW], w[FCB], w[FCPROJW], w[FCPROJB]);
+    if (!ep->on) {
+        moe_gpu_block_backward(g, ctx, b, mg, mw, x, dy, dx, partials, s);
+        return;
+    }
+    moe_gpu_block_backward_rows(g, b, dy, s);
+    ep_gpu_experts_backward(ep, ctx, b, mg, mw, g->drow, g->dxg, partials, s);
+    moe_gpu_block_backward_input(g, b, mg, mw, x, dx, s);
 }

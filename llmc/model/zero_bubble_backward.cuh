@@ -29,14 +29,28 @@
 // kernel, same order: W runs in micro-batch order), each bias gradient the same additions in B. The
 // test (test/test_gpu_parallelism.py, 2 and 4 stages) demands equal bits: losses, gradients, weights.
 //
-// Hook points: none new. forward_backward sets GPT2::stash before B (the micro-batch's stash, or -1
-// for the whole backward) and calls gpt2_backward_weights at PipeOp::Weight.
+// Hook points: forward_backward sets GPT2::stash before B (the micro-batch's stash, or -1 for the whole
+// backward) and calls gpt2_backward_weights at PipeOp::Weight; in B, train_gpt.cu's linear_backward
+// hook leaves each block matmul's weight gradient to W (zb_keep_output_grad below) and its
+// linear_output_grad hook points fc's and qkv's dy straight into the stash.
 #pragma once
 
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/model/model.h"  // QKVW, ATTPROJW, FCW, FCPROJW
 #include "llmc/model/zero_bubble_backward.h"
 
 // Layer l's rows of stash `stash` in the stage's GB_WEIGHT_STASH (stashes x L layers x N rows).
 inline WeightStashOf<floatX> weight_stash_gpu(floatX* base, int stash, int L, int l, size_t N, size_t C, size_t Ca, size_t Cf) {
     return layer_weight_stash(base + (size_t)stash * weight_stash_floats((size_t)L, N, C, Ca, Cf), l, N, C, Ca, Cf);
+}
+
+// Linear layer `tensor` (QKVW, ATTPROJW, FCW or FCPROJW) of layer l's rows in that stash: where W reads its dy.
+inline floatX* zb_output_grad_slot(floatX* base, int stash, int L, int l, size_t N, size_t C, size_t Ca, size_t Cf, int tensor) {
+    WeightStashOf<floatX> k = weight_stash_gpu(base, stash, L, l, N, C, Ca, Cf);
+    return tensor == QKVW ? k.qkv : tensor == ATTPROJW ? k.attproj : tensor == FCW ? k.fc : k.fcproj;
+}
+// B's half of a linear layer's weight gradient: its dy kept for W, copied into the stash unless B
+// computed it there (fc's and qkv's: the GELU and attention backwards write into the slot).
+inline void zb_keep_output_grad(floatX* slot, const floatX* dout, size_t n, cudaStream_t s) {
+    if (slot != dout) CUDA_CHECK(cudaMemcpyAsync(slot, dout, n * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
 }

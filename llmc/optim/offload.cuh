@@ -74,8 +74,8 @@
 // unit by unit and summed over the ranks on every micro-batch: it goes down in one piece after the
 // backward (the last reduce-scatter awaited), not streamed.
 //
-// Hook points (llmc/run/step.h): unit_grads_done (a bucket starts down) and optimizer_step (in place
-// of zero_adamw).
+// Hook points (train_gpt.cu): the dense gradient group's part of unit_grads_done (dense_unit_final: a
+// bucket starts down) and the optimizer per parameter group (update_offloaded, in place of zero_adamw).
 #pragma once
 
 #include <cstdint>

@@ -41,9 +41,11 @@
 // Needs one GPU per rank (NCCL: host-staged ranks sharing a GPU are refused) and --zero 0; the other
 // combinations are refused by rows of llmc/run/compatibility.h, one line each.
 //
-// Hook points: between moe_gpu_block_route and moe_gpu_block_combine (forward) and between
-// moe_gpu_block_backward_rows and moe_gpu_block_backward_input (backward), at the MoE blocks of
-// train_gpt.cu's gpt2_forward / gpt2_backward, in place of the local experts.
+// Hook points: the MLP hook of train_gpt.cu (mlp_forward / mlp_backward) at an MoE layer, through
+// llmc/model/moe_gpu.cuh's moe_mlp_forward / moe_mlp_backward: between moe_gpu_block_route and
+// moe_gpu_block_combine (forward) and between moe_gpu_block_backward_rows and
+// moe_gpu_block_backward_input (backward), in place of the local experts; the MoE gradient group of
+// finish_gradients (ep_gpu_sum_gradients).
 #pragma once
 
 #include <vector>

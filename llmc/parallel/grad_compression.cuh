@@ -29,8 +29,9 @@
 // --grad-compression bf16 takes the exact path here: the GPU trainer's sum already sends bf16
 // (llmc/parallel/zero.cuh), half of the CPU's fp32, which is all bf16 compression buys.
 //
-// Hook points (train_gpt.cu): unit_grads_done starts no sum on a PowerSGD step (powersgd_replaces_sum);
-// finish_gradients calls powersgd_sum_gpu instead of waiting for ZeRO's sum; optimizer_step commits e
+// Hook points (train_gpt.cu), the dense gradient group's: unit_grads_done starts no sum on a PowerSGD step
+// (dense_unit_final: powersgd_replaces_sum); its sum (dense_grads_sum) calls powersgd_sum_gpu in place of
+// ZeRO's sum; optimizer_step's share_updated_weights commits e
 // and Q (a skipped step leaves them); checkpoints download e and Q into grad_compression_rank<r>.bin,
 // the CPU trainer's file: either trainer resumes the other's.
 #pragma once

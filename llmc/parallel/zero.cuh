@@ -226,6 +226,12 @@ inline void zero_reduce_bucket(ZeroGpu* z, int u, cudaStream_t compute) {
     z->pending[slot] = true;
 }
 
+// Whether a unit's gradient, complete for this micro-batch, is final for the step's sums: stages 2-3
+// on every micro-batch (each bucket is summed as it fills), stages 0-1 on the step's last (`step_ends`;
+// the earlier ones only accumulate into the flat gradient). What else waits for a final unit (the
+// trainer's dense gradient group: offload, sequence parallelism) runs only then, before zero_grads_done.
+inline bool zero_unit_final(const ZeroGpu& z, bool step_ends) { return z.plan.stage >= 2 || step_ends; }
+
 // Unit u's gradient is complete for this micro-batch. Stages 2-3: reduce-scatter its bucket now.
 // Stages 0-1: on the step's last micro-batch (`step_ends`; the earlier ones only accumulate into the
 // flat gradient), start summing the unit's ranges onto the ranks that own them.

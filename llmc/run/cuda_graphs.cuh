@@ -104,8 +104,8 @@
 // Memory: nothing in the size table (the graphs hold no buffers of ours; the driver keeps the
 // instantiated graphs, a few KiB per node: with accumulation three graphs of the passes instead of
 // one); m x B x T floats of pinned host memory for the losses. Hook points: none inside the passes;
-// train_step's graphed twin in train_gpt.cu (train_step_graphed) and optimizer_step's update call
-// graph_run; ZeRO-2's bucket hook (zero_open_bucket) asks the stream whether it is being captured.
+// train_step's graphed twin in train_gpt.cu (train_step_graphed: graphed_micro_batch) and the dense
+// AdamW parameter group's update (update_adamw) call graph_run; ZeRO-2's bucket hook (zero_open_bucket) asks the stream whether it is being captured.
 #pragma once
 
 #include <string>

@@ -125,7 +125,7 @@ def main():
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and needle in lines[0], f"bad command line {' '.join(args[-2:])!r} -> exit 2",
                f"exit {p.returncode}, stderr {p.stderr!r}")
-    helptext = run(["--help"]).stdout
+    helptext = run(["--help-all"]).stdout  # (--help: the examples and the common flags only)
     flags = [l.split()[0] for l in helptext.splitlines() if l.startswith("  --")]
     cli_source = open(os.path.join(ROOT, "llmc", "run", "cli.h")).read()
     rows, row = [], None  # a table row starts with {" and may run over several lines, to its Scope::
@@ -139,12 +139,12 @@ def main():
                 row = None
     table_flags = ["--" + r.split('"')[1] for r in rows if "Scope::GPUOnly" not in r]
     report(sorted(flags) == sorted(table_flags) and "[default: 6e-04]" not in helptext and "[default: 0.0006]" in helptext,
-           "--help lists every CPU flag of the table with its default", f"{sorted(set(flags) ^ set(table_flags))}")
+           "--help-all lists every CPU flag of the table with its default", f"{sorted(set(flags) ^ set(table_flags))}")
     # --recompute applies to both trainers with different defaults: the CPU trainer keeps everything (0)
     entry = helptext[helptext.find("  --recompute"):]
     entry = entry[:entry.find("\n  --")]
     report("[default: 0]" in entry and max(len(l) for l in helptext.splitlines()) <= 100,
-           "--help: --recompute's CPU default is 0, and every line fits 100 columns", entry)
+           "--help-all: --recompute's CPU default is 0, and every line fits 100 columns", entry)
 
     # ---- bad inputs: exit 1 with a message naming the problem
     truncated = os.path.join(tmp, "truncated.bin")

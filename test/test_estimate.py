@@ -13,6 +13,8 @@
                      scratch, and the losses, step-1 gradients, logits and final weights bit-identical
                      to level 0 (recompute redoes the forward's functions on the forward's inputs)
   no data, no GPU    --estimate reads no data and needs no GPU (train_gpt, when built, says so too)
+  answer first       both trainers' --estimate open with three lines: fits or not in the memory named,
+                     the memory per rank, the largest micro-batch; the same numbers as the tables
   measure script     scripts/measure_memory.py parses a trainer's report and writes its table
                      (driven by a stand-in trainer: the real measurement needs a GPU)
 """
@@ -205,6 +207,29 @@ def main():
                    "train_gpt --estimate without a GPU: ZeRO-1 on 8 ranks shards master, m and v", (err or out)[-500:])
         else:
             print("SKIP: train_gpt --estimate (train_gpt not built: no nvcc)")
+
+        # ---- the answer first: three lines (fits or not, memory per rank, the largest micro-batch), the
+        # same numbers as the tables below them, on both trainers (the emulated GPU build needs no GPU)
+        emu = os.path.join(ROOT, "build", "emu", "train_gpt")
+        for name, binary in [("train_gpt_cpu", CPU), ("build/emu/train_gpt", emu)]:
+            if not os.path.exists(binary):
+                print(f"SKIP: {name} --estimate's answer (not built)")
+                continue
+            for batch, gib, fits in [("4", "20", "yes"), ("64", "20", "NO")]:
+                code, out, err = run([binary, "--model", "d12", "--batch-size", batch, "--seq-len", "1024",
+                                      "--estimate-memory-gib", gib, "--estimate"], cwd=tmp)
+                lines = out.splitlines()
+                fit = re.search(r"^  largest micro-batch that fits 20\.00 GiB \(--estimate-memory-gib\): (B=\d+ at T=1024)", out, re.M)
+                need = re.search(r"the trainer wants (\S+ \S+) free", out) if "emu" in binary else \
+                    re.search(r"^  total\s+[\d,]+\s+(\S+ \S+)$", out, re.M)
+                largest = int(re.search(r"B=(\d+)", fit[1])[1]) if fit else -1
+                ok = (code == 0 and len(lines) > 4 and lines[3] == "" and lines[4].startswith("estimate: PREDICTED")
+                      and lines[0].startswith(f"fits: {fits}: B={batch} T=1024 ") and "20.00 GiB per rank (--estimate-memory-gib)" in lines[0]
+                      and fit and need and lines[1].startswith(f"memory per rank: {need[1]} (rank 0")
+                      and lines[2] == f"largest micro-batch that fits: {fit[1]}"
+                      and (largest >= int(batch) if fits == "yes" else 0 < largest < int(batch)))
+                report(bool(ok), f"{name} --estimate, d12 B={batch} in {gib} GiB: opens with fits: {fits}, the memory per rank "
+                       "and the largest micro-batch, as its tables say", "\n".join(lines[:5]) + err[-300:])
 
         # ---- the measurement script, driven by a stand-in trainer (the real one needs a GPU)
         fake = os.path.join(tmp, "fake_trainer.py")

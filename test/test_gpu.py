@@ -233,12 +233,12 @@ def checks_without_gpu():
     if not os.path.exists(NATIVE_GPU):
         skip("train_gpt flags", "train_gpt not built: no nvcc")
         return
-    p = run([NATIVE_GPU, "--help"])
+    p = run([NATIVE_GPU, "--help-all"])  # (--help: the examples and the common flags only)
     report("--attention" in p.stdout and "--recompute" in p.stdout and "--threads" not in p.stdout,
-           "train_gpt --help lists the GPU flags only", p.stdout[-500:])
+           "train_gpt --help-all lists the GPU flags only", p.stdout[-500:])
     entry = p.stdout[p.stdout.find("  --recompute"):]
     entry = entry[:entry.find("\n  --")]
-    report("[default: 1]" in entry, "train_gpt --help: --recompute's GPU default is 1 (the CPU trainer's is 0)", entry)
+    report("[default: 1]" in entry, "train_gpt --help-all: --recompute's GPU default is 1 (the CPU trainer's is 0)", entry)
     p = run([NATIVE_GPU, "--attention", "flash"], expect_ok=False)
     report(p.returncode == 2 and "--attention" in p.stderr, "a bad --attention is a usage error", p.stderr)
     p = run([NATIVE_GPU, "--model", "d12", "--batch-size", "4", "--seq-len", "1024", "--estimate"], expect_ok=False)

@@ -17,7 +17,9 @@ the closed forms. Arithmetic only: no data, no MPI, a second at most.
                a tensor group of 6 on nodes of 8 is priced at the network's bandwidth (it straddles two)
   latency      a small model on 8 ranks: bytes alone and 100 us a hop pick different winners, each
                with its message hops counted by hand (the latency term of the alpha-beta model)
-  bad input    --plan-latency -2, --plan 0, --plan -3, --plan with --estimate or --eval-only, a negative bandwidth, and 13 ranks for a
+  nodes        the CPU trainer's node is this machine unless told (a rank per core, its RAM shared by
+               them), in one line; --plan-node-size and --plan-node-memory-gib describe another
+  bad input    --plan-node-memory-gib -1 (a GPU rank has its own memory: the GPU trainer refuses the flag), --plan-latency -2, --plan 0, --plan -3, --plan with --estimate or --eval-only, a negative bandwidth, and 13 ranks for a
                model of 12 heads and layers with 8 micro-batches a step (no degree can take a 13): one
                line, exit 2, on both trainers (the shared CLI)
 Planted bugs this caught (by hand, reverted): the bubble as (p-1)/(m+p-1) of the compute instead of
@@ -167,6 +169,23 @@ def main():
            "dp 2 x tp 2 x pp 2 (63 hops), as counted by hand",
            f"{wa.group(1) if wa else None} / {wb.group(1) if wb else None}\n{with_latency[-700:]}")
 
+    # ---- the CPU trainer's nodes: unless told, this machine (a rank per core, its RAM shared by the ranks
+    # on it), said in one line; --plan-node-size and --plan-node-memory-gib describe another node
+    cores, ram = os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    code, out, err = run(CPU, BASE + ["--plan", "8"])
+    line = [l for l in out.splitlines() if "of memory per rank" in l]
+    per_rank = re.search(r"([\d.]+) GiB of memory per rank", line[0]) if line else None
+    sharing, nodes = min(cores, 8), -(-8 // cores)
+    report(code == 0 and len(line) == 1 and per_rank and abs(float(per_rank[1]) - ram / sharing / 2**30) < 0.01
+           and f"over its {sharing} rank" in line[0] and f"one per core of this machine's {cores}" in line[0]
+           and "this machine's RAM" in line[0] and f"8 ranks = {nodes} node" in line[0],
+           f"--plan 8 on the CPU trainer: nodes of this machine ({cores} cores, its RAM over {sharing} ranks), in one line",
+           (line[0] if line else out[-600:]) + err[-300:])
+    code, out, err = run(CPU, BASE + ["--plan", "8", "--plan-node-size", "4", "--plan-node-memory-gib", "16"])
+    report(code == 0 and "4.00 GiB of memory per rank (a node's 16.00 GiB, --plan-node-memory-gib, over its 4 ranks, "
+           "--plan-node-size; 8 ranks = 2 nodes)" in out,
+           "--plan 8 --plan-node-size 4 --plan-node-memory-gib 16: 4 GiB per rank on 2 nodes", out[-800:] + err[-300:])
+
     # ---- rules: tensor parallelism inside a node; memory flags
     code, out3, _ = run(CPU, ["--model", "L=8,C=512,H=16,T=1024,V=50257", "--batch-size", "1", "--seq-len", "1024",
                               "--total-batch-tokens", str(64 * 1024), "--plan", "16", "--plan-tflops", "100",
@@ -197,6 +216,8 @@ def main():
         one_line_error(binary, f"{who} --plan -3", BASE + ["--plan", "-3"], "--plan needs at least 1 rank")
         one_line_error(binary, f"{who} --plan with --estimate", BASE + ["--plan", "4", "--estimate"], "pass one of them")
         one_line_error(binary, f"{who} --plan with --eval-only", BASE + ["--plan", "4", "--eval-only"], "it does not evaluate")
+        one_line_error(binary, f"{who} --plan-node-memory-gib -1", BASE + ["--plan", "4", "--plan-node-memory-gib", "-1"],
+                       "--plan-node-memory-gib must be positive" if binary == CPU else "applies only to the CPU trainer")
         one_line_error(binary, f"{who} --plan-latency -2", BASE + ["--plan", "4", "--plan-latency", "-2"],
                        "--plan-latency must be -1")
         one_line_error(binary, f"{who} --plan-bandwidth -1", BASE + ["--plan", "4", "--plan-bandwidth", "-1"],

@@ -9,7 +9,8 @@
                 checkpoint when there is one
   quiet         --quiet prints only the final summary line; errors still reach stderr
   verbose       --verbose adds one line per micro-step and the buffer table
-  help/version  --help is grouped, lists the new flags, and fits 100 columns; --version
+  help/version  --help opens with five examples and the common flags; --help-all adds the rest, grouped,
+                with the new flags; both fit 100 columns; --version
   fits          every line of a normal run fits 100 columns
   progress      the HellaSwag progress bar is drawn on a terminal (a pty) and never into a pipe
 """
@@ -98,13 +99,29 @@ def main():
     p = run(["--quiet", "--verbose"])
     report(p.returncode == 2 and "contradict" in p.stderr, "--quiet with --verbose -> exit 2", p.stderr)
 
-    # ---- help and version
+    # ---- help and version: --help answers first (five examples, the common flags), --help-all has the rest
     p = run(["--help"])
+    text = p.stdout
+    examples = text[text.find("Examples:"):text.find("Common flags:")]
+    common = [l.split()[0] for l in text[text.find("Common flags:"):].splitlines() if l.startswith("  --")]
+    report(p.returncode == 0 and text.find("Examples:") < text.find("Common flags:") and examples.count("\n    ./train_gpt") +
+           examples.count("\n    scripts/run_mpi_local.sh 8") == 5 and "--zero 1" in examples and "--resume latest" in examples
+           and "--generate" in examples and "--model d12" in examples and "more flags" in text and "--help-all" in text
+           and common[:2] == ["--model", "--train-data"] and {"--batch-size", "--steps", "--lr", "--out-dir", "--checkpoint-every",
+                                                              "--resume", "--generate", "--precision"} <= set(common)
+           and "--moe-experts" not in text and max(len(l) for l in text.splitlines()) <= 100,
+           "--help opens with five examples (CPU, GPU, 8 GPUs with ZeRO-1, resume, generate), then the common flags only",
+           text[:1500])
+    p = run(["--help-all"])
+    all_flags = [l.split()[0] for l in p.stdout.splitlines() if l.startswith("  --")]
+    report(p.returncode == 0 and p.stdout.startswith(text[:text.find("Common flags:")]) and all_flags[:len(common)] == common
+           and len(all_flags) == len(set(all_flags)) and "--moe-experts" in all_flags and "--help-all" in all_flags,
+           "--help-all: the same examples and common flags first, then every other flag once", p.stdout[:300])
     long_lines = [l for l in p.stdout.splitlines() if len(l) > 100]
     groups = [l for l in p.stdout.splitlines() if l.endswith(":") and not l.startswith(" ")]
     report(p.returncode == 0 and not long_lines and {"Data:", "Model:", "Optimizer:", "Evaluation:", "Output:", "Info:"} <= set(groups)
            and all(f in p.stdout for f in ("--hellaswag FILE", "--eval-only", "--quiet", "--verbose", "--metrics FILE", "'auto'")),
-           "--help is grouped by topic, has the new flags and fits 100 columns", f"{long_lines[:2]} {groups}")
+           "--help-all is grouped by topic, has the new flags and fits 100 columns", f"{long_lines[:2]} {groups}")
     p = run(["--version"])
     report(p.returncode == 0 and p.stdout.startswith("llmc ") and "CPU trainer" in p.stdout, "--version", p.stdout)
 

@@ -144,7 +144,7 @@ def check_predictions(name, out, ranks):
     """Every rank's measured memory and traffic must be what --estimate predicts."""
     same = len(re.findall(r"^  \d+ \(\d+,\d+,\d+\) .*  = --estimate$", out, re.M))
     report(same == ranks, f"{name}: memory and bytes sent on all {ranks} ranks exactly as --estimate predicts",
-           f"{same} of {ranks} ranks match:\n" + out[out.find("memory per rank"):][:1500])
+           f"{same} of {ranks} ranks match:\n" + out[out.find("\nmemory per rank"):][:1500])
 
 
 # Open MPI's shared-memory transport without its single-copy mechanism (vader in Open MPI 4, sm in 5)

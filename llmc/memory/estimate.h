@@ -6,6 +6,8 @@
 //      llmc/memory/gpu_buffers.h: the tables the trainers allocate from), summed by kind: parameters,
 //      gradients, master weights, optimizer state, activations, workspaces; and the total;
 //   2. the largest micro-batch whose table fits a given memory;
+//   (1 and 2 open the printout as its answer, three lines: fits or not, the bytes per rank, the largest
+//   micro-batch; the tables after them are the why);
 //   3. FLOPs per token and per step, and the step time and tokens/s they predict at a given MFU;
 //   4. next to ours, the closed-form accounting of the literature, and the difference line by line:
 //        model states (Rajbhandari et al. 2020, "ZeRO"): with N parameters, AdamW keeps per parameter
@@ -266,6 +268,9 @@ inline size_t estimate_busiest_rank(const EstimateSetup& e, int B, int* busiest)
     }
     return most;
 }
+
+// The host's RAM, all of it (--estimate's and --plan's budget on the CPU trainer unless told another).
+inline double host_ram_bytes() { return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE); }
 
 // The host's MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim without
 // swapping), in bytes; 0 where it cannot be read (then no limit is applied).
@@ -670,7 +675,7 @@ inline EstimateSetup estimate_setup(const TrainOptions& o, Trainer trainer, int 
         e.memory_budget_bytes = 80.0 * (1ull << 30);
         e.budget_source = "an 80 GiB GPU; --estimate-memory-gib for another";
     } else {
-        e.memory_budget_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+        e.memory_budget_bytes = host_ram_bytes();
         e.budget_source = "this machine's RAM; --estimate-memory-gib for another";
     }
     e.mfu = o.estimate_mfu;
@@ -790,20 +795,41 @@ inline void print_estimate_offloaded(const EstimateSetup& e, const MemoryByKind&
     }
 }
 
+// The largest micro-batch, in words: none, B=..., or at least the search's limit.
+inline std::string largest_batch_text(const EstimateSetup& e, int largest) {
+    if (largest == 0) return "none, not even B=1";
+    if (largest == ESTIMATE_MAX_BATCH) return strprintf("B >= %d", largest);
+    return strprintf("B=%d at T=%d", largest, e.T);
+}
+
+// The answer, before the tables that explain it (a user asks "will it fit, in how much, how large a
+// micro-batch?" first): three lines, from the same numbers as the fit section below (rank 0's table,
+// estimate_fits: on the GPU the trainer's own test before it allocates).
+inline void print_estimate_answer(const EstimateSetup& e, const MemoryByKind& mem, int largest) {
+    bool fits = estimate_fits(e, e.B, e.memory_budget_bytes);
+    printf("fits: %s: B=%d T=%d %s %s per rank (%s)\n", fits ? "yes" : "NO", e.B, e.T, fits ? "fits in" : "does not fit in",
+           format_bytes(e.memory_budget_bytes).c_str(), e.budget_source.c_str());
+    std::string why = estimate_overhead(e) > 0 ? strprintf(", with %s for the CUDA context", format_bytes((double)estimate_overhead(e)).c_str())
+                                               : std::string();
+    printf("memory per rank: %s (rank 0%s%s)\n", format_bytes((double)(mem.total + estimate_overhead(e))).c_str(), why.c_str(),
+           estimate_world(e) > 1 ? strprintf("; every rank of the %d: 'memory per rank' below", estimate_world(e)).c_str() : "");
+    printf("largest micro-batch that fits: %s\n\n", largest_batch_text(e, largest).c_str());
+}
+
 // What the trainer wants free (the GPU's margin included), and the largest micro-batch that fits the
-// budget.
-inline void print_estimate_fit(const EstimateSetup& e, const MemoryByKind& mem) {
+// budget (`largest`: estimate_largest_batch's, found once for the answer and this section).
+inline void print_estimate_fit(const EstimateSetup& e, const MemoryByKind& mem, int largest) {
     if (estimate_overhead(e) > 0) {
         printf("  + %s for the CUDA context and libraries (a margin, not a measurement): the trainer wants %s free\n",
                format_bytes((double)estimate_overhead(e)).c_str(), format_bytes((double)(mem.total + estimate_overhead(e))).c_str());
     }
-    int largest = estimate_largest_batch(e, e.memory_budget_bytes);
-    printf("  largest micro-batch that fits %s (%s): ", format_bytes(e.memory_budget_bytes).c_str(), e.budget_source.c_str());
-    if (largest == 0) printf("none, not even B=1\n");
-    else if (largest == ESTIMATE_MAX_BATCH) printf("B >= %d\n", largest);
-    else printf("B=%d at T=%d (B=%d would need %s)\n", largest, e.T, largest + 1,
-                format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), estimate_granule(e)).total +
-                                      estimate_overhead(e))).c_str());
+    printf("  largest micro-batch that fits %s (%s): %s", format_bytes(e.memory_budget_bytes).c_str(), e.budget_source.c_str(),
+           largest_batch_text(e, largest).c_str());
+    if (largest > 0 && largest < ESTIMATE_MAX_BATCH)
+        printf(" (B=%d would need %s)", largest + 1,
+               format_bytes((double)(memory_by_kind(estimate_table(e, largest + 1, 0), estimate_granule(e)).total +
+                                     estimate_overhead(e))).c_str());
+    printf("\n");
 }
 
 // Every rank, grouped: ZeRO's shards make the last rank's optimizer state smaller; pipeline stages
@@ -970,10 +996,12 @@ inline void print_literature_activations(const EstimateSetup& e, const std::vect
 inline void print_estimate(const EstimateSetup& e) {
     std::vector<BufferSpec> table = estimate_table(e, e.B, 0);
     MemoryByKind mem = memory_by_kind(table, estimate_granule(e));
+    int largest = estimate_largest_batch(e, e.memory_budget_bytes);
+    print_estimate_answer(e, mem, largest);
     print_estimate_model(e);
     print_estimate_memory(e, table, mem);
     print_estimate_offloaded(e, mem);
-    print_estimate_fit(e, mem);
+    print_estimate_fit(e, mem, largest);
     print_estimate_ranks(e);
     print_estimate_traffic(e);
     print_estimate_compute(e);

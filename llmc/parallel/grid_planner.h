@@ -40,7 +40,9 @@
 // technique's collectives, as their *_comm_bytes functions count their bytes), where data
 // parallelism sums once a step. alpha comes from ./comm_bench's smallest messages (--plan-latency).
 // Memory per rank is the estimator's for the same grid (the busiest rank, what --estimate prints
-// for it: both trainers refuse a run from the same numbers), compared with --estimate-memory-gib.
+// for it: both trainers refuse a run from the same numbers), compared with --estimate-memory-gib, or
+// for the CPU trainer with a node's memory shared by its ranks (--plan-node-memory-gib over
+// --plan-node-size; unless told, a node is this machine: its RAM over its cores).
 //
 // Trade-off: it is arithmetic, milliseconds to run, and as good as R and the bandwidths it is given:
 // measure them (--profile's SGEMM ceiling or a one-rank step for R, ./comm_bench's bus bandwidth for
@@ -48,6 +50,7 @@
 // --estimate, and allocates nothing but its table.
 #pragma once
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -261,13 +264,31 @@ inline PlanMachine plan_machine(const TrainOptions& o, const EstimateSetup& e) {
     double net = o.plan_bandwidth > 0 ? o.plan_bandwidth : gpu ? 50.0 : CPU_PLAN_DEFAULT_GBPS;
     mc.network_bandwidth = net * 1e9;
     mc.node_bandwidth = (o.plan_node_bandwidth > 0 ? o.plan_node_bandwidth : gpu ? 450.0 : net) * 1e9;
-    mc.node_size = o.plan_node_size > 0 ? o.plan_node_size : gpu ? 8 : o.plan;
+    // A node: 8 GPUs; for the CPU trainer this machine (a rank per core, its RAM shared by the ranks on
+    // it), so 8 ranks on a 2-core machine are 4 such machines, not 8 ranks each with the whole RAM.
+    int cores = (int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    mc.node_size = o.plan_node_size > 0 ? o.plan_node_size : gpu ? 8 : cores;
+    if (o.plan_node_memory_gib < 0) usage_fail("--plan-node-memory-gib must be positive (0 = this machine's RAM), got %g",
+                                               o.plan_node_memory_gib);
+    if (!gpu && o.estimate_memory_gib <= 0) {  // (--estimate-memory-gib: the memory per rank, as given)
+        int sharing = std::min(mc.node_size, mc.ranks);
+        double node = o.plan_node_memory_gib > 0 ? o.plan_node_memory_gib * (double)(1ull << 30) : host_ram_bytes();
+        int nodes = (mc.ranks + mc.node_size - 1) / mc.node_size;
+        mc.memory_bytes = node / sharing;
+        mc.memory_source = strprintf("a node's %s, %s, over its %d rank%s, %s; %d rank%s = %d node%s",
+                                     format_bytes(node).c_str(),
+                                     o.plan_node_memory_gib > 0 ? "--plan-node-memory-gib" : "this machine's RAM: --plan-node-memory-gib",
+                                     sharing, sharing == 1 ? "" : "s",
+                                     o.plan_node_size > 0 ? "--plan-node-size"
+                                                          : strprintf("one per core of this machine's %d: --plan-node-size", cores).c_str(),
+                                     mc.ranks, mc.ranks == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s");
+    }
     mc.comm_scale = e.dtype_bytes / 4.0;
     mc.latency = (o.plan_latency >= 0 ? o.plan_latency : gpu ? 0.0 : CPU_PLAN_DEFAULT_LATENCY_US) * 1e-6;
     mc.bandwidth_source = strprintf("%d ranks per node, %.3g GB/s inside a node, %.3g GB/s between nodes%s", mc.node_size,
                                     mc.node_bandwidth / 1e9, mc.network_bandwidth / 1e9,
                                     flag_given(o, "plan-bandwidth") ? ""
-                                    : gpu ? " (default: H100 nodes)" : " (CPU default: one machine)");
+                                    : gpu ? " (default: H100 nodes)" : " (CPU default: this machine's MPI, between nodes too)");
     mc.bandwidth_source += strprintf("; %.3g us a message hop (%s)", mc.latency * 1e6,
                                      o.plan_latency >= 0 ? "--plan-latency"
                                      : gpu ? "GPU default: none, not measured here; give --plan-latency"

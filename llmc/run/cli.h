@@ -114,6 +114,7 @@ struct TrainOptions {
     float plan_bandwidth = 0;        // GB/s a rank sends between nodes (0: the trainer's default)
     float plan_node_bandwidth = 0;   // GB/s inside a node (0: the trainer's default)
     int plan_node_size = 0;          // ranks per node (0: the trainer's default)
+    float plan_node_memory_gib = 0;  // CPU trainer: memory a node's ranks share (0: this machine's RAM)
     float plan_latency = -1;         // microseconds per message hop (-1: the trainer's default; 0: no latency term)
     int tensor_parallel = 1;         // ranks that split each layer (Megatron)
     int sequence_parallel = 0;       // tensor ranks also split the LayerNorm/residual rows
@@ -130,6 +131,7 @@ struct TrainOptions {
     bool profile = false;            // CPU: time each kind of work per step (llmc/probes/cpu_profile.h)
     bool print_allocations = false;
     bool help = false;
+    bool help_all = false;
     bool version = false;
 };
 
@@ -279,10 +281,12 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"plan-bandwidth", "GB/S", "Plan", "bus bandwidth per rank between nodes, as ./comm_bench's busbw (0 = 50, 400 Gb/s InfiniBand per GPU, for the GPU trainer; 0.6 for the CPU trainer)", K::Float, &o.plan_bandwidth, Scope::Both},
         {"plan-node-bandwidth", "GB/S", "Plan", "bus bandwidth per rank inside a node (0 = 450, H100 NVLink, for the GPU trainer; --plan-bandwidth for the CPU trainer)", K::Float, &o.plan_node_bandwidth, Scope::Both},
         {"plan-latency", "US", "Plan", "microseconds each message hop costs before its bytes move, as ./comm_bench's smallest all-reduce time / 2(n-1) (-1 = 100 for the CPU trainer, measured here; 0 for the GPU trainer, which has no measurement yet; 0 = no latency term)", K::Float, &o.plan_latency, Scope::Both},
-        {"plan-node-size", "N", "Plan", "ranks per node: a group within one node gets --plan-node-bandwidth (0 = 8 for the GPU trainer; all ranks for the CPU trainer)", K::Int, &o.plan_node_size, Scope::Both},
+        {"plan-node-size", "N", "Plan", "ranks per node: a group within one node gets --plan-node-bandwidth (0 = 8 for the GPU trainer; this machine's cores for the CPU trainer)", K::Int, &o.plan_node_size, Scope::Both},
+        {"plan-node-memory-gib", "GIB", "Plan", "memory of one node, shared by its --plan-node-size ranks: each rank gets its share (0 = this machine's RAM; --estimate-memory-gib sets the memory per rank instead)", K::Float, &o.plan_node_memory_gib, Scope::CPUOnly},
         {"print-allocations", nullptr, "Info", "print, on every rank, the bytes each buffer really holds once allocated (to check --estimate)", K::Switch, &o.print_allocations, Scope::CPUOnly},
         {"version", nullptr, "Info", "print the version and exit", K::Switch, &o.version, Scope::Both},
-        {"help", nullptr, "Info", "show this help", K::Switch, &o.help, Scope::Both},
+        {"help", nullptr, "Info", "show examples and the common flags", K::Switch, &o.help, Scope::Both},
+        {"help-all", nullptr, "Info", "show examples and every flag", K::Switch, &o.help_all, Scope::Both},
     };
 }
 
@@ -334,26 +338,72 @@ inline void print_help_entry(const std::string& left, const std::string& help, c
     printf("%s\n", line.c_str());
 }
 
-inline void print_help(const char* program, Trainer trainer) {
+// `--help` answers "how do I start?" first: five examples, then the flags most runs set; `--help-all`
+// adds every other flag, grouped as the table orders them. Both are generated from the table, so the
+// two lists together are always the whole table.
+inline const std::vector<std::string>& common_flags() {
+    static const std::vector<std::string> names = {"model", "train-data", "val-data", "batch-size", "seq-len",
+                                                   "total-batch-tokens", "steps", "lr", "out-dir", "checkpoint-every",
+                                                   "resume", "generate", "precision"};
+    return names;
+}
+
+inline void print_help_examples() {
+    printf("\nExamples:\n"
+           "  train a small model on the CPU (the default data, data/moby-dick), a checkpoint every 100 steps:\n"
+           "    ./train_gpt_cpu --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 --steps 300 \\\n"
+           "        --lr 3e-3 --out-dir out/small --checkpoint-every 100\n"
+           "  GPT-2 small (124M, d12) on one GPU:\n"
+           "    ./train_gpt --model d12 --batch-size 16 --seq-len 1024 --total-batch-tokens 524288 \\\n"
+           "        --lr 6e-4 --warmup-steps 700 --train-data 'data/fineweb10B/fineweb_train_*.bin' \\\n"
+           "        --val-data 'data/fineweb10B/fineweb_val_*.bin' --out-dir out/d12 --checkpoint-every 1000\n"
+           "  the same on 8 GPUs of one machine, ZeRO-1 (each rank keeps 1/8 of AdamW's state):\n"
+           "    scripts/run_mpi_local.sh 8 --model d12 --zero 1 --batch-size 16 --seq-len 1024 \\\n"
+           "        --total-batch-tokens 524288 --lr 6e-4 --warmup-steps 700 --out-dir out/d12\n"
+           "  resume the newest checkpoint of a run:\n"
+           "    ./train_gpt_cpu --resume latest --out-dir out/small --steps 600\n"
+           "  generate text from it:\n"
+           "    ./train_gpt_cpu --resume latest --out-dir out/small --generate \"Call me Ishmael.\"\n");
+}
+
+inline void print_help_flag(const FlagSpec& f) {
+    std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
+    std::string value = flag_value_string(f);
+    std::string def = f.kind == FlagSpec::Switch || value.empty() ? "" : "[default: " + value + "]";
+    print_help_entry(left, f.help, def);
+}
+
+inline void print_help(const char* program, Trainer trainer, bool all) {
     TrainOptions defaults = default_options(trainer);
     std::vector<FlagSpec> table = flag_table(defaults);
     printf("usage: %s [flags]\n\n%s\n", program,
            trainer == Trainer::CPU ? "Trains a GPT-2 on the CPU in fp32: the readable reference for every GPU kernel."
                                    : "Trains a GPT-2 on the GPU in bf16 mixed precision.");
-    // groups in order of first appearance, each with all of its flags
+    print_help_examples();
+    const std::vector<std::string>& common = common_flags();
+    auto is_common = [&](const FlagSpec& f) { return std::find(common.begin(), common.end(), f.name) != common.end(); };
+    printf("\nCommon flags:\n");
+    for (const std::string& name : common)
+        for (const FlagSpec& f : table)
+            if (f.name == name && flag_applies(f, trainer)) print_help_flag(f);
+    int rest = 0;
+    for (const FlagSpec& f : table) rest += flag_applies(f, trainer) && !is_common(f);
+    if (!all) {
+        printf("\n%d more flags (parallelism, memory, evaluation, estimates, ...): --help-all\n", rest);
+        printf("\nExit codes: 0 done, 1 bad input or failed operation, 2 bad command line.\n");
+        return;
+    }
+    // the others: groups in order of first appearance, each with all of its flags
     std::vector<std::string> groups;
     for (const FlagSpec& f : table)
         if (std::find(groups.begin(), groups.end(), f.group) == groups.end()) groups.push_back(f.group);
     for (const std::string& group : groups) {
         bool header_printed = false;
         for (const FlagSpec& f : table) {
-            if (f.group != group || !flag_applies(f, trainer)) continue;
+            if (f.group != group || !flag_applies(f, trainer) || is_common(f)) continue;
             if (!header_printed) printf("\n%s:\n", group.c_str());
             header_printed = true;
-            std::string left = std::string("  --") + f.name + (f.value_name ? std::string(" ") + f.value_name : "");
-            std::string value = flag_value_string(f);
-            std::string def = f.kind == FlagSpec::Switch || value.empty() ? "" : "[default: " + value + "]";
-            print_help_entry(left, f.help, def);
+            print_help_flag(f);
         }
     }
     printf("\nExit codes: 0 done, 1 bad input or failed operation, 2 bad command line.\n");
@@ -482,8 +532,8 @@ inline void parse_command_line(int argc, char** argv, Trainer trainer, TrainOpti
         }
         parse_flag_value(*spec, value);
     }
-    if (o->help) {
-        print_help(argv[0], trainer);
+    if (o->help || o->help_all) {
+        print_help(argv[0], trainer, o->help_all);
         exit(0);
     }
     if (o->version) {

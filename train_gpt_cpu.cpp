@@ -7,8 +7,9 @@
 // What is here: the model's state, the hooks where every other technique attaches to the passes
 // and to the step (each a short function calling the technique's own file), the plain passes and
 // step (gpt2_forward, gpt2_backward, finish_gradients, gpt2_update, train_step: llm.c's shape, one
-// hook call with a one-line comment wherever a technique enters), and the run around them: the
-// pipeline schedule's interpreter, evaluation, samples, checkpoints and main. Under mpirun each rank
+// hook call with a one-line comment wherever a technique enters), and what the run around them needs
+// from this trainer: its passes for the pipeline schedule's interpreter (llmc/run/schedule_run.h) and
+// for the loop, evaluations and samples (llmc/run/train_loop.h), its checkpoint's bytes, and main. Under mpirun each rank
 // runs it on its slice of the model, the places where ranks talk inside those hooks.
 //
 // Shapes: B sequences of T tokens, C channels, NH heads of hs = C/NH channels, vocab Vp (padded).

@@ -44,8 +44,8 @@
 // whose deferred W reads the layer's inputs in place; --moe-experts (its blocks keep their own rows);
 // --precision fp8 (not checked together). The checkpoint: nothing (no state between steps).
 //
-// Hook points: as on the CPU, none of step.h's: train_gpt.cu's gpt2_forward calls stash_fp8_keep on
-// a layer's stashed tensors once its last read (the fc projection's matmul) is done, and gpt2_backward
+// Hook points (llmc/run/step.h): train_gpt.cu's keep_for_backward calls stash_fp8_keep on a layer's
+// stashed tensors once its last read (the fc projection's matmul) is done, and recall_for_backward
 // calls stash_fp8_restore on them before the layer's backward reads any. The rows the trainer allocates
 // and --estimate prints are gpu_buffers.h's (gpu_stash_layer_values says which and how many values).
 #pragma once

@@ -2,7 +2,7 @@
 // memory, each MoE block's forward and backward through llmc/kernels/moe.cuh, and the table's share
 // of the step (its gradient's zeroing and norm, its AdamW). Read llmc/model/moe.h (the math) and
 // llmc/kernels/moe.cuh (the kernels) first: this file is only the wiring, the GPU twin of what
-// train_gpt_cpu.cpp does in moe_block_forward and at the MoE branch of its backward.
+// llmc/model/moe_step.h does for the CPU trainer (moe_block_forward, moe_block_backward).
 //
 // What it teaches: where an MoE layer meets the rest of a trainer. Three places, each small:
 //   the passes     at an MoE block the MLP's three calls (fc, GELU, projection) become route ->

@@ -32,6 +32,7 @@
 // and plain data parallelism dp x 1 x 1: the same path, whose hooks do nothing where a group has one
 // rank. Rank 0 prints, samples and writes the checkpoints' model.bin.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -884,11 +885,13 @@ static void ep_grads_norm_share(GPT2* m, Parallel* par, double* squares) {
     if (par->grid.dp_rank == 0) *squares += gradient_sum_of_squares(m, m->moe.grads, router);
     if (par->grid.dp_rank < m->ep.ranks) *squares += gradient_sum_of_squares(m, m->moe.grads + router, m->moe.layout.total - router);
 }
-static std::vector<GradientGroup> gradient_groups(const GPT2* m) {
-    std::vector<GradientGroup> groups = {{dense_grads_sum, dense_grads_norm_share, dense_grads_share}};
-    if (m->moe.moe.experts > 0 && m->ep.on) groups.push_back({nullptr, ep_grads_norm_share, nullptr});
-    else if (m->moe.moe.experts > 0) groups.push_back({moe_grads_sum, moe_grads_norm_share, nullptr});
-    return groups;
+// The dense table, then the MoE table (all null without --moe-experts): a fixed array, so that the
+// step chooses them without allocating.
+static std::array<GradientGroup, 2> gradient_groups(const GPT2* m) {
+    GradientGroup moe{};
+    if (m->moe.moe.experts > 0 && m->ep.on) moe = {nullptr, ep_grads_norm_share, nullptr};
+    else if (m->moe.moe.experts > 0) moe = {moe_grads_sum, moe_grads_norm_share, nullptr};
+    return {GradientGroup{dense_grads_sum, dense_grads_norm_share, dense_grads_share}, moe};
 }
 
 // The gradient of the step, summed over everything that shares it; returns the global norm of the
@@ -896,11 +899,12 @@ static std::vector<GradientGroup> gradient_groups(const GPT2* m) {
 // world in rank order, so every rank gets the same bits.
 static float finish_gradients(GPT2* m, Parallel* par) {
     TraceSpan span("gradient sums");  // --trace (llmc/probes/trace.h; it returns the norm: the GPU work is done)
-    std::vector<GradientGroup> groups = gradient_groups(m);
+    std::array<GradientGroup, 2> groups = gradient_groups(m);
     for (const GradientGroup& g : groups)
         if (g.sum) g.sum(m, par);  // ZeRO's, PowerSGD's, the MoE table's sums
     double squares = 0.0;
-    for (const GradientGroup& g : groups) g.norm_share(m, par, &squares);
+    for (const GradientGroup& g : groups)
+        if (g.norm_share) g.norm_share(m, par, &squares);
     float norm = (float)std::sqrt(world_sum(par, squares, "sum of the gradient norms"));
     for (const GradientGroup& g : groups)
         if (g.share) g.share(m);  // ZeRO-0: the summed gradient on every rank
@@ -1008,14 +1012,13 @@ static void update_moe_table(GPT2* m, const OptimizerStep& u) {
     moe_zero_share_weights(&m->moe_zero, m->moe.params, m->stream);
 }
 using ParamGroupUpdate = void (*)(GPT2* m, const OptimizerStep& u);
-static std::vector<ParamGroupUpdate> param_groups(const GPT2* m) {
+// The dense table's update, then the MoE table's (null without --moe-experts).
+static std::array<ParamGroupUpdate, 2> param_groups(const GPT2* m) {
     ParamGroupUpdate dense = m->shape.optimizer == Optimizer::Adafactor ? update_adafactor
                            : m->shape.optimizer == Optimizer::SM3       ? update_sm3
                            : m->shape.offload_optimizer                  ? update_offloaded
                                                                          : update_adamw;
-    std::vector<ParamGroupUpdate> groups = {dense};
-    if (m->moe.moe.experts > 0) groups.push_back(update_moe_table);
-    return groups;
+    return {dense, m->moe.moe.experts > 0 ? update_moe_table : nullptr};
 }
 // After every group's update: the data-parallel ranks share the updated weights (ZeRO-1/2's all-gather;
 // graphed, the graph did, and the host checks NCCL's errors), the first pipeline stage sends its wte to
@@ -1033,7 +1036,8 @@ static void share_updated_weights(GPT2* m, Parallel* par, const OptimizerStep& u
 static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
     OptimizerStep u = optimizer_step_values(m, o, step, lr, norm);  // AdamW's t and the step's values, on the GPU
-    for (ParamGroupUpdate update : param_groups(m)) update(m, u);  // AdamW fp32/bf16 moments, Adafactor, SM3, offload; MoE table
+    for (ParamGroupUpdate update : param_groups(m))
+        if (update) update(m, u);  // AdamW fp32/bf16 moments, Adafactor, SM3, offload; MoE table
     share_updated_weights(m, par, u);  // ZeRO's all-gather, the pipeline's tied wte, PowerSGD's commit
 }
 

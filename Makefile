@@ -71,7 +71,7 @@ CUDA_TESTS := $(if $(NVCC),$(patsubst test/%.cu,build/%,$(wildcard test/test_*.c
 include test/emu/emu.mk
 
 .PHONY: all test clean gpu-check dev
-all: train_gpt_cpu prepare_data tokenize_text hf_convert comm_bench $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS) $(EMU_TARGETS)
+all: train_gpt_cpu prepare_data tokenize_text hf_convert comm_bench matmul_bench $(CPU_TESTS) $(GPU_TARGETS) $(CUDA_TESTS) $(DEV_TARGETS) $(EMU_TARGETS)
 
 train_gpt_cpu: train_gpt_cpu.cpp $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
@@ -91,6 +91,10 @@ train_gpt_fp16: train_gpt.cu $(HOST_HEADERS) $(GPU_HEADERS)
 # on the host (comm.h, as the CPU trainer) and over NCCL on GPUs (comm_nccl.cuh, as the GPU trainer).
 comm_bench: dev/comm/comm_bench.cpp dev/comm/comm_bench.h $(HOST_HEADERS)
 	$(CPU_TRAINER_CXX) $(CXXFLAGS) $(CPU_TRAINER_FLAGS) $< -o $@ $(LDLIBS)
+
+# The CPU matmul on every d12 shape as a share of the FMA peak, in CPU seconds (dev/cpu/matmul_bench.cpp).
+matmul_bench: dev/cpu/matmul_bench.cpp llmc/model/cpu_matmul.h llmc/model/cpu_matmul_blocking.h
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 
 comm_bench_gpu: dev/comm/comm_bench.cu dev/comm/comm_bench.h $(HOST_HEADERS) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) $(GPU_TRAINER_FLAGS) $< -o $@ -lnccl
@@ -162,4 +166,4 @@ test: all
 	/usr/bin/python3 test/run_tests.py
 
 clean:
-	rm -rf build train_gpt_cpu train_gpt train_gpt_fp16 train_gpt_fp32 prepare_data tokenize_text hf_convert comm_bench comm_bench_gpu
+	rm -rf build train_gpt_cpu train_gpt train_gpt_fp16 train_gpt_fp32 prepare_data tokenize_text hf_convert comm_bench comm_bench_gpu matmul_bench

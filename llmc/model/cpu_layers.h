@@ -297,11 +297,11 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
 // on the GPU avoid storing them by recomputing them block by block.
 //
 // Per head this is four small matrix products (two in the forward, four in the backward with the
-// transposes), and it is written as such: register tiles of ATT_ROWS rows x 16 columns, the
+// transposes), and it is written as such: register tiles of ATT_ROWS rows x 32 columns, the
 // matmul's idea at a size that fits one thread. Written as one dot product per score, as the
 // formulas read, the same work ran 15-20x slower: each q.k is a chain of additions the compiler
 // may not reorder (without -ffast-math), so one FMA at a time waited for the one before. In a
-// tile, 16 scores (a vector lane each) x ATT_ROWS rows advance together, each still summing its
+// tile, 32 scores (a vector lane each) x ATT_ROWS rows advance together, each still summing its
 // own terms in the formula's order: the results are bit-identical to the plain loops.
 //
 // The head's q, k, v (and dO) are first copied into zero-padded scratch (rows of hsp = hs rounded
@@ -309,24 +309,44 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
 // reads whole vectors whatever hs and T are. A tile's rows past T repeat the last row: computed,
 // never stored.
 
-constexpr int ATT_ROWS = 8;  // rows per register tile: 8 independent FMA chains cover the FMA latency
+constexpr int ATT_ROWS = 8;  // rows per register tile: with 2 vectors a row, 16 independent FMA chains
 
 inline int round_up_16(int n) { return (n + 15) / 16 * 16; }
+
+// The one register tile both products below run on: for ATT_ROWS rows r and W vectors of 16
+// columns from `col`, out[r][col..] = sum_i x[r][i * x_is] * Y[i][col..], i ascending over
+// [i_begin, i_end) (Y's rows y_rs floats apart). Each value of x is broadcast against W vectors,
+// and 8 x W independent sums hide the FMA's latency; W = 2 where the columns allow (with W = 1 the
+// loads, one broadcast per FMA, were the limit).
+template <int W>
+inline void att_tile(float* out, size_t o_rs, const float* const x[ATT_ROWS], size_t x_is, const float* Y, size_t y_rs,
+                     int i_begin, int i_end, int col) {
+    vec16 acc[ATT_ROWS][W] = {};
+    for (int i = i_begin; i < i_end; i++) {
+        vec16 y[W];
+        #pragma GCC unroll 2
+        for (int w = 0; w < W; w++) y[w] = *(const vec16*)(Y + (size_t)i * y_rs + col + 16 * w);
+        #pragma GCC unroll 8
+        for (int r = 0; r < ATT_ROWS; r++) {
+            float xr = x[r][i * x_is];
+            #pragma GCC unroll 2
+            for (int w = 0; w < W; w++) acc[r][w] += xr * y[w];
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < ATT_ROWS; r++) {
+        #pragma GCC unroll 2
+        for (int w = 0; w < W; w++) *(vec16*)(out + r * o_rs + col + 16 * w) = acc[r][w];
+    }
+}
 
 // S[r][u] = sum_i x[r][i] * yt[i][u], i ascending, for the ATT_ROWS rows x (u < u_end) of one tile:
 // dot products of rows of x with columns of yt (hs x Tp, the transpose of the other operand).
 inline void att_tile_dots(float* S, size_t s_rs, const float* const x[ATT_ROWS], const float* yt, size_t y_rs,
                           int hs, int u_end) {
-    for (int u0 = 0; u0 < u_end; u0 += 16) {
-        vec16 acc[ATT_ROWS] = {};
-        for (int i = 0; i < hs; i++) {
-            vec16 y = *(const vec16*)(yt + i * y_rs + u0);
-            #pragma GCC unroll 8
-            for (int r = 0; r < ATT_ROWS; r++) acc[r] += x[r][i] * y;
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(S + r * s_rs + u0) = acc[r];
-    }
+    int u0 = 0;
+    for (; u0 + 16 < u_end; u0 += 32) att_tile<2>(S, s_rs, x, 1, yt, y_rs, 0, hs, u0);
+    if (u0 < u_end) att_tile<1>(S, s_rs, x, 1, yt, y_rs, 0, hs, u0);
 }
 
 // O[r][:] = sum_j w[r][j * w_js] * y[j][:], j ascending over [j_begin, j_end), for ATT_ROWS rows of
@@ -334,16 +354,9 @@ inline void att_tile_dots(float* S, size_t s_rs, const float* const x[ATT_ROWS],
 // routine takes a matrix (w_js = 1) or its transpose (w_js = the row length).
 inline void att_tile_weighted_rows(float* O, size_t o_rs, const float* const w[ATT_ROWS], size_t w_js, const float* y,
                                    int hsp, int j_begin, int j_end) {
-    for (int c = 0; c < hsp; c += 16) {
-        vec16 acc[ATT_ROWS] = {};
-        for (int j = j_begin; j < j_end; j++) {
-            vec16 yv = *(const vec16*)(y + (size_t)j * hsp + c);
-            #pragma GCC unroll 8
-            for (int r = 0; r < ATT_ROWS; r++) acc[r] += w[r][j * w_js] * yv;
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < ATT_ROWS; r++) *(vec16*)(O + r * o_rs + c) = acc[r];
-    }
+    int c = 0;
+    for (; c + 32 <= hsp; c += 32) att_tile<2>(O, o_rs, w, w_js, y, hsp, j_begin, j_end, c);
+    if (c < hsp) att_tile<1>(O, o_rs, w, w_js, y, hsp, j_begin, j_end, c);
 }
 
 // The head's slice of one third of qkv (part 0 q, 1 k, 2 v), rows t of hs floats, into rows of hsp
@@ -391,16 +404,27 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
                     for (int t = t0; t < t_end; t++) {  // softmax of row t, into att
                         const float* st = s + (size_t)(t - t0) * Tp;
                         float* a = att_bh + (size_t)t * T;
-                        float max_score = -INFINITY;
-                        for (int u = 0; u <= t; u++) {
+                        // The max in 16 lanes, then across them: the same max as one running max (the
+                        // order of a max does not matter), but the compiler vectorises this one.
+                        float lane_max[16];
+                        for (int l = 0; l < 16; l++) lane_max[l] = -INFINITY;
+                        int u0 = 0;
+                        for (; u0 + 16 <= t + 1; u0 += 16) {
+                            for (int l = 0; l < 16; l++) {
+                                a[u0 + l] = st[u0 + l] * scale;
+                                lane_max[l] = std::max(lane_max[l], a[u0 + l]);
+                            }
+                        }
+                        for (int u = u0; u <= t; u++) {
                             a[u] = st[u] * scale;
-                            max_score = std::max(max_score, a[u]);
+                            lane_max[0] = std::max(lane_max[0], a[u]);
                         }
+                        float max_score = -INFINITY;
+                        for (int l = 0; l < 16; l++) max_score = std::max(max_score, lane_max[l]);
+                        // exp in a loop of its own (vectorised), the sum in the formula's order
+                        for (int u = 0; u <= t; u++) a[u] = vexpf(a[u] - max_score);  // minus the max: no overflow
                         float sum = 0.0f;
-                        for (int u = 0; u <= t; u++) {
-                            a[u] = vexpf(a[u] - max_score);  // subtract the max: exp never overflows
-                            sum += a[u];
-                        }
+                        for (int u = 0; u <= t; u++) sum += a[u];
                         for (int u = 0; u <= t; u++) a[u] /= sum;
                         for (int u = t + 1; u < T; u++) a[u] = 0.0f;
                     }

@@ -11,9 +11,10 @@
 #include <algorithm>
 #include <cstddef>
 
-// An MR x NR register tile, K taken KC at a time, N at most NC at a time.
-constexpr int MATMUL_MR = 6, MATMUL_NR = 64, MATMUL_KC = 384, MATMUL_NC = 4096;
-constexpr int MATMUL_MC = 192;  // rows of A swept against each panel of B: 192 x KC floats (288 KiB) stay in L2
+// An MR x NR register tile (NR a multiple of 16: whole vectors), K taken KC at a time, N at most NC
+// at a time (NC a multiple of NR), and NB columns of packed B swept against each panel of A (NB x KC
+// floats, 576 KiB, stay in L2).
+constexpr int MATMUL_MR = 8, MATMUL_NR = 48, MATMUL_KC = 384, MATMUL_NC = 4608, MATMUL_NB = 384;
 
 // Floats in the packed panels of A for a matmul with M rows: ceil(M / MR) panels of MR x KC.
 inline size_t matmul_pack_a_floats(size_t M) { return (M + MATMUL_MR - 1) / MATMUL_MR * MATMUL_MR * MATMUL_KC; }

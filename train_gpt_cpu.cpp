@@ -1998,7 +1998,9 @@ int main(int argc, char** argv) {
     validate_options(o);
     refuse_incompatible_flags(o, Trainer::CPU, "fp32");  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::CPU, "fp32");
-    cpu_threads_start(o.threads, o.quiet, generation_mode(o) ? stderr : stdout);  // --threads N, or the free cores (llmc/run/cpu_threads.h)
+    Comm launched;  // (the launcher's rank: rank 0 alone says when the thread count is lowered)
+    comm_from_environment(&launched);
+    cpu_threads_start(o.threads, o.quiet || launched.rank != 0, generation_mode(o) ? stderr : stdout);  // --threads N, or the free cores (llmc/run/cpu_threads.h)
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) refuse_incompatible_estimate(o, Trainer::CPU, "fp32", estimate_config(o));  // as training would

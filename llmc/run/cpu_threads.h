@@ -8,12 +8,14 @@
 // slice (milliseconds) at a time: every barrier then waits, often a whole slice, for the thread that
 // is not running. Worse, libgomp's early threads wait by spinning, 300,000 rounds before they sleep,
 // so they take the slice the late thread (or the other program) needed. Measured on 2 shared cores
-// (load average 13-15): 5 steps of the main job's model (L=8, C=64, B=8, T=64) took 42.8 s on 2
-// threads against 4.2 s on 1.
+// (load average 13-15), 5 steps of the main job's model (L=8, C=64, B=8, T=64), the whole process:
+// 44.5 s on 2 threads against 5.4 s on 1; with GOMP_SPINCOUNT=10000, 10.9 s on 2 against 7.4-8.6 s
+// on 1 (waiting asleep narrows the gap; only fewer threads closes it).
 //
 // Two remedies, both here, both leaving the numbers unchanged:
-//  1. Wait asleep sooner. GOMP_SPINCOUNT=10000 spins about 10 us, then sleeps in the kernel until the
-//     last thread arrives; on a quiet machine it costs nothing measurable (docs/benchmarks.md). libgomp
+//  1. Wait asleep sooner. GOMP_SPINCOUNT=10000 spins (a pause instruction each: a few microseconds to
+//     half a millisecond), then sleeps in the kernel until the last thread arrives; on a quiet
+//     machine it costs nothing measurable (docs/benchmarks.md, "Sized by time"). libgomp
 //     reads it once, as the library loads, before main: so when the user set neither GOMP_SPINCOUNT
 //     nor OMP_WAIT_POLICY, the trainer sets it and starts itself again (execv of /proc/self/exe, the
 //     same process id, arguments and environment; one exec, a few milliseconds).
@@ -34,13 +36,14 @@
 //     1 thread they get more, so the count stays at 1 rather than climbing back.
 //
 // The numbers do not depend on the thread count: every kernel splits its outputs over the threads
-// and sums each output in one fixed order whatever the count (test/test_cpu_trainer.py: 1 and 2
-// threads give the same weights, bit for bit; test/test_cpu_threads.cpp: 1, 2 and 3 give the same
-// generated tokens and training losses). So the count may change between any two steps or tokens,
-// and a run is reproducible on any machine, busy or not. When the count goes below every count
-// noted before, one line says so (not under --quiet): on stdout with the training log, on stderr
-// beside generation's samples; the set-up's when the first step or token starts. --threads N or OMP_NUM_THREADS fixes
-// the count, and nothing here looks at the load.
+// and sums each output in one fixed order whatever the count (test/test_cpu_trainer.py: 1, 2 and 3
+// threads train the same weights and losses, bit for bit; test/test_generate.py: they generate the
+// same tokens and log-probabilities). So the count may change between any two steps or tokens, and
+// a run is reproducible on any machine, busy or not. When the count goes below every count noted
+// before, one line says so (rank 0, not under --quiet): on stdout with the training log, on stderr
+// beside generation's samples; the set-up's when the first step or token starts, so that an error
+// in the flags stays one line. --threads N or OMP_NUM_THREADS fixes the count, and nothing here looks
+// at the load. test/test_cpu_threads.cpp checks the arithmetic on fake /proc/stat readings.
 #pragma once
 
 #include <omp.h>
@@ -169,13 +172,13 @@ inline void cpu_threads_start(int threads_flag, bool quiet, FILE* note_to, const
     ct.note_to = note_to;
     ct.stat_path = stat_path;
     if (sched_getaffinity(0, sizeof ct.ours, &ct.ours) != 0) return;
-    ProcStat s, look[5];
-    for (ProcStat& l : look) {  // an instant's count is noisy: the median of five, a millisecond apart
+    ProcStat look[5];
+    // an instant's count flickers: the median of five readings, back to back (a sleep between them
+    // would cost a whole time slice on a busy machine)
+    for (ProcStat& l : look)
         if (!read_proc_stat(ct, &l)) return;  // (no /proc: OpenMP's count, as before)
-        usleep(1000);
-    }
     std::sort(look, look + 5, [](const ProcStat& a, const ProcStat& b) { return a.runnable < b.runnable; });
-    s = look[2];
+    const ProcStat& s = look[2];
     ct.adapts = true;
     ct.now = omp_get_max_threads();
     ct.most = ct.lowest_noted = std::min(ct.now, s.cores);  // (more threads than cores is never faster)

@@ -31,6 +31,7 @@
 #include "llmc/run/checkpoint.h"
 #include "llmc/run/cli.h"
 #include "llmc/run/compatibility.h"
+#include "llmc/run/cpu_threads.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
 #include "llmc/model/cpu_layers.h"
@@ -1785,12 +1786,14 @@ static int generate_main(const TrainOptions& o) {
         kv_cache_allocate(&cache, cfg, model.moe.experts > 0 ? &model.moe_shape : nullptr);
         run_generation(o, cfg, "KV cache", [&](const std::vector<int>& tokens, int first, int cached) {
             int n = (int)tokens.size() - first - cached;
+            cpu_threads_adapt();  // --threads 0: the free cores (llmc/run/cpu_threads.h)
             return gpt2_forward_cached(&model, &cache, tokens.data() + first + cached, n, cached);
         });
     } else {
         // the training forward, B = 1, over the whole window for every token
         run_generation(o, cfg, "recomputing the window", [&](const std::vector<int>& tokens, int first, int) {
             int len = (int)tokens.size() - first;
+            cpu_threads_adapt();  // --threads 0: the free cores (llmc/run/cpu_threads.h)
             gpt2_forward(&model, tokens.data() + first, 1, len, 0);
             return (const float*)model.acts[0].logits.data() + (size_t)(len - 1) * model.slice.vocab_rows;
         });
@@ -1851,6 +1854,7 @@ static void cpu_before_step(Parallel* par, CpuRunCounts* c) {
     for (Comm* g : c->groups) g->counters = CommCounters{};
     par->ep_replicas.counters = CommCounters{};
     profile_step_begin();  // --profile: measures the SGEMM ceiling now, outside the step's time
+    cpu_threads_adapt();   // --threads 0: the cores other programs left free (llmc/run/cpu_threads.h)
 }
 
 static StepReport cpu_after_step(GPT2* model, Parallel* par, CpuRunCounts* c, int step) {
@@ -1988,12 +1992,15 @@ static void cpu_end_reports(GPT2* model, Parallel* par, Comm* world, const Train
 }
 
 int main(int argc, char** argv) {
+    cpu_threads_wait_asleep(argv);  // OpenMP's threads sleep at a barrier after 10,000 spins (llmc/run/cpu_threads.h)
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
     validate_options(o);
     refuse_incompatible_flags(o, Trainer::CPU, "fp32");  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::CPU, "fp32");
-    if (o.threads > 0) omp_set_num_threads(o.threads);
+    Comm launched;  // (the launcher's rank: rank 0 alone says when the thread count is lowered)
+    comm_from_environment(&launched);
+    cpu_threads_start(o.threads, o.quiet || launched.rank != 0, generation_mode(o) ? stderr : stdout);  // --threads N, or the free cores (llmc/run/cpu_threads.h)
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
     if (o.pipeline_print_schedule) return print_pipeline_schedule(o);  // arithmetic only (llmc/memory/estimate.h)
     if (o.estimate) refuse_incompatible_estimate(o, Trainer::CPU, "fp32", estimate_config(o));  // as training would

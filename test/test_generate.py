@@ -19,6 +19,8 @@ GPU trainer:
   samplers          the same seed gives the same tokens, another seed other tokens; top-k 1 and top-p
                     1e-6 (a nucleus of one token) give the greedy tokens at temperature 1
   json              --json: one line per sample with prompt, prompt_tokens, tokens, text
+  threads           (CPU) 1, 2 and 3 threads print the same --json line, cache and recomputation alike (70
+                    tokens: the window slides)
   context           a prompt longer than the context is refused: exit 2, one line naming its length
   bad input         an empty prompt, a negative temperature, top-p 0 or 1.5, a prompt that is not token
                     ids, a descriptor instead of weights: exit 2; a file that is not a model, a missing
@@ -376,6 +378,14 @@ def main():
         from_file = json.loads(p.stdout)["tokens"] if p.returncode == 0 else None
         report(cpu_greedy is not None and from_file == cpu_greedy[:20], "cpu: --prompt-file gives what --generate gives",
                p.stderr.strip() or str(from_file))
+        # the thread count changes nothing (llmc/run/cpu_threads.h may change it between any two tokens):
+        # 1, 2 and 3 threads (3: uneven splits) print the same line, tokens and log-probabilities
+        for kv in ("1", "0"):
+            lines = [run(CPU, ["--model", model, "--generate", "3 141 59 26 5", "--sample-tokens", "70", "--json",
+                               "--seed", "7", "--kv-cache", kv, "--threads", n]) for n in ("1", "2", "3")]
+            report(all(l.returncode == 0 and l.stdout == lines[0].stdout for l in lines),
+                   f"cpu: --kv-cache {kv}: 1, 2 and 3 threads generate the same tokens and log-probabilities",
+                   " | ".join(l.stderr.strip() or l.stdout[:120] for l in lines))
         gpt2_vocab_model = os.path.join(tmp, "gpt2_vocab.bin")
         write_model(gpt2_vocab_model, 1, 32, 2, 64, 50257, seed=6)
         check_tokenizer(gpt2_vocab_model)

@@ -71,7 +71,7 @@ struct TrainOptions {
     std::string trace;               // --trace: each rank's timeline (llmc/probes/trace.h)
     std::string dump_state;          // debugging/tests: write step-1 logits and gradients here
     // machine
-    int threads = 0;                 // CPU: 0 = all cores
+    int threads = 0;                 // CPU: 0 = the free cores (llmc/run/cpu_threads.h)
     int recompute = 1;               // 0 keep all activations, 1 recompute GELU, 2 also LayerNorm
     std::string stash_precision = "fp32";  // CPU: fp32 | bf16, GPU: fp32 (as built) | fp8: activations kept for the backward (llmc/memory/stash_precision.h, .cuh)
                                      // (the GPU trainer's default; the CPU trainer's is 0: default_options)
@@ -219,7 +219,7 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
         {"dump-state", "FILE", "Output", "testing: write the first step's logits, loss and gradients, the losses and the final weights (safetensors)", K::String, &o.dump_state, Scope::Both},
         {"trace", "FILE", "Output", "write each rank's forward, backward, send/receive and optimizer spans as Chrome trace-event JSON (Perfetto, chrome://tracing, scripts/plot_pipeline.py); with several ranks one file each, the rank before the extension: FILE.rank1.json", K::String, &o.trace, Scope::Both},
-        {"threads", "N", "Machine", "OpenMP threads (0 = all cores)", K::Int, &o.threads, Scope::CPUOnly},
+        {"threads", "N", "Machine", "OpenMP threads (0 = the cores other programs leave free)", K::Int, &o.threads, Scope::CPUOnly},
         {"recompute", "LEVEL", "Machine", "activation recompute: 0 keep all, 1 recompute GELU, 2 also LayerNorm (less memory, the same results)", K::Int, &o.recompute, Scope::Both},
         {"stash-precision", "fp32|bf16|fp8", "Machine", "the activations kept for the backward (LayerNorm outputs, q k v, the "
          "attention probabilities, its output, the GELU input and output), stored narrower once the forward has used them "

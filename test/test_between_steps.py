@@ -16,7 +16,8 @@ So each configuration below trains 6 steps twice, from the same seed:
            --trace, and --profile on the CPU trainer (every step);
 and then
   resumed  from the events run's step-3 checkpoint, with the same events, to step 6;
-and demands, bit for bit: the events run's losses (--dump-state's and metrics.jsonl's), step-1 gradient,
+and demands, bit for bit: the events run's losses (--dump-state's; metrics.jsonl's step records with
+the lr, gradient norm, loss scale and MoE routing, as printed), step-1 gradient,
 first logits and final weights are the plain run's; the resumed run's losses are the plain run's
 steps 4-6, its final weights the plain run's, and its step-6 checkpoint's model.bin the events run's.
 The events run must also show that every event happened (its val and hellaswag records, the samples,
@@ -29,19 +30,20 @@ step; after step 1 nothing happens, so 2BW runs it undrained, the next step's fo
 One events run per value of each axis, not their product; plain runs are shared where the code
 promises the same bits (test_parallelism.py, test_pipeline_zb_h1.py, test_pipeline_interleaved.py:
 GPipe == 1F1B == ZB-H1 == interleaved; test_pipeline_2bw.py: 2bw-flush == 2bw):
-  CPU trainer (fp32), one rank, 2 micro-batches:  AdamW; AdamW with bf16 moments; Adafactor; SM3
+  CPU trainer (fp32), one rank, 2 micro-batches:  AdamW; AdamW with bf16 moments; Adafactor; SM3;
+                                                  AdamW on a top-2 MoE of 2 experts
   CPU trainer over MPI, 2 pipeline stages:        gpipe, 1f1b, interleaved (2 chunks), zb-h1, 2bw, 2bw-flush
   GPU trainer (emulated without a GPU, test/emu): bf16 AdamW; bf16 AdamW with bf16 moments; bf16 SM3;
                                                   fp32 Adafactor; fp16 AdamW (loss scaling); fp8 AdamW;
-                                                  bf16 AdamW with --cuda-graphs;
+                                                  bf16 AdamW with --cuda-graphs; bf16 AdamW, top-2 MoE;
                                                   2 pipeline stages: 1f1b, 2bw
 The model is byte-level (test_hellaswag.py's vocabulary, V=258), L=4 C=32 H=4 T=32 on the CPU
 (4 layers: 2 stages of 2 chunks) and L=2 C=64 H=4 T=32 on the GPU (L=4 for its pipelines). Validation
 is sized by an explicit flag (--val-tokens where the trainer has it, else --val-batches): no default
 is relied on.
-Cost: 53 trainer runs (19 configurations, each an events and a resumed run; 15 plain runs, the 10 CPU
-configurations sharing 6), measured at 86 s of CPU time, user + system of the trainers and mpirun
-(the machine was shared: its wall time, 9 min at load 30, says nothing); about 1.5 minutes on a
+Cost: 59 trainer runs (21 configurations, each an events and a resumed run; 17 plain runs, the 11 CPU
+configurations sharing 7), measured at 94 s of CPU time, user + system of the trainers and mpirun
+(the machine was shared: its wall time, 5 to 9 min, says nothing); about 1.6 minutes on a
 quiet 2-core machine.
 Bugs caught:
   - a real one: --precision fp8's evaluations recorded their amax into the training's delayed scaling
@@ -88,6 +90,7 @@ CPU_CONFIGS = [
     ("cpu AdamW bf16 moments", 1, ["--optimizer-state", "bf16"], "cpu AdamW bf16 moments"),
     ("cpu Adafactor", 1, ["--optimizer", "adafactor"], "cpu Adafactor"),
     ("cpu SM3", 1, ["--optimizer", "sm3"], "cpu SM3"),
+    ("cpu MoE top-2", 1, ["--moe-experts", 2, "--moe-top-k", 2], "cpu MoE top-2"),  # (routing statistics per step)
     ("cpu pp2 gpipe", 2, pipe("gpipe"), "cpu pp2 1f1b"),
     ("cpu pp2 1f1b", 2, pipe("1f1b"), "cpu pp2 1f1b"),
     ("cpu pp2 interleaved", 2, pipe("interleaved", 2), "cpu pp2 1f1b"),
@@ -105,6 +108,7 @@ GPU_CONFIGS = [
     ("gpu fp16 AdamW", "fp16", 1, []),
     ("gpu fp8 AdamW", "bf16", 1, ["--precision", "fp8"]),
     ("gpu bf16 AdamW CUDA graphs", "bf16", 1, ["--cuda-graphs"]),  # (evaluations run eagerly between replays)
+    ("gpu bf16 MoE top-2", "bf16", 1, ["--moe-experts", 2, "--moe-top-k", 2]),
     ("gpu pp2 1f1b", "bf16", 2, pipe("1f1b")),
     ("gpu pp2 2bw", "bf16", 2, pipe("2bw")),
 ]
@@ -171,8 +175,11 @@ class Fixture:
         return read_safetensors(dump)[0], records, p.stdout, out
 
 
-def step_losses(records):
-    return [(r["step"], r["loss"]) for r in records if r["type"] == "step"]
+def step_records(records):
+    """metrics.jsonl's step records as the training made them: loss, lr, gradient norm, the loss scale
+    and MoE's auxiliary losses and routing where there are any; not the times, rates and memory."""
+    clock = ("ms", "tok_s", "mfu", "mem_mb")
+    return [{k: v for k, v in r.items() if k not in clock} for r in records if r["type"] == "step"]
 
 
 def differing(a, b, keys):
@@ -210,8 +217,8 @@ def check_config(fx, name, exe, ranks, flags, plain, gpu):
     dump, records, stdout, out = got
     missing = events_seen(records, stdout, out, gpu)
     bad = differing(dump, ref, ("losses", "grads", "logits", "params"))
-    if step_losses(records) != step_losses(ref_records):
-        bad.append(f"metrics.jsonl's losses {step_losses(records)} vs {step_losses(ref_records)}")
+    if step_records(records) != step_records(ref_records):
+        bad.append(f"metrics.jsonl's steps {step_records(records)} vs {step_records(ref_records)}")
     report(not bad and not missing, f"{name}: validation, samples, HellaSwag, checkpoints, --trace"
            f"{'' if gpu else ', --profile'} between steps leave the {STEPS} steps' losses, step-1 gradient, logits "
            "and final weights bit for bit", "; ".join((["not bit-identical: " + ", ".join(bad)] if bad else []) + missing))
@@ -220,8 +227,8 @@ def check_config(fx, name, exe, ranks, flags, plain, gpu):
         return
     rdump, rrecords, _, rout = resumed
     bad = differing(rdump, {"params": ref["params"], "losses": ref["losses"][CHECKPOINT_EVERY:]}, ("params", "losses"))
-    if step_losses(rrecords) != step_losses(ref_records)[CHECKPOINT_EVERY:]:
-        bad.append(f"metrics.jsonl's losses {step_losses(rrecords)}")
+    if step_records(rrecords) != step_records(ref_records)[CHECKPOINT_EVERY:]:
+        bad.append(f"metrics.jsonl's steps {step_records(rrecords)}")
     final = [open(os.path.join(d, f"ckpt_{STEPS:08d}", "model.bin"), "rb").read() for d in (out, rout)]
     if final[0] != final[1]:
         bad.append(f"step-{STEPS} checkpoint's model.bin")

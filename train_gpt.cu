@@ -1212,7 +1212,7 @@ static double forward_backward(GPT2* m, Parallel* par, DataLoader* train, const 
 // last stage with targets (0 elsewhere, and without targets: sampling reads the logits).
 // Interleaved: around the ring of stages once per model chunk (rank p-1's chunk c feeds rank 0's
 // chunk c+1), one chunk at a time.
-static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const int* targets) {
+static float pipeline_forward_chunks(GPT2* m, Parallel* par, const int* inputs, const int* targets) {
     const ModelSlice& sl = m->slice;
     int p = par->grid.pp, r = par->grid.pp_rank;
     size_t n = tp_local_rows(m->tp.host, (size_t)m->B * m->T) * m->config.channels, bytes = n * sizeof(floatX);
@@ -1233,6 +1233,14 @@ static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const i
     }
     m->chunk = 0;
     return 0.0f;
+}
+
+static float pipeline_forward(GPT2* m, Parallel* par, const int* inputs, const int* targets) {
+    // --precision fp8: an evaluation leaves the training's delayed scaling as it found it (llmc/kernels/fp8.cuh)
+    std::vector<float> fp8_kept = fp8_evaluation_begin(&m->fp8, m->stream);
+    float loss = pipeline_forward_chunks(m, par, inputs, targets);
+    fp8_evaluation_end(&m->fp8, fp8_kept, m->stream);
+    return loss;
 }
 
 // ==============================================================================================

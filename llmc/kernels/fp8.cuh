@@ -293,6 +293,28 @@ inline void fp8_linear_backward_weight(MatmulContext* ctx, Fp8Matmuls* f, int sl
     fp8_matmul_tn(ctx, f, dweight, f->a8, slot + FP8_INPUT, f->b8, slot + FP8_GRAD, nullptr, IC, OC, N, true, stream);
 }
 
+// ---- an evaluation's forward (validation, HellaSwag, a sample) between two steps
+// It quantizes as any forward does: it records its amax into amax_now, and before step 1 (calibrating)
+// sets the scales from it. Left there, that amax would be rolled into the histories at the next step's
+// end and step 1's calibration would start from it, so the training's scales, hence its weights, would
+// depend on when and what it evaluated (test/test_between_steps.py caught it: --precision fp8 with
+// validation every 2 steps trained to other weights from step 3 on). So an evaluation keeps the scales,
+// inverse scales and amax_now (contiguous, 3 floats a tensor) and puts them back when it is done.
+// (In the stream's order: after the step's roll, and after the evaluation's last quantization.)
+inline std::vector<float> fp8_evaluation_begin(const Fp8Matmuls* f, cudaStream_t stream) {
+    if (!f->on) return {};
+    std::vector<float> kept((size_t)3 * f->tensors);
+    CUDA_CHECK(cudaMemcpyAsync(kept.data(), f->scale, kept.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return kept;
+}
+
+inline void fp8_evaluation_end(Fp8Matmuls* f, const std::vector<float>& kept, cudaStream_t stream) {
+    if (!f->on) return;
+    CUDA_CHECK(cudaMemcpyAsync(f->scale, kept.data(), kept.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // (kept is freed on return)
+}
+
 // ---- the checkpoint's share (fp8_state.bin, llmc/io/formats.h): the histories, scales and inverse
 // scales, tensors x (history + 2) floats. At a step's end this step's amax is already in the history
 // (fp8_end_step zeroed amax_now), so nothing else is needed to go on bit for bit.

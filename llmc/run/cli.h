@@ -352,7 +352,7 @@ inline void print_help_entry(const std::string& left, const std::string& help, c
 inline const std::vector<std::string>& common_flags() {
     static const std::vector<std::string> names = {"model", "train-data", "val-data", "batch-size", "seq-len",
                                                    "total-batch-tokens", "steps", "lr", "out-dir", "checkpoint-every",
-                                                   "resume", "generate", "precision"};
+                                                   "resume", "more-steps", "generate", "precision"};
     return names;
 }
 
@@ -368,8 +368,8 @@ inline void print_help_examples() {
            "  the same on 8 GPUs of one machine, ZeRO-1 (each rank keeps 1/8 of AdamW's state):\n"
            "    scripts/run_mpi_local.sh 8 --model d12 --zero 1 --batch-size 16 --seq-len 1024 \\\n"
            "        --total-batch-tokens 524288 --lr 6e-4 --warmup-steps 700 --out-dir out/d12\n"
-           "  resume the newest checkpoint of a run:\n"
-           "    ./train_gpt_cpu --resume latest --out-dir out/small --steps 600\n"
+           "  train on 300 steps from the newest checkpoint (the run's options come with it):\n"
+           "    ./train_gpt_cpu --resume latest --out-dir out/small --more-steps 300\n"
            "  generate text from it:\n"
            "    ./train_gpt_cpu --resume latest --out-dir out/small --generate \"Call me Ishmael.\"\n");
 }

@@ -113,6 +113,8 @@ inline void apply_recorded_options(TrainOptions* o, const TrainStateHeader& h, c
 // What --resume brings to the options of a training run, before they are checked: the checkpoint's
 // folder as --out-dir (unless given), its recorded options, and the step count (--more-steps K, or
 // the refusal of a --steps that ends before the checkpoint). Every rank does the same, from the files.
+// Only a training run: --eval-only, --generate and --estimate take the checkpoint's weights on the
+// flags given, as before (a recorded seed or batch would change their samples and batches).
 inline void resume_options(TrainOptions* o) {
     bool training = !o->eval_only && !generation_mode(*o) && !o->estimate && o->plan == 0 && !o->pipeline_print_schedule;
     if (o->resume.empty()) {
@@ -121,19 +123,19 @@ inline void resume_options(TrainOptions* o) {
     }
     if (flag_given(*o, "more-steps") && flag_given(*o, "steps"))
         usage_fail("--steps %d and --more-steps %d both set the run's end: pass one of them", o->steps, o->more_steps);
+    if (!training) return;  // --eval-only, --generate and --estimate read the checkpoint's weights on today's flags
     std::string dir = resolve_resume_dir(*o);  // "" for --resume auto without a checkpoint: a fresh start
     if (dir.empty()) {
         if (flag_given(*o, "more-steps")) usage_fail("--more-steps: there is no checkpoint in '%s' to continue", o->out_dir.c_str());
         return;
     }
-    if (training && !flag_given(*o, "out-dir")) {  // the run goes on in its own folder
+    if (!flag_given(*o, "out-dir")) {  // the run goes on in its own folder
         size_t slash = dir.find_last_of('/');
         o->out_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
     }
     bool steps_given = flag_given(*o, "steps");  // on the command line (the record may add it)
     TrainStateHeader h = checkpoint_header(dir);
     apply_recorded_options(o, h, dir);
-    if (!training) return;
     long long at = (long long)h.step;
     if (flag_given(*o, "more-steps")) {
         if (o->more_steps < 1) usage_fail("--more-steps must be at least 1, got %d", o->more_steps);

@@ -2487,6 +2487,7 @@ int main(int argc, char** argv) {
     GpuRunCounts counts{(int)resumed.step, 0, 0, 0, 0, 0, device_peak_tflops(par.world_gpu.device),  // 0 for a GPU we do not know: no MFU
                         flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens, {}};
     if (run_is_complete(o, counts.first_step, plan.steps, leader)) {  // nothing to train: nothing written
+        trace_close();
         release_all(m, &par);
         return 0;
     }

@@ -2036,6 +2036,7 @@ int main(int argc, char** argv) {
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
     if (run_is_complete(o, first_step, plan.steps, leader)) {  // nothing to train: nothing written
+        trace_close();
         comm_finalize(&world);
         return 0;
     }

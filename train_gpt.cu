@@ -1429,7 +1429,8 @@ static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const T
         }
     };
     write_checkpoint(par->grid, o.out_dir, step, P, plan, sampler_rng, train.pos, parts,
-                     [&](const char* what) { gpu_comm_barrier(&par->world_gpu, what); });
+                     [&](const char* what) { gpu_comm_barrier(&par->world_gpu, what); }, recorded_options(o, plan.steps),
+                     o.keep_checkpoints);
 }
 
 // Where read_state_runs() puts what it reads: at the runs' state positions.
@@ -2046,7 +2047,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     }
     printf("%s", describe_data(train, val, o.eval_only).c_str());
     print_gpu_buffer_table(m->table);
-    print_resumed(rm, resumed, grid);
+    print_resumed(o, rm, resumed, grid);
 }
 
 // The pipeline's bubble, predicted and measured over the run (the first stage's schedule, which
@@ -2450,6 +2451,7 @@ static void gpu_end_reports(GPT2* m, Parallel* par, const TrainOptions& o, const
 int main(int argc, char** argv) {
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::GPU, &o);
+    resume_options(&o);  // --resume: the run's recorded options, its folder, its step count (llmc/run/resume.h)
     validate_options(o);
     refuse_gpu_flags(o);  // the techniques that do not combine, the precision, fp16's loss scale
     if (generation_mode(o)) return generate_main(o);  // --generate: no data, no training (llmc/run/generate.h)
@@ -2492,6 +2494,11 @@ int main(int argc, char** argv) {
     TrainStateHeader resumed = gpu_resume(m, &par, o, rm, &plan, &train, &sampler_rng);
     GpuRunCounts counts{(int)resumed.step, 0, 0, 0, 0, 0, device_peak_tflops(par.world_gpu.device),  // 0 for a GPU we do not know: no MFU
                         flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens, {}};
+    if (run_is_complete(o, counts.first_step, plan.steps, leader)) {  // nothing to train: nothing written
+        trace_close();
+        release_all(m, &par);
+        return 0;
+    }
     if (leader) print_run_header(m, par, o, plan, train, ev.have_val ? &ev.val : nullptr, rm, resumed, simple_attention, counts.peak_tflops);
     counts.peak_used = gpu_memory_used();
 

@@ -1423,7 +1423,8 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
                             model->optimizer == Optimizer::AdamW ? moe_v : nullptr,
                             model->optimizer == Optimizer::AdamW ? moe_layout(cfg, model->moe).total : model->moe_factored.size());
     };
-    write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier);
+    write_checkpoint(par->grid, o.out_dir, step, param_layout(cfg).total, plan, sampler_rng, train.pos, parts, barrier,
+                     recorded_options(o, plan.steps), o.keep_checkpoints);
 }
 
 // ==============================================================================================
@@ -1686,7 +1687,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
                "in fp32\n");
     }
     if (verbosity >= 2) print_buffer_table(model->table, CPU_ALLOCATION_GRANULE);  // --verbose: every buffer
-    print_resumed(rm, resumed, grid);
+    print_resumed(o, rm, resumed, grid);
 }
 
 // HellaSwag (llmc/run/run.h), in batches of the rows in use unless the forward pass spans ranks.
@@ -1995,6 +1996,7 @@ int main(int argc, char** argv) {
     cpu_threads_wait_asleep(argv);  // OpenMP's threads sleep at a barrier after 10,000 spins (llmc/run/cpu_threads.h)
     TrainOptions o;
     parse_command_line(argc, argv, Trainer::CPU, &o);
+    resume_options(&o);  // --resume: the run's recorded options, its folder, its step count (llmc/run/resume.h)
     validate_options(o);
     refuse_incompatible_flags(o, Trainer::CPU, "fp32");  // which techniques combine: llmc/run/compatibility.h
     validate_precision(o, Trainer::CPU, "fp32");
@@ -2040,6 +2042,11 @@ int main(int argc, char** argv) {
     int first_step = (int)resumed.step;
     if (o.eval_only) plan.steps = first_step;  // evaluating is a run of zero steps
 
+    if (run_is_complete(o, first_step, plan.steps, leader)) {  // nothing to train: nothing written
+        trace_close();
+        comm_finalize(&world);
+        return 0;
+    }
     if (leader) print_run_header(&model, par, world, o, plan, rm, train, ev.have_val ? &ev.val : nullptr, resumed);
     if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
     open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm.source);

@@ -100,8 +100,11 @@ step_margin=5           # plan each step 5% above the calibration's median (a ru
 export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 echo "run: no GPU found; training a small GPT on the CPU"
 
-steps=$(flag_value steps "$@")
-if [[ -z "$steps" ]]; then
+steps=$(flag_value steps "$@") more=$(flag_value more-steps "$@")
+if [[ -n "$more" ]]; then
+    # --resume ... --more-steps K: K steps past the checkpoint, the trainer stretches the schedule
+    echo "run: $more more steps (--more-steps given: no calibration, no time budget)"
+elif [[ -z "$steps" ]]; then
     # Calibration: the real trainer, model and flags (the user's too: --threads 1 changes the step
     # time), nothing written but a metrics log in a temporary folder.
     calibration=$(mktemp -d)
@@ -140,11 +143,14 @@ else
 fi
 
 # validation about `vals` times (every multiple of 50), samples and checkpoints at half-way and the end
-val_every=500 sample_every=1450
-if [[ "$steps" =~ ^[0-9]+$ ]] && (( steps > 0 )); then
-    val_every=$(( ((steps + vals - 1) / vals + 49) / 50 * 50 ))
-    sample_every=$(( (steps + 1) / 2 ))
+# (of the steps this run trains: --more-steps K's K)
+val_every=500 sample_every=1450 span=${more:-$steps}
+if [[ "$span" =~ ^[0-9]+$ ]] && (( span > 0 )); then
+    val_every=$(( ((span + vals - 1) / vals + 49) / 50 * 50 ))
+    sample_every=$(( (span + 1) / 2 ))
 fi
+steps_flag=(--steps "$steps")
+if [[ -n "$more" ]]; then steps_flag=(); fi  # the trainer refuses both
 
 out=$(flag_value out-dir "$@") out_flag=""
 if [[ -n "$out" ]]; then
@@ -161,7 +167,7 @@ else
 fi
 # the trainer's output is kept in $out/train.log too (appended, as the metrics log is): the report's samples
 mkdir -p "$out"
-"$trainer" "${data[@]}" "${job[@]}" --steps "$steps" --val-every "$val_every" --sample-every "$sample_every" \
+"$trainer" "${data[@]}" "${job[@]}" "${steps_flag[@]}" --val-every "$val_every" --sample-every "$sample_every" \
     --checkpoint-every "$sample_every" --out-dir "$out" "$@" | tee -a "$out/train.log"
 # the loss curve: on the terminal always, as a PNG when matplotlib is there (the Debian Python has it:
 # the scripts' own #! lines name it, where `python3` may be another one)
@@ -177,6 +183,6 @@ if [[ -n "$last" ]]; then
     echo "checkpoint: $last (model.bin: the weights; state.bin: AdamW and the data position)"
     step=$((10#${last##*ckpt_}))
     echo "  generate:        ./train_gpt_cpu --resume $last --generate \"Call me Ishmael.\" --sample-tokens 200 --top-k 40"
-    echo "  train on:        scripts/run.sh ${out_flag}--resume latest --steps $((2 * step))   (the LR schedule is stretched to the new step count)"
+    echo "  train on:        scripts/run.sh ${out_flag}--resume latest --more-steps $step   (to step $((2 * step)), the LR schedule stretched)"
 fi
-if [[ -z "$(flag_value steps "$@")" ]]; then echo "run: done in $SECONDS s (budget $budget s)"; else echo "run: done in $SECONDS s"; fi
+if [[ -z "$(flag_value steps "$@")$more" ]]; then echo "run: done in $SECONDS s (budget $budget s)"; else echo "run: done in $SECONDS s"; fi

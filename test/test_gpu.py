@@ -267,7 +267,10 @@ class Setup:
         if fresh or key not in self.dumps:
             path = f"{self.tmp}/dump{len(self.dumps)}{'_fresh' if fresh else ''}.st"
             try:
-                run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra, env=env)
+                # (no checkpoint unless the check asks for one: at d12 each would be 1.5 GB written and read back)
+                saves = "--checkpoint-every" in extra or "--resume" in extra
+                run([exe, "--model", f"{self.tmp}/{name}.bin", "--dump-state", path] + self.data[name] + extra +
+                    ([] if saves else ["--no-checkpoint"]), env=env)
             except RuntimeError as e:
                 path = e  # a failed run is not repeated: every check that needs it fails with its error
             if fresh:

@@ -13,7 +13,8 @@ steps take FAKE_STEP_MS milliseconds, so the script's arithmetic is checked with
               checkpoints every 1450); a very slow one 300 steps and a warning
   budget      --time-budget S and RUN_TIME_BUDGET change the budget and never reach the trainer
   the user's  --steps N skips the calibration (the intervals follow N); flags the user passes come
-  flags       last, so they win; --resume latest keeps the folder, a fresh run moves it aside
+  flags       last, so they win; --resume latest keeps the folder, a fresh run moves it aside; --more-steps K
+              (the train-on hint's form) skips the calibration and passes no --steps
   last lines  the sample and "train on" commands name the last checkpoint's step; the trainer's
               output is kept in OUT/train.log and scripts/report.py's page is written, its path printed
   OpenMP      the trainer runs with GOMP_SPINCOUNT=10000 unless the user set it
@@ -55,11 +56,12 @@ if (( n == 0 )) && [[ -n "${FAKE_CALIBRATION_SECONDS:-}" ]]; then sleep "$FAKE_C
 printf '%s\n' "$@" > "$CALLS/$n"
 last() { local name=$1 v=""; shift; while (( $# )); do [[ "$1" == "$name" ]] && v=${2-}; [[ "$1" == "$name="* ]] && v=${1#*=}; shift; done; printf '%s' "$v"; }
 steps=$(last --steps "$@"); out=$(last --out-dir "$@"); metrics=$(last --metrics "$@"); ckpt=$(last --checkpoint-every "$@")
-resume=$(last --resume "$@")
+resume=$(last --resume "$@"); more=$(last --more-steps "$@")
 [[ -n "$metrics" ]] || metrics=$out/metrics.jsonl
 mkdir -p "$out"
 first=1
 if [[ -n "$resume" ]]; then first=$(( 10#$(ls -d "$out"/ckpt_* | tail -n 1 | sed 's/.*ckpt_//') + 1 )); fi
+if [[ -n "$more" ]]; then steps=$(( first - 1 + more )); fi  # the trainer's --more-steps K: K past the checkpoint
 {
   echo '{"type":"run","trainer":"cpu","start_step":'$((first - 1))',"config":{"L":8,"C":64,"H":4,"T":64},"plan":{"B":8,"T":64,"tokens_per_step":512,"steps":'$steps'}}'
   awk -v first=$first -v steps=$steps -v base="$FAKE_STEP_MS" 'BEGIN { for (s = first; s <= steps; s++)
@@ -132,7 +134,7 @@ def main():
                f"the intervals follow the steps: {steps} steps, validation every {val_every} ({validations} times), "
                f"samples and checkpoints every {half}", str(run))
         report(f"./train_gpt_cpu --resume {out}/ckpt_{steps:08d} --generate " in p.stdout
-               and f"scripts/run.sh --out-dir {out} --resume latest --steps {2 * steps} " in p.stdout,
+               and f"scripts/run.sh --out-dir {out} --resume latest --more-steps {steps} " in p.stdout,
                "the last lines name the last checkpoint (generate from it; train on to twice the steps)", p.stdout[-800:])
 
     spin = open(calls + ".spin").read().strip() if os.path.exists(calls + ".spin") else None
@@ -194,8 +196,14 @@ def main():
     p2, rec2 = call(user + ["--resume", "latest", "--steps", "200"], 120, keep_out=True)
     report(p2.returncode == 0 and len(rec2) == 1 and os.path.isdir(os.path.join(out, "ckpt_00000100"))
            and os.path.isdir(os.path.join(out, "ckpt_00000200")) and f"ckpt_00000200 --generate " in p2.stdout
-           and "--resume latest --steps 400 " in p2.stdout,
+           and "--resume latest --more-steps 200 " in p2.stdout,
            "train on (--resume latest --steps 200): the folder is kept, the last lines name step 200", p2.stdout[-800:] + p2.stderr)
+    p3, rec3 = call(user + ["--resume", "latest", "--more-steps", "100"], 120, keep_out=True)
+    report(p3.returncode == 0 and len(rec3) == 1 and flag(rec3[0], "--steps") is None and flag(rec3[0], "--more-steps") == "100"
+           and flag(rec3[0], "--sample-every") == "50" and os.path.isdir(os.path.join(out, "ckpt_00000300"))
+           and "no calibration" in p3.stdout and "--resume latest --more-steps 300 " in p3.stdout,
+           "train on (--resume latest --more-steps 100, the hint's form): no calibration and no --steps passed, the "
+           "intervals follow the 100 steps, the run ends at step 300", p3.stdout[-800:] + p3.stderr + str(rec3))
 
     # ---- the default folder: a fresh run moves the previous one aside (its later checkpoints are not this run's)
     default_out = os.path.join(tmp, "repo_copy")

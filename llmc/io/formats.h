@@ -48,6 +48,7 @@ constexpr int32_t STATE_MAGIC = 20241121;
 // know only versions 1 and 2 keep reading them; a version 3 file they refuse in one line.
 constexpr int32_t STATE_VERSION = 3;
 constexpr int32_t STATE_VERSION_ADAMW = 2;
+constexpr int32_t OPTIONS_VERSION = 1;  // the recorded options in the state header (llmc/run/resume.h)
 constexpr size_t HEADER_INTS = 256;
 
 // If a file has the wrong magic number, say what it looks like instead.
@@ -425,7 +426,13 @@ struct TrainStateHeader {
     float loss_scale = 0;
     int32_t loss_scale_clean_steps = 0;
     int64_t loss_scale_overflows = 0;
-    int32_t reserved[256 - 40] = {0};  // room to grow without changing the version
+    // the options that shape training (llmc/run/resume.h), for a resumed run to continue with: the
+    // version of their record (0: none, a checkpoint written before they were recorded; a reader
+    // refuses a newer one than it knows), and the record, text, one flag a line, NUL-padded:
+    //   "set lr 0.01\n" (given on the command line) or "default beta1 0.899999976\n" (the build's default)
+    int32_t options_version = 0;
+    char options[800] = {0};
+    int32_t reserved[256 - 40 - 1 - 200] = {0};  // room to grow without changing the version
 };
 static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
 

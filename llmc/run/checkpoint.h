@@ -6,6 +6,8 @@
 //                                  sm3's row and column statistics (state.bin only), the step, the
 //                                  data loader's position and the sampler's RNG, in global coordinates
 //   checksums.txt                  a hash and a size per file, to find bytes damaged after writing
+// The state files' headers also record the run's options, for a resumed run to continue with
+// (llmc/run/resume.h). --keep-checkpoints removes older ones once a new one is in place (prune_checkpoints).
 // In order below: the checksums; which directories are complete, and which one --resume picks;
 // writing (into "<dir>.tmp", then one atomic rename, so a crash leaves no new checkpoint or a
 // complete one); reading the state back on any grid (and model.bin assembled from it, when no rank
@@ -159,13 +161,18 @@ inline std::string latest_checkpoint(const std::string& out_dir, bool announce =
 // Resolves --resume to a checkpoint directory ("" when not resuming). 'auto' is what a script that
 // may be interrupted and rerun wants: the newest checkpoint if there is one, else a fresh start.
 // `announce`: the rank that prints says which newer checkpoints it skipped, and why.
+// A run's folder (no model.bin of its own, ckpt_* directories in it) stands for its newest sound checkpoint.
 inline std::string resolve_resume_dir(const TrainOptions& o, bool announce = false) {
     if (o.resume.empty()) return "";
     if (o.resume == "auto") return latest_checkpoint(o.out_dir, announce);
-    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce) : o.resume;
+    bool run_folder = o.resume != "latest" && dir_exists(o.resume) && !file_exists(o.resume + "/model.bin") &&
+                      !expand_glob(o.resume + "/ckpt_*").empty();
+    std::string dir = o.resume == "latest" ? latest_checkpoint(o.out_dir, announce)
+                      : run_folder         ? latest_checkpoint(o.resume, announce) : o.resume;
+    if (dir.empty() && run_folder) fail("--resume '%s': the run's folder holds no complete checkpoint", o.resume.c_str());
     if (dir.empty()) fail("--resume latest: there is no complete checkpoint in '%s'", o.out_dir.c_str());
     if (!dir_exists(dir)) fail("--resume '%s': no such checkpoint directory", dir.c_str());
-    std::string problem = o.resume == "latest" ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
+    std::string problem = o.resume == "latest" || run_folder ? "" : checkpoint_checksum_problem(dir);  // (latest verified it)
     if (!problem.empty()) fail("--resume '%s': %s; resume from another checkpoint", dir.c_str(), problem.c_str());
     return dir;
 }
@@ -209,12 +216,39 @@ inline std::string open_checkpoint_together(const std::string& out_dir, int step
     return tmp;
 }
 
+// --keep-checkpoints N: after checkpoint `step` is published (complete, checksummed, renamed into
+// place), the checkpoints of earlier steps beyond the newest N sound ones are removed. The new one is
+// sound and counts first; an older one counts only if it is sound (checkpoint_problem: its files and
+// checksums), so a damaged checkpoint never takes the place of a sound one; those of later steps (an
+// earlier, longer run's) are left alone. A removal renames the directory out of the ckpt_<8 digits>
+// pattern first (atomic), then deletes it: a crash midway leaves no half-deleted checkpoint that
+// --resume latest could take for a whole one.
+inline void prune_checkpoints(const std::string& out_dir, int step, int keep) {
+    if (keep <= 0) return;
+    std::vector<std::string> older;
+    for (const std::string& path : expand_glob(out_dir + "/ckpt_*")) {
+        std::string name = path.substr(path.rfind('/') + 1);
+        if (name.size() == 13 && dir_exists(path) && atoi(name.c_str() + 5) < step) older.push_back(path);
+    }
+    int kept = 1;  // the new one
+    for (size_t i = older.size(); i-- > 0;) {  // newest first
+        if (kept < keep) {
+            kept += checkpoint_problem(older[i]).empty();
+            continue;
+        }
+        std::string doomed = older[i] + ".removing";
+        if (rename(older[i].c_str(), doomed.c_str()) != 0 || system(("rm -rf '" + doomed + "'").c_str()) != 0)
+            fprintf(stderr, "warning: --keep-checkpoints: could not remove '%s'\n", older[i].c_str());
+    }
+}
+
 template <class Barrier>
-inline void publish_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier) {
+inline void publish_checkpoint_together(const std::string& out_dir, int step, int rank, Barrier barrier, int keep = 0) {
     barrier("the barrier after writing the checkpoint");
     if (rank == 0) {
         write_checkpoint_checksums(checkpoint_dir(out_dir, step) + ".tmp");
         printf("checkpoint: %s\n", publish_checkpoint(out_dir, step).c_str());
+        prune_checkpoints(out_dir, step, keep);
     }
 }
 
@@ -259,10 +293,11 @@ struct CheckpointParts {
     std::function<void(const std::string& dir)> write_rank_files;
 };
 
+// `options`: the run's options as llmc/run/resume.h records them, in every state file's header; `keep`: --keep-checkpoints.
 template <class Barrier>
 inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, int step, size_t num_params, const RunPlan& plan,
                              uint64_t sampler_rng, const LoaderPosition& train_position, const CheckpointParts& parts,
-                             Barrier barrier) {
+                             Barrier barrier, const std::string& options, int keep) {
     bool leader = g.rank == 0;
     bool rank0_holds_weights = g.tp == 1 && g.pp == 1 && g.zero_stage <= 2;
     bool one_state_file = g.tp == 1 && g.pp == 1 && g.zero_stage == 0;
@@ -274,11 +309,14 @@ inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, i
                                       train_position);
         s.header.has_master_weights = parts.master_weights || !rank0_holds_weights;
         parts.fill_state(&s);
+        s.header.options_version = OPTIONS_VERSION;
+        if (options.size() >= sizeof(s.header.options)) fail("internal: the recorded options take %zu bytes", options.size());
+        memcpy(s.header.options, options.data(), options.size());
         write_train_state(tmp + "/" + (one_state_file ? std::string("state.bin") : strprintf("state_rank%d.bin", g.rank)), s);
     }
     if (parts.write_rank_files) parts.write_rank_files(tmp);
     if (!rank0_holds_weights) parts.assemble_model_bin(tmp);
-    publish_checkpoint_together(out_dir, step, g.rank, barrier);
+    publish_checkpoint_together(out_dir, step, g.rank, barrier, keep);
 }
 
 

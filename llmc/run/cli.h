@@ -34,6 +34,7 @@ struct TrainOptions {
     int64_t total_batch_tokens = 0;  // tokens per optimizer step; 0 = B*T*ranks (no accumulation)
     // optimisation
     int steps = 0;                   // 0 = one pass over the training data
+    int more_steps = 0;              // --resume: K steps past the checkpoint's, the schedule stretched to the new end
     std::string optimizer = "adamw"; // adamw | adafactor | sm3 (llmc/optim/optimizer_state.h)
     std::string optimizer_state = "fp32";  // AdamW: fp32 | bf16 m and v (llmc/optim/adamw_bf16.h, .cuh)
     float lr = 6e-4f;
@@ -63,9 +64,13 @@ struct TrainOptions {
     int kv_cache = 1;                // 1: keys and values of earlier tokens cached; 0: the whole window recomputed per token
     bool json = false;               // one JSON line per sample instead of text
     std::vector<std::string> given;  // the flags on the command line, by name (to tell an empty --generate "" from none)
+                                     // and those a resumed run takes from its checkpoint (llmc/run/resume.h)
+    std::vector<std::string> resume_notes;  // what the resumed checkpoint's options became: one line per override
     // output
     std::string out_dir = "out";
-    int checkpoint_every = 0;
+    int checkpoint_every = 0;        // 0 and not given: one checkpoint at the end (end_checkpoint)
+    bool no_checkpoint = false;      // no checkpoint at all, not even at the end
+    int keep_checkpoints = 0;        // the newest N sound checkpoints kept, older ones removed (0 = all)
     std::string resume;              // "", "latest", "auto" (latest if any, else start), or a checkpoint directory
     std::string metrics;             // the JSONL metrics log: "" = OUT_DIR/metrics.jsonl, "none" = no log
     std::string trace;               // --trace: each rank's timeline (llmc/probes/trace.h)
@@ -173,7 +178,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"batch-size", "B", "Batch", "sequences per micro-batch (per rank)", K::Int, &o.batch_size, Scope::Both},
         {"seq-len", "T", "Batch", "tokens per sequence (0 = the model's maximum)", K::Int, &o.seq_len, Scope::Both},
         {"total-batch-tokens", "N", "Batch", "tokens per optimizer step; micro-batches are accumulated to reach it (0 = one micro-batch per rank)", K::Int64, &o.total_batch_tokens, Scope::Both},
-        {"steps", "N", "Optimizer", "optimizer steps to train (0 = one pass over the training data)", K::Int, &o.steps, Scope::Both},
+        {"steps", "N", "Optimizer", "optimizer steps to train, in all (0 = one pass over the training data); with --resume, more than the checkpoint's step", K::Int, &o.steps, Scope::Both},
+        {"more-steps", "K", "Optimizer", "with --resume: train K steps past the checkpoint's, the learning-rate schedule stretched to the new end (--steps STEP+K)", K::Int, &o.more_steps, Scope::Both},
         {"optimizer", "NAME", "Optimizer", "adamw | adafactor (Shazeer & Stern: row and column second moments, beta1 = 0, "
          "relative step min(1e-2, 1/sqrt(t)) x max(1e-3, RMS(W)), or --lr's schedule x max(1e-3, RMS(W)) when --lr is "
          "given) | sm3 (SM3-II, Anil et al.: row and column accumulators, at --lr's schedule). adafactor and sm3: the "
@@ -212,8 +218,10 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"kv-cache", "0|1", "Generation", "1: cache each layer's keys and values, so a new token costs one position; 0: recompute the whole window for every token (to check and time the cache)", K::Int, &o.kv_cache, Scope::Both},
         {"json", nullptr, "Generation", "print one JSON line per sample instead of the text: prompt, prompt_tokens, tokens, text, and each token's log-probability (logprobs)", K::Switch, &o.json, Scope::Both},
         {"out-dir", "DIR", "Output", "where checkpoints and metrics.jsonl go", K::String, &o.out_dir, Scope::Both},
-        {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
-        {"resume", "CKPT", "Output", "continue from a checkpoint directory; 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh", K::String, &o.resume, Scope::Both},
+        {"checkpoint-every", "N", "Output", "write a checkpoint every N steps and at the end (without it: one at the end; 0 = never)", K::Int, &o.checkpoint_every, Scope::Both},
+        {"no-checkpoint", nullptr, "Output", "write no checkpoint, not even at the end", K::Switch, &o.no_checkpoint, Scope::Both},
+        {"keep-checkpoints", "N", "Output", "after each checkpoint keep the newest N sound ones in --out-dir and remove older ones (0 = keep all)", K::Int, &o.keep_checkpoints, Scope::Both},
+        {"resume", "CKPT", "Output", "continue a run: a checkpoint directory, or a run's folder (its newest sound checkpoint); 'latest': the newest in --out-dir; 'auto': the newest if there is one, else start fresh. The run's options (lr, schedule, batch, seed, optimizer, ...) come from the checkpoint unless given; --out-dir defaults to the checkpoint's folder", K::String, &o.resume, Scope::Both},
         {"metrics", "FILE", "Output", "append one JSON line per step and evaluation here (default: OUT_DIR/metrics.jsonl; 'none' = no log)", K::String, &o.metrics, Scope::Both},
         {"quiet", nullptr, "Output", "print only errors and the final summary", K::Switch, &o.quiet, Scope::Both},
         {"verbose", nullptr, "Output", "also print every micro-step and the buffer tables", K::Switch, &o.verbose, Scope::Both},
@@ -344,7 +352,7 @@ inline void print_help_entry(const std::string& left, const std::string& help, c
 inline const std::vector<std::string>& common_flags() {
     static const std::vector<std::string> names = {"model", "train-data", "val-data", "batch-size", "seq-len",
                                                    "total-batch-tokens", "steps", "lr", "out-dir", "checkpoint-every",
-                                                   "resume", "generate", "precision"};
+                                                   "resume", "more-steps", "generate", "precision"};
     return names;
 }
 
@@ -360,8 +368,8 @@ inline void print_help_examples() {
            "  the same on 8 GPUs of one machine, ZeRO-1 (each rank keeps 1/8 of AdamW's state):\n"
            "    scripts/run_mpi_local.sh 8 --model d12 --zero 1 --batch-size 16 --seq-len 1024 \\\n"
            "        --total-batch-tokens 524288 --lr 6e-4 --warmup-steps 700 --out-dir out/d12\n"
-           "  resume the newest checkpoint of a run:\n"
-           "    ./train_gpt_cpu --resume latest --out-dir out/small --steps 600\n"
+           "  train on 300 steps from the newest checkpoint (the run's options come with it):\n"
+           "    ./train_gpt_cpu --resume latest --out-dir out/small --more-steps 300\n"
            "  generate text from it:\n"
            "    ./train_gpt_cpu --resume latest --out-dir out/small --generate \"Call me Ishmael.\"\n");
 }
@@ -548,6 +556,12 @@ inline bool flag_given(const TrainOptions& o, const char* name) {
     return std::find(o.given.begin(), o.given.end(), name) != o.given.end();
 }
 
+// Every training run ends with a checkpoint unless it is told not to: --no-checkpoint, or an
+// explicit --checkpoint-every 0 (the default 0 means "only at the end").
+inline bool end_checkpoint(const TrainOptions& o) {
+    return !o.no_checkpoint && !(o.checkpoint_every == 0 && flag_given(o, "checkpoint-every"));
+}
+
 // --generate or --prompt-file: the trainer generates from a prompt and exits (llmc/run/generate.h).
 inline bool generation_mode(const TrainOptions& o) { return flag_given(o, "generate") || flag_given(o, "prompt-file"); }
 
@@ -629,6 +643,10 @@ inline void validate_run_options(const TrainOptions& o) {
     flag_non_negative("sample-tokens", o.sample_tokens);
     flag_non_negative("top-k", o.top_k);
     flag_non_negative("checkpoint-every", o.checkpoint_every);
+    flag_non_negative("keep-checkpoints", o.keep_checkpoints);
+    flag_non_negative("more-steps", o.more_steps);
+    if (o.no_checkpoint && o.checkpoint_every > 0)
+        usage_fail("--no-checkpoint and --checkpoint-every %d contradict each other: pass one of them", o.checkpoint_every);
     flag_non_negative("hellaswag-every", o.hellaswag_every);
     if (o.hellaswag_every > 0 && o.hellaswag.empty()) usage_fail("--hellaswag-every needs --hellaswag FILE, the examples to evaluate");
     if (o.eval_only && o.hellaswag.empty() && o.val_data == "none") {

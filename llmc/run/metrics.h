@@ -151,7 +151,8 @@ inline void print_micro_step(int step, int micro, int micros, float loss, double
 }
 
 // The last line of every run, also in --quiet mode (it goes to the original stdout).
-inline void print_run_summary(const MetricsLog& log) {
+// `checkpoint`: the one it ended with, or why there is none.
+inline void print_run_summary(const MetricsLog& log, const std::string& checkpoint) {
     std::string s = strprintf("done: step %d", log.last_step);
     if (log.steps_run > 0) {
         s += strprintf(" (%d this run, %s", log.steps_run, format_duration(log.train_seconds).c_str());
@@ -161,6 +162,7 @@ inline void print_run_summary(const MetricsLog& log) {
     if (std::isfinite(log.last_val_loss)) s += strprintf(" | val loss %.4f", log.last_val_loss);
     if (std::isfinite(log.last_hellaswag)) s += strprintf(" | hellaswag %.2f%%", 100 * log.last_hellaswag);
     if (log.file) s += " | log " + log.path;
+    s += " | " + checkpoint;
     fprintf(summary_stream, "%s\n", s.c_str());
     fflush(summary_stream);
 }

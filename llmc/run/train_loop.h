@@ -20,6 +20,7 @@
 #include "llmc/run/metrics.h"
 #include "llmc/run/moe_run.h"
 #include "llmc/run/plan.h"
+#include "llmc/run/resume.h"
 #include "llmc/run/run.h"
 #include "llmc/run/sampler.h"
 #include "llmc/run/step.h"
@@ -68,11 +69,14 @@ inline std::string choose_model(const TrainOptions& o, bool leader, RunModel* r)
     return r->new_model ? "" : moe_file_problem(r->file, o, r->source);
 }
 
-// The header's last lines on a resumed run: the checkpoint, and how its state is cut for this grid.
-inline void print_resumed(const RunModel& rm, const TrainStateHeader& resumed, const ProcessGrid& grid) {
+// The header's last lines on a resumed run: the checkpoint, how its state is cut for this grid, and
+// each option given now that overrides the checkpoint's (llmc/run/resume.h).
+inline void print_resumed(const TrainOptions& o, const RunModel& rm, const TrainStateHeader& resumed, const ProcessGrid& grid) {
     if (resumed.step <= 0) return;
-    printf("resumed from %s at step %lld\n", rm.resume_dir.c_str(), (long long)resumed.step);
+    printf("resumed from %s at step %lld%s\n", rm.resume_dir.c_str(), (long long)resumed.step,
+           resumed.options_version > 0 ? ", with the run's recorded options" : " (a checkpoint without recorded options: the flags given now)");
     printf("%s", describe_reshard(resumed, grid.world, grid.zero_stage, grid.tp, grid.pp).c_str());
+    for (const std::string& note : o.resume_notes) printf("%s\n", note.c_str());
 }
 
 // What the loop's evaluations read, and where the run reports.
@@ -83,6 +87,7 @@ struct RunEvents {
     TokenText decoder;  // the samples' text
     HellaSwagSet hellaswag;
     MetricsLog mlog;
+    std::string last_checkpoint;  // the newest this run wrote, for the last line ("" for none)
 };
 
 // The validation data, before the model is allocated.
@@ -102,9 +107,10 @@ inline void open_reports(RunEvents* e, TrainOptions& o, const GPT2Config& cfg, c
                  plan.steps, first_step, model_source);
 }
 
-// The run's last line, and its log and trace closed.
+// The run's last line (with its checkpoint, or that there is none), and its log and trace closed.
 inline void close_reports(RunEvents* e, bool leader) {
-    if (leader) print_run_summary(e->mlog);
+    std::string checkpoint = e->last_checkpoint.empty() ? "no checkpoint" : "checkpoint " + e->last_checkpoint;
+    if (leader) print_run_summary(e->mlog, checkpoint);
     metrics_close(&e->mlog);
     trace_close();
 }
@@ -167,7 +173,11 @@ inline void run_one_step(const RunLoop& r, const RunPasses& p, int step) {
                         seconds * (r.plan->steps - step - 1), rep.loss_scale, rep.moe_line);
         metrics_step(&r.ev->mlog, step + 1, s.loss, s.lr, s.norm, seconds, rep.mfu, rep.memory_bytes, rep.moe_fields);
     }
-    if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || step == r.plan->steps - 1)) p.checkpoint(step + 1);
+    bool last = step == r.plan->steps - 1;  // every run ends with a checkpoint unless told not to (cli.h's end_checkpoint)
+    if ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || (last && end_checkpoint(o))) {
+        p.checkpoint(step + 1);
+        r.ev->last_checkpoint = checkpoint_dir(o.out_dir, step + 1);
+    }
 }
 
 // The steps from the run's first (a resumed run's checkpoint step) to the last, then the evaluations

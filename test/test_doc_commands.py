@@ -92,6 +92,14 @@ COMMANDS = {
     "python3 -c \"import json; print([r['loss'] for r in map(json.loads, open('out/metrics.jsonl')) if r['type'] == 'step'][-5:])\"":
         ([], "python3 -c \"import json; print([r['loss'] for r in map(json.loads, open('out/metrics.jsonl')) "
              "if r['type'] == 'step'][-5:])\"", None),
+    # saving and resuming: 2 steps stand for 300, so the end checkpoint is ckpt_00000002
+    "./train_gpt_cpu --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 --lr 3e-3 --steps 300 --out-dir out/small":
+        ([], "./train_gpt_cpu --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 --lr 3e-3 --steps 2 --out-dir out/small",
+         "out/small/ckpt_00000002/model.bin"),
+    "./train_gpt_cpu --resume out/small --more-steps 300": ([], "./train_gpt_cpu --resume out/small --more-steps 2",
+                                                            "out/small/ckpt_00000004/model.bin"),
+    "./train_gpt_cpu --resume out/small/ckpt_00000300 --steps 600 --out-dir out/fork --lr 1e-3":
+        ([], "./train_gpt_cpu --resume out/small/ckpt_00000002 --steps 4 --out-dir out/fork --lr 1e-3", "out/fork/ckpt_00000004/model.bin"),
     "scripts/plot_metrics.py out/run1 out/run2 -o curves.png": (["runs"], "scripts/plot_metrics.py out/run1 out/run2 -o curves.png", "curves.png"),
     "scripts/plot_metrics.py out/run1 --x tokens --labels baseline":
         (["runs"], "scripts/plot_metrics.py out/run1 --x tokens --labels baseline", None),

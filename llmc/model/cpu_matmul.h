@@ -27,7 +27,6 @@
 #include <cstring>
 #include <vector>
 #include "llmc/model/cpu_matmul_blocking.h"  // MATMUL_MR, _NR, _KC, _NC, _MC and the panels' sizes
-#include "llmc/probes/poison.h"  // tests only: fresh panels as NaN
 
 namespace cpu {
 
@@ -79,11 +78,8 @@ inline MatmulScratch matmul_scratch;
 
 inline void matmul_scratch_reserve(size_t a_floats, size_t b_floats) {
     // a fresh vector of exactly the size asked: growing one in place may reserve more than that
-    // (tests: NaN, llmc/probes/poison.h)
-    if (matmul_scratch.a_pack.size() * 16 < a_floats)
-        std::vector<Floats16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack), poison_fresh(&matmul_scratch.a_pack);
-    if (matmul_scratch.b_pack.size() * 16 < b_floats)
-        std::vector<Floats16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack), poison_fresh(&matmul_scratch.b_pack);
+    if (matmul_scratch.a_pack.size() * 16 < a_floats) std::vector<Floats16>((a_floats + 15) / 16).swap(matmul_scratch.a_pack);
+    if (matmul_scratch.b_pack.size() * 16 < b_floats) std::vector<Floats16>((b_floats + 15) / 16).swap(matmul_scratch.b_pack);
 }
 
 // A(i,k) = A[i*a_rs + k*a_cs]; B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.

@@ -6,11 +6,12 @@
 // see such a bug; the CUDA trainer's cudaMalloc gives garbage, and would.
 //
 // On with LLMC_POISON_BUFFERS=1 in the environment (test/run_tests.py sets it for every test, so CI
-// always runs poisoned). Off, each call is one test of a cached flag: the numbers are bit-identical
-// and nothing is written twice. Filled: the size table's rows (llmc/memory/cpu_buffers.h, fp32 and
+// always runs poisoned). Off, each call is one test of a cached flag, and the numbers are
+// bit-identical. Filled: the size table's rows (llmc/memory/cpu_buffers.h, fp32 and
 // bf16 ones), the MoE blocks' and the expert-parallel exchange's rows, ZeRO-2/3's units and buckets,
-// the matmul's packed panels, the generation's KV cache. Not filled: integer rows (token ids, MoE
-// choices: no NaN to give them), and per-call scratch that lives inside one function.
+// the generation's KV cache. Not filled: integer rows (token ids, MoE choices: no NaN to give them),
+// the matmul's packed panels (packed by the matmul itself right before each use; its file is on the
+// reading path), and per-call scratch that lives inside one function.
 //
 // The bytes are 0xff: NaN as fp32 (0xffffffff) and as bf16 (0xffff), and a NaN stays NaN through any
 // sum or product, so one value read before its write reaches the loss.

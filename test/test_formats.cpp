@@ -325,6 +325,7 @@ int main() {
         }
         check(ok, "data loader: rank r reads the r-th B*T of each block of world*B*T tokens, then wraps");
         check(counters_ok, "data loader: its position (the checkpoint's counter) after each batch: 64, 128, then 0 of epoch 1, 64");
+        // (planted once: a seek restoring the shard and epoch but not the position; only this check failed)
         check(seek_ok, "data loader: a loader sought to a saved position reads the same next batch and moves the same");
         check_fails("token id outside the model's vocabulary", [&] {
             DataLoader dl;

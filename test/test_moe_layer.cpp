@@ -9,7 +9,8 @@
 //             top-1 and top-2, with capacity drops; the routing must not change under the nudges
 //             (checked: a discrete switch would make the difference meaningless)
 //   counts    the routing's counters (routed, kept per expert, dropped, least and most load, each
-//             expert's rows) against a recount from the choices and the capacity rule
+//             expert's rows) against a recount from the choices and the capacity rule (planted
+//             once: routed counting only the kept assignments; the other checks passed, this failed)
 //   empty     an expert no token reaches (its router row pushed far down): no rows, gradients of its
 //             MLP exactly zero, everything finite, and the finite differences still agree
 // Run as `test_moe_layer --dump IN OUT`, it is the harness test/test_moe.py drives: one forward and

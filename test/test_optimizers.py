@@ -59,7 +59,8 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
 updated from its own unsummed gradient (no all-gather of the sum: 13 checks failed, 6e-2 off), every
-rank resuming slice 0 of the state (the resume and reshard checks failed). Tensor parallelism:
+rank resuming slice 0 of the state (the resume and reshard checks failed). AdamW given t = step + 1:
+the t check failed (t = 4 fitted, 7e-5; t = 3 off by 0.11). Tensor parallelism:
 Adafactor's column sums of a rows-cut matrix left local (tp2 and dp2 x tp2 3.1e-4 off), SM3's
 column maxima left local (3.5e-3 off), every rank resuming rank 0's file (the resume check failed).
 """

@@ -14,7 +14,8 @@ scaler's contract, llmc/optim/loss_scaler.h). The CPU trainer over MPI, 2 ranks,
   skipped step counts as done (step 2), its batch is consumed (the loader moved as far in step 2 as in
   step 1), and AdamW's state is untouched: ckpt 2's m and v are ckpt 1's, byte for byte (a moment
   updated, or a bias correction advanced, on the skipped step would not be). Control: the clean run's
-  m and v change in step 2.
+  m and v change in step 2. Planted once: a skipped step decaying m by beta1 (the weights untouched):
+  the weights' check passed, the m and v check failed on both grids.
 """
 import os, shutil, struct, sys, tempfile
 from checks import report, exit_code

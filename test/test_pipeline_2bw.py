@@ -41,7 +41,8 @@ Planted bugs caught (by hand, then reverted):
     checks of steps 2 and 3 and "differs from 1F1B" failed (the one-rank comparisons still passed:
     they share that code, which is why the rule is checked against 1F1B runs);
   - the resume losing the older version (pipedream_2bw_load returning before reading, so both
-    versions restart at W(3)): the resume check failed.
+    versions restart at W(3)): the resume check failed;
+  - the older version's file saying step t-1 (pipedream_2bw_save): the versions-saved check failed.
 """
 import os, re, shutil, struct, subprocess, sys, tempfile
 from checks import report, exit_code

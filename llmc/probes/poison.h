@@ -13,6 +13,12 @@
 // the matmul's packed panels (packed by the matmul itself right before each use; its file is on the
 // reading path), and per-call scratch that lives inside one function.
 //
+// What it catches: a clear of the attention forward's masked half (cpu_layers.h), planted removed,
+// passed test_vs_pytorch and test_parallelism without it (the allocator's zeros stood in); with it the
+// first step's loss is NaN and both fail. It found four real reliances on those zeros (each now
+// written where its meaning is, with a comment): AdamW's and the factored optimizers' state,
+// PowerSGD's first error feedback, ZeRO-2/3's gradient buckets, the parameters' padding.
+//
 // The bytes are 0xff: NaN as fp32 (0xffffffff) and as bf16 (0xffff), and a NaN stays NaN through any
 // sum or product, so one value read before its write reaches the loss.
 #pragma once

@@ -50,6 +50,7 @@
 #include "llmc/parallel/grid_planner.h"
 #include "llmc/probes/fault_injection.h"
 #include "llmc/probes/grad_compression_probe.h"
+#include "llmc/probes/poison.h"  // tests only: every fresh buffer as NaN (LLMC_POISON_BUFFERS=1)
 #include "llmc/io/formats.h"
 #include "llmc/run/generate.h"
 #include "llmc/run/hellaswag.h"
@@ -280,12 +281,15 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
         size_t copies = cpu_buffer_copies(shape, b);
         for (int slot = 0; slot < (int)copies; slot++) {
             size_t n = model->table[b].elements / copies;
-            if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16);
+            if (std::vector<uint16_t>* v16 = gpt2_buffer16(model, b, slot)) std::vector<uint16_t>(n, 0).swap(*v16), poison_fresh(v16);
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
             if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
             std::vector<float> exact(n, 0.0f);
-            if (b == CB_PARAMS) std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin());
+            poison_fresh(&exact);  // tests: NaN, so a read before any write shows (llmc/probes/poison.h)
+            // the parameters' padding is zero: the updates and the checks read it (poison found it). (ZeRO-3's shard
+            // starts empty: all of it zero here, then load_weights fills its runs)
+            if (b == CB_PARAMS) std::fill(std::copy(v->begin(), v->begin() + std::min(v->size(), n), exact.begin()), exact.end(), 0.0f);
             v->swap(exact);
         }
     }
@@ -1527,6 +1531,16 @@ static void refuse_unless_offload_dir_fits(Comm* world, const TrainOptions& o, c
     if (!why.empty()) grid_usage_fail(world, why);
 }
 
+// A new run's optimizer state is zero: AdamW's moments (fp32 or bf16; with --offload-dir the chunks'
+// slots, whose files disk_offload_open fills with zeros), a factored optimizer's statistics, the MoE
+// table's. Written here, not left to the allocator's zeros, which a test run does not get
+// (llmc/probes/poison.h); a resume then reads them over.
+static void zero_optimizer_state(GPT2* model) {
+    for (std::vector<float>* v : {&model->adam_m, &model->adam_v, &model->optimizer_state, &model->moe_m, &model->moe_v, &model->moe_factored})
+        std::fill(v->begin(), v->end(), 0.0f);
+    for (std::vector<uint16_t>* v : {&model->adam_m16, &model->adam_v16}) std::fill(v->begin(), v->end(), (uint16_t)0);  // bf16 zero
+}
+
 // This rank's slice, every buffer from the size table (what --estimate prints), then the weights:
 // from the initialisation, a model file or a checkpoint; the data-parallel replicas take their
 // group's rank 0's copy, so that they start bit-identical.
@@ -1546,6 +1560,7 @@ static void build_model(GPT2* model, Parallel* par, const TrainOptions& o, const
         comm_split(&par->comms.dp, grid.dp_rank % N, grid.dp_rank / N, &par->ep_replicas, "creating the groups of expert replicas");
     }
     gpt2_allocate(model, sizes);
+    zero_optimizer_state(model);  // (poison found this one: the allocator's zeros were m and v's start)
     // --zero 1|2: the MoE table's AdamW moments sharded (expert_parallel.h); a factored optimizer's statistics
     // of the table stay whole on every rank (tiny, and a shard would cut an expert's matrices mid-row)
     if (grid.zero_stage >= 1 && o.moe_experts > 0 && o.optimizer == "adamw")
@@ -1718,6 +1733,7 @@ static void kv_cache_allocate(KVCache* c, const GPT2Config& cfg, const MoEShape*
     c->mean.assign(T, 0.0f);
     c->rstd.assign(T, 0.0f);
     c->logits.assign(cfg.padded_vocab_size, 0.0f);
+    poison_fresh(&c->k, &c->v, &c->x, &c->ln, &c->atty, &c->proj, &c->qkv, &c->fch, &c->fch_gelu, &c->mean, &c->rstd, &c->logits);  // tests
     if (moe) moe_allocate(&c->moe, *moe, (int)T, (int)C, 4 * (int)C);  // (--moe-experts)
 }
 

@@ -15,10 +15,16 @@ how many of them checked the GPU code (test_gpu*, test_emu*, and test_vs_pytorch
 the CUDA emulation without a GPU).
 
     python3 test/run_tests.py [substring ...]   run only the tests whose name contains one
+
+Every test runs with LLMC_POISON_BUFFERS=1 (llmc/probes/poison.h): the CPU trainer's fresh buffers
+start as NaN, as the emulated GPU's device memory does, so a pass that reads what nobody wrote
+fails its test instead of reading the allocator's zeros. (LLMC_POISON_BUFFERS=0 in the environment
+runs the tests without it.)
 """
 import os, subprocess, sys, time, glob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POISON = os.environ.get("LLMC_POISON_BUFFERS", "1")  # the CPU trainer's fresh buffers as NaN (see above)
 
 
 def discover():
@@ -54,7 +60,7 @@ def main():
         print(f"== {name}", flush=True)
         start = time.time()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                text=True, errors="replace", env=dict(os.environ, PYTHONUNBUFFERED="1", LLMC_POISON_BUFFERS=POISON))
         saw_fail = False
         for line in proc.stdout:
             sys.stdout.write("   " + line)

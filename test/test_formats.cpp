@@ -298,7 +298,10 @@ int main() {
         std::vector<uint16_t> stream(4 * 2 * 8 * 3 + 1);
         for (size_t i = 0; i < stream.size(); i++) stream[i] = (uint16_t)i;
         write_token_shard(dir + "/stream.bin", stream);
-        bool ok = true;
+        bool ok = true, counters_ok = true, seek_ok = true;
+        // the position the checkpoint saves, after each batch: the next block's first token (the same on
+        // every rank), back to 0 with the epoch counted when a block and its last target no longer fit
+        const LoaderPosition after[4] = {{0, 64, 0}, {0, 128, 0}, {0, 0, 1}, {0, 64, 1}};
         for (int rank = 0; rank < 4; rank++) {
             DataLoader dl;
             dataloader_init(&dl, dir + "/stream.bin", 2, 8, rank, 4, 60000, "training data", "--train-data");
@@ -306,11 +309,24 @@ int main() {
                 dataloader_next_batch(&dl);
                 int expect = step * 64 + rank * 16;
                 for (int i = 0; i < 16; i++) ok &= dl.inputs[i] == expect + i && dl.targets[i] == expect + i + 1;
+                const LoaderPosition& want = after[step];
+                counters_ok &= dl.pos.shard_index == want.shard_index && dl.pos.position == want.position && dl.pos.epoch == want.epoch;
+                DataLoader resumed;  // a resume from this position reads what this loader reads next
+                dataloader_init(&resumed, dir + "/stream.bin", 2, 8, rank, 4, 60000, "training data", "--train-data");
+                dataloader_seek(&resumed, dl.pos, false);
+                DataLoader next = dl;
+                dataloader_next_batch(&next);
+                dataloader_next_batch(&resumed);
+                seek_ok &= resumed.inputs == next.inputs && resumed.pos.position == next.pos.position && resumed.pos.epoch == next.pos.epoch;
             }
             dataloader_next_batch(&dl);  // wrapped around: epoch 1 starts again at the beginning
             ok &= dl.inputs[0] == rank * 16 && dl.pos.epoch == 1;
+            counters_ok &= dl.pos.position == after[3].position && dl.pos.epoch == after[3].epoch;
         }
         check(ok, "data loader: rank r reads the r-th B*T of each block of world*B*T tokens, then wraps");
+        check(counters_ok, "data loader: its position (the checkpoint's counter) after each batch: 64, 128, then 0 of epoch 1, 64");
+        // (planted once: a seek restoring the shard and epoch but not the position; only this check failed)
+        check(seek_ok, "data loader: a loader sought to a saved position reads the same next batch and moves the same");
         check_fails("token id outside the model's vocabulary", [&] {
             DataLoader dl;
             dataloader_init(&dl, dir + "/stream.bin", 2, 8, 0, 1, 50, "training data", "--train-data");

@@ -5,7 +5,9 @@
 //
 //   schedule       a hand-worked sequence of clean and overflowing steps with window 3: every S,
 //                  every skip and every tracker value (an overflow must reset the count of clean
-//                  steps, so two clean steps before and one after do not double S).
+//                  steps, so two clean steps before and one after do not double S), and the count of
+//                  skipped steps (the checkpoint's loss_scale_overflows), with AdamW's t = step - skipped
+//                  equal to the number of updates applied.
 //   exact          g * S then unscaled, for S = 2^0 .. 2^24, equals g bit for bit (the claim that
 //                  any power-of-two S trains the same weights); S = 3 does not (the control that
 //                  shows the comparison can fail), which is why non-powers of two are refused.
@@ -37,28 +39,35 @@ int main() {
         LossScaler s;
         s.scale = 65536.0f;
         s.window = 3;
-        struct Event { bool overflow; bool applied; float scale; int clean; };
+        // skipped: the steps skipped so far, the counter the checkpoint saves (loss_scale_overflows) and AdamW's t
+        // is the step minus (t must count the applied updates only: 1, 2, ..., with no gap and no repeat)
+        struct Event { bool overflow; bool applied; float scale; int clean; int skipped; };
         const Event events[] = {
-            {false, true, 65536, 1}, {false, true, 65536, 2}, {false, true, 131072, 0},  // 3 clean: doubles
-            {false, true, 131072, 1}, {false, true, 131072, 2},
-            {true, false, 65536, 0},                                                  // overflow: halves, resets
-            {false, true, 65536, 1},                                                  // 2 + 1 clean is not 3
-            {true, false, 32768, 0}, {true, false, 16384, 0},                         // two in a row: two halvings
-            {false, true, 16384, 1}, {false, true, 16384, 2}, {false, true, 32768, 0},
+            {false, true, 65536, 1, 0}, {false, true, 65536, 2, 0}, {false, true, 131072, 0, 0},  // 3 clean: doubles
+            {false, true, 131072, 1, 0}, {false, true, 131072, 2, 0},
+            {true, false, 65536, 0, 1},                                                     // overflow: halves, resets
+            {false, true, 65536, 1, 1},                                                     // 2 + 1 clean is not 3
+            {true, false, 32768, 0, 2}, {true, false, 16384, 0, 3},                         // two in a row: two halvings
+            {false, true, 16384, 1, 3}, {false, true, 16384, 2, 3}, {false, true, 32768, 0, 3},
         };
-        bool ok = true;
+        bool ok = true, t_ok = true;
         std::string why;
-        int step = 1;
+        int step = 1, applied_so_far = 0;
         for (const Event& e : events) {
             bool applied = loss_scaler_update(&s, e.overflow, step);
-            if (applied != e.applied || s.scale != e.scale || s.clean_steps != e.clean) {
+            if (applied != e.applied || s.scale != e.scale || s.clean_steps != e.clean || s.overflows != e.skipped) {
                 ok = false;
-                why += strprintf("step %d: applied %d scale %g clean %d, expected %d %g %d; ", step, applied, s.scale,
-                                 s.clean_steps, e.applied, e.scale, e.clean);
+                why += strprintf("step %d: applied %d scale %g clean %d skipped %d, expected %d %g %d %d; ", step, applied, s.scale,
+                                 s.clean_steps, s.overflows, e.applied, e.scale, e.clean, e.skipped);
             }
+            applied_so_far += applied;
+            if (applied && step - s.overflows != applied_so_far) t_ok = false;  // the t the update of this step gets
             step++;
         }
-        check(ok, "schedule: GradScaler's halving, growth after 3 clean steps and tracker reset", why);
+        check(ok, "schedule: GradScaler's halving, growth after 3 clean steps, tracker reset and the count of skipped steps", why);
+        check(t_ok && s.overflows == 3 && step - 1 - s.overflows == 9,
+              "schedule: AdamW's t = step - skipped counts the applied updates (9 of 12 steps; 3 skipped)",
+              strprintf("skipped %d", s.overflows));
     }
 
     // ---- scaling by a power of two and unscaling is exact

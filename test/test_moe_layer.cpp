@@ -8,6 +8,9 @@
 //             sum(y * r) + L_aux + L_z, along a random direction per tensor (x, router, fc, proj),
 //             top-1 and top-2, with capacity drops; the routing must not change under the nudges
 //             (checked: a discrete switch would make the difference meaningless)
+//   counts    the routing's counters (routed, kept per expert, dropped, least and most load, each
+//             expert's rows) against a recount from the choices and the capacity rule (planted
+//             once: routed counting only the kept assignments; the other checks passed, this failed)
 //   empty     an expert no token reaches (its router row pushed far down): no rows, gradients of its
 //             MLP exactly zero, everything finite, and the finite differences still agree
 // Run as `test_moe_layer --dump IN OUT`, it is the harness test/test_moe.py drives: one forward and
@@ -107,6 +110,39 @@ static void check_dense() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// counts: the routing's counters against a recount from the choices (the statistics the trainer
+// reports and sums over blocks, micro-batches and ranks: llmc/run/moe_run.h)
+
+static void check_counts(const char* name, const MoEActivations& a, const MoEStats& st, const MoEShape& s) {
+    int E = s.experts, k = s.top_k, kN = a.N * k;
+    std::vector<int> routed(E, 0), kept(E, 0);
+    int dropped_rows = 0;
+    for (int c = 0; c < kN; c++) {
+        routed[a.choice[c]]++;
+        if (a.row[c] < 0) dropped_rows++;
+        else kept[a.choice[c]]++;
+    }
+    bool ok = a.routed == routed && a.kept == kept, rows_ok = true;
+    int dropped = 0, lo = kN, hi = 0;
+    for (int e = 0; e < E; e++) {
+        ok = ok && kept[e] == std::min(routed[e], a.capacity);  // an expert fills up to its capacity, no further
+        dropped += routed[e] - kept[e];
+        lo = std::min(lo, kept[e]), hi = std::max(hi, kept[e]);
+        ok = ok && a.first_row[e + 1] - a.first_row[e] == kept[e];
+    }
+    for (int c = 0; c < kN; c++)  // each kept assignment's row: within its expert's rows, holding its token
+        if (a.row[c] >= 0)
+            rows_ok = rows_ok && a.row[c] >= a.first_row[a.choice[c]] && a.row[c] < a.first_row[a.choice[c] + 1] &&
+                      a.token_of_row[a.row[c]] == c / k;
+    ok = ok && rows_ok && dropped == dropped_rows && st.dropped == dropped && st.min_load == lo && st.max_load == hi &&
+         a.first_row[E] == kN - dropped;
+    char detail[160];
+    snprintf(detail, sizeof detail, "%d assignments, capacity %d: kept %d, dropped %d, load %d..%d", kN, a.capacity, kN - dropped,
+             st.dropped, st.min_load, st.max_load);
+    report(ok, (std::string(name) + ": routed, kept, dropped and the loads equal a recount from the choices").c_str(), detail);
+}
+
+// ---------------------------------------------------------------------------------------------
 // fd: finite differences of loss = sum(y * r) + L_aux + L_z
 
 static double layer_loss(Layer& l, MoEActivations* a, const std::vector<float>& x, const std::vector<float>& r,
@@ -138,6 +174,7 @@ static void check_fd(const char* name, MoEShape s, bool starve_last) {
     std::vector<int> routing, nudged;
     layer_loss(l, &a, x, r, &routing);
     MoEStats st = moe_forward(std::vector<float>((size_t)N * C).data(), &a, s, l.w(), x.data());
+    check_counts(name, a, st, s);
     std::vector<float> dx((size_t)N * C);
     l.zero_grads();
     moe_backward(dx.data(), l.g(), &a, s, l.w(), x.data(), r.data(), 1.0f);

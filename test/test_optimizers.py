@@ -38,6 +38,8 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
   memory                --estimate: the optimizer state is sum(rows + cols) + sum(vector sizes) floats,
                         counted here from the model's shapes; AdamW's 8 bytes per parameter; with
                         --zero 1 each rank's whole blocks, cut greedily (the rule recomputed here).
+  AdamW's t             step 3's update (checkpoints 2 and 3: the weights, m and v) recomputed for t = 1..5:
+                        only t = 3, the number of updates applied, gives the trainer's weights.
   bf16 m and v          --optimizer-state bf16 (AdamW, llmc/optim/adamw_bf16.h): 20 steps within 2% of
                         fp32 m and v's movement; 10 + resume + 10 == 20 bit for bit; dp2 ZeRO-1 == one
                         rank; 4 bytes per parameter in --estimate and in what every rank holds. (Why
@@ -57,7 +59,8 @@ The model is L=2 C=64 H=4 T=64 V=501 (Vp = 512: 11 padded wte rows, which must g
 Planted bugs that these checks caught (by hand, once; see the commit): beta2_t's exponent -0.8 ->
 -0.5, R and C swapped, update clipping removed, SM3's min(r_i, c_j) -> max; ZeRO-1: each rank's blocks
 updated from its own unsummed gradient (no all-gather of the sum: 13 checks failed, 6e-2 off), every
-rank resuming slice 0 of the state (the resume and reshard checks failed). Tensor parallelism:
+rank resuming slice 0 of the state (the resume and reshard checks failed). AdamW given t = step + 1:
+the t check failed (t = 4 fitted, 7e-5; t = 3 off by 0.11). Tensor parallelism:
 Adafactor's column sums of a rows-cut matrix left local (tp2 and dp2 x tp2 3.1e-4 off), SM3's
 column maxima left local (3.5e-3 off), every rank resuming rank 0's file (the resume check failed).
 """
@@ -272,6 +275,26 @@ def check_adafactor_step1(chain, ckpt_dir):
            f"g^2 + eps1 ({worst_mat:.1e} relative)", f"{worst_mat:.2e}")
 
 
+def check_adamw_t(tr):
+    """AdamW's step counter t against the math: 3 steps at a constant lr, no weight decay, checkpointed every
+    step. Step 3's update is W3 = W2 - lr m3 / (1 - b1^t) / (sqrt(v3 / (1 - b2^t)) + eps) with checkpoint 3's
+    m, v: recomputed here for t = 1..5, only t = 3 (the number of updates applied) may give checkpoint 3's
+    weights (fp32 rounding: measured 6e-5 of the largest step; a t off by one: 0.1 to 0.2 of it)."""
+    lr, b1, b2, eps = 1e-3, 0.9, 0.95, 1e-8  # (cli.h's defaults for beta1, beta2, eps)
+    out = os.path.join(tr.work, "adamw_t")
+    tr.run(tr.base("adamw_t") + ["--lr", lr, "--lr-schedule", "constant", "--weight-decay", 0, "--steps", 3,
+                                 "--checkpoint-every", 1])
+    w2, w3 = (np.fromfile(f"{out}/ckpt_{k:08d}/model.bin", np.float32, offset=1024).astype(np.float64) for k in (2, 3))
+    m, v = (x.astype(np.float64) for x in grid_moments(f"{out}/ckpt_00000003"))
+    moved = v > 0  # (wpe's rows past T = 32 never get a gradient)
+    scale = np.max(np.abs(w3 - w2)[moved])
+    errors = {t: np.max(np.abs(w2 - lr * m / (1 - b1**t) / (np.sqrt(v / (1 - b2**t)) + eps) - w3)[moved]) / scale
+              for t in range(1, 6)}
+    report(errors[3] < 1e-3 and all(errors[t] > 0.05 for t in errors if t != 3),
+           f"AdamW's t: step 3's update is the one of t = 3 (relative error {errors[3]:.1e}; t = 2: {errors[2]:.1e}, "
+           f"t = 4: {errors[4]:.1e})", f"errors by t: {errors}")
+
+
 def check_resume(label, chain, straight):
     losses = np.concatenate([d["losses"][-1:] for d in chain])
     same = np.array_equal(losses, straight["losses"]) and np.array_equal(chain[-1]["params"], straight["params"])
@@ -415,6 +438,9 @@ def main():
         compare_with_reference("sm3", tr, chain, ckpts, W0, lambda W, G, S, t, decays: sm3_ref(
             W, G, S, 0.05 * min(t, 5) / 5, 0.1, decays))
         check_resume("sm3", chain, tr.straight("sm3_straight", flags))
+
+        # ---- AdamW's t, from the update it made
+        check_adamw_t(tr)
 
         # ---- AdamW with bf16 m and v (--optimizer-state bf16; the rounding itself: build/test_adamw_bf16)
         fp32 = tr.straight("adamw32", ["--lr", "1e-3"])

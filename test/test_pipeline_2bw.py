@@ -26,6 +26,8 @@ It is not a synchronous run, by design, so the references are:
   - memory: every rank holds what its size table says (older_weights included, check_predictions),
     and --estimate's params per rank are exactly 1F1B's twice (the stage's weights and, on the last
     stage, its copy of the tied embedding);
+  - the versions saved: checkpoint t's older version says step t and is W(t-1), checkpoint t-1's
+    weights bit for bit (a one-rank run checkpointed every step);
   - resume: 3 steps + checkpoint + 3 resumed == 6 straight bit for bit (the run drains at the
     checkpoint, so it holds no micro-batch in flight: only the two versions, the older in each
     rank's pipedream_2bw_rank<r>.bin); a 2BW resume from a 1F1B checkpoint is refused.
@@ -39,9 +41,10 @@ Planted bugs caught (by hand, then reverted):
     checks of steps 2 and 3 and "differs from 1F1B" failed (the one-rank comparisons still passed:
     they share that code, which is why the rule is checked against 1F1B runs);
   - the resume losing the older version (pipedream_2bw_load returning before reading, so both
-    versions restart at W(3)): the resume check failed.
+    versions restart at W(3)): the resume check failed;
+  - the older version's file saying step t-1 (pipedream_2bw_save): the versions-saved check failed.
 """
-import os, re, shutil, subprocess, sys, tempfile
+import os, re, shutil, struct, subprocess, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 
@@ -113,6 +116,28 @@ def write_reference_model(path):
     ref.save_model(path, model)
 
 
+def check_saved_versions(r, work):
+    """The weight versions' counter: a 3-step one-rank 2BW run checkpointed every step (one rank: the slice's
+    flat array is the model file's order). Checkpoint t's pipedream_2bw_rank0.bin says step t and holds W(t-1):
+    checkpoint t-1's model.bin weights, bit for bit (t = 2, 3); checkpoint 1's holds W(0), not W(1)."""
+    code, _, err = r.run(1, "--pipeline-schedule", "2bw", "--checkpoint-every", 1, steps=3)
+    if code != 0:
+        report(False, "2BW checkpoints: the versions saved", err[-600:])
+        return
+    ckpt = lambda t: os.path.join(work, "out", f"ckpt_{t:08d}")
+    weights = {t: np.fromfile(os.path.join(ckpt(t), "model.bin"), dtype=np.float32, offset=1024) for t in (1, 2, 3)}
+    steps, same, problems = [], [], []
+    for t in (1, 2, 3):
+        raw = open(os.path.join(ckpt(t), "pipedream_2bw_rank0.bin"), "rb").read()
+        _magic, _version, _rank, _world, step, floats = struct.unpack_from("<4i2q", raw, 0)
+        older = np.frombuffer(raw, dtype=np.float32, offset=32, count=floats)[:weights[t].size]
+        steps.append(step)
+        same.append(np.array_equal(older, weights[t - 1]) if t > 1 else not np.array_equal(older, weights[1]))
+    report(steps == [1, 2, 3] and all(same),
+           "2BW checkpoints: step t's older version is W(t-1) (checkpoint t-1's weights, bit for bit; checkpoint 1's is not W(1))",
+           f"saved steps {steps}, versions right {same}")
+
+
 def refused(cmd, needle, name, work):
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
     lines = [l for l in (p.stdout + p.stderr).splitlines() if l.strip()]
@@ -149,6 +174,9 @@ def main():
             report(differ == list(range(1, STEPS)) and not np.array_equal(two["params"], sync["params"]),
                    f"2BW is not synchronous: its losses differ from 1F1B's at steps 2..{STEPS} "
                    f"({L[1]:.6f} vs {sync['losses'][1]:.6f} at step 2), and so do the weights", f"differ at {differ}")
+
+        # ---- the versions the checkpoints hold: at step t the older one is W(t-1), the weights of checkpoint t-1
+        check_saved_versions(r, work)
 
         # ---- without the flush (--pipeline-schedule 2bw) against each step drained (2bw-flush): the same bits
         flushed, _ = r.dump("pp2_m4_2bw_flush", 2, *pipe(2, 4, "2bw-flush"), steps=STEPS)

@@ -73,6 +73,7 @@
 #include <string>
 #include <vector>
 #include "llmc/model/cpu_layers.h"  // matmul_forward/backward, gelu_forward/backward: the dense MLP's own
+#include "llmc/probes/poison.h"   // tests only: fresh rows as NaN
 #include "llmc/utils.h"               // usage_fail: one line, exit 2
 
 namespace cpu {
@@ -174,6 +175,8 @@ inline void moe_allocate(MoEActivations* a, const MoEShape& s, int N, int C, int
     a->eout.assign(rows * C, 0.0f);
     a->drow.assign(rows * C, 0.0f); a->dh.assign(rows * H, 0.0f); a->dxg.assign(rows * C, 0.0f);
     a->dgate.assign(rows, 0.0f); a->dprobs.assign(N * E, 0.0f); a->dlogits.assign(N * E, 0.0f); a->dx_router.assign((size_t)N * C, 0.0f);
+    poison_fresh(&a->logits, &a->probs, &a->lse, &a->gate, &a->xg, &a->fch, &a->fch_gelu, &a->eout, &a->drow, &a->dh, &a->dxg,
+                 &a->dgate, &a->dprobs, &a->dlogits, &a->dx_router);  // tests: NaN (llmc/probes/poison.h)
 }
 
 // The router: logits, softmax (fp32, max-subtracted), the top-k choices and their gates.

@@ -83,6 +83,7 @@
 #include "llmc/parallel/comm.h"
 #include "llmc/parallel/grad_compression.h"  // bf16_sum_over
 #include "llmc/parallel/sharding.h"  // ShardRange
+#include "llmc/probes/poison.h"  // tests only: fresh rows as NaN
 
 namespace cpu {
 
@@ -164,6 +165,7 @@ inline void ep_allocate(ExpertParallelBlock* b, int ranks, int experts, int top_
     ep_plan_allocate(&b->plan, ranks, experts);
     for (std::vector<float>* v : {&b->staging, &b->x, &b->out, &b->dout, &b->dx}) v->assign(R * C, 0.0f);
     for (std::vector<float>* v : {&b->fch, &b->fch_gelu, &b->dh}) v->assign(R * H, 0.0f);
+    poison_fresh(&b->staging, &b->x, &b->out, &b->dout, &b->dx, &b->fch, &b->fch_gelu, &b->dh);  // tests: NaN (llmc/probes/poison.h)
 }
 
 // Copies between the staging order and the expert-major one, either way.

@@ -283,6 +283,7 @@ inline void grad_compression_setup(GradCompression* c, const GradCompressionSett
     c->e_next = c->e + c->plan.e_floats;
     c->q = c->e_next + c->plan.e_floats;
     c->q_next = c->q + c->plan.q_floats;
+    std::fill(c->e, c->e + c->plan.e_floats, 0.0f);  // the first step's error feedback: nothing carried (poison found it)
     powersgd_first_q(seed, c->q, c->plan.q_floats);
 }
 

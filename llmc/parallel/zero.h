@@ -52,6 +52,7 @@
 #include "llmc/model/model.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/parallel/sharding.h"
+#include "llmc/probes/poison.h"  // tests only: fresh units and buckets as NaN
 
 // One tensor's part of a unit: local elements [local, local + count) of the slice's flat array.
 struct ZeroUnitPiece {
@@ -209,6 +210,7 @@ inline void zero_setup(Zero* z, int stage, Comm* dp, const ProcessGrid& grid, co
 inline void zero_track(Zero* z, std::vector<float>& buffer, size_t floats) {
     if (floats > buffer.size()) z->transient_floats += floats - buffer.size();
     buffer.assign(floats, 0.0f);
+    poison_fresh(&buffer);  // tests: NaN (llmc/probes/poison.h)
     z->transient_peak = std::max(z->transient_peak, z->transient_floats);
 }
 inline void zero_free(Zero* z, std::vector<float>& buffer) {
@@ -235,7 +237,10 @@ inline void zero_release(Zero* z, int u) {
 // ZeRO-2/3: a zeroed buffer for unit u's gradient of this micro-batch (the backward adds into it).
 inline float* zero_open_bucket(Zero* z, int u) {
     std::vector<float>& bucket = z->buckets[u];
-    if (bucket.empty()) zero_track(z, bucket, z->units[u].shards.padded_total);
+    if (bucket.empty()) {
+        zero_track(z, bucket, z->units[u].shards.padded_total);
+        std::fill(bucket.begin(), bucket.end(), 0.0f);  // the backward adds into it (poison found it: not the allocator's zeros)
+    }
     return bucket.data();
 }
 

@@ -601,25 +601,45 @@ inline void crossentropy_forward(float* losses, float* logsumexp, const float* l
     }
 }
 
+// One row's logits -> their gradient, in place, from the row's logsumexp: exp(z - lse) * dloss, 16
+// at a time, the target's column less dloss, the padding 0. (vocab_begin: see below.)
+inline void row_softmax_gradient(float* z, float lse, int target, int V, int Vp, float dloss) {
+    int Vv = V / 16 * 16;
+    for (int v = 0; v < Vv; v += 16) {
+        vec16_unaligned* zv = (vec16_unaligned*)(z + v);
+        *zv = vexp16(*zv - lse) * dloss;
+    }
+    for (int v = Vv; v < V; v++) z[v] = vexpf(z[v] - lse) * dloss;
+    if (target >= 0 && target < V) z[target] -= dloss;
+    for (int v = V; v < Vp; v++) z[v] = 0.0f;
+}
+
 // logits (N x Vp) -> dlogits, in place. dloss is d(total loss)/d(loss of one position). With
 // tensor parallelism the logits are this rank's vocabulary rows: columns [0, V) are real tokens
 // vocab_begin + v, the rest padding; the target lies in another rank's rows for most positions.
 inline void crossentropy_softmax_backward(float* logits, const float* logsumexp, const int* targets, int N, int V, int Vp,
                                    float dloss, int vocab_begin = 0) {
     LAYER_PROFILE("softmax + loss backward", 0, 2.0 * N * Vp * sizeof(float));
-    int Vv = V / 16 * 16;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        row_softmax_gradient(logits + (size_t)n * Vp, logsumexp[n], targets[n] - vocab_begin, V, Vp, dloss);
+}
+
+// Training, when d(loss)/d(logits) is known at the loss (as the GPU's loss kernel does): the loss
+// and the gradient, row by row. A row (50,304 floats, 201 KB) is still in L2 when the logsumexp pass
+// has read it, so the gradient pass reads it from there: one read of the logits from memory where
+// the forward and the backward above make two. The same floats as crossentropy_forward followed by
+// crossentropy_softmax_backward. Measured on the main job's shape, one thread, CPU time: 21.1 ms,
+// against 32.1 ms for the two.
+inline void crossentropy_forward_backward(float* losses, float* logsumexp, float* logits, const int* targets, int N, int V,
+                                          int Vp, float dloss) {
+    LAYER_PROFILE("softmax + loss forward and backward", 0, 1.0 * N * (V + Vp) * sizeof(float));
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* z = logits + (size_t)n * Vp;
-        float lse = logsumexp[n];
-        for (int v = 0; v < Vv; v += 16) {
-            vec16_unaligned* zv = (vec16_unaligned*)(z + v);
-            *zv = vexp16(*zv - lse) * dloss;
-        }
-        for (int v = Vv; v < V; v++) z[v] = vexpf(z[v] - lse) * dloss;
-        int target = targets[n] - vocab_begin;
-        if (target >= 0 && target < V) z[target] -= dloss;
-        for (int v = V; v < Vp; v++) z[v] = 0.0f;
+        logsumexp[n] = row_logsumexp(z, V);
+        losses[n] = logsumexp[n] - z[targets[n]];
+        row_softmax_gradient(z, logsumexp[n], targets[n], V, Vp, dloss);
     }
 }
 

@@ -567,7 +567,8 @@ constexpr int CE_CHUNK = 2048;  // floats of a row per chunk: 8 KB, well inside 
 // logsumexp of z[0..V): 16 lanes of (running maximum, sum of exp(z - that maximum)).
 inline float row_logsumexp(const float* z, int V) {
     int Vv = V / 16 * 16;  // the vector part; the rest, at most 15 logits, after it
-    vec16 lane_max = vec16{} - INFINITY, lane_sum = {};
+    vec16 lane_max, lane_sum = {};
+    for (int l = 0; l < 16; l++) lane_max[l] = -INFINITY;  // (nvcc's front end crashes on vec16{} - INFINITY)
     for (int c0 = 0; c0 < Vv; c0 += CE_CHUNK) {
         int c1 = std::min(Vv, c0 + CE_CHUNK);
         vec16 m = lane_max;

@@ -62,11 +62,22 @@ int main() {
         y[i] = (int)(splitmix64(1000 + i) % 96);
     }
     gpt2_forward(&model, x.data(), B, T);
-    gpt2_loss(&model, y.data(), B, T);
+    float loss = gpt2_loss(&model, y.data(), B, T);
     std::fill(model.grads.begin(), model.grads.end(), 0.0f);
     gpt2_backward(&model, x.data(), y.data(), B, T, 1.0f / (B * T));
 
     int failures = 0;
+    // Training passes dloss to the loss, which then writes the logits' gradient in the same pass
+    // (crossentropy_forward_backward): the same loss and gradients, bit for bit, as the two passes
+    // (so the finite differences below check both).
+    std::vector<float> two_passes = model.grads;
+    gpt2_forward(&model, x.data(), B, T);
+    float fused_loss = gpt2_loss(&model, y.data(), B, T, 0, 1.0f / (B * T));
+    std::fill(model.grads.begin(), model.grads.end(), 0.0f);
+    gpt2_backward(&model, x.data(), y.data(), B, T, 1.0f / (B * T));
+    bool same = fused_loss == loss && model.grads == two_passes;
+    printf("%s: the loss with the logits' gradient in one pass == loss, then backward (bit for bit)\n", same ? "PASS" : "FAIL");
+    failures += !same;
     auto check_direction = [&](const std::string& name, const std::vector<float>& dir) {
         double analytic = 0.0;
         for (size_t i = 0; i < dir.size(); i++) analytic += (double)model.grads[i] * dir[i];

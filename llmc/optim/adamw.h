@@ -46,11 +46,42 @@ inline double ordered_sum(size_t n, F f) {
     return total;
 }
 
-// The sum of squares of n gradients (ordered_sum: the same for any thread count). With several
-// ranks each sums its shard and the shards' sums are added in rank order (comm_sum).
+// The sum of squares of n gradients, in double, in the same fixed chunks as ordered_sum (the same for
+// any thread count). With several ranks each sums its shard and the shards' sums are added in rank
+// order (comm_sum).
+// It reads every gradient once, so it should run at memory bandwidth; ordered_sum's loop did not
+// (the compiler kept one running double sum: one add at a time, 4 cycles each; 3 GB/s). Here each
+// chunk is summed in 32 lanes (4 x 8 doubles, each lane its own elements in order, the lanes added
+// in order at the end): measured on d12's 124M gradients, one thread of an AVX-512 Xeon, CPU time,
+// 171 -> 61 ms (2.9 -> 8.1 GB/s: the memory's). The
+// order of the sum changed with this: the norm may differ in its last bits.
+typedef double vec8d __attribute__((vector_size(64)));
+typedef float vec8f_unaligned __attribute__((vector_size(32), aligned(4)));
+inline double sum_of_squares_chunk(const float* g, size_t n) {
+    vec8d acc[4] = {};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int a = 0; a < 4; a++) {
+            vec8d x = __builtin_convertvector(*(const vec8f_unaligned*)(g + i + 8 * a), vec8d);
+            acc[a] += x * x;
+        }
+    double s = 0.0;
+    for (int a = 0; a < 4; a++)
+        for (int l = 0; l < 8; l++) s += acc[a][l];
+    for (; i < n; i++) s += (double)g[i] * g[i];
+    return s;
+}
+
 inline double sum_of_squares(const float* grads, size_t n) {
     LAYER_PROFILE("gradient norm", 0, 1.0 * n * sizeof(float));
-    return ordered_sum(n, [&](size_t i) { return (double)grads[i] * grads[i]; });
+    const size_t chunk = 1 << 16;  // ordered_sum's
+    size_t chunks = (n + chunk - 1) / chunk;
+    std::vector<double> partial(chunks);
+    #pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) partial[c] = sum_of_squares_chunk(grads + c * chunk, std::min(chunk, n - c * chunk));
+    double total = 0.0;
+    for (double s : partial) total += s;
+    return total;
 }
 
 // sqrt(sum of squares) over all gradients of one rank.

@@ -27,13 +27,14 @@ run and equal. Two own x own pairs the table lets through (MoE with Adafactor or
 run here: test_moe_trainer.py checks them against its own statistics (a SKIP line each).
 
 Planted bugs that the walk caught and the techniques' own tests did not (by hand, one at a time, in a
-copy; see the commit): --recompute 2's LayerNorm rebuilt from the flat weights instead of the layer's
-view (zero-3 x recompute crashed, interleaved x recompute not bit-identical; test_parallelism,
-test_pipeline_interleaved, test_pipeline_zb_h1 and test_stash_precision passed); the bf16-moments AdamW
-updating the flat weights instead of the piece's home (zero-3 x bf16-moments crashed; test_optimizers,
-test_disk_offload, test_data_parallel passed). And a real one: --precision fp8 --tensor-parallel 2 at C = 64
-(the cuBLASLt stand-in refused an output 16, not 256, bytes aligned; test_fp8.py's tensor-parallel check
-runs C = 128). A third plant, bf16 moments rounded with a rank's shard offset as the key instead of the
+copy of the tree, 2026-12-06): --recompute 2's LayerNorm rebuilt from the flat weights instead of the
+layer's view (zero-3 x recompute crashed, interleaved x recompute not bit-identical; test_parallelism,
+test_pipeline_interleaved, test_pipeline_zb_h1 and test_stash_precision passed every check of numbers,
+failing only 4 bubble timings on a machine at load 38); the bf16-moments AdamW updating the flat weights
+instead of the piece's home (zero-3 x bf16-moments crashed; test_optimizers, test_disk_offload and
+test_data_parallel passed, 121 checks). And a real one: --precision fp8 --tensor-parallel 2 at C = 64 (the
+cuBLASLt stand-in refused an output 16, not 256, bytes aligned; test_fp8.py's tensor-parallel check runs
+C = 128). A third plant, bf16 moments rounded with a rank's shard offset as the key instead of the
 element's index, the walk caught from step 3 on (zero-1 x bf16-moments; why the CPU runs 3 steps), and so
 did test_optimizers (its dp2 ZeRO-1 == one rank check failed, the weights 5.0e-5 apart).
 """

@@ -315,6 +315,14 @@ inline const std::vector<CompatRow>& compatibility_table() {
                "./train_gpt --precision fp8, or drop --precision"; }},
 
 
+    // found by test/test_combination_walk.py (tensor-parallel x interleaved on the emulated GPU): the tensor ranks'
+    // copies of a replicated gradient (wpe's) drift apart; the CPU trainer's pair is proven (bit for bit with 1F1B)
+    {"--pipeline-schedule interleaved", "--tensor-parallel (GPU)", ON_GPU, CompatMoment::Flags,
+     "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2 --tensor-parallel 2", [](R r) -> std::string {
+        if (r.o->pipeline_schedule != "interleaved" || r.o->pipeline_parallel < 2 || r.o->tensor_parallel < 2) return "";
+        return "--pipeline-schedule interleaved with --tensor-parallel on the GPU trainer is not proven yet (the tensor ranks' "
+               "copies of replicated gradients differ): use --pipeline-schedule 1f1b there, or train_gpt_cpu"; }},
+
     // ---- Shape: the model and the grid known --------------------------------------------------
     // the GPU's MoE blocks (llmc/model/moe_gpu.cuh): the layer's shape and the kernels' limits, then what they do not do yet
     {"--moe-experts", "the GPU kernels' shape", ON_GPU, CompatMoment::Shape, "--moe-experts 65", [](R r) -> std::string {

@@ -33,44 +33,10 @@
 #include "llmc/memory/estimate.h"  // estimate_config: the --model spec's shape, as --estimate reads it
 #include "llmc/run/compatibility.h"
 
-static const int CENSUS_ROWS = 66;
+static const int CENSUS_ROWS = 69;
 static const char* BASE = "--model L=4,C=64,H=4,T=64 --batch-size 1 --seq-len 64 --total-batch-tokens 768";
 
-// A technique of the pair walk: the flags that turn it on ("@fp16": the GPU binary of that build).
-struct Technique {
-    const char* name;
-    const char* flags;
-};
-static const std::vector<Technique> TECHNIQUES = {
-    {"zero-1", "--zero 1 --estimate-ranks 2"},
-    {"zero-2", "--zero 2 --estimate-ranks 2"},
-    {"zero-3", "--zero 3 --estimate-ranks 2"},
-    {"tensor-parallel", "--tensor-parallel 2"},
-    {"sequence-parallel", "--tensor-parallel 2 --sequence-parallel 1"},
-    {"pipeline-parallel", "--pipeline-parallel 2"},
-    {"interleaved", "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2"},
-    {"zb-h1", "--pipeline-parallel 2 --pipeline-schedule zb-h1"},
-    {"2bw", "--pipeline-parallel 2 --pipeline-schedule 2bw"},
-    {"2bw-flush", "--pipeline-parallel 2 --pipeline-schedule 2bw-flush"},
-    {"moe", "--moe-experts 2 --moe-top-k 2"},
-    {"expert-parallel", "--moe-experts 2 --expert-parallel 2 --estimate-ranks 2"},
-    {"adafactor", "--optimizer adafactor"},
-    {"sm3", "--optimizer sm3"},
-    {"bf16-moments", "--optimizer-state bf16"},
-    {"offload-optimizer", "--offload optimizer"},
-    {"offload-dir", "--offload-dir off"},
-    {"bf16-compression", "--grad-compression bf16 --estimate-ranks 2"},
-    {"powersgd", "--grad-compression powersgd --estimate-ranks 2"},
-    {"server", "--data-parallel server --estimate-ranks 2"},
-    {"cuda-graphs", "--cuda-graphs"},
-    {"fp8", "--precision fp8"},
-    {"stash-bf16", "--stash-precision bf16"},
-    {"stash-fp8", "--stash-precision fp8"},
-    {"recompute", "--recompute 2"},
-    {"master-weights-0", "--master-weights 0"},
-    {"fp16-build", "@fp16"},
-    {"fp32-build", "@fp32"},
-};
+// The techniques of the pair walk: compatibility.h's compat_techniques(), with their references.
 
 static std::vector<std::string> words(const std::string& s) {
     std::istringstream in(s);
@@ -209,10 +175,12 @@ struct PairCase {
     std::string name;
     Config config;
     Trainer trainer;
+    size_t i = 0, j = 0;  // its two techniques (compat_techniques())
 };
 
 static std::vector<PairCase> pair_cases() {
     std::vector<PairCase> cases;
+    const std::vector<CompatTechnique>& TECHNIQUES = compat_techniques();
     for (size_t i = 0; i < TECHNIQUES.size(); i++)
         for (size_t j = i + 1; j < TECHNIQUES.size(); j++)
             for (Trainer t : {Trainer::CPU, Trainer::GPU}) {
@@ -222,9 +190,70 @@ static std::vector<PairCase> pair_cases() {
                 add_flags(&c, TECHNIQUES[j].flags);
                 if (c.conflict || !takes(c, t)) continue;
                 cases.push_back({std::string(t == Trainer::CPU ? "cpu " : "gpu ") + TECHNIQUES[i].name + " x " + TECHNIQUES[j].name,
-                                 c, t});
+                                 c, t, i, j});
             }
     return cases;
+}
+
+// A pair's reference (test/test_combination_walk.py runs both): the techniques of its most exact kind
+// replaced by their references (bits, then a tolerance, then grid; own ones stay). `exact` names how the two
+// runs must agree ("bits", "grid" or the tolerances, '+'-joined); "" = no reference (two own techniques).
+struct Reference {
+    std::string exact;
+    Config config;
+    Trainer trainer = Trainer::CPU;
+};
+
+static int exact_rank(const std::string& e) {
+    return e == "bits" ? 0 : e == "grid" ? 2 : e == "own" ? 3 : 1;
+}
+
+// A technique's exactness on this trainer ("cpu/gpu": one each).
+static std::string exact_on(const CompatTechnique& t, Trainer trainer) {
+    std::string e = t.exact;
+    size_t slash = e.find('/');
+    if (slash == std::string::npos) return e;
+    return trainer == Trainer::CPU ? e.substr(0, slash) : e.substr(slash + 1);
+}
+
+static Reference reference_of(const PairCase& p) {
+    const std::vector<CompatTechnique>& tq = compat_techniques();
+    const CompatTechnique* two[2] = {&tq[p.i], &tq[p.j]};
+    std::string exact[2] = {exact_on(*two[0], p.trainer), exact_on(*two[1], p.trainer)};
+    int kind = std::min(exact_rank(exact[0]), exact_rank(exact[1]));
+    Reference ref;
+    ref.trainer = p.trainer;
+    if (kind == 3) return ref;
+    add_flags(&ref.config, BASE);
+    ref.config.build = p.config.build;
+    for (int k = 0; k < 2; k++) {
+        const CompatTechnique* t = two[k];
+        const CompatTechnique* other = two[1 - k];
+        if (exact_rank(exact[k]) != kind) { add_flags(&ref.config, t->flags); continue; }
+        if (std::string(other->loosens) == t->name) {  // (kept, the other makes this one agree within its own bounds)
+            add_flags(&ref.config, t->reference);
+            ref.exact = exact[1 - k];
+            continue;
+        }
+        if (std::string(t->reference) == "@cpu") ref.trainer = Trainer::CPU;
+        else add_flags(&ref.config, t->reference);
+        if (ref.exact.find(exact[k]) == std::string::npos) ref.exact += (ref.exact.empty() ? "" : "+") + exact[k];
+    }
+    if (ref.trainer == Trainer::CPU) ref.config.build = "bf16";
+    return ref;
+}
+
+// The flags after BASE's (a technique's own), as one string.
+static std::string own_flags(const Config& c) {
+    Config base;
+    add_flags(&base, BASE);
+    std::string out;
+    for (const auto& f : c.flags) {
+        auto at = std::find_if(base.flags.begin(), base.flags.end(), [&](const auto& b) { return b.first == f.first; });
+        if (at != base.flags.end() && at->second == f.second) continue;
+        out += (out.empty() ? "" : " ") + f.first + (f.second.empty() ? "" : " " + f.second);
+    }
+    return out;
 }
 
 // The pair walk against `table`: the pairs where the trainers disagree with it.
@@ -251,7 +280,23 @@ static int census(const std::vector<CompatRow>& table, std::string* why) {
     return (int)table.size();
 }
 
-int main() {
+// --pairs: the allowed pairs and their references, one a line, for test/test_combination_walk.py:
+//   trainer <tab> name <tab> exact <tab> build <tab> flags <tab> reference trainer <tab> its build <tab> its flags
+static int print_pairs() {
+    for (const PairCase& p : pair_cases()) {
+        if (!table_verdict(p.config, p.trainer, compatibility_table()).empty()) continue;
+        Reference r = reference_of(p);
+        if (r.exact.empty()) r.exact = "elsewhere";  // (MoE with a factored optimizer: test_moe_trainer.py)
+        auto trainer = [](Trainer t) { return t == Trainer::CPU ? "cpu" : "gpu"; };
+        printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", trainer(p.trainer), p.name.substr(4).c_str(), r.exact.c_str(),
+               p.config.build.c_str(), own_flags(p.config).c_str(), trainer(r.trainer), r.config.build.c_str(),
+               own_flags(r.config).c_str());
+    }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "--pairs") return print_pairs();
     const std::vector<CompatRow>& table = compatibility_table();
 
     // ---- census
@@ -315,10 +360,33 @@ int main() {
           std::to_string(disagree.size()) + " disagree, the first: " + (disagree.empty() ? "" : disagree[0]));
     if (getenv("VERBOSE")) for (const std::string& d : disagree) printf("  %s\n", d.c_str());
 
+    // ---- references: every allowed pair has one (compat_techniques()), which the table allows on its trainer
+    std::vector<std::string> no_reference, elsewhere;
+    int with_reference = 0;
+    for (const PairCase& p : cases) {
+        if (!table_verdict(p.config, p.trainer, table).empty()) continue;
+        Reference r = reference_of(p);
+        if (r.exact.empty() && p.config.flags.end() != std::find_if(p.config.flags.begin(), p.config.flags.end(), [](const auto& f) {
+                return f.first == "--moe-experts"; })) {
+            elsewhere.push_back(p.name);  // (own x own: MoE with a factored optimizer, test_moe_trainer.py's)
+            continue;
+        }
+        std::string why = r.exact.empty() ? "none" : table_verdict(r.config, r.trainer, table);
+        bool itself = argv_of(r.config) == argv_of(p.config) && r.trainer == p.trainer && r.config.build == p.config.build;
+        if (why.empty() && !itself) with_reference++;
+        else no_reference.push_back(p.name + ": " + (why.empty() ? "the reference is the pair itself" : why));
+    }
+    std::string others;
+    for (const std::string& e : elsewhere) others += (others.empty() ? "" : ", ") + e;
+    check(no_reference.empty(), "references: each of the " + std::to_string(with_reference) + " allowed pairs has a reference run "
+          "the table allows (two own techniques together are refused, but " + others + ": test_moe_trainer.py)",
+          std::to_string(no_reference.size()) +
+          " without, the first: " + (no_reference.empty() ? "" : no_reference[0]));
+
     // ---- plan: every grid --plan 4 ranks, with each technique, is one the table allows
     std::vector<PairCase> plans;
     commands.clear();
-    for (const Technique& tq : TECHNIQUES)
+    for (const CompatTechnique& tq : compat_techniques())
         for (Trainer t : {Trainer::CPU, Trainer::GPU}) {
             Config c;
             add_flags(&c, BASE);

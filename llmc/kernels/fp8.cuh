@@ -255,6 +255,10 @@ inline void fp8_matmul_tn(MatmulContext* ctx, Fp8Matmuls* f, floatX* d, const ui
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
+        // fp8 matmuls need 16-byte-aligned matrices (cuBLASLt's fp8 requirements), which the fp8 copies (their
+        // own allocations) and the bf16 outputs (activations at offsets of whole 16-byte vectors) are; promise
+        // no more: with the default 256 the --tensor-parallel 2 slices of C = 64 failed (an output 16, not 256, aligned)
+        matmul_promise_alignment(pref, 16);
         cublasLtMatmulHeuristicResult_t result;
         int found = 0;
         CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc, la, lb, ld, ld, pref, 1, &result, &found));

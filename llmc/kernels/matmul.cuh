@@ -73,6 +73,16 @@ template <class Ask> const cublasLtMatmulAlgo_t* matmul_algo(MatmulContext* ctx,
     return &ctx->algos.back().algo;
 }
 
+// What the heuristic may count on: every matrix pointer aligned to `bytes`. Left unset, it is 256 (the
+// documented default), and an algorithm chosen on that may fail on a layer's activation at an offset
+// that is only 16-byte aligned (fp8.cuh's outputs with --tensor-parallel 2 at C = 64, e.g.).
+inline void matmul_promise_alignment(cublasLtMatmulPreference_t pref, uint32_t bytes) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &bytes, sizeof(bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &bytes, sizeof(bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &bytes, sizeof(bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &bytes, sizeof(bytes)));
+}
+
 inline void matmul_init(MatmulContext* ctx, void* workspace, size_t workspace_bytes) {
     CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
     ctx->workspace = workspace;
@@ -147,10 +157,7 @@ inline void cublaslt_matmul_typed(MatmulContext* ctx, cudaDataType_t type, void*
         // every floatX pointer we pass is 16-byte aligned: let the heuristic count on no more than that.
         // fp32 operands (PowerSGD's thin factors) start at any float: 4 bytes
         uint32_t align = type == CUDA_R_32F && !FLOATX_IS_FP32 ? 4 : 16;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+        matmul_promise_alignment(pref, align);
         // Split-K (the k loop cut into parallel slices, summed afterwards) is allowed only when the
         // slices are summed in fp32 in the workspace. The other two schemes, INPLACE and OUTPUT_TYPE,
         // add the slices in the OUTPUT type: bf16 partial sums, exactly the precision loss fp32

@@ -67,6 +67,77 @@ struct CompatRow {
     std::string (*refuse)(const CompatRun& r);  // "" when the row does not apply, else its one line
 };
 
+// ---- The techniques, each with the run it is checked against -------------------------------------
+// test/test_compatibility.cpp walks every pair of these through the rows below; test/test_combination_walk.py
+// runs every pair the rows allow against the pair's reference: the pair with the more exact technique
+// replaced by its reference. A technique's reference is the run it must reproduce:
+//   bits   to the bit (a schedule changes when, not what; recompute rebuilds the same rows, level 2 those of
+//          level 1: the GPU's level 0 runs GELU in cuBLASLt's epilogues, other bits; an offload
+//          moves the same arithmetic elsewhere; a graph replays the same kernels)
+//   grid   within the grid's tolerance (the same arithmetic, its sums in another order: ranks, slices)
+//   a tolerance's name (bf16, fp8, ...): a narrower number format, within its own test's bounds
+//   cpu/gpu  two of the above, the CPU trainer's then the GPU's (the GPU's interleaved schedule sums its
+//          losses in another order than 1F1B's)
+//   own    none: it defines the arithmetic (another optimizer, another model, a low-rank sum), so it stays
+//          in the pair's reference. Two own techniques together have no reference: the row "own x own" refuses
+//          them (but MoE with a factored optimizer, which test_moe_trainer.py checks against its own statistics).
+// `flags` run it at the walk's smallest shape ("--estimate-ranks N": N data-parallel ranks; "@fp16": the GPU
+// binary of that build); `reference` replaces them ("" = drop them; "@cpu": the CPU trainer's run); `loosens`:
+// a bits technique that this one, kept, makes agree only within its own tolerance (a stash rounds what
+// --recompute 2 rebuilds in fp32, test_stash_precision.py).
+struct CompatTechnique {
+    const char* name;
+    const char* flags;
+    const char* reference;
+    const char* exact;  // bits | grid | a tolerance's name | own | cpu/gpu
+    const char* loosens = "";
+};
+
+inline const std::vector<CompatTechnique>& compat_techniques() {
+    static const std::vector<CompatTechnique> techniques = {
+        // name                 flags                                                   reference                                           exact
+        {"zero-1",              "--zero 1 --estimate-ranks 2",                          "--estimate-ranks 2",                               "bits"},
+        {"zero-2",              "--zero 2 --estimate-ranks 2",                          "",                                                 "grid"},
+        {"zero-3",              "--zero 3 --estimate-ranks 2",                          "--zero 2 --estimate-ranks 2",                      "bits"},
+        {"tensor-parallel",     "--tensor-parallel 2",                                  "",                                                 "grid"},
+        {"sequence-parallel",   "--tensor-parallel 2 --sequence-parallel 1",            "--tensor-parallel 2",                              "grid"},
+        {"pipeline-parallel",   "--pipeline-parallel 2",                                "",                                                 "grid"},
+        {"interleaved",         "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2", "--pipeline-parallel 2",       "bits/grid"},
+        {"zb-h1",               "--pipeline-parallel 2 --pipeline-schedule zb-h1",      "--pipeline-parallel 2",                            "bits"},
+        {"2bw",                 "--pipeline-parallel 2 --pipeline-schedule 2bw",        "--pipeline-parallel 2 --pipeline-schedule 2bw-flush", "bits"},
+        {"2bw-flush",           "--pipeline-parallel 2 --pipeline-schedule 2bw-flush",  "--pipeline-schedule 2bw-flush",                    "grid"},
+        {"moe",                 "--moe-experts 2 --moe-top-k 2",                        "",                                                 "own"},
+        {"expert-parallel",     "--moe-experts 2 --moe-top-k 2 --expert-parallel 2 --estimate-ranks 2", "--moe-experts 2 --moe-top-k 2",    "grid"},
+        {"adafactor",           "--optimizer adafactor",                                "",                                                 "own"},
+        {"sm3",                 "--optimizer sm3",                                      "",                                                 "own"},
+        {"bf16-moments",        "--optimizer-state bf16",                               "",                                                 "own"},
+        {"offload-optimizer",   "--offload optimizer",                                  "",                                                 "bits"},
+        {"offload-dir",         "--offload-dir off",                                    "",                                                 "bits"},
+        {"bf16-compression",    "--grad-compression bf16 --estimate-ranks 2",           "--estimate-ranks 2",                               "bf16-sum"},
+        {"powersgd",            "--grad-compression powersgd --estimate-ranks 2",       "",                                                 "own"},
+        {"server",              "--data-parallel server --estimate-ranks 2",            "--estimate-ranks 2",                               "bits"},
+        {"cuda-graphs",         "--cuda-graphs",                                        "",                                                 "bits"},
+        {"fp8",                 "--precision fp8",                                      "@cpu",                                               "fp8"},
+        {"stash-bf16",          "--stash-precision bf16",                               "",                                                 "bf16-stash", "recompute"},
+        {"stash-fp8",           "--stash-precision fp8",                                "",                                                 "fp8-stash", "recompute"},
+        {"recompute",           "--recompute 2",                                        "--recompute 1",                                    "bits"},
+        {"master-weights-0",    "--master-weights 0",                                   "@cpu",                                               "bf16"},
+        {"fp16-build",          "@fp16",                                                "@cpu",                                             "fp16"},
+        {"fp32-build",          "@fp32",                                                "@cpu",                                             "fp32"},
+    };
+    return techniques;
+}
+
+// Which own techniques (above) a run has on: two of them have no reference to be checked against.
+inline std::vector<std::string> compat_own_techniques(const TrainOptions& o) {
+    std::vector<std::string> on;
+    if (o.moe_experts > 0) on.push_back("--moe-experts");
+    if (o.optimizer != "adamw") on.push_back("--optimizer " + o.optimizer);
+    if (o.optimizer_state == "bf16") on.push_back("--optimizer-state bf16");
+    if (o.grad_compression == "powersgd") on.push_back("--grad-compression powersgd");
+    return on;
+}
+
 inline bool compat_fp16(const CompatRun& r) { return std::string(r.build) == "fp16"; }
 inline bool compat_2bw(const TrainOptions& o) { return o.pipeline_schedule.rfind("2bw", 0) == 0; }
 inline bool compat_factored(const TrainOptions& o) { return o.optimizer != "adamw"; }
@@ -243,6 +314,22 @@ inline const std::vector<CompatRow>& compatibility_table() {
         return "--precision fp8 is an option of the bf16 build, around whose bf16 activations it quantizes: run "
                "./train_gpt --precision fp8, or drop --precision"; }},
 
+
+    // found by test/test_combination_walk.py (tensor-parallel x interleaved on the emulated GPU): the tensor ranks'
+    // copies of a replicated gradient (wpe's) drift apart; the CPU trainer's pair is proven (bit for bit with 1F1B)
+    {"--pipeline-schedule interleaved", "--tensor-parallel (GPU)", ON_GPU, CompatMoment::Flags,
+     "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2 --tensor-parallel 2", [](R r) -> std::string {
+        if (r.o->pipeline_schedule != "interleaved" || r.o->pipeline_parallel < 2 || r.o->tensor_parallel < 2) return "";
+        return "--pipeline-schedule interleaved with --tensor-parallel on the GPU trainer is not proven yet (the tensor ranks' "
+               "copies of replicated gradients differ): use --pipeline-schedule 1f1b there, or train_gpt_cpu"; }},
+
+    // (the walk's reference, the CPU trainer within BF16_TOL, does not hold: Adafactor's and SM3's steps are under a bf16
+    // weight's rounding, which decides them without fp32 master weights; no test bounds it)
+    {"--optimizer adafactor|sm3", "--master-weights 0", ON_GPU, CompatMoment::Flags, "--optimizer sm3 --master-weights 0", [](R r) -> std::string {
+        if (!compat_factored(*r.o) || r.o->master_weights != 0) return "";
+        return strprintf("--optimizer %s with --master-weights 0 is not checked yet (its steps are smaller than a bf16 "
+                         "weight's rounding): keep the master weights", r.o->optimizer.c_str()); }},
+
     // ---- Shape: the model and the grid known --------------------------------------------------
     // the GPU's MoE blocks (llmc/model/moe_gpu.cuh): the layer's shape and the kernels' limits, then what they do not do yet
     {"--moe-experts", "the GPU kernels' shape", ON_GPU, CompatMoment::Shape, "--moe-experts 65", [](R r) -> std::string {
@@ -388,6 +475,14 @@ inline const std::vector<CompatRow>& compatibility_table() {
         if (!r.o->cuda_graphs || r.o->zero_stage != 3) return "";
         return "--cuda-graphs with --zero 3 is not supported yet (each unit's all-gather is waited for by the host, and "
                "which units a pass gathers depends on what its slots still hold): use --zero 2, or drop --cuda-graphs"; }},
+    // (the table's last row, so that a pair refused for another reason keeps that line)
+    {"own x own", "another own technique (compat_techniques)", ON_BOTH, CompatMoment::Shape,
+     "--optimizer-state bf16 --grad-compression powersgd --estimate-ranks 2", [](R r) -> std::string {
+        std::vector<std::string> own = compat_own_techniques(*r.o);
+        // (MoE with Adafactor or SM3 has a reference of its own: test_moe_trainer.py's statistics of every expert)
+        if (own.size() < 2 || (own.size() == 2 && r.o->moe_experts > 0 && compat_factored(*r.o))) return "";
+        return strprintf("%s with %s: each defines the arithmetic, so the pair has no run to be checked against and is "
+                         "not run by any test; drop one of the two", own[0].c_str(), own[1].c_str()); }},
     };
     return rows;
 }

@@ -84,8 +84,8 @@ fi
 trainer=${TRAINER:-./train_gpt_cpu}
 # The warm-up: 150 steps. With 30 the loss jumped to 15.0 at step 24 and 10.0 at step 28 (LR 8-9e-3,
 # AdamW's second moments still young) and took ~100 steps to come back; with 150 it never rises
-# above its start, and a 1312-step run's validation loss at step 328 is 6.19 against 6.37 (a peak
-# of 2e-2 reached in 200 steps: 6.67; docs/benchmarks.md, "A warm-up without the spike").
+# above its start, and the 1312 steps an Intel Xeon fits end at validation loss 5.68 against 5.91
+# (docs/benchmarks.md, "A warm-up without the spike"; a peak of 2e-2 was worse).
 # Validation scores the whole validation split (the trainer's default, --val-tokens: 31,744 tokens
 # in 496 windows of 65, 62 forward passes of 8 x 64), the same windows at every step count and B.
 job=(--model L=8,C=64,H=4,T=64 --batch-size 8 --seq-len 64 --lr 1e-2 --warmup-steps 150

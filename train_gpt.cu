@@ -2045,7 +2045,7 @@ static void print_run_header(GPT2* m, const Parallel& par, const TrainOptions& o
     if (grid.pp > 1) {
         printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.chunks).c_str());
     }
-    printf("%s", describe_data(train, val, o.eval_only).c_str());
+    printf("%s", describe_data(train, val, o).c_str());
     print_gpu_buffer_table(m->table);
     print_resumed(o, rm, resumed, grid);
 }
@@ -2273,7 +2273,7 @@ static void gpu_evaluation_passes(GPT2* m, Parallel* par, RunPasses* p) {
         return (const float*)logits.data();
     };
     p->sample_window = m->T;
-    p->hellaswag_fixed_shape = true;
+    p->fixed_shape = true;
     p->sample_world = &par->world;
 }
 
@@ -2502,7 +2502,7 @@ int main(int argc, char** argv) {
     if (leader) print_run_header(m, par, o, plan, train, ev.have_val ? &ev.val : nullptr, rm, resumed, simple_attention, counts.peak_tflops);
     counts.peak_used = gpu_memory_used();
 
-    open_reports(&ev, o, cfg, plan, leader, "gpu", comm.world_size, counts.first_step, rm.source);
+    open_reports(&ev, o, cfg, plan, leader, "gpu", comm.world_size, counts.first_step, rm);
     run_training(RunLoop{&o, &plan, counts.first_step, cfg.vocab_size, leader, par.model_parallel, grid, &par.world, &par.pipe_drains,
                          &sampler_rng, &ev},
                  gpu_run_passes(m, &par, &train, &plan, &o, &counts, &sampler_rng));

@@ -1709,7 +1709,7 @@ static void print_run_header(GPT2* model, const Parallel& par, const Comm& world
     if (grid.pp > 1) {
         printf("%s", describe_pipeline(par.schedule, grid.pp, cfg.num_layers, plan.accumulation_steps, par.chunks).c_str());
     }
-    printf("%s", describe_data(train, val, o.eval_only).c_str());
+    printf("%s", describe_data(train, val, o).c_str());
     printf("memory: %s", held_summary(held_bytes(model), model->table, world.rank).c_str());
     if (o.recompute > 0) {
         printf("recompute %d: %s recomputed in the backward, one layer at a time, not kept per layer\n", o.recompute,
@@ -1951,7 +1951,7 @@ static void cpu_evaluation_passes(GPT2* model, Parallel* par, RunPasses* p) {
         return (const float*)logits.data();
     };
     p->sample_window = model->max_T / multiple * multiple;
-    p->hellaswag_fixed_shape = par->model_parallel;
+    p->fixed_shape = par->model_parallel;
     p->sample_world = &par->comms.world;
 }
 
@@ -2108,7 +2108,7 @@ int main(int argc, char** argv) {
     }
     if (leader) print_run_header(&model, par, world, o, plan, rm, train, ev.have_val ? &ev.val : nullptr, resumed);
     if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
-    open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm.source);
+    open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm);
     CpuRunCounts counts{&world, {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world}, {}, {}};
     run_training(RunLoop{&o, &plan, first_step, cfg.vocab_size, leader, par.model_parallel, grid, &world, &par.pipe_drains, &sampler_rng, &ev},
                  cpu_run_passes(&model, &par, &train, &plan, &o, &counts, &sampler_rng));

@@ -2,13 +2,13 @@
 """An 8-expert top-1 mixture of experts against the dense model, trained on the main job (issue 24,
 item 5): does MoE win at this scale?
 
-The main job's shape (scripts/main_job.py: L=8 C=64 H=4, B=8, T=64, lr 1e-2 cosine, 30 warm-up
+The main job's shape (scripts/main_job.py: L=8 C=64 H=4, B=8, T=64, lr 1e-2 cosine, 150 warm-up
 steps, Moby Dick) dense, and with `--moe-experts 8 --moe-top-k 1 --moe-every 2` (Switch's layout:
 blocks 1, 3, 5, 7 are MoE blocks, each expert the dense MLP's size, so the active FLOPs per token
 are the dense model's; no token dropped: capacity factor none, the default; auxiliary losses at
 their defaults, alpha 1e-2, z-loss 1e-3).
 
-  equal steps     dense and MoE for --steps steps, validation every --val-every steps on 40 batches:
+  equal steps     dense and MoE for --steps steps, validation every --val-every steps on the whole validation split:
                   validation loss side by side, tokens/s (median step), the MoE's expert load.
   equal wall time the MoE again, for the steps that fit in the dense run's training time
                   (--steps x the dense median step / the MoE median step, both from the runs above;

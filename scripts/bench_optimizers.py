@@ -28,10 +28,10 @@ at equal steps on the main job's shape.
           4 x N-byte array, counted as read + written, and "7 streams": a loop reading p, g, m, v and
           writing p, m, v with one add each, the AdamW's traffic without its arithmetic.
   loss    The main job (scripts/run.sh's model and batch on the CPU: L=8 C=64 H=4, B=8, T=64, lr 1e-2
-          cosine, 30 warm-up steps) for --loss-steps steps on Moby Dick with --optimizer adamw,
+          cosine, 150 warm-up steps) for --loss-steps steps on Moby Dick with --optimizer adamw,
           --optimizer-state bf16, --optimizer adafactor (with --lr given, its step is the schedule's
           lr x max(1e-3, RMS(W))) and --optimizer sm3; validation every --val-every steps on
-          40 batches; one plot of the four metrics logs through scripts/plot_metrics.py, and a table
+          the whole validation split; one plot of the four metrics logs through scripts/plot_metrics.py, and a table
           of the final train (mean of the last 20 steps) and validation losses.
 
 The machine is shared: the load average before and after each part is printed; only numbers of the
@@ -256,7 +256,7 @@ LOSS_RUNS = [("AdamW fp32", "adamw_fp32", []), ("AdamW bf16 m and v", "adamw_bf1
 
 def loss(a):
     print(f"\nloss: the main job's shape ({' '.join(MAIN_JOB)}), {a.loss_steps} steps each, validation every {a.val_every} "
-          f"steps on 40 batches; load average {load()} before")
+          f"steps on the whole validation split; load average {load()} before")
     results = []
     runs = [run for run in LOSS_RUNS if run[1] in a.optimizers.split(",")]
     for label, name, flags in runs:

@@ -9,7 +9,7 @@ it saves, predicted and measured, what it costs per step, and what it does to th
                       holds N bytes", the capacities of its buffers) and the process's peak resident
                       set (/usr/bin/time's maximum RSS: also the data, the code, the allocator's slack).
   step time, loss     the main job's model and batch (scripts/run.sh: L=8 C=64 H=4, B=8, T=64, lr 1e-2,
-                      30 warm-up steps) for --steps steps on --train-data, fp32 then bf16: the
+                      150 warm-up steps) for --steps steps on --train-data, fp32 then bf16: the
                       median step time of each (the first 5 steps dropped) and their ratio, both runs
                       in this one invocation; every step's loss side by side (the largest relative
                       difference, the last 20 steps' means) and the final validation loss.
@@ -29,7 +29,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
-MAIN_JOB = ["--model", "L=8,C=64,H=4,T=64", "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "30"]
+MAIN_JOB = ["--model", "L=8,C=64,H=4,T=64", "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "150"]
 
 
 def load():
@@ -56,7 +56,7 @@ def measure(shape, precision, data, steps, threads):
 
 
 def train(precision, data, val, steps, threads):
-    cmd = [TRAINER, *MAIN_JOB, *data, "--val-data", val, "--val-every", str(steps), "--val-batches", "40", "--steps", str(steps),
+    cmd = [TRAINER, *MAIN_JOB, *data, "--val-data", val, "--val-every", str(steps), "--steps", str(steps),
            "--stash-precision", precision, "--sample-every", "0", "--checkpoint-every", "0", "--metrics", "none",
            "--threads", str(threads)]
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -103,7 +103,7 @@ flags=(--model "$MODEL" --train-data "$TRAIN_DATA" --val-data "$VAL_DATA"
        --batch-size "$MICRO_BATCH" --seq-len "$SEQ_LEN" --total-batch-tokens "$BATCH_TOKENS"
        --steps "$STEPS" --lr "$LR" --lr-schedule cosine --warmup-steps "$WARMUP" --final-lr-fraction 0.1
        --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8 --grad-clip 1.0
-       --val-every 250 --val-batches 20 --sample-every 1000 --sample-tokens 64 --top-k 40
+       --val-every 250 --sample-every 1000 --sample-tokens 64 --top-k 40
        --out-dir "$OUT_DIR" --checkpoint-every "$CHECKPOINT_EVERY")
 [ -n "${HELLASWAG:-}" ] && flags+=(--hellaswag "$HELLASWAG" --hellaswag-every 250)
 flags+=("$@")

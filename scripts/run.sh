@@ -13,7 +13,7 @@
 # metrics log gives the time of a step on this machine now (the median of steps 6-30). The run then
 # gets the steps that fit in what is left of the budget, after a reserve for its validations,
 # samples, checkpoints and the plot, at most 2900 (the full run, which a fast CPU still gets) and at
-# least 300. Validation runs about 6 times, samples and checkpoints at half-way and at the end.
+# least 300. Validation runs about 4 times, samples and checkpoints at half-way and at the end.
 # The calibration measures the machine as it is: a machine busy with other work measures slower
 # steps and gets fewer (and if it gets busier later, the run still goes over).
 # Passing --steps N skips the calibration and trains N steps (the intervals follow N).
@@ -82,13 +82,19 @@ fi
 # CPU"), comparing configurations at equal compute: L=8, C=64 ended lower than L=4 at C=64, 128,
 # 192 or 256, and LR 1e-2 (cosine to 0) lower than 2e-2.
 trainer=${TRAINER:-./train_gpt_cpu}
-val_batches=40          # 40 x 512 = 20,480 validation tokens, the same at every step count
-job=(--model L=8,C=64,H=4,T=64 --batch-size 8 --seq-len 64 --lr 1e-2 --warmup-steps 30
-     --val-batches "$val_batches" --sample-tokens 64 --top-k 40)
+# The warm-up: 150 steps. With 30 the loss jumped to 15.0 at step 24 and 10.0 at step 28 (LR 8-9e-3,
+# AdamW's second moments still young) and took ~100 steps to come back; with 150 it never rises
+# above its start, and the 1312 steps an Intel Xeon fits end at validation loss 5.68 against 5.91
+# (docs/benchmarks.md, "A warm-up without the spike"; a peak of 2e-2 was worse).
+# Validation scores the whole validation split (the trainer's default, --val-tokens: 31,744 tokens
+# in 496 windows of 65, 62 forward passes of 8 x 64), the same windows at every step count and B.
+job=(--model L=8,C=64,H=4,T=64 --batch-size 8 --seq-len 64 --lr 1e-2 --warmup-steps 150
+     --sample-tokens 64 --top-k 40)
+val_batches=62          # the forward passes of a validation: 496 windows, 8 at a time
 max_steps=2900          # the full run (validation loss 5.58 on a Zen 5, in 3 min 32 s)
 min_steps=300           # below this the model has barely started; run over the budget instead
 calibration_steps=30    # timed: steps 6-30 (the first few warm the caches and the thread pool)
-vals=6                  # validations during the run, about (the one at the end counted among them)
+vals=4                  # validations during the run, about (the one at the end counted among them)
 val_batch_cost=40       # a validation batch is a forward pass only: 31-42% of a training step, measured
 fixed_reserve=8         # seconds for the trainer's start-up, 2 samples, 2 checkpoints and the plot
 step_margin=5           # plan each step 5% above the calibration's median (a run's mean step was 4.7% above its median)

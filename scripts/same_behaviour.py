@@ -16,7 +16,7 @@ import argparse, difflib, filecmp, json, os, re, shutil, subprocess, sys
 DATA_PATHS = {}  # TRAIN, VAL, VOCAB: the base checkout's data/ (scripts/get_corpus.sh moby-dick), set in main()
 TINY = ["--model", "L=2,C=64,H=4,T=64", "--train-data", "TRAIN", "--batch-size", "2", "--seq-len", "32",
         "--steps", "4", "--out-dir", "out", "--dump-state", "dump.st"]
-EVENTS = ["--val-data", "VAL", "--tokenizer", "VOCAB", "--val-every", "2", "--val-batches", "2",
+EVENTS = ["--val-data", "VAL", "--tokenizer", "VOCAB", "--val-every", "2", "--val-tokens", "128",
           "--sample-every", "2", "--sample-tokens", "8", "--checkpoint-every", "2"]
 QUIET = ["--val-data", "none", "--sample-every", "0", "--checkpoint-every", "4"]
 RESUME = ["--resume", "out/ckpt_00000002", "--out-dir", "out_resumed", "--dump-state", "dump_resumed.st"]

@@ -57,7 +57,7 @@ def main():
     write_shard(train, rng.integers(0, 512, 40000))
     write_shard(val, rng.integers(0, 512, 5000))
     base = ["--model", MODEL, "--train-data", train, "--val-data", val, "--batch-size", "4", "--seq-len", "32",
-            "--lr", "1e-3", "--warmup-steps", "3", "--val-every", "5", "--val-batches", "2"]
+            "--lr", "1e-3", "--warmup-steps", "3", "--val-every", "5", "--val-tokens", "256"]
 
     # ---- resume: 20 straight vs the checkpoint at 10 + resume
     out_a = os.path.join(tmp, "a")

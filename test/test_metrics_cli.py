@@ -44,7 +44,7 @@ def main():
     write_shard(val, rng.integers(0, 512, 3000))
     out = os.path.join(tmp, "out")
     base = ["--model", MODEL, "--train-data", train, "--val-data", val, "--batch-size", "2", "--seq-len", "32",
-            "--total-batch-tokens", "128", "--val-every", "2", "--val-batches", "1", "--threads", "2", "--out-dir", out]
+            "--total-batch-tokens", "128", "--val-every", "2", "--val-tokens", "64", "--threads", "2", "--out-dir", out]
 
     # ---- a fresh run with --resume auto, 4 steps, checkpoints at 2 and 4
     p = run(base + ["--steps", "4", "--checkpoint-every", "2", "--resume", "auto"])

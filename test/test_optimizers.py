@@ -208,7 +208,7 @@ class Trainer:
         path = os.path.join(self.work, "init.st")
         val = os.path.join(self.work, "val.bin")
         write_shard(val, np.arange(2000) % V)
-        self.run(self.base("init") + ["--val-data", val, "--val-batches", "1", "--eval-only", "--dump-state", path])
+        self.run(self.base("init") + ["--val-data", val, "--val-tokens", "128", "--eval-only", "--dump-state", path])
         return read_safetensors(path, names=["params"])[0]["params"].astype(np.float64)
 
     def chain(self, name, flags, steps=STEPS):

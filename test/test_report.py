@@ -162,7 +162,7 @@ def main():
     else:
         shard = os.path.join(tmp, "train.bin")
         write_shard(shard, [(7 * i) % 512 for i in range(4000)])
-        cmd = [TRAINER, "--model", "L=2,C=32,H=4,T=16,V=512", "--train-data", shard, "--val-data", shard, "--val-batches", "2",
+        cmd = [TRAINER, "--model", "L=2,C=32,H=4,T=16,V=512", "--train-data", shard, "--val-data", shard, "--val-tokens", "64",
                "--val-every", "2", "--batch-size", "2", "--seq-len", "16", "--steps", "4", "--sample-every", "4",
                "--sample-tokens", "8", "--threads", "1", "--out-dir", real, "--trace", os.path.join(real, "trace.json")]
         t = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -8,8 +8,9 @@ steps take FAKE_STEP_MS milliseconds, so the script's arithmetic is checked with
   sized       the calibration runs first (30 steps, no validation, samples or checkpoints, its own
               folder); the run gets the most steps whose time, with the validations and the fixed
               reserve, fits in what is left of the budget, and one more would not fit
-  intervals   validation about 6 times (a multiple of 50), samples and checkpoints at half-way
-  cap, floor  a fast CPU gets today's full run (2900 steps, validation every 500, samples and
+  intervals   validation about 4 times (a multiple of 50), samples and checkpoints at half-way; the
+              whole validation split (the trainer's default), 150 warm-up steps
+  cap, floor  a fast CPU gets the full run (2900 steps, validation every 750, samples and
               checkpoints every 1450); a very slow one 300 steps and a warning
   budget      --time-budget S and RUN_TIME_BUDGET change the budget and never reach the trainer
   the user's  --steps N skips the calibration (the intervals follow N); flags the user passes come
@@ -25,7 +26,7 @@ from checks import report, exit_code
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "run.sh")
 # run.sh's constants, restated here so that a change to either shows
-VALS, VAL_BATCHES, VAL_BATCH_COST, FIXED_RESERVE, STEP_MARGIN, MAX_STEPS, MIN_STEPS = 6, 40, 0.40, 8, 1.05, 2900, 300
+VALS, VAL_BATCHES, VAL_BATCH_COST, FIXED_RESERVE, STEP_MARGIN, MAX_STEPS, MIN_STEPS = 4, 62, 0.40, 8, 1.05, 2900, 300
 
 
 def executable(path, text):
@@ -121,16 +122,17 @@ def main():
               and flag(cal, "--checkpoint-every") == "0" and flag(cal, "--out-dir") != out and flag(cal, "--resume") == ""
               and flag(cal, "--model") == "L=8,C=64,H=4,T=64" and flag(cal, "--batch-size") == "8"
               and "a step takes 120 ms here" in p.stdout and f": {steps} steps, fits" in p.stdout
-              and spent >= 3 and fits(steps, 120, spent, 240) and not fits(steps + 1, 120, spent, 240) and 1690 <= steps <= 1715)
+              and spent >= 3 and fits(steps, 120, spent, 240) and not fits(steps + 1, 120, spent, 240) and 1675 <= steps <= 1700)
     report(ok, f"120 ms steps, budget 240 s, {spent} s spent: a 30-step calibration, then the most steps that fit "
            "(the median step time, the validations and the reserve within what is left)", p.stdout[-1500:] + p.stderr + str(rec))
 
     if ok:
         val_every, half = int(plan(run)["val-every"]), int(plan(run)["sample-every"])
         validations = steps // val_every + (steps % val_every != 0)
-        report(val_every % 50 == 0 and 5 <= validations <= VALS and half == (steps + 1) // 2
+        report(val_every % 50 == 0 and VALS - 1 <= validations <= VALS and half == (steps + 1) // 2
                and plan(run)["checkpoint-every"] == str(half) and flag(run, "--out-dir") == out
-               and flag(run, "--val-batches") == "40" and flag(run, "--lr") == "1e-2",
+               and flag(run, "--val-batches") is None and flag(run, "--val-tokens") is None and flag(run, "--lr") == "1e-2"
+               and flag(run, "--warmup-steps") == "150",
                f"the intervals follow the steps: {steps} steps, validation every {val_every} ({validations} times), "
                f"samples and checkpoints every {half}", str(run))
         report(f"./train_gpt_cpu --resume {out}/ckpt_{steps:08d} --generate " in p.stdout
@@ -152,9 +154,9 @@ def main():
 
     # ---- a fast CPU gets today's full run, flag for flag
     p, rec = call(user, 40)
-    today = {"steps": "2900", "val-every": "500", "sample-every": "1450", "checkpoint-every": "1450"}
+    today = {"steps": "2900", "val-every": "750", "sample-every": "1450", "checkpoint-every": "1450"}
     report(p.returncode == 0 and len(rec) == 2 and plan(rec[1]) == today and "2900 steps, the full run" in p.stdout,
-           "40 ms steps: capped at 2900, validation every 500, samples and checkpoints every 1450 (the run of before)",
+           "40 ms steps: capped at 2900, validation every 750, samples and checkpoints every 1450 (the full run)",
            p.stdout[-800:] + p.stderr + str(rec[-1:]))
 
     # ---- a very slow CPU gets the floor, and is told

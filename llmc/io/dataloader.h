@@ -16,8 +16,17 @@
 //
 // Shards are checked when opened: header, size, and every token id < vocab size (a shard made with
 // another tokenizer would otherwise index outside the embedding table).
+//
+// Validation reads its split another way, so that its loss does not depend on B. Each shard is cut
+// into windows of T+1 tokens at offsets 0, T, 2T, ... (a window's last token is the next one's
+// first, as between the rows of a training micro-batch), the shards in order, and a validation
+// scores the first N of these windows, whatever B is: B only decides how many windows a forward
+// pass takes (llmc/run/run.h's evaluate_loss). Cutting the stream into micro-batches instead, as
+// training does, made the scored share of the split depend on B: the same model scored 5.727 at
+// B=4, 5.811 at B=8 and 5.916 on 40 batches of the main job (issue 40).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "llmc/io/formats.h"
@@ -34,6 +43,7 @@ struct DataLoader {
     std::vector<uint16_t> tokens;
     std::vector<int> inputs, targets;  // B*T each: the current micro-batch
     int64_t tokens_per_epoch = 0;
+    std::vector<int64_t> shard_tokens;  // each shard's token count, from its header
 };
 
 inline void dataloader_load_shard(DataLoader* dl, int64_t index) {
@@ -66,6 +76,7 @@ inline void dataloader_init(DataLoader* dl, const std::string& pattern, int B, i
     // Check every shard's header and size up front: a bad shard should stop the run now, not in a day.
     int64_t needed = (int64_t)world_size * B * T + 1;
     dl->tokens_per_epoch = 0;
+    dl->shard_tokens.clear();
     for (const std::string& path : dl->files) {
         FILE* f = open_for_reading(path, "token shard");
         int64_t count = read_token_shard_header(f, path);
@@ -76,6 +87,7 @@ inline void dataloader_init(DataLoader* dl, const std::string& pattern, int B, i
                  role, path.c_str(), (long long)count, world_size, B, T, (long long)needed);
         }
         dl->tokens_per_epoch += count;
+        dl->shard_tokens.push_back(count);
     }
     dl->inputs.assign((size_t)B * T, 0);
     dl->targets.assign((size_t)B * T, 0);
@@ -138,4 +150,30 @@ inline void dataloader_next_batch(DataLoader* dl) {
         }
         dataloader_load_shard(dl, dl->pos.shard_index);
     }
+}
+
+// Validation's windows (above): how many a validation of `max_tokens` scored tokens takes, the
+// whole split when it has fewer (or when max_tokens is 0). Each window scores T tokens.
+inline int64_t validation_windows(const DataLoader& dl, int64_t max_tokens) {
+    int64_t all = 0;
+    for (int64_t count : dl.shard_tokens) all += (count - 1) / dl.T;
+    return max_tokens > 0 ? std::min(all, (max_tokens + dl.T - 1) / dl.T) : all;
+}
+
+// Where the next validation window starts.
+struct WindowCursor {
+    int64_t shard = 0, offset = 0;
+};
+
+// Copies the window at `c` into row `row` of dl->inputs and dl->targets, and moves `c` to the next one.
+inline void validation_read_window(DataLoader* dl, WindowCursor* c, int row) {
+    int T = dl->T;
+    while (c->offset + T + 1 > dl->shard_tokens[(size_t)c->shard]) c->shard++, c->offset = 0;
+    dataloader_load_shard(dl, c->shard);
+    const uint16_t* src = dl->tokens.data() + c->offset;
+    for (int t = 0; t < T; t++) {
+        dl->inputs[(size_t)row * T + t] = src[t];
+        dl->targets[(size_t)row * T + t] = src[t + 1];
+    }
+    c->offset += T;
 }

@@ -49,7 +49,8 @@ struct TrainOptions {
     uint64_t seed = 42;
     // evaluation and sampling
     int val_every = 100;
-    int val_batches = 20;
+    int val_tokens = 1 << 20;        // tokens a validation scores, the same windows at any B (0 = the whole split)
+    int val_batches = 0;             // the older form: N micro-batches of B x T tokens (0 = --val-tokens)
     int sample_every = 0;
     int sample_tokens = 64;
     float temperature = 1.0f;
@@ -203,7 +204,8 @@ inline std::vector<FlagSpec> flag_table(TrainOptions& o) {
         {"max-bad-steps", "N", "Optimizer", "skip the update of a step whose loss or gradient norm is not finite; stop at the N-th such step in a row", K::Int, &o.max_bad_steps, Scope::Both},
         {"seed", "S", "Optimizer", "seed for initialisation and sampling", K::UInt64, &o.seed, Scope::Both},
         {"val-every", "N", "Evaluation", "validation loss every N steps and at the end (0 = never)", K::Int, &o.val_every, Scope::Both},
-        {"val-batches", "N", "Evaluation", "micro-batches per validation", K::Int, &o.val_batches, Scope::Both},
+        {"val-tokens", "N", "Evaluation", "tokens each validation scores: the first N/T windows of T+1 tokens of --val-data, the same at any batch size, or the whole split when it is shorter (0 = the whole split)", K::Int, &o.val_tokens, Scope::Both},
+        {"val-batches", "N", "Evaluation", "the older form of --val-tokens: N x B x T tokens (then B changes what is scored)", K::Int, &o.val_batches, Scope::Both},
         {"sample-every", "N", "Evaluation", "print a sample every N steps and at the end (0 = never)", K::Int, &o.sample_every, Scope::Both},
         {"sample-tokens", "N", "Evaluation", "tokens per sample", K::Int, &o.sample_tokens, Scope::Both},
         {"temperature", "TAU", "Evaluation", "sampling temperature (0 = greedy)", K::Float, &o.temperature, Scope::Both},
@@ -638,7 +640,10 @@ inline void validate_run_options(const TrainOptions& o) {
     flag_non_negative("steps", o.steps);
     flag_non_negative("warmup-steps", o.warmup_steps);
     flag_non_negative("val-every", o.val_every);
-    flag_positive("val-batches", o.val_batches);
+    flag_non_negative("val-tokens", o.val_tokens);
+    if (flag_given(o, "val-batches")) flag_positive("val-batches", o.val_batches);
+    if (flag_given(o, "val-batches") && flag_given(o, "val-tokens"))
+        usage_fail("--val-batches and --val-tokens both size the validation: pass --val-tokens N alone");
     flag_non_negative("sample-every", o.sample_every);
     flag_non_negative("sample-tokens", o.sample_tokens);
     flag_non_negative("top-k", o.top_k);

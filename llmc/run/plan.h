@@ -101,12 +101,22 @@ inline float step_learning_rate(const RunPlan& plan, const TrainOptions& o, int 
 // ----------------------------------------------------------------------------------------------
 // The data
 
+// The windows a validation scores (llmc/io/dataloader.h): --val-tokens' worth, or the older
+// --val-batches N's N x B x T tokens.
+inline int64_t validation_window_count(const TrainOptions& o, const DataLoader& val) {
+    int64_t tokens = o.val_batches > 0 ? (int64_t)o.val_batches * val.B * val.T : (int64_t)o.val_tokens;
+    return validation_windows(val, tokens);
+}
+
 // The start-up lines both trainers print about their data. `val` is null without validation data;
 // `train` is unused with --eval-only.
-inline std::string describe_data(const DataLoader& train, const DataLoader* val, bool eval_only) {
+inline std::string describe_data(const DataLoader& train, const DataLoader* val, const TrainOptions& o) {
     std::string out;
-    if (!eval_only) out = strprintf("data: %zu training shard%s (%lld tokens)", train.files.size(),
-                                    train.files.size() == 1 ? "" : "s", (long long)train.tokens_per_epoch);
-    if (val) out += strprintf("%s%zu validation shard%s", eval_only ? "data: " : ", ", val->files.size(), val->files.size() == 1 ? "" : "s");
+    if (!o.eval_only) out = strprintf("data: %zu training shard%s (%lld tokens)", train.files.size(),
+                                      train.files.size() == 1 ? "" : "s", (long long)train.tokens_per_epoch);
+    if (val) out += strprintf("%s%zu validation shard%s", o.eval_only ? "data: " : ", ", val->files.size(), val->files.size() == 1 ? "" : "s");
+    if (val) out += strprintf("\nvalidation: %lld of its %lld tokens (%lld windows of T+1; --val-tokens)",
+                              (long long)(validation_window_count(o, *val) * val->T), (long long)val->tokens_per_epoch,
+                              (long long)validation_window_count(o, *val));
     return out + "\n";
 }

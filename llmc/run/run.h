@@ -37,22 +37,35 @@
     exit(EXIT_BAD_USAGE);
 }
 
-// Mean loss over `batches` batches of the validation data, from its beginning. `forward` runs one
-// batch and returns its mean loss (0 on a rank without the head); `world_sum` adds a number over
-// all ranks (the trainer's own collective). On a model-parallel grid the last stage's tensor rank 0
-// of data-parallel rank 0 reports, and every rank gets the result; otherwise the caller's own mean.
-inline float evaluate_loss(DataLoader* val, int batches, const ProcessGrid& g, bool model_parallel,
-                           const std::function<double(const int* inputs, const int* targets)>& forward,
+// The validation loss: the mean next-token loss over the split's first `windows` windows of T+1
+// tokens (llmc/io/dataloader.h), the same windows whatever B is. They are scored B at a time; the
+// last forward pass takes the rows that are left (with `fixed_shape`, a trainer that runs only its
+// full (B, T), the rest of the rows are zeros and not counted). `losses(rows)` runs the model on the
+// first `rows` rows of val->inputs and val->targets and returns their per-position losses (null on a
+// rank without the head); `world_sum` adds a number over all ranks (the trainer's own collective).
+// The per-position losses are summed in double, so B changes only the float rounding of the forward
+// passes' order, not what is scored. On a model-parallel grid the last stage's tensor rank 0 of
+// data-parallel rank 0 reports, and every rank gets the result; otherwise the caller's own mean.
+inline float evaluate_loss(DataLoader* val, int64_t windows, bool fixed_shape, const ProcessGrid& g, bool model_parallel,
+                           const std::function<const float*(int rows)>& losses,
                            const std::function<double(double)>& world_sum) {
-    dataloader_reset(val);
+    int B = val->B, T = val->T;
+    WindowCursor cursor;
     double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(val);
-        total += forward(val->inputs.data(), val->targets.data());
+    for (int64_t first = 0; first < windows; first += B) {
+        int rows = (int)std::min<int64_t>(B, windows - first);
+        for (int r = 0; r < rows; r++) validation_read_window(val, &cursor, r);
+        if (fixed_shape) {
+            std::fill(val->inputs.begin() + (size_t)rows * T, val->inputs.end(), 0);
+            std::fill(val->targets.begin() + (size_t)rows * T, val->targets.end(), 0);
+        }
+        const float* loss = losses(fixed_shape ? B : rows);
+        if (loss) for (size_t i = 0; i < (size_t)rows * T; i++) total += loss[i];
     }
-    if (!model_parallel) return (float)(total / batches);
+    double mean = total / ((double)windows * T);
+    if (!model_parallel) return (float)mean;
     bool reporter = g.pp_rank == g.pp - 1 && g.tp_rank == 0 && g.dp_rank == 0;
-    return (float)world_sum(reporter ? total / batches : 0.0);
+    return (float)world_sum(reporter ? mean : 0.0);
 }
 
 // HellaSwag at `step`, reported by rank 0. Data parallelism: every rank scores its share of the

@@ -43,7 +43,7 @@ struct RunPasses {
     std::function<const float*(const std::vector<int>& tokens, int len)> sample_logits;  // (sample_and_print's)
     std::function<double(double x, const char* what)> world_sum;  // over every rank
     int sample_window = 0;                 // the tokens a sample's forward sees
-    bool hellaswag_fixed_shape = false;    // the trainer runs only its full (B, T)
+    bool fixed_shape = false;              // the trainer runs only its full (B, T) (validation's last rows, HellaSwag)
     Comm* sample_world = nullptr;          // the ranks a sample's token goes to
     // the step
     std::function<void(int step)> step_begins;  // (from 1) before the evaluations: test probes
@@ -98,13 +98,21 @@ inline void open_validation(RunEvents* e, const TrainOptions& o, const GPT2Confi
     if (e->have_val) dataloader_init(&e->val, o.val_data, plan.B, plan.T, 0, 1, cfg.vocab_size, "validation data", "--val-data");
 }
 
-// After the run's header: the samples' decoder, HellaSwag's examples and the metrics log.
+// After the run's header: the samples' decoder, HellaSwag's examples and the metrics log. --eval-only
+// of a checkpoint logs into its run's folder, beside the run's own records (unless --out-dir or
+// --metrics says where): the folder that holds ckpt_NNNNNNNN.
 inline void open_reports(RunEvents* e, TrainOptions& o, const GPT2Config& cfg, const RunPlan& plan, bool leader,
-                         const char* trainer, int world_size, int first_step, const std::string& model_source) {
+                         const char* trainer, int world_size, int first_step, const RunModel& rm) {
+    if (o.eval_only && !rm.resume_dir.empty() && !flag_given(o, "out-dir") && o.metrics.empty()) {
+        std::string dir = rm.resume_dir;
+        while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+        size_t slash = dir.find_last_of('/');
+        o.metrics = (slash == std::string::npos ? std::string(".") : dir.substr(0, slash + (slash == 0))) + "/metrics.jsonl";
+    }
     if (leader) sample_decoder_init(&e->decoder, o, cfg);
     e->hellaswag = hellaswag_open(o, cfg, plan.T, leader);
     metrics_open(&e->mlog, o, leader, trainer, cfg, plan.B, plan.T, world_size, plan.accumulation_steps, plan.total_batch_tokens,
-                 plan.steps, first_step, model_source);
+                 plan.steps, first_step, rm.source);
 }
 
 // The run's last line (with its checkpoint, or that there is none), and its log and trace closed.
@@ -130,14 +138,18 @@ struct RunLoop {
 
 // The validation loss at `step` (llmc/run/run.h: every rank of a model-parallel grid takes part).
 inline void run_validation(const RunLoop& r, const RunPasses& p, int step) {
-    float loss = evaluate_loss(&r.ev->val, r.o->val_batches, r.grid, r.model_parallel,
-        [&](const int* inputs, const int* targets) { return p.forward(inputs, targets, r.ev->val.B, r.ev->val.T); },
+    DataLoader* val = &r.ev->val;
+    float loss = evaluate_loss(val, validation_window_count(*r.o, *val), p.fixed_shape, r.grid, r.model_parallel,
+        [&](int rows) {
+            p.forward(val->inputs.data(), val->targets.data(), rows, val->T);
+            return p.row_losses();
+        },
         [&](double x) { return p.world_sum(x, "collecting the validation loss"); });
     if (r.leader) report_val_loss(&r.ev->mlog, step, loss);
 }
 
 inline void run_hellaswag(const RunLoop& r, const RunPasses& p, int step) {
-    hellaswag_report(r.ev->hellaswag, r.plan->B, r.plan->T, p.hellaswag_fixed_shape, r.grid, r.model_parallel, step, &r.ev->mlog,
+    hellaswag_report(r.ev->hellaswag, r.plan->B, r.plan->T, p.fixed_shape, r.grid, r.model_parallel, step, &r.ev->mlog,
         [&](const int* in, const int* tg, int rows, int Tp) {
             p.forward(in, tg, rows, Tp);
             return p.row_losses();

@@ -24,6 +24,9 @@ PROGRAMS = ("./", "scripts/", "python3 ", "mpirun ", "sbatch ", "make ")
 
 TINY = "--model L=2,C=64,H=4,T=64 --batch-size 4 --seq-len 64"         # the CPU trainer's small shape
 TINY_GPU = "--model L=2,C=64,H=4,T=64 --batch-size 2 --seq-len 64"     # the emulated GPU trainer's
+# The emulated GPU trainer runs a forward pass in about 0.2 s: validation on the whole Moby Dick split
+# (31,744 tokens, the default) would take minutes a run, so its runs score the first 1,024 tokens.
+EMU_VAL = "--val-tokens 1024"
 D48 = "--model d48 --batch-size 8 --seq-len 1024 --total-batch-tokens 1048576"
 
 
@@ -61,7 +64,7 @@ COMMANDS = {
     "./train_gpt_cpu --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 --steps 300 --lr 3e-3":
         ([], "./train_gpt_cpu --model L=4,C=128,H=4,T=128 --batch-size 8 --seq-len 128 --steps 2 --lr 3e-3", "out/metrics.jsonl"),
     "./train_gpt --model d12 --batch-size 16 --seq-len 1024 --total-batch-tokens 524288 --lr 6e-4 --warmup-steps 700":
-        ([], f"./train_gpt {TINY_GPU} --total-batch-tokens 256 --lr 6e-4 --warmup-steps 700 --steps 2 --out-dir out/readme-gpu",
+        ([], f"./train_gpt {TINY_GPU} --total-batch-tokens 256 --lr 6e-4 --warmup-steps 700 --steps 2 {EMU_VAL} --out-dir out/readme-gpu",
          "out/readme-gpu/metrics.jsonl"),
     "scripts/run_mpi_local.sh 8 --model d12 --zero 1 ...":
         ([], f"scripts/run_mpi_local.sh 2 {TINY} --zero 1 --steps 2 --out-dir out/mpi-local", "out/mpi-local/metrics.jsonl"),
@@ -87,7 +90,7 @@ COMMANDS = {
         ([], "RUN_SKIP_SETUP=1 scripts/run.sh --time-budget 20 --model L=1,C=32,H=2,T=32 --seq-len 32 --out-dir out/budget",
          "out/budget/metrics.jsonl"),
     "make train_gpt_fp16": skip("scripts/test.sh builds it (make all) before this suite"),
-    "./train_gpt --precision fp8": ([], f"./train_gpt {TINY_GPU} --precision fp8 --steps 2 --out-dir out/fp8", "out/fp8/metrics.jsonl"),
+    "./train_gpt --precision fp8": ([], f"./train_gpt {TINY_GPU} --precision fp8 --steps 2 {EMU_VAL} --out-dir out/fp8", "out/fp8/metrics.jsonl"),
     "mpirun -np N": skip("a fragment: the number of ranks"),
     "python3 -c \"import json; print([r['loss'] for r in map(json.loads, open('out/metrics.jsonl')) if r['type'] == 'step'][-5:])\"":
         ([], "python3 -c \"import json; print([r['loss'] for r in map(json.loads, open('out/metrics.jsonl')) "
@@ -110,7 +113,7 @@ COMMANDS = {
         (["runs"], "scripts/report.py out/run1 -o run1.html --log run1.log --trace out/run1/trace.rank*.json", "run1.html"),
     "./hf_convert import gpt2/model.safetensors gpt2_124M.bin": (["runs", "hf"], "./hf_convert import gpt2/model.safetensors gpt2_124M.bin",
                                                                  "gpt2_124M.bin"),
-    "./train_gpt --model gpt2_124M.bin ...": ([], "./train_gpt --model gpt2_124M.bin --batch-size 2 --seq-len 64 --steps 2 --out-dir out/finetune",
+    "./train_gpt --model gpt2_124M.bin ...": ([], f"./train_gpt --model gpt2_124M.bin --batch-size 2 --seq-len 64 --steps 2 {EMU_VAL} --out-dir out/finetune",
                                               "out/finetune/metrics.jsonl"),
     # out/gpt2_124M is the tiny run of the "runs" fixture: its checkpoint is step 2, not scripts/gpt2.sh 124M's 19073
     "./hf_convert export out/gpt2_124M/ckpt_00019073 hf_gpt2/": (["runs"], "./hf_convert export out/gpt2_124M/ckpt_00000002 hf_gpt2/",
@@ -126,12 +129,12 @@ COMMANDS = {
     "./train_gpt ... --plan 64 --plan-node-size 8 --plan-bandwidth 25 --estimate-memory-gib 40":
         ([], f"./train_gpt {D48} --plan 64 --plan-node-size 8 --plan-bandwidth 25 --estimate-memory-gib 40", None),
     "./train_gpt --model d12 ... --hellaswag hellaswag_val.jsonl --hellaswag-every 250":
-        (["hellaswag"], f"./train_gpt {TINY_GPU} --steps 2 --hellaswag hellaswag_val.jsonl --hellaswag-every 250 --out-dir out/hs",
+        (["hellaswag"], f"./train_gpt {TINY_GPU} --steps 2 --hellaswag hellaswag_val.jsonl --hellaswag-every 250 {EMU_VAL} --out-dir out/hs",
          "out/hs/metrics.jsonl"),
     "./train_gpt --eval-only --model out/gpt2_124M/ckpt_00019073/model.bin --hellaswag hellaswag_val.jsonl":
-        (["runs", "hellaswag"], "./train_gpt --eval-only --model out/gpt2_124M/ckpt_00000002/model.bin --hellaswag hellaswag_val.jsonl", None),
+        (["runs", "hellaswag"], f"./train_gpt --eval-only --model out/gpt2_124M/ckpt_00000002/model.bin --hellaswag hellaswag_val.jsonl {EMU_VAL}", None),
     "./train_gpt --eval-only --resume out/gpt2_124M/ckpt_00019073 --hellaswag hellaswag_val.jsonl":
-        (["runs", "hellaswag"], "./train_gpt --eval-only --resume out/gpt2_124M/ckpt_00000002 --hellaswag hellaswag_val.jsonl", None),
+        (["runs", "hellaswag"], f"./train_gpt --eval-only --resume out/gpt2_124M/ckpt_00000002 --hellaswag hellaswag_val.jsonl {EMU_VAL}", None),
     "./train_gpt_cpu --resume latest --out-dir out/moby-dick-cpu --generate \"Call me Ishmael.\" --sample-tokens 200 --top-k 40":
         ([], "./train_gpt_cpu --resume latest --out-dir out/moby-dick-cpu --generate \"Call me Ishmael.\" --sample-tokens 200 --top-k 40", None),
     "./train_gpt --model gpt2.bin --generate \"The meaning of life is\" --num-samples 3 --temperature 0.8 --top-p 0.95":

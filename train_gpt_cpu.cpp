@@ -1348,17 +1348,18 @@ static void load_weights(GPT2* model, const TrainOptions& o, const std::string& 
         init_moe_params(cfg, model->moe, model->moe_layout, o.seed, model->moe_params.data());  // --moe-experts (empty if dense)
         return;
     }
-    // (an MoE model's state files never hold the weights: MoE runs on no grid that splits them)
-    if (!resume_dir.empty() && read_state_runs(resume_dir, param_layout(cfg).total, wanted(runs, true), nullptr, nullptr, dst)
-                                   .has_master_weights) {
-        return;
-    }
+    bool dense_from_state = !resume_dir.empty() &&
+        read_state_runs(resume_dir, param_layout(cfg).total, wanted(runs, true), nullptr, nullptr, dst).has_master_weights;
+    // The state files never hold the MoE table's weights: a GPU bf16 run's hold its dense master weights
+    // only, and the table is in model.bin (read below even then: skipping it left the table unset)
+    if (dense_from_state && model->moe_params.empty()) return;
     // a model file holds the full model: read it whole, keep this rank's runs (and an MoE model's table:
     // main checked that the file's MoE settings are this run's, so the sizes agree)
     GPT2Config file_cfg;
     std::vector<float> full, moe_full;
     read_model_file(resume_dir.empty() ? o.model : resume_dir + "/model.bin", &file_cfg, &full, &moe_full);
-    for (const StateRun& r : runs) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
+    for (const StateRun& r : runs)
+        if (!dense_from_state) memcpy(dst + r.weight_at, full.data() + r.global, r.count * sizeof(float));
     keep_held_experts(model, moe_full, &model->moe_params);
 }
 

@@ -70,7 +70,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import report, exit_code  # noqa: E402
 from safetensors_io import read_safetensors  # noqa: E402
-from test_gpu import CPU, GPU, GPU32, MODE, EMULATED, DEFAULT_ATTENTION, Setup, run, same_bytes, rel  # noqa: E402
+from test_gpu import CPU, GPU, GPU32, MODE, EMULATED, DEFAULT_ATTENTION, Setup, run, same_bytes, same_state_file, rel  # noqa: E402
 
 B, T = 2, 32
 STEPS = ["--batch-size", str(B), "--seq-len", str(T), "--lr", "1e-3", "--warmup-steps", "1"] + DEFAULT_ATTENTION
@@ -146,7 +146,7 @@ def delayed_update(S):
         shutil.copytree(ckpt("delay_a", t - 1), ckpt(f"delay_ref{t}", t - 1))
         ref = read_safetensors(S.dump_path(GPU, "tiny", steps + ["--steps", str(t), "--checkpoint-every", "1",
                                                                    "--out-dir", out, "--resume", "latest"] + OFF))[0]
-        same_state = same_bytes(f"{ckpt('delay_a', t)}/state.bin", f"{ckpt(f'delay_ref{t}', t)}/state.bin")
+        same_state = same_state_file(f"{ckpt('delay_a', t)}/state.bin", f"{ckpt(f'delay_ref{t}', t)}/state.bin")
         same_loss = np.array_equal(ref["losses"], straight["losses"][t - 1:t])
         report(same_state and same_loss, f"--offload-delay 1, step {t}: == an undelayed step from the GPU weights of step "
                f"{t - 2} and the master weights of step {t - 1} (state.bin: master, m, v; the loss), bit for bit",
@@ -196,7 +196,7 @@ def delayed_two_ranks(S):
     for t in (2, 3):
         ref = two(f"dp2_ref{t}", ["--zero", "1", "--steps", str(t), "--checkpoint-every", "1", "--resume", "latest"] + OFF,
                   copy=(ckpt("dp2_delay", t - 1), ckpt(f"dp2_ref{t}", t - 1)))
-        same_state = all(same_bytes(f"{ckpt('dp2_delay', t)}/{f}", f"{ckpt(f'dp2_ref{t}', t)}/{f}") for f in files[1:])
+        same_state = all(same_state_file(f"{ckpt('dp2_delay', t)}/{f}", f"{ckpt(f'dp2_ref{t}', t)}/{f}") for f in files[1:])
         same_loss = np.array_equal(ref["losses"], straight["losses"][t - 1:t])
         report(same_state and same_loss, f"--offload-delay 1, ZeRO-1 on 2 ranks, step {t}: == an undelayed 2-rank step from "
                f"the GPU weights of step {t - 2} and the shards' master weights of step {t - 1} (both ranks' state files, "

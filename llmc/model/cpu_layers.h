@@ -55,6 +55,10 @@ namespace cpu {
 // Accurate to about 1 ulp on [-87, 88]; inputs outside are clamped (exp underflows/overflows there).
 // Written once for a float and for vec16 (16 floats, one AVX-512 register: vexp16 below): the steps
 // to 2^k * exp(r), returning exp(r) and k; the two callers differ only in how k becomes exponent bits.
+// (GCC warns that passing a 64-byte vector changes the calling convention on a machine without
+// AVX-512; these functions are inline and never cross a library boundary, so the warning is off here.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 template <typename F>
 inline F exp_of_remainder(F x, F& k) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // (on vec16, ?: is lane by lane)
@@ -88,6 +92,7 @@ inline vec16 vexp16(vec16 x) {
     int16x exponent_bits = (__builtin_convertvector(k, int16x) + 127) << 23;
     return p * (vec16)exponent_bits;  // (a cast between vectors of one size keeps the bits)
 }
+#pragma GCC diagnostic pop
 
 // ==============================================================================================
 // Linear layers, y = x W^T + b, on the blocked SGEMM of llmc/model/cpu_matmul.h (matmul(): where ~90%

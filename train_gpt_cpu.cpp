@@ -38,6 +38,7 @@
 #include "llmc/run/cpu_threads.h"
 #include "llmc/parallel/comm.h"
 #include "llmc/memory/cpu_buffers.h"
+#include "llmc/memory/huge_pages.h"     // the large buffers on 2 MiB pages
 #include "llmc/model/cpu_layers.h"
 #include "llmc/model/kv_cache.h"
 #include "llmc/optim/adafactor.h"
@@ -291,7 +292,8 @@ void gpt2_allocate(GPT2* model, const CPURunShape& shape) {
             std::vector<float>* v = gpt2_buffer(model, b, slot);
             if (!v) continue;
             if (b == CB_PARAMS && v->size() == n && v->capacity() == n) continue;  // exact already: no copy
-            std::vector<float> exact(n, 0.0f);
+            std::vector<float> exact;
+            fresh_buffer(&exact, n);  // zeros, on 2 MiB pages (llmc/memory/huge_pages.h)
             poison_fresh(&exact);  // tests: NaN, so a read before any write shows (llmc/probes/poison.h)
             // the parameters' padding is zero: the updates and the checks read it (poison found it). (ZeRO-3's shard
             // starts empty: all of it zero here, then load_weights fills its runs)

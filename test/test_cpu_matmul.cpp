@@ -6,6 +6,7 @@
 // Each entry must be within 1e-5 of the sum of |terms| of the exact dot product (fp32 sums of up
 // to ~400 terms: ~1e-6 seen). Then the same products with 1 and 2 threads must agree bit for bit
 // (each tile of C belongs to one thread, k in a fixed order), for a C split by columns and by rows.
+// A narrow C (N = 64 and the like) runs as its transpose: both orientations, bit for bit the same.
 #include <omp.h>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +41,7 @@ int main() {
     std::mt19937 rng(7);
     const int KC = MATMUL_KC, NC = MATMUL_NC, MR = MATMUL_MR, NR = MATMUL_NR;
     Case cases[] = {{1, 1, 1}, {MR - 1, NR + 5, 9}, {2 * MR + 3, 3 * NR - 7, KC + 13}, {MR + 1, NC + NR + 2, 20},
-                    {4 * MR, 4 * NR, 2 * KC}};
+                    {4 * MR, 4 * NR, 2 * KC}, {6 * NR + 5, 2 * MR + 3, KC + 13}};
     for (const Case& c : cases) {
         auto A = random_floats((size_t)c.M * c.K, rng), B = random_floats((size_t)c.K * c.N, rng);
         auto C0 = random_floats((size_t)c.M * (c.N + 3), rng);
@@ -81,6 +82,16 @@ int main() {
         omp_set_num_threads(2);
         auto two = run(c, false, true, true, A, B, C0);
         check(one == two, "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + ": 1 and 2 threads bitwise identical",
+              "they differ");
+    }
+    // the two orientations of a narrow product: the same bits
+    {
+        Case c{6 * NR + 5, 2 * MR + 3, KC + 13};
+        auto A = random_floats((size_t)c.M * c.K, rng), B = random_floats((size_t)c.K * c.N, rng);
+        auto C0 = random_floats((size_t)c.M * c.N, rng), as_is = C0, transposed = C0;
+        cpu::matmul_oriented(c.M, c.N, c.K, A.data(), c.K, 1, B.data(), 1, c.K, as_is.data(), c.N, false, true);
+        cpu::matmul_oriented(c.N, c.M, c.K, B.data(), c.K, 1, A.data(), 1, c.K, transposed.data(), c.N, true, true);
+        check(as_is == transposed, "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + ": C and C^T = B^T A^T bitwise identical",
               "they differ");
     }
     return check_exit_code();

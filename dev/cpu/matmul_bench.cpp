@@ -4,6 +4,7 @@
 //
 //   make matmul_bench && OMP_NUM_THREADS=1 ./matmul_bench      all shapes, M = 256 and 2048 (~1 CPU-minute)
 //   OMP_NUM_THREADS=1 ./matmul_bench --rows 256 --reps 5 --only forward        a subset
+//   OMP_NUM_THREADS=1 ./matmul_bench --rows 512 --channels 64 --orientation stored   the main job's shapes, C as stored
 //
 // Each shape is the product one linear layer runs (cpu_layers.h: matmul_forward, _backward_input,
 // _backward_weight), with the same strides (the weight read transposed in the forward, the output
@@ -62,20 +63,26 @@ struct Shape {
 };
 
 int main(int argc, char** argv) {
-    int reps = 3, only_rows = 0;
-    std::string only;
+    int reps = 3, only_rows = 0, C = 768;
+    std::string only, orientation = "auto";  // auto: matmul() chooses; stored, transposed: C or C^T forced
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) only_rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else { fprintf(stderr, "usage: %s [--reps N] [--rows 256|2048] [--only SUBSTRING]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--channels") && i + 1 < argc) C = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--orientation") && i + 1 < argc) orientation = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--rows M] [--channels C] [--only SUBSTRING] [--orientation auto|stored|transposed]\n", argv[0]);
+            return 2;
+        }
     }
-    const int C = 768, V = 50304;
+    const int V = 50304;
     struct Layer { const char* name; int IC, OC; } layers[] = {
         {"qkv", C, 3 * C}, {"attproj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}, {"classifier", C, V}};
     std::vector<Shape> shapes;
-    for (int rows : {256, 2048}) {
-        if (only_rows && rows != only_rows) continue;
+    std::vector<int> row_counts = {256, 2048};
+    if (only_rows) row_counts = {only_rows};  // any M: the main job's is 512 (B=8, T=64)
+    for (int rows : row_counts) {
         for (auto& l : layers) {
             shapes.push_back({l.name, "forward", rows, l.OC, l.IC, false, true});
             shapes.push_back({l.name, "backward, data", rows, l.IC, l.OC, false, false});
@@ -100,7 +107,12 @@ int main(int argc, char** argv) {
         double best_cpu = 1e30, best_wall = 1e30;
         for (int r = 0; r < reps; r++) {
             double c0 = cpu_seconds(), w0 = wall_seconds();
-            cpu::matmul(s.M, s.N, s.K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cm.data(), s.N, false);
+            if (orientation == "stored")
+                cpu::matmul_oriented(s.M, s.N, s.K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cm.data(), s.N, false, false);
+            else if (orientation == "transposed")
+                cpu::matmul_oriented(s.N, s.M, s.K, B.data(), b_cs, b_rs, A.data(), a_cs, a_rs, Cm.data(), s.N, true, false);
+            else
+                cpu::matmul(s.M, s.N, s.K, A.data(), a_rs, a_cs, B.data(), b_rs, b_cs, Cm.data(), s.N, false);
             best_cpu = std::min(best_cpu, cpu_seconds() - c0);
             best_wall = std::min(best_wall, wall_seconds() - w0);
         }

@@ -240,8 +240,9 @@ inline std::vector<BufferSpec> cpu_buffer_table(const CPURunShape& s) {
     // (3Ca, C, Cf, and Vp where the slice has the LM head) in the weight gradient
     size_t head_rows = head * Vp;  // a pipeline stage without the head never multiplies by wte
     size_t max_rows = std::max({BT, head_rows, Cf, 3 * Ca, C});
-    // ... and N, the columns, is an output width in the forward, an input width in the backward
-    size_t max_columns = std::max({head_rows, Cf, 3 * Ca, C});
+    // ... and N, the columns, is an output width in the forward, an input width in the backward, or
+    // B*T where a narrow product runs as its transpose (cpu_matmul.h's matmul)
+    size_t max_columns = std::max({head_rows, Cf, 3 * Ca, C, BT});
     bool lent = s.pipeline_parallel > 1 && slice.last_stage;
     auto sh = [](const char* fmt, auto... v) { return strprintf(fmt, v...); };
     std::string x = M > 1 ? sh(" x %zu", M) : std::string();   // per micro-batch in flight

@@ -74,6 +74,8 @@ SHAPES = {
                        batch=8, seq_len=256),
 }
 SHAPES["d12"] = SHAPES["gpt2_124m"]
+# the model scripts/run.sh trains on a CPU (the main job): 8 layers of 64 channels, GPT-2's vocabulary
+SHAPES["main_job"] = dict(layers=8, channels=64, heads=4, max_seq_len=64, vocab=50257, batch=8, seq_len=64)
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.1, 1.0
 STEP_TIME = re.compile(r"(\d+\.?\d*) ms")
 

@@ -945,11 +945,11 @@ struct OptimizerStep {
     int t;                    // AdamW's t: the steps it has taken
     bool graphed;             // --cuda-graphs: the update replays a captured graph
 };
-static OptimizerStep optimizer_step_values(GPT2* m, const TrainOptions& o, int step, float lr, float norm) {
+// t: AdamW's, the updates applied with this one (llmc/run/step.h's optimizer_t: skipped steps, fp16's
+// overflows among them, do not count, as PyTorch's GradScaler skips optimizer.step()).
+static OptimizerStep optimizer_step_values(GPT2* m, const TrainOptions& o, int t, float lr, float norm) {
     OptimizerStep u;
-    // fp16's overflow skips do not count (as PyTorch's GradScaler skips optimizer.step()); a bf16 step
-    // skipped by step_is_sound does.
-    u.t = step - m->scaler.overflows;
+    u.t = t;
     u.lr = lr;
     AdamWParams& a = u.a;
     a.beta1 = o.beta1;
@@ -1033,9 +1033,9 @@ static void share_updated_weights(GPT2* m, Parallel* par, const OptimizerStep& u
 
 // Clipping and the update of every parameter group this rank updates, then the ranks that share
 // weights get them. Returns when they are in place on every rank.
-static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+static void optimizer_step(GPT2* m, Parallel* par, const TrainOptions& o, int t, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h; it ends with a synchronize)
-    OptimizerStep u = optimizer_step_values(m, o, step, lr, norm);  // AdamW's t and the step's values, on the GPU
+    OptimizerStep u = optimizer_step_values(m, o, t, lr, norm);  // AdamW's t and the step's values, on the GPU
     for (ParamGroupUpdate update : param_groups(m))
         if (update) update(m, u);  // AdamW fp32/bf16 moments, Adafactor, SM3, offload; MoE table
     share_updated_weights(m, par, u);  // ZeRO's all-gather, the pipeline's tied wte, PowerSGD's commit
@@ -1372,10 +1372,11 @@ static void fill_factored_state(GPT2* m, Parallel* par, TrainState* s) {
 // holding every weight, every rank sends its slice to rank 0. On the same grid a resumed run reads
 // back exactly these: bit-exact.
 static void save_checkpoint(GPT2* m, Parallel* par, const RunPlan& plan, const TrainOptions& o, int step,
-                            const DataLoader& train, uint64_t sampler_rng) {
+                            const DataLoader& train, uint64_t sampler_rng, int updates_skipped) {
     const GPT2Config& cfg = m->config;
     size_t P = param_layout(cfg).total;
     CheckpointParts parts;
+    parts.updates_skipped = updates_skipped;
     parts.master_weights = m->shape.master_weights;
     // --moe-experts: the whole table and moments on rank 0 (with --expert-parallel gathered from its expert group)
     std::vector<float> moe_table, moe_m, moe_v;
@@ -1631,7 +1632,7 @@ static StepResult train_step(GPT2* m, Parallel* par, DataLoader* train, const Ru
     r.norm = finish_gradients(m, par) / r.loss_scale;
     dump_first_step(m, par, reports && grid.dp_rank == 0);  // --dump-state (llmc/probes/gpu_test_hooks.cuh)
     r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
-    if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    if (r.applied) optimizer_step(m, par, o, optimizer_t(step, *bad_steps, m->scaler.overflows), r.lr, r.norm);
     else flush_offloaded_weights(m);  // (--offload-delay 1: the pending weights)
     return r;
 }
@@ -1766,7 +1767,7 @@ static StepResult train_step_graphed(GPT2* m, Parallel* par, DataLoader* train, 
     // fp16: the norm of the scaled gradient over S, as train_step; the same decision (step_applies)
     r.norm = (float)std::sqrt(world_sum(par, graphed_norm_squares(m, gs), "sum of the gradient norms")) / r.loss_scale;
     r.applied = step_applies(m, r, o, step, bad_steps, grid.rank == 0);
-    if (r.applied) optimizer_step(m, par, o, step, r.lr, r.norm);
+    if (r.applied) optimizer_step(m, par, o, optimizer_t(step, *bad_steps, m->scaler.overflows), r.lr, r.norm);
     return r;
 }
 
@@ -2290,7 +2291,7 @@ static RunPasses gpu_run_passes(GPT2* m, Parallel* par, DataLoader* train, const
         return r;
     };
     p.after_step = [=](int step, const StepResult& r, double seconds) { return gpu_after_step(m, par, *plan, c, step, r, seconds); };
-    p.checkpoint = [=](int step) { save_checkpoint(m, par, *plan, *o, step, *train, *sampler_rng); };
+    p.checkpoint = [=](int step) { save_checkpoint(m, par, *plan, *o, step, *train, *sampler_rng, (int)c->bad_steps.skipped); };
     return p;
 }
 
@@ -2494,6 +2495,7 @@ int main(int argc, char** argv) {
     TrainStateHeader resumed = gpu_resume(m, &par, o, rm, &plan, &train, &sampler_rng);
     GpuRunCounts counts{(int)resumed.step, 0, 0, 0, 0, 0, device_peak_tflops(par.world_gpu.device),  // 0 for a GPU we do not know: no MFU
                         flops_per_token(cfg, plan.T) * (double)plan.total_batch_tokens, {}};
+    counts.bad_steps.skipped = resumed.updates_skipped;  // (AdamW's t leaves them out: llmc/run/step.h)
     if (run_is_complete(o, counts.first_step, plan.steps, leader)) {  // nothing to train: nothing written
         trace_close();
         release_all(m, &par);

@@ -1277,10 +1277,11 @@ static float finish_gradients(GPT2* model, Parallel* par) {
 
 // Clipping and the optimizer over the parameters this rank updates, then every rank gets the
 // updated weights.
-static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int step, float lr, float norm) {
+// t: AdamW's, the updates applied with this one (llmc/run/step.h's optimizer_t).
+static void optimizer_step(GPT2* model, Parallel* par, const TrainOptions& o, int t, float lr, float norm) {
     TraceSpan span("optimizer");  // --trace (llmc/probes/trace.h)
     gradient_groups_applied(model);  // grad compression: a sound step's error feedback and Q are kept
-    if (updates_here(model)) gpt2_update(model, lr, o, step, clip_coefficient(norm, o.grad_clip));  // parameter server: rank 0
+    if (updates_here(model)) gpt2_update(model, lr, o, t, clip_coefficient(norm, o.grad_clip));  // parameter server: rank 0
     share_updated_weights(model, par);  // ZeRO, parameter server, the MoE table's shards, pipelines' tied wte
 }
 
@@ -1383,7 +1384,7 @@ static void fail_unless_weights_finite(GPT2* model, Parallel* par, int step) {
 // and optimizer state are on the host already; without a rank holding every weight, rank 0
 // assembles model.bin from the state files' weights.
 static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, const RunPlan& plan, int step,
-                            const DataLoader& train, uint64_t sampler_rng) {
+                            const DataLoader& train, uint64_t sampler_rng, int updates_skipped) {
     const GPT2Config& cfg = model->config;
     auto barrier = [&](const char* what) { comm_barrier(&par->comms.world, what); };
     // --moe-experts: the whole MoE table and its moments on rank 0 (gathered, with --expert-parallel)
@@ -1397,6 +1398,7 @@ static void save_checkpoint(GPT2* model, Parallel* par, const TrainOptions& o, c
     const float* moe_m = whole_moe_table(model, par, held_m.empty() ? model->moe_m : held_m, &whole_m);
     const float* moe_v = whole_moe_table(model, par, held_v.empty() ? model->moe_v : held_v, &whole_v);
     CheckpointParts parts;
+    parts.updates_skipped = updates_skipped;
     parts.write_model_bin = [&](const std::string& path) {
         if (model->moe.experts == 0) write_model_file(path, cfg, model->params.data(), false);
         else write_moe_model_file(path, cfg, model->moe, model->moe_shape.top_k, model->params.data(), moe_params);
@@ -1898,7 +1900,7 @@ static StepResult train_step(GPT2* model, Parallel* par, DataLoader* train, cons
     r.norm = finish_gradients(model, par);
     dump_first_step(model, par, (size_t)plan.B * plan.T);  // --dump-state (llmc/probes/state_dump.h)
     r.applied = step_is_sound(bad_steps, step, r.loss, r.norm, o.max_bad_steps, prints_reports(par));
-    if (r.applied) optimizer_step(model, par, o, step, r.lr, r.norm);
+    if (r.applied) optimizer_step(model, par, o, optimizer_t(step, *bad_steps), r.lr, r.norm);
     return r;
 }
 
@@ -1968,7 +1970,7 @@ static RunPasses cpu_run_passes(GPT2* model, Parallel* par, DataLoader* train, c
     p.after_step = [=](int step, const StepResult&, double) { return cpu_after_step(model, par, c, step); };
     p.checkpoint = [=](int step) {
         fail_unless_weights_finite(model, par, step);
-        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng);
+        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng, (int)c->bad_steps.skipped);
     };
     return p;
 }
@@ -2113,6 +2115,7 @@ int main(int argc, char** argv) {
     if (leader) profile_start(o.profile, model.slice.vocab_rows, matmul);  // --profile: the ceiling, measured now
     open_reports(&ev, o, cfg, plan, leader, "cpu", grid.world, first_step, rm);
     CpuRunCounts counts{&world, {&par.comms.dp, &par.comms.tp, &par.comms.pp, &par.comms.world}, {}, {}};
+    counts.bad_steps.skipped = resumed.updates_skipped;  // (AdamW's t leaves them out: llmc/run/step.h)
     run_training(RunLoop{&o, &plan, first_step, cfg.vocab_size, leader, par.model_parallel, grid, &world, &par.pipe_drains, &sampler_rng, &ev},
                  cpu_run_passes(&model, &par, &train, &plan, &o, &counts, &sampler_rng));
     cpu_end_reports(&model, &par, &world, o, predicted, counts, plan, first_step);

@@ -30,6 +30,8 @@ CPU emulation of CUDA) and its dynamic loss scaling (llmc/optim/loss_scaler.h; M
                    touched neither weights nor moments, and AdamW's t held at 1, so step 3 is the
                    clean run's step 2; S = 2^18, then 2^17); step 3's loss equals step 2's; the run
                    says it skipped and step 3 runs at S/2.
+                   The bf16 build, where the inf is a bad step (llmc/run/step.h), holds t the same way
+                   (2 data-parallel ranks; before, its t counted the skipped step).
   resume           --loss-scale-init 1024 --loss-scale-window 3, 12 steps (S doubles 4 times):
                    12 straight == 6 + resume + 6, bit for bit: weights, losses, the S of each step
                    line, and the step-12 state.bin (where S, its clean steps and the skipped steps
@@ -135,6 +137,15 @@ def overflow_skip(r, model, work):
                f"{name}: every rank skipped, and AdamW's t held: 3 steps with step 2 skipped == 2 clean steps, bit for "
                "bit (all but the key biases)", f"{int(differ.sum())} weights differ; losses {skipped['losses']} vs "
                f"{clean['losses']}")
+    # the bf16 build: there an inf makes a bad step (llmc/run/step.h's step_is_sound), and AdamW's t holds the same way
+    bf16_flags = flags[:-2]  # (no loss scaler)
+    clean, _ = r.dump("bf16_clean2", 2, *bf16_flags, "--steps", 2, exe=GPU)
+    skipped, out = r.dump("bf16_inf3", 2, *bf16_flags, "--steps", 3, exe=GPU, env={"LLMC_TEST_GRAD_INF": "1:2"})
+    differ = (skipped["params"] != clean["params"]) & ~key_bias_mask(model)
+    report("update skipped" in out and not np.any(differ) and skipped["losses"][2] == clean["losses"][1],
+           "bf16 build, 2 data-parallel ranks, an inf at step 2: skipped, and AdamW's t held: 3 steps == 2 clean steps, bit "
+           "for bit (all but the key biases)", f"{int(differ.sum())} weights differ; losses {skipped['losses']} vs "
+           f"{clean['losses']}\n{out[-600:]}")
 
 
 def real_overflow(r):

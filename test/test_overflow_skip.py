@@ -16,13 +16,20 @@ scaler's contract, llmc/optim/loss_scaler.h). The CPU trainer over MPI, 2 ranks,
   updated, or a bias correction advanced, on the skipped step would not be). Control: the clean run's
   m and v change in step 2. Planted once: a skipped step decaying m by beta1 (the weights untouched):
   the weights' check passed, the m and v check failed on both grids.
+
+  AdamW's t leaves a skipped step out (it counts the updates applied, as PyTorch's GradScaler skips
+  optimizer.step()): one rank, every batch the same (a shard whose period is one step's tokens) and a
+  constant learning rate, so 3 steps with step 2 skipped (LLMC_TEST_GRAD_INF=0:2) must end with the
+  weights of 2 clean steps, bit for bit; the checkpoint after the skip records it (state.bin's
+  updates_skipped, byte 964), and a run resumed from it ends with the straight run's weights, bit for
+  bit. Before the fix (t = the step number) step 3's update used t = 3: the first check failed.
 """
 import os, shutil, struct, sys, tempfile
 from checks import report, exit_code
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from token_shards import write_shard  # noqa: E402
-from test_data_parallel import Runner, TRAINER, check_bitwise  # noqa: E402
+from test_data_parallel import Runner, TRAINER, T, check_bitwise  # noqa: E402
 
 
 def state_counters(out_dir, step):
@@ -75,9 +82,38 @@ def main():
                           keys=("params",))
             report(not np.array_equal(clean["params"], one["params"]), f"{name} (control): without the inf, step 2 moves the weights")
             check_skip_counters(name, out_dir, clean_moved)
+        held_t(work)
     finally:
         shutil.rmtree(work)
     return exit_code()
+
+
+def held_t(work):
+    same = os.path.join(work, "same")
+    os.makedirs(same)
+    base = np.random.default_rng(3).integers(0, 512, 2 * T)  # one step's tokens: B = 2 sequences of T
+    write_shard(os.path.join(same, "train_000.bin"), np.tile(base, 64))
+    r = Runner(same)
+    out_dir = os.path.join(same, "out")
+    flags = ["--batch-size", 2, "--lr-schedule", "constant", "--warmup-steps", 0]
+    clean, _ = r.dump("clean2", 1, *flags, "--steps", 2)
+    os.environ["LLMC_TEST_GRAD_INF"] = "0:2"
+    try:
+        skipped, out = r.dump("skip3", 1, *flags, "--steps", 3, "--checkpoint-every", 1)
+    finally:
+        del os.environ["LLMC_TEST_GRAD_INF"]
+    report("update skipped" in out and np.array_equal(skipped["params"], clean["params"]) and
+           skipped["losses"][2] == clean["losses"][1],
+           "AdamW's t held over a skipped step: 3 steps with step 2 skipped == 2 clean steps, bit for bit (one rank)",
+           f"losses {skipped['losses']} vs {clean['losses']}; {int(np.sum(skipped['params'] != clean['params']))} weights differ")
+    with open(os.path.join(out_dir, "ckpt_00000002", "state.bin"), "rb") as f:
+        recorded = struct.unpack_from("<i", f.read(1024), 964)[0]
+    report(recorded == 1, f"the checkpoint after the skip records 1 skipped update (state.bin byte 964: {recorded})")
+    resumed, _ = r.dump("resumed3", 1, *flags, "--steps", 3, "--resume", os.path.join(out_dir, "ckpt_00000002"),
+                        "--out-dir", os.path.join(same, "out_resumed"))
+    report(np.array_equal(resumed["params"], skipped["params"]),
+           "resumed after the skipped step: step 3's weights == the straight run's, bit for bit (the skip count carried)",
+           f"{int(np.sum(resumed['params'] != skipped['params']))} weights differ")
 
 
 if __name__ == "__main__":

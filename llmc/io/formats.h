@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -432,9 +433,14 @@ struct TrainStateHeader {
     //   "set lr 0.01\n" (given on the command line) or "default beta1 0.899999976\n" (the build's default)
     int32_t options_version = 0;
     char options[800] = {0};
-    int32_t reserved[256 - 40 - 1 - 200] = {0};  // room to grow without changing the version
+    // the steps whose update was skipped because their loss or gradient norm was not finite
+    // (llmc/run/step.h), in the reserved space too (an older file's zero: none): AdamW's t = step - these
+    // - loss_scale_overflows
+    int32_t updates_skipped = 0;
+    int32_t reserved[256 - 40 - 1 - 200 - 1] = {0};  // room to grow without changing the version
 };
 static_assert(sizeof(TrainStateHeader) == 1024, "the train-state header must stay 1024 bytes");
+static_assert(offsetof(TrainStateHeader, updates_skipped) == 964, "docs/formats.md's byte 964");
 
 struct TrainState {
     TrainStateHeader header;
@@ -505,6 +511,8 @@ inline std::string train_state_header_problem(const TrainStateHeader& h) {
     if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
     if (h.loss_scale != 0 && (!(h.loss_scale >= 1.0f && h.loss_scale <= 3e38f) || std::frexp(h.loss_scale, &exponent) != 0.5f))
         return strprintf("a loss scale of %g (0, or a power of two of at least 1)", (double)h.loss_scale);
+    if (h.updates_skipped < 0 || h.updates_skipped > h.step - h.loss_scale_overflows)
+        return strprintf("%d skipped updates in %lld steps", h.updates_skipped, (long long)h.step);
     if (h.loss_scale_clean_steps < 0 || h.loss_scale_overflows < 0 || h.loss_scale_overflows > h.step)
         return strprintf("%d clean steps and %lld overflows of the loss scaler in %lld steps", h.loss_scale_clean_steps,
                          (long long)h.loss_scale_overflows, (long long)h.step);

@@ -291,6 +291,7 @@ struct CheckpointParts {
     // every rank, optional: files of its own beside the state, for a technique's per-rank state
     // (gradient compression's error feedback: grad_compression_rank<r>.bin, llmc/parallel/grad_compression.h)
     std::function<void(const std::string& dir)> write_rank_files;
+    int updates_skipped = 0;  // the run's steps skipped for a loss or norm that was not finite (BadSteps, llmc/run/step.h)
 };
 
 // `options`: the run's options as llmc/run/resume.h records them, in every state file's header; `keep`: --keep-checkpoints.
@@ -308,6 +309,7 @@ inline void write_checkpoint(const ProcessGrid& g, const std::string& out_dir, i
         s.header = train_state_header(step, num_params, ShardRange{}, g.rank, g.world, g.zero_stage, plan, sampler_rng,
                                       train_position);
         s.header.has_master_weights = parts.master_weights || !rank0_holds_weights;
+        s.header.updates_skipped = parts.updates_skipped;
         parts.fill_state(&s);
         s.header.options_version = OPTIONS_VERSION;
         if (options.size() >= sizeof(s.header.options)) fail("internal: the recorded options take %zu bytes", options.size());

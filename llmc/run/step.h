@@ -84,6 +84,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -107,9 +108,16 @@ struct StepResult {
 // move on, as they would have). One bad batch is survived; --max-bad-steps in a row (default 3) mean
 // the run has diverged, and it stops, naming the step, before a checkpoint could be written from bad
 // weights. Every rank sees the same all-reduced loss and norm, so every rank decides the same.
+// AdamW's t is part of that state: it counts the updates applied, so a skipped step leaves it too (as
+// PyTorch's GradScaler skips optimizer.step()), and the count of skipped steps goes into checkpoints.
 struct BadSteps {
     int in_a_row = 0;
+    int64_t skipped = 0;  // updates skipped in the whole run (a resumed run starts from its checkpoint's)
 };
+
+// AdamW's t for step `step` (and the factored optimizers' step count): the updates applied, this one
+// included: the step, less the skipped ones, less fp16's overflow skips (llmc/optim/loss_scaler.h).
+inline int optimizer_t(int step, const BadSteps& b, int64_t overflows = 0) { return (int)(step - b.skipped - overflows); }
 
 // Whether to apply this step's update (`step` counts from 1); prints a line when skipping (`leader`),
 // fails when the run has diverged.
@@ -119,6 +127,7 @@ inline bool step_is_sound(BadSteps* b, int step, double loss, float norm, int ma
         return true;
     }
     b->in_a_row++;
+    b->skipped++;
     if (b->in_a_row >= max_bad_steps) {
         fail("step %d: the loss is %g and the gradient norm %g, %d step%s in a row (--max-bad-steps %d): training diverged; "
              "stopped before any update or checkpoint from non-finite values. Lower --lr, raise --warmup-steps, or check "

@@ -258,6 +258,18 @@ inline void matmul_oriented(int M, int N, int K, const float* A, size_t a_rs, si
                 int kc = std::min(KC, K - pc);
                 bool add = accumulate || pc > 0;
                 auto pack_b = [&](int begin, int end) {
+                    int full_end = std::min(end, (N - jc) / NR);  // panels [begin, full_end) are NR columns wide
+                    if (b_cs == 1 && full_end > begin) {
+                        // rows of B contiguous: each row's run across all these panels at once (a panel at a
+                        // time read NR floats a row, rows far apart: runs too short for the prefetchers; the
+                        // main job's weight gradient packs its 512 x 50,304 d(logits) this way)
+                        for (int k = 0; k < kc; k++) {
+                            const float* src = B + (size_t)(pc + k) * b_rs + jc + (size_t)begin * NR;
+                            for (int jp = begin; jp < full_end; jp++)
+                                memcpy(Bp + (size_t)jp * NR * kc + (size_t)k * NR, src + (size_t)(jp - begin) * NR, NR * sizeof(float));
+                        }
+                        begin = full_end;
+                    }
                     for (int jp = begin; jp < end; jp++)
                         matmul_pack_panel<NR>(Bp + (size_t)jp * NR * kc, B, b_rs, b_cs, pc, kc, jc + jp * NR,
                                               std::min(NR, N - jc - jp * NR));

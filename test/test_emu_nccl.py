@@ -10,7 +10,10 @@ under emulation. Two things must hold, and both are checked here under mpirun wi
    and output; numpy recomputes each result from the inputs and the outputs must match BIT FOR BIT
    (IEEE addition in a fixed order is exact to specify, so there is no tolerance to hide behind),
    on the world's communicator, split ones and ones made from separate unique ids; the 3-rank run
-   also cuts every array into 40-byte chunks, so the chunked path is the one tested there.
+   also cuts every array into 40-byte chunks, so the chunked path is the one tested there, and polls
+   a group's sends and receives last first (LLMC_EMU_NCCL_POLL=reverse): two receives from one peer in
+   one group must still get that peer's sends in issue order (their data received the other way round
+   swapped the GPU trainer's activation and gradient under interleaved 1F1B on 2 stages, now and then).
    The checker is shown to fail on planted errors (a flipped bit, another rank's shard), and to
    tell rounding once from rounding every partial sum (what a real NCCL ring does).
 2. NCCL's rules are enforced: ranks issuing different collectives, different counts, a send that no
@@ -130,7 +133,7 @@ EXPECTED = ["allreduce_sum_f32", "allreduce_sum_f32_inplace", "allreduce_sum_bf1
             "allreduce_sum_f64", "allreduce_max_f32_inplace", "allreduce_max_bf16", "allreduce_empty",
             "reduce_sum_bf16_inplace_to_last", "reduce_sum_f32_to_0", "reducescatter_sum_bf16_inplace",
             "reducescatter_sum_f32", "allgather_f64_inplace", "allgather_bf16", "broadcast_f32_from_last", "broadcast_u8_inplace", "grouped_reduce_a", "grouped_reduce_b",
-            "grouped_reduce_c", "ring_forward", "ring_backward", "split_allreduce_sum_f32", "split_allgather_f32",
+            "grouped_reduce_c", "ring_forward", "ring_backward", "pair_first", "pair_second", "split_allreduce_sum_f32", "split_allgather_f32",
             "nocolor_allreduce_sum_bf16", "byid_allgather_f64_inplace"]
 
 
@@ -138,7 +141,7 @@ def check_collectives(ranks, work, env):
     directory = os.path.join(work, f"np{ranks}")
     os.makedirs(directory)
     code, out, seconds = mpirun(ranks, "collectives", directory, env=env)
-    label = f"nccl stand-in, {ranks} ranks" + (", 40-byte chunks" if env else "")
+    label = f"nccl stand-in, {ranks} ranks" + (", 40-byte chunks, polled last first" if env else "")
     if code != 0 or "collectives done" not in out:
         report(False, f"{label}: the collectives run", f"exit code {code}:\n{out[-3000:]}")
         return None
@@ -210,7 +213,7 @@ def main():
     work = tempfile.mkdtemp(prefix="emu_nccl_")
     try:
         check_collectives(2, work, None)
-        cases3 = check_collectives(3, work, {"LLMC_EMU_NCCL_CHUNK_BYTES": "40"})
+        cases3 = check_collectives(3, work, {"LLMC_EMU_NCCL_CHUNK_BYTES": "40", "LLMC_EMU_NCCL_POLL": "reverse"})
         if cases3:
             check_checker(cases3)
         check_negative_controls()

@@ -314,23 +314,6 @@ inline const std::vector<CompatRow>& compatibility_table() {
         return "--precision fp8 is an option of the bf16 build, around whose bf16 activations it quantizes: run "
                "./train_gpt --precision fp8, or drop --precision"; }},
 
-
-    // found by test/test_combination_walk.py (tensor-parallel x interleaved on the emulated GPU): the tensor ranks'
-    // copies of a replicated gradient (wpe's) drift apart; the CPU trainer's pair is proven (bit for bit with 1F1B)
-    {"--pipeline-schedule interleaved", "--tensor-parallel (GPU)", ON_GPU, CompatMoment::Flags,
-     "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2 --tensor-parallel 2", [](R r) -> std::string {
-        if (r.o->pipeline_schedule != "interleaved" || r.o->pipeline_parallel < 2 || r.o->tensor_parallel < 2) return "";
-        return "--pipeline-schedule interleaved with --tensor-parallel on the GPU trainer is not proven yet (the tensor ranks' "
-               "copies of replicated gradients differ): use --pipeline-schedule 1f1b there, or train_gpt_cpu"; }},
-
-    // found by test/test_combination_walk.py (interleaved x the fp16 build on the emulated GPU): step 1's logits and
-    // gradients agree with the CPU trainer's, the later steps' losses do not (4.4e-2 against fp16's 5e-3)
-    {"--pipeline-schedule interleaved", "the fp16 build", ON_GPU, CompatMoment::Flags,
-     "--pipeline-parallel 2 --pipeline-schedule interleaved --virtual-stages 2 @fp16", [](R r) -> std::string {
-        if (r.o->pipeline_schedule != "interleaved" || r.o->pipeline_parallel < 2 || !compat_fp16(r)) return "";
-        return "--pipeline-schedule interleaved in the fp16 build is not proven yet (its updates drift from the reference "
-               "after the first step): use --pipeline-schedule 1f1b there, or ./train_gpt (bf16)"; }},
-
     // (the walk's reference, the CPU trainer within BF16_TOL, does not hold: Adafactor's and SM3's steps are under a bf16
     // weight's rounding, which decides them without fp32 master weights; no test bounds it)
     {"--optimizer adafactor|sm3", "--master-weights 0", ON_GPU, CompatMoment::Flags, "--optimizer sm3 --master-weights 0", [](R r) -> std::string {

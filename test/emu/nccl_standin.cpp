@@ -135,6 +135,12 @@ static double env_number(const char* name, double fallback) {
 }
 static double timeout_s() { return env_number("LLMC_EMU_NCCL_TIMEOUT", 60); }
 static size_t chunk_bytes() { return (size_t)std::min(env_number("LLMC_EMU_NCCL_CHUNK_BYTES", 4 << 20), 1e9); }
+// LLMC_EMU_NCCL_POLL=reverse: a group's sends and receives are polled last first (an order lever, as
+// CUDA_EMU_BLOCKS is the kernels': test_emu_nccl.py runs its checks under it too)
+static bool poll_reversed() {
+    const char* v = getenv("LLMC_EMU_NCCL_POLL");
+    return v && std::string(v) == "reverse";
+}
 
 // Calls `step` (which answers "done?") until it says yes or the deadline passes (returns false).
 // Spins briefly, then sleeps, so that ranks waiting for a slow one leave the CPU to it.
@@ -357,6 +363,11 @@ static ncclResult_t run_collective(const Op& o) {
 // Sends and receives. Each send is a header (count and type), sent plainly, then the data, sent
 // synchronously (it completes only once the receiver has posted its receive, as NCCL's send does).
 // A receive waits for the header, checks it against its own count and type, then posts the data's.
+// NCCL matches a group's sends and receives between two ranks in the order they were issued; MPI
+// matches its messages in the order their receives are posted, so the data's receives must be posted
+// in issue order too. A group with two receives from one peer (interleaved 1F1B on 2 stages: an
+// activation and a gradient, the same size) whose second header is seen first would otherwise take
+// the first send's data: the trainer's activation and gradient swapped, now and then, under load.
 
 struct SendHeader {
     uint64_t count = 0;
@@ -407,15 +418,26 @@ static ncclResult_t run_point_to_point(const std::vector<Op>& ops) {
             TRY_MPI(c, MPI_Irecv(&x.header, sizeof(SendHeader), MPI_BYTE, peer, TAG_HEADER, c->mpi, &x.header_request));
         }
     }
+    // an earlier receive of the group from x's peer, on x's communicator, has not posted its data's yet
+    auto behind = [&](const Transfer& x) {
+        for (const Transfer& e : *transfers) {
+            if (&e == &x) return false;
+            if (e.op.call.kind == KIND_RECV && !e.data_posted && e.op.comm == x.op.comm && e.op.call.root == x.op.call.root)
+                return true;
+        }
+        return false;
+    };
+    bool reversed = poll_reversed();
     auto progress = [&](bool* all_done) -> ncclResult_t {
         *all_done = true;
-        for (Transfer& x : *transfers) {
+        for (size_t k = 0; k < transfers->size(); k++) {
+            Transfer& x = (*transfers)[reversed ? transfers->size() - 1 - k : k];
             if (x.done) continue;
             ncclComm* c = x.op.comm;
             const CallDescription& d = x.op.call;
             int flag = 0;
             TRY_MPI(c, MPI_Test(&x.header_request, &flag, MPI_STATUS_IGNORE));  // completed: MPI_REQUEST_NULL
-            if (x.header_request == MPI_REQUEST_NULL && !x.data_posted) {      // a receive's header is here
+            if (x.header_request == MPI_REQUEST_NULL && !x.data_posted && !behind(x)) {  // a receive's header is here
                 if (x.header.count != d.count || x.header.type != d.type) {
                     CallDescription theirs{KIND_SEND, x.header.type, 0, c->rank, x.header.count};
                     return failure(c, ncclInvalidUsage, true,

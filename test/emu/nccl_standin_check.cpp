@@ -4,7 +4,7 @@
 //     mpirun -np N build/emu/nccl_standin_check collectives DIR
 //         runs every collective the repo uses (all-reduce sum and max, reduce, reduce-scatter,
 //         all-gather, broadcast; bf16, fp32, fp64; in place and out of place; counts that divide nothing),
-//         grouped reduces, a ring of grouped sends and receives, on the world's communicator, on
+//         grouped reduces, a ring of grouped sends and receives, two grouped pairs with one peer, on the world's communicator, on
 //         split ones and on ones made from separate unique ids. Each rank writes, per case, its
 //         input and its output (raw bytes) and a manifest line; the Python test computes the
 //         reference with numpy. This program only moves bytes: it checks nothing itself, so a
@@ -175,11 +175,14 @@ static void finish(const Prepared& p) {
     fclose(f);
 }
 
-static void run_cases(const std::vector<Case>& cases, const Group& g, bool grouped) {
+// `late`: this rank ends its group 0.2 s after the others, so that their messages are all waiting
+// when it first looks for them.
+static void run_cases(const std::vector<Case>& cases, const Group& g, bool grouped, bool late = false) {
     std::vector<Prepared> ps;
     for (const Case& c : cases) ps.push_back(prepare(c, g));
     if (grouped) NCCL_CHECK(ncclGroupStart());
     for (Prepared& p : ps) issue(p);
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (grouped) NCCL_CHECK(ncclGroupEnd());
     for (const Prepared& p : ps) finish(p);
 }
@@ -231,6 +234,13 @@ static void collectives() {
     run_cases({{"ring_forward", SHIFT, ncclUint8, ncclSum, 101, 1, false},
                {"ring_backward", SHIFT, ncclFloat32, ncclSum, 13, -1, false}},
               world, true);
+    // Two sends to one peer and two receives from it in one group, the same size (interleaved 1F1B on
+    // 2 stages: an activation and a gradient): NCCL pairs them in issue order. Rank 0 comes late, so
+    // both headers wait for it; polled last first (LLMC_EMU_NCCL_POLL=reverse) it sees the second one
+    // first, and must still give the first receive the first send's data.
+    run_cases({{"pair_first", SHIFT, ncclBfloat16, ncclSum, 64, 1, false},
+               {"pair_second", SHIFT, ncclBfloat16, ncclSum, 64, 1, false}},
+              world, true, world_rank == 0);
 
     // Split by parity, ranks ordered by key = -world rank (the reverse of the world's order).
     int parity = world_rank % 2, same_parity = (world_size - parity + 1) / 2;

@@ -2291,7 +2291,7 @@ static RunPasses gpu_run_passes(GPT2* m, Parallel* par, DataLoader* train, const
         return r;
     };
     p.after_step = [=](int step, const StepResult& r, double seconds) { return gpu_after_step(m, par, *plan, c, step, r, seconds); };
-    p.checkpoint = [=](int step) { save_checkpoint(m, par, *plan, *o, step, *train, *sampler_rng, (int)c->bad_steps.skipped); };
+    p.checkpoint = [=](int step) { save_checkpoint(m, par, *plan, *o, step, *train, *sampler_rng, c->bad_steps.skipped); };
     return p;
 }
 

@@ -1970,7 +1970,7 @@ static RunPasses cpu_run_passes(GPT2* model, Parallel* par, DataLoader* train, c
     p.after_step = [=](int step, const StepResult&, double) { return cpu_after_step(model, par, c, step); };
     p.checkpoint = [=](int step) {
         fail_unless_weights_finite(model, par, step);
-        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng, (int)c->bad_steps.skipped);
+        save_checkpoint(model, par, *o, *plan, step, *train, *sampler_rng, c->bad_steps.skipped);
     };
     return p;
 }

@@ -209,7 +209,8 @@ def main():
     for name, offset, value, needles in [("a position of 10^9", STATE_POSITION, 10**9, ("token 1000000000", "outside that shard")),
                                          ("a position of -10^6", STATE_POSITION, -10**6, ("state.bin", "negative")),
                                          ("a shard index of 7", STATE_SHARD_INDEX, 7, ("shard 7", "does not exist")),
-                                         ("a step of -4", STATE_STEP, -4, ("state.bin", "step -4"))]:
+                                         ("a step of -4", STATE_STEP, -4, ("state.bin", "step -4")),
+                                         ("10^6 skipped updates", 964, 10**6, ("state.bin", "1000000 skipped updates"))]:
         bad = os.path.join(tmp, f"poked_{offset}_{value}")
         poke_state(ckpt, bad, offset, value)
         one_line_error(f"state.bin with {name}", ["--model", MODEL, "--batch-size", "4", "--seq-len", "32", "--steps", "7",

@@ -511,11 +511,12 @@ inline std::string train_state_header_problem(const TrainStateHeader& h) {
     if (h.batch_size < 0 || h.seq_len < 0 || h.total_batch_tokens < 0) return "a negative batch size, sequence length or token count";
     if (h.loss_scale != 0 && (!(h.loss_scale >= 1.0f && h.loss_scale <= 3e38f) || std::frexp(h.loss_scale, &exponent) != 0.5f))
         return strprintf("a loss scale of %g (0, or a power of two of at least 1)", (double)h.loss_scale);
-    if (h.updates_skipped < 0 || h.updates_skipped > h.step - h.loss_scale_overflows)
-        return strprintf("%d skipped updates in %lld steps", h.updates_skipped, (long long)h.step);
     if (h.loss_scale_clean_steps < 0 || h.loss_scale_overflows < 0 || h.loss_scale_overflows > h.step)
         return strprintf("%d clean steps and %lld overflows of the loss scaler in %lld steps", h.loss_scale_clean_steps,
                          (long long)h.loss_scale_overflows, (long long)h.step);
+    if (h.updates_skipped < 0 || h.updates_skipped > h.step - h.loss_scale_overflows)
+        return strprintf("%d skipped updates in %lld steps with %lld loss-scaler overflows", h.updates_skipped, (long long)h.step,
+                         (long long)h.loss_scale_overflows);
     if (p.shard_index < 0 || p.position < 0 || p.epoch < 0)
         return strprintf("the data position (shard %lld, token %lld, epoch %lld) is negative", (long long)p.shard_index,
                          (long long)p.position, (long long)p.epoch);

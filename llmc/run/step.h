@@ -112,7 +112,7 @@ struct StepResult {
 // PyTorch's GradScaler skips optimizer.step()), and the count of skipped steps goes into checkpoints.
 struct BadSteps {
     int in_a_row = 0;
-    int64_t skipped = 0;  // updates skipped in the whole run (a resumed run starts from its checkpoint's)
+    int skipped = 0;  // updates skipped in the whole run (a resumed run starts from its checkpoint's)
 };
 
 // AdamW's t for step `step` (and the factored optimizers' step count): the updates applied, this one
